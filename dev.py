@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Set-up a newcomer can trust: `python3 dev.py serve` and `python3 dev.py test`.
+
+Needs only Python 3.11+. Each command creates `.venv/` beside this file on first use (and
+again whenever `pyproject.toml` changes), installs the project into it, then runs:
+
+  serve [ARGS...]   `ductor-streams serve` on the embedded defaults (embedded PostgreSQL and a
+                    filesystem object store under ./.ductor-streams); extra ARGS are passed on.
+  test [ARGS...]    ruff (lint and format check), the import-linter layer contract, then the
+                    whole pytest suite; extra ARGS go to pytest (e.g. `-m "not slow"`).
+  bench [ARGS...]   the benchmarks in bench/ (docs/benchmarks.md).
+  run CMD...        a command inside the environment: `python3 dev.py run ductor-streams -h`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+STAMP = VENV / ".installed"
+
+
+def _bin(name: str) -> str:
+    return str(VENV / ("Scripts" if os.name == "nt" else "bin") / name)
+
+
+def _ensure_environment() -> None:
+    if sys.version_info < (3, 11):  # noqa: UP036 - this file must run on any python3
+        sys.exit("ductor-streams needs Python 3.11 or newer")
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text().strip() == wanted:
+        return
+    if not VENV.exists():
+        print("creating .venv ...", file=sys.stderr, flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    print(
+        "installing ductor-streams and its test tools into .venv ...", file=sys.stderr, flush=True
+    )
+    pip = [_bin("python"), "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "install", "-e", f"{ROOT}[test]"], check=True, cwd=ROOT)
+    STAMP.write_text(wanted)
+
+
+def _exec(argv: list[str]) -> int:
+    env = dict(os.environ)
+    env["PATH"] = str(Path(_bin("python")).parent) + os.pathsep + env.get("PATH", "")
+    return subprocess.run(argv, cwd=ROOT, env=env).returncode
+
+
+def main(args: list[str]) -> int:
+    if not args or args[0] in {"-h", "--help", "help"}:
+        print(__doc__)
+        return 0
+    command, rest = args[0], args[1:]
+    _ensure_environment()
+    if command == "serve":
+        return _exec([_bin("ductor-streams"), "serve", *rest])
+    if command == "test":
+        for step in (
+            [_bin("ruff"), "check", "."],
+            [_bin("ruff"), "format", "--check", "."],
+            [_bin("lint-imports")],
+        ):
+            if code := _exec(step):
+                return code
+        return _exec([_bin("python"), "-m", "pytest", *rest])
+    if command == "bench":
+        return _exec([_bin("python"), "-m", "bench", *rest])
+    if command == "run":
+        return _exec(rest)
+    print(f"unknown command {command!r}\n{__doc__}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""Adapters: PostgreSQL (asyncpg), memory fakes, and what the ports need of the outside."""

@@ -1,0 +1,134 @@
+"""Streams in memory: a lock per stream plays the row lock, and values are stored encoded so
+nothing outside the port can change state behind its back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+
+import msgspec
+
+from adapters.memory.wake import MemoryWake
+from application.deciding import Receipt, decide_all
+from application.errors import NotFound
+from application.ports import Command, Outcome, Position, StoredRecord
+from domain.definition import StreamDefinition
+from domain.events import Event, decode_event, encode_event
+from domain.stream import (
+    Stream,
+    StreamKey,
+    decode_definition,
+    decode_state,
+    encode_definition,
+    encode_state,
+)
+
+
+class _Row(msgspec.Struct):
+    definition: bytes
+    state: bytes
+    journal: list[bytes] = msgspec.field(default_factory=list)
+    records: dict[int, StoredRecord] = msgspec.field(default_factory=dict)
+    offsets: dict[int, int] = msgspec.field(default_factory=dict)
+    receipts: dict[str, Receipt] = msgspec.field(default_factory=dict)
+
+
+class MemoryStreams:
+    def __init__(self, wake: MemoryWake | None = None) -> None:
+        self._rows: dict[StreamKey, _Row] = {}
+        self._locks: defaultdict[StreamKey, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._wake = wake or MemoryWake()
+        self.transactions = 0
+
+    def _stream(self, key: StreamKey, row: _Row) -> Stream:
+        return Stream(key, decode_definition(row.definition), decode_state(row.state))
+
+    async def create(
+        self, key: StreamKey, definition: StreamDefinition, now: datetime
+    ) -> tuple[Stream, bool]:
+        async with self._locks[key]:
+            row = self._rows.get(key)
+            if row is not None:
+                return self._stream(key, row), False
+            stream, created = Stream.create(key, definition, now)
+            self._rows[key] = _Row(
+                definition=encode_definition(definition),
+                state=encode_state(stream.state),
+                journal=[encode_event(created)],
+            )
+            return self._stream(key, self._rows[key]), True
+
+    async def load(self, key: StreamKey) -> Stream | None:
+        row = self._rows.get(key)
+        return None if row is None else self._stream(key, row)
+
+    async def list_run(self, tenant: str, run_id: str) -> list[Stream]:
+        return [
+            self._stream(k, row)
+            for k, row in sorted(self._rows.items(), key=lambda kv: kv[0].stream_id)
+            if k.tenant == tenant and k.run_id == run_id
+        ]
+
+    async def definition(self, key: StreamKey) -> StreamDefinition | None:
+        row = self._rows.get(key)
+        return None if row is None else decode_definition(row.definition)
+
+    async def update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
+        async with self._locks[key]:
+            row = self._rows.get(key)
+            if row is None:
+                raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+            stream = self._stream(key, row)
+            offsets = {
+                c.offset_of: row.offsets[c.offset_of]
+                for c in commands
+                if c.offset_of is not None and c.offset_of in row.offsets
+            }
+            outcomes, changes = decide_all(stream, commands, dict(row.receipts), offsets)
+            self.transactions += 1
+            if changes.events:
+                at = changes.events[-1].at
+                for r in changes.records:
+                    row.records[r.sequence] = StoredRecord(
+                        sequence=r.sequence,
+                        appended_at=at,
+                        kind=r.record.kind,
+                        content_type=r.record.content_type,
+                        size=r.record.size,
+                        payload=r.record.payload,
+                    )
+                    row.offsets[r.sequence] = r.end_offset
+                for receipt in changes.receipts:
+                    row.receipts[receipt.key] = receipt
+                row.journal.extend(encode_event(e) for e in changes.events)
+                row.state = encode_state(stream.state)
+                self._drop_pruned(row, stream.state.earliest)
+        if changes.events:
+            self._wake.notify(key)
+        return outcomes
+
+    @staticmethod
+    def _drop_pruned(row: _Row, earliest: int) -> None:
+        for sequence in [s for s in row.records if s < earliest]:
+            del row.records[sequence]
+
+    async def journal(self, key: StreamKey) -> list[Event]:
+        row = self._rows[key]
+        return [decode_event(e) for e in row.journal]
+
+    async def page(
+        self, key: StreamKey, cursor: int, limit: int
+    ) -> tuple[Position, list[StoredRecord]] | None:
+        row = self._rows.get(key)
+        if row is None:
+            return None
+        state = decode_state(row.state)
+        position = Position(head=state.head, earliest=state.earliest, closed=state.closed)
+        records = [
+            row.records[s]
+            for s in range(max(cursor + 1, state.earliest), min(state.head, cursor + limit) + 1)
+            if s in row.records
+        ]
+        return position, records

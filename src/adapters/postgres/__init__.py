@@ -1,0 +1,1 @@
+"""PostgreSQL adapters (asyncpg): the one source of truth."""

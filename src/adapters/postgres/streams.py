@@ -1,0 +1,259 @@
+"""Streams, their journal, records and receipts in PostgreSQL.
+
+`update` is the only writer of a stream's state. It takes the stream-row lock
+(`SELECT … FOR UPDATE`), so every process and replica that appends, acknowledges or closes the
+same stream queues on that one row: sequences, credit and receipts are decided against committed
+state and nothing else. Everything the commands caused — journal rows, records, receipts,
+consumers and the new snapshot — is written by one statement, and the NOTIFY rides in the same
+transaction, so a listener can never be woken before the records it will reread are visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+import asyncpg
+
+from application.deciding import Changes, Receipt, decide_all
+from application.errors import NotFound
+from application.ports import Command, Outcome, Position, StoredRecord
+from domain.definition import StreamDefinition
+from domain.events import ConsumerAcknowledged, Event, decode_event, encode_event, event_type
+from domain.records import RecordKind
+from domain.stream import (
+    Stream,
+    StreamKey,
+    decode_definition,
+    decode_state,
+    encode_definition,
+    encode_state,
+)
+
+WAKE_CHANNEL = "ductor_streams"
+
+_KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
+
+_INSERT_STREAM = """
+WITH created AS (
+    INSERT INTO streams (tenant, run_id, stream_id, definition, created_at, version, state)
+    VALUES ($1, $2, $3, $4, $5, 1, $6)
+    ON CONFLICT (tenant, run_id, stream_id) DO NOTHING
+    RETURNING tenant, run_id, stream_id
+)
+INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
+SELECT tenant, run_id, stream_id, 1, 'stream_created', $7 FROM created
+RETURNING 1
+"""
+
+_LOCK = f"SELECT state FROM streams WHERE {_KEY} FOR UPDATE"
+
+_RECEIPTS = f"""
+SELECT idempotency_key, fingerprint, answer FROM append_receipts
+WHERE {_KEY} AND idempotency_key = ANY($4::text[])
+"""
+
+_OFFSETS = f"""
+SELECT sequence, end_offset FROM stream_records WHERE {_KEY} AND sequence = ANY($4::bigint[])
+"""
+
+# One round trip writes everything a group of commands caused. Data-modifying CTEs always run to
+# completion, referenced or not; empty arrays insert nothing.
+_WRITE = f"""
+WITH new_records AS (
+    INSERT INTO stream_records
+        (tenant, run_id, stream_id, sequence, appended_at, kind, content_type, size, end_offset,
+         payload)
+    SELECT $1, $2, $3, r.sequence, r.appended_at, r.kind, r.content_type, r.size, r.end_offset,
+           r.payload
+    FROM unnest($4::bigint[], $5::timestamptz[], $6::int2[], $7::text[], $8::int4[], $9::int8[],
+                $10::bytea[])
+         AS r(sequence, appended_at, kind, content_type, size, end_offset, payload)
+), new_events AS (
+    INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
+    SELECT $1, $2, $3, e.version, e.type, e.payload
+    FROM unnest($11::int8[], $12::text[], $13::bytea[]) AS e(version, type, payload)
+), new_receipts AS (
+    INSERT INTO append_receipts (tenant, run_id, stream_id, idempotency_key, fingerprint, answer)
+    SELECT $1, $2, $3, x.k, x.f, x.a
+    FROM unnest($14::text[], $15::bytea[], $16::bytea[]) AS x(k, f, a)
+), acked AS (
+    INSERT INTO stream_consumers
+        (tenant, run_id, stream_id, consumer_id, principal, acked_sequence, updated_at)
+    SELECT DISTINCT ON (c.id) $1, $2, $3, c.id, c.principal, c.seq, c.at
+    FROM unnest($17::text[], $18::text[], $19::int8[], $20::timestamptz[])
+         WITH ORDINALITY AS c(id, principal, seq, at, n)
+    ORDER BY c.id, c.n DESC
+    ON CONFLICT (tenant, run_id, stream_id, consumer_id) DO UPDATE
+    SET principal = excluded.principal, acked_sequence = excluded.acked_sequence,
+        updated_at = excluded.updated_at
+)
+UPDATE streams
+SET version = $21::bigint, head = $22::bigint, earliest = $23::bigint, closed = $24::boolean,
+    legal_hold = $25::boolean, state = $26::bytea
+WHERE {_KEY}
+RETURNING pg_notify('{WAKE_CHANNEL}', $1 || '/' || $2 || '/' || $3 || ' ' || ($22::bigint)::text)
+"""
+
+_PAGE = """
+SELECT s.head, s.earliest, s.closed,
+       r.sequence, r.appended_at, r.kind, r.content_type, r.size, r.payload
+FROM streams s
+LEFT JOIN LATERAL (
+    SELECT sequence, appended_at, kind, content_type, size, payload
+    FROM stream_records r
+    WHERE r.tenant = s.tenant AND r.run_id = s.run_id AND r.stream_id = s.stream_id
+      AND r.sequence > $4 AND r.sequence <= s.head
+    ORDER BY r.sequence
+    LIMIT $5
+) r ON true
+WHERE s.tenant = $1 AND s.run_id = $2 AND s.stream_id = $3
+ORDER BY r.sequence
+"""
+
+
+class PostgresStreams:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self._definitions: dict[StreamKey, StreamDefinition] = {}
+
+    async def create(
+        self, key: StreamKey, definition: StreamDefinition, now: datetime
+    ) -> tuple[Stream, bool]:
+        stream, event = Stream.create(key, definition, now)
+        created = await self._pool.fetchval(
+            _INSERT_STREAM,
+            *key,
+            encode_definition(definition),
+            now,
+            encode_state(stream.state),
+            encode_event(event),
+        )
+        if created:
+            return stream, True
+        existing = await self.load(key)
+        assert existing is not None
+        return existing, False
+
+    async def load(self, key: StreamKey) -> Stream | None:
+        row = await self._pool.fetchrow(f"SELECT definition, state FROM streams WHERE {_KEY}", *key)
+        if row is None:
+            return None
+        return Stream(key, self._definition(key, row["definition"]), decode_state(row["state"]))
+
+    def _definition(self, key: StreamKey, payload: bytes) -> StreamDefinition:
+        definition = self._definitions.get(key)
+        if definition is None:
+            definition = self._definitions[key] = decode_definition(payload)
+            if len(self._definitions) > 10_000:
+                self._definitions.clear()
+        return definition
+
+    async def list_run(self, tenant: str, run_id: str) -> list[Stream]:
+        rows = await self._pool.fetch(
+            "SELECT stream_id, definition, state FROM streams "
+            "WHERE tenant = $1 AND run_id = $2 ORDER BY stream_id",
+            tenant,
+            run_id,
+        )
+        return [
+            Stream(
+                key := StreamKey(tenant, run_id, r["stream_id"]),
+                self._definition(key, r["definition"]),
+                decode_state(r["state"]),
+            )
+            for r in rows
+        ]
+
+    async def definition(self, key: StreamKey) -> StreamDefinition | None:
+        if (known := self._definitions.get(key)) is not None:
+            return known
+        payload = await self._pool.fetchval(f"SELECT definition FROM streams WHERE {_KEY}", *key)
+        return None if payload is None else self._definition(key, payload)
+
+    async def update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            state = await conn.fetchval(_LOCK, *key)
+            if state is None:
+                raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+            definition = self._definitions.get(key)
+            if definition is None:
+                definition = await self.definition(key)
+                assert definition is not None
+            stream = Stream(key, definition, decode_state(state))
+            receipts: dict[str, Receipt] = {}
+            if keys := [c.idempotency.key for c in commands if c.idempotency is not None]:
+                for r in await conn.fetch(_RECEIPTS, *key, keys):
+                    receipts[r[0]] = Receipt(r[0], r[1], r[2])
+            offsets: dict[int, int] = {}
+            if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
+                offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
+            outcomes, changes = decide_all(stream, commands, receipts, offsets)
+            if changes.events:
+                await conn.execute(_WRITE, *key, *_write_arguments(stream, changes))
+        return outcomes
+
+    async def journal(self, key: StreamKey) -> list[Event]:
+        rows = await self._pool.fetch(
+            f"SELECT payload FROM stream_events WHERE {_KEY} ORDER BY version", *key
+        )
+        return [decode_event(r[0]) for r in rows]
+
+    async def page(
+        self, key: StreamKey, cursor: int, limit: int
+    ) -> tuple[Position, list[StoredRecord]] | None:
+        rows = await self._pool.fetch(_PAGE, *key, cursor, limit)
+        if not rows:
+            return None
+        first = rows[0]
+        position = Position(head=first[0], earliest=first[1], closed=first[2])
+        if first[3] is None:
+            return position, []
+        return position, [
+            StoredRecord(
+                sequence=r[3],
+                appended_at=r[4],
+                kind=RecordKind(r[5]),
+                content_type=r[6],
+                size=r[7],
+                payload=r[8],
+            )
+            for r in rows
+        ]
+
+
+def _write_arguments(stream: Stream, changes: Changes) -> tuple[object, ...]:
+    at_of: dict[int, datetime] = {}
+    for event in changes.events:
+        first = getattr(event, "first_sequence", None)
+        if first is not None:
+            for sequence in range(first, event.last_sequence + 1):  # type: ignore[attr-defined]
+                at_of[sequence] = event.at
+    records = changes.records
+    acks = [e for e in changes.events if isinstance(e, ConsumerAcknowledged)]
+    s = stream.state
+    return (
+        [r.sequence for r in records],
+        [at_of[r.sequence] for r in records],
+        [int(r.record.kind) for r in records],
+        [r.record.content_type for r in records],
+        [r.record.size for r in records],
+        [r.end_offset for r in records],
+        [r.record.payload for r in records],
+        [e.version for e in changes.events],
+        [event_type(e) for e in changes.events],
+        [encode_event(e) for e in changes.events],
+        [r.key for r in changes.receipts],
+        [r.fingerprint for r in changes.receipts],
+        [r.answer_json for r in changes.receipts],
+        [a.consumer_id for a in acks],
+        [a.principal for a in acks],
+        [a.sequence for a in acks],
+        [a.at for a in acks],
+        s.version,
+        s.head,
+        s.earliest,
+        s.closed,
+        s.legal_hold.enabled,
+        encode_state(s),
+    )

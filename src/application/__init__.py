@@ -1,0 +1,1 @@
+"""Use cases (one per module) and the ports they need (typing.Protocol)."""

@@ -1,0 +1,22 @@
+"""Read one stream's definition and state."""
+
+from __future__ import annotations
+
+from application.access import Caller, require_reader
+from application.errors import NotFound
+from application.ports import StreamRepository
+from application.views import StreamDocument, stream_document
+
+
+class GetStream:
+    def __init__(self, streams: StreamRepository) -> None:
+        self._streams = streams
+
+    async def __call__(self, caller: Caller, run_id: str, stream_id: str) -> StreamDocument:
+        caller.require("streams:read")
+        key = caller.key(run_id, stream_id)
+        stream = await self._streams.load(key)
+        if stream is None:
+            raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
+        require_reader(caller, stream.definition)
+        return stream_document(stream)

@@ -1,0 +1,114 @@
+"""The ports the use cases need. Adapters implement them; tests swap in the memory ones."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+import msgspec
+
+from application.access import Caller
+from domain.definition import StreamDefinition
+from domain.events import Event
+from domain.records import NewRecord, RecordKind
+from domain.stream import Stream, StreamKey
+
+
+class Idempotency(msgspec.Struct, frozen=True):
+    key: str
+    fingerprint: bytes
+
+
+class Command(Protocol):
+    """One request to change a stream, decided under the stream-row lock.
+
+    `decide` is pure: it returns the events the request causes or raises a DomainError, and the
+    port applies the events before the next command of the same transaction is decided.
+    """
+
+    idempotency: Idempotency | None
+    records: Sequence[NewRecord]
+    offset_of: int | None  # a sequence whose cumulative end offset `decide` needs
+
+    def decide(self, stream: Stream, offset: int | None) -> list[Event]: ...
+
+    def answer(self, stream: Stream, events: list[Event]) -> Any: ...
+
+
+class Done(msgspec.Struct, frozen=True):
+    events: list[Event]
+    answer: Any
+
+
+class Replayed(msgspec.Struct, frozen=True):
+    """An idempotency key seen before with the same request: the stored answer, as JSON."""
+
+    answer_json: bytes
+
+
+class Failed(msgspec.Struct, frozen=True):
+    error: Exception
+
+
+Outcome = Done | Replayed | Failed
+
+
+class StreamRepository(Protocol):
+    async def create(
+        self, key: StreamKey, definition: StreamDefinition, now: datetime
+    ) -> tuple[Stream, bool]:
+        """Create the stream, or return the existing one; the flag says whether it is new."""
+
+    async def load(self, key: StreamKey) -> Stream | None: ...
+
+    async def list_run(self, tenant: str, run_id: str) -> list[Stream]: ...
+
+    async def definition(self, key: StreamKey) -> StreamDefinition | None: ...
+
+    async def update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
+        """Lock the stream row, decide each command in order, then write every resulting event,
+        record, receipt and the snapshot in one transaction, commit, and only then wake
+        listeners. One command's failure leaves the others untouched. Raises NotFound."""
+
+    async def journal(self, key: StreamKey) -> list[Event]: ...
+
+
+class StoredRecord(msgspec.Struct, frozen=True):
+    sequence: int
+    appended_at: datetime
+    kind: RecordKind
+    content_type: str
+    size: int
+    payload: bytes
+
+
+class Position(msgspec.Struct, frozen=True):
+    head: int
+    earliest: int
+    closed: bool
+
+
+class RecordReader(Protocol):
+    async def page(
+        self, key: StreamKey, cursor: int, limit: int
+    ) -> tuple[Position, list[StoredRecord]] | None:
+        """The stream's position and its records with sequence > cursor, ascending, at most
+        `limit` (a keyset page), read from one snapshot; None if there is no such stream."""
+
+
+class TokenStore(Protocol):
+    async def find(self, token_hash: bytes) -> Caller | None: ...
+
+    async def put(self, token_hash: bytes, caller: Caller) -> None:
+        """Store (or replace) the token with this hash."""
+
+
+class WakeSignals(Protocol):
+    async def wait(self, key: StreamKey, timeout: float) -> None:
+        """Return when the stream may have changed, or after `timeout` seconds. Only a reason to
+        reread: a caller never trusts it to carry data or to be delivered."""
+
+
+class Clock(Protocol):
+    def __call__(self) -> datetime: ...

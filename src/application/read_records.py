@@ -1,0 +1,78 @@
+"""Read records after an exclusive cursor, optionally waiting for the next append."""
+
+from __future__ import annotations
+
+import time
+
+from application.access import Caller, require_reader
+from application.definitions import DefinitionCache
+from application.errors import NotFound
+from application.ports import RecordReader, WakeSignals
+from application.views import RecordsPage, record_view
+from domain import errors
+from domain.definition import MAX_SEQUENCE
+
+MAX_LIMIT = 1_000
+MAX_WAIT_SECONDS = 60
+
+
+class ReadRecords:
+    def __init__(
+        self, definitions: DefinitionCache, reader: RecordReader, wake: WakeSignals
+    ) -> None:
+        self._definitions = definitions
+        self._reader = reader
+        self._wake = wake
+
+    async def __call__(
+        self,
+        caller: Caller,
+        run_id: str,
+        stream_id: str,
+        cursor: int = 0,
+        limit: int = 100,
+        wait: float = 0,
+    ) -> RecordsPage:
+        caller.require("streams:read")
+        key = caller.key(run_id, stream_id)
+        if not 0 <= cursor <= MAX_SEQUENCE:
+            raise errors.InvalidInput(f"cursor must be 0 to {MAX_SEQUENCE}", field="cursor")
+        if not 1 <= limit <= MAX_LIMIT:
+            raise errors.InvalidInput(f"limit must be 1 to {MAX_LIMIT}", field="limit")
+        if not 0 <= wait <= MAX_WAIT_SECONDS:
+            raise errors.InvalidInput(f"wait must be 0 to {MAX_WAIT_SECONDS} seconds", field="wait")
+        require_reader(caller, await self._definitions.get(key))
+        deadline = time.monotonic() + wait
+        while True:
+            page = await self._reader.page(key, cursor, limit)
+            if page is None:
+                raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
+            position, records = page
+            check_cursor(cursor, position.head, position.earliest)
+            remaining = deadline - time.monotonic()
+            if records or position.closed or remaining <= 0:
+                return RecordsPage(
+                    records=[record_view(r) for r in records],
+                    next_cursor=records[-1].sequence if records else cursor,
+                    head=position.head,
+                    earliest=position.earliest,
+                    closed=position.closed,
+                )
+            await self._wake.wait(key, remaining)
+
+
+def check_cursor(cursor: int, head: int, earliest: int) -> None:
+    """The exact cursor rule: a future cursor is invalid input, never an implicit reset; a
+    cursor whose next record retention removed is gone (410), with what is still there."""
+    if cursor > head:
+        raise errors.CursorAheadOfHead(
+            f"cursor {cursor} is ahead of the stream's head {head}", cursor=cursor, head=head
+        )
+    if cursor + 1 < earliest:
+        raise errors.CursorExpired(
+            f"record {cursor + 1} was removed by retention; the earliest retained is {earliest}",
+            requested=cursor + 1,
+            earliest=earliest,
+            latest=head,
+            reason="retention",
+        )

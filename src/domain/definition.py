@@ -1,0 +1,161 @@
+"""The stream definition: every field is pinned at creation and immutable afterwards."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from domain.errors import ContentClassForbidden, InvalidInput
+from domain.ids import check_id, new_stream_id
+
+MAX_INLINE_RECORD_BYTES = 65_536
+MAX_OBJECT_BYTES = 33_554_432
+MAX_BATCH_RECORDS = 1_000
+MAX_SEQUENCE = 2**63 - 1
+
+Direction = Literal["output", "input"]
+ContentClass = Literal[
+    "application_data",
+    "model_output",
+    "model_reasoning_summary",
+    "tool_io",
+    "logs",
+    "telemetry",
+]
+# Raw hidden model reasoning is not an allowed stream content class: it is named so that it is
+# refused with its own code rather than as an unknown value.
+FORBIDDEN_CONTENT_CLASSES = frozenset({"model_reasoning_raw"})
+UnreadPolicy = Literal["reject", "block"]
+Region = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+Principal = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
+class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    max_unread_items: PositiveInt = 10_000
+    max_unread_bytes: PositiveInt = 67_108_864
+    max_total_items: PositiveInt | None = None
+    max_total_bytes: PositiveInt | None = None
+    unread_policy: UnreadPolicy = "reject"
+    block_timeout_seconds: Annotated[float, msgspec.Meta(ge=0, le=300)] = 30
+
+
+class Retention(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    max_age_seconds: PositiveInt | None = None
+    max_records: PositiveInt | None = None
+
+
+class Redaction(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    json_pointers: tuple[str, ...] = ()
+
+
+class Placement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    metadata_home: Region
+    metadata_replicas: tuple[Region, ...]
+    object_regions: tuple[Region, ...]
+    client_egress_regions: tuple[Region, ...]
+    log_region: Region
+
+
+class Authorization(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    readers: tuple[Principal, ...] = ("*",)
+    writers: tuple[Principal, ...] = ("*",)
+
+    def may_read(self, principal: str) -> bool:
+        return "*" in self.readers or principal in self.readers
+
+    def may_write(self, principal: str) -> bool:
+        return "*" in self.writers or principal in self.writers
+
+
+class StreamDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    stream_id: str
+    direction: Direction
+    content_class: ContentClass
+    schema: Any
+    limits: Limits
+    retention: Retention
+    redaction: Redaction
+    placement: Placement
+    authorization: Authorization
+
+
+class PlacementRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    metadata_home: Region | None = None
+    metadata_replicas: tuple[Region, ...] | None = None
+    object_regions: tuple[Region, ...] | None = None
+    client_egress_regions: tuple[Region, ...] | None = None
+    log_region: Region | None = None
+
+
+class DefinitionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a caller sends to create a stream: everything but `direction` may be left out."""
+
+    direction: Direction
+    stream_id: str | None = None
+    content_class: str = "application_data"
+    schema: Any = None
+    limits: Limits = msgspec.field(default_factory=Limits)
+    retention: Retention = msgspec.field(default_factory=Retention)
+    redaction: Redaction = msgspec.field(default_factory=Redaction)
+    placement: PlacementRequest = msgspec.field(default_factory=PlacementRequest)
+    authorization: Authorization = msgspec.field(default_factory=Authorization)
+
+
+_CONTENT_CLASSES = frozenset(ContentClass.__args__)  # type: ignore[attr-defined]
+
+
+def resolve_definition(
+    request: DefinitionRequest, *, region: str, egress_region: str
+) -> StreamDefinition:
+    """Fill the deployment's defaults in and check what the types alone cannot."""
+    stream_id = check_id("stream_id", request.stream_id) if request.stream_id else new_stream_id()
+    if request.content_class in FORBIDDEN_CONTENT_CLASSES:
+        raise ContentClassForbidden(
+            f"content_class {request.content_class!r} is not allowed: raw hidden model reasoning "
+            "may not be carried by a stream"
+        )
+    if request.content_class not in _CONTENT_CLASSES:
+        raise InvalidInput(
+            f"content_class must be one of {sorted(_CONTENT_CLASSES)}", field="content_class"
+        )
+    for pointer in request.redaction.json_pointers:
+        parse_pointer(pointer)
+    p = request.placement
+    placement = Placement(
+        metadata_home=p.metadata_home or region,
+        metadata_replicas=p.metadata_replicas or (),
+        object_regions=p.object_regions if p.object_regions is not None else (region,),
+        client_egress_regions=(
+            p.client_egress_regions if p.client_egress_regions is not None else (egress_region,)
+        ),
+        log_region=p.log_region or region,
+    )
+    if not placement.object_regions:
+        raise InvalidInput("placement.object_regions must name at least one region")
+    if not placement.client_egress_regions:
+        raise InvalidInput("placement.client_egress_regions must name at least one region")
+    return StreamDefinition(
+        stream_id=stream_id,
+        direction=request.direction,
+        content_class=request.content_class,  # type: ignore[arg-type]
+        schema=request.schema,
+        limits=request.limits,
+        retention=request.retention,
+        redaction=request.redaction,
+        placement=placement,
+        authorization=request.authorization,
+    )
+
+
+def parse_pointer(pointer: str) -> tuple[str, ...]:
+    """RFC 6901: "" is the whole document, otherwise "/"-separated, ~1 is "/" and ~0 is "~"."""
+    if pointer == "":
+        return ()
+    if not pointer.startswith("/"):
+        raise InvalidInput(
+            f"redaction pointer {pointer!r} is not a JSON pointer (RFC 6901): it must start with /",
+            field="redaction.json_pointers",
+        )
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))

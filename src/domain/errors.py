@@ -1,0 +1,82 @@
+"""Domain errors. Each carries a stable machine `code`; entrypoints map codes to statuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DomainError(Exception):
+    code: str = "invalid-input"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class InvalidInput(DomainError):
+    code = "invalid-input"
+
+
+class RecordTooLarge(DomainError):
+    code = "record-too-large"
+
+
+class ContentClassForbidden(DomainError):
+    code = "content-class-forbidden"
+
+
+class StreamClosed(DomainError):
+    code = "stream-closed"
+
+
+class Backpressure(DomainError):
+    """The unread ceiling is reached; `retry_after` is a whole number of seconds."""
+
+    code = "backpressure"
+
+    def __init__(self, detail: str, retry_after: int = 1, **extra: Any) -> None:
+        super().__init__(detail, **extra)
+        self.retry_after = retry_after
+
+
+class QuotaExhausted(DomainError):
+    code = "quota-exhausted"
+
+
+class DefinitionConflict(DomainError):
+    code = "definition-conflict"
+
+
+class AckRegression(DomainError):
+    code = "ack-regression"
+
+
+class AckAheadOfHead(DomainError):
+    code = "ack-ahead-of-head"
+
+
+class CrossScopeAck(DomainError):
+    code = "cross-scope-ack"
+
+
+class CursorAheadOfHead(DomainError):
+    code = "cursor-ahead-of-head"
+
+
+class CursorExpired(DomainError):
+    """Retention removed `cursor + 1`: carries requested, earliest, latest and reason."""
+
+    code = "cursor-expired"
+
+
+class LegalHoldActive(DomainError):
+    code = "legal-hold-active"
+
+
+class IdempotencyKeyReused(DomainError):
+    code = "idempotency-key-reused"
+
+
+class Forbidden(DomainError):
+    code = "forbidden"

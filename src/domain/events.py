@@ -1,0 +1,80 @@
+"""What happened to a stream. Every event carries the stream version it creates.
+
+Events are frozen msgspec Structs with a tag, stored as `(stream, version, type, payload)` and
+decoded as one tagged union, so the journal replays into exactly the state that was snapshotted.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+
+from domain.definition import StreamDefinition
+
+
+class Event(msgspec.Struct, frozen=True, tag_field="type"):
+    version: int
+    at: datetime
+
+
+class StreamCreated(Event, frozen=True, tag="stream_created"):
+    definition: StreamDefinition
+
+
+class RecordsAppended(Event, frozen=True, tag="records_appended"):
+    """Records `first_sequence..last_sequence`; their bytes follow `first_offset` contiguously."""
+
+    first_sequence: int
+    last_sequence: int
+    first_offset: int
+    bytes: int
+
+
+class ConsumerAcknowledged(Event, frozen=True, tag="consumer_acknowledged"):
+    consumer_id: str
+    principal: str
+    sequence: int
+    offset: int
+
+
+class StreamClosed(Event, frozen=True, tag="stream_closed"):
+    pass
+
+
+class LegalHoldChanged(Event, frozen=True, tag="legal_hold_changed"):
+    enabled: bool
+    reason: str | None
+
+
+class RecordsPruned(Event, frozen=True, tag="records_pruned"):
+    """Every record up to `through_sequence` is gone; `pruned_bytes` is the offset after it."""
+
+    through_sequence: int
+    pruned_bytes: int
+    reason: str
+
+
+AnyEvent = (
+    StreamCreated
+    | RecordsAppended
+    | ConsumerAcknowledged
+    | StreamClosed
+    | LegalHoldChanged
+    | RecordsPruned
+)
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(AnyEvent)
+
+
+def event_type(event: Event) -> str:
+    return type(event).__struct_config__.tag  # type: ignore[return-value]
+
+
+def encode_event(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode_event(payload: bytes) -> AnyEvent:
+    return _decoder.decode(payload)

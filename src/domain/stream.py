@@ -1,0 +1,311 @@
+"""The Stream aggregate: decide (check invariants, return events), then apply (the only mutation).
+
+Credit is O(1) by construction: the state keeps running totals (`total_items`, `total_bytes` =
+the cumulative byte offset after the head) and each consumer keeps the cumulative offset after its
+acknowledged record, so unread items and bytes after the minimum acknowledgement are subtractions.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import NamedTuple
+
+import msgspec
+
+from domain import errors
+from domain import events as ev
+from domain.definition import MAX_BATCH_RECORDS, StreamDefinition
+from domain.records import NewRecord
+
+
+class StreamKey(NamedTuple):
+    """(tenant, run_id, stream_id): tenancy is the first part of every key."""
+
+    tenant: str
+    run_id: str
+    stream_id: str
+
+    def __str__(self) -> str:
+        return f"{self.tenant}/{self.run_id}/{self.stream_id}"
+
+
+class Consumer(msgspec.Struct, forbid_unknown_fields=True):
+    principal: str
+    acked_sequence: int
+    acked_offset: int
+    updated_at: datetime
+
+
+class LegalHold(msgspec.Struct, forbid_unknown_fields=True):
+    enabled: bool = False
+    reason: str | None = None
+    updated_at: datetime | None = None
+
+
+class Credit(msgspec.Struct, frozen=True):
+    unread_items: int
+    unread_bytes: int
+    max_unread_items: int
+    max_unread_bytes: int
+
+
+class StreamState(msgspec.Struct, forbid_unknown_fields=True):
+    """The snapshot. `earliest` is the lowest retained sequence (head + 1 when none is)."""
+
+    version: int = 0
+    created_at: datetime | None = None
+    head: int = 0
+    earliest: int = 1
+    total_items: int = 0
+    total_bytes: int = 0
+    pruned_bytes: int = 0
+    closed: bool = False
+    closed_at: datetime | None = None
+    legal_hold: LegalHold = msgspec.field(default_factory=LegalHold)
+    consumers: dict[str, Consumer] = msgspec.field(default_factory=dict)
+
+
+class Stream:
+    """One stream: its immutable definition and its state, changed only by `apply`."""
+
+    __slots__ = ("definition", "key", "state")
+
+    def __init__(self, key: StreamKey, definition: StreamDefinition, state: StreamState) -> None:
+        self.key = key
+        self.definition = definition
+        self.state = state
+
+    # -- creation -------------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls, key: StreamKey, definition: StreamDefinition, now: datetime
+    ) -> tuple[Stream, ev.StreamCreated]:
+        stream = cls(key, definition, StreamState())
+        created = ev.StreamCreated(version=1, at=now, definition=definition)
+        stream.apply(created)
+        return stream, created
+
+    @classmethod
+    def replay(cls, key: StreamKey, journal: list[ev.AnyEvent]) -> Stream:
+        first = journal[0]
+        if not isinstance(first, ev.StreamCreated):
+            raise ValueError("a journal starts with StreamCreated")
+        stream = cls(key, first.definition, StreamState())
+        for event in journal:
+            stream.apply(event)
+        return stream
+
+    # -- queries --------------------------------------------------------------------------------
+
+    @property
+    def head(self) -> int:
+        return self.state.head
+
+    def min_acknowledgement(self) -> tuple[int, int]:
+        """(sequence, offset) after which records are unread: the slowest consumer, or all."""
+        s = self.state
+        if not s.consumers:
+            return s.earliest - 1, s.pruned_bytes
+        slowest = min(s.consumers.values(), key=lambda c: c.acked_sequence)
+        if slowest.acked_sequence < s.earliest - 1:
+            return s.earliest - 1, s.pruned_bytes
+        return slowest.acked_sequence, max(slowest.acked_offset, s.pruned_bytes)
+
+    def credit(self) -> Credit:
+        seq, offset = self.min_acknowledgement()
+        limits = self.definition.limits
+        return Credit(
+            unread_items=self.state.head - seq,
+            unread_bytes=self.state.total_bytes - offset,
+            max_unread_items=limits.max_unread_items,
+            max_unread_bytes=limits.max_unread_bytes,
+        )
+
+    # -- commands (decide) ----------------------------------------------------------------------
+
+    def append(self, records: list[NewRecord], now: datetime) -> list[ev.Event]:
+        s, limits = self.state, self.definition.limits
+        if not 1 <= len(records) <= MAX_BATCH_RECORDS:
+            raise errors.InvalidInput(f"a batch holds 1 to {MAX_BATCH_RECORDS} records")
+        if s.closed:
+            raise errors.StreamClosed("the stream is closed: nothing more can be appended")
+        items, size = len(records), sum(r.size for r in records)
+        if limits.max_total_items is not None and s.total_items + items > limits.max_total_items:
+            raise errors.QuotaExhausted(
+                f"the stream's total ceiling of {limits.max_total_items} records is reached",
+                total_items=s.total_items,
+                max_total_items=limits.max_total_items,
+            )
+        if limits.max_total_bytes is not None and s.total_bytes + size > limits.max_total_bytes:
+            raise errors.QuotaExhausted(
+                f"the stream's total ceiling of {limits.max_total_bytes} bytes is reached",
+                total_bytes=s.total_bytes,
+                max_total_bytes=limits.max_total_bytes,
+            )
+        if items > limits.max_unread_items or size > limits.max_unread_bytes:
+            raise errors.InvalidInput(
+                f"a batch of {items} records and {size} bytes can never fit the unread ceiling "
+                f"({limits.max_unread_items} records, {limits.max_unread_bytes} bytes)"
+            )
+        credit = self.credit()
+        if (
+            credit.unread_items + items > limits.max_unread_items
+            or credit.unread_bytes + size > limits.max_unread_bytes
+        ):
+            raise errors.Backpressure(
+                "the unread ceiling is reached: consumers must acknowledge before more is appended",
+                retry_after=max(1, math.ceil(min(limits.block_timeout_seconds, 1.0))),
+                unread_items=credit.unread_items,
+                unread_bytes=credit.unread_bytes,
+            )
+        return [
+            ev.RecordsAppended(
+                version=s.version + 1,
+                at=now,
+                first_sequence=s.head + 1,
+                last_sequence=s.head + items,
+                first_offset=s.total_bytes,
+                bytes=size,
+            )
+        ]
+
+    def acknowledge(
+        self, consumer_id: str, principal: str, sequence: int, offset: int | None, now: datetime
+    ) -> list[ev.Event]:
+        """`offset` is the cumulative byte offset after record `sequence` (None if not retained)."""
+        s = self.state
+        existing = s.consumers.get(consumer_id)
+        if existing is not None and existing.principal != principal:
+            raise errors.CrossScopeAck(
+                f"consumer {consumer_id!r} belongs to another principal",
+            )
+        if sequence < 0:
+            raise errors.InvalidInput("an acknowledged sequence is 0 or more")
+        if sequence > s.head:
+            raise errors.AckAheadOfHead(
+                f"cannot acknowledge {sequence}: the stream's head is {s.head}",
+                sequence=sequence,
+                head=s.head,
+            )
+        if existing is not None:
+            if sequence < existing.acked_sequence:
+                raise errors.AckRegression(
+                    f"consumer {consumer_id!r} already acknowledged {existing.acked_sequence}; "
+                    "acknowledgements only advance",
+                    acked_sequence=existing.acked_sequence,
+                )
+            if sequence == existing.acked_sequence:
+                return []
+        if sequence == 0:
+            offset = 0
+        elif sequence < s.earliest:
+            # Pruned: its exact offset is gone, but credit never counts below pruned_bytes.
+            offset = s.pruned_bytes
+        elif offset is None:
+            raise ValueError(f"the offset after retained record {sequence} must be supplied")
+        return [
+            ev.ConsumerAcknowledged(
+                version=s.version + 1,
+                at=now,
+                consumer_id=consumer_id,
+                principal=principal,
+                sequence=sequence,
+                offset=offset,
+            )
+        ]
+
+    def close(self, now: datetime) -> list[ev.Event]:
+        if self.state.closed:
+            return []
+        return [ev.StreamClosed(version=self.state.version + 1, at=now)]
+
+    def set_legal_hold(self, enabled: bool, reason: str | None, now: datetime) -> list[ev.Event]:
+        hold = self.state.legal_hold
+        if hold.enabled == enabled and hold.reason == reason:
+            return []
+        return [
+            ev.LegalHoldChanged(
+                version=self.state.version + 1, at=now, enabled=enabled, reason=reason
+            )
+        ]
+
+    def prune(
+        self, through_sequence: int, pruned_bytes: int, reason: str, now: datetime
+    ) -> list[ev.Event]:
+        """Drop every record up to `through_sequence`; refused while a legal hold is on."""
+        s = self.state
+        if s.legal_hold.enabled:
+            raise errors.LegalHoldActive("a legal hold prevents pruning")
+        if through_sequence > s.head:
+            raise errors.InvalidInput("cannot prune past the head")
+        if through_sequence < s.earliest:
+            return []
+        if not s.pruned_bytes <= pruned_bytes <= s.total_bytes:
+            raise errors.InvalidInput("pruned_bytes must lie between the pruned and total offsets")
+        return [
+            ev.RecordsPruned(
+                version=s.version + 1,
+                at=now,
+                through_sequence=through_sequence,
+                pruned_bytes=pruned_bytes,
+                reason=reason,
+            )
+        ]
+
+    # -- apply: the only code that changes state, and the only code replay runs ---------------
+
+    def apply(self, event: ev.Event) -> None:
+        s = self.state
+        if event.version != s.version + 1:
+            raise ValueError(f"event version {event.version} does not follow {s.version}")
+        match event:
+            case ev.StreamCreated():
+                s.created_at = event.at
+            case ev.RecordsAppended():
+                items = event.last_sequence - event.first_sequence + 1
+                s.head = event.last_sequence
+                s.total_items += items
+                s.total_bytes += event.bytes
+            case ev.ConsumerAcknowledged():
+                s.consumers[event.consumer_id] = Consumer(
+                    principal=event.principal,
+                    acked_sequence=event.sequence,
+                    acked_offset=event.offset,
+                    updated_at=event.at,
+                )
+            case ev.StreamClosed():
+                s.closed = True
+                s.closed_at = event.at
+            case ev.LegalHoldChanged():
+                s.legal_hold = LegalHold(
+                    enabled=event.enabled, reason=event.reason, updated_at=event.at
+                )
+            case ev.RecordsPruned():
+                s.earliest = event.through_sequence + 1
+                s.pruned_bytes = event.pruned_bytes
+            case _:
+                raise TypeError(f"unknown event {type(event).__name__}")
+        s.version = event.version
+
+
+_state_encoder = msgspec.json.Encoder()
+_state_decoder = msgspec.json.Decoder(StreamState)
+_definition_decoder = msgspec.json.Decoder(StreamDefinition)
+
+
+def encode_state(state: StreamState) -> bytes:
+    return _state_encoder.encode(state)
+
+
+def decode_state(payload: bytes) -> StreamState:
+    return _state_decoder.decode(payload)
+
+
+def encode_definition(definition: StreamDefinition) -> bytes:
+    return _state_encoder.encode(definition)
+
+
+def decode_definition(payload: bytes) -> StreamDefinition:
+    return _definition_decoder.decode(payload)

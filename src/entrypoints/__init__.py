@@ -1,0 +1,1 @@
+"""Entrypoints: the Litestar HTTP API, the SSE adapter, the CLI and the wiring container."""

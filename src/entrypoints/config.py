@@ -1,0 +1,54 @@
+"""Configuration from DUCTOR_STREAMS_* environment variables (CONTRACT §1)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+
+PREFIX = "DUCTOR_STREAMS_"
+
+
+class Settings(msgspec.Struct, frozen=True):
+    database_url: str | None = None
+    data_dir: Path = Path("./.ductor-streams")
+    object_store: str = "filesystem"
+    region: str = "local"
+    egress_region: str = "local"
+    bootstrap_token: str | None = None
+    wait_service: str = "postgres"
+    wait_service_url: str | None = None
+    pool_min_size: int = 2
+    pool_max_size: int = 20
+    token_cache_seconds: float = 10.0
+    log_level: str = "INFO"
+
+    @property
+    def embedded(self) -> bool:
+        return self.database_url is None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+
+        def get(name: str) -> str | None:
+            value = env.get(PREFIX + name)
+            return value if value not in (None, "") else None
+
+        region = get("REGION") or "local"
+        return cls(
+            database_url=get("DATABASE_URL"),
+            data_dir=Path(get("DATA_DIR") or "./.ductor-streams"),
+            object_store=get("OBJECT_STORE") or "filesystem",
+            region=region,
+            egress_region=get("EGRESS_REGION") or region,
+            bootstrap_token=get("BOOTSTRAP_TOKEN"),
+            wait_service=get("WAIT_SERVICE") or "postgres",
+            wait_service_url=get("WAIT_SERVICE_URL"),
+            pool_min_size=int(get("POOL_MIN_SIZE") or 2),
+            pool_max_size=int(get("POOL_MAX_SIZE") or 20),
+            token_cache_seconds=float(get("TOKEN_CACHE_SECONDS") or 10.0),
+            log_level=(get("LOG_LEVEL") or "INFO").upper(),
+        )

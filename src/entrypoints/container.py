@@ -1,0 +1,123 @@
+"""The one place where everything is wired. Bad wiring fails at start, not at the first call.
+
+Tests swap an adapter with `container.streams.override(...)` (see `memory_container`)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import asyncpg
+from dependency_injector import containers, providers
+
+from adapters.memory.streams import MemoryStreams
+from adapters.memory.tokens import MemoryTokens
+from adapters.memory.wake import MemoryWake
+from adapters.postgres.streams import PostgresStreams
+from adapters.postgres.tokens import PostgresTokens
+from adapters.postgres.wake import PollingWake
+from application.acknowledge import Acknowledge
+from application.append_records import AppendRecords
+from application.close_stream import CloseStream
+from application.create_stream import CreateStream
+from application.definitions import DefinitionCache
+from application.get_stream import GetStream
+from application.group_commit import GroupCommit
+from application.list_streams import ListStreams
+from application.read_records import ReadRecords
+from application.set_legal_hold import SetLegalHold
+from application.tokens import Authenticate, IssueToken
+from entrypoints.config import Settings
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def open_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool | None]:
+    if settings.database_url is None:
+        raise RuntimeError("no database URL: start the embedded PostgreSQL first")
+    pool = await asyncpg.create_pool(
+        settings.database_url,
+        min_size=settings.pool_min_size,
+        max_size=settings.pool_max_size,
+    )
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+class Container(containers.DeclarativeContainer):
+    settings = providers.Dependency(instance_of=Settings)
+    clock = providers.Object(utc_now)
+
+    pool = providers.Resource(open_pool, settings)
+    streams = providers.Singleton(PostgresStreams, pool)
+    tokens = providers.Singleton(PostgresTokens, pool)
+    wake = providers.Singleton(PollingWake)
+
+    definitions = providers.Singleton(DefinitionCache, streams)
+    commits = providers.Singleton(GroupCommit, streams)
+
+    authenticate = providers.Singleton(
+        Authenticate, tokens, ttl_seconds=settings.provided.token_cache_seconds
+    )
+    issue_token = providers.Singleton(IssueToken, tokens)
+    create_stream = providers.Singleton(
+        CreateStream,
+        streams,
+        clock,
+        region=settings.provided.region,
+        egress_region=settings.provided.egress_region,
+    )
+    get_stream = providers.Singleton(GetStream, streams)
+    list_streams = providers.Singleton(ListStreams, streams)
+    append_records = providers.Singleton(AppendRecords, definitions, commits, wake, clock)
+    read_records = providers.Singleton(ReadRecords, definitions, streams, wake)  # reads pages too
+    acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
+    close_stream = providers.Singleton(CloseStream, definitions, commits, clock)
+    set_legal_hold = providers.Singleton(SetLegalHold, definitions, commits, clock)
+
+
+def memory_container(settings: Settings | None = None) -> Container:
+    """Every port on its memory adapter: the whole application without a database."""
+    container = Container(settings=settings or Settings())
+    wake = MemoryWake()
+    streams = MemoryStreams(wake)
+    container.pool.override(providers.Object(None))
+    container.streams.override(providers.Object(streams))
+    container.tokens.override(providers.Object(MemoryTokens()))
+    container.wake.override(providers.Object(wake))
+    return container
+
+
+USE_CASES = (
+    "authenticate",
+    "create_stream",
+    "get_stream",
+    "list_streams",
+    "append_records",
+    "read_records",
+    "acknowledge",
+    "close_stream",
+    "set_legal_hold",
+)
+
+
+async def _resolved(value: object) -> object:
+    return await value if inspect.isawaitable(value) else value
+
+
+async def start(container: Container) -> dict[str, object]:
+    """Open the resources and build every use case once, so a request only looks them up and
+    wiring mistakes surface at start-up."""
+    await _resolved(container.init_resources())
+    return {name: await _resolved(getattr(container, name)()) for name in USE_CASES}
+
+
+async def stop(container: Container) -> None:
+    commits = await _resolved(container.commits())
+    await commits.drain()  # type: ignore[attr-defined]
+    await _resolved(container.shutdown_resources())

@@ -1,0 +1,1 @@
+"""The Litestar HTTP entrypoint."""

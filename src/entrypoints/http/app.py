@@ -1,0 +1,134 @@
+"""The Litestar application: routes, dependencies, problem responses, lifespan, OpenAPI."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import msgspec
+from litestar import Litestar, Request, Response, get
+from litestar.di import Provide
+from litestar.exceptions import HTTPException
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
+
+from application.access import Caller
+from application.tokens import Authenticate
+from domain.errors import DomainError
+from entrypoints.config import Settings
+from entrypoints.container import USE_CASES, Container, start, stop
+from entrypoints.http import problems
+from entrypoints.http.streams import REQUEST_BODIES, StreamsController
+
+log = logging.getLogger("ductor_streams")
+
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+
+
+class Health(msgspec.Struct, frozen=True):
+    status: str
+
+
+@get("/healthz", operation_id="healthz", tags=["operations"])
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@get("/readyz", operation_id="readyz", tags=["operations"])
+async def readyz(container: Any) -> Response[Health]:
+    pool = container.pool()
+    if isinstance(pool, asyncpg.Pool):
+        try:
+            await pool.fetchval("SELECT 1", timeout=2)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            return Response(Health(status="unavailable"), status_code=503)
+    return Response(Health(status="ready"))
+
+
+def unavailable(_: Request, error: Exception) -> Response[bytes]:
+    log.warning("database unavailable: %s", type(error).__name__)
+    return problems.problem(
+        "unavailable",
+        "the database is unavailable; retry shortly",
+        status=503,
+        headers={"Retry-After": "1"},
+    )
+
+
+def create_app(container: Container) -> Litestar:
+    services: dict[str, Any] = {}
+
+    async def provide_caller(request: Request) -> Caller:
+        authenticate: Authenticate = services["authenticate"]
+        return await authenticate(request.headers.get("authorization"))
+
+    def use(name: str) -> Provide:
+        return Provide(lambda: services[name], sync_to_thread=False)
+
+    dependencies = {
+        "caller": Provide(provide_caller),
+        "container": Provide(lambda: container, sync_to_thread=False),
+        **{name: use(name) for name in USE_CASES if name != "authenticate"},
+    }
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        services.update(await start(container))
+        try:
+            yield
+        finally:
+            await stop(container)
+
+    app = Litestar(
+        route_handlers=[StreamsController, healthz, readyz],
+        dependencies=dependencies,
+        lifespan=[lifespan],
+        exception_handlers={
+            DomainError: problems.domain_error,
+            HTTPException: problems.http_error,
+            asyncpg.PostgresConnectionError: unavailable,
+            asyncpg.InterfaceError: unavailable,
+            ConnectionError: unavailable,
+            Exception: problems.internal_error,
+        },
+        request_max_body_size=MAX_REQUEST_BYTES,
+        openapi_config=OpenAPIConfig(
+            title="ductor-streams",
+            version="0.1.0",
+            description="Durable, ordered, flow-controlled data streams for workflow runs.",
+            path="/schema",
+            render_plugins=[JsonRenderPlugin()],
+        ),
+        debug=False,
+    )
+    _document_request_bodies(app)
+    return app
+
+
+def _document_request_bodies(app: Litestar) -> None:
+    """Bodies are decoded strictly by msgspec inside the handlers (Litestar would coerce), so
+    their schemas are added to the generated document here, from the same Structs."""
+    document = app.plugins.get("OpenAPIPlugin").provide_openapi_schema()  # type: ignore[attr-defined]
+    types = list(REQUEST_BODIES.values())
+    (schemas, components) = msgspec.json.schema_components(
+        types, ref_template="#/components/schemas/{name}"
+    )
+    document.setdefault("components", {}).setdefault("schemas", {}).update(components)
+    by_id = dict(zip(REQUEST_BODIES, schemas, strict=True))
+    for path_item in document.get("paths", {}).values():
+        for operation in path_item.values():
+            if isinstance(operation, dict) and operation.get("operationId") in by_id:
+                operation["requestBody"] = {
+                    "required": True,
+                    "content": {"application/json": {"schema": by_id[operation["operationId"]]}},
+                }
+
+
+def app_from_env() -> Litestar:
+    """The factory the ASGI server imports: settings from the environment."""
+    settings = Settings.from_env()
+    logging.basicConfig(level=settings.log_level, format="%(message)s")
+    return create_app(Container(settings=settings))
