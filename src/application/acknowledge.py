@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from application.access import Caller, require_reader
-from application.definitions import DefinitionCache
+from application.definitions import Definitions
 from application.group_commit import GroupCommit, run_one
 from application.ports import Clock, Idempotency
 from application.views import AckAnswer
@@ -42,7 +42,7 @@ class AckCommand:
 
 
 class Acknowledge:
-    def __init__(self, definitions: DefinitionCache, commits: GroupCommit, clock: Clock) -> None:
+    def __init__(self, definitions: Definitions, commits: GroupCommit, clock: Clock) -> None:
         self._definitions = definitions
         self._commits = commits
         self._clock = clock

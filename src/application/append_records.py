@@ -9,7 +9,7 @@ from datetime import datetime
 import msgspec
 
 from application.access import Caller, require_writer
-from application.definitions import DefinitionCache
+from application.definitions import Definitions
 from application.group_commit import GroupCommit
 from application.ports import Clock, Done, Failed, Idempotency, Replayed, WakeSignals
 from application.views import AppendAnswer
@@ -63,7 +63,7 @@ def check_idempotency_key(value: str | None) -> str | None:
 class AppendRecords:
     def __init__(
         self,
-        definitions: DefinitionCache,
+        definitions: Definitions,
         commits: GroupCommit,
         wake: WakeSignals,
         clock: Clock,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from application.access import Caller, require_writer
-from application.definitions import DefinitionCache
+from application.definitions import Definitions
 from application.group_commit import GroupCommit, run_one
 from application.ports import Clock, Idempotency
 from application.views import StreamDocument, stream_document
@@ -31,7 +31,7 @@ class CloseCommand:
 
 
 class CloseStream:
-    def __init__(self, definitions: DefinitionCache, commits: GroupCommit, clock: Clock) -> None:
+    def __init__(self, definitions: Definitions, commits: GroupCommit, clock: Clock) -> None:
         self._definitions = definitions
         self._commits = commits
         self._clock = clock

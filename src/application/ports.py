@@ -64,7 +64,8 @@ class StreamRepository(Protocol):
 
     async def list_run(self, tenant: str, run_id: str) -> list[Stream]: ...
 
-    async def definition(self, key: StreamKey) -> StreamDefinition | None: ...
+    async def definition(self, key: StreamKey) -> StreamDefinition | None:
+        """The immutable definition (adapters may keep it once seen), or None."""
 
     async def update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
         """Lock the stream row, decide each command in order, then write every resulting event,

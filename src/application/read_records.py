@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from application.access import Caller, require_reader
-from application.definitions import DefinitionCache
+from application.definitions import Definitions
 from application.errors import NotFound
 from application.ports import RecordReader, WakeSignals
 from application.views import RecordsPage, record_view
@@ -17,9 +17,7 @@ MAX_WAIT_SECONDS = 60
 
 
 class ReadRecords:
-    def __init__(
-        self, definitions: DefinitionCache, reader: RecordReader, wake: WakeSignals
-    ) -> None:
+    def __init__(self, definitions: Definitions, reader: RecordReader, wake: WakeSignals) -> None:
         self._definitions = definitions
         self._reader = reader
         self._wake = wake

@@ -21,7 +21,7 @@ from application.acknowledge import Acknowledge
 from application.append_records import AppendRecords
 from application.close_stream import CloseStream
 from application.create_stream import CreateStream
-from application.definitions import DefinitionCache
+from application.definitions import Definitions
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
 from application.list_streams import ListStreams
@@ -58,7 +58,7 @@ class Container(containers.DeclarativeContainer):
     tokens = providers.Singleton(PostgresTokens, pool)
     wake = providers.Singleton(PollingWake)
 
-    definitions = providers.Singleton(DefinitionCache, streams)
+    definitions = providers.Singleton(Definitions, streams)
     commits = providers.Singleton(GroupCommit, streams)
 
     authenticate = providers.Singleton(

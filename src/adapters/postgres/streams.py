@@ -46,7 +46,9 @@ SELECT tenant, run_id, stream_id, 1, 'stream_created', $7 FROM created
 RETURNING 1
 """
 
-_LOCK = f"SELECT state FROM streams WHERE {_KEY} FOR UPDATE"
+_LOCK = f"""
+SELECT state, CASE WHEN $4::boolean THEN definition END FROM streams WHERE {_KEY} FOR UPDATE
+"""
 
 _RECEIPTS = f"""
 SELECT idempotency_key, fingerprint, answer FROM append_receipts
@@ -141,12 +143,14 @@ class PostgresStreams:
             return None
         return Stream(key, self._definition(key, row["definition"]), decode_state(row["state"]))
 
-    def _definition(self, key: StreamKey, payload: bytes) -> StreamDefinition:
+    def _definition(self, key: StreamKey, payload: bytes | None) -> StreamDefinition:
+        """Definitions are immutable, so decoded ones are kept (the oldest dropped past 10k)."""
         definition = self._definitions.get(key)
         if definition is None:
+            assert payload is not None
             definition = self._definitions[key] = decode_definition(payload)
             if len(self._definitions) > 10_000:
-                self._definitions.clear()
+                del self._definitions[next(iter(self._definitions))]
         return definition
 
     async def list_run(self, tenant: str, run_id: str) -> list[Stream]:
@@ -173,14 +177,15 @@ class PostgresStreams:
 
     async def update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
         async with self._pool.acquire() as conn, conn.transaction():
-            state = await conn.fetchval(_LOCK, *key)
-            if state is None:
+            # Never touch the pool while holding the row lock: with every connection waiting
+            # on this row, a second acquire by the holder would wait forever.
+            row = await conn.fetchrow(_LOCK, *key, key not in self._definitions)
+            if row is None:
                 raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-            definition = self._definitions.get(key)
-            if definition is None:
-                definition = await self.definition(key)
-                assert definition is not None
-            stream = Stream(key, definition, decode_state(state))
+            payload = row[1]
+            if payload is None and key not in self._definitions:  # evicted meanwhile
+                payload = await conn.fetchval(f"SELECT definition FROM streams WHERE {_KEY}", *key)
+            stream = Stream(key, self._definition(key, payload), decode_state(row[0]))
             receipts: dict[str, Receipt] = {}
             if keys := [c.idempotency.key for c in commands if c.idempotency is not None]:
                 for r in await conn.fetch(_RECEIPTS, *key, keys):

@@ -1,0 +1,97 @@
+"""Session fixtures: PostgreSQL (see tests/support/postgres.py) and a real server process."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # make `tests.support` importable
+pytest.register_assert_rewrite("tests.support")
+
+from adapters.postgres.tokens import PostgresTokens  # noqa: E402
+from application.access import SCOPES  # noqa: E402
+from application.tokens import IssueToken, make_caller  # noqa: E402
+from tests.support.postgres import (  # noqa: E402
+    create_test_database,
+    drop_test_database,
+    postgres_server,
+)
+from tests.support.server import ServerProcess  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> Iterator[str]:
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def database_url(postgres_admin_url: str) -> Iterator[str]:
+    url, name = asyncio.run(create_test_database(postgres_admin_url))
+    yield url
+    asyncio.run(drop_test_database(postgres_admin_url, name))
+
+
+@pytest.fixture(scope="session")
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=10)
+    yield pool
+    await pool.close()
+
+
+class Tokens:
+    """Issue tokens straight into the database the server reads."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._issue = IssueToken(PostgresTokens(pool))
+
+    async def create(
+        self,
+        tenant: str = "default",
+        principal: str = "tester",
+        scopes: tuple[str, ...] = SCOPES,
+    ) -> str:
+        return await self._issue(make_caller(tenant, principal, list(scopes)))
+
+
+@pytest.fixture(scope="session")
+def tokens(pool: asyncpg.Pool) -> Tokens:
+    return Tokens(pool)
+
+
+BOOTSTRAP_TOKEN = "dst_bootstrap_" + secrets.token_hex(8)
+
+
+@pytest.fixture(scope="session")
+def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One real `ductor-streams serve` process for the session; tests isolate by run ID."""
+    process = ServerProcess(
+        database_url=database_url,
+        data_dir=tmp_path_factory.mktemp("server"),
+        env={"DUCTOR_STREAMS_BOOTSTRAP_TOKEN": BOOTSTRAP_TOKEN},
+    ).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def run_id() -> str:
+    return "run-" + secrets.token_hex(6)
+
+
+@pytest.fixture
+async def api(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client on the API prefix, authenticated as the bootstrap principal."""
+    async with httpx.AsyncClient(
+        base_url=server.base_url + "/api/workflow-streams",
+        headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"},
+        timeout=30,
+    ) as client:
+        yield client

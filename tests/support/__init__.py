@@ -1,0 +1,1 @@
+"""Shared test support: PostgreSQL for tests, a real server process, HTTP helpers."""

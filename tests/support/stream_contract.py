@@ -1,0 +1,146 @@
+"""One contract for every StreamRepository adapter, subclassed per adapter.
+
+A subclass provides the `repo` fixture; every test here then runs against that adapter, races
+included, so the memory fake and PostgreSQL are held to the same behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from application.acknowledge import AckCommand
+from application.close_stream import CloseCommand
+from application.errors import NotFound
+from application.ports import Done, Failed, Replayed
+from domain import errors
+from domain.stream import Stream
+from tests.support.builders import NOW, WRITER, append, definition, new_key, record
+
+
+class StreamRepositoryContract:
+    async def test_create_is_idempotent_and_reports_whether_it_created(self, repo) -> None:
+        key = new_key()
+        first, created = await repo.create(key, definition(), NOW)
+        again, created_again = await repo.create(key, definition(), NOW)
+        assert (created, created_again) == (True, False)
+        assert again.definition == first.definition
+        assert (await repo.definition(key)) == definition()
+
+    async def test_an_unknown_stream_is_not_found(self, repo) -> None:
+        key = new_key()
+        assert await repo.load(key) is None
+        assert await repo.page(key, 0, 10) is None
+        with pytest.raises(NotFound):
+            await repo.update(key, [append()])
+
+    async def test_a_batch_gets_contiguous_sequences_and_reads_back_in_order(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        payloads = [b'{"n":%d}' % i for i in range(5)]
+        [done] = await repo.update(key, [append([record(p) for p in payloads])])
+        assert isinstance(done, Done)
+        assert (done.answer.first_sequence, done.answer.last_sequence) == (1, 5)
+        position, records = await repo.page(key, 0, 100)
+        assert (position.head, position.earliest, position.closed) == (5, 1, False)
+        assert [r.sequence for r in records] == [1, 2, 3, 4, 5]
+        assert [r.payload for r in records] == payloads
+
+    async def test_a_page_holds_records_strictly_after_the_cursor_up_to_the_limit(
+        self, repo
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [append([record() for _ in range(10)])])
+        _, records = await repo.page(key, 3, 4)
+        assert [r.sequence for r in records] == [4, 5, 6, 7]
+        _, records = await repo.page(key, 10, 4)
+        assert records == []
+
+    async def test_one_failing_command_leaves_the_others_in_its_group_untouched(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(max_unread_items=3), NOW)
+        outcomes = await repo.update(
+            key,
+            [
+                append([record()]),
+                append([record(), record(), record()]),  # would pass the unread ceiling
+                append([record()]),
+            ],
+        )
+        assert isinstance(outcomes[0], Done)
+        assert isinstance(outcomes[1], Failed)
+        assert isinstance(outcomes[1].error, errors.Backpressure)
+        assert isinstance(outcomes[2], Done)
+        assert outcomes[2].answer.first_sequence == 2
+        position, records = await repo.page(key, 0, 10)
+        assert position.head == 2 and [r.sequence for r in records] == [1, 2]
+
+    async def test_an_idempotency_key_replays_its_answer_and_refuses_another_body(
+        self, repo
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        [first] = await repo.update(key, [append([record(b"1")], key="k")])
+        [again] = await repo.update(key, [append([record(b"1")], key="k")])
+        [other] = await repo.update(key, [append([record(b"2")], key="k")])
+        assert isinstance(first, Done) and isinstance(again, Replayed)
+        assert b'"first_sequence":1' in again.answer_json
+        assert isinstance(other, Failed)
+        assert isinstance(other.error, errors.IdempotencyKeyReused)
+        assert (await repo.page(key, 0, 10))[0].head == 1
+
+    async def test_the_same_key_twice_in_one_group_appends_once(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        outcomes = await repo.update(key, [append(key="k"), append(key="k")])
+        assert isinstance(outcomes[0], Done) and isinstance(outcomes[1], Replayed)
+        assert (await repo.page(key, 0, 10))[0].head == 1
+
+    async def test_concurrent_updates_never_duplicate_or_skip_a_sequence(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        outcomes = await asyncio.gather(
+            *(repo.update(key, [append([record(), record()])]) for _ in range(40))
+        )
+        firsts = sorted(o[0].answer.first_sequence for o in outcomes)
+        assert firsts == list(range(1, 81, 2))
+        _, records = await repo.page(key, 0, 1000)
+        assert [r.sequence for r in records] == list(range(1, 81))
+
+    async def test_concurrent_duplicates_of_one_key_never_append_twice(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        outcomes = await asyncio.gather(
+            *(repo.update(key, [append(key="same")]) for _ in range(20))
+        )
+        kinds = sorted(type(o[0]).__name__ for o in outcomes)
+        assert kinds == ["Done"] + ["Replayed"] * 19
+        assert (await repo.page(key, 0, 10))[0].head == 1
+
+    async def test_acknowledgements_use_the_stored_offset_for_byte_credit(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [append([record(b"x" * 10), record(b"y" * 30)])])
+        [done] = await repo.update(key, [AckCommand(WRITER, "c", 1, NOW)])
+        assert isinstance(done, Done)
+        assert (done.answer.credit.unread_items, done.answer.credit.unread_bytes) == (1, 30)
+
+    async def test_the_journal_replays_into_the_stored_snapshot(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [append([record(), record()])])
+        await repo.update(key, [AckCommand(WRITER, "c", 1, NOW), append()])
+        await repo.update(key, [CloseCommand(WRITER, NOW)])
+        stored = await repo.load(key)
+        replayed = Stream.replay(key, await repo.journal(key))
+        assert replayed.state == stored.state
+        assert stored.state.closed and stored.head == 3
+
+    async def test_a_run_lists_its_streams(self, repo) -> None:
+        key = new_key()
+        await repo.create(key._replace(stream_id="b"), definition("b"), NOW)
+        await repo.create(key._replace(stream_id="a"), definition("a"), NOW)
+        listed = await repo.list_run(key.tenant, key.run_id)
+        assert [s.key.stream_id for s in listed] == ["a", "b"]
+        assert await repo.list_run("other-tenant", key.run_id) == []

@@ -1,0 +1,58 @@
+"""Definitions: defaults from the deployment, validation of what types cannot say."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from domain import errors
+from domain.definition import DefinitionRequest, resolve_definition
+
+
+def resolve(body: bytes, region: str = "eu", egress: str = "eu-edge"):
+    request = msgspec.json.decode(body, type=DefinitionRequest)
+    return resolve_definition(request, region=region, egress_region=egress)
+
+
+def test_only_direction_is_required_and_the_rest_takes_the_deployment_defaults() -> None:
+    d = resolve(b'{"direction": "output"}')
+    assert d.stream_id.startswith("s-")
+    assert d.content_class == "application_data"
+    assert d.limits.max_unread_items == 10_000 and d.limits.unread_policy == "reject"
+    assert d.placement.metadata_home == "eu" and d.placement.object_regions == ("eu",)
+    assert d.placement.client_egress_regions == ("eu-edge",) and d.placement.log_region == "eu"
+    assert d.authorization.readers == ("*",)
+
+
+def test_raw_model_reasoning_is_refused_with_its_own_error() -> None:
+    with pytest.raises(errors.ContentClassForbidden):
+        resolve(b'{"direction": "output", "content_class": "model_reasoning_raw"}')
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"direction": "output", "content_class": "poetry"}',
+        b'{"direction": "output", "stream_id": "-bad"}',
+        b'{"direction": "output", "redaction": {"json_pointers": ["no-slash"]}}',
+        b'{"direction": "output", "placement": {"object_regions": []}}',
+    ],
+)
+def test_invalid_definitions_are_refused(body: bytes) -> None:
+    with pytest.raises(errors.InvalidInput):
+        resolve(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"direction": "sideways"}',
+        b'{"direction": "output", "limits": {"max_unread_items": 0}}',
+        b'{"direction": "output", "limits": {"unread_policy": "maybe"}}',
+        b'{"direction": "output", "surprise": 1}',
+        b'{"stream_id": "x"}',
+    ],
+)
+def test_types_and_unknown_fields_are_checked_by_decoding(body: bytes) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        resolve(body)

@@ -1,0 +1,87 @@
+"""Append coalescing: concurrent commands on one stream share transactions, and stay isolated."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from adapters.memory.streams import MemoryStreams
+from application.group_commit import GroupCommit
+from application.ports import Command, Done, Failed, Outcome
+from domain import errors
+from domain.stream import StreamKey
+from tests.support.builders import NOW, append, definition, new_key, record
+
+
+class SlowStreams(MemoryStreams):
+    """Each transaction takes a moment, as a WAL flush does, and groups are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: list[int] = []
+        self.fail_next = False
+
+    async def update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
+        self.groups.append(len(commands))
+        await asyncio.sleep(0.01)
+        if self.fail_next:
+            self.fail_next = False
+            raise ConnectionError("database went away")
+        return await super().update(key, commands)
+
+
+async def test_concurrent_appends_are_committed_in_far_fewer_transactions() -> None:
+    streams = SlowStreams()
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    commits = GroupCommit(streams)
+    outcomes = await asyncio.gather(*(commits.submit(key, append()) for _ in range(100)))
+    assert sorted(o.answer.first_sequence for o in outcomes) == list(range(1, 101))
+    assert sum(streams.groups) == 100
+    assert len(streams.groups) <= 3  # one lone leader, then everything that queued meanwhile
+
+
+async def test_a_refused_request_does_not_fail_or_reorder_its_group() -> None:
+    streams = SlowStreams()
+    key = new_key()
+    await streams.create(key, definition(max_unread_items=5), NOW)
+    commits = GroupCommit(streams)
+    first = asyncio.ensure_future(commits.submit(key, append()))
+    await asyncio.sleep(0)  # the lone leader starts with `first`; the rest queue behind it
+    batch = [
+        append(),
+        append([record() for _ in range(5)]),  # passes the unread ceiling: refused alone
+        append(),
+    ]
+    outcomes = await asyncio.gather(*(commits.submit(key, c) for c in batch))
+    assert isinstance((await first), Done)
+    assert isinstance(outcomes[0], Done) and outcomes[0].answer.first_sequence == 2
+    assert isinstance(outcomes[1], Failed) and isinstance(outcomes[1].error, errors.Backpressure)
+    assert isinstance(outcomes[2], Done) and outcomes[2].answer.first_sequence == 3
+
+
+async def test_a_failed_transaction_fails_its_group_and_the_next_group_still_commits() -> None:
+    streams = SlowStreams()
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    commits = GroupCommit(streams)
+    streams.fail_next = True
+    with pytest.raises(ConnectionError):
+        await commits.submit(key, append())
+    outcome = await commits.submit(key, append())
+    assert isinstance(outcome, Done) and outcome.answer.first_sequence == 1
+
+
+async def test_a_caller_that_gives_up_does_not_cancel_the_groups_commit() -> None:
+    streams = SlowStreams()
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    commits = GroupCommit(streams)
+    waiter = asyncio.ensure_future(commits.submit(key, append()))
+    await asyncio.sleep(0.001)
+    waiter.cancel()
+    await commits.drain()
+    position, _ = await streams.page(key, 0, 10)
+    assert position.head == 1

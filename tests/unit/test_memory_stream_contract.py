@@ -1,0 +1,14 @@
+"""The stream-port contract on the memory adapter."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.memory.streams import MemoryStreams
+from tests.support.stream_contract import StreamRepositoryContract
+
+
+class TestMemoryStreams(StreamRepositoryContract):
+    @pytest.fixture
+    def repo(self) -> MemoryStreams:
+        return MemoryStreams()
