@@ -1,0 +1,339 @@
+"""`python -m bench` (or `python3 dev.py bench`): run the benchmarks and print the table.
+
+    python -m bench [--duration 10] [--only floor,append,noop,batch,copy] [--profile]
+
+See docs/benchmarks.md for what each measurement is and the figures measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import json
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench import database, load, profile
+from bench.database import Measurement
+from bench.server import CpuMeter, Server
+
+NAMES = ("floor", "append", "noop", "batch", "copy")
+RUN_ID = "bench"
+BATCH = 1_000
+PREFIX = f"/api/workflow-streams/runs/{RUN_ID}/streams"
+
+
+def _record(i: int, size: int = 100) -> dict[str, object]:
+    """A JSON record whose compact encoding is exactly `size` bytes."""
+    head = {"i": i, "kind": "token", "text": ""}
+    pad = size - len(json.dumps(head, separators=(",", ":")))
+    head["text"] = "x" * pad
+    return head
+
+
+def _compact(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds before each one")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"run only these (repeatable or comma-separated): {', '.join(NAMES)}",
+    )
+    parser.add_argument("--clients", type=int, default=32, help="HTTP clients for (2) and (3)")
+    parser.add_argument("--floor-connections", type=int, default=16, help="asyncpg for (1)")
+    parser.add_argument("--batch-clients", type=int, default=8, help="clients/conns for (4)")
+    parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (2 cores here)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample the server with py-spy during (2) and print its hot spots "
+        "(the figures of that run are perturbed)",
+    )
+    parser.add_argument(
+        "--profile-native",
+        action="store_true",
+        help="with --profile: include native (C, Cython, Rust) frames; pauses the server "
+        "per sample",
+    )
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args(argv)
+    only = {n.strip() for item in args.only for n in item.split(",") if n.strip()}
+    if unknown := only - set(NAMES):
+        parser.error(f"unknown benchmark(s) {sorted(unknown)}; choose from {', '.join(NAMES)}")
+    args.selected = [n for n in NAMES if not only or n in only]
+    return args
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args = args
+        self.tmp = tmp
+        self.results: dict[str, Measurement] = {}
+        self.facts: dict[str, object] = {}
+        self.profile_summary: str | None = None
+
+    def run(self) -> None:
+        args = self.args
+        print(f"starting embedded PostgreSQL under {self.tmp / 'pg'} ...", flush=True)
+        self.url, self.pg_pid = database.start_database(self.tmp)
+        self.facts["postgres"] = asyncio.run(database.settings(self.url))
+        self.facts["cpus"] = os.cpu_count()
+        self.facts["load generator"] = (
+            f"wrk ({load.wrk_path()})" if load.wrk_path() else "python asyncio (wrk missing)"
+        )
+        self.token = secrets.token_urlsafe(24)
+        self.server = Server(self.url, self.token, self.tmp / "data", self.tmp / "server.log")
+        try:
+            self.server.wait_ready()
+            self.server.create_stream(RUN_ID, "single")
+            self.server.create_stream(RUN_ID, "batch")
+            _, state_size = asyncio.run(database.stream_row(self.url, RUN_ID, "single"))
+            self.state_size = state_size
+            for name in args.selected:
+                print(
+                    f"running {name} ({args.duration:g}s + {args.warmup:g}s warm-up) ...",
+                    flush=True,
+                )
+                self.results[name] = getattr(self, name)()
+        finally:
+            self.server.stop()
+
+    # -- measurements ------------------------------------------------------------------------
+
+    def _meter(self) -> CpuMeter:
+        return CpuMeter({"server": self.server.pid, "postgres": self.pg_pid})
+
+    def floor(self) -> Measurement:
+        meter = CpuMeter({"postgres": self.pg_pid})
+        result = asyncio.run(
+            database.floor(
+                self.url,
+                run_id=RUN_ID,
+                payload=_compact(_record(0)),
+                state_size=self.state_size,
+                connections=self.args.floor_connections,
+                duration=self.args.duration,
+                warmup=self.args.warmup,
+                meter=meter,
+            )
+        )
+        return result
+
+    def _http(
+        self,
+        name: str,
+        label: str,
+        method: str,
+        path: str,
+        body: bytes | None,
+        clients: int,
+        records_per_request: int,
+        profile_it: bool = False,
+    ) -> Measurement:
+        a = self.args
+
+        def go(duration: float) -> load.LoadResult:
+            return load.run(
+                self.server.port,
+                method,
+                path,
+                body=body,
+                token=self.token,
+                connections=clients,
+                duration=duration,
+                threads=a.wrk_threads,
+                body_file=self.tmp / f"{name}.json",
+            )
+
+        if a.warmup > 0:
+            go(a.warmup)
+        spy = None
+        if profile_it:
+            raw = self.tmp / "profile.txt"
+            spy = profile.start(self.server.pid, a.duration, raw, native=a.profile_native)
+        meter = self._meter()
+        meter.start()
+        outcome = go(a.duration)
+        cpu = meter.stop()
+        if spy is not None:
+            _, err = spy.communicate(timeout=60)
+            if spy.returncode != 0:
+                print(f"py-spy failed: {err.decode()[-2000:]}", file=sys.stderr)
+            else:
+                self.profile_summary = profile.summarise(raw)
+                shutil.copy(raw, Path(tempfile.gettempdir()) / "ductor-bench-profile.txt")
+        cpu["client"] = outcome.client_cpu
+        result = Measurement(
+            name,
+            label,
+            ops=outcome.requests,
+            records=outcome.requests * records_per_request,
+            seconds=outcome.seconds,
+            p50_ms=outcome.p50_ms,
+            p99_ms=outcome.p99_ms,
+            errors=outcome.errors,
+            cpu=cpu,
+            note=outcome.tool,
+        )
+        if outcome.errors:
+            result.note += f"; errors {outcome.detail or outcome.errors}"
+        return result
+
+    def _group_note(self, result: Measurement, stream_id: str, per_request: int) -> None:
+        rows, commits = asyncio.run(database.commits(self.url, RUN_ID, stream_id))
+        if commits:
+            result.note += f"; {rows / commits / per_request:.1f} requests/commit"
+
+    def append(self) -> Measurement:
+        body = _compact({"records": [{"data": _record(0)}]})
+        result = self._http(
+            "append",
+            "(2) HTTP append, 1 record/request",
+            "POST",
+            f"{PREFIX}/single/records",
+            body,
+            self.args.clients,
+            1,
+            profile_it=self.args.profile,
+        )
+        self._group_note(result, "single", 1)
+        return result
+
+    def noop(self) -> Measurement:
+        return self._http(
+            "noop", "(3) HTTP no-op GET /healthz", "GET", "/healthz", None, self.args.clients, 0
+        )
+
+    def batch(self) -> Measurement:
+        body = _compact({"records": [{"data": _record(i)} for i in range(BATCH)]})
+        result = self._http(
+            "batch",
+            f"(4) HTTP append, {BATCH} x 100 B/request",
+            "POST",
+            f"{PREFIX}/batch/records",
+            body,
+            self.args.batch_clients,
+            BATCH,
+        )
+        self._group_note(result, "batch", BATCH)
+        return result
+
+    def copy(self) -> Measurement:
+        meter = CpuMeter({"postgres": self.pg_pid})
+        result = asyncio.run(
+            database.copy(
+                self.url,
+                run_id=RUN_ID,
+                payloads=[_compact(_record(i)) for i in range(BATCH)],
+                connections=self.args.batch_clients,
+                duration=self.args.duration,
+                warmup=self.args.warmup,
+                meter=meter,
+            )
+        )
+        return result
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def report(bench: Bench) -> str:
+    r = bench.results
+    lines = []
+    pg = bench.facts.get("postgres", {})
+    lines.append(
+        f"machine: {bench.facts.get('cpus')} CPUs; PostgreSQL {pg.get('server_version')} embedded "
+        f"(fsync={pg.get('fsync')}, synchronous_commit={pg.get('synchronous_commit')}); "
+        f"load: {bench.facts.get('load generator')}; {bench.args.duration:g}s each"
+    )
+    lines.append("")
+    header = (
+        f"{'benchmark':<40} {'ops/s':>9} {'records/s':>10} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'err':>4}  {'CPU% srv/pg/client':<19} notes"
+    )
+    lines += [header, "-" * len(header)]
+    for name in NAMES:
+        m = r.get(name)
+        if m is None:
+            continue
+        cpu = "/".join(
+            "-" if k not in m.cpu else f"{m.cpu[k]:.0f}" for k in ("server", "postgres", "client")
+        )
+        records = "-" if name == "noop" else f"{m.records_per_s:,.0f}"
+        lines.append(
+            f"{m.label:<40} {m.ops_per_s:>9,.0f} {records:>10} "
+            f"{_fmt(m.p50_ms, '.2f'):>7} {_fmt(m.p99_ms, '.2f'):>7} {m.errors:>4}  "
+            f"{cpu:<19} {m.note}"
+        )
+    lines.append("")
+    checks = []
+    if "append" in r and "floor" in r and r["floor"].ops_per_s:
+        ratio = r["append"].ops_per_s / r["floor"].ops_per_s
+        checks.append(("(2)/(1) HTTP append vs naive floor", f"{ratio:.2f}x", ">= 4x", ratio >= 4))
+    if "append" in r and "noop" in r and r["noop"].ops_per_s:
+        ratio = r["append"].ops_per_s / r["noop"].ops_per_s
+        checks.append(("(2)/(3) HTTP append vs no-op", f"{ratio:.1%}", ">= 50%", ratio >= 0.5))
+    if "batch" in r:
+        rate = r["batch"].records_per_s
+        checks.append(("(4) batched records/s", f"{rate:,.0f}", ">= 100,000", rate >= 100_000))
+    if "batch" in r and "copy" in r and r["copy"].records_per_s:
+        ratio = r["batch"].records_per_s / r["copy"].records_per_s
+        checks.append(("(4)/COPY batched vs raw COPY", f"{ratio:.1%}", ">= 50%", ratio >= 0.5))
+    if checks:
+        lines.append(f"{'ratio':<40} {'measured':>10}  {'target':<11} result")
+        for label, value, target, ok in checks:
+            lines.append(f"{label:<40} {value:>10}  {target:<11} {'PASS' if ok else 'MISS'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.profile and "append" not in args.selected:
+        print("--profile samples the server during `append`; add it to --only", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="ductor-bench-"))
+    if not args.keep:
+        # Registered before the embedded PostgreSQL registers its own stop, so (atexit runs
+        # last-in first-out) the directory goes only after PostgreSQL has stopped.
+        atexit.register(shutil.rmtree, tmp, True)
+    bench = Bench(args, tmp)
+    started = time.monotonic()
+    bench.run()
+    print()
+    print(report(bench))
+    if bench.profile_summary:
+        print("\npy-spy profile of the server during (2) (% of sampled server CPU):")
+        print(bench.profile_summary)
+        print(f"(raw collapsed stacks: {Path(tempfile.gettempdir()) / 'ductor-bench-profile.txt'})")
+    if args.json:
+        payload = {
+            "facts": bench.facts,
+            "duration": args.duration,
+            "results": {k: asdict(v) for k, v in bench.results.items()},
+        }
+        args.json.write_text(json.dumps(payload, indent=2, default=str))
+    print(f"\ntotal {time.monotonic() - started:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

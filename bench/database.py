@@ -1,0 +1,294 @@
+"""The benchmark's PostgreSQL and the raw-asyncpg measurements: the naive floor and raw COPY."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from adapters.postgres.embedded import start_embedded
+from adapters.postgres.migrations import migrate
+
+TENANT = "default"  # the bootstrap token's tenant
+
+
+class Meter(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> dict[str, float]: ...
+
+
+@dataclass
+class Measurement:
+    name: str
+    label: str
+    ops: int = 0  # transactions or HTTP requests completed inside the window
+    records: int = 0
+    seconds: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    errors: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)  # process group -> % of one core
+    note: str = ""
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.ops / self.seconds if self.seconds else 0.0
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+    def finish_latencies(self) -> None:
+        if self.latencies_ms:
+            ordered = sorted(self.latencies_ms)
+            self.p50_ms = _percentile(ordered, 50)
+            self.p99_ms = _percentile(ordered, 99)
+        self.latencies_ms = []
+
+
+def _percentile(ordered: list[float], p: float) -> float:
+    index = min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))
+    return ordered[index]
+
+
+def start_database(tmp: Path) -> tuple[str, int]:
+    """Start one embedded PostgreSQL under `tmp/pg`, create a fresh database in it and migrate
+    it. Returns the database URL and the postmaster's pid (for CPU accounting)."""
+    admin_url = start_embedded(tmp / "pg")
+    name = f"bench_{os.getpid()}"
+
+    async def prepare() -> str:
+        conn = await asyncpg.connect(admin_url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+        parts = urlsplit(admin_url)
+        url = urlunsplit(parts._replace(path="/" + name))
+        conn = await asyncpg.connect(url)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+        return url
+
+    url = asyncio.run(prepare())
+    pid = int((tmp / "pg" / "postmaster.pid").read_text().split()[0])
+    return url, pid
+
+
+async def settings(url: str) -> dict[str, str]:
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT name, setting FROM pg_settings WHERE name = ANY($1::text[])",
+            ["server_version", "fsync", "synchronous_commit", "wal_sync_method", "shared_buffers"],
+        )
+        return {r["name"]: r["setting"] for r in rows}
+    finally:
+        await conn.close()
+
+
+# --- (1) the naive floor --------------------------------------------------------------------
+
+_KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
+_LOCK = f"SELECT state FROM streams WHERE {_KEY} FOR UPDATE"
+_INSERT_RECORD = """
+INSERT INTO stream_records
+    (tenant, run_id, stream_id, sequence, appended_at, kind, content_type, size, end_offset,
+     payload)
+VALUES ($1, $2, $3, $4, $5, 0, 'application/json', $6, $7, $8)
+"""
+_INSERT_EVENT = """
+INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
+VALUES ($1, $2, $3, $4, 'records_appended', $5)
+"""
+_UPDATE = f"UPDATE streams SET head = $4, version = $5, state = $6 WHERE {_KEY}"
+
+
+def _pack_state(head: int, version: int, offset: int, size: int) -> bytes:
+    """A stand-in snapshot as large as the service's: head, version and byte offset up front."""
+    prefix = head.to_bytes(8, "big") + version.to_bytes(8, "big") + offset.to_bytes(8, "big")
+    return prefix + b"\0" * max(0, size - len(prefix))
+
+
+async def floor(
+    url: str,
+    *,
+    run_id: str,
+    payload: bytes,
+    state_size: int,
+    connections: int,
+    duration: float,
+    warmup: float,
+    meter: Meter | None = None,
+) -> Measurement:
+    """One transaction per single-record append, as a handler without group commit would do it:
+    lock the stream row, insert the record and its journal event, update the stream row, commit."""
+    key = (TENANT, run_id, "floor")
+    result = Measurement("floor", "(1) raw asyncpg, 1 txn per append")
+    event = b"\x01" * 96  # about the size of the service's encoded RecordsAppended event
+    setup = await asyncpg.connect(url)
+    try:
+        await setup.execute(
+            "INSERT INTO streams (tenant, run_id, stream_id, definition, created_at, version, "
+            "state) VALUES ($1, $2, $3, '', now(), 1, $4)",
+            *key,
+            _pack_state(0, 1, 0, state_size),
+        )
+    finally:
+        await setup.close()
+
+    pool = [await asyncpg.connect(url) for _ in range(connections)]
+    measuring = False
+    stop = False
+
+    async def writer(conn: asyncpg.Connection) -> None:
+        while not stop:
+            started = time.perf_counter()
+            async with conn.transaction():
+                state = await conn.fetchval(_LOCK, *key)
+                head = int.from_bytes(state[0:8], "big") + 1
+                version = int.from_bytes(state[8:16], "big") + 1
+                offset = int.from_bytes(state[16:24], "big") + len(payload)
+                now = datetime.now(UTC)
+                await conn.execute(_INSERT_RECORD, *key, head, now, len(payload), offset, payload)
+                await conn.execute(_INSERT_EVENT, *key, version, event)
+                await conn.execute(
+                    _UPDATE, *key, head, version, _pack_state(head, version, offset, state_size)
+                )
+            if measuring and not stop:
+                result.ops += 1
+                result.latencies_ms.append((time.perf_counter() - started) * 1000)
+
+    try:
+        tasks = [asyncio.create_task(writer(c)) for c in pool]
+        await asyncio.sleep(warmup)
+        measuring = True
+        if meter is not None:
+            meter.start()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        await asyncio.sleep(duration)
+        stop = True
+        result.seconds = time.perf_counter() - t0
+        if meter is not None:
+            result.cpu.update(meter.stop())  # before the connections (and backends) go away
+        result.cpu["client"] = 100 * (time.process_time() - cpu0) / result.seconds
+        await asyncio.gather(*tasks)
+    finally:
+        for conn in pool:
+            await conn.close()
+    result.records = result.ops
+    result.note = f"{connections} connections"
+    result.finish_latencies()
+    return result
+
+
+# --- (4b) raw COPY of 1,000-row batches -----------------------------------------------------
+
+_COPY_COLUMNS = (
+    "tenant",
+    "run_id",
+    "stream_id",
+    "sequence",
+    "appended_at",
+    "kind",
+    "content_type",
+    "size",
+    "end_offset",
+    "payload",
+)
+
+
+async def copy(
+    url: str,
+    *,
+    run_id: str,
+    payloads: list[bytes],
+    connections: int,
+    duration: float,
+    warmup: float,
+    meter: Meter | None = None,
+) -> Measurement:
+    """`copy_records_to_table` of the same 1,000-record batches into stream_records, each batch
+    its own (autocommit) transaction, from `connections` connections at once."""
+    result = Measurement("copy", f"(4b) raw asyncpg COPY, {len(payloads)}-row batches")
+    key = (TENANT, run_id, "copy")
+    pool = [await asyncpg.connect(url) for _ in range(connections)]
+    sizes = [len(p) for p in payloads]
+    next_sequence = 1
+    offset = 0
+    measuring = False
+    stop = False
+
+    async def writer(conn: asyncpg.Connection) -> None:
+        nonlocal next_sequence, offset
+        while not stop:
+            started = time.perf_counter()
+            first, next_sequence = next_sequence, next_sequence + len(payloads)
+            now = datetime.now(UTC)
+            rows = []
+            for i, (payload, size) in enumerate(zip(payloads, sizes, strict=True)):
+                offset += size
+                rows.append((*key, first + i, now, 0, "application/json", size, offset, payload))
+            await conn.copy_records_to_table("stream_records", records=rows, columns=_COPY_COLUMNS)
+            if measuring and not stop:
+                result.ops += 1
+                result.records += len(rows)
+                result.latencies_ms.append((time.perf_counter() - started) * 1000)
+
+    try:
+        tasks = [asyncio.create_task(writer(c)) for c in pool]
+        await asyncio.sleep(warmup)
+        measuring = True
+        if meter is not None:
+            meter.start()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        await asyncio.sleep(duration)
+        stop = True
+        result.seconds = time.perf_counter() - t0
+        if meter is not None:
+            result.cpu.update(meter.stop())  # before the connections (and backends) go away
+        result.cpu["client"] = 100 * (time.process_time() - cpu0) / result.seconds
+        await asyncio.gather(*tasks)
+    finally:
+        for conn in pool:
+            await conn.close()
+    result.note = f"{connections} connections"
+    result.finish_latencies()
+    return result
+
+
+async def stream_row(url: str, run_id: str, stream_id: str) -> tuple[int, int]:
+    """(head, length of the state snapshot) of a stream the server created."""
+    conn = await asyncpg.connect(url)
+    try:
+        row = await conn.fetchrow(
+            f"SELECT head, length(state) FROM streams WHERE {_KEY}", TENANT, run_id, stream_id
+        )
+        return (row[0], row[1]) if row else (0, 0)
+    finally:
+        await conn.close()
+
+
+async def commits(url: str, run_id: str, stream_id: str) -> tuple[int, int]:
+    """(records, distinct writing transactions) of a stream: its mean commit-group size."""
+    conn = await asyncpg.connect(url)
+    try:
+        row = await conn.fetchrow(
+            f"SELECT count(*), count(DISTINCT xmin::text) FROM stream_records WHERE {_KEY}",
+            TENANT,
+            run_id,
+            stream_id,
+        )
+        return row[0], row[1]
+    finally:
+        await conn.close()

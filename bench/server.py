@@ -1,0 +1,154 @@
+"""The server under test: one `ductor-streams serve` subprocess, its HTTP set-up calls, and CPU
+accounting of process trees from /proc."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, url: str, token: str, data_dir: Path, log: Path) -> None:
+        self.port = free_port()
+        self.token = token
+        self._log = log.open("wb")
+        env = dict(os.environ)
+        env.update(
+            DUCTOR_STREAMS_DATABASE_URL=url,
+            DUCTOR_STREAMS_BOOTSTRAP_TOKEN=token,
+            DUCTOR_STREAMS_DATA_DIR=str(data_dir),
+            DUCTOR_STREAMS_LOG_LEVEL="WARNING",
+        )
+        self.process = subprocess.Popen(
+            [str(BIN / "ductor-streams"), "serve", "--port", str(self.port), "--no-workers"],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: granian's workers stop with it
+        )
+        self.log_path = log
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited; see {self.log_path}")
+            try:
+                status, _ = self.request("GET", "/readyz")
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready after {timeout}s; see {self.log_path}")
+
+    def request(self, method: str, path: str, body: object = None) -> tuple[int, object]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            headers = {"Authorization": f"Bearer {self.token}"}
+            data = None
+            if body is not None:
+                data = json.dumps(body).encode()
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
+            response = conn.getresponse()
+            raw = response.read()
+            return response.status, json.loads(raw) if raw else None
+        finally:
+            conn.close()
+
+    def create_stream(self, run_id: str, stream_id: str) -> None:
+        status, answer = self.request(
+            "POST",
+            f"/api/workflow-streams/runs/{run_id}/streams",
+            {
+                "stream_id": stream_id,
+                "direction": "output",
+                "limits": {"max_unread_items": 100_000_000, "max_unread_bytes": 100_000_000_000},
+            },
+        )
+        if status not in (200, 201):
+            raise RuntimeError(f"creating stream {stream_id}: {status} {answer}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+# --- CPU of process trees -------------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, utime + stime in seconds) of a live process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def tree_cpu(roots: dict[str, int]) -> dict[str, float]:
+    """CPU seconds used so far by each named root process and all its descendants (live ones)."""
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (s := _stat(int(entry))) is not None:
+            stats[int(entry)] = s
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    totals: dict[str, float] = {}
+    for name, root in roots.items():
+        total, todo = 0.0, [root]
+        while todo:
+            pid = todo.pop()
+            if pid in stats:
+                total += stats[pid][1]
+            todo.extend(children.get(pid, ()))
+        totals[name] = total
+    return totals
+
+
+class CpuMeter:
+    """% of one core used by each named process tree between `start` and `stop`."""
+
+    def __init__(self, roots: dict[str, int]) -> None:
+        self.roots = roots
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._c0 = tree_cpu(self.roots)
+
+    def stop(self) -> dict[str, float]:
+        c1 = tree_cpu(self.roots)
+        wall = time.perf_counter() - self._t0
+        return {name: 100 * (c1[name] - self._c0.get(name, 0.0)) / wall for name in self.roots}
