@@ -69,6 +69,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="with --profile: include native (C, Cython, Rust) frames; pauses the server "
         "per sample",
     )
+    parser.add_argument(
+        "--server-workers", type=int, default=1, help="server processes (serve --workers)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
@@ -97,7 +100,13 @@ class Bench:
             f"wrk ({load.wrk_path()})" if load.wrk_path() else "python asyncio (wrk missing)"
         )
         self.token = secrets.token_urlsafe(24)
-        self.server = Server(self.url, self.token, self.tmp / "data", self.tmp / "server.log")
+        self.server = Server(
+            self.url,
+            self.token,
+            self.tmp / "data",
+            self.tmp / "server.log",
+            workers=args.server_workers,
+        )
         try:
             self.server.wait_ready()
             self.server.create_stream(RUN_ID, "single")

@@ -23,7 +23,9 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, url: str, token: str, data_dir: Path, log: Path) -> None:
+    def __init__(
+        self, url: str, token: str, data_dir: Path, log: Path, workers: int = 1
+    ) -> None:
         self.port = free_port()
         self.token = token
         self._log = log.open("wb")
@@ -35,7 +37,15 @@ class Server:
             DUCTOR_STREAMS_LOG_LEVEL="WARNING",
         )
         self.process = subprocess.Popen(
-            [str(BIN / "ductor-streams"), "serve", "--port", str(self.port), "--no-workers"],
+            [
+                str(BIN / "ductor-streams"),
+                "serve",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(workers),
+                "--no-workers",
+            ],
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -93,28 +93,35 @@ def memory_container(settings: Settings | None = None) -> Container:
     return container
 
 
-USE_CASES = (
-    "authenticate",
-    "create_stream",
-    "get_stream",
-    "list_streams",
-    "append_records",
-    "read_records",
-    "acknowledge",
-    "close_stream",
-    "set_legal_hold",
-)
+class Services:
+    """The built use cases, resolved once at start-up (so a wiring mistake fails at start and a
+    request only reads an attribute)."""
+
+    authenticate: Authenticate
+    create_stream: CreateStream
+    get_stream: GetStream
+    list_streams: ListStreams
+    append_records: AppendRecords
+    read_records: ReadRecords
+    acknowledge: Acknowledge
+    close_stream: CloseStream
+    set_legal_hold: SetLegalHold
+
+    def __init__(self, **built: object) -> None:
+        for name in self.__annotations__:
+            setattr(self, name, built[name])
 
 
 async def _resolved(value: object) -> object:
     return await value if inspect.isawaitable(value) else value
 
 
-async def start(container: Container) -> dict[str, object]:
-    """Open the resources and build every use case once, so a request only looks them up and
-    wiring mistakes surface at start-up."""
+async def start(container: Container) -> Services:
+    """Open the resources and build every use case once."""
     await _resolved(container.init_resources())
-    return {name: await _resolved(getattr(container, name)()) for name in USE_CASES}
+    return Services(
+        **{name: await _resolved(getattr(container, name)()) for name in Services.__annotations__}
+    )
 
 
 async def stop(container: Container) -> None:

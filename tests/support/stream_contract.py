@@ -46,6 +46,16 @@ class StreamRepositoryContract:
         assert [r.sequence for r in records] == [1, 2, 3, 4, 5]
         assert [r.payload for r in records] == payloads
 
+    async def test_a_large_batch_stores_every_record_with_its_byte_offset(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        payloads = [b"%d" % i for i in range(500)]  # past the PostgreSQL adapter's COPY threshold
+        await repo.update(key, [append([record(p) for p in payloads])])
+        _, records = await repo.page(key, 0, 1000)
+        assert [r.payload for r in records] == payloads
+        [done] = await repo.update(key, [AckCommand(WRITER, "c", 250, NOW)])
+        assert done.answer.credit.unread_bytes == sum(len(p) for p in payloads[250:])
+
     async def test_a_page_holds_records_strictly_after_the_cursor_up_to_the_limit(
         self, repo
     ) -> None:

@@ -40,22 +40,22 @@ def data(*values: object) -> list[RecordInput]:
 
 async def test_what_is_appended_is_read_back_after_the_cursor(app) -> None:
     _, s = app
-    await s["create_stream"](ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
-    answer, replayed = await s["append_records"](ALICE, "r", "x", data(1, 2, 3))
+    await s.create_stream(ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
+    answer, replayed = await s.append_records(ALICE, "r", "x", data(1, 2, 3))
     assert (answer.first_sequence, answer.last_sequence, replayed) == (1, 3, False)
-    page = await s["read_records"](ALICE, "r", "x", cursor=1)
+    page = await s.read_records(ALICE, "r", "x", cursor=1)
     assert [bytes(r.data) for r in page.records] == [b"2", b"3"]
     assert page.next_cursor == 3
 
 
 async def test_another_tenant_finds_nothing(app) -> None:
     _, s = app
-    await s["create_stream"](ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
+    await s.create_stream(ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
     for call in (
-        s["get_stream"](EVE, "r", "x"),
-        s["read_records"](EVE, "r", "x"),
-        s["append_records"](EVE, "r", "x", data(1)),
-        s["list_streams"](EVE, "r"),
+        s.get_stream(EVE, "r", "x"),
+        s.read_records(EVE, "r", "x"),
+        s.append_records(EVE, "r", "x", data(1)),
+        s.list_streams(EVE, "r"),
     ):
         with pytest.raises(NotFound):
             await call
@@ -64,27 +64,27 @@ async def test_another_tenant_finds_nothing(app) -> None:
 async def test_scopes_and_pinned_authorization_are_enforced(app) -> None:
     _, s = app
     body = b'{"direction":"output","stream_id":"x","authorization":{"writers":["alice"]}}'
-    await s["create_stream"](ALICE, "r", request(body))
+    await s.create_stream(ALICE, "r", request(body))
     with pytest.raises(Forbidden):
-        await s["append_records"](READER, "r", "x", data(1))
+        await s.append_records(READER, "r", "x", data(1))
     with pytest.raises(Forbidden):
-        await s["append_records"](BOB, "r", "x", data(1))
+        await s.append_records(BOB, "r", "x", data(1))
     with pytest.raises(Forbidden):
-        await s["set_legal_hold"](READER, "r", "x", True, None)
-    await s["append_records"](ALICE, "r", "x", data(1))
+        await s.set_legal_hold(READER, "r", "x", True, None)
+    await s.append_records(ALICE, "r", "x", data(1))
 
 
 async def test_a_cursor_ahead_of_the_head_is_invalid_never_a_reset(app) -> None:
     _, s = app
-    await s["create_stream"](ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
+    await s.create_stream(ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
     with pytest.raises(errors.CursorAheadOfHead):
-        await s["read_records"](ALICE, "r", "x", cursor=1)
+        await s.read_records(ALICE, "r", "x", cursor=1)
 
 
 async def test_a_cursor_behind_retention_is_gone_with_the_410_fields(app) -> None:
     container, s = app
-    await s["create_stream"](ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
-    await s["append_records"](ALICE, "r", "x", data(1, 2, 3, 4))
+    await s.create_stream(ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
+    await s.append_records(ALICE, "r", "x", data(1, 2, 3, 4))
     streams = container.streams()
     key = ALICE.key("r", "x")
     stream = await streams.load(key)
@@ -104,19 +104,19 @@ async def test_a_cursor_behind_retention_is_gone_with_the_410_fields(app) -> Non
 
     await streams.update(key, [Prune()])
     with pytest.raises(errors.CursorExpired) as gone:
-        await s["read_records"](ALICE, "r", "x", cursor=0)
+        await s.read_records(ALICE, "r", "x", cursor=0)
     assert gone.value.extra == {"requested": 1, "earliest": 3, "latest": 4, "reason": "retention"}
-    page = await s["read_records"](ALICE, "r", "x", cursor=2)
+    page = await s.read_records(ALICE, "r", "x", cursor=2)
     assert [bytes(r.data) for r in page.records] == [b"3", b"4"]
 
 
 async def test_a_long_poll_returns_as_soon_as_a_record_arrives(app) -> None:
     _, s = app
-    await s["create_stream"](ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
-    reader = asyncio.ensure_future(s["read_records"](ALICE, "r", "x", cursor=0, wait=30))
+    await s.create_stream(ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
+    reader = asyncio.ensure_future(s.read_records(ALICE, "r", "x", cursor=0, wait=30))
     await asyncio.sleep(0.01)
     assert not reader.done()
-    await s["append_records"](ALICE, "r", "x", data("hi"))
+    await s.append_records(ALICE, "r", "x", data("hi"))
     page = await asyncio.wait_for(reader, 5)
     assert [bytes(r.data) for r in page.records] == [b'"hi"']
 
@@ -127,12 +127,12 @@ async def test_a_blocked_producer_appends_once_a_consumer_acknowledges(app) -> N
         b'{"direction":"output","stream_id":"x",'
         b'"limits":{"max_unread_items":1,"unread_policy":"block","block_timeout_seconds":30}}'
     )
-    await s["create_stream"](ALICE, "r", request(body))
-    await s["append_records"](ALICE, "r", "x", data(1))
-    producer = asyncio.ensure_future(s["append_records"](ALICE, "r", "x", data(2)))
+    await s.create_stream(ALICE, "r", request(body))
+    await s.append_records(ALICE, "r", "x", data(1))
+    producer = asyncio.ensure_future(s.append_records(ALICE, "r", "x", data(2)))
     await asyncio.sleep(0.05)
     assert not producer.done()
-    await s["acknowledge"](BOB, "r", "x", "c", 1)
+    await s.acknowledge(BOB, "r", "x", "c", 1)
     answer, _ = await asyncio.wait_for(producer, 5)
     assert answer.first_sequence == 2
 
@@ -143,16 +143,16 @@ async def test_a_blocked_producer_gives_up_with_backpressure_after_its_timeout(a
         b'{"direction":"output","stream_id":"x",'
         b'"limits":{"max_unread_items":1,"unread_policy":"block","block_timeout_seconds":0.05}}'
     )
-    await s["create_stream"](ALICE, "r", request(body))
-    await s["append_records"](ALICE, "r", "x", data(1))
+    await s.create_stream(ALICE, "r", request(body))
+    await s.append_records(ALICE, "r", "x", data(1))
     with pytest.raises(errors.Backpressure):
-        await s["append_records"](ALICE, "r", "x", data(2))
+        await s.append_records(ALICE, "r", "x", data(2))
 
 
 async def test_tokens_are_found_by_hash_and_unknown_ones_are_refused(app) -> None:
     container, s = app
     await container.tokens().put(token_hash("secret"), ALICE)
-    assert await s["authenticate"]("Bearer secret") == ALICE
+    assert await s.authenticate("Bearer secret") == ALICE
     for header in (None, "", "Bearer", "Basic secret", "Bearer nope"):
         with pytest.raises(Unauthenticated):
-            await s["authenticate"](header)
+            await s.authenticate(header)

@@ -19,7 +19,14 @@ from application.deciding import Changes, Receipt, decide_all
 from application.errors import NotFound
 from application.ports import Command, Outcome, Position, StoredRecord
 from domain.definition import StreamDefinition
-from domain.events import ConsumerAcknowledged, Event, decode_event, encode_event, event_type
+from domain.events import (
+    ConsumerAcknowledged,
+    Event,
+    RecordsAppended,
+    decode_event,
+    encode_event,
+    event_type,
+)
 from domain.records import RecordKind
 from domain.stream import (
     Stream,
@@ -195,7 +202,15 @@ class PostgresStreams:
                 offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
             outcomes, changes = decide_all(stream, commands, receipts, offsets)
             if changes.events:
-                await conn.execute(_WRITE, *key, *_write_arguments(stream, changes))
+                rows = _record_rows(key, changes)
+                if len(rows) >= COPY_THRESHOLD:
+                    # Large groups go by COPY (about twice the rate of unnest for 1,000 rows);
+                    # small ones ride in the single write statement below.
+                    await conn.copy_records_to_table(
+                        "stream_records", records=rows, columns=_RECORD_COLUMNS
+                    )
+                    rows = []
+                await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows))
         return outcomes
 
     async def journal(self, key: StreamKey) -> list[Event]:
@@ -227,24 +242,60 @@ class PostgresStreams:
         ]
 
 
-def _write_arguments(stream: Stream, changes: Changes) -> tuple[object, ...]:
+_RECORD_COLUMNS = (
+    "tenant",
+    "run_id",
+    "stream_id",
+    "sequence",
+    "appended_at",
+    "kind",
+    "content_type",
+    "size",
+    "end_offset",
+    "payload",
+)
+COPY_THRESHOLD = 64
+
+_RecordRow = tuple[str, str, str, int, datetime, int, str, int, int, bytes]
+
+
+def _record_rows(key: StreamKey, changes: Changes) -> list[_RecordRow]:
     at_of: dict[int, datetime] = {}
     for event in changes.events:
-        first = getattr(event, "first_sequence", None)
-        if first is not None:
-            for sequence in range(first, event.last_sequence + 1):  # type: ignore[attr-defined]
+        if isinstance(event, RecordsAppended):
+            for sequence in range(event.first_sequence, event.last_sequence + 1):
                 at_of[sequence] = event.at
-    records = changes.records
+    tenant, run_id, stream_id = key
+    return [
+        (
+            tenant,
+            run_id,
+            stream_id,
+            r.sequence,
+            at_of[r.sequence],
+            int(r.record.kind),
+            r.record.content_type,
+            r.record.size,
+            r.end_offset,
+            r.record.payload,
+        )
+        for r in changes.records
+    ]
+
+
+def _write_arguments(
+    stream: Stream, changes: Changes, rows: list[_RecordRow]
+) -> tuple[object, ...]:
     acks = [e for e in changes.events if isinstance(e, ConsumerAcknowledged)]
     s = stream.state
     return (
-        [r.sequence for r in records],
-        [at_of[r.sequence] for r in records],
-        [int(r.record.kind) for r in records],
-        [r.record.content_type for r in records],
-        [r.record.size for r in records],
-        [r.end_offset for r in records],
-        [r.record.payload for r in records],
+        [r[3] for r in rows],
+        [r[4] for r in rows],
+        [r[5] for r in rows],
+        [r[6] for r in rows],
+        [r[7] for r in rows],
+        [r[8] for r in rows],
+        [r[9] for r in rows],
         [e.version for e in changes.events],
         [event_type(e) for e in changes.events],
         [encode_event(e) for e in changes.events],

@@ -5,21 +5,17 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 import asyncpg
 import msgspec
 from litestar import Litestar, Request, Response, get
-from litestar.di import Provide
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 
-from application.access import Caller
-from application.tokens import Authenticate
 from domain.errors import DomainError
 from entrypoints.config import Settings
-from entrypoints.container import USE_CASES, Container, start, stop
+from entrypoints.container import Container, start, stop
 from entrypoints.http import problems
 from entrypoints.http.streams import REQUEST_BODIES, StreamsController
 
@@ -38,8 +34,8 @@ async def healthz() -> Health:
 
 
 @get("/readyz", operation_id="readyz", tags=["operations"])
-async def readyz(container: Any) -> Response[Health]:
-    pool = container.pool()
+async def readyz(request: Request) -> Response[Health]:
+    pool = request.app.state.container.pool()
     if isinstance(pool, asyncpg.Pool):
         try:
             await pool.fetchval("SELECT 1", timeout=2)
@@ -59,24 +55,10 @@ def unavailable(_: Request, error: Exception) -> Response[bytes]:
 
 
 def create_app(container: Container) -> Litestar:
-    services: dict[str, Any] = {}
-
-    async def provide_caller(request: Request) -> Caller:
-        authenticate: Authenticate = services["authenticate"]
-        return await authenticate(request.headers.get("authorization"))
-
-    def use(name: str) -> Provide:
-        return Provide(lambda: services[name], sync_to_thread=False)
-
-    dependencies = {
-        "caller": Provide(provide_caller),
-        "container": Provide(lambda: container, sync_to_thread=False),
-        **{name: use(name) for name in USE_CASES if name != "authenticate"},
-    }
-
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        services.update(await start(container))
+        app.state.container = container
+        app.state.services = await start(container)
         try:
             yield
         finally:
@@ -84,7 +66,6 @@ def create_app(container: Container) -> Litestar:
 
     app = Litestar(
         route_handlers=[StreamsController, healthz, readyz],
-        dependencies=dependencies,
         lifespan=[lifespan],
         exception_handlers={
             DomainError: problems.domain_error,
