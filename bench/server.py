@@ -23,9 +23,7 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(
-        self, url: str, token: str, data_dir: Path, log: Path, workers: int = 1
-    ) -> None:
+    def __init__(self, url: str, token: str, data_dir: Path, log: Path, workers: int = 1) -> None:
         self.port = free_port()
         self.token = token
         self._log = log.open("wb")
