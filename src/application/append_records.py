@@ -11,13 +11,14 @@ import msgspec
 from application.access import Caller, require_writer
 from application.definitions import Definitions
 from application.group_commit import GroupCommit
-from application.ports import Clock, Done, Failed, Idempotency, Replayed, WakeSignals
+from application.ports import Clock, Done, Failed, Idempotency, Replayed
 from application.views import AppendAnswer
+from application.wake import WakeRegistry
 from domain import errors
-from domain.definition import MAX_BATCH_RECORDS
+from domain.definition import MAX_BATCH_RECORDS, StreamDefinition
 from domain.events import Event, RecordsAppended
 from domain.records import NewRecord, RecordInput, fingerprint, prepare_records
-from domain.stream import Stream
+from domain.stream import Stream, StreamKey
 
 _answer_decoder = msgspec.json.Decoder(AppendAnswer)
 
@@ -65,7 +66,7 @@ class AppendRecords:
         self,
         definitions: Definitions,
         commits: GroupCommit,
-        wake: WakeSignals,
+        wake: WakeRegistry,
         clock: Clock,
     ) -> None:
         self._definitions = definitions
@@ -95,23 +96,44 @@ class AppendRecords:
         idempotency = (
             Idempotency(idempotency_key, fingerprint(records)) if idempotency_key else None
         )
-        limits = definition.limits
-        deadline = time.monotonic() + limits.block_timeout_seconds
-        while True:
-            command = AppendCommand(caller, records, idempotency, self._clock())
-            outcome = await self._commits.submit(key, command)
-            match outcome:
-                case Done(answer=answer):
-                    return answer, False
-                case Replayed(answer_json=raw):
-                    return _answer_decoder.decode(raw), True
-                case Failed(error=errors.Backpressure() as error) if (
-                    limits.unread_policy == "block"
-                ):
+        if definition.limits.unread_policy == "block":
+            return await self._append_blocking(caller, key, records, idempotency, definition)
+        return await self._append(caller, key, records, idempotency)
+
+    async def _append(
+        self,
+        caller: Caller,
+        key: StreamKey,
+        records: list[NewRecord],
+        idempotency: Idempotency | None,
+    ) -> tuple[AppendAnswer, bool]:
+        command = AppendCommand(caller, records, idempotency, self._clock())
+        match await self._commits.submit(key, command):
+            case Done(answer=answer):
+                return answer, False
+            case Replayed(answer_json=raw):
+                return _answer_decoder.decode(raw), True
+            case Failed(error=error):
+                raise error
+        raise AssertionError("unreachable")
+
+    async def _append_blocking(
+        self,
+        caller: Caller,
+        key: StreamKey,
+        records: list[NewRecord],
+        idempotency: Idempotency | None,
+        definition: StreamDefinition,
+    ) -> tuple[AppendAnswer, bool]:
+        """Credit returns only through acknowledgements: on backpressure, wait for a sign that
+        the stream changed and try again, until the pinned block timeout."""
+        deadline = time.monotonic() + definition.limits.block_timeout_seconds
+        with self._wake.listen(key) as listener:
+            while True:
+                try:
+                    return await self._append(caller, key, records, idempotency)
+                except errors.Backpressure:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        raise error
-                    # Credit returns only through acknowledgements: wait for a sign of one.
-                    await self._wake.wait(key, remaining)
-                case Failed(error=error):
-                    raise error
+                        raise
+                    await listener.wait(remaining)

@@ -105,11 +105,5 @@ class TokenStore(Protocol):
         """Store (or replace) the token with this hash."""
 
 
-class WakeSignals(Protocol):
-    async def wait(self, key: StreamKey, timeout: float) -> None:
-        """Return when the stream may have changed, or after `timeout` seconds. Only a reason to
-        reread: a caller never trusts it to carry data or to be delivered."""
-
-
 class Clock(Protocol):
     def __call__(self) -> datetime: ...

@@ -7,17 +7,19 @@ import time
 from application.access import Caller, require_reader
 from application.definitions import Definitions
 from application.errors import NotFound
-from application.ports import RecordReader, WakeSignals
+from application.ports import RecordReader
 from application.views import RecordsPage, record_view
+from application.wake import WakeRegistry
 from domain import errors
 from domain.definition import MAX_SEQUENCE
+from domain.stream import StreamKey
 
 MAX_LIMIT = 1_000
 MAX_WAIT_SECONDS = 60
 
 
 class ReadRecords:
-    def __init__(self, definitions: Definitions, reader: RecordReader, wake: WakeSignals) -> None:
+    def __init__(self, definitions: Definitions, reader: RecordReader, wake: WakeRegistry) -> None:
         self._definitions = definitions
         self._reader = reader
         self._wake = wake
@@ -40,23 +42,37 @@ class ReadRecords:
         if not 0 <= wait <= MAX_WAIT_SECONDS:
             raise errors.InvalidInput(f"wait must be 0 to {MAX_WAIT_SECONDS} seconds", field="wait")
         require_reader(caller, await self._definitions.get(key))
+        if wait <= 0:
+            return await self._page(key, cursor, limit, wait_more=False)
         deadline = time.monotonic() + wait
-        while True:
-            page = await self._reader.page(key, cursor, limit)
-            if page is None:
-                raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
-            position, records = page
-            check_cursor(cursor, position.head, position.earliest)
-            remaining = deadline - time.monotonic()
-            if records or position.closed or remaining <= 0:
-                return RecordsPage(
-                    records=[record_view(r) for r in records],
-                    next_cursor=records[-1].sequence if records else cursor,
-                    head=position.head,
-                    earliest=position.earliest,
-                    closed=position.closed,
-                )
-            await self._wake.wait(key, remaining)
+        # Listen before reading, so an append committed between the read and the wait still
+        # wakes this reader.
+        with self._wake.listen(key) as listener:
+            while True:
+                remaining = deadline - time.monotonic()
+                page = await self._page(key, cursor, limit, wait_more=remaining > 0)
+                if page is not None:
+                    return page
+                await listener.wait(remaining)
+
+    async def _page(
+        self, key: StreamKey, cursor: int, limit: int, *, wait_more: bool
+    ) -> RecordsPage | None:
+        """The page after `cursor`, or None when it is empty and the caller may wait for more."""
+        found = await self._reader.page(key, cursor, limit)
+        if found is None:
+            raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+        position, records = found
+        check_cursor(cursor, position.head, position.earliest)
+        if not records and not position.closed and wait_more:
+            return None
+        return RecordsPage(
+            records=[record_view(r) for r in records],
+            next_cursor=records[-1].sequence if records else cursor,
+            head=position.head,
+            earliest=position.earliest,
+            closed=position.closed,
+        )
 
 
 def check_cursor(cursor: int, head: int, earliest: int) -> None:

@@ -24,6 +24,9 @@ class Settings(msgspec.Struct, frozen=True):
     pool_max_size: int = 20
     token_cache_seconds: float = 10.0
     log_level: str = "INFO"
+    sse_heartbeat_seconds: float = 15.0
+    head_check_seconds: float = 2.0
+    max_subscriptions_per_principal: int = 1_000
 
     @property
     def embedded(self) -> bool:
@@ -51,4 +54,7 @@ class Settings(msgspec.Struct, frozen=True):
             pool_max_size=int(get("POOL_MAX_SIZE") or 20),
             token_cache_seconds=float(get("TOKEN_CACHE_SECONDS") or 10.0),
             log_level=(get("LOG_LEVEL") or "INFO").upper(),
+            sse_heartbeat_seconds=float(get("SSE_HEARTBEAT_SECONDS") or 15.0),
+            head_check_seconds=float(get("HEAD_CHECK_SECONDS") or 2.0),
+            max_subscriptions_per_principal=int(get("MAX_SUBSCRIPTIONS_PER_PRINCIPAL") or 1_000),
         )

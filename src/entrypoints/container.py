@@ -13,10 +13,9 @@ from dependency_injector import containers, providers
 
 from adapters.memory.streams import MemoryStreams
 from adapters.memory.tokens import MemoryTokens
-from adapters.memory.wake import MemoryWake
 from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.tokens import PostgresTokens
-from adapters.postgres.wake import PollingWake
+from adapters.postgres.wake_bus import PostgresWakeBus
 from application.acknowledge import Acknowledge
 from application.append_records import AppendRecords
 from application.close_stream import CloseStream
@@ -25,9 +24,12 @@ from application.definitions import Definitions
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
 from application.list_streams import ListStreams
+from application.live import LiveTails
 from application.read_records import ReadRecords
 from application.set_legal_hold import SetLegalHold
+from application.subscribe import Subscribe, SubscriptionSlots
 from application.tokens import Authenticate, IssueToken
+from application.wake import WakeRegistry
 from entrypoints.config import Settings
 
 
@@ -49,6 +51,18 @@ async def open_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool | None]:
         await pool.close()
 
 
+async def open_wake_bus(
+    settings: Settings, wake: WakeRegistry
+) -> AsyncIterator[PostgresWakeBus | None]:
+    assert settings.database_url is not None
+    bus = PostgresWakeBus(settings.database_url, wake, settings.head_check_seconds)
+    await bus.start()
+    try:
+        yield bus
+    finally:
+        await bus.stop()
+
+
 class Container(containers.DeclarativeContainer):
     settings = providers.Dependency(instance_of=Settings)
     clock = providers.Object(utc_now)
@@ -56,7 +70,12 @@ class Container(containers.DeclarativeContainer):
     pool = providers.Resource(open_pool, settings)
     streams = providers.Singleton(PostgresStreams, pool)
     tokens = providers.Singleton(PostgresTokens, pool)
-    wake = providers.Singleton(PollingWake)
+    wake = providers.Singleton(WakeRegistry)
+    wake_bus = providers.Resource(open_wake_bus, settings, wake)
+    tails = providers.Singleton(LiveTails, streams, wake)
+    subscription_slots = providers.Singleton(
+        SubscriptionSlots, settings.provided.max_subscriptions_per_principal
+    )
 
     definitions = providers.Singleton(Definitions, streams)
     commits = providers.Singleton(GroupCommit, streams)
@@ -79,17 +98,24 @@ class Container(containers.DeclarativeContainer):
     acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
     close_stream = providers.Singleton(CloseStream, definitions, commits, clock)
     set_legal_hold = providers.Singleton(SetLegalHold, definitions, commits, clock)
+    subscribe = providers.Singleton(
+        Subscribe,
+        definitions,
+        streams,
+        tails,
+        subscription_slots,
+        heartbeat_seconds=settings.provided.sse_heartbeat_seconds,
+    )
 
 
 def memory_container(settings: Settings | None = None) -> Container:
     """Every port on its memory adapter: the whole application without a database."""
     container = Container(settings=settings or Settings())
-    wake = MemoryWake()
-    streams = MemoryStreams(wake)
+    streams = MemoryStreams(container.wake())
     container.pool.override(providers.Object(None))
+    container.wake_bus.override(providers.Object(None))
     container.streams.override(providers.Object(streams))
     container.tokens.override(providers.Object(MemoryTokens()))
-    container.wake.override(providers.Object(wake))
     return container
 
 
@@ -106,6 +132,7 @@ class Services:
     acknowledge: Acknowledge
     close_stream: CloseStream
     set_legal_hold: SetLegalHold
+    subscribe: Subscribe
 
     def __init__(self, **built: object) -> None:
         for name in self.__annotations__:

@@ -10,10 +10,10 @@ from datetime import datetime
 
 import msgspec
 
-from adapters.memory.wake import MemoryWake
 from application.deciding import Receipt, decide_all
 from application.errors import NotFound
 from application.ports import Command, Outcome, Position, StoredRecord
+from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
 from domain.events import Event, decode_event, encode_event
 from domain.stream import (
@@ -36,10 +36,10 @@ class _Row(msgspec.Struct):
 
 
 class MemoryStreams:
-    def __init__(self, wake: MemoryWake | None = None) -> None:
+    def __init__(self, wake: WakeRegistry | None = None) -> None:
         self._rows: dict[StreamKey, _Row] = {}
         self._locks: defaultdict[StreamKey, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._wake = wake or MemoryWake()
+        self._wake = wake or WakeRegistry()
         self.transactions = 0
 
     def _stream(self, key: StreamKey, row: _Row) -> Stream:
@@ -106,7 +106,7 @@ class MemoryStreams:
                 row.state = encode_state(stream.state)
                 self._drop_pruned(row, stream.state.earliest)
         if changes.events:
-            self._wake.notify(key)
+            self._wake.notify(key, stream.head)
         return outcomes
 
     @staticmethod

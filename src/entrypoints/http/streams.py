@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from litestar import Controller, Request, Response, get, post, put
 from litestar.params import Parameter
+from litestar.response import Stream
 
 from application.access import Caller
 from application.views import (
@@ -19,9 +20,11 @@ from application.views import (
     StreamList,
 )
 from domain.definition import DefinitionRequest
+from domain.errors import InvalidInput
 from entrypoints.container import Services
 from entrypoints.http.body import decode_body
 from entrypoints.http.schemas import AckBody, AppendBody, LegalHoldBody
+from entrypoints.sse.events import event_stream
 
 API_PREFIX = "/api/workflow-streams"
 STREAM = "/{stream_id:str}"
@@ -81,6 +84,27 @@ class StreamsController(Controller):
     ) -> RecordsPage:
         services, caller = await authenticated(request)
         return await services.read_records(caller, run_id, stream_id, cursor, limit, wait)
+
+    @get(STREAM + "/subscribe", operation_id="subscribe", summary="Follow records live (SSE)")
+    async def subscribe(
+        self,
+        request: Request,
+        run_id: str,
+        stream_id: str,
+        cursor: int = Parameter(default=0, description="exclusive; Last-Event-ID wins"),
+    ) -> Stream:
+        services, caller = await authenticated(request)
+        last_event_id = request.headers.get("last-event-id")
+        if last_event_id is not None:
+            if not last_event_id.strip().isdigit():
+                raise InvalidInput("Last-Event-ID must be a record sequence", field="Last-Event-ID")
+            cursor = int(last_event_id)
+        subscription = await services.subscribe(caller, run_id, stream_id, cursor)
+        return Stream(
+            event_stream(subscription),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     @post(
         STREAM + "/consumers/{consumer_id:str}/ack",

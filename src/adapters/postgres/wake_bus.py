@@ -1,0 +1,179 @@
+"""The process-wide wake bus: one LISTEN connection per process, never one per subscriber.
+
+A notification carries only "tenant/run/stream head" and is sent by the committing transaction,
+so it can never precede the commit; it only tells the WakeRegistry that a stream may have moved.
+Two repairs keep a lost notification from costing more than latency:
+
+* every `head_check_seconds` the bus rereads the heads of every stream someone in this process is
+  following and wakes those that moved without a notification; if that notification still has
+  not arrived by the next check, it is written down as gap evidence;
+* when the LISTEN connection drops, it reconnects with capped backoff, wakes every followed
+  stream (whatever was committed meanwhile is reread) and writes evidence for those that moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import asyncpg
+
+from adapters.postgres.streams import WAKE_CHANNEL
+from application.wake import WakeRegistry
+from domain.stream import StreamKey
+
+log = logging.getLogger("ductor_streams.wake_bus")
+
+_HEADS = """
+SELECT s.tenant, s.run_id, s.stream_id, s.head
+FROM streams s
+JOIN unnest($1::text[], $2::text[], $3::text[]) AS f(tenant, run_id, stream_id)
+  USING (tenant, run_id, stream_id)
+"""
+
+_EVIDENCE = """
+INSERT INTO gap_evidence (tenant, run_id, stream_id, expected, seen, detected_by)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[])
+"""
+
+_CONNECTION_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+
+
+def parse_notification(payload: str) -> tuple[StreamKey, int] | None:
+    path, _, head = payload.rpartition(" ")
+    parts = path.split("/")
+    if len(parts) != 3 or not head.isdigit():
+        return None
+    return StreamKey(*parts), int(head)
+
+
+class PostgresWakeBus:
+    def __init__(
+        self,
+        url: str,
+        registry: WakeRegistry,
+        head_check_seconds: float = 2.0,
+        application_name: str = "ductor-streams-listen",
+    ) -> None:
+        self._url = url
+        self._registry = registry
+        self._interval = head_check_seconds
+        self._application_name = application_name
+        self._notified: dict[StreamKey, int] = {}
+        self._suspect: dict[StreamKey, int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.connected = asyncio.Event()
+        self.reconnects = 0
+        self.gaps_repaired = 0
+        # Tests drop notifications on purpose to prove the repairs; never set in service.
+        self.drop: Callable[[StreamKey], bool] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="wake-bus")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.connected.wait(), 10)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        parsed = parse_notification(payload)
+        if parsed is None:
+            return
+        key, head = parsed
+        if self.drop is not None and self.drop(key):
+            return
+        if head > self._notified.get(key, -1):
+            self._notified[key] = head
+        self._registry.notify(key, head)
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        first = True
+        while not self._stopping:
+            try:
+                conn = await asyncpg.connect(
+                    self._url, server_settings={"application_name": self._application_name}
+                )
+            except _CONNECTION_ERRORS as error:
+                log.warning("wake bus cannot connect (%s); retrying in %.1fs", error, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            lost = asyncio.Event()
+            conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+            try:
+                await conn.add_listener(WAKE_CHANNEL, self._on_notification)
+                self.connected.set()
+                backoff = 0.1
+                if not first:
+                    self.reconnects += 1
+                    log.warning("wake bus reconnected; rereading every followed stream")
+                    self._registry.notify_all()
+                    await self._check_heads(conn, "reconnect")
+                first = False
+                while not lost.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(lost.wait(), self._interval)
+                    if not lost.is_set():
+                        await self._check_heads(conn, "head-check")
+            except _CONNECTION_ERRORS as error:
+                log.warning("wake bus lost its connection (%s)", type(error).__name__)
+            finally:
+                self.connected.clear()
+                conn.terminate()
+
+    async def _check_heads(self, conn: asyncpg.Connection, detected_by: str) -> None:
+        followed = self._registry.followed()
+        for gone in set(self._notified) - set(followed):
+            self._notified.pop(gone, None)
+            self._suspect.pop(gone, None)
+        if not followed:
+            return
+        rows = await conn.fetch(
+            _HEADS,
+            [k.tenant for k in followed],
+            [k.run_id for k in followed],
+            [k.stream_id for k in followed],
+        )
+        evidence: list[tuple[StreamKey, int, int]] = []
+        for tenant, run_id, stream_id, head in rows:
+            key = StreamKey(tenant, run_id, stream_id)
+            notified = self._notified.get(key)
+            if notified is None:  # newly followed: start from what is there
+                self._notified[key] = head
+                continue
+            suspect = self._suspect.pop(key, None)
+            if suspect is not None and notified < suspect:
+                # A whole interval later, the notification for `suspect` never came.
+                evidence.append((key, notified + 1, suspect))
+                self._notified[key] = notified = suspect
+            if head > notified:
+                self._registry.notify(key, head)  # repair delivery now, judge it next check
+                if detected_by == "reconnect":
+                    evidence.append((key, notified + 1, head))
+                    self._notified[key] = head
+                else:
+                    self._suspect[key] = head
+        if evidence:
+            self.gaps_repaired += len(evidence)
+            for key, expected, seen in evidence:
+                log.warning(
+                    "gap repaired on %s: expected %d, saw %d (%s)", key, expected, seen, detected_by
+                )
+            await conn.execute(
+                _EVIDENCE,
+                [k.tenant for k, _, _ in evidence],
+                [k.run_id for k, _, _ in evidence],
+                [k.stream_id for k, _, _ in evidence],
+                [e for _, e, _ in evidence],
+                [s for _, _, s in evidence],
+                [detected_by] * len(evidence),
+            )
