@@ -69,13 +69,32 @@ def tokens(pool: asyncpg.Pool) -> Tokens:
 BOOTSTRAP_TOKEN = "dst_bootstrap_" + secrets.token_hex(8)
 
 
+# Short live-delivery intervals so tests observe heartbeats and repairs quickly.
+SERVER_ENV = {
+    "DUCTOR_STREAMS_BOOTSTRAP_TOKEN": BOOTSTRAP_TOKEN,
+    "DUCTOR_STREAMS_SSE_HEARTBEAT_SECONDS": "1",
+    "DUCTOR_STREAMS_HEAD_CHECK_SECONDS": "0.5",
+    "DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_PRINCIPAL": "50",
+}
+
+
 @pytest.fixture(scope="session")
 def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One real `ductor-streams serve` process for the session; tests isolate by run ID."""
     process = ServerProcess(
-        database_url=database_url,
-        data_dir=tmp_path_factory.mktemp("server"),
-        env={"DUCTOR_STREAMS_BOOTSTRAP_TOKEN": BOOTSTRAP_TOKEN},
+        database_url=database_url, data_dir=tmp_path_factory.mktemp("server"), env=SERVER_ENV
+    ).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def server_b(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """A second server process on the same PostgreSQL (another replica)."""
+    process = ServerProcess(
+        database_url=database_url, data_dir=tmp_path_factory.mktemp("server-b"), env=SERVER_ENV
     ).start()
     yield process
     process.stop()
@@ -86,12 +105,24 @@ def run_id() -> str:
     return "run-" + secrets.token_hex(6)
 
 
+def api_client(server: ServerProcess, token: str = BOOTSTRAP_TOKEN) -> httpx.AsyncClient:
+    """An HTTP client on the API prefix of `server`, authenticated with `token`."""
+    return httpx.AsyncClient(
+        base_url=server.base_url + "/api/workflow-streams",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+
+
 @pytest.fixture
 async def api(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client on the API prefix, authenticated as the bootstrap principal."""
-    async with httpx.AsyncClient(
-        base_url=server.base_url + "/api/workflow-streams",
-        headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"},
-        timeout=30,
-    ) as client:
+    async with api_client(server) as client:
+        yield client
+
+
+@pytest.fixture
+async def api_b(server_b: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
+    """The same, on the second server process."""
+    async with api_client(server_b) as client:
         yield client
