@@ -1,0 +1,92 @@
+"""The LISTEN wake bus on real PostgreSQL: lost notifications and lost connections are repaired."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import asyncpg
+import pytest
+
+from adapters.postgres.streams import PostgresStreams
+from adapters.postgres.wake_bus import PostgresWakeBus
+from application.live import LiveTails, RecordsDelivered
+from application.wake import WakeRegistry
+from tests.support.builders import NOW, append, definition, new_key
+
+
+@pytest.fixture
+async def bus(database_url: str):
+    registry = WakeRegistry()
+    bus = PostgresWakeBus(
+        database_url,
+        registry,
+        head_check_seconds=0.3,
+        application_name="ds-test-bus-" + secrets.token_hex(3),
+    )
+    await bus.start()
+    yield bus, registry
+    await bus.stop()
+
+
+async def test_a_commit_wakes_a_listener_through_notify(pool: asyncpg.Pool, bus) -> None:
+    bus, registry = bus
+    streams = PostgresStreams(pool)
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    with registry.listen(key) as listener:
+        await streams.update(key, [append()])
+        assert await listener.wait(5)
+    assert bus.gaps_repaired == 0
+
+
+async def test_a_lost_notification_is_repaired_by_the_head_check_and_written_down(
+    pool: asyncpg.Pool, bus
+) -> None:
+    bus, registry = bus
+    streams = PostgresStreams(pool)
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    tails = LiveTails(streams, registry)
+    follow = tails.follow(key, 0, 5.0)
+    waiting = asyncio.ensure_future(anext(follow))
+    await asyncio.sleep(0.5)  # the stream is followed and its head known to the bus
+    bus.drop = lambda k: k == key
+    await streams.update(key, [append()])
+    delivery = await asyncio.wait_for(waiting, 5)  # within a head-check interval or so
+    assert isinstance(delivery, RecordsDelivered)
+    assert [r.sequence for r in delivery.records] == [1]
+    async with asyncio.timeout(5):
+        while True:
+            rows = await pool.fetch(
+                "SELECT expected, seen, detected_by FROM gap_evidence "
+                "WHERE tenant = $1 AND run_id = $2 AND stream_id = $3",
+                *key,
+            )
+            if rows:
+                break
+            await asyncio.sleep(0.1)
+    assert [tuple(r) for r in rows] == [(1, 1, "head-check")]
+    await follow.aclose()
+
+
+async def test_after_its_connection_is_killed_the_bus_reconnects_and_rereads(
+    pool: asyncpg.Pool, bus
+) -> None:
+    bus, registry = bus
+    streams = PostgresStreams(pool)
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    with registry.listen(key) as listener:
+        await asyncio.sleep(0.5)
+        await pool.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            bus._application_name,
+        )
+        await streams.update(key, [append()])  # committed while nobody listens
+        assert await listener.wait(10)
+        async with asyncio.timeout(10):
+            while bus.reconnects < 1:
+                await asyncio.sleep(0.05)
+        await streams.update(key, [append()])
+        assert await listener.wait(5)  # notifications flow again

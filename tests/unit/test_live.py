@@ -1,0 +1,125 @@
+"""Live delivery on the memory adapters: one tail per stream, cursor-exact fan-out."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from adapters.memory.streams import MemoryStreams
+from application.close_stream import CloseCommand
+from application.live import Idle, LiveTails, Overtaken, RecordsDelivered, StreamEnded
+from application.wake import WakeRegistry
+from tests.support.builders import NOW, WRITER, append, definition, new_key, record
+
+
+class Prune:
+    idempotency = None
+    records = ()
+    offset_of = None
+
+    def __init__(self, through: int, pruned_bytes: int) -> None:
+        self.through, self.pruned_bytes = through, pruned_bytes
+
+    def decide(self, stream, offset):
+        return stream.prune(self.through, self.pruned_bytes, "retention", NOW)
+
+    def answer(self, stream, events):
+        return None
+
+
+@pytest.fixture
+def live():
+    wake = WakeRegistry()
+    streams = MemoryStreams(wake)
+    return streams, LiveTails(streams, wake, ring_records=8), wake
+
+
+async def collect(deliveries, until: int, timeout: float = 5.0) -> list[int]:
+    seen: list[int] = []
+    async with asyncio.timeout(timeout):
+        async for d in deliveries:
+            if isinstance(d, RecordsDelivered):
+                seen.extend(r.sequence for r in d.records)
+            if isinstance(d, StreamEnded | Overtaken) or (seen and seen[-1] >= until):
+                break
+    return seen
+
+
+async def test_a_subscriber_gets_history_then_live_records_in_order_without_duplicates(
+    live,
+) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append([record() for _ in range(20)])])  # more than the ring
+    follower = asyncio.ensure_future(collect(tails.follow(key, 5, 1.0), until=40))
+    for _ in range(20):
+        await streams.update(key, [append()])
+        await asyncio.sleep(0)
+    assert await follower == list(range(6, 41))
+
+
+async def test_many_subscribers_share_one_read_per_wake(live) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    followers = [
+        asyncio.ensure_future(collect(tails.follow(key, 0, 1.0), until=10)) for _ in range(50)
+    ]
+    await asyncio.sleep(0.01)
+    tail = tails.tail(key)
+    assert tail is not None
+    reads_before = tail.reads
+    for _ in range(10):
+        await streams.update(key, [append()])
+        await asyncio.sleep(0.001)
+    results = await asyncio.gather(*followers)
+    assert all(r == list(range(1, 11)) for r in results)
+    assert tail.reads - reads_before <= 10  # one read per wake, not one per subscriber
+    assert tails.tail(key) is None  # the last subscriber leaving ends the tail
+
+
+async def test_a_closed_stream_ends_each_subscription_after_its_last_record(live) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append([record(), record()])])
+    await streams.update(key, [CloseCommand(WRITER, NOW)])
+    deliveries = [d async for d in tails.follow(key, 0, 1.0)]
+    assert [r.sequence for r in deliveries[0].records] == [1, 2]
+    assert deliveries[-1] == StreamEnded(head=2)
+
+
+async def test_an_idle_subscription_yields_heartbeats(live) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    follow = tails.follow(key, 0, 0.01)
+    assert isinstance(await anext(follow), Idle)
+    await follow.aclose()
+
+
+async def test_a_subscriber_overtaken_by_retention_is_told_what_is_left(live) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append([record(b"1") for _ in range(30)])])
+    await streams.update(key, [Prune(through=20, pruned_bytes=20)])
+    deliveries = [d async for d in tails.follow(key, 3, 1.0)]
+    assert deliveries == [Overtaken(requested=4, earliest=21, latest=30)]
+
+
+async def test_a_slow_subscriber_falls_behind_the_ring_and_reads_the_source(live) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    follow = tails.follow(key, 0, 1.0)
+    await streams.update(key, [append()])
+    first = await anext(follow)
+    assert [r.sequence for r in first.records] == [1]
+    for _ in range(30):  # the ring holds 8: this subscriber is left far behind
+        await streams.update(key, [append()])
+        await asyncio.sleep(0)
+    rest = await collect(follow, until=31)
+    assert rest == list(range(2, 32))
