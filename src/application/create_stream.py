@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from application.access import Caller
+from application.placement import Deployment
 from application.ports import Clock, StreamRepository
 from application.views import StreamDocument, stream_document
 from domain.definition import DefinitionRequest, resolve_definition
@@ -10,21 +11,20 @@ from domain.errors import DefinitionConflict
 
 
 class CreateStream:
-    def __init__(
-        self, streams: StreamRepository, clock: Clock, region: str, egress_region: str
-    ) -> None:
+    def __init__(self, streams: StreamRepository, clock: Clock, deployment: Deployment) -> None:
         self._streams = streams
         self._clock = clock
-        self._region = region
-        self._egress_region = egress_region
+        self._deployment = deployment
 
     async def __call__(
         self, caller: Caller, run_id: str, request: DefinitionRequest
     ) -> tuple[StreamDocument, bool]:
         caller.require("streams:write")
+        deployment = self._deployment
         definition = resolve_definition(
-            request, region=self._region, egress_region=self._egress_region
+            request, region=deployment.region, egress_region=deployment.egress_region
         )
+        deployment.require_home(definition)
         key = caller.key(run_id, definition.stream_id)
         stream, created = await self._streams.create(key, definition, self._clock())
         if not created and stream.definition != definition:

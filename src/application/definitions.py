@@ -1,20 +1,26 @@
-"""Look a stream's definition up, or answer not-found. (The stream ports keep decoded
-definitions: they are immutable, so a process may remember every one it has seen.)"""
+"""Look a stream's definition up for an operation in this deployment: not-found, misdirected
+(metadata homed elsewhere) and, for data delivery, egress-region-denied are decided here.
+(The stream ports keep decoded definitions: they are immutable.)"""
 
 from __future__ import annotations
 
 from application.errors import NotFound
+from application.placement import Deployment
 from application.ports import StreamRepository
 from domain.definition import StreamDefinition
 from domain.stream import StreamKey
 
 
 class Definitions:
-    def __init__(self, streams: StreamRepository) -> None:
+    def __init__(self, streams: StreamRepository, deployment: Deployment) -> None:
         self._streams = streams
+        self.deployment = deployment
 
-    async def get(self, key: StreamKey) -> StreamDefinition:
+    async def get(self, key: StreamKey, *, delivers_data: bool = False) -> StreamDefinition:
         definition = await self._streams.definition(key)
         if definition is None:
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+        self.deployment.require_home(definition)
+        if delivers_data:
+            self.deployment.require_egress(definition)
         return definition

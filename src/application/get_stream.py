@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from application.access import Caller, require_reader
 from application.errors import NotFound
+from application.placement import Deployment
 from application.ports import StreamRepository
 from application.views import StreamDocument, stream_document
 
 
 class GetStream:
-    def __init__(self, streams: StreamRepository) -> None:
+    def __init__(self, streams: StreamRepository, deployment: Deployment) -> None:
         self._streams = streams
+        self._deployment = deployment
 
     async def __call__(self, caller: Caller, run_id: str, stream_id: str) -> StreamDocument:
         caller.require("streams:read")
@@ -18,5 +20,6 @@ class GetStream:
         stream = await self._streams.load(key)
         if stream is None:
             raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
+        self._deployment.require_home(stream.definition)
         require_reader(caller, stream.definition)
         return stream_document(stream)

@@ -81,7 +81,7 @@ class Subscribe:
         key = caller.key(run_id, stream_id)
         if not 0 <= cursor <= MAX_SEQUENCE:
             raise errors.InvalidInput(f"cursor must be 0 to {MAX_SEQUENCE}", field="cursor")
-        require_reader(caller, await self._definitions.get(key))
+        require_reader(caller, await self._definitions.get(key, delivers_data=True))
         found = await self._reader.page(key, cursor, 1)
         if found is None:
             raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")

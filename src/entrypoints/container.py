@@ -25,6 +25,7 @@ from application.get_stream import GetStream
 from application.group_commit import GroupCommit
 from application.list_streams import ListStreams
 from application.live import LiveTails
+from application.placement import Deployment
 from application.read_records import ReadRecords
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe, SubscriptionSlots
@@ -77,22 +78,21 @@ class Container(containers.DeclarativeContainer):
         SubscriptionSlots, settings.provided.max_subscriptions_per_principal
     )
 
-    definitions = providers.Singleton(Definitions, streams)
+    deployment = providers.Singleton(
+        Deployment,
+        region=settings.provided.region,
+        egress_region=settings.provided.egress_region,
+    )
+    definitions = providers.Singleton(Definitions, streams, deployment)
     commits = providers.Singleton(GroupCommit, streams)
 
     authenticate = providers.Singleton(
         Authenticate, tokens, ttl_seconds=settings.provided.token_cache_seconds
     )
     issue_token = providers.Singleton(IssueToken, tokens)
-    create_stream = providers.Singleton(
-        CreateStream,
-        streams,
-        clock,
-        region=settings.provided.region,
-        egress_region=settings.provided.egress_region,
-    )
-    get_stream = providers.Singleton(GetStream, streams)
-    list_streams = providers.Singleton(ListStreams, streams)
+    create_stream = providers.Singleton(CreateStream, streams, clock, deployment)
+    get_stream = providers.Singleton(GetStream, streams, deployment)
+    list_streams = providers.Singleton(ListStreams, streams, deployment)
     append_records = providers.Singleton(AppendRecords, definitions, commits, wake, clock)
     read_records = providers.Singleton(ReadRecords, definitions, streams, wake)  # reads pages too
     acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
