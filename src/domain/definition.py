@@ -110,7 +110,9 @@ def resolve_definition(
     request: DefinitionRequest, *, region: str, egress_region: str
 ) -> StreamDefinition:
     """Fill the deployment's defaults in and check what the types alone cannot."""
-    stream_id = check_id("stream_id", request.stream_id) if request.stream_id else new_stream_id()
+    stream_id = (
+        new_stream_id() if request.stream_id is None else check_id("stream_id", request.stream_id)
+    )
     if request.content_class in FORBIDDEN_CONTENT_CLASSES:
         raise ContentClassForbidden(
             f"content_class {request.content_class!r} is not allowed: raw hidden model reasoning "

@@ -1,0 +1,509 @@
+"""Bad input over HTTP: each is refused with problem JSON and its contract code, and changes
+nothing (CONTRACT.md §2 "Errors", "Stream definition", "Records", "Consumers and credit")."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import select
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+PROBLEM_JSON = "application/problem+json"
+MAX_RECORD = 65_536
+UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    method: str
+    path: str  # below /runs/{run}; "{run}" may be replaced by a bad run ID
+    status: int = 400
+    codes: tuple[str, ...] = ("invalid-input",)
+    json: Any = UNSET
+    content: bytes | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    run: str | None = None  # a replacement run ID for the path
+
+
+def assert_problem(response: httpx.Response, status: int, codes: tuple[str, ...]) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith(PROBLEM_JSON), response.headers
+    body = response.json()
+    assert isinstance(body, dict), body
+    for name in ("type", "title", "status", "detail", "code"):
+        assert name in body, body
+    assert isinstance(body["type"], str)
+    assert isinstance(body["title"], str)
+    assert isinstance(body["detail"], str)
+    assert body["status"] == status
+    assert body["code"] in codes, body
+    return body
+
+
+async def snapshot(api: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
+    """Every stream of the run (definition and state) and every record of stream "s"."""
+    listing = await api.get(f"/runs/{run_id}/streams")
+    assert listing.status_code == 200, listing.text
+    documents = listing.json()
+    if isinstance(documents, dict):
+        documents = documents["streams"]
+    records = await api.get(f"/runs/{run_id}/streams/s/records", params={"limit": 1000})
+    assert records.status_code == 200, records.text
+    return {
+        "streams": sorted(documents, key=lambda d: d["stream_id"]),
+        "records": records.json()["records"],
+    }
+
+
+@pytest.fixture
+async def world(api: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
+    """Run `run_id` with stream "s": two records, consumer "c0" at 1; answers its snapshot."""
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "s", "direction": "output"}
+    )
+    assert created.status_code == 201, created.text
+    appended = await api.post(
+        f"/runs/{run_id}/streams/s/records", json={"records": [{"data": 1}, {"data": 2}]}
+    )
+    assert appended.status_code == 201, appended.text
+    acked = await api.post(f"/runs/{run_id}/streams/s/consumers/c0/ack", json={"sequence": 1})
+    assert acked.status_code == 200, acked.text
+    return await snapshot(api, run_id)
+
+
+async def send(api: httpx.AsyncClient, run_id: str, case: Case) -> httpx.Response:
+    path = f"/runs/{case.run if case.run is not None else run_id}{case.path}"
+    kwargs: dict[str, Any] = {"params": case.params or None}
+    if case.json is not UNSET:
+        kwargs["json"] = case.json
+    elif case.content is not None:
+        kwargs["content"] = case.content
+        kwargs["headers"] = {"Content-Type": "application/json"}
+    return await api.request(case.method, path, **kwargs)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+# -- create ---------------------------------------------------------------------------------------
+
+CREATE = "/streams"
+OK = {"direction": "output"}
+
+
+def create(case_id: str, body: Any = UNSET, **kwargs: Any) -> Case:
+    return Case("create-" + case_id, "POST", CREATE, json=body, **kwargs)
+
+
+def bad_limits(case_id: str, limits: dict[str, Any]) -> Case:
+    return create("limits-" + case_id, {"stream_id": "new", **OK, "limits": limits})
+
+
+CREATE_CASES = [
+    create("malformed-json", content=b'{"stream_id": "new", "direction": "output",'),
+    create("not-json", content=b"direction=output"),
+    create("empty-body", content=b""),
+    create("json-array", [{"stream_id": "new", **OK}]),
+    create("json-string", "output"),
+    create("json-null", None),
+    create("missing-direction", {"stream_id": "new"}),
+    create("direction-5", {"stream_id": "new", "direction": 5}),
+    create("direction-null", {"stream_id": "new", "direction": None}),
+    create("direction-unknown", {"stream_id": "new", "direction": "sideways"}),
+    create("unknown-top-level-field", {"stream_id": "new", **OK, "colour": "blue"}),
+    create("unknown-limits-field", {"stream_id": "new", **OK, "limits": {"foo": 1}}),
+    create("unknown-retention-field", {"stream_id": "new", **OK, "retention": {"foo": 1}}),
+    create("unknown-redaction-field", {"stream_id": "new", **OK, "redaction": {"foo": []}}),
+    create("unknown-placement-field", {"stream_id": "new", **OK, "placement": {"foo": "x"}}),
+    create(
+        "unknown-authorization-field",
+        {"stream_id": "new", **OK, "authorization": {"admins": ["x"]}},
+    ),
+    create("stream-id-number", {"stream_id": 5, **OK}),
+    create("stream-id-leading-dash", {"stream_id": "-new", **OK}),
+    create("stream-id-leading-dot", {"stream_id": ".new", **OK}),
+    create("stream-id-space", {"stream_id": "new one", **OK}),
+    create("stream-id-slash", {"stream_id": "new/one", **OK}),
+    create("stream-id-non-ascii", {"stream_id": "né", **OK}),
+    create("stream-id-129-chars", {"stream_id": "n" * 129, **OK}),
+    create("stream-id-200-chars", {"stream_id": "n" * 200, **OK}),
+    create("stream-id-empty", {"stream_id": "", **OK}),
+    create("content-class-unknown", {"stream_id": "new", **OK, "content_class": "poetry"}),
+    create("content-class-number", {"stream_id": "new", **OK, "content_class": 5}),
+    create(
+        "content-class-model-reasoning-raw",
+        {"stream_id": "new", **OK, "content_class": "model_reasoning_raw"},
+        status=422,
+        codes=("content-class-forbidden",),
+    ),
+    create(
+        "redaction-pointer-without-slash",
+        {"stream_id": "new", **OK, "redaction": {"json_pointers": ["secret"]}},
+    ),
+    create(
+        "redaction-pointers-not-a-list",
+        {"stream_id": "new", **OK, "redaction": {"json_pointers": "/secret"}},
+    ),
+    create("limits-not-an-object", {"stream_id": "new", **OK, "limits": 5}),
+    bad_limits("max-unread-items-0", {"max_unread_items": 0}),
+    bad_limits("max-unread-items-negative", {"max_unread_items": -1}),
+    bad_limits("max-unread-items-fraction", {"max_unread_items": 1.5}),
+    bad_limits("max-unread-items-string", {"max_unread_items": "10"}),
+    bad_limits("max-unread-bytes-0", {"max_unread_bytes": 0}),
+    bad_limits("max-unread-bytes-negative", {"max_unread_bytes": -100}),
+    bad_limits("max-total-items-0", {"max_total_items": 0}),
+    bad_limits("max-total-items-negative", {"max_total_items": -1}),
+    bad_limits("max-total-bytes-0", {"max_total_bytes": 0}),
+    bad_limits("max-total-bytes-negative", {"max_total_bytes": -1}),
+    bad_limits("block-timeout-negative", {"block_timeout_seconds": -1}),
+    bad_limits("unread-policy-maybe", {"unread_policy": "maybe"}),
+    bad_limits("unread-policy-number", {"unread_policy": 1}),
+    create("retention-max-records-0", {"stream_id": "new", **OK, "retention": {"max_records": 0}}),
+    create(
+        "retention-max-age-negative",
+        {"stream_id": "new", **OK, "retention": {"max_age_seconds": -1}},
+    ),
+    create(
+        "authorization-readers-not-a-list",
+        {"stream_id": "new", **OK, "authorization": {"readers": "alice"}},
+    ),
+    create(
+        "authorization-empty-principal",
+        {"stream_id": "new", **OK, "authorization": {"writers": [""]}},
+    ),
+]
+
+
+# -- append ---------------------------------------------------------------------------------------
+
+RECORDS = "/streams/s/records"
+
+
+def append(case_id: str, body: Any = UNSET, **kwargs: Any) -> Case:
+    return Case("append-" + case_id, "POST", RECORDS, json=body, **kwargs)
+
+
+APPEND_CASES = [
+    append("malformed-json", content=b'{"records": [{"data": 3}'),
+    append("not-json", content=b"records=3"),
+    append("empty-body", content=b""),
+    append("json-array", [{"data": 3}]),
+    append("missing-records", {}),
+    append("records-null", {"records": None}),
+    append("records-not-a-list", {"records": {"data": 3}}),
+    append("record-not-an-object", {"records": [3]}),
+    append("unknown-top-level-field", {"records": [{"data": 3}], "extra": 1}),
+    append("unknown-record-field", {"records": [{"data": 3, "extra": 1}]}),
+    append("empty-records", {"records": []}),
+    append("1001-records", {"records": [{"data": i} for i in range(1001)]}),
+    append("both-data-and-base64", {"records": [{"data": 3, "data_base64": b64(b"3")}]}),
+    append("neither-data-nor-base64", {"records": [{"data": 3}, {}]}),
+    append("only-content-type", {"records": [{"content_type": "text/plain"}]}),
+    append("invalid-base64", {"records": [{"data": 3}, {"data_base64": "!!!not base64!!!"}]}),
+    append("base64-bad-padding", {"records": [{"data_base64": "abc"}]}),
+    append("base64-not-a-string", {"records": [{"data_base64": 5}]}),
+    append("content-type-not-a-string", {"records": [{"data": 3, "content_type": 5}]}),
+    append(
+        "inline-record-65537-bytes",
+        {"records": [{"data": 3}, {"data": "x" * (MAX_RECORD - 1)}, {"data": 4}]},
+        status=413,
+        codes=("record-too-large",),
+    ),
+    append(
+        "base64-record-65537-bytes",
+        {"records": [{"data": 3}, {"data_base64": b64(b"\x00" * (MAX_RECORD + 1))}]},
+        status=413,
+        codes=("record-too-large",),
+    ),
+]
+
+
+# -- read -----------------------------------------------------------------------------------------
+
+
+def read(case_id: str, codes: tuple[str, ...] = ("invalid-input",), **params: Any) -> Case:
+    return Case("read-" + case_id, "GET", RECORDS, params=params, codes=codes)
+
+
+READ_CASES = [
+    read("cursor-negative", cursor=-1),
+    read("cursor-not-a-number", cursor="abc"),
+    read("cursor-fraction", cursor="1.5"),
+    read("cursor-empty", cursor=""),
+    read("cursor-huge", codes=("invalid-input", "cursor-ahead-of-head"), cursor=str(10**30)),
+    read("cursor-ahead-of-head", codes=("cursor-ahead-of-head",), cursor=3),
+    read("limit-0", limit=0),
+    read("limit-1001", limit=1001),
+    read("limit-negative", limit=-1),
+    read("limit-not-a-number", limit="x"),
+    read("wait-61", wait=61),
+    read("wait-negative", wait=-1),
+    read("wait-not-a-number", wait="soon"),
+]
+
+
+# -- ack ------------------------------------------------------------------------------------------
+
+
+def ack(case_id: str, body: Any = UNSET, consumer: str = "c0", **kwargs: Any) -> Case:
+    return Case(
+        "ack-" + case_id, "POST", f"/streams/s/consumers/{consumer}/ack", json=body, **kwargs
+    )
+
+
+ACK_CASES = [
+    ack("negative-sequence", {"sequence": -1}),
+    ack("negative-sequence-new-consumer", {"sequence": -1}, consumer="c9"),
+    ack("missing-sequence", {}),
+    ack("missing-sequence-new-consumer", {}, consumer="c9"),
+    ack("sequence-string", {"sequence": "2"}),
+    ack("sequence-fraction", {"sequence": 1.5}),
+    ack("sequence-true", {"sequence": True}),
+    ack("sequence-null", {"sequence": None}),
+    ack("sequence-huge", {"sequence": 10**30}),
+    ack("unknown-field", {"sequence": 2, "extra": 1}),
+    ack("malformed-json", content=b'{"sequence": 2'),
+    ack("empty-body", content=b""),
+    ack("json-array", [2]),
+]
+
+
+# -- legal hold -----------------------------------------------------------------------------------
+
+
+def hold(case_id: str, body: Any = UNSET, **kwargs: Any) -> Case:
+    return Case("legal-hold-" + case_id, "PUT", "/streams/s/legal-hold", json=body, **kwargs)
+
+
+HOLD_CASES = [
+    hold("missing-enabled", {"reason": "audit"}),
+    hold("empty-object", {}),
+    hold("enabled-string", {"enabled": "yes"}),
+    hold("enabled-number", {"enabled": 1}),
+    hold("reason-number", {"enabled": True, "reason": 5}),
+    hold("reason-too-long", {"enabled": True, "reason": "r" * 1001}),
+    hold("unknown-field", {"enabled": True, "until": "forever"}),
+    hold("malformed-json", content=b'{"enabled": true'),
+    hold("json-array", [True]),
+]
+
+
+# -- bad IDs in the path --------------------------------------------------------------------------
+
+BAD_IDS = {
+    "leading-dash": "-bad",
+    "leading-underscore": "_bad",
+    "200-chars": "i" * 200,
+    "129-chars": "i" * 129,
+    "space": "has space",
+    "non-ascii": "näme",
+}
+ROUTES = [
+    # (name, method, path with {run}/{stream}/{consumer} placeholders, body)
+    ("list", "GET", "/runs/{run}/streams", UNSET),
+    ("create", "POST", "/runs/{run}/streams", {"stream_id": "new", **OK}),
+    ("get", "GET", "/runs/{run}/streams/{stream}", UNSET),
+    ("read", "GET", "/runs/{run}/streams/{stream}/records", UNSET),
+    ("append", "POST", "/runs/{run}/streams/{stream}/records", {"records": [{"data": 3}]}),
+    ("ack", "POST", "/runs/{run}/streams/{stream}/consumers/{consumer}/ack", {"sequence": 2}),
+    ("close", "POST", "/runs/{run}/streams/{stream}/close", UNSET),
+    ("legal-hold", "PUT", "/runs/{run}/streams/{stream}/legal-hold", {"enabled": True}),
+]
+
+
+def path_cases() -> list[Any]:
+    cases = []
+    for name, method, template, body in ROUTES:
+        for placeholder in ("run", "stream", "consumer"):
+            if "{" + placeholder + "}" not in template:
+                continue
+            for bad_name, bad in BAD_IDS.items():
+                cases.append(
+                    pytest.param(
+                        placeholder,
+                        bad,
+                        method,
+                        template,
+                        body,
+                        id=f"{name}-{placeholder}-{bad_name}",
+                    )
+                )
+    return cases
+
+
+# -- the tests ------------------------------------------------------------------------------------
+
+ALL_CASES = CREATE_CASES + APPEND_CASES + READ_CASES + ACK_CASES + HOLD_CASES
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=[c.id for c in ALL_CASES])
+async def test_bad_input_is_refused_and_changes_nothing(
+    api: httpx.AsyncClient, run_id: str, world: dict[str, Any], case: Case
+) -> None:
+    response = await send(api, run_id, case)
+    assert_problem(response, case.status, case.codes)
+    assert (await snapshot(api, run_id)) == world
+
+
+@pytest.mark.parametrize(("placeholder", "bad", "method", "template", "body"), path_cases())
+async def test_a_bad_id_in_the_path_is_400_and_changes_nothing(
+    api: httpx.AsyncClient,
+    run_id: str,
+    world: dict[str, Any],
+    placeholder: str,
+    bad: str,
+    method: str,
+    template: str,
+    body: Any,
+) -> None:
+    ids = {"run": run_id, "stream": "s", "consumer": "c0", placeholder: bad}
+    path = template.format(**ids)
+    kwargs = {} if body is UNSET else {"json": body}
+    response = await api.request(method, path, **kwargs)
+    assert_problem(response, 400, ("invalid-input",))
+    assert (await snapshot(api, run_id)) == world
+
+
+# -- sizes ----------------------------------------------------------------------------------------
+
+
+async def test_a_record_of_exactly_65536_bytes_is_accepted(
+    api: httpx.AsyncClient, run_id: str, world: dict[str, Any]
+) -> None:
+    inline = "x" * (MAX_RECORD - 2)  # its compact JSON has two quotes: 65,536 bytes
+    binary = b"\xff" * MAX_RECORD
+    response = await api.post(
+        f"/runs/{run_id}/streams/s/records",
+        json={"records": [{"data": inline}, {"data_base64": b64(binary)}]},
+    )
+    assert response.status_code == 201, response.text
+    assert (response.json()["first_sequence"], response.json()["last_sequence"]) == (3, 4)
+    # Whitespace around the value is not part of the record: still 65,536 bytes.
+    padded = b'{"records": [{"data":    "' + inline.encode() + b'"    }]}'
+    response = await api.post(
+        f"/runs/{run_id}/streams/s/records",
+        content=padded,
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status_code == 201, response.text
+    page = (await api.get(f"/runs/{run_id}/streams/s/records", params={"cursor": 2})).json()
+    assert [r["size"] for r in page["records"]] == [MAX_RECORD, MAX_RECORD, MAX_RECORD]
+    assert page["records"][0]["data"] == inline
+    assert base64.b64decode(page["records"][1]["data_base64"]) == binary
+
+
+def post_reading_early(
+    api: httpx.AsyncClient, path: str, body: bytes
+) -> tuple[int, dict[str, str], bytes]:
+    """POST like a careful client (curl does this): stop sending and read as soon as an answer
+    arrives, since a server may answer 413 and close before it has read the whole body."""
+    url = api.base_url.join(path.lstrip("/"))
+    head = (
+        f"POST {url.raw_path.decode()} HTTP/1.1\r\n"
+        f"Host: {url.host}:{url.port}\r\n"
+        f"Authorization: {api.headers['authorization']}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection((url.host, url.port), timeout=30) as sock:
+        sock.sendall(head)
+        view = memoryview(body)
+        while view:
+            readable, _, _ = select.select([sock], [], [], 0)
+            if readable:
+                break
+            try:
+                sent = sock.send(view[:65_536])
+            except OSError:
+                break
+            view = view[sent:]
+        received = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65_536):
+                received += chunk
+    raw_head, _, content = received.partition(b"\r\n\r\n")
+    lines = raw_head.decode().split("\r\n")
+    headers = {
+        name.strip().lower(): value.strip()
+        for name, _, value in (line.partition(":") for line in lines[1:])
+    }
+    return int(lines[0].split()[1]), headers, content[: int(headers["content-length"])]
+
+
+async def test_a_request_body_over_8_mib_is_413_and_appends_nothing(
+    api: httpx.AsyncClient, run_id: str, world: dict[str, Any]
+) -> None:
+    # 200 records of 45,002 bytes each: every record is allowed, the request (~9 MB) is not.
+    body = json.dumps({"records": [{"data": "y" * 45_000}] * 200}).encode()
+    assert len(body) > 8 * 1024 * 1024
+    status, headers, content = await asyncio.to_thread(
+        post_reading_early, api, f"/runs/{run_id}/streams/s/records", body
+    )
+    assert status == 413, content
+    assert headers["content-type"].startswith(PROBLEM_JSON)
+    problem = json.loads(content)
+    for name in ("type", "title", "status", "detail", "code"):
+        assert name in problem, problem
+    assert problem["status"] == 413
+    assert isinstance(problem["code"], str)
+    assert problem["code"]
+    assert (await snapshot(api, run_id)) == world
+
+
+async def test_a_request_body_over_8_mib_is_413_for_an_ordinary_client(
+    api: httpx.AsyncClient, run_id: str, world: dict[str, Any]
+) -> None:
+    """httpx (like most clients) reads the answer only once the body is sent: the server must
+    not reset the connection before such a client can read its 413."""
+    body = json.dumps({"records": [{"data": "y" * 45_000}] * 200}).encode()
+    response = await api.post(
+        f"/runs/{run_id}/streams/s/records",
+        content=body,
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status_code == 413, response.text
+    assert response.headers["content-type"].startswith(PROBLEM_JSON)
+    assert (await snapshot(api, run_id)) == world
+
+
+async def test_a_request_body_just_under_8_mib_is_accepted(
+    api: httpx.AsyncClient, run_id: str, world: dict[str, Any]
+) -> None:
+    body = json.dumps({"records": [{"data": "z" * 45_000}] * 185}).encode()
+    assert 8_000_000 < len(body) < 8 * 1024 * 1024
+    response = await api.post(
+        f"/runs/{run_id}/streams/s/records",
+        content=body,
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["last_sequence"] == 2 + 185
+
+
+async def test_ids_of_128_characters_are_accepted(api: httpx.AsyncClient, run_id: str) -> None:
+    long_run = ("r" + run_id + "x" * 128)[:128]
+    long_stream = "S" + "s.:_-" * 25 + "st"
+    assert len(long_run) == len(long_stream) == 128
+    created = await api.post(
+        f"/runs/{long_run}/streams", json={"stream_id": long_stream, "direction": "output"}
+    )
+    assert created.status_code == 201, created.text
+    consumer = "C" + "c" * 127
+    base = f"/runs/{long_run}/streams/{long_stream}"
+    assert (await api.post(base + "/records", json={"records": [{"data": 1}]})).status_code == 201
+    assert (
+        await api.post(f"{base}/consumers/{consumer}/ack", json={"sequence": 1})
+    ).status_code == 200
+    assert (await api.get(base)).json()["state"]["consumers"] == [
+        {"consumer_id": consumer, "acked_sequence": 1}
+    ]
