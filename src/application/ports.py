@@ -97,6 +97,12 @@ class RecordReader(Protocol):
         """The stream's position and its records with sequence > cursor, ascending, at most
         `limit` (a keyset page), read from one snapshot; None if there is no such stream."""
 
+    async def expired_through(
+        self, key: StreamKey, after: int, cutoff: datetime, limit: int
+    ) -> int:
+        """The last sequence of the run of records after `after` appended before `cutoff`
+        (at most `limit` of them), or `after` when the next one is younger."""
+
 
 class TokenStore(Protocol):
     async def find(self, token_hash: bytes) -> Caller | None: ...

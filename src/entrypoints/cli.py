@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 
 import asyncpg
@@ -69,6 +70,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if token:
         print(f"development token (tenant default, all scopes): {token}", flush=True)
         print(f"  also in {settings.data_dir / 'dev-token'}", flush=True)
+    if not args.no_workers:
+        os.environ[PREFIX + "RUN_WORKERS"] = "1"  # the server processes run the workers too
     print(f"ductor-streams listening on http://{args.host}:{args.port}", flush=True)
     if args.server == "uvicorn":
         import uvicorn
@@ -96,6 +99,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_access=False,
         log_level="warning",  # type: ignore[arg-type]
     ).serve()
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    url = _database_url(settings)
+    asyncio.run(_prepare(url, settings))
+
+    async def run() -> None:
+        from application.workers import run_workers
+        from entrypoints.container import Container, start, stop, workers
+
+        container = Container(settings=Settings.from_env())
+        await start(container)
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopping.set)
+        log.info("workers running (worker id %s)", container.worker_id())
+        try:
+            await run_workers(await workers(container), stopping)
+        finally:
+            await stop(container)
+
+    asyncio.run(run())
     return 0
 
 
@@ -157,6 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-workers", action="store_true", help="do not run the background workers here"
     )
     serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser(
+        "worker", help="run only the background workers (retention pruning), until SIGTERM"
+    )
+    worker.set_defaults(func=cmd_worker)
 
     mig = sub.add_parser("migrate", help="apply pending migrations and exit")
     mig.set_defaults(func=cmd_migrate)

@@ -27,6 +27,10 @@ class Settings(msgspec.Struct, frozen=True):
     sse_heartbeat_seconds: float = 15.0
     head_check_seconds: float = 2.0
     max_subscriptions_per_principal: int = 1_000
+    run_workers: bool = False
+    worker_lease_seconds: float = 30.0
+    worker_poll_seconds: float = 1.0
+    prune_interval_seconds: float = 5.0
 
     @property
     def embedded(self) -> bool:
@@ -57,4 +61,8 @@ class Settings(msgspec.Struct, frozen=True):
             sse_heartbeat_seconds=float(get("SSE_HEARTBEAT_SECONDS") or 15.0),
             head_check_seconds=float(get("HEAD_CHECK_SECONDS") or 2.0),
             max_subscriptions_per_principal=int(get("MAX_SUBSCRIPTIONS_PER_PRINCIPAL") or 1_000),
+            run_workers=(get("RUN_WORKERS") or "0") in {"1", "true", "yes"},
+            worker_lease_seconds=float(get("WORKER_LEASE_SECONDS") or 30.0),
+            worker_poll_seconds=float(get("WORKER_POLL_SECONDS") or 1.0),
+            prune_interval_seconds=float(get("PRUNE_INTERVAL_SECONDS") or 5.0),
         )

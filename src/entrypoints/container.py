@@ -5,6 +5,9 @@ Tests swap an adapter with `container.streams.override(...)` (see `memory_contai
 from __future__ import annotations
 
 import inspect
+import os
+import secrets
+import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -13,6 +16,7 @@ from dependency_injector import containers, providers
 
 from adapters.memory.streams import MemoryStreams
 from adapters.memory.tokens import MemoryTokens
+from adapters.postgres.jobs import PostgresRetentionJobs
 from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.tokens import PostgresTokens
 from adapters.postgres.wake_bus import PostgresWakeBus
@@ -27,15 +31,21 @@ from application.list_streams import ListStreams
 from application.live import LiveTails
 from application.placement import Deployment
 from application.read_records import ReadRecords
+from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe, SubscriptionSlots
 from application.tokens import Authenticate, IssueToken
 from application.wake import WakeRegistry
+from application.workers import Worker
 from entrypoints.config import Settings
 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 async def open_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool | None]:
@@ -98,6 +108,28 @@ class Container(containers.DeclarativeContainer):
     acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
     close_stream = providers.Singleton(CloseStream, definitions, commits, clock)
     set_legal_hold = providers.Singleton(SetLegalHold, definitions, commits, clock)
+    worker_id = providers.Singleton(new_worker_id)
+    retention_jobs = providers.Singleton(
+        PostgresRetentionJobs,
+        pool,
+        worker_id,
+        lease_seconds=settings.provided.worker_lease_seconds,
+    )
+    prune_retention = providers.Singleton(
+        PruneRetention,
+        streams,
+        streams,
+        commits,
+        clock,
+        interval_seconds=settings.provided.prune_interval_seconds,
+    )
+    pruner = providers.Singleton(
+        Worker,
+        "pruner",
+        retention_jobs,
+        prune_retention,
+        poll_seconds=settings.provided.worker_poll_seconds,
+    )
     subscribe = providers.Singleton(
         Subscribe,
         definitions,
@@ -149,6 +181,12 @@ async def start(container: Container) -> Services:
     return Services(
         **{name: await _resolved(getattr(container, name)()) for name in Services.__annotations__}
     )
+
+
+async def workers(container: Container) -> list[Worker]:
+    """The background workers: the pruner (the deletion, dispatch and orphan workers come with
+    objects and input streams)."""
+    return [await _resolved(container.pruner())]  # type: ignore[list-item]
 
 
 async def stop(container: Container) -> None:

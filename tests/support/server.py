@@ -94,3 +94,51 @@ class ServerProcess:
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
+
+
+@dataclass
+class WorkerProcess:
+    """A real `ductor-streams worker` process."""
+
+    database_url: str
+    data_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    def start(self, timeout: float = 30.0) -> WorkerProcess:
+        env = {
+            **os.environ,
+            "DUCTOR_STREAMS_DATABASE_URL": self.database_url,
+            "DUCTOR_STREAMS_DATA_DIR": str(self.data_dir),
+            **self.env,
+        }
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.data_dir / f"worker-{time.monotonic_ns()}.log"
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "entrypoints.cli", "worker"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited early:\n{self.log()}")
+            if "workers running" in self.log():
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"worker did not start:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        ServerProcess.stop(self, sig)  # type: ignore[arg-type]
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)

@@ -13,6 +13,7 @@ import msgspec
 from application.deciding import Receipt, decide_all
 from application.errors import NotFound
 from application.ports import Command, Outcome, Position, StoredRecord
+from application.retention import expired_prefix
 from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
 from domain.events import Event, decode_event, encode_event
@@ -113,6 +114,13 @@ class MemoryStreams:
     def _drop_pruned(row: _Row, earliest: int) -> None:
         for sequence in [s for s in row.records if s < earliest]:
             del row.records[sequence]
+
+    async def expired_through(
+        self, key: StreamKey, after: int, cutoff: datetime, limit: int
+    ) -> int:
+        row = self._rows[key]
+        sequences = sorted(s for s in row.records if s > after)[:limit]
+        return expired_prefix(after, [(s, row.records[s].appended_at) for s in sequences], cutoff)
 
     async def journal(self, key: StreamKey) -> list[Event]:
         row = self._rows[key]

@@ -18,11 +18,13 @@ import asyncpg
 from application.deciding import Changes, Receipt, decide_all
 from application.errors import NotFound
 from application.ports import Command, Outcome, Position, StoredRecord
+from application.retention import expired_prefix, has_retention
 from domain.definition import StreamDefinition
 from domain.events import (
     ConsumerAcknowledged,
     Event,
     RecordsAppended,
+    RecordsPruned,
     decode_event,
     encode_event,
     event_type,
@@ -47,6 +49,9 @@ WITH created AS (
     VALUES ($1, $2, $3, $4, $5, 1, $6)
     ON CONFLICT (tenant, run_id, stream_id) DO NOTHING
     RETURNING tenant, run_id, stream_id
+), scheduled AS (
+    INSERT INTO retention_jobs (tenant, run_id, stream_id)
+    SELECT tenant, run_id, stream_id FROM created WHERE $8::boolean
 )
 INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
 SELECT tenant, run_id, stream_id, 1, 'stream_created', $7 FROM created
@@ -104,6 +109,13 @@ WHERE {_KEY}
 RETURNING pg_notify('{WAKE_CHANNEL}', $1 || '/' || $2 || '/' || $3 || ' ' || ($22::bigint)::text)
 """
 
+_DELETE_PRUNED = f"DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4"
+
+_EXPIRED = f"""
+SELECT sequence, appended_at FROM stream_records
+WHERE {_KEY} AND sequence > $4 ORDER BY sequence LIMIT $5
+"""
+
 _PAGE = """
 SELECT s.head, s.earliest, s.closed,
        r.sequence, r.appended_at, r.kind, r.content_type, r.size, r.payload
@@ -137,6 +149,7 @@ class PostgresStreams:
             now,
             encode_state(stream.state),
             encode_event(event),
+            has_retention(definition),
         )
         if created:
             return stream, True
@@ -211,7 +224,16 @@ class PostgresStreams:
                     )
                     rows = []
                 await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows))
+                pruned = [e for e in changes.events if isinstance(e, RecordsPruned)]
+                if pruned:
+                    await conn.execute(_DELETE_PRUNED, *key, pruned[-1].through_sequence)
         return outcomes
+
+    async def expired_through(
+        self, key: StreamKey, after: int, cutoff: datetime, limit: int
+    ) -> int:
+        rows = await self._pool.fetch(_EXPIRED, *key, after, limit)
+        return expired_prefix(after, [(r[0], r[1]) for r in rows], cutoff)
 
     async def journal(self, key: StreamKey) -> list[Event]:
         rows = await self._pool.fetch(

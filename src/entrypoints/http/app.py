@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -13,9 +14,10 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 
+from application.workers import run_workers
 from domain.errors import DomainError
 from entrypoints.config import Settings
-from entrypoints.container import Container, start, stop
+from entrypoints.container import Container, start, stop, workers
 from entrypoints.http import problems
 from entrypoints.http.streams import REQUEST_BODIES, StreamsController
 
@@ -59,9 +61,16 @@ def create_app(container: Container) -> Litestar:
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.container = container
         app.state.services = await start(container)
+        stopping = asyncio.Event()
+        background = None
+        if container.settings().run_workers:
+            background = asyncio.create_task(run_workers(await workers(container), stopping))
         try:
             yield
         finally:
+            stopping.set()
+            if background is not None:
+                await background
             await stop(container)
 
     app = Litestar(

@@ -1,0 +1,96 @@
+"""Retention: the pruner's use case. Records go from the front only, in bounded chunks, under
+the stream-row lock, and never while a legal hold is on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from application.group_commit import GroupCommit
+from application.ports import Clock, Done, Failed, Idempotency, RecordReader, StreamRepository
+from domain import errors
+from domain.definition import StreamDefinition
+from domain.events import Event
+from domain.stream import Stream, StreamKey
+
+CHUNK = 10_000
+
+
+def has_retention(definition: StreamDefinition) -> bool:
+    r = definition.retention
+    return r.max_age_seconds is not None or r.max_records is not None
+
+
+def expired_prefix(after: int, rows: Sequence[tuple[int, datetime]], cutoff: datetime) -> int:
+    through = after
+    for sequence, appended_at in rows:
+        if appended_at >= cutoff or sequence != through + 1:
+            break
+        through = sequence
+    return through
+
+
+class PruneCommand:
+    idempotency: Idempotency | None = None
+    records = ()
+
+    def __init__(self, through: int, reason: str, now: datetime) -> None:
+        self.through = through
+        self.reason = reason
+        self.now = now
+        self.offset_of = through
+
+    def decide(self, stream: Stream, offset: int | None) -> list[Event]:
+        if self.through < stream.state.earliest:
+            return []
+        assert offset is not None
+        return stream.prune(self.through, offset, self.reason, self.now)
+
+    def answer(self, stream: Stream, events: list[Event]) -> int:
+        return stream.state.earliest
+
+
+class PruneRetention:
+    """Apply one stream's retention once; answer how long until it is worth looking again."""
+
+    def __init__(
+        self,
+        streams: StreamRepository,
+        reader: RecordReader,
+        commits: GroupCommit,
+        clock: Clock,
+        interval_seconds: float = 5.0,
+    ) -> None:
+        self._streams = streams
+        self._reader = reader
+        self._commits = commits
+        self._clock = clock
+        self._interval = interval_seconds
+
+    async def __call__(self, key: StreamKey) -> float | None:
+        """Seconds until the next run, or None when the stream no longer needs one."""
+        stream = await self._streams.load(key)
+        if stream is None or not has_retention(stream.definition):
+            return None
+        state, retention = stream.state, stream.definition.retention
+        if state.legal_hold.enabled:
+            return self._interval
+        now = self._clock()
+        after = state.earliest - 1
+        limit = min(CHUNK, state.head - after)
+        through, reason = after, "retention"
+        if retention.max_records is not None:
+            through = max(through, min(state.head - retention.max_records, after + limit))
+        if retention.max_age_seconds is not None and limit > 0:
+            cutoff = now - timedelta(seconds=retention.max_age_seconds)
+            through = max(through, await self._reader.expired_through(key, after, cutoff, limit))
+        if through <= after:
+            return self._interval
+        match await self._commits.submit(key, PruneCommand(through, reason, now)):
+            case Failed(error=errors.LegalHoldActive()):
+                return self._interval
+            case Failed(error=error):
+                raise error
+            case Done():
+                pass
+        return 0.0 if through - after >= CHUNK else self._interval
