@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from application.errors import NotFound
+from application.log_context import about_stream
 from application.placement import Deployment
 from application.ports import StreamRepository
 from domain.definition import StreamDefinition
@@ -20,6 +21,7 @@ class Definitions:
         definition = await self._streams.definition(key)
         if definition is None:
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+        about_stream(key, definition.placement.log_region)
         self.deployment.require_home(definition)
         if delivers_data:
             self.deployment.require_egress(definition)

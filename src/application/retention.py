@@ -3,10 +3,12 @@ the stream-row lock, and never while a legal hold is on."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from application.group_commit import GroupCommit
+from application.log_context import about_stream
 from application.ports import Clock, Done, Failed, Idempotency, RecordReader, StreamRepository
 from domain import errors
 from domain.definition import StreamDefinition
@@ -14,6 +16,7 @@ from domain.events import Event
 from domain.stream import Stream, StreamKey
 
 CHUNK = 10_000
+log = logging.getLogger("ductor_streams.retention")
 
 
 def has_retention(definition: StreamDefinition) -> bool:
@@ -72,6 +75,7 @@ class PruneRetention:
         stream = await self._streams.load(key)
         if stream is None or not has_retention(stream.definition):
             return None
+        about_stream(key, stream.definition.placement.log_region)
         state, retention = stream.state, stream.definition.retention
         if state.legal_hold.enabled:
             return self._interval
@@ -92,5 +96,5 @@ class PruneRetention:
             case Failed(error=error):
                 raise error
             case Done():
-                pass
+                log.info("retention pruned records %d to %d", after + 1, through)
         return 0.0 if through - after >= CHUNK else self._interval

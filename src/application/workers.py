@@ -17,6 +17,7 @@ from typing import Protocol
 
 import msgspec
 
+from application.log_context import forget_stream
 from domain.stream import StreamKey
 
 log = logging.getLogger("ductor_streams.workers")
@@ -78,6 +79,7 @@ class Worker:
                     await asyncio.wait_for(stopping.wait(), self._poll)
 
     async def _run_one(self, job: Job) -> None:
+        forget_stream()
         try:
             next_in = await self._handle(job.key)
         except Exception as error:

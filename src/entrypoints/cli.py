@@ -18,6 +18,7 @@ from application.access import SCOPES
 from application.tokens import IssueToken, make_caller, token_hash
 from domain.errors import DomainError
 from entrypoints.config import PREFIX, Settings
+from entrypoints.logs import configure_logging
 
 log = logging.getLogger("ductor_streams")
 
@@ -208,11 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get(PREFIX + "LOG_LEVEL", "INFO").upper(),
-        format="%(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(os.environ.get(PREFIX + "LOG_LEVEL", "INFO").upper())
     return int(args.func(args) or 0)
 
 

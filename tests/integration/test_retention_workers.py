@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 
 import asyncpg
@@ -28,10 +29,17 @@ def worker(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     process.stop()
 
 
-async def create(api: httpx.AsyncClient, run_id: str, stream_id: str, **retention: int) -> str:
+async def create(
+    api: httpx.AsyncClient, run_id: str, stream_id: str, log_region: str = "local", **retention: int
+) -> str:
     answer = await api.post(
         f"/runs/{run_id}/streams",
-        json={"stream_id": stream_id, "direction": "output", "retention": retention},
+        json={
+            "stream_id": stream_id,
+            "direction": "output",
+            "retention": retention,
+            "placement": {"log_region": log_region},
+        },
     )
     assert answer.status_code == 201, answer.text
     return f"/runs/{run_id}/streams/{stream_id}"
@@ -56,7 +64,7 @@ async def earliest_becomes(api: httpx.AsyncClient, path: str, expected: int) -> 
 async def test_max_records_prunes_and_an_old_cursor_is_gone_with_exact_fields(
     api: httpx.AsyncClient, worker: WorkerProcess, run_id: str
 ) -> None:
-    path = await create(api, run_id, "count", max_records=3)
+    path = await create(api, run_id, "count", log_region="audit-eu", max_records=3)
     await append(api, path, 10)
     await earliest_becomes(api, path, 8)
     gone = await api.get(f"{path}/records", params={"cursor": 2})
@@ -71,6 +79,10 @@ async def test_max_records_prunes_and_an_old_cursor_is_gone_with_exact_fields(
     )
     page = (await api.get(f"{path}/records", params={"cursor": 7})).json()
     assert [r["data"] for r in page["records"]] == [7, 8, 9]
+    lines = [json.loads(line) for line in worker.log().splitlines() if line.startswith("{")]
+    pruned = [x for x in lines if x.get("run_id") == run_id and "pruned" in x["msg"]]
+    assert pruned and all(x["log_region"] == "audit-eu" for x in pruned)
+    assert pruned[0]["stream_id"] == "count" and pruned[0]["tenant"] == "default"
 
 
 async def test_max_age_prunes_what_is_older(

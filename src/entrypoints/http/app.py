@@ -20,6 +20,7 @@ from entrypoints.config import Settings
 from entrypoints.container import Container, start, stop, workers
 from entrypoints.http import problems
 from entrypoints.http.streams import REQUEST_BODIES, StreamsController
+from entrypoints.logs import configure_logging
 
 log = logging.getLogger("ductor_streams")
 
@@ -120,5 +121,5 @@ def _document_request_bodies(app: Litestar) -> None:
 def app_from_env() -> Litestar:
     """The factory the ASGI server imports: settings from the environment."""
     settings = Settings.from_env()
-    logging.basicConfig(level=settings.log_level, format="%(message)s")
+    configure_logging(settings.log_level)
     return create_app(Container(settings=settings))
