@@ -1,0 +1,56 @@
+"""The SSE wire format of each delivery."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from application.live import Idle, Overtaken, RecordsDelivered, StreamEnded
+from application.ports import StoredRecord
+from domain.records import RecordKind
+from entrypoints.sse.events import event_stream
+
+AT = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def stored(sequence: int, payload: bytes = b'{"a":1}') -> StoredRecord:
+    return StoredRecord(sequence, AT, RecordKind.JSON, "application/json", len(payload), payload)
+
+
+async def frames(*deliveries) -> list[bytes]:
+    async def source():
+        for d in deliveries:
+            yield d
+
+    return [chunk async for chunk in event_stream(source())]
+
+
+async def test_records_then_closed_end_the_stream() -> None:
+    out = b"".join(
+        await frames(RecordsDelivered([stored(1), stored(2)]), Idle(), StreamEnded(head=2))
+    )
+    events = [e for e in out.decode().split("\n\n") if e]
+    assert events[0] == ": subscribed"
+    assert events[1].startswith("id: 1\nevent: record\ndata: ")
+    assert json.loads(events[1].split("data: ", 1)[1]) == {
+        "sequence": 1,
+        "appended_at": "2026-01-01T00:00:00Z",
+        "size": 7,
+        "content_type": "application/json",
+        "data": {"a": 1},
+    }
+    assert events[2].startswith("id: 2\n")
+    assert events[3] == ": keep-alive"
+    assert events[4] == 'event: closed\ndata: {"head":2}'
+
+
+async def test_gone_carries_the_410_fields() -> None:
+    out = b"".join(await frames(Overtaken(requested=4, earliest=9, latest=12)))
+    event = out.decode().split("\n\n")[1]
+    assert event.startswith("event: gone\ndata: ")
+    assert json.loads(event.split("data: ", 1)[1]) == {
+        "requested": 4,
+        "earliest": 9,
+        "latest": 12,
+        "reason": "retention",
+    }
