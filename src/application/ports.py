@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -109,6 +109,34 @@ class TokenStore(Protocol):
 
     async def put(self, token_hash: bytes, caller: Caller) -> None:
         """Store (or replace) the token with this hash."""
+
+
+class StoredObject(msgspec.Struct, frozen=True):
+    """What an object store holds under a key: the evidence a commit checks."""
+
+    size: int
+    sha256: bytes
+
+
+class ObjectStore(Protocol):
+    """Bodies of large objects, under keys the server chooses (never a caller's)."""
+
+    async def put(self, key: str, chunks: AsyncIterator[bytes], *, max_size: int) -> StoredObject:
+        """Stream `chunks` to `key` while counting and hashing them, never holding the whole
+        body in memory. More than `max_size` bytes raises `ObjectTooLarge` at once and leaves
+        nothing at `key`. Atomic: a reader sees the whole previous body or the whole new one."""
+
+    async def stat(self, key: str) -> StoredObject | None:
+        """Size and SHA-256 of what is stored at `key`, computed or attested by the store."""
+
+    def get(self, key: str) -> AsyncIterator[bytes]:
+        """The body in chunks; raises `ObjectMissing` if nothing is stored at `key`."""
+
+    async def delete(self, key: str) -> None:
+        """Remove `key`; removing what is not there is not an error."""
+
+    def keys(self, prefix: str) -> AsyncIterator[str]:
+        """Every stored key that starts with `prefix` (for orphan sweeps)."""
 
 
 class Clock(Protocol):

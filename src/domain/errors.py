@@ -80,3 +80,13 @@ class IdempotencyKeyReused(DomainError):
 
 class Forbidden(DomainError):
     code = "forbidden"
+
+
+class ObjectTooLarge(DomainError):
+    code = "object-too-large"
+
+
+class ObjectMissing(DomainError):
+    """Nothing is stored under an object key (a missing body, not an unknown intent)."""
+
+    code = "not-found"
