@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from application.access import Caller, require_reader
 from application.definitions import Definitions
@@ -19,15 +20,11 @@ class TooManySubscriptions(errors.Backpressure):
     code = "too-many-subscriptions"
 
 
-class Subscription:
-    """An admitted subscription; it holds a slot of its principal until it ends (or is dropped
-    unstarted and collected)."""
+class Slot:
+    """One admitted subscription's place under its principal's cap (weakly counted, so a
+    subscription dropped before it ever started frees its slot when collected)."""
 
-    def __init__(self, deliveries: AsyncIterator[Delivery]) -> None:
-        self._deliveries = deliveries
-
-    def __aiter__(self) -> AsyncIterator[Delivery]:
-        return self._deliveries
+    __slots__ = ("__weakref__",)
 
 
 class SubscriptionSlots:
@@ -35,9 +32,9 @@ class SubscriptionSlots:
 
     def __init__(self, max_per_principal: int) -> None:
         self._max = max_per_principal
-        self._active: dict[tuple[str, str], weakref.WeakSet[Subscription]] = {}
+        self._active: dict[tuple[str, str], weakref.WeakSet[Slot]] = {}
 
-    def admit(self, caller: Caller, subscription: Subscription) -> None:
+    def admit(self, caller: Caller) -> Slot:
         who = (caller.tenant, caller.principal)
         active = self._active.setdefault(who, weakref.WeakSet())
         if len(active) >= self._max:
@@ -45,13 +42,15 @@ class SubscriptionSlots:
                 f"principal {caller.principal!r} already has {self._max} open subscriptions",
                 retry_after=5,
             )
-        active.add(subscription)
+        slot = Slot()
+        active.add(slot)
+        return slot
 
-    def release(self, caller: Caller, subscription: Subscription) -> None:
+    def release(self, caller: Caller, slot: Slot) -> None:
         who = (caller.tenant, caller.principal)
         active = self._active.get(who)
         if active is not None:
-            active.discard(subscription)
+            active.discard(slot)
             if not active:
                 del self._active[who]
 
@@ -76,7 +75,9 @@ class Subscribe:
 
     async def __call__(
         self, caller: Caller, run_id: str, stream_id: str, cursor: int
-    ) -> Subscription:
+    ) -> AsyncGenerator[Delivery, None]:
+        """Check everything that can be refused, then hand back the deliveries: an async
+        generator the caller must close (`contextlib.aclosing`) to end the subscription."""
         caller.require("streams:read")
         key = caller.key(run_id, stream_id)
         if not 0 <= cursor <= MAX_SEQUENCE:
@@ -88,13 +89,14 @@ class Subscribe:
         position, _ = found
         check_cursor(cursor, position.head, position.earliest)
 
-        async def deliveries() -> AsyncIterator[Delivery]:
+        async def deliveries(slot: Slot) -> AsyncGenerator[Delivery, None]:
             try:
-                async for delivery in self._tails.follow(key, cursor, self._heartbeat):
-                    yield delivery
+                async with contextlib.aclosing(
+                    self._tails.follow(key, cursor, self._heartbeat)
+                ) as follow:
+                    async for delivery in follow:
+                        yield delivery
             finally:
-                self._slots.release(caller, subscription)
+                self._slots.release(caller, slot)
 
-        subscription = Subscription(deliveries())
-        self._slots.admit(caller, subscription)
-        return subscription
+        return deliveries(self._slots.admit(caller))

@@ -3,7 +3,8 @@ transport would consume the same application subscription."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
 
@@ -14,22 +15,27 @@ _encode = msgspec.json.Encoder().encode
 
 OPENING = b": subscribed\n\n"
 HEARTBEAT = b": keep-alive\n\n"
+RECORD = b"id: %d\nevent: record\ndata: %s\n\n"
 
 
-async def event_stream(deliveries: AsyncIterable[Delivery]) -> AsyncIterator[bytes]:
-    yield OPENING
-    async for delivery in deliveries:
-        match delivery:
-            case RecordsDelivered(records=records):
-                yield b"".join(
-                    b"id: %d\nevent: record\ndata: %s\n\n" % (r.sequence, _encode(record_view(r)))
-                    for r in records
-                )
-            case Idle():
-                yield HEARTBEAT
-            case StreamEnded(head=head):
-                yield b'event: closed\ndata: {"head":%d}\n\n' % head
-                return
-            case Overtaken():
-                yield b"event: gone\ndata: %s\n\n" % _encode(delivery)
-                return
+async def event_stream(deliveries: AsyncGenerator[Delivery, None]) -> AsyncIterator[bytes]:
+    """Closing this stream (the response ended, or the client left) closes the subscription,
+    which gives its slot back and leaves the stream's tail at once, not when collected."""
+    async with contextlib.aclosing(deliveries):
+        yield OPENING
+        async for delivery in deliveries:
+            match delivery:
+                case RecordsDelivered(records=records):
+                    yield b"".join(
+                        b"id: %d\nevent: record\ndata: %s\n\n"
+                        % (r.sequence, _encode(record_view(r)))
+                        for r in records
+                    )
+                case Idle():
+                    yield HEARTBEAT
+                case StreamEnded(head=head):
+                    yield b'event: closed\ndata: {"head":%d}\n\n' % head
+                    return
+                case Overtaken():
+                    yield b"event: gone\ndata: %s\n\n" % _encode(delivery)
+                    return
