@@ -224,6 +224,8 @@ class LiveTails:
                     yield StreamEnded(head=tail.head)
                     return
                 try:
-                    await asyncio.wait_for(changed.wait(), heartbeat_seconds)
+                    # asyncio.timeout, not wait_for: no extra task per subscriber per wake.
+                    async with asyncio.timeout(heartbeat_seconds):
+                        await changed.wait()
                 except TimeoutError:
                     yield Idle()

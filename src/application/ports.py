@@ -11,6 +11,7 @@ import msgspec
 from application.access import Caller
 from domain.definition import StreamDefinition
 from domain.events import Event
+from domain.objects import ObjectIntent
 from domain.records import NewRecord, RecordKind
 from domain.stream import Stream, StreamKey
 
@@ -109,6 +110,15 @@ class TokenStore(Protocol):
 
     async def put(self, token_hash: bytes, caller: Caller) -> None:
         """Store (or replace) the token with this hash."""
+
+
+class ObjectIntents(Protocol):
+    """The intents' projection (every state), written with the stream's events."""
+
+    async def intent(self, key: StreamKey, object_id: str) -> ObjectIntent | None: ...
+
+    async def expired_intents(self, now: datetime, limit: int) -> list[tuple[StreamKey, str]]:
+        """Open (prepared or uploaded) intents whose expiry has passed."""
 
 
 class StoredObject(msgspec.Struct, frozen=True):

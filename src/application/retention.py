@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from application.group_commit import GroupCommit
 from application.log_context import about_stream
 from application.ports import Clock, Done, Failed, Idempotency, RecordReader, StreamRepository
+from application.workers import Job
 from domain import errors
 from domain.definition import StreamDefinition
 from domain.events import Event
@@ -69,6 +70,9 @@ class PruneRetention:
         self._commits = commits
         self._clock = clock
         self._interval = interval_seconds
+
+    async def run_job(self, job: Job) -> float | None:
+        return await self(job.key)
 
     async def __call__(self, key: StreamKey) -> float | None:
         """Seconds until the next run, or None when the stream no longer needs one."""

@@ -112,9 +112,18 @@ class RecordView(msgspec.Struct, frozen=True, omit_defaults=True):
     content_type: str
     data: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     data_base64: str | msgspec.UnsetType = msgspec.UNSET
+    object: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 def record_view(record: StoredRecord) -> RecordView:
+    if record.kind == RecordKind.OBJECT:
+        return RecordView(
+            sequence=record.sequence,
+            appended_at=record.appended_at,
+            size=record.size,
+            content_type=record.content_type,
+            object=msgspec.Raw(record.payload),
+        )
     if record.kind == RecordKind.JSON:
         return RecordView(
             sequence=record.sequence,

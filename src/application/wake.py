@@ -30,7 +30,8 @@ class Listener:
         """Wait until woken (True) or `timeout` seconds pass (False); consumes the wake."""
         if not self._event.is_set():
             try:
-                await asyncio.wait_for(self._event.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._event.wait()
             except TimeoutError:
                 return False
         self._event.clear()

@@ -26,6 +26,9 @@ log = logging.getLogger("ductor_streams.workers")
 class Job(msgspec.Struct, frozen=True):
     key: StreamKey
     attempts: int
+    id: int | None = None
+    storage_region: str | None = None
+    storage_key: str | None = None
 
 
 class JobQueue(Protocol):
@@ -48,7 +51,7 @@ class Worker:
         self,
         name: str,
         queue: JobQueue,
-        handle: Callable[[StreamKey], Awaitable[float | None]],
+        handle: Callable[[Job], Awaitable[float | None]],
         poll_seconds: float = 1.0,
         batch: int = 32,
     ) -> None:
@@ -81,7 +84,7 @@ class Worker:
     async def _run_one(self, job: Job) -> None:
         forget_stream()
         try:
-            next_in = await self._handle(job.key)
+            next_in = await self._handle(job)
         except Exception as error:
             self.failures += 1
             log.warning(
@@ -99,5 +102,24 @@ class Worker:
             log.warning("%s could not record %s: %s", self.name, job.key, error)
 
 
-async def run_workers(workers: list[Worker], stopping: asyncio.Event) -> None:
+class Periodic:
+    """A job with no queue: run `tick` every `interval` seconds (for idempotent sweeps)."""
+
+    def __init__(self, name: str, tick: Callable[[], Awaitable[object]], interval: float) -> None:
+        self.name = name
+        self._tick = tick
+        self._interval = interval
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            forget_stream()
+            try:
+                await self._tick()
+            except Exception as error:
+                log.warning("%s failed: %s", self.name, error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self._interval)
+
+
+async def run_workers(workers: list[Worker | Periodic], stopping: asyncio.Event) -> None:
     await asyncio.gather(*(w.run(stopping) for w in workers))

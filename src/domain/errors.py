@@ -90,3 +90,15 @@ class ObjectMissing(DomainError):
     """Nothing is stored under an object key (a missing body, not an unknown intent)."""
 
     code = "not-found"
+
+
+class ObjectStateConflict(DomainError):
+    code = "object-state-conflict"
+
+
+class DigestMismatch(DomainError):
+    code = "digest-mismatch"
+
+
+class SizeMismatch(DomainError):
+    code = "size-mismatch"

@@ -11,6 +11,7 @@ from datetime import datetime
 import msgspec
 
 from domain.definition import StreamDefinition
+from domain.objects import ObjectIntent
 
 
 class Event(msgspec.Struct, frozen=True, tag_field="type"):
@@ -55,6 +56,27 @@ class RecordsPruned(Event, frozen=True, tag="records_pruned"):
     reason: str
 
 
+class ObjectPrepared(Event, frozen=True, tag="object_prepared"):
+    intent: ObjectIntent
+
+
+class ObjectUploaded(Event, frozen=True, tag="object_uploaded"):
+    object_id: str
+
+
+class ObjectCommitted(Event, frozen=True, tag="object_committed"):
+    object_id: str
+    sequence: int
+
+
+class ObjectAborted(Event, frozen=True, tag="object_aborted"):
+    object_id: str
+
+
+class ObjectExpired(Event, frozen=True, tag="object_expired"):
+    object_id: str
+
+
 AnyEvent = (
     StreamCreated
     | RecordsAppended
@@ -62,6 +84,11 @@ AnyEvent = (
     | StreamClosed
     | LegalHoldChanged
     | RecordsPruned
+    | ObjectPrepared
+    | ObjectUploaded
+    | ObjectCommitted
+    | ObjectAborted
+    | ObjectExpired
 )
 
 _encoder = msgspec.json.Encoder()

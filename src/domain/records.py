@@ -23,15 +23,17 @@ class RecordKind(IntEnum):
 
 
 class NewRecord(msgspec.Struct, frozen=True):
-    """A record ready to store: `payload` is exactly what is written, so its length is its size."""
+    """A record ready to store. Its size is the length of `payload` (what is written), except for
+    an object's record, whose payload is the reference and whose size is the body's."""
 
     kind: RecordKind
     content_type: str
     payload: bytes
+    body_size: int | None = None
 
     @property
     def size(self) -> int:
-        return len(self.payload)
+        return len(self.payload) if self.body_size is None else self.body_size
 
 
 class RecordInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

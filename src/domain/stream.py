@@ -16,6 +16,7 @@ import msgspec
 from domain import errors
 from domain import events as ev
 from domain.definition import MAX_BATCH_RECORDS, StreamDefinition
+from domain.objects import ObjectIntent
 from domain.records import NewRecord
 
 
@@ -64,6 +65,7 @@ class StreamState(msgspec.Struct, forbid_unknown_fields=True):
     closed_at: datetime | None = None
     legal_hold: LegalHold = msgspec.field(default_factory=LegalHold)
     consumers: dict[str, Consumer] = msgspec.field(default_factory=dict)
+    objects: dict[str, ObjectIntent] = msgspec.field(default_factory=dict)  # open intents only
 
 
 class Stream:
@@ -254,6 +256,73 @@ class Stream:
             )
         ]
 
+    # -- object intents ---------------------------------------------------------------------------
+
+    def prepare_object(self, intent: ObjectIntent, now: datetime) -> list[ev.Event]:
+        if self.state.closed:
+            raise errors.StreamClosed("the stream is closed: no object can be prepared")
+        existing = self.state.objects.get(intent.object_id)
+        if existing is not None:
+            if existing.idempotency_key == intent.idempotency_key and existing.same_request(intent):
+                return []
+            raise errors.IdempotencyKeyReused(
+                f"idempotency_key {intent.idempotency_key!r} was used with other fields"
+            )
+        return [ev.ObjectPrepared(version=self.state.version + 1, at=now, intent=intent)]
+
+    def _open_object(self, object_id: str) -> ObjectIntent:
+        intent = self.state.objects.get(object_id)
+        if intent is None:
+            raise errors.ObjectStateConflict(f"object {object_id!r} is not open")
+        return intent
+
+    def mark_uploaded(self, object_id: str, now: datetime) -> list[ev.Event]:
+        intent = self._open_object(object_id)
+        if intent.state != "prepared":
+            raise errors.ObjectStateConflict(f"object {object_id!r} is already {intent.state}")
+        if intent.expires_at <= now:
+            raise errors.ObjectStateConflict(f"object {object_id!r} expired")
+        return [ev.ObjectUploaded(version=self.state.version + 1, at=now, object_id=object_id)]
+
+    def commit_object(
+        self, object_id: str, stored_size: int, stored_sha256: str, record: NewRecord, now: datetime
+    ) -> list[ev.Event]:
+        """Turn an uploaded intent into a record, once the store's evidence agrees with it."""
+        intent = self._open_object(object_id)
+        if intent.state != "uploaded":
+            raise errors.ObjectStateConflict(
+                f"object {object_id!r} is {intent.state}: upload its body before committing"
+            )
+        if stored_size != intent.size:
+            raise errors.SizeMismatch(
+                f"the store holds {stored_size} bytes; the intent pins {intent.size}",
+                stored=stored_size,
+                expected=intent.size,
+            )
+        if stored_sha256 != intent.sha256:
+            raise errors.DigestMismatch("the stored body's SHA-256 is not the pinned one")
+        [appended] = self.append([record], now)
+        assert isinstance(appended, ev.RecordsAppended)
+        return [
+            appended,
+            ev.ObjectCommitted(
+                version=appended.version + 1,
+                at=now,
+                object_id=object_id,
+                sequence=appended.first_sequence,
+            ),
+        ]
+
+    def abort_object(self, object_id: str, now: datetime) -> list[ev.Event]:
+        self._open_object(object_id)
+        return [ev.ObjectAborted(version=self.state.version + 1, at=now, object_id=object_id)]
+
+    def expire_object(self, object_id: str, now: datetime) -> list[ev.Event]:
+        intent = self.state.objects.get(object_id)
+        if intent is None or intent.expires_at > now:
+            return []
+        return [ev.ObjectExpired(version=self.state.version + 1, at=now, object_id=object_id)]
+
     # -- apply: the only code that changes state, and the only code replay runs ---------------
 
     def apply(self, event: ev.Event) -> None:
@@ -285,6 +354,14 @@ class Stream:
             case ev.RecordsPruned():
                 s.earliest = event.through_sequence + 1
                 s.pruned_bytes = event.pruned_bytes
+            case ev.ObjectPrepared():
+                s.objects[event.intent.object_id] = event.intent
+            case ev.ObjectUploaded():
+                s.objects[event.object_id] = msgspec.structs.replace(
+                    s.objects[event.object_id], state="uploaded"
+                )
+            case ev.ObjectCommitted() | ev.ObjectAborted() | ev.ObjectExpired():
+                del s.objects[event.object_id]
             case _:
                 raise TypeError(f"unknown event {type(event).__name__}")
         s.version = event.version

@@ -31,6 +31,11 @@ class Settings(msgspec.Struct, frozen=True):
     worker_lease_seconds: float = 30.0
     worker_poll_seconds: float = 1.0
     prune_interval_seconds: float = 5.0
+    object_regions: tuple[str, ...] = ("local",)
+    s3_endpoint_url: str | None = None
+    s3_bucket: str | None = None
+    s3_region: str | None = None
+    sweep_interval_seconds: float = 30.0
 
     @property
     def embedded(self) -> bool:
@@ -65,4 +70,11 @@ class Settings(msgspec.Struct, frozen=True):
             worker_lease_seconds=float(get("WORKER_LEASE_SECONDS") or 30.0),
             worker_poll_seconds=float(get("WORKER_POLL_SECONDS") or 1.0),
             prune_interval_seconds=float(get("PRUNE_INTERVAL_SECONDS") or 5.0),
+            object_regions=tuple(
+                r.strip() for r in (get("OBJECT_REGIONS") or region).split(",") if r.strip()
+            ),
+            s3_endpoint_url=get("S3_ENDPOINT_URL"),
+            s3_bucket=get("S3_BUCKET"),
+            s3_region=get("S3_REGION"),
+            sweep_interval_seconds=float(get("SWEEP_INTERVAL_SECONDS") or 30.0),
         )

@@ -16,7 +16,9 @@ from dependency_injector import containers, providers
 
 from adapters.memory.streams import MemoryStreams
 from adapters.memory.tokens import MemoryTokens
-from adapters.postgres.jobs import PostgresRetentionJobs
+from adapters.objects.filesystem import FilesystemObjectStore
+from adapters.objects.memory import MemoryObjectStore
+from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
 from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.tokens import PostgresTokens
 from adapters.postgres.wake_bus import PostgresWakeBus
@@ -25,10 +27,12 @@ from application.append_records import AppendRecords
 from application.close_stream import CloseStream
 from application.create_stream import CreateStream
 from application.definitions import Definitions
+from application.deletions import DeleteBodies
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
 from application.list_streams import ListStreams
 from application.live import LiveTails
+from application.objects import Objects, ObjectStores
 from application.placement import Deployment
 from application.read_records import ReadRecords
 from application.retention import PruneRetention
@@ -36,7 +40,7 @@ from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe, SubscriptionSlots
 from application.tokens import Authenticate, IssueToken
 from application.wake import WakeRegistry
-from application.workers import Worker
+from application.workers import Periodic, Worker
 from entrypoints.config import Settings
 
 
@@ -48,6 +52,12 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
+async def _keep_session(connection: asyncpg.Connection) -> None:
+    """Pooled connections carry no session state (no LISTEN, SET, advisory lock or cursor: the
+    wake bus and migrations use connections of their own), so the default reset on release —
+    four statements per request — is skipped; asyncpg still rolls back a stray transaction."""
+
+
 async def open_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool | None]:
     if settings.database_url is None:
         raise RuntimeError("no database URL: start the embedded PostgreSQL first")
@@ -55,6 +65,7 @@ async def open_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool | None]:
         settings.database_url,
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,
+        reset=_keep_session,
     )
     try:
         yield pool
@@ -72,6 +83,39 @@ async def open_wake_bus(
         yield bus
     finally:
         await bus.stop()
+
+
+async def open_object_stores(settings: Settings) -> AsyncIterator[ObjectStores]:
+    """The store of each region this deployment writes bodies to (OBJECT_REGIONS, default
+    REGION): a directory per region under DATA_DIR/objects, or one S3 bucket prefix per region."""
+    if settings.object_store == "filesystem":
+        root = settings.data_dir / "objects"
+        yield ObjectStores(
+            {region: FilesystemObjectStore(root / region) for region in settings.object_regions}
+        )
+        return
+    if settings.object_store != "s3":
+        raise ValueError(f"OBJECT_STORE must be filesystem or s3, not {settings.object_store!r}")
+    if not settings.s3_bucket:
+        raise ValueError("OBJECT_STORE=s3 needs DUCTOR_STREAMS_S3_BUCKET")
+    from adapters.objects.s3 import S3ObjectStore  # aioboto3 is loaded only when configured
+
+    stores = {
+        region: S3ObjectStore(
+            settings.s3_bucket,
+            endpoint_url=settings.s3_endpoint_url,
+            region_name=settings.s3_region,
+            prefix=f"{region}/",
+        )
+        for region in settings.object_regions
+    }
+    for store in stores.values():
+        await store.start()
+    try:
+        yield ObjectStores(stores)  # type: ignore[arg-type]
+    finally:
+        for store in stores.values():
+            await store.close()
 
 
 class Container(containers.DeclarativeContainer):
@@ -108,7 +152,28 @@ class Container(containers.DeclarativeContainer):
     acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
     close_stream = providers.Singleton(CloseStream, definitions, commits, clock)
     set_legal_hold = providers.Singleton(SetLegalHold, definitions, commits, clock)
+    object_stores = providers.Resource(open_object_stores, settings)
+    objects = providers.Singleton(Objects, definitions, streams, commits, object_stores, clock)
+    delete_bodies = providers.Singleton(
+        DeleteBodies,
+        streams,
+        object_stores,
+        hold_recheck_seconds=settings.provided.prune_interval_seconds,
+    )
     worker_id = providers.Singleton(new_worker_id)
+    deletion_jobs = providers.Singleton(
+        PostgresDeletionJobs,
+        pool,
+        worker_id,
+        lease_seconds=settings.provided.worker_lease_seconds,
+    )
+    deleter = providers.Singleton(
+        Worker,
+        "deleter",
+        deletion_jobs,
+        delete_bodies.provided.run_job,
+        poll_seconds=settings.provided.worker_poll_seconds,
+    )
     retention_jobs = providers.Singleton(
         PostgresRetentionJobs,
         pool,
@@ -127,7 +192,7 @@ class Container(containers.DeclarativeContainer):
         Worker,
         "pruner",
         retention_jobs,
-        prune_retention,
+        prune_retention.provided.run_job,
         poll_seconds=settings.provided.worker_poll_seconds,
     )
     subscribe = providers.Singleton(
@@ -146,6 +211,11 @@ def memory_container(settings: Settings | None = None) -> Container:
     streams = MemoryStreams(container.wake())
     container.pool.override(providers.Object(None))
     container.wake_bus.override(providers.Object(None))
+    container.object_stores.override(
+        providers.Object(
+            ObjectStores({r: MemoryObjectStore() for r in container.settings().object_regions})
+        )
+    )
     container.streams.override(providers.Object(streams))
     container.tokens.override(providers.Object(MemoryTokens()))
     return container
@@ -165,6 +235,7 @@ class Services:
     close_stream: CloseStream
     set_legal_hold: SetLegalHold
     subscribe: Subscribe
+    objects: Objects
 
     def __init__(self, **built: object) -> None:
         for name in self.__annotations__:
@@ -183,10 +254,20 @@ async def start(container: Container) -> Services:
     )
 
 
-async def workers(container: Container) -> list[Worker]:
-    """The background workers: the pruner (the deletion, dispatch and orphan workers come with
-    objects and input streams)."""
-    return [await _resolved(container.pruner())]  # type: ignore[list-item]
+async def workers(container: Container) -> list[Worker | Periodic]:
+    """The background workers: pruner, deletion worker and orphan sweeper (the input-delivery
+    dispatcher comes with input streams)."""
+    objects = await _resolved(container.objects())
+    sweeper = Periodic(
+        "orphan sweeper",
+        objects.expire_due,  # type: ignore[attr-defined]
+        container.settings().sweep_interval_seconds,
+    )
+    return [
+        await _resolved(container.pruner()),  # type: ignore[list-item]
+        await _resolved(container.deleter()),  # type: ignore[list-item]
+        sweeper,
+    ]
 
 
 async def stop(container: Container) -> None:

@@ -6,10 +6,10 @@ import asyncpg
 import pytest
 
 from adapters.postgres.streams import PostgresStreams
-from tests.support.stream_contract import StreamRepositoryContract
+from tests.support.stream_contract import ObjectIntentsContract, StreamRepositoryContract
 
 
-class TestPostgresStreams(StreamRepositoryContract):
+class TestPostgresStreams(StreamRepositoryContract, ObjectIntentsContract):
     @pytest.fixture
     def repo(self, pool: asyncpg.Pool) -> PostgresStreams:
         return PostgresStreams(pool)

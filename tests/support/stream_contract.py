@@ -6,14 +6,17 @@ included, so the memory fake and PostgreSQL are held to the same behaviour."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 
 from application.acknowledge import AckCommand
 from application.close_stream import CloseCommand
 from application.errors import NotFound
+from application.objects import AbortCommand, CommitCommand, PrepareCommand, UploadedCommand
 from application.ports import Done, Failed, Replayed
 from domain import errors
+from domain.objects import AuthorizationReceipt, ObjectIntent
 from domain.stream import Stream
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 
@@ -154,3 +157,49 @@ class StreamRepositoryContract:
         listed = await repo.list_run(key.tenant, key.run_id)
         assert [s.key.stream_id for s in listed] == ["a", "b"]
         assert await repo.list_run("other-tenant", key.run_id) == []
+
+
+class ObjectIntentsContract:
+    """The intents projection, written with the stream's events, read back the same way."""
+
+    async def test_intents_follow_their_events_and_expired_ones_are_found(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+
+        def intent(object_id: str, expires_in: int) -> ObjectIntent:
+            return ObjectIntent(
+                object_id=object_id,
+                idempotency_key=object_id,
+                state="prepared",
+                size=3,
+                sha256="ab" * 32,
+                content_type="x/y",
+                schema={"type": "object"},
+                storage_region="local",
+                storage_key="/".join((*key, object_id)),
+                receipt=AuthorizationReceipt("writer", ("streams:write",), NOW),
+                expires_at=NOW + timedelta(seconds=expires_in),
+                created_at=NOW,
+            )
+
+        kept, dropped, late = intent("o1", 60), intent("o2", 60), intent("o3", 1)
+        for i in (kept, dropped, late):
+            [done] = await repo.update(key, [PrepareCommand(i, WRITER, NOW)])
+            assert isinstance(done, Done)
+        await repo.update(key, [UploadedCommand("o1", NOW)])
+        [committed] = await repo.update(key, [CommitCommand(kept, 3, "ab" * 32, NOW)])
+        assert isinstance(committed, Done) and committed.answer.sequence == 1
+        await repo.update(key, [AbortCommand("o2", NOW)])
+        stored = await repo.intent(key, "o1")
+        assert (stored.state, stored.sequence, stored.schema) == (
+            "committed",
+            1,
+            {"type": "object"},
+        )
+        assert stored.receipt == kept.receipt and stored.expires_at == kept.expires_at
+        assert (await repo.intent(key, "o2")).state == "aborted"
+        assert await repo.intent(key, "nope") is None
+        expired = await repo.expired_intents(NOW + timedelta(seconds=5), 100)
+        assert (key, "o3") in expired and (key, "o1") not in expired
+        _, records = await repo.page(key, 0, 10)
+        assert records[0].size == 3 and b'"object_id":"o1"' in records[0].payload

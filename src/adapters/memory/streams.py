@@ -16,7 +16,18 @@ from application.ports import Command, Outcome, Position, StoredRecord
 from application.retention import expired_prefix
 from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
-from domain.events import Event, decode_event, encode_event
+from domain.events import (
+    Event,
+    ObjectAborted,
+    ObjectCommitted,
+    ObjectExpired,
+    ObjectPrepared,
+    ObjectUploaded,
+    RecordsPruned,
+    decode_event,
+    encode_event,
+)
+from domain.objects import ObjectIntent
 from domain.stream import (
     Stream,
     StreamKey,
@@ -39,6 +50,8 @@ class _Row(msgspec.Struct):
 class MemoryStreams:
     def __init__(self, wake: WakeRegistry | None = None) -> None:
         self._rows: dict[StreamKey, _Row] = {}
+        self._intents: dict[tuple[StreamKey, str], ObjectIntent] = {}
+        self.deletions: list[tuple[StreamKey, str, str, str]] = []  # key, region, storage key, why
         self._locks: defaultdict[StreamKey, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._wake = wake or WakeRegistry()
         self.transactions = 0
@@ -104,11 +117,45 @@ class MemoryStreams:
                 for receipt in changes.receipts:
                     row.receipts[receipt.key] = receipt
                 row.journal.extend(encode_event(e) for e in changes.events)
+                self._project_objects(key, changes.events)
                 row.state = encode_state(stream.state)
                 self._drop_pruned(row, stream.state.earliest)
         if changes.events:
             self._wake.notify(key, stream.head)
         return outcomes
+
+    def _project_objects(self, key: StreamKey, events: list[Event]) -> None:
+        replace = msgspec.structs.replace
+        for event in events:
+            match event:
+                case ObjectPrepared(intent=intent):
+                    self._intents[key, intent.object_id] = intent
+                case ObjectUploaded(object_id=oid):
+                    self._intents[key, oid] = replace(self._intents[key, oid], state="uploaded")
+                case ObjectCommitted(object_id=oid, sequence=sequence):
+                    self._intents[key, oid] = replace(
+                        self._intents[key, oid], state="committed", sequence=sequence
+                    )
+                case ObjectAborted(object_id=oid) | ObjectExpired(object_id=oid):
+                    state = "aborted" if isinstance(event, ObjectAborted) else "expired"
+                    intent = self._intents[key, oid] = replace(self._intents[key, oid], state=state)
+                    self.deletions.append((key, intent.storage_region, intent.storage_key, state))
+                case RecordsPruned(through_sequence=through):
+                    for (k, _), intent in self._intents.items():
+                        if k == key and intent.state == "committed" and intent.sequence <= through:
+                            self.deletions.append(
+                                (key, intent.storage_region, intent.storage_key, "pruned")
+                            )
+
+    async def intent(self, key: StreamKey, object_id: str) -> ObjectIntent | None:
+        return self._intents.get((key, object_id))
+
+    async def expired_intents(self, now: datetime, limit: int) -> list[tuple[StreamKey, str]]:
+        return [
+            (k, oid)
+            for (k, oid), intent in self._intents.items()
+            if intent.state in ("prepared", "uploaded") and intent.expires_at <= now
+        ][:limit]
 
     @staticmethod
     def _drop_pruned(row: _Row, earliest: int) -> None:

@@ -15,6 +15,7 @@ from datetime import datetime
 
 import asyncpg
 
+from adapters.postgres.intents import project_objects, read_expired_intents, read_intent
 from application.deciding import Changes, Receipt, decide_all
 from application.errors import NotFound
 from application.ports import Command, Outcome, Position, StoredRecord
@@ -29,6 +30,7 @@ from domain.events import (
     encode_event,
     event_type,
 )
+from domain.objects import ObjectIntent
 from domain.records import RecordKind
 from domain.stream import (
     Stream,
@@ -227,6 +229,7 @@ class PostgresStreams:
                 pruned = [e for e in changes.events if isinstance(e, RecordsPruned)]
                 if pruned:
                     await conn.execute(_DELETE_PRUNED, *key, pruned[-1].through_sequence)
+                await project_objects(conn, key, changes.events)
         return outcomes
 
     async def expired_through(
@@ -234,6 +237,12 @@ class PostgresStreams:
     ) -> int:
         rows = await self._pool.fetch(_EXPIRED, *key, after, limit)
         return expired_prefix(after, [(r[0], r[1]) for r in rows], cutoff)
+
+    async def intent(self, key: StreamKey, object_id: str) -> ObjectIntent | None:
+        return await read_intent(self._pool, key, object_id)
+
+    async def expired_intents(self, now: datetime, limit: int) -> list[tuple[StreamKey, str]]:
+        return await read_expired_intents(self._pool, now, limit)
 
     async def journal(self, key: StreamKey) -> list[Event]:
         rows = await self._pool.fetch(

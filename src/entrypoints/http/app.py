@@ -19,6 +19,7 @@ from domain.errors import DomainError
 from entrypoints.config import Settings
 from entrypoints.container import Container, start, stop, workers
 from entrypoints.http import problems
+from entrypoints.http.objects import ObjectsController
 from entrypoints.http.streams import REQUEST_BODIES, StreamsController
 from entrypoints.logs import configure_logging
 
@@ -75,7 +76,7 @@ def create_app(container: Container) -> Litestar:
             await stop(container)
 
     app = Litestar(
-        route_handlers=[StreamsController, healthz, readyz],
+        route_handlers=[StreamsController, ObjectsController, healthz, readyz],
         lifespan=[lifespan],
         exception_handlers={
             DomainError: problems.domain_error,

@@ -21,6 +21,7 @@ from application.views import (
 )
 from domain.definition import DefinitionRequest
 from domain.errors import InvalidInput
+from domain.objects import ObjectRequest
 from entrypoints.container import Services
 from entrypoints.http.body import decode_body
 from entrypoints.http.schemas import AckBody, AppendBody, LegalHoldBody
@@ -132,6 +133,7 @@ class StreamsController(Controller):
 
 
 REQUEST_BODIES: dict[str, type] = {
+    "prepareObject": ObjectRequest,
     "createStream": DefinitionRequest,
     "appendRecords": AppendBody,
     "acknowledge": AckBody,

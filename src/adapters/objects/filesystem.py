@@ -1,0 +1,145 @@
+"""Object bodies as files under one root directory (single-node deployments, development).
+
+A put streams to a temporary file beside the final one, counting and hashing each chunk, then
+fsyncs it and renames it over the final path: a reader opens either the whole previous body or
+the whole new one, and a failed or oversized put leaves the key as it was.
+
+`stat` recomputes the SHA-256 from the file rather than reading a sidecar written at put time.
+The commit path takes `stat` as the store's evidence of what is really stored, and a sidecar
+would only repeat what the writer claimed: it could not catch a body truncated or damaged after
+the put, and the body and a sidecar cannot be renamed into place together, so a sidecar could
+describe a different body than the one a concurrent reader opens. Size and digest come from one
+open file descriptor, i.e. one version of the body. The cost is bounded by the largest object
+(32 MiB: tens of milliseconds, usually from the page cache right after the upload) and is paid
+in a worker thread, off the event loop.
+
+All blocking I/O runs in worker threads, one chunk at a time, so memory stays flat."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import BinaryIO
+
+from adapters.objects.keys import RESERVED_MARK, key_segments, prefix_segments
+from application.ports import StoredObject
+from domain.errors import ObjectMissing, ObjectTooLarge
+
+CHUNK_SIZE = 1024 * 1024
+_TEMP_PREFIX = RESERVED_MARK + "upload-"
+
+
+class FilesystemObjectStore:
+    def __init__(self, root: Path) -> None:
+        self._root = Path(root).resolve()
+
+    def path(self, key: str) -> Path:
+        """The file of `key`: always inside the root (ValueError for a key that is not safe)."""
+        return self._root.joinpath(*key_segments(key))
+
+    async def put(self, key: str, chunks: AsyncIterator[bytes], *, max_size: int) -> StoredObject:
+        path = self.path(key)
+        file, temp = await asyncio.to_thread(_create_temp, path)
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > max_size:
+                    raise ObjectTooLarge(f"the body passes {max_size} bytes", max_size=max_size)
+                await asyncio.to_thread(_write, file, digest, chunk)
+            await asyncio.to_thread(_publish, file, temp, path)
+        except BaseException:
+            # Synchronous on purpose: it must run even when the task is being cancelled. The
+            # buffered file's lock makes close wait for a write still running in its thread.
+            file.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
+        return StoredObject(size=size, sha256=digest.digest())
+
+    async def stat(self, key: str) -> StoredObject | None:
+        return await asyncio.to_thread(_stat, self.path(key))
+
+    async def get(self, key: str) -> AsyncIterator[bytes]:
+        path = self.path(key)
+        try:
+            file = await asyncio.to_thread(open, path, "rb")
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ObjectMissing(f"no object is stored at {key!r}") from None
+        try:
+            while chunk := await asyncio.to_thread(file.read, CHUNK_SIZE):
+                yield chunk
+        finally:
+            file.close()
+
+    async def delete(self, key: str) -> None:
+        await asyncio.to_thread(_unlink, self.path(key))
+
+    async def keys(self, prefix: str) -> AsyncIterator[str]:
+        complete, _ = prefix_segments(prefix)
+        # Walk only below the directory the prefix names in full, one directory per thread hop.
+        walker = os.walk(self._root.joinpath(*complete))
+        while (entry := await asyncio.to_thread(next, walker, None)) is not None:
+            directory, subdirectories, files = entry
+            base = os.path.relpath(directory, self._root).replace(os.sep, "/")
+            base = "" if base == "." else base + "/"
+            subdirectories[:] = sorted(
+                name
+                for name in subdirectories
+                if not name.startswith(RESERVED_MARK) and _may_hold(base + name + "/", prefix)
+            )
+            for name in sorted(files):
+                key = base + name
+                if not name.startswith(RESERVED_MARK) and key.startswith(prefix):
+                    yield key
+
+
+def _may_hold(directory: str, prefix: str) -> bool:
+    return directory.startswith(prefix) or prefix.startswith(directory)
+
+
+def _create_temp(path: Path) -> tuple[BinaryIO, str]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=path.parent)
+    return os.fdopen(descriptor, "wb"), temp
+
+
+def _write(file: BinaryIO, digest: hashlib._Hash, chunk: bytes) -> None:
+    digest.update(chunk)
+    file.write(chunk)
+
+
+def _publish(file: BinaryIO, temp: str, path: Path) -> None:
+    with file:
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temp, path)
+    # The rename itself is durable only once the directory entry is on disk.
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def _stat(path: Path) -> StoredObject | None:
+    try:
+        file = open(path, "rb")  # noqa: SIM115 - closed below, after the fstat and the hashing
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    with file:
+        size = os.fstat(file.fileno()).st_size
+        digest = hashlib.file_digest(file, "sha256")
+    return StoredObject(size=size, sha256=digest.digest())
+
+
+def _unlink(path: Path) -> None:
+    # Empty directories stay: removing one could race a put that has just created it.
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        os.unlink(path)

@@ -1,0 +1,56 @@
+"""An in-memory object store for unit tests, held to the same contract as the real ones."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+
+from adapters.objects.keys import key_segments, prefix_segments
+from application.ports import StoredObject
+from domain.errors import ObjectMissing, ObjectTooLarge
+
+CHUNK_SIZE = 1024 * 1024
+
+
+class MemoryObjectStore:
+    def __init__(self) -> None:
+        self._bodies: dict[str, bytes] = {}
+
+    async def put(self, key: str, chunks: AsyncIterator[bytes], *, max_size: int) -> StoredObject:
+        key_segments(key)
+        parts: list[bytes] = []
+        size = 0
+        digest = hashlib.sha256()
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > max_size:
+                raise ObjectTooLarge(f"the body passes {max_size} bytes", max_size=max_size)
+            digest.update(chunk)
+            parts.append(chunk)
+        self._bodies[key] = b"".join(parts)  # one assignment: the whole old body or the new one
+        return StoredObject(size=size, sha256=digest.digest())
+
+    async def stat(self, key: str) -> StoredObject | None:
+        key_segments(key)
+        body = self._bodies.get(key)
+        if body is None:
+            return None
+        return StoredObject(size=len(body), sha256=hashlib.sha256(body).digest())
+
+    async def get(self, key: str) -> AsyncIterator[bytes]:
+        key_segments(key)
+        body = self._bodies.get(key)
+        if body is None:
+            raise ObjectMissing(f"no object is stored at {key!r}")
+        for start in range(0, len(body), CHUNK_SIZE):
+            yield body[start : start + CHUNK_SIZE]
+
+    async def delete(self, key: str) -> None:
+        key_segments(key)
+        self._bodies.pop(key, None)
+
+    async def keys(self, prefix: str) -> AsyncIterator[str]:
+        prefix_segments(prefix)
+        for key in sorted(self._bodies):
+            if key.startswith(prefix):
+                yield key

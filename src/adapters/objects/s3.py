@@ -1,0 +1,263 @@
+"""Object bodies in an S3 bucket (AWS S3, MinIO, or any S3 API), streamed through aioboto3.
+
+A put never holds more than one part (8 MiB) of the body. A body that fits in one part goes by a
+single PutObject; a longer one by a multipart upload to a temporary key under `.uploads/`, then
+a server-side CopyObject onto the final key. The copy is needed because S3 takes an object's
+metadata when the upload starts, before the SHA-256 of the whole body is known; copying also
+keeps the final key atomic (a reader sees the whole previous body or the whole new one, never a
+body without its digest), and an upload that fails or passes `max_size` is aborted without ever
+touching the final key. Buckets should expire `.uploads/` and abort incomplete multipart uploads
+after a day (a lifecycle rule) to collect what a crashed process leaves behind.
+
+Evidence for `stat`, best first:
+1. S3's own full-object SHA-256 (`ChecksumSHA256` without a part count). We send our digest as
+   `ChecksumSHA256` with PutObject, and AWS rejects a body that does not match it; CopyObject
+   with `ChecksumAlgorithm=SHA256` makes the store compute it over the copied object.
+2. The `x-amz-meta-sha256` we write with every body, when the store keeps no full-object SHA-256
+   (a composite multipart checksum is not one). This trusts that only this service writes the
+   bucket: the metadata is written in the same atomic request as the body, so it describes that
+   body unless someone else overwrites the object.
+3. Otherwise, the digest is computed by reading the body (at most one object's size)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aioboto3
+from botocore.exceptions import ClientError
+
+from adapters.objects.keys import RESERVED_MARK, key_segments, prefix_segments
+from application.ports import StoredObject
+from domain.errors import ObjectMissing, ObjectTooLarge
+
+PART_SIZE = 8 * 1024 * 1024  # S3's minimum is 5 MiB for every part but the last
+CHUNK_SIZE = 1024 * 1024
+UPLOADS = RESERVED_MARK + "uploads/"
+_SHA256 = "sha256"  # stored as x-amz-meta-sha256 (hex)
+_MISSING = {"404", "NoSuchKey", "NotFound"}
+
+
+class S3ObjectStore:
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        session: aioboto3.Session | None = None,
+    ) -> None:
+        self._bucket = bucket
+        self._endpoint_url = endpoint_url
+        self._region_name = region_name
+        self._session = session or aioboto3.Session()
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._s3: Any = None
+
+    async def start(self) -> None:
+        """Open the one client every call shares (its connection pool included)."""
+        if self._stack is not None:
+            return
+        stack = contextlib.AsyncExitStack()
+        self._s3 = await stack.enter_async_context(
+            self._session.client(
+                "s3", endpoint_url=self._endpoint_url, region_name=self._region_name
+            )
+        )
+        self._stack = stack
+
+    async def close(self) -> None:
+        stack, self._stack, self._s3 = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def __aenter__(self) -> S3ObjectStore:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    @property
+    def _client(self) -> Any:
+        if self._s3 is None:
+            raise RuntimeError("S3ObjectStore.start() has not been awaited")
+        return self._s3
+
+    async def put(self, key: str, chunks: AsyncIterator[bytes], *, max_size: int) -> StoredObject:
+        key_segments(key)
+        s3 = self._client
+        digest = hashlib.sha256()
+        size = 0
+        part = bytearray()
+        upload: _Multipart | None = None
+        try:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > max_size:
+                    raise ObjectTooLarge(f"the body passes {max_size} bytes", max_size=max_size)
+                digest.update(chunk)
+                part += chunk
+                if len(part) >= PART_SIZE:
+                    if upload is None:
+                        upload = await _Multipart.create(s3, self._bucket)
+                    await upload.send(bytes(part))
+                    part.clear()
+            if upload is None:
+                await s3.put_object(
+                    Bucket=self._bucket,
+                    Key=key,
+                    Body=bytes(part),
+                    ChecksumSHA256=_b64(digest.digest()),
+                    Metadata={_SHA256: digest.hexdigest()},
+                )
+                return StoredObject(size=size, sha256=digest.digest())
+            if part:
+                await upload.send(bytes(part))
+            await upload.complete()
+        except BaseException:
+            if upload is not None:
+                await upload.discard()
+            raise
+        try:
+            await self._copy(upload.key, key, digest.digest())
+        finally:
+            await upload.discard()
+        return StoredObject(size=size, sha256=digest.digest())
+
+    async def _copy(self, source: str, key: str, sha256: bytes) -> None:
+        answer = await self._client.copy_object(
+            Bucket=self._bucket,
+            Key=key,
+            CopySource={"Bucket": self._bucket, "Key": source},
+            MetadataDirective="REPLACE",
+            Metadata={_SHA256: sha256.hex()},
+            ChecksumAlgorithm="SHA256",
+        )
+        stored = answer.get("CopyObjectResult", {}).get("ChecksumSHA256")
+        if stored is not None and _full_object(stored) and stored != _b64(sha256):
+            raise OSError(f"S3 stored a different body at {key!r} than the one sent")
+
+    async def stat(self, key: str) -> StoredObject | None:
+        key_segments(key)
+        try:
+            head = await self._client.head_object(
+                Bucket=self._bucket, Key=key, ChecksumMode="ENABLED"
+            )
+        except ClientError as error:
+            if _code(error) in _MISSING:
+                return None
+            raise
+        size = head["ContentLength"]
+        checksum = head.get("ChecksumSHA256")
+        if checksum and _full_object(checksum) and head.get("ChecksumType") != "COMPOSITE":
+            return StoredObject(size=size, sha256=base64.b64decode(checksum))
+        claimed = head.get("Metadata", {}).get(_SHA256)
+        if claimed:
+            return StoredObject(size=size, sha256=bytes.fromhex(claimed))
+        digest = hashlib.sha256()
+        counted = 0
+        try:
+            async for chunk in self.get(key):
+                digest.update(chunk)
+                counted += len(chunk)
+        except ObjectMissing:
+            return None
+        return StoredObject(size=counted, sha256=digest.digest())
+
+    async def get(self, key: str) -> AsyncIterator[bytes]:
+        key_segments(key)
+        try:
+            answer = await self._client.get_object(Bucket=self._bucket, Key=key)
+        except ClientError as error:
+            if _code(error) in _MISSING:
+                raise ObjectMissing(f"no object is stored at {key!r}") from None
+            raise
+        body = answer["Body"]
+        try:
+            async for chunk in body.iter_chunks(CHUNK_SIZE):
+                yield chunk
+        finally:
+            body.close()
+
+    async def delete(self, key: str) -> None:
+        key_segments(key)
+        await self._client.delete_object(Bucket=self._bucket, Key=key)  # S3: absent is fine
+
+    async def keys(self, prefix: str) -> AsyncIterator[str]:
+        prefix_segments(prefix)
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self._bucket, Prefix=prefix
+        )
+        async for page in pages:
+            for item in page.get("Contents", ()):
+                if not item["Key"].startswith(UPLOADS):
+                    yield item["Key"]
+
+
+class _Multipart:
+    """One multipart upload to a temporary key, each part checked by S3 against its SHA-256."""
+
+    def __init__(self, s3: Any, bucket: str, key: str, upload_id: str) -> None:
+        self._s3 = s3
+        self._bucket = bucket
+        self.key = key
+        self._upload_id = upload_id
+        self._parts: list[dict[str, Any]] = []
+        self._completed = False
+
+    @classmethod
+    async def create(cls, s3: Any, bucket: str) -> _Multipart:
+        key = UPLOADS + secrets.token_hex(16)
+        answer = await s3.create_multipart_upload(
+            Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256"
+        )
+        return cls(s3, bucket, key, answer["UploadId"])
+
+    async def send(self, body: bytes) -> None:
+        number = len(self._parts) + 1
+        checksum = _b64(hashlib.sha256(body).digest())
+        answer = await self._s3.upload_part(
+            Bucket=self._bucket,
+            Key=self.key,
+            UploadId=self._upload_id,
+            PartNumber=number,
+            Body=body,
+            ChecksumSHA256=checksum,
+        )
+        self._parts.append({"PartNumber": number, "ETag": answer["ETag"], "ChecksumSHA256": checksum})
+
+    async def complete(self) -> None:
+        await self._s3.complete_multipart_upload(
+            Bucket=self._bucket,
+            Key=self.key,
+            UploadId=self._upload_id,
+            MultipartUpload={"Parts": self._parts},
+        )
+        self._completed = True
+
+    async def discard(self) -> None:
+        """Abort the upload, or delete its temporary object once completed; never raises."""
+        with contextlib.suppress(Exception):
+            if self._completed:
+                await self._s3.delete_object(Bucket=self._bucket, Key=self.key)
+            else:
+                await self._s3.abort_multipart_upload(
+                    Bucket=self._bucket, Key=self.key, UploadId=self._upload_id
+                )
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+def _full_object(checksum: str) -> bool:
+    return "-" not in checksum  # a composite checksum ends in "-<number of parts>"
+
+
+def _code(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))

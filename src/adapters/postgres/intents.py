@@ -1,0 +1,116 @@
+"""The object-intent projection and the deletion outbox, written in the stream's transaction."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+import msgspec
+
+from domain.events import (
+    Event,
+    ObjectAborted,
+    ObjectCommitted,
+    ObjectExpired,
+    ObjectPrepared,
+    ObjectUploaded,
+    RecordsPruned,
+)
+from domain.objects import AuthorizationReceipt, ObjectIntent
+from domain.stream import StreamKey
+
+_KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
+_encode = msgspec.json.Encoder().encode
+_receipt = msgspec.json.Decoder(AuthorizationReceipt)
+
+_INSERT = """
+INSERT INTO object_intents
+    (tenant, run_id, stream_id, object_id, idempotency_key, state, size, sha256, content_type,
+     schema, storage_region, storage_key, receipt, expires_at, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, 'prepared', $6, $7, $8, $9, $10, $11, $12, $13, $14, $14)
+"""
+_STATE = f"""
+UPDATE object_intents SET state = $5, sequence = coalesce($6, sequence), updated_at = $7
+WHERE {_KEY} AND object_id = $4
+"""
+_QUEUE_ONE = f"""
+INSERT INTO deletion_outbox (tenant, run_id, stream_id, storage_region, storage_key, reason)
+SELECT tenant, run_id, stream_id, storage_region, storage_key, $5 FROM object_intents
+WHERE {_KEY} AND object_id = $4
+ON CONFLICT (storage_region, storage_key) DO NOTHING
+"""
+_QUEUE_PRUNED = f"""
+INSERT INTO deletion_outbox (tenant, run_id, stream_id, storage_region, storage_key, reason)
+SELECT tenant, run_id, stream_id, storage_region, storage_key, 'pruned' FROM object_intents
+WHERE {_KEY} AND state = 'committed' AND sequence <= $4
+ON CONFLICT (storage_region, storage_key) DO NOTHING
+"""
+_SELECT = f"""
+SELECT object_id, idempotency_key, state, size, sha256, content_type, schema, storage_region,
+       storage_key, receipt, expires_at, created_at, sequence
+FROM object_intents WHERE {_KEY} AND object_id = $4
+"""
+_EXPIRED = """
+SELECT tenant, run_id, stream_id, object_id FROM object_intents
+WHERE state IN ('prepared', 'uploaded') AND expires_at <= $1
+ORDER BY expires_at LIMIT $2
+"""
+
+
+async def project_objects(conn: asyncpg.Connection, key: StreamKey, events: list[Event]) -> None:
+    for event in events:
+        match event:
+            case ObjectPrepared(intent=i):
+                await conn.execute(
+                    _INSERT,
+                    *key,
+                    i.object_id,
+                    i.idempotency_key,
+                    i.size,
+                    bytes.fromhex(i.sha256),
+                    i.content_type,
+                    _encode(i.schema),
+                    i.storage_region,
+                    i.storage_key,
+                    _encode(i.receipt),
+                    i.expires_at,
+                    i.created_at,
+                )
+            case ObjectUploaded(object_id=oid):
+                await conn.execute(_STATE, *key, oid, "uploaded", None, event.at)
+            case ObjectCommitted(object_id=oid, sequence=sequence):
+                await conn.execute(_STATE, *key, oid, "committed", sequence, event.at)
+            case ObjectAborted(object_id=oid) | ObjectExpired(object_id=oid):
+                state = "aborted" if isinstance(event, ObjectAborted) else "expired"
+                await conn.execute(_STATE, *key, oid, state, None, event.at)
+                await conn.execute(_QUEUE_ONE, *key, oid, state)
+            case RecordsPruned(through_sequence=through):
+                await conn.execute(_QUEUE_PRUNED, *key, through)
+
+
+async def read_intent(pool: asyncpg.Pool, key: StreamKey, object_id: str) -> ObjectIntent | None:
+    row = await pool.fetchrow(_SELECT, *key, object_id)
+    if row is None:
+        return None
+    return ObjectIntent(
+        object_id=row[0],
+        idempotency_key=row[1],
+        state=row[2],
+        size=row[3],
+        sha256=row[4].hex(),
+        content_type=row[5],
+        schema=msgspec.json.decode(row[6]) if row[6] is not None else None,
+        storage_region=row[7],
+        storage_key=row[8],
+        receipt=_receipt.decode(row[9]),
+        expires_at=row[10],
+        created_at=row[11],
+        sequence=row[12],
+    )
+
+
+async def read_expired_intents(
+    pool: asyncpg.Pool, now: datetime, limit: int
+) -> list[tuple[StreamKey, str]]:
+    rows = await pool.fetch(_EXPIRED, now, limit)
+    return [(StreamKey(r[0], r[1], r[2]), r[3]) for r in rows]

@@ -1,0 +1,338 @@
+"""Large objects: prepare, upload, commit, abort, read — recoverable delivery of bodies.
+
+A body goes to the store of a region the stream pins, under a key the server chooses. Its record
+becomes visible only when the commit finds the store's evidence (size and SHA-256 of what is
+really stored) equal to the intent, and then it is appended under the stream-row lock with the
+same credit rules as any record. Every step is safe to repeat: prepare by idempotency key, commit
+by object ID (a repeat returns the original sequence)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+
+import msgspec
+
+from application.access import Caller, require_reader, require_writer
+from application.definitions import Definitions
+from application.errors import Forbidden, NotFound
+from application.group_commit import GroupCommit, run_one
+from application.placement import Misdirected
+from application.ports import Clock, Idempotency, ObjectIntents, ObjectStore
+from domain import errors
+from domain.events import Event, ObjectCommitted
+from domain.ids import check_id
+from domain.objects import AuthorizationReceipt, ObjectIntent, ObjectReference, ObjectRequest
+from domain.records import NewRecord, RecordKind
+from domain.stream import Stream, StreamKey
+
+_encode = msgspec.json.Encoder().encode
+
+
+class ObjectStores:
+    """The object store of each region this deployment may write bodies to."""
+
+    def __init__(self, stores: dict[str, ObjectStore]) -> None:
+        self._stores = stores
+
+    def pick(self, object_regions: tuple[str, ...]) -> str:
+        for region in object_regions:
+            if region in self._stores:
+                return region
+        raise Misdirected(
+            f"no object store here serves the stream's object regions {list(object_regions)}",
+            object_regions=list(object_regions),
+        )
+
+    def store(self, region: str) -> ObjectStore:
+        store = self._stores.get(region)
+        if store is None:
+            raise Misdirected(f"no object store here serves region {region!r}")
+        return store
+
+
+def object_id_for(key: StreamKey, idempotency_key: str) -> str:
+    """Deterministic, so concurrent prepares with one key meet on one intent under the lock."""
+    digest = hashlib.sha256("\x00".join((*key, idempotency_key)).encode()).hexdigest()
+    return "obj-" + digest[:32]
+
+
+class ObjectView(msgspec.Struct, frozen=True):
+    object_id: str
+    state: str
+    size: int
+    sha256: str
+    content_type: str
+    schema: object
+    expires_at: datetime
+    created_at: datetime
+    sequence: int | None
+    upload: dict[str, str] | None = None
+
+
+def object_view(intent: ObjectIntent, upload_url: str | None = None) -> ObjectView:
+    return ObjectView(
+        object_id=intent.object_id,
+        state=intent.state,
+        size=intent.size,
+        sha256=intent.sha256,
+        content_type=intent.content_type,
+        schema=intent.schema,
+        expires_at=intent.expires_at,
+        created_at=intent.created_at,
+        sequence=intent.sequence,
+        upload={"method": "PUT", "url": upload_url} if upload_url else None,
+    )
+
+
+class CommitAnswer(msgspec.Struct, frozen=True):
+    sequence: int
+    object_id: str
+
+
+class _ObjectCommand:
+    idempotency: Idempotency | None = None
+    records: tuple[NewRecord, ...] = ()
+    offset_of = None
+
+    def answer(self, stream: Stream, events: list[Event]) -> object:
+        return None
+
+
+class PrepareCommand(_ObjectCommand):
+    def __init__(self, intent: ObjectIntent, caller: Caller, now: datetime) -> None:
+        self.intent, self.caller, self.now = intent, caller, now
+
+    def decide(self, stream: Stream, offset: int | None) -> list[Event]:
+        require_writer(self.caller, stream.definition)
+        return stream.prepare_object(self.intent, self.now)
+
+    def answer(self, stream: Stream, events: list[Event]) -> object:
+        return stream.state.objects.get(self.intent.object_id)
+
+
+class UploadedCommand(_ObjectCommand):
+    def __init__(self, object_id: str, now: datetime) -> None:
+        self.object_id, self.now = object_id, now
+
+    def decide(self, stream: Stream, offset: int | None) -> list[Event]:
+        return stream.mark_uploaded(self.object_id, self.now)
+
+
+class CommitCommand(_ObjectCommand):
+    def __init__(
+        self, intent: ObjectIntent, stored_size: int, stored_sha256: str, now: datetime
+    ) -> None:
+        self.intent, self.now = intent, now
+        self.stored_size, self.stored_sha256 = stored_size, stored_sha256
+        reference = ObjectReference(
+            object_id=intent.object_id,
+            size=intent.size,
+            sha256=intent.sha256,
+            content_type=intent.content_type,
+            schema=intent.schema,
+        )
+        self.records = (
+            NewRecord(
+                kind=RecordKind.OBJECT,
+                content_type=intent.content_type,
+                payload=_encode(reference),
+                body_size=intent.size,
+            ),
+        )
+
+    def decide(self, stream: Stream, offset: int | None) -> list[Event]:
+        return stream.commit_object(
+            self.intent.object_id,
+            self.stored_size,
+            self.stored_sha256,
+            self.records[0],
+            self.now,
+        )
+
+    def answer(self, stream: Stream, events: list[Event]) -> object:
+        committed = events[-1]
+        assert isinstance(committed, ObjectCommitted)
+        return CommitAnswer(sequence=committed.sequence, object_id=committed.object_id)
+
+
+class AbortCommand(_ObjectCommand):
+    def __init__(self, object_id: str, now: datetime) -> None:
+        self.object_id, self.now = object_id, now
+
+    def decide(self, stream: Stream, offset: int | None) -> list[Event]:
+        return stream.abort_object(self.object_id, self.now)
+
+
+class ExpireCommand(_ObjectCommand):
+    def __init__(self, object_id: str, now: datetime) -> None:
+        self.object_id, self.now = object_id, now
+
+    def decide(self, stream: Stream, offset: int | None) -> list[Event]:
+        return stream.expire_object(self.object_id, self.now)
+
+
+class Objects:
+    """Every object use case; they share the lookups and the checks of who may do what."""
+
+    def __init__(
+        self,
+        definitions: Definitions,
+        intents: ObjectIntents,
+        commits: GroupCommit,
+        stores: ObjectStores,
+        clock: Clock,
+    ) -> None:
+        self._definitions = definitions
+        self._intents = intents
+        self._commits = commits
+        self._stores = stores
+        self._clock = clock
+
+    async def _intent(self, key: StreamKey, object_id: str) -> ObjectIntent:
+        check_id("objectID", object_id)
+        intent = await self._intents.intent(key, object_id)
+        if intent is None:
+            raise NotFound(f"no object {object_id!r} on stream {key.stream_id!r}")
+        return intent
+
+    async def _own(self, caller: Caller, run_id: str, stream_id: str, object_id: str):
+        """Upload, commit and abort belong to the principal of the authorization receipt."""
+        caller.require("streams:write")
+        key = caller.key(run_id, stream_id)
+        await self._definitions.get(key)
+        intent = await self._intent(key, object_id)
+        if intent.receipt.principal != caller.principal:
+            raise Forbidden("only the principal that prepared this object may change it")
+        return key, intent
+
+    async def prepare(
+        self, caller: Caller, run_id: str, stream_id: str, request: ObjectRequest
+    ) -> tuple[ObjectView, bool]:
+        caller.require("streams:write")
+        key = caller.key(run_id, stream_id)
+        definition = await self._definitions.get(key)
+        require_writer(caller, definition)
+        object_id = object_id_for(key, request.idempotency_key)
+        existing = await self._intents.intent(key, object_id)
+        if existing is not None:
+            if not existing.same_request(request):
+                raise errors.IdempotencyKeyReused(
+                    f"idempotency_key {request.idempotency_key!r} was used with other fields"
+                )
+            return object_view(existing), False
+        now = self._clock()
+        region = self._stores.pick(definition.placement.object_regions)
+        intent = ObjectIntent(
+            object_id=object_id,
+            idempotency_key=request.idempotency_key,
+            state="prepared",
+            size=request.size,
+            sha256=request.sha256,
+            content_type=request.content_type,
+            schema=request.schema,
+            storage_region=region,
+            storage_key="/".join((*key, object_id)),
+            receipt=AuthorizationReceipt(
+                principal=caller.principal, scopes=tuple(sorted(caller.scopes)), decided_at=now
+            ),
+            expires_at=now + timedelta(seconds=request.expires_in_seconds),
+            created_at=now,
+        )
+        stored = await run_one(self._commits, key, PrepareCommand(intent, caller, now))
+        created = stored is not None and stored.created_at == now
+        return object_view(stored or intent), created
+
+    async def upload(
+        self,
+        caller: Caller,
+        run_id: str,
+        stream_id: str,
+        object_id: str,
+        chunks: AsyncIterator[bytes],
+    ) -> ObjectView:
+        key, intent = await self._own(caller, run_id, stream_id, object_id)
+        if intent.state != "prepared":
+            raise errors.ObjectStateConflict(f"object {object_id!r} is {intent.state}")
+        if intent.expires_at <= self._clock():
+            raise errors.ObjectStateConflict(f"object {object_id!r} expired")
+        store = self._stores.store(intent.storage_region)
+        stored = await store.put(intent.storage_key, chunks, max_size=intent.size)
+        if stored.size != intent.size:
+            await store.delete(intent.storage_key)
+            raise errors.SizeMismatch(
+                f"received {stored.size} bytes; the intent pins {intent.size}",
+                received=stored.size,
+                expected=intent.size,
+            )
+        if stored.sha256.hex() != intent.sha256:
+            await store.delete(intent.storage_key)
+            raise errors.DigestMismatch("the body's SHA-256 is not the one prepared")
+        await run_one(self._commits, key, UploadedCommand(object_id, self._clock()))
+        return object_view(await self._intent(key, object_id))
+
+    async def commit(
+        self, caller: Caller, run_id: str, stream_id: str, object_id: str
+    ) -> tuple[CommitAnswer, bool]:
+        """The answer, and whether this commit appended the record (False: a repeat)."""
+        key, intent = await self._own(caller, run_id, stream_id, object_id)
+        if intent.state == "committed":
+            assert intent.sequence is not None
+            return CommitAnswer(sequence=intent.sequence, object_id=object_id), False
+        if intent.state in ("aborted", "expired"):
+            raise errors.ObjectStateConflict(f"object {object_id!r} is {intent.state}")
+        evidence = await self._stores.store(intent.storage_region).stat(intent.storage_key)
+        if evidence is None:
+            raise errors.ObjectStateConflict(f"no body is stored for object {object_id!r}")
+        command = CommitCommand(intent, evidence.size, evidence.sha256.hex(), self._clock())
+        try:
+            return await run_one(self._commits, key, command), True
+        except errors.ObjectStateConflict:
+            again = await self._intent(key, object_id)  # committed meanwhile by a twin request
+            if again.state == "committed" and again.sequence is not None:
+                return CommitAnswer(sequence=again.sequence, object_id=object_id), False
+            raise
+
+    async def abort(
+        self, caller: Caller, run_id: str, stream_id: str, object_id: str
+    ) -> ObjectView:
+        key, intent = await self._own(caller, run_id, stream_id, object_id)
+        if intent.state == "committed":
+            raise errors.ObjectStateConflict(f"object {object_id!r} is committed")
+        if intent.state in ("prepared", "uploaded"):
+            # If it left the open state meanwhile, report what it is now.
+            with contextlib.suppress(errors.ObjectStateConflict):
+                await run_one(self._commits, key, AbortCommand(object_id, self._clock()))
+        return object_view(await self._intent(key, object_id))
+
+    async def describe(
+        self, caller: Caller, run_id: str, stream_id: str, object_id: str
+    ) -> ObjectView:
+        caller.require("streams:read")
+        key = caller.key(run_id, stream_id)
+        require_reader(caller, await self._definitions.get(key))
+        return object_view(await self._intent(key, object_id))
+
+    async def download(
+        self, caller: Caller, run_id: str, stream_id: str, object_id: str
+    ) -> tuple[ObjectIntent, AsyncIterator[bytes]]:
+        caller.require("streams:read")
+        key = caller.key(run_id, stream_id)
+        require_reader(caller, await self._definitions.get(key, delivers_data=True))
+        intent = await self._intent(key, object_id)
+        if intent.state != "committed":
+            raise errors.ObjectStateConflict(
+                f"object {object_id!r} is {intent.state}: only committed bodies are served"
+            )
+        return intent, self._stores.store(intent.storage_region).get(intent.storage_key)
+
+    async def expire_due(self, limit: int = 100) -> int:
+        """The orphan sweeper: expire open intents past their expiry (their bodies are queued
+        for deletion with the event). Idempotent, so sweepers may race."""
+        now = self._clock()
+        due = await self._intents.expired_intents(now, limit)
+        for key, object_id in due:
+            await run_one(self._commits, key, ExpireCommand(object_id, now))
+        return len(due)

@@ -1,0 +1,71 @@
+"""Large-object intents: prepared -> uploaded -> committed, or aborted / expired.
+
+An intent pins everything a later step checks: scope, idempotency key, digest, size, content
+type, schema, the authorization receipt (who decided, with which scopes, when), its expiry and the
+server-owned storage key. Open intents (prepared or uploaded) live in the stream's state so the
+commit that turns one into a record is decided under the same row lock as every append."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from domain.definition import MAX_OBJECT_BYTES
+
+ObjectState = Literal["prepared", "uploaded", "committed", "aborted", "expired"]
+Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+
+
+class AuthorizationReceipt(msgspec.Struct, frozen=True):
+    principal: str
+    scopes: tuple[str, ...]
+    decided_at: datetime
+
+
+class ObjectRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A prepare body."""
+
+    idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+    size: Annotated[int, msgspec.Meta(ge=0, le=MAX_OBJECT_BYTES)]
+    sha256: Sha256Hex
+    content_type: Annotated[str, msgspec.Meta(min_length=1, max_length=255)] = (
+        "application/octet-stream"
+    )
+    schema: Any = None
+    expires_in_seconds: Annotated[int, msgspec.Meta(ge=1, le=7 * 24 * 3600)] = 3600
+
+
+class ObjectIntent(msgspec.Struct, frozen=True):
+    object_id: str
+    idempotency_key: str
+    state: ObjectState
+    size: int
+    sha256: str
+    content_type: str
+    schema: Any
+    storage_region: str
+    storage_key: str
+    receipt: AuthorizationReceipt
+    expires_at: datetime
+    created_at: datetime
+    sequence: int | None = None
+
+    def same_request(self, request: ObjectRequest | ObjectIntent) -> bool:
+        return (
+            self.size == request.size
+            and self.sha256 == request.sha256
+            and self.content_type == request.content_type
+            and self.schema == request.schema
+        )
+
+
+class ObjectReference(msgspec.Struct, frozen=True):
+    """What a committed object's record carries instead of inline data."""
+
+    object_id: str
+    size: int
+    sha256: str
+    content_type: str
+    schema: Any

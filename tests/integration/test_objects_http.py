@@ -1,0 +1,230 @@
+"""Large objects through the HTTP API on PostgreSQL and the filesystem store, with real workers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import os
+from collections.abc import Iterator
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, api_client
+from tests.support.server import ServerProcess, WorkerProcess
+
+BODY = os.urandom(3 * 1024 * 1024 + 17)  # several chunks, not a round number
+
+
+def prepare_body(body: bytes = BODY, key: str = "k1", **extra) -> dict:
+    return {
+        "idempotency_key": key,
+        "size": len(body),
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "content_type": "application/octet-stream",
+        **extra,
+    }
+
+
+async def new_stream(api: httpx.AsyncClient, run_id: str, **definition) -> str:
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "o", "direction": "output", **definition}
+    )
+    assert created.status_code == 201, created.text
+    return f"/runs/{run_id}/streams/o"
+
+
+async def test_the_whole_lifecycle_over_http(api: httpx.AsyncClient, run_id: str) -> None:
+    path = await new_stream(api, run_id)
+    prepared = await api.post(f"{path}/objects", json=prepare_body())
+    assert prepared.status_code == 201, prepared.text
+    intent = prepared.json()
+    assert intent["state"] == "prepared" and intent["upload"]["method"] == "PUT"
+    assert intent["upload"]["url"].endswith(f"/objects/{intent['object_id']}/body")
+    again = await api.post(f"{path}/objects", json=prepare_body())
+    assert again.status_code == 200 and again.json()["object_id"] == intent["object_id"]
+    other = await api.post(f"{path}/objects", json=prepare_body(body=b"x"))
+    assert other.status_code == 422 and other.json()["code"] == "idempotency-key-reused"
+
+    body_path = f"{path}/objects/{intent['object_id']}"
+    early = await api.post(f"{body_path}/commit")
+    assert early.status_code == 409 and early.json()["code"] == "object-state-conflict"
+    uploaded = await api.put(f"{body_path}/body", content=BODY)
+    assert uploaded.status_code == 200, uploaded.text
+    assert uploaded.json()["state"] == "uploaded"
+    not_yet = await api.get(f"{body_path}/body")
+    assert not_yet.status_code == 409
+
+    committed = await api.post(f"{body_path}/commit")
+    assert committed.status_code == 201, committed.text
+    sequence = committed.json()["sequence"]
+    repeated = await api.post(f"{body_path}/commit")
+    assert repeated.status_code == 200 and repeated.json()["sequence"] == sequence
+    assert (await api.post(f"{body_path}/abort")).status_code == 409
+
+    page = (await api.get(f"{path}/records")).json()
+    [record] = page["records"]
+    assert record["sequence"] == sequence and record["size"] == len(BODY)
+    assert record["object"]["object_id"] == intent["object_id"]
+    assert record["object"]["sha256"] == hashlib.sha256(BODY).hexdigest()
+
+    download = await api.get(f"{body_path}/body")
+    assert download.status_code == 200
+    assert download.content == BODY
+    assert download.headers["content-length"] == str(len(BODY))
+    digest = base64.b64encode(hashlib.sha256(BODY).digest()).decode()
+    assert download.headers["repr-digest"] == f"sha-256=:{digest}:"
+
+
+async def test_a_mismatched_upload_is_422_and_the_intent_stays_prepared(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    path = await new_stream(api, run_id)
+    intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
+    body_path = f"{path}/objects/{intent['object_id']}"
+    tampered = BODY[:-1] + bytes([BODY[-1] ^ 1])
+    bad = await api.put(f"{body_path}/body", content=tampered)
+    assert bad.status_code == 422 and bad.json()["code"] == "digest-mismatch"
+    short = await api.put(f"{body_path}/body", content=BODY[:-5])
+    assert short.status_code == 422 and short.json()["code"] == "size-mismatch"
+    long = await api.put(f"{body_path}/body", content=BODY + b"extra")
+    assert long.status_code == 413 and long.json()["code"] == "object-too-large"
+    assert (await api.get(body_path)).json()["state"] == "prepared"
+    assert (await api.put(f"{body_path}/body", content=BODY)).status_code == 200
+
+
+async def test_objects_over_32_mib_are_refused_at_prepare(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    path = await new_stream(api, run_id)
+    fields = prepare_body()
+    fields["size"] = 32 * 1024 * 1024 + 1
+    refused = await api.post(f"{path}/objects", json=fields)
+    assert refused.status_code in (400, 413)
+    assert refused.json()["code"] in ("invalid-input", "object-too-large")
+
+
+async def test_only_the_preparing_principal_may_touch_the_intent(
+    api: httpx.AsyncClient, tokens, server: ServerProcess, run_id: str
+) -> None:
+    path = await new_stream(api, run_id)
+    intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
+    body_path = f"{path}/objects/{intent['object_id']}"
+    async with api_client(server, await tokens.create(principal="mallory")) as mallory:
+        assert (await mallory.put(f"{body_path}/body", content=BODY)).status_code == 403
+        assert (await mallory.post(f"{body_path}/commit")).status_code == 403
+        assert (await mallory.post(f"{body_path}/abort")).status_code == 403
+        assert (await mallory.get(body_path)).status_code == 200  # readers may look
+
+
+async def test_a_closed_stream_refuses_commit(api: httpx.AsyncClient, run_id: str) -> None:
+    path = await new_stream(api, run_id)
+    intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
+    body_path = f"{path}/objects/{intent['object_id']}"
+    assert (await api.put(f"{body_path}/body", content=BODY)).status_code == 200
+    await api.post(f"{path}/close")
+    refused = await api.post(f"{body_path}/commit")
+    assert refused.status_code == 409 and refused.json()["code"] == "stream-closed"
+
+
+@pytest.fixture(scope="module")
+def object_worker(
+    database_url: str, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WorkerProcess]:
+    # The worker must see the same filesystem store as the session's server.
+    process = WorkerProcess(
+        database_url=database_url,
+        data_dir=server.data_dir,
+        env={
+            "DUCTOR_STREAMS_WORKER_POLL_SECONDS": "0.1",
+            "DUCTOR_STREAMS_SWEEP_INTERVAL_SECONDS": "0.2",
+            "DUCTOR_STREAMS_PRUNE_INTERVAL_SECONDS": "0.2",
+        },
+    ).start()
+    yield process
+    process.stop()
+
+
+def stored_files(server: ServerProcess, run_id: str) -> list[str]:
+    root = server.data_dir / "objects"
+    return [str(p) for p in root.rglob("*") if p.is_file() and run_id in str(p)]
+
+
+async def test_abort_and_expiry_remove_bodies_through_the_workers_but_not_under_hold(
+    api: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    server: ServerProcess,
+    object_worker: WorkerProcess,
+    run_id: str,
+) -> None:
+    path = await new_stream(api, run_id)
+    aborted = (await api.post(f"{path}/objects", json=prepare_body(key="a"))).json()
+    expiring = (
+        await api.post(f"{path}/objects", json=prepare_body(key="e", expires_in_seconds=1))
+    ).json()
+    for intent in (aborted, expiring):
+        put = await api.put(f"{path}/objects/{intent['object_id']}/body", content=BODY)
+        assert put.status_code == 200
+    assert len(stored_files(server, run_id)) == 2
+    await api.put(f"{path}/legal-hold", json={"enabled": True, "reason": "hold"})
+    assert (await api.post(f"{path}/objects/{aborted['object_id']}/abort")).json()["state"] == (
+        "aborted"
+    )
+    async with asyncio.timeout(10):
+        while (await api.get(f"{path}/objects/{expiring['object_id']}")).json()[
+            "state"
+        ] != "expired":
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(1.0)
+    assert len(stored_files(server, run_id)) == 2  # held: nothing deleted
+    await api.put(f"{path}/legal-hold", json={"enabled": False})
+    async with asyncio.timeout(45):
+        while stored_files(server, run_id):
+            await asyncio.sleep(0.2)
+    pending = await pool.fetchval(
+        "SELECT count(*) FROM deletion_outbox WHERE run_id = $1 AND done_at IS NULL", run_id
+    )
+    assert pending == 0
+
+
+@pytest.mark.slow
+async def test_a_server_killed_between_upload_and_commit_commits_after_restart(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory, run_id: str
+) -> None:
+    data_dir = tmp_path_factory.mktemp("crashy")
+    first = ServerProcess(database_url=database_url, data_dir=data_dir, env=SERVER_ENV).start()
+    async with api_client(first) as api:
+        path = await new_stream(api, run_id)
+        intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
+        body_path = f"{path}/objects/{intent['object_id']}"
+        assert (await api.put(f"{body_path}/body", content=BODY)).status_code == 200
+    first.kill()
+    second = ServerProcess(database_url=database_url, data_dir=data_dir, env=SERVER_ENV).start()
+    try:
+        async with api_client(second, BOOTSTRAP_TOKEN) as api:
+            committed = await api.post(f"{body_path}/commit")
+            assert committed.status_code == 201, committed.text
+            assert (await api.get(f"{body_path}/body")).content == BODY
+    finally:
+        second.stop()
+
+
+async def test_pruning_an_object_record_removes_its_body(
+    api: httpx.AsyncClient, server: ServerProcess, object_worker: WorkerProcess, run_id: str
+) -> None:
+    path = await new_stream(api, run_id, retention={"max_records": 1})
+    ids = []
+    for key in ("first", "second"):
+        intent = (await api.post(f"{path}/objects", json=prepare_body(key=key))).json()
+        body_path = f"{path}/objects/{intent['object_id']}"
+        assert (await api.put(f"{body_path}/body", content=BODY)).status_code == 200
+        assert (await api.post(f"{body_path}/commit")).status_code == 201
+        ids.append(intent["object_id"])
+    async with asyncio.timeout(30):
+        while len(stored_files(server, run_id)) != 1:
+            await asyncio.sleep(0.2)
+    [left] = stored_files(server, run_id)
+    assert left.endswith(ids[1])
+    assert (await api.get(f"{path}/objects/{ids[1]}/body")).content == BODY

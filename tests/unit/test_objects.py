@@ -1,0 +1,157 @@
+"""Large objects on the memory adapters: every state transition and every refusal."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import msgspec
+import pytest
+
+from application.access import Caller
+from application.errors import Forbidden
+from domain import errors
+from domain.definition import DefinitionRequest
+from domain.objects import ObjectRequest
+from domain.stream import Stream
+from entrypoints.container import memory_container, start, stop, utc_now
+
+SCOPES = frozenset({"streams:read", "streams:write", "streams:admin"})
+ALICE = Caller(tenant="acme", principal="alice", scopes=SCOPES)
+BOB = Caller(tenant="acme", principal="bob", scopes=SCOPES)
+BODY = b"large body " * 1000
+
+
+async def chunks(data: bytes, size: int = 1000) -> AsyncIterator[bytes]:
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+
+
+def prepare_request(body: bytes = BODY, key: str = "k1", **extra) -> ObjectRequest:
+    fields = {
+        "idempotency_key": key,
+        "size": len(body),
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "content_type": "application/pdf",
+        **extra,
+    }
+    return msgspec.convert(fields, ObjectRequest)
+
+
+@pytest.fixture
+async def app():
+    container = memory_container()
+    services = await start(container)
+    definition = msgspec.convert({"direction": "output", "stream_id": "s"}, DefinitionRequest)
+    await services.create_stream(ALICE, "r", definition)
+    yield container, services
+    await stop(container)
+
+
+async def test_prepare_upload_commit_appends_a_record_that_carries_the_object(app) -> None:
+    _container, s = app
+    view, created = await s.objects.prepare(ALICE, "r", "s", prepare_request())
+    assert created and view.state == "prepared"
+    uploaded = await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY))
+    assert uploaded.state == "uploaded"
+    answer, appended = await s.objects.commit(ALICE, "r", "s", view.object_id)
+    assert appended and answer.sequence == 1
+    page = await s.read_records(ALICE, "r", "s")
+    reference = msgspec.json.decode(bytes(page.records[0].object))
+    assert reference["object_id"] == view.object_id and reference["size"] == len(BODY)
+    assert page.records[0].size == len(BODY)  # credit counts the body
+    _intent, body = await s.objects.download(ALICE, "r", "s", view.object_id)
+    assert b"".join([c async for c in body]) == BODY
+    again, appended_again = await s.objects.commit(ALICE, "r", "s", view.object_id)
+    assert (again.sequence, appended_again) == (1, False)
+
+
+async def test_prepare_is_idempotent_by_key_and_refuses_other_fields(app) -> None:
+    _, s = app
+    first, created = await s.objects.prepare(ALICE, "r", "s", prepare_request())
+    again, created_again = await s.objects.prepare(ALICE, "r", "s", prepare_request())
+    assert created and not created_again and again.object_id == first.object_id
+    with pytest.raises(errors.IdempotencyKeyReused):
+        await s.objects.prepare(ALICE, "r", "s", prepare_request(body=b"other"))
+
+
+async def test_a_body_that_does_not_match_leaves_the_intent_prepared(app) -> None:
+    _, s = app
+    view, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request())
+    tampered = BODY[:-1] + b"X"
+    with pytest.raises(errors.DigestMismatch):
+        await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(tampered))
+    with pytest.raises(errors.SizeMismatch):
+        await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY[:-1]))
+    with pytest.raises(errors.ObjectTooLarge):
+        await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY + b"x"))
+    assert (await s.objects.describe(ALICE, "r", "s", view.object_id)).state == "prepared"
+    await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY))
+
+
+async def test_commit_before_upload_and_after_abort_are_state_conflicts(app) -> None:
+    container, s = app
+    view, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request())
+    with pytest.raises(errors.ObjectStateConflict):
+        await s.objects.commit(ALICE, "r", "s", view.object_id)
+    aborted = await s.objects.abort(ALICE, "r", "s", view.object_id)
+    assert aborted.state == "aborted"
+    assert (await s.objects.abort(ALICE, "r", "s", view.object_id)).state == "aborted"
+    with pytest.raises(errors.ObjectStateConflict):
+        await s.objects.commit(ALICE, "r", "s", view.object_id)
+    streams = container.streams()
+    assert [d[3] for d in streams.deletions] == ["aborted"]
+
+
+async def test_a_committed_object_cannot_be_aborted(app) -> None:
+    _, s = app
+    view, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request())
+    await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY))
+    await s.objects.commit(ALICE, "r", "s", view.object_id)
+    with pytest.raises(errors.ObjectStateConflict):
+        await s.objects.abort(ALICE, "r", "s", view.object_id)
+
+
+async def test_only_the_preparing_principal_may_upload_commit_or_abort(app) -> None:
+    _, s = app
+    view, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request())
+    with pytest.raises(Forbidden):
+        await s.objects.upload(BOB, "r", "s", view.object_id, chunks(BODY))
+    with pytest.raises(Forbidden):
+        await s.objects.commit(BOB, "r", "s", view.object_id)
+    with pytest.raises(Forbidden):
+        await s.objects.abort(BOB, "r", "s", view.object_id)
+
+
+async def test_a_closed_stream_refuses_prepare_and_commit(app) -> None:
+    _, s = app
+    view, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request())
+    await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY))
+    await s.close_stream(ALICE, "r", "s")
+    with pytest.raises(errors.StreamClosed):
+        await s.objects.commit(ALICE, "r", "s", view.object_id)
+    with pytest.raises(errors.StreamClosed):
+        await s.objects.prepare(ALICE, "r", "s", prepare_request(key="k2"))
+
+
+async def test_only_committed_bodies_are_served(app) -> None:
+    _, s = app
+    view, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request())
+    await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY))
+    with pytest.raises(errors.ObjectStateConflict):
+        await s.objects.download(ALICE, "r", "s", view.object_id)
+
+
+async def test_the_sweeper_expires_open_intents_and_queues_their_bodies(app) -> None:
+    container, s = app
+    view, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request(expires_in_seconds=1))
+    await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY))
+    objects = container.objects()
+    objects._clock = lambda: utc_now() + timedelta(seconds=5)  # five seconds later
+    assert await objects.expire_due() == 1
+    assert (await s.objects.describe(ALICE, "r", "s", view.object_id)).state == "expired"
+    assert [d[3] for d in container.streams().deletions] == ["expired"]
+    journal = await container.streams().journal(ALICE.key("r", "s"))
+    replayed = Stream.replay(ALICE.key("r", "s"), journal)
+    assert replayed.state == (await container.streams().load(ALICE.key("r", "s"))).state
