@@ -1,6 +1,7 @@
 """`python -m bench` (or `python3 dev.py bench`): run the benchmarks and print the table.
 
-    python -m bench [--duration 10] [--only floor,append,noop,batch,copy] [--profile]
+    python -m bench [--duration 10] [--only floor,append,noop,batch,copy,fanout,idle,catchup]
+                    [--profile]
 
 See docs/benchmarks.md for what each measurement is and the figures measured.
 """
@@ -20,11 +21,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench import database, load, profile
+from bench import database, live, load, profile
 from bench.database import Measurement
-from bench.server import CpuMeter, Server
+from bench.server import CpuMeter, Server, raise_fd_limit, tree_memory
 
-NAMES = ("floor", "append", "noop", "batch", "copy")
+NAMES = ("floor", "append", "noop", "batch", "copy", "fanout", "idle", "catchup")
+LIVE = ("fanout", "idle", "catchup")
 RUN_ID = "bench"
 BATCH = 1_000
 PREFIX = f"/api/workflow-streams/runs/{RUN_ID}/streams"
@@ -72,6 +74,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--server-workers", type=int, default=1, help="server processes (serve --workers)"
     )
+    parser.add_argument(
+        "--subscribers", type=int, default=1_000, help="SSE connections for (5) and (6)"
+    )
+    parser.add_argument(
+        "--subscriber-processes", type=int, default=4, help="client processes holding them"
+    )
+    parser.add_argument("--fanout-rate", type=float, default=10.0, help="appends/s for (5)")
+    parser.add_argument(
+        "--catchup-records", type=int, default=1_000_000, help="records retained for (7)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
@@ -89,6 +101,7 @@ class Bench:
         self.results: dict[str, Measurement] = {}
         self.facts: dict[str, object] = {}
         self.profile_summary: str | None = None
+        self.live: dict[str, object] = {}
 
     def run(self) -> None:
         args = self.args
@@ -109,6 +122,7 @@ class Bench:
         )
         try:
             self.server.wait_ready()
+            self.facts["server memory at start"] = tree_memory(self.server.pid)
             self.server.create_stream(RUN_ID, "single")
             self.server.create_stream(RUN_ID, "batch")
             _, state_size = asyncio.run(database.stream_row(self.url, RUN_ID, "single"))
@@ -118,7 +132,10 @@ class Bench:
                     f"running {name} ({args.duration:g}s + {args.warmup:g}s warm-up) ...",
                     flush=True,
                 )
-                self.results[name] = getattr(self, name)()
+                if name in LIVE:
+                    self.live[name] = getattr(self, name)()
+                else:
+                    self.results[name] = getattr(self, name)()
         finally:
             self.server.stop()
 
@@ -257,6 +274,65 @@ class Bench:
         )
         return result
 
+    # -- live delivery (5-7) ---------------------------------------------------------------------
+
+    def _counts(self):  # an awaitable for live.fanout
+        return database.statement_counts(self.url)
+
+    def fanout(self) -> list[live.Fanout]:
+        a = self.args
+        runs = []
+        for n in sorted({min(10, a.subscribers), a.subscribers}):
+            stream = f"fanout-{n}"
+            self.server.create_stream(RUN_ID, stream)
+            print(f"  {n} subscribers ...", flush=True)
+            runs.append(
+                live.fanout(
+                    self.server.port,
+                    self.token,
+                    PREFIX,
+                    stream,
+                    subscribers=n,
+                    processes=1 if n <= 10 else a.subscriber_processes,
+                    rate=a.fanout_rate,
+                    duration=a.duration,
+                    warmup=a.warmup,
+                    counts=self._counts,
+                    meter=self._meter(),
+                )
+            )
+        return runs
+
+    def idle(self) -> live.Idle:
+        self.server.create_stream(RUN_ID, "idle")
+        return live.idle(
+            self.server.port,
+            self.token,
+            PREFIX,
+            "idle",
+            connections=self.args.subscribers,
+            processes=self.args.subscriber_processes,
+            hold=min(self.args.duration, 5.0),
+            memory=lambda: tree_memory(self.server.pid),
+        )
+
+    def catchup(self) -> live.Catchup:
+        self.server.create_stream(RUN_ID, "catchup")
+        body = _compact({"records": [{"data": _record(i)} for i in range(BATCH)]})
+        print(f"  filling {self.args.catchup_records:,} records ...", flush=True)
+        return live.catchup(
+            self.server.port,
+            self.token,
+            PREFIX,
+            "catchup",
+            records=self.args.catchup_records // BATCH * BATCH,
+            batch_body=body,
+            batch=BATCH,
+            fill_clients=self.args.batch_clients,
+            timeout=300,
+            meter=self._meter(),
+        )
+
 
 # --- report ---------------------------------------------------------------------------------
 
@@ -311,7 +387,105 @@ def report(bench: Bench) -> str:
         lines.append(f"{'ratio':<40} {'measured':>10}  {'target':<11} result")
         for label, value, target, ok in checks:
             lines.append(f"{label:<40} {value:>10}  {target:<11} {'PASS' if ok else 'MISS'}")
+    if bench.live:
+        lines += ["", *report_live(bench)]
     return "\n".join(lines)
+
+
+def _cpu(cpu: dict[str, float]) -> str:
+    # "?" when negative: a process of the tree (e.g. an autovacuum worker) exited in the window
+    # and took its CPU time with it.
+    return "/".join(
+        "-" if k not in cpu else "?" if cpu[k] < 0 else f"{cpu[k]:.0f}"
+        for k in ("server", "postgres", "client")
+    )
+
+
+def report_live(bench: Bench) -> list[str]:
+    lines = ["live delivery (SSE)"]
+    checks = []
+    fan: list[live.Fanout] = bench.live.get("fanout", [])  # type: ignore[assignment]
+    for f in fan:
+        stmts = f.statements_per_append
+        counted = (
+            f"{stmts:.2f} statements per append (pg_stat_statements)"
+            if stmts is not None
+            else f"{f.transactions_per_append:.2f} transactions per append (pg_stat_database)"
+        )
+        lines.append(
+            f"(5) fan-out {f.subscribers:>5} subscribers: {f.appends} appends in {f.seconds:.1f}s, "
+            f"{f.received:,}/{f.expected:,} deliveries, {f.failed} failed connections; "
+            f"commit->receipt p50 {_fmt(f.p50_ms, '.1f')} ms, p99 {_fmt(f.p99_ms, '.1f')} ms, "
+            f"max {_fmt(f.max_ms, '.1f')} ms; {counted}; "
+            f"CPU% srv/pg/client {_cpu(f.cpu)}" + (f"; error {f.error}" if f.error else "")
+        )
+        for per, text in f.top:
+            lines.append(f"      {per:5.2f}/append  {text}")
+    if fan:
+        big = fan[-1]
+        ok = big.p99_ms is not None and big.p99_ms <= 100 and big.received == big.expected > 0
+        checks.append(
+            (
+                f"(5) p99 latency, {big.subscribers} subscribers",
+                f"{_fmt(big.p99_ms, '.1f')} ms",
+                "<= 100 ms",
+                ok,
+            )
+        )
+        few, many = fan[0].statements_per_append, big.statements_per_append
+        if few is None or many is None:
+            few, many = fan[0].transactions_per_append, big.transactions_per_append
+        if len(fan) > 1:
+            ok = many <= few * 1.1 + 0.2  # equal within noise (head checks, token refresh)
+            checks.append(
+                (
+                    f"(5) stmts/append {fan[0].subscribers} vs {big.subscribers} subs",
+                    f"{few:.2f} / {many:.2f}",
+                    "equal",
+                    ok,
+                )
+            )
+    if (i := bench.live.get("idle")) is not None:
+        mb = 1024 * 1024
+        lines.append(
+            f"(6) idle: {i.connected:,} of {i.connections:,} SSE connections open "
+            f"({i.failed} failed); server RSS (tree) {i.before.get('rss', 0) / mb:.1f} MB before, "
+            f"{i.holding.get('rss', 0) / mb:.1f} MB with them, {i.after.get('rss', 0) / mb:.1f} MB "
+            f"after closing; PSS {i.before.get('pss', 0) / mb:.1f} / "
+            f"{i.holding.get('pss', 0) / mb:.1f} / {i.after.get('pss', 0) / mb:.1f} MB; "
+            f"{(i.holding.get('rss', 0) - i.before.get('rss', 0)) / max(1, i.connected) / 1024:.1f}"
+            " KB per connection" + (f"; error {i.error}" if i.error else "")
+        )
+        fresh = bench.facts.get("server memory at start", {})
+        lines.append(
+            f"    RSS with them: supervisor {i.holding.get('root_rss', 0) / mb:.1f} MB + "
+            f"worker(s) {(i.holding.get('rss', 0) - i.holding.get('root_rss', 0)) / mb:.1f} MB "
+            f"({i.holding.get('processes', 0)} processes); the whole tree had "
+            f"{fresh.get('rss', 0) / mb:.1f} MB RSS just after start-up"
+        )
+        rss = i.holding.get("rss", 0) / mb
+        ok = 0 < rss <= 100 and i.connected == i.connections
+        checks.append((f"(6) RSS with {i.connections} idle SSE", f"{rss:.1f} MB", "<= 100 MB", ok))
+    if (c := bench.live.get("catchup")) is not None:
+        lines.append(
+            f"(7) catch-up of {c.records:,} records (filled in {c.fill_seconds:.1f}s, "
+            f"{c.fill_rate:,.0f} rec/s): SSE from cursor 0 {c.sse_records:,} records "
+            f"(last id {c.sse_last:,}) in {c.sse_seconds:.1f}s = {c.sse_rate:,.0f} rec/s, CPU% "
+            f"srv/pg/client {_cpu(c.sse_cpu)}; pages of 1,000 {c.page_records:,} records in "
+            f"{c.page_requests:,} GETs, {c.page_seconds:.1f}s = {c.page_rate:,.0f} rec/s, CPU% "
+            f"{_cpu(c.page_cpu)}" + (f"; error {c.error}" if c.error else "")
+        )
+        for label, rate, count in (
+            ("(7a) SSE catch-up records/s", c.sse_rate, c.sse_records),
+            ("(7b) paginated GET records/s", c.page_rate, c.page_records),
+        ):
+            ok = rate >= 200_000 and count == c.records
+            checks.append((label, f"{rate:,.0f}", ">= 200,000", ok))
+    lines.append("")
+    lines.append(f"{'live target':<40} {'measured':>14}  {'target':<11} result")
+    for label, value, target, ok in checks:
+        lines.append(f"{label:<40} {value:>14}  {target:<11} {'PASS' if ok else 'MISS'}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile and "append" not in args.selected:
         print("--profile samples the server during `append`; add it to --only", file=sys.stderr)
         return 2
+    raise_fd_limit()  # the SSE client processes inherit it
     tmp = Path(tempfile.mkdtemp(prefix="ductor-bench-"))
     if not args.keep:
         # Registered before the embedded PostgreSQL registers its own stop, so (atexit runs
@@ -338,6 +513,10 @@ def main(argv: list[str] | None = None) -> int:
             "facts": bench.facts,
             "duration": args.duration,
             "results": {k: asdict(v) for k, v in bench.results.items()},
+            "live": {
+                k: [asdict(x) for x in v] if isinstance(v, list) else asdict(v)
+                for k, v in bench.live.items()
+            },
         }
         args.json.write_text(json.dumps(payload, indent=2, default=str))
     print(f"\ntotal {time.monotonic() - started:.0f}s", flush=True)

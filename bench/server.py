@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -22,6 +23,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def raise_fd_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit (for this process and its children)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE,
+            (hard if hard != resource.RLIM_INFINITY else max(soft, 65536), hard),
+        )
+
+
 class Server:
     def __init__(self, url: str, token: str, data_dir: Path, log: Path, workers: int = 1) -> None:
         self.port = free_port()
@@ -33,6 +44,8 @@ class Server:
             DUCTOR_STREAMS_BOOTSTRAP_TOKEN=token,
             DUCTOR_STREAMS_DATA_DIR=str(data_dir),
             DUCTOR_STREAMS_LOG_LEVEL="WARNING",
+            # The live benchmarks hold 1,000 subscriptions of one principal (default cap 1,000).
+            DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_PRINCIPAL="100000",
         )
         self.process = subprocess.Popen(
             [
@@ -48,6 +61,7 @@ class Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: granian's workers stop with it
+            preexec_fn=raise_fd_limit,  # 1,000+ SSE connections
         )
         self.log_path = log
 
@@ -108,6 +122,43 @@ class Server:
             except ProcessLookupError:
                 pass
         self._log.close()
+
+
+# --- memory and CPU of process trees ---
+
+
+def tree_pids(root: int) -> list[int]:
+    """`root` and its live descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (s := _stat(int(entry))) is not None:
+            children.setdefault(s[0], []).append(int(entry))
+    pids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        todo.extend(children.get(pid, ()))
+    return pids
+
+
+def tree_memory(root: int) -> dict[str, int]:
+    """Bytes of resident memory of a process tree: `rss` (the sum of each process's RSS, as `ps`
+    shows it; shared pages count once per process), `pss` (proportional set size: shared pages
+    split between the processes sharing them), `root_rss` (the root's own) and `processes`."""
+    total = {"rss": 0, "pss": 0, "root_rss": 0, "processes": 0}
+    for pid in tree_pids(root):
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Pss"):
+                total[key.lower()] += int(rest.split()[0]) * 1024
+            if key == "Rss" and pid == root:
+                total["root_rss"] = int(rest.split()[0]) * 1024
+        total["processes"] += 1
+    return total
 
 
 # --- CPU of process trees -------------------------------------------------------------------

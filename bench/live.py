@@ -1,0 +1,642 @@
+"""Live delivery: SSE fan-out latency, the memory of idle SSE connections, and catch-up reads.
+
+The SSE clients are lean raw-socket asyncio HTTP/1.1 clients (uvloop if installed) spread over
+several processes, each holding a few hundred connections, so they are not the bottleneck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import queue
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from bench.server import raise_fd_limit
+
+# --- raw HTTP/1.1 -----------------------------------------------------------------------------
+
+
+def _request(port: int, method: str, path: str, token: str, body: bytes | None = None) -> bytes:
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        f"Authorization: Bearer {token}",
+    ]
+    if "/subscribe" in path:
+        lines.append("Accept: text/event-stream")
+    if body is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
+
+
+class Http:
+    """One keep-alive connection: send a request, read the status line, headers and body
+    (Content-Length or chunked), or, for a streaming answer, its body chunk by chunk."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.chunked = False
+
+    @classmethod
+    async def open(cls, port: int) -> Http:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 22)
+        return cls(reader, writer)
+
+    async def start(self, request: bytes) -> tuple[int, int | None]:
+        """Send `request`; return the status and the Content-Length (None if chunked)."""
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = None
+        self.chunked = False
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                self.chunked = True
+        return status, length
+
+    async def chunk(self) -> bytes:
+        """The next piece of a streaming body; b"" at its end."""
+        if not self.chunked:
+            return await self.reader.read(1 << 18)
+        line = await self.reader.readline()
+        size = int(line.split(b";")[0], 16)
+        if size == 0:
+            await self.reader.readline()
+            return b""
+        data = await self.reader.readexactly(size + 2)
+        return data[:-2]
+
+    async def call(self, request: bytes) -> tuple[int, bytes]:
+        status, length = await self.start(request)
+        if length is not None:
+            return status, await self.reader.readexactly(length)
+        parts = []
+        while piece := await self.chunk():
+            parts.append(piece)
+        return status, b"".join(parts)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _subscribe(port: int, path: str, token: str) -> tuple[Http, bytes]:
+    """Open an SSE subscription and read up to its `: subscribed` comment; return the rest."""
+    http = await Http.open(port)
+    status, _ = await http.start(_request(port, "GET", path, token))
+    if status != 200:
+        raise RuntimeError(f"subscribe answered {status}")
+    buf = b""
+    while (at := buf.find(b": subscribed\n\n")) < 0:
+        piece = await http.chunk()
+        if not piece:
+            raise RuntimeError("subscription ended before `: subscribed`")
+        buf += piece
+    return http, buf[at + len(b": subscribed\n\n") :]
+
+
+# --- subscriber processes -----------------------------------------------------------------------
+
+
+def _subscriber_process(
+    port: int,
+    path: str,
+    token: str,
+    connections: int,
+    ready: multiprocessing.Queue,
+    stop: multiprocessing.synchronize.Event,
+    last: multiprocessing.sharedctypes.Synchronized,
+    out: multiprocessing.Queue,
+    hard_seconds: float,
+) -> None:
+    raise_fd_limit()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    cpu0 = time.process_time()
+    result = asyncio.run(
+        _subscribers(port, path, token, connections, ready, stop, last, hard_seconds)
+    )
+    out.put((*result, time.process_time() - cpu0))
+
+
+_SEND_TIME = re.compile(rb'"t":([0-9.]+),"w":1')  # the appender's data: {"t":…,"w":1,…}
+
+
+class _Sse(asyncio.Protocol):
+    """One subscription, parsed in `data_received` (no StreamReader, no task per connection):
+    the receipt time is taken as the bytes arrive. Chunked framing is left in the buffer: the
+    server writes whole events per chunk, and only complete events (up to the last blank line)
+    are scanned, for the send times of window records and the last `id:`."""
+
+    def __init__(self, request: bytes, latencies: list[float]) -> None:
+        self.request = request
+        self.latencies = latencies
+        self.buf = b""
+        self.head_done = False
+        self.status = 0
+        self.subscribed = asyncio.get_running_loop().create_future()
+        self.closed = asyncio.get_running_loop().create_future()
+        self.received = 0
+        self.seen = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        buf = self.buf + data
+        if not self.head_done:
+            at = buf.find(b"\r\n\r\n")
+            if at < 0:
+                self.buf = buf
+                return
+            self.status, self.head_done = int(buf[9:12]), True
+            if self.status != 200 and not self.subscribed.done():
+                self.subscribed.set_exception(RuntimeError(f"subscribe answered {self.status}"))
+            buf = buf[at + 4 :]
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self.buf = buf
+            return
+        complete, self.buf = buf[:end], buf[end + 2 :]
+        if not self.subscribed.done() and b": subscribed" in complete:
+            self.subscribed.set_result(None)
+        for sent in _SEND_TIME.findall(complete):
+            self.latencies.append((now - float(sent)) * 1000)
+            self.received += 1
+        if (at := complete.rfind(b"\nid: ")) >= 0 or complete.startswith(b"id: "):
+            at = at + 1 if at >= 0 else 0
+            self.seen = int(complete[at + 4 : complete.index(b"\n", at)])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.subscribed.done():
+            self.subscribed.set_exception(exc or RuntimeError("closed before `: subscribed`"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def _subscribers(
+    port: int,
+    path: str,
+    token: str,
+    connections: int,
+    ready: multiprocessing.Queue,
+    stop: multiprocessing.synchronize.Event,
+    last: multiprocessing.sharedctypes.Synchronized,
+    hard_seconds: float,
+) -> tuple[list[float], int, int]:
+    """Hold `connections` subscriptions; for each record whose data has `"w":1` (appended inside
+    the measured window), note receipt time - the send time in the data. Returns (latencies in
+    ms, window records received, failed connections)."""
+    loop = asyncio.get_running_loop()
+    hard = time.monotonic() + hard_seconds
+    latencies: list[float] = []
+    request = _request(port, "GET", path, token)
+    gate = asyncio.Semaphore(50)  # connect in waves, not 500 SYNs at once
+
+    async def connect() -> _Sse:
+        async with gate:
+            _, protocol = await loop.create_connection(
+                lambda: _Sse(request, latencies), "127.0.0.1", port
+            )
+            await asyncio.wait_for(asyncio.shield(protocol.subscribed), 30)
+            return protocol
+
+    opened = await asyncio.gather(*(connect() for _ in range(connections)), return_exceptions=True)
+    subs = [o for o in opened if isinstance(o, _Sse)]
+    failed = len(opened) - len(subs)
+    error = next((repr(o) for o in opened if isinstance(o, BaseException)), "")
+    ready.put((len(subs), failed, error))
+    # A multiprocessing Event cannot be awaited: poll it (and then the deliveries) every 50 ms.
+    while True:
+        if stop.is_set() or time.monotonic() >= hard:
+            break
+        await asyncio.sleep(0.05)
+    target = last.value
+    grace = min(hard, time.monotonic() + 10)
+    while True:
+        if time.monotonic() >= grace or min((s.seen for s in subs), default=target) >= target:
+            break
+        await asyncio.sleep(0.05)
+    for sub in subs:
+        sub.transport.close()
+    failed += sum(1 for s in subs if s.seen < target)
+    return latencies, sum(s.received for s in subs), failed
+
+
+class Subscribers:
+    """`connections` SSE subscriptions to `path`, spread over `processes` client processes."""
+
+    def __init__(
+        self, port: int, path: str, token: str, connections: int, processes: int, hard: float
+    ) -> None:
+        processes = max(1, min(processes, connections))
+        self.ready: multiprocessing.Queue = multiprocessing.Queue()
+        self.out: multiprocessing.Queue = multiprocessing.Queue()
+        self.stop_event = multiprocessing.Event()
+        self.last = multiprocessing.Value("q", 0)
+        shares = [
+            connections // processes + (i < connections % processes) for i in range(processes)
+        ]
+        self.workers = [
+            multiprocessing.Process(
+                target=_subscriber_process,
+                args=(
+                    port,
+                    path,
+                    token,
+                    n,
+                    self.ready,
+                    self.stop_event,
+                    self.last,
+                    self.out,
+                    hard,
+                ),
+                daemon=True,
+            )
+            for n in shares
+        ]
+        for w in self.workers:
+            w.start()
+
+    def wait_ready(self, timeout: float = 90) -> tuple[int, int, str]:
+        deadline = time.monotonic() + timeout
+        opened = failed = 0
+        error = ""
+        for _ in self.workers:
+            n, bad, why = self.ready.get(timeout=max(0.1, deadline - time.monotonic()))
+            opened, failed, error = opened + n, failed + bad, error or why
+        return opened, failed, error
+
+    def finish(
+        self, last_sequence: int, timeout: float = 60
+    ) -> tuple[list[float], int, int, float]:
+        """Tell the processes the last sequence to wait for; gather (latencies, received,
+        failed, client CPU seconds)."""
+        self.last.value = last_sequence
+        self.stop_event.set()
+        deadline = time.monotonic() + timeout
+        latencies: list[float] = []
+        received = failed = 0
+        cpu = 0.0
+        for _ in self.workers:
+            try:
+                lat, got, bad, used = self.out.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                failed += 1
+                continue
+            latencies += lat
+            received, failed, cpu = received + got, failed + bad, cpu + used
+        for w in self.workers:
+            w.join(5)
+            if w.is_alive():
+                w.kill()
+        return latencies, received, failed, cpu
+
+
+# --- (5) fan-out --------------------------------------------------------------------------------
+
+
+@dataclass
+class Fanout:
+    subscribers: int
+    connected: int = 0
+    appends: int = 0  # inside the window
+    seconds: float = 0.0
+    expected: int = 0  # appends x connected subscribers
+    received: int = 0
+    failed: int = 0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    max_ms: float | None = None
+    statements: int | None = None  # pg_stat_statements calls in the window
+    transactions: int = 0  # xact_commit delta
+    top: list[tuple[float, str]] = field(default_factory=list)  # (per append, statement)
+    cpu: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def statements_per_append(self) -> float | None:
+        if self.statements is None or not self.appends:
+            return None
+        return self.statements / self.appends
+
+    @property
+    def transactions_per_append(self) -> float:
+        return self.transactions / self.appends if self.appends else 0.0
+
+
+def _pct(ordered: list[float], p: float) -> float | None:
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
+
+
+def fanout(
+    port: int,
+    token: str,
+    prefix: str,
+    stream: str,
+    *,
+    subscribers: int,
+    processes: int,
+    rate: float,
+    duration: float,
+    warmup: float,
+    counts: Callable[[], Awaitable[tuple[dict | None, int]]],
+    meter: object,
+) -> Fanout:
+    """`subscribers` SSE subscriptions to one stream, one appender posting one record `rate`
+    times a second; latency is receipt time - the send time in the record."""
+    result = Fanout(subscribers)
+    subs = Subscribers(
+        port,
+        f"{prefix}/{stream}/subscribe?cursor=0",
+        token,
+        subscribers,
+        processes,
+        hard=warmup + duration + 120,
+    )
+    try:
+        result.connected, result.failed, result.error = subs.wait_ready()
+    except queue.Empty:
+        subs.finish(0, timeout=5)
+        result.error = "subscribers not ready after 90 s"
+        return result
+    path = f"{prefix}/{stream}/records"
+    pad = "x" * 40
+
+    async def drive() -> int:
+        http = await Http.open(port)
+        last = 0
+        try:
+
+            async def post(window: int) -> None:
+                nonlocal last
+                body = msgspec.json.encode(
+                    {"records": [{"data": {"t": time.time(), "w": window, "pad": pad}}]}
+                )
+                status, answer = await http.call(_request(port, "POST", path, token, body))
+                if status != 201:
+                    raise RuntimeError(f"append answered {status}: {answer[:200]!r}")
+                last = msgspec.json.decode(answer)["last_sequence"]
+
+            async def paced(seconds: float, window: int) -> int:
+                started, n = time.monotonic(), 0
+                while (due := started + n / rate) < started + seconds:
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
+                    await post(window)
+                    n += 1
+                return n
+
+            await paced(warmup, 0)
+            await asyncio.sleep(0.5)
+            before = await counts()
+            meter.start()
+            t0 = time.monotonic()
+            result.appends = await paced(duration, 1)
+            result.seconds = time.monotonic() - t0
+            result.cpu = meter.stop()
+            await asyncio.sleep(1.5)  # deliveries done, backends' statistics flushed
+            after = await counts()
+        finally:
+            http.close()
+        _count_statements(result, before, after)
+        return last
+
+    try:
+        last = asyncio.run(drive())
+    except Exception as error:
+        subs.finish(0, timeout=15)
+        result.error = repr(error)
+        return result
+    latencies, result.received, failed, client_cpu = subs.finish(last)
+    result.failed += failed
+    result.cpu["client"] = 100 * client_cpu / max(result.seconds, 1e-9) if result.seconds else 0
+    result.expected = result.appends * result.connected
+    latencies.sort()
+    result.p50_ms, result.p99_ms = _pct(latencies, 50), _pct(latencies, 99)
+    result.max_ms = latencies[-1] if latencies else None
+    return result
+
+
+def _count_statements(result: Fanout, before: tuple, after: tuple) -> None:
+    (calls0, commits0), (calls1, commits1) = before, after
+    result.transactions = commits1 - commits0
+    if calls0 is None or calls1 is None:
+        return
+    deltas = []
+    for queryid, (text, calls) in calls1.items():
+        delta = calls - calls0.get(queryid, ("", 0))[1]
+        if delta > 0:
+            deltas.append((delta, " ".join(text.split())[:70]))
+    result.statements = sum(d for d, _ in deltas)
+    deltas.sort(reverse=True)
+    appends = max(1, result.appends)
+    result.top = [(d / appends, text) for d, text in deltas[:10]]
+
+
+# --- (6) idle connections -----------------------------------------------------------------------
+
+
+@dataclass
+class Idle:
+    connections: int
+    connected: int = 0
+    failed: int = 0
+    before: dict[str, int] = field(default_factory=dict)  # rss/pss bytes
+    holding: dict[str, int] = field(default_factory=dict)
+    after: dict[str, int] = field(default_factory=dict)  # once they closed again
+    error: str = ""
+
+
+def idle(
+    port: int,
+    token: str,
+    prefix: str,
+    stream: str,
+    *,
+    connections: int,
+    processes: int,
+    hold: float,
+    memory: Callable[[], dict[str, int]],
+) -> Idle:
+    result = Idle(connections)
+    result.before = memory()
+    subs = Subscribers(
+        port,
+        f"{prefix}/{stream}/subscribe?cursor=0",
+        token,
+        connections,
+        processes,
+        hard=hold + 120,
+    )
+    try:
+        result.connected, result.failed, result.error = subs.wait_ready()
+    except queue.Empty:
+        result.error = "subscribers not ready after 90 s"
+    time.sleep(hold)
+    result.holding = memory()
+    _, _, failed, _ = subs.finish(0, timeout=30)
+    result.failed += failed
+    time.sleep(1)
+    result.after = memory()
+    return result
+
+
+# --- (7) catch-up -------------------------------------------------------------------------------
+
+
+@dataclass
+class Catchup:
+    records: int
+    fill_seconds: float = 0.0
+    sse_records: int = 0
+    sse_seconds: float = 0.0
+    sse_last: int = 0
+    sse_cpu: dict[str, float] = field(default_factory=dict)
+    page_records: int = 0
+    page_seconds: float = 0.0
+    page_requests: int = 0
+    page_cpu: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def fill_rate(self) -> float:
+        return self.records / self.fill_seconds if self.fill_seconds else 0.0
+
+    @property
+    def sse_rate(self) -> float:
+        return self.sse_records / self.sse_seconds if self.sse_seconds else 0.0
+
+    @property
+    def page_rate(self) -> float:
+        return self.page_records / self.page_seconds if self.page_seconds else 0.0
+
+
+class _Page(msgspec.Struct):
+    records: list[msgspec.Raw]
+    next_cursor: int
+    head: int
+
+
+async def fill(port: int, token: str, path: str, body: bytes, batches: int, clients: int) -> None:
+    """POST `batches` copies of `body` (a batch of records) over `clients` connections."""
+    left = batches
+
+    async def client() -> None:
+        nonlocal left
+        http = await Http.open(port)
+        request = _request(port, "POST", path, token, body)
+        try:
+            while left > 0:
+                left -= 1
+                status, answer = await http.call(request)
+                if status != 201:
+                    raise RuntimeError(f"append answered {status}: {answer[:200]!r}")
+        finally:
+            http.close()
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+
+
+def catchup(
+    port: int,
+    token: str,
+    prefix: str,
+    stream: str,
+    *,
+    records: int,
+    batch_body: bytes,
+    batch: int,
+    fill_clients: int,
+    timeout: float,
+    meter: object,
+) -> Catchup:
+    result = Catchup(records)
+    started = time.monotonic()
+    try:
+        asyncio.run(
+            asyncio.wait_for(
+                fill(
+                    port,
+                    token,
+                    f"{prefix}/{stream}/records",
+                    batch_body,
+                    records // batch,
+                    fill_clients,
+                ),
+                timeout,
+            )
+        )
+    except Exception as error:
+        result.error = f"fill: {error!r}"
+        return result
+    result.fill_seconds = time.monotonic() - started
+
+    async def sse() -> None:
+        http, buf = await _subscribe(port, f"{prefix}/{stream}/subscribe?cursor=0", token)
+        deadline = time.monotonic() + timeout
+        try:
+            while result.sse_records < records and time.monotonic() < deadline:
+                piece = await asyncio.wait_for(http.chunk(), max(0.1, deadline - time.monotonic()))
+                if not piece:
+                    break
+                buf += piece
+                end = buf.rfind(b"\n\n")
+                if end < 0:
+                    continue
+                complete, buf = buf[: end + 2], buf[end + 2 :]
+                result.sse_records += complete.count(b"\nevent: record\n")
+                if (at := complete.rfind(b"id: ")) >= 0:
+                    result.sse_last = int(complete[at + 4 : complete.index(b"\n", at)])
+        finally:
+            http.close()
+
+    async def pages() -> None:
+        http = await Http.open(port)
+        cursor = 0
+        deadline = time.monotonic() + timeout
+        decode = msgspec.json.Decoder(_Page).decode
+        try:
+            while cursor < records and time.monotonic() < deadline:
+                path = f"{prefix}/{stream}/records?cursor={cursor}&limit=1000"
+                status, answer = await http.call(_request(port, "GET", path, token))
+                if status != 200:
+                    raise RuntimeError(f"read answered {status}: {answer[:200]!r}")
+                page = decode(answer)
+                if not page.records:
+                    break
+                result.page_records += len(page.records)
+                result.page_requests += 1
+                cursor = page.next_cursor
+        finally:
+            http.close()
+
+    for name, reader in (("sse", sse), ("page", pages)):
+        meter.start()
+        cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        try:
+            asyncio.run(reader())
+        except Exception as error:
+            result.error += f"{name}: {error!r} "
+        seconds = time.perf_counter() - t0
+        cpu = meter.stop()
+        cpu["client"] = 100 * (time.process_time() - cpu0) / seconds
+        setattr(result, f"{name}_seconds", seconds)
+        setattr(result, f"{name}_cpu", cpu)
+    return result
