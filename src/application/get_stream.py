@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from application.access import Caller, require_reader
 from application.errors import NotFound
+from application.input_delivery import InputDeliveries
 from application.placement import Deployment
 from application.ports import StreamRepository
 from application.views import StreamDocument, stream_document
 
 
 class GetStream:
-    def __init__(self, streams: StreamRepository, deployment: Deployment) -> None:
+    def __init__(
+        self, streams: StreamRepository, deployment: Deployment, deliveries: InputDeliveries
+    ) -> None:
         self._streams = streams
         self._deployment = deployment
+        self._deliveries = deliveries
 
     async def __call__(self, caller: Caller, run_id: str, stream_id: str) -> StreamDocument:
         caller.require("streams:read")
@@ -22,4 +26,6 @@ class GetStream:
             raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
         self._deployment.require_home(stream.definition)
         require_reader(caller, stream.definition)
+        if stream.definition.direction == "input":
+            return stream_document(stream, await self._deliveries.status(key))
         return stream_document(stream)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from application.group_commit import GroupCommit
+from application.input_delivery import InputDeliveries
 from application.log_context import about_stream
 from application.ports import Clock, Done, Failed, Idempotency, RecordReader, StreamRepository
 from application.workers import Job
@@ -63,8 +64,10 @@ class PruneRetention:
         reader: RecordReader,
         commits: GroupCommit,
         clock: Clock,
+        deliveries: InputDeliveries,
         interval_seconds: float = 5.0,
     ) -> None:
+        self._deliveries = deliveries
         self._streams = streams
         self._reader = reader
         self._commits = commits
@@ -92,6 +95,9 @@ class PruneRetention:
         if retention.max_age_seconds is not None and limit > 0:
             cutoff = now - timedelta(seconds=retention.max_age_seconds)
             through = max(through, await self._reader.expired_through(key, after, cutoff, limit))
+        if stream.definition.direction == "input":
+            # Never prune input the workflow has not been handed yet.
+            through = min(through, await self._deliveries.delivered_through(key))
         if through <= after:
             return self._interval
         match await self._commits.submit(key, PruneCommand(through, reason, now)):

@@ -25,7 +25,13 @@ class LegalHoldView(msgspec.Struct, frozen=True):
     updated_at: datetime | None
 
 
-class StreamStateView(msgspec.Struct, frozen=True):
+class InputDeliveryStatus(msgspec.Struct, frozen=True):
+    delivered_through: int
+    pending: int
+    last_error: str | None
+
+
+class StreamStateView(msgspec.Struct, frozen=True, omit_defaults=True):
     head: int
     earliest: int
     closed: bool
@@ -35,6 +41,7 @@ class StreamStateView(msgspec.Struct, frozen=True):
     total_bytes: int
     consumers: list[ConsumerView]
     credit: Credit
+    input_delivery: InputDeliveryStatus | msgspec.UnsetType = msgspec.UNSET
 
 
 class StreamDocument(msgspec.Struct, frozen=True):
@@ -52,7 +59,9 @@ class StreamDocument(msgspec.Struct, frozen=True):
     state: StreamStateView
 
 
-def stream_document(stream: Stream) -> StreamDocument:
+def stream_document(
+    stream: Stream, input_delivery: InputDeliveryStatus | msgspec.UnsetType = msgspec.UNSET
+) -> StreamDocument:
     d, s = stream.definition, stream.state
     assert s.created_at is not None
     return StreamDocument(
@@ -84,6 +93,7 @@ def stream_document(stream: Stream) -> StreamDocument:
                 for cid, c in sorted(s.consumers.items())
             ],
             credit=stream.credit(),
+            input_delivery=input_delivery,
         ),
     )
 

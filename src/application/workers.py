@@ -54,7 +54,9 @@ class Worker:
         handle: Callable[[Job], Awaitable[float | None]],
         poll_seconds: float = 1.0,
         batch: int = 32,
+        retry_base_seconds: float = 1.0,
     ) -> None:
+        self._retry_base = retry_base_seconds
         self.name = name
         self._queue = queue
         self._handle = handle
@@ -90,10 +92,11 @@ class Worker:
             log.warning(
                 "%s failed on %s (attempt %d): %s", self.name, job.key, job.attempts + 1, error
             )
+            retry_in = getattr(error, "retry_in", None)
+            if retry_in is None:
+                retry_in = backoff(job.attempts, base=self._retry_base)
             with contextlib.suppress(Exception):
-                await self._queue.failed(
-                    job, f"{type(error).__name__}: {error}", backoff(job.attempts)
-                )
+                await self._queue.failed(job, f"{type(error).__name__}: {error}", retry_in)
             return
         self.completed += 1
         try:

@@ -36,6 +36,8 @@ class Settings(msgspec.Struct, frozen=True):
     s3_bucket: str | None = None
     s3_region: str | None = None
     sweep_interval_seconds: float = 30.0
+    dispatch_poll_seconds: float = 0.1
+    retry_base_seconds: float = 1.0
 
     @property
     def embedded(self) -> bool:
@@ -77,4 +79,6 @@ class Settings(msgspec.Struct, frozen=True):
             s3_bucket=get("S3_BUCKET"),
             s3_region=get("S3_REGION"),
             sweep_interval_seconds=float(get("SWEEP_INTERVAL_SECONDS") or 30.0),
+            dispatch_poll_seconds=float(get("DISPATCH_POLL_SECONDS") or 0.1),
+            retry_base_seconds=float(get("RETRY_BASE_SECONDS") or 1.0),
         )

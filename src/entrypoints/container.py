@@ -14,14 +14,19 @@ from datetime import UTC, datetime
 import asyncpg
 from dependency_injector import containers, providers
 
+from adapters.memory.deliveries import MemoryInputDeliveries
 from adapters.memory.streams import MemoryStreams
 from adapters.memory.tokens import MemoryTokens
 from adapters.objects.filesystem import FilesystemObjectStore
 from adapters.objects.memory import MemoryObjectStore
+from adapters.postgres.deliveries import PostgresInputDeliveries
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
 from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.tokens import PostgresTokens
 from adapters.postgres.wake_bus import PostgresWakeBus
+from adapters.wait_service.http import HttpWaitService
+from adapters.wait_service.memory import MemoryWaitService
+from adapters.wait_service.postgres import PostgresWaitService
 from application.acknowledge import Acknowledge
 from application.append_records import AppendRecords
 from application.close_stream import CloseStream
@@ -30,6 +35,7 @@ from application.definitions import Definitions
 from application.deletions import DeleteBodies
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
+from application.input_delivery import Dispatch
 from application.list_streams import ListStreams
 from application.live import LiveTails
 from application.objects import Objects, ObjectStores
@@ -118,6 +124,21 @@ async def open_object_stores(settings: Settings) -> AsyncIterator[ObjectStores]:
             await store.close()
 
 
+async def open_wait_service(
+    settings: Settings, pool: asyncpg.Pool
+) -> AsyncIterator[PostgresWaitService | HttpWaitService]:
+    if settings.wait_service == "postgres":
+        yield PostgresWaitService(pool)
+        return
+    if settings.wait_service != "http" or not settings.wait_service_url:
+        raise ValueError("WAIT_SERVICE is postgres, or http with WAIT_SERVICE_URL")
+    service = HttpWaitService(settings.wait_service_url)
+    try:
+        yield service
+    finally:
+        await service.close()
+
+
 class Container(containers.DeclarativeContainer):
     settings = providers.Dependency(instance_of=Settings)
     clock = providers.Object(utc_now)
@@ -145,7 +166,6 @@ class Container(containers.DeclarativeContainer):
     )
     issue_token = providers.Singleton(IssueToken, tokens)
     create_stream = providers.Singleton(CreateStream, streams, clock, deployment)
-    get_stream = providers.Singleton(GetStream, streams, deployment)
     list_streams = providers.Singleton(ListStreams, streams, deployment)
     append_records = providers.Singleton(AppendRecords, definitions, commits, wake, clock)
     read_records = providers.Singleton(ReadRecords, definitions, streams, wake)  # reads pages too
@@ -173,6 +193,7 @@ class Container(containers.DeclarativeContainer):
         deletion_jobs,
         delete_bodies.provided.run_job,
         poll_seconds=settings.provided.worker_poll_seconds,
+        retry_base_seconds=settings.provided.retry_base_seconds,
     )
     retention_jobs = providers.Singleton(
         PostgresRetentionJobs,
@@ -180,12 +201,30 @@ class Container(containers.DeclarativeContainer):
         worker_id,
         lease_seconds=settings.provided.worker_lease_seconds,
     )
+    input_deliveries = providers.Singleton(
+        PostgresInputDeliveries,
+        pool,
+        worker_id,
+        lease_seconds=settings.provided.worker_lease_seconds,
+    )
+    wait_service = providers.Resource(open_wait_service, settings, pool)
+    dispatch = providers.Singleton(Dispatch, streams, streams, wait_service)
+    dispatcher = providers.Singleton(
+        Worker,
+        "dispatcher",
+        input_deliveries,
+        dispatch.provided.run_job,
+        poll_seconds=settings.provided.dispatch_poll_seconds,
+        retry_base_seconds=settings.provided.retry_base_seconds,
+    )
+    get_stream = providers.Singleton(GetStream, streams, deployment, input_deliveries)
     prune_retention = providers.Singleton(
         PruneRetention,
         streams,
         streams,
         commits,
         clock,
+        input_deliveries,
         interval_seconds=settings.provided.prune_interval_seconds,
     )
     pruner = providers.Singleton(
@@ -194,6 +233,7 @@ class Container(containers.DeclarativeContainer):
         retention_jobs,
         prune_retention.provided.run_job,
         poll_seconds=settings.provided.worker_poll_seconds,
+        retry_base_seconds=settings.provided.retry_base_seconds,
     )
     subscribe = providers.Singleton(
         Subscribe,
@@ -211,6 +251,8 @@ def memory_container(settings: Settings | None = None) -> Container:
     streams = MemoryStreams(container.wake())
     container.pool.override(providers.Object(None))
     container.wake_bus.override(providers.Object(None))
+    container.input_deliveries.override(providers.Object(MemoryInputDeliveries(streams)))
+    container.wait_service.override(providers.Object(MemoryWaitService()))
     container.object_stores.override(
         providers.Object(
             ObjectStores({r: MemoryObjectStore() for r in container.settings().object_regions})
@@ -255,8 +297,7 @@ async def start(container: Container) -> Services:
 
 
 async def workers(container: Container) -> list[Worker | Periodic]:
-    """The background workers: pruner, deletion worker and orphan sweeper (the input-delivery
-    dispatcher comes with input streams)."""
+    """The background workers: pruner, deletion worker, input dispatcher, orphan sweeper."""
     objects = await _resolved(container.objects())
     sweeper = Periodic(
         "orphan sweeper",
@@ -266,6 +307,7 @@ async def workers(container: Container) -> list[Worker | Periodic]:
     return [
         await _resolved(container.pruner()),  # type: ignore[list-item]
         await _resolved(container.deleter()),  # type: ignore[list-item]
+        await _resolved(container.dispatcher()),  # type: ignore[list-item]
         sweeper,
     ]
 

@@ -7,6 +7,7 @@ from datetime import timedelta
 import msgspec
 import pytest
 
+from adapters.memory.deliveries import MemoryInputDeliveries
 from adapters.memory.streams import MemoryStreams
 from application.group_commit import GroupCommit
 from application.retention import CHUNK, PruneRetention
@@ -27,7 +28,10 @@ class Clock:
 def setup():
     streams = MemoryStreams()
     clock = Clock()
-    prune = PruneRetention(streams, streams, GroupCommit(streams), clock, interval_seconds=7)
+    deliveries = MemoryInputDeliveries(streams)
+    prune = PruneRetention(
+        streams, streams, GroupCommit(streams), clock, deliveries, interval_seconds=7
+    )
     return streams, prune, clock
 
 

@@ -47,11 +47,20 @@ class _Row(msgspec.Struct):
     receipts: dict[str, Receipt] = msgspec.field(default_factory=dict)
 
 
+class DeliveryRow(msgspec.Struct):
+    delivered: bool = False
+    claimed_by: str | None = None
+    attempts: int = 0
+    not_before: float = 0.0
+    last_error: str | None = None
+
+
 class MemoryStreams:
     def __init__(self, wake: WakeRegistry | None = None) -> None:
         self._rows: dict[StreamKey, _Row] = {}
         self._intents: dict[tuple[StreamKey, str], ObjectIntent] = {}
         self.deletions: list[tuple[StreamKey, str, str, str]] = []  # key, region, storage key, why
+        self.deliveries: dict[StreamKey, dict[int, DeliveryRow]] = {}
         self._locks: defaultdict[StreamKey, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._wake = wake or WakeRegistry()
         self.transactions = 0
@@ -114,6 +123,10 @@ class MemoryStreams:
                         payload=r.record.payload,
                     )
                     row.offsets[r.sequence] = r.end_offset
+                if stream.definition.direction == "input":
+                    rows = self.deliveries.setdefault(key, {})
+                    for r in changes.records:
+                        rows[r.sequence] = DeliveryRow()
                 for receipt in changes.receipts:
                     row.receipts[receipt.key] = receipt
                 row.journal.extend(encode_event(e) for e in changes.events)

@@ -87,7 +87,7 @@ class FilesystemObjectStore:
         walker = os.walk(self._root.joinpath(*complete))
         while (entry := await asyncio.to_thread(next, walker, None)) is not None:
             directory, subdirectories, files = entry
-            base = os.path.relpath(directory, self._root).replace(os.sep, "/")
+            base = Path(directory).relative_to(self._root).as_posix()
             base = "" if base == "." else base + "/"
             subdirectories[:] = sorted(
                 name

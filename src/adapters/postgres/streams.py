@@ -103,6 +103,10 @@ WITH new_records AS (
     ON CONFLICT (tenant, run_id, stream_id, consumer_id) DO UPDATE
     SET principal = excluded.principal, acked_sequence = excluded.acked_sequence,
         updated_at = excluded.updated_at
+), deliveries AS (
+    -- input streams: each record's delivery row commits with the record
+    INSERT INTO input_deliveries (tenant, run_id, stream_id, sequence)
+    SELECT $1, $2, $3, d FROM unnest($27::bigint[]) AS d
 )
 UPDATE streams
 SET version = $21::bigint, head = $22::bigint, earliest = $23::bigint, closed = $24::boolean,
@@ -343,4 +347,5 @@ def _write_arguments(
         s.closed,
         s.legal_hold.enabled,
         encode_state(s),
+        [r.sequence for r in changes.records] if stream.definition.direction == "input" else [],
     )

@@ -1,0 +1,58 @@
+"""The input-delivery queue in memory, with the PostgreSQL one's rule: per stream, only the
+lowest undelivered record can be claimed."""
+
+from __future__ import annotations
+
+import time
+
+from adapters.memory.streams import MemoryStreams
+from application.views import InputDeliveryStatus
+from application.workers import Job
+from domain.stream import StreamKey
+
+
+class MemoryInputDeliveries:
+    def __init__(self, streams: MemoryStreams, worker_id: str = "memory") -> None:
+        self._streams = streams
+        self.worker_id = worker_id
+
+    async def claim(self, limit: int) -> list[Job]:
+        jobs = []
+        for key, rows in self._streams.deliveries.items():
+            pending = sorted(s for s, row in rows.items() if not row.delivered)
+            if not pending:
+                continue
+            head = rows[pending[0]]
+            if head.claimed_by is None and head.not_before <= time.monotonic():
+                head.claimed_by = self.worker_id
+                jobs.append(Job(key=key, attempts=head.attempts, id=pending[0]))
+            if len(jobs) >= limit:
+                break
+        return jobs
+
+    async def done(self, job: Job, next_in: float | None) -> None:
+        row = self._streams.deliveries[job.key][job.id]  # type: ignore[index]
+        row.delivered, row.claimed_by, row.last_error = True, None, None
+
+    async def failed(self, job: Job, error: str, retry_in: float) -> None:
+        row = self._streams.deliveries[job.key][job.id]  # type: ignore[index]
+        row.claimed_by, row.last_error = None, error
+        row.attempts += 1
+        row.not_before = time.monotonic() + retry_in
+
+    async def release(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self._streams.deliveries[job.key][job.id].claimed_by = None  # type: ignore[index]
+
+    async def status(self, key: StreamKey) -> InputDeliveryStatus:
+        rows = self._streams.deliveries.get(key, {})
+        delivered = [s for s, r in rows.items() if r.delivered]
+        pending = sorted(s for s, r in rows.items() if not r.delivered)
+        return InputDeliveryStatus(
+            delivered_through=max(delivered, default=0),
+            pending=len(pending),
+            last_error=rows[pending[0]].last_error if pending else None,
+        )
+
+    async def delivered_through(self, key: StreamKey) -> int:
+        return (await self.status(key)).delivered_through

@@ -1,0 +1,91 @@
+"""The input-delivery queue: per stream, only the lowest undelivered record can be claimed."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from application.views import InputDeliveryStatus
+from application.workers import Job
+from domain.stream import StreamKey
+
+_KEY = "tenant = $2 AND run_id = $3 AND stream_id = $4 AND sequence = $5 AND claimed_by = $1"
+
+# DISTINCT ON takes each stream's lowest undelivered row whatever its lease, so a stream whose
+# head is claimed (or backing off) offers nothing: no dispatcher can overtake another.
+_CLAIM = """
+UPDATE input_deliveries d
+SET claimed_by = $1, lease_until = now() + make_interval(secs => $2)
+FROM (
+    SELECT tenant, run_id, stream_id, sequence FROM (
+        SELECT DISTINCT ON (tenant, run_id, stream_id)
+               tenant, run_id, stream_id, sequence, lease_until, next_attempt_at
+        FROM input_deliveries
+        WHERE delivered_at IS NULL
+        ORDER BY tenant, run_id, stream_id, sequence
+    ) heads
+    WHERE next_attempt_at <= now() AND (lease_until IS NULL OR lease_until < now())
+    LIMIT $3
+) h
+WHERE (d.tenant, d.run_id, d.stream_id, d.sequence) = (h.tenant, h.run_id, h.stream_id, h.sequence)
+  AND d.delivered_at IS NULL AND (d.lease_until IS NULL OR d.lease_until < now())
+RETURNING d.tenant, d.run_id, d.stream_id, d.sequence, d.attempts
+"""
+
+_STATUS = """
+SELECT coalesce(max(sequence) FILTER (WHERE delivered_at IS NOT NULL), 0),
+       count(*) FILTER (WHERE delivered_at IS NULL),
+       (SELECT last_error FROM input_deliveries
+        WHERE tenant = $1 AND run_id = $2 AND stream_id = $3 AND delivered_at IS NULL
+        ORDER BY sequence LIMIT 1)
+FROM input_deliveries WHERE tenant = $1 AND run_id = $2 AND stream_id = $3
+"""
+
+
+class PostgresInputDeliveries:
+    def __init__(self, pool: asyncpg.Pool, worker_id: str, lease_seconds: float = 30.0) -> None:
+        self._pool = pool
+        self.worker_id = worker_id
+        self._lease = lease_seconds
+
+    async def claim(self, limit: int) -> list[Job]:
+        rows = await self._pool.fetch(_CLAIM, self.worker_id, self._lease, limit)
+        return [Job(key=StreamKey(r[0], r[1], r[2]), attempts=r[4], id=r[3]) for r in rows]
+
+    async def done(self, job: Job, next_in: float | None) -> None:
+        await self._pool.execute(
+            f"""UPDATE input_deliveries
+                SET delivered_at = now(), claimed_by = NULL, lease_until = NULL, last_error = NULL
+                WHERE {_KEY}""",
+            self.worker_id,
+            *job.key,
+            job.id,
+        )
+
+    async def failed(self, job: Job, error: str, retry_in: float) -> None:
+        await self._pool.execute(
+            f"""UPDATE input_deliveries
+                SET claimed_by = NULL, lease_until = NULL, attempts = attempts + 1,
+                    last_error = $6, next_attempt_at = now() + make_interval(secs => $7)
+                WHERE {_KEY}""",
+            self.worker_id,
+            *job.key,
+            job.id,
+            error[:2000],
+            retry_in,
+        )
+
+    async def release(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            await self._pool.execute(
+                f"UPDATE input_deliveries SET claimed_by = NULL, lease_until = NULL WHERE {_KEY}",
+                self.worker_id,
+                *job.key,
+                job.id,
+            )
+
+    async def status(self, key: StreamKey) -> InputDeliveryStatus:
+        row = await self._pool.fetchrow(_STATUS, *key)
+        return InputDeliveryStatus(delivered_through=row[0], pending=row[1], last_error=row[2])
+
+    async def delivered_through(self, key: StreamKey) -> int:
+        return (await self.status(key)).delivered_through

@@ -1,0 +1,1 @@
+"""Adapters of the workflow wait service: a PostgreSQL table (embedded default), HTTP, memory."""

@@ -1,0 +1,15 @@
+"""The wait service in memory, for tests: accepted events by id, in acceptance order."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class MemoryWaitService:
+    def __init__(self) -> None:
+        self.events: dict[str, dict] = {}
+        self.publishes = 0
+
+    async def publish(self, event_id: str, event: bytes) -> None:
+        self.publishes += 1
+        self.events.setdefault(event_id, msgspec.json.decode(event))

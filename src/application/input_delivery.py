@@ -1,0 +1,96 @@
+"""Input streams: each record reaches the workflow wait service as one deterministic event.
+
+The record and its delivery row commit together, so nothing acknowledged can miss delivery. The
+dispatcher (a worker) claims, per stream, only the lowest undelivered record, with a lease: a
+stream's N is published only after N-1 was accepted, a second dispatcher cannot overtake the
+first, and a killed one's claim is taken over when its lease runs out. A publish whose answer was
+lost is simply published again under the same event id, which the wait service deduplicates:
+streams never become a second resume authority."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import msgspec
+
+from application.log_context import about_stream
+from application.ports import RecordReader, StreamRepository
+from application.views import InputDeliveryStatus, record_view
+from application.workers import Job
+from domain.stream import StreamKey
+
+log = logging.getLogger("ductor_streams.dispatcher")
+
+
+class PublishFailed(Exception):
+    """The wait service did not accept an event. `retry_in`, when set, overrides the backoff
+    (a refusal that is not transient is retried slowly, never dropped)."""
+
+    def __init__(self, detail: str, retry_in: float | None = None) -> None:
+        super().__init__(detail)
+        self.retry_in = retry_in
+
+
+class WaitService(Protocol):
+    async def publish(self, event_id: str, event: bytes) -> None:
+        """Hand one event over; idempotent by `event_id`. Raises PublishFailed."""
+
+
+class InputDeliveries(Protocol):
+    async def status(self, key: StreamKey) -> InputDeliveryStatus: ...
+
+    async def delivered_through(self, key: StreamKey) -> int: ...
+
+
+def event_id(key: StreamKey, sequence: int) -> str:
+    return f"wds:{key.tenant}:{key.run_id}:{key.stream_id}:{sequence}"
+
+
+class WaitEvent(msgspec.Struct, frozen=True):
+    id: str
+    tenant: str
+    run_id: str
+    stream_id: str
+    sequence: int
+    content_type: str
+    record: Any
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+class Dispatch:
+    """The dispatcher's job: publish one stream's next record."""
+
+    def __init__(
+        self, streams: StreamRepository, reader: RecordReader, wait_service: WaitService
+    ) -> None:
+        self._streams = streams
+        self._reader = reader
+        self._wait_service = wait_service
+
+    async def run_job(self, job: Job) -> float | None:
+        key, sequence = job.key, job.id
+        assert sequence is not None
+        definition = await self._streams.definition(key)
+        if definition is not None:
+            about_stream(key, definition.placement.log_region)
+        found = await self._reader.page(key, sequence - 1, 1)
+        if found is None or not found[1] or found[1][0].sequence != sequence:
+            # Retention may not remove undelivered input (the pruner stops short of it); a
+            # missing record here is a bug worth shouting about, not a reason to skip it.
+            raise PublishFailed(f"record {sequence} is not readable", retry_in=60.0)
+        record = found[1][0]
+        eid = event_id(key, sequence)
+        event = WaitEvent(
+            id=eid,
+            tenant=key.tenant,
+            run_id=key.run_id,
+            stream_id=key.stream_id,
+            sequence=sequence,
+            content_type=record.content_type,
+            record=record_view(record),
+        )
+        await self._wait_service.publish(eid, _encode(event))
+        return None

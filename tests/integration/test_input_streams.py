@@ -1,0 +1,123 @@
+"""Input streams end to end: records reach the workflow wait service once each, in order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.support.server import WorkerProcess
+from tests.support.wait_stub import WaitServiceStub
+
+FAST = {
+    "DUCTOR_STREAMS_WORKER_POLL_SECONDS": "0.05",
+    "DUCTOR_STREAMS_DISPATCH_POLL_SECONDS": "0.05",
+    "DUCTOR_STREAMS_WORKER_LEASE_SECONDS": "2",
+    "DUCTOR_STREAMS_RETRY_BASE_SECONDS": "0.02",
+}
+
+
+async def input_stream(api: httpx.AsyncClient, run_id: str, stream_id: str) -> str:
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": stream_id, "direction": "input"}
+    )
+    assert created.status_code == 201, created.text
+    return f"/runs/{run_id}/streams/{stream_id}"
+
+
+async def append(api: httpx.AsyncClient, path: str, *values: object) -> None:
+    answer = await api.post(f"{path}/records", json={"records": [{"data": v} for v in values]})
+    assert answer.status_code == 201, answer.text
+
+
+@pytest.fixture  # not shared: a live dispatcher would deliver the other tests' records
+def dispatcher(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    process = WorkerProcess(
+        database_url=database_url, data_dir=tmp_path_factory.mktemp("dispatch"), env=FAST
+    ).start()
+    yield
+    process.stop()
+
+
+async def test_input_records_land_in_the_wait_events_table_in_order(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, dispatcher: None, run_id: str
+) -> None:
+    path = await input_stream(api, run_id, "answers")
+    await append(api, path, {"q": 1}, {"q": 2})
+    await append(api, path, {"q": 3})
+    async with asyncio.timeout(15):
+        while (await api.get(path)).json()["state"]["input_delivery"]["pending"]:
+            await asyncio.sleep(0.05)
+    rows = await pool.fetch(
+        "SELECT event_id, sequence, payload FROM workflow_wait_events WHERE run_id = $1 "
+        "ORDER BY sequence",
+        run_id,
+    )
+    assert [r["event_id"] for r in rows] == [f"wds:default:{run_id}:answers:{n}" for n in (1, 2, 3)]
+    import json
+
+    payload = json.loads(rows[0]["payload"])
+    assert payload["record"]["data"] == {"q": 1} and payload["content_type"] == "application/json"
+    state = (await api.get(path)).json()["state"]["input_delivery"]
+    assert state == {"delivered_through": 3, "pending": 0, "last_error": None}
+
+
+async def test_output_streams_create_no_delivery_rows(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str
+) -> None:
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "o", "direction": "output"}
+    )
+    assert created.status_code == 201
+    await append(api, f"/runs/{run_id}/streams/o", 1, 2, 3)
+    assert (
+        await pool.fetchval("SELECT count(*) FROM input_deliveries WHERE run_id = $1", run_id) == 0
+    )
+    assert "input_delivery" not in (await api.get(f"/runs/{run_id}/streams/o")).json()["state"]
+
+
+@pytest.mark.slow
+async def test_a_flaky_http_wait_service_and_a_killed_dispatcher_lose_and_reorder_nothing(
+    api: httpx.AsyncClient,
+    database_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    run_id: str,
+) -> None:
+    with WaitServiceStub(fail_every=3, lose_answer_every=5) as stub:
+        env = {
+            **FAST,
+            "DUCTOR_STREAMS_WAIT_SERVICE": "http",
+            "DUCTOR_STREAMS_WAIT_SERVICE_URL": stub.url,
+        }
+        workers = [
+            WorkerProcess(
+                database_url=database_url, data_dir=tmp_path_factory.mktemp(f"d{i}"), env=env
+            ).start()
+            for i in range(2)
+        ]
+        try:
+            paths = [await input_stream(api, run_id, f"s{i}") for i in range(3)]
+            for batch in range(10):
+                for path in paths:
+                    await append(api, path, *[batch * 10 + i for i in range(5)])
+                if batch == 4:
+                    workers[0].kill()  # kill -9 mid-delivery; the other takes over
+            try:
+                async with asyncio.timeout(90):
+                    while sum(len(stub.sequences(f"s{i}")) for i in range(3)) < 150:
+                        await asyncio.sleep(0.1)
+            except TimeoutError:
+                counts = [len(stub.sequences(f"s{i}")) for i in range(3)]
+                raise AssertionError(
+                    f"accepted {counts} of 50 each after 90 s; requests {stub.requests}\n"
+                    + workers[1].log()[-3000:]
+                ) from None
+        finally:
+            for w in workers:
+                w.stop()
+        for i in range(3):
+            assert stub.sequences(f"s{i}") == list(range(1, 51))  # each once, in order
+        assert stub.duplicates >= 1  # lost answers were published again under the same id

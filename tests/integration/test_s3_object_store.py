@@ -1,0 +1,205 @@
+"""The object-store contract on S3, over real HTTP on loopback.
+
+MinIO in a container when a Docker engine answers (and testcontainers' MinIO module is
+installed), otherwise moto's S3 server in a thread of this process. Either way every call goes
+through aioboto3, HTTP and an S3 API implementation, not a mock of the client."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import aioboto3
+import pytest
+
+from adapters.objects.s3 import PART_SIZE, UPLOADS, S3ObjectStore
+from domain.errors import ObjectTooLarge
+from tests.support.object_store_contract import (
+    MiB,
+    ObjectStoreContract,
+    chunks_of,
+    evidence,
+    namespace,
+    read,
+)
+
+REGION = "us-east-1"
+
+
+class S3Endpoint:
+    def __init__(self, url: str, access_key: str, secret_key: str) -> None:
+        self.url = url
+        self.session = aioboto3.Session(
+            aws_access_key_id=access_key, aws_secret_access_key=secret_key, region_name=REGION
+        )
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+    except Exception:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _minio() -> Iterator[S3Endpoint]:
+    from testcontainers.minio import MinioContainer
+
+    with MinioContainer() as minio:
+        config = minio.get_config()
+        yield S3Endpoint(f"http://{config['endpoint']}", config["access_key"], config["secret_key"])
+
+
+@contextlib.contextmanager
+def _moto() -> Iterator[S3Endpoint]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield S3Endpoint(f"http://{host}:{port}", "testing", "testing")
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[S3Endpoint]:
+    minio_available = False
+    if _docker_answers():
+        with contextlib.suppress(ImportError):
+            import testcontainers.minio  # noqa: F401  (needs the `minio` package)
+
+            minio_available = True
+    with _minio() if minio_available else _moto() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+async def s3_client(s3_endpoint: S3Endpoint) -> AsyncIterator:
+    """A client of the test's own, to look at the bucket behind the store's back."""
+    async with s3_endpoint.session.client("s3", endpoint_url=s3_endpoint.url) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+async def bucket(s3_client) -> str:
+    name = "objects-" + secrets.token_hex(4)
+    await s3_client.create_bucket(Bucket=name)
+    return name
+
+
+async def pending_uploads(s3_client, bucket: str) -> list[dict]:
+    answer = await s3_client.list_multipart_uploads(Bucket=bucket, Prefix=UPLOADS)
+    return answer.get("Uploads", [])
+
+
+async def temporary_objects(s3_client, bucket: str) -> list[dict]:
+    answer = await s3_client.list_objects_v2(Bucket=bucket, Prefix=UPLOADS)
+    return answer.get("Contents", [])
+
+
+class TestS3ObjectStore(ObjectStoreContract):
+    @pytest.fixture
+    async def store(self, s3_endpoint: S3Endpoint, bucket: str) -> AsyncIterator[S3ObjectStore]:
+        async with S3ObjectStore(
+            bucket, endpoint_url=s3_endpoint.url, region_name=REGION, session=s3_endpoint.session
+        ) as store:
+            yield store
+
+    async def test_a_long_body_is_streamed_as_a_multipart_upload(
+        self, store: S3ObjectStore, s3_client, bucket: str
+    ) -> None:
+        key = namespace() + "/obj-streamed"
+        body = os.urandom(20 * MiB)
+        parts_seen_midway: list[int] = []
+
+        async def watched() -> AsyncIterator[bytes]:
+            sent = 0
+            async for chunk in chunks_of(body):
+                if sent == 12 * MiB:  # the body is not all sent yet: parts must be on the server
+                    [upload] = await pending_uploads(s3_client, bucket)
+                    parts = await s3_client.list_parts(
+                        Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                    )
+                    parts_seen_midway.extend(p["Size"] for p in parts.get("Parts", []))
+                sent += len(chunk)
+                yield chunk
+
+        assert await store.put(key, watched(), max_size=32 * MiB) == evidence(body)
+        assert parts_seen_midway == [PART_SIZE]  # one 8 MiB part uploaded before the body ended
+        assert await store.stat(key) == evidence(body)
+        assert hashlib.sha256(await read(store, key)).digest() == evidence(body).sha256
+        assert await pending_uploads(s3_client, bucket) == []
+        assert await temporary_objects(s3_client, bucket) == []
+
+    async def test_an_oversized_multipart_upload_is_aborted(
+        self, store: S3ObjectStore, s3_client, bucket: str
+    ) -> None:
+        key = namespace() + "/obj-aborted"
+        with pytest.raises(ObjectTooLarge):
+            await store.put(key, chunks_of(os.urandom(20 * MiB)), max_size=17 * MiB)
+        assert await store.stat(key) is None
+        assert await pending_uploads(s3_client, bucket) == []
+        assert await temporary_objects(s3_client, bucket) == []
+
+    @pytest.mark.parametrize("size", [3 * MiB, 12 * MiB], ids=["single-put", "multipart"])
+    async def test_every_body_carries_our_sha256_and_the_stores_own(
+        self, store: S3ObjectStore, s3_client, bucket: str, size: int
+    ) -> None:
+        key = namespace() + "/obj-evidence"
+        body = os.urandom(size)
+        await store.put(key, chunks_of(body), max_size=32 * MiB)
+        head = await s3_client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        digest = hashlib.sha256(body)
+        assert head["Metadata"]["sha256"] == digest.hexdigest()
+        assert head["ChecksumSHA256"] == base64.b64encode(digest.digest()).decode()
+        assert head.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT"
+        assert "-" not in head["ETag"]  # so stat takes the checksum as the store's evidence
+
+    async def test_stat_prefers_the_stores_checksum_to_the_claimed_metadata(
+        self, store: S3ObjectStore, s3_client, bucket: str
+    ) -> None:
+        key = namespace() + "/obj-claimed"
+        body = b"what is really stored"
+        await s3_client.put_object(
+            Bucket=bucket,
+            Key=key,
+            Body=body,
+            ChecksumAlgorithm="SHA256",
+            Metadata={"sha256": hashlib.sha256(b"a different claim").hexdigest()},
+        )
+        assert await store.stat(key) == evidence(body)
+
+    async def test_stat_reads_the_body_when_the_store_attests_nothing(
+        self, store: S3ObjectStore, s3_client, bucket: str
+    ) -> None:
+        key = namespace() + "/obj-bare"
+        body = os.urandom(3 * MiB)
+        # A composite multipart checksum is no full-object SHA-256, and there is no metadata.
+        upload = await s3_client.create_multipart_upload(
+            Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256"
+        )
+        part = await s3_client.upload_part(
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload["UploadId"],
+            PartNumber=1,
+            Body=body,
+            ChecksumAlgorithm="SHA256",
+        )
+        parts = [{"PartNumber": 1, "ETag": part["ETag"], "ChecksumSHA256": part["ChecksumSHA256"]}]
+        await s3_client.complete_multipart_upload(
+            Bucket=bucket, Key=key, UploadId=upload["UploadId"], MultipartUpload={"Parts": parts}
+        )
+        head = await s3_client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        full = base64.b64encode(evidence(body).sha256).decode()
+        assert head["ChecksumSHA256"] != full and "sha256" not in head["Metadata"]
+        assert await store.stat(key) == evidence(body)

@@ -1,0 +1,183 @@
+"""One contract for every ObjectStore adapter, subclassed per adapter.
+
+A subclass provides the `store` fixture. Each test works under its own key namespace, so a store
+shared by a module (one S3 bucket) needs no cleaning between tests.
+
+A put that fails (too large, or its producer fails) leaves the key exactly as it was: nothing if
+it was empty, the whole previous body if there was one. The port's "leaves nothing at `key`"
+reads as "adds nothing at `key`"; destroying a committed body because a retry was bad would
+turn a client's mistake into data loss."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterable
+
+import pytest
+
+from application.ports import StoredObject
+from domain.errors import ObjectMissing, ObjectTooLarge
+
+MiB = 1024 * 1024
+
+
+def namespace() -> str:
+    return "t-" + secrets.token_hex(4) + "/run/stream"
+
+
+async def chunks_of(body: bytes, size: int = MiB) -> AsyncIterator[bytes]:
+    for start in range(0, len(body), size):
+        yield body[start : start + size]
+
+
+async def from_list(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+def evidence(body: bytes) -> StoredObject:
+    return StoredObject(size=len(body), sha256=hashlib.sha256(body).digest())
+
+
+async def read(store, key: str) -> bytes:
+    return b"".join([chunk async for chunk in store.get(key)])
+
+
+async def listed(store, prefix: str) -> set[str]:
+    return {key async for key in store.keys(prefix)}
+
+
+class ObjectStoreContract:
+    async def test_a_body_round_trips_with_its_size_and_sha256(self, store) -> None:
+        key = namespace() + "/obj-a"
+        body = b"hello, " * 100 + b"world"
+        stored = await store.put(key, chunks_of(body, 64), max_size=len(body))
+        assert stored == evidence(body)
+        assert await store.stat(key) == evidence(body)
+        assert await read(store, key) == body
+
+    async def test_an_empty_body_is_a_body(self, store) -> None:
+        key = namespace() + "/obj-empty"
+        assert await store.put(key, from_list([]), max_size=0) == evidence(b"")
+        assert await store.stat(key) == evidence(b"")
+        assert await read(store, key) == b""
+
+    async def test_a_multi_chunk_body_round_trips(self, store) -> None:
+        key = namespace() + "/obj-big"
+        body = os.urandom(12 * MiB)
+        assert await store.put(key, chunks_of(body), max_size=32 * MiB) == evidence(body)
+        assert await store.stat(key) == evidence(body)
+        got = [chunk async for chunk in store.get(key)]
+        assert b"".join(got) == body
+        assert max(len(chunk) for chunk in got) <= 8 * MiB  # streamed, not one 12 MiB piece
+
+    async def test_passing_max_size_raises_at_once_and_stores_nothing(self, store) -> None:
+        key = namespace() + "/obj-too-large"
+        pulled = 0
+
+        async def producer() -> AsyncIterator[bytes]:
+            nonlocal pulled
+            for _ in range(5):
+                pulled += 1
+                yield b"x" * 6
+
+        with pytest.raises(ObjectTooLarge):
+            await store.put(key, producer(), max_size=10)
+        assert pulled == 2  # the chunk that passed the limit was the last one asked for
+        assert await store.stat(key) is None
+        with pytest.raises(ObjectMissing):
+            await read(store, key)
+        assert await listed(store, key.rsplit("/", 1)[0] + "/") == set()
+
+    async def test_a_body_exactly_max_size_is_accepted(self, store) -> None:
+        key = namespace() + "/obj-exact"
+        body = b"y" * 10
+        assert await store.put(key, chunks_of(body, 3), max_size=10) == evidence(body)
+
+    async def test_a_failed_overwrite_leaves_the_previous_body_intact(self, store) -> None:
+        key = namespace() + "/obj-kept"
+        previous = os.urandom(3 * MiB)
+        await store.put(key, chunks_of(previous), max_size=32 * MiB)
+        with pytest.raises(ObjectTooLarge):  # past one S3 part, so a multipart upload is aborted
+            await store.put(key, chunks_of(os.urandom(12 * MiB)), max_size=9 * MiB)
+        assert await store.stat(key) == evidence(previous)
+        assert await read(store, key) == previous
+
+    async def test_a_failing_producer_leaves_the_key_as_it_was(self, store) -> None:
+        prefix = namespace() + "/"
+        kept, fresh = prefix + "obj-kept", prefix + "obj-fresh"
+        await store.put(kept, from_list([b"old"]), max_size=100)
+
+        async def broken() -> AsyncIterator[bytes]:
+            yield b"new"
+            raise RuntimeError("the client went away")
+
+        for key in (kept, fresh):
+            with pytest.raises(RuntimeError):
+                await store.put(key, broken(), max_size=100)
+        assert await read(store, kept) == b"old"
+        assert await store.stat(fresh) is None
+        assert await listed(store, prefix) == {kept}
+
+    async def test_readers_see_the_whole_old_body_until_an_overwrite_completes(self, store) -> None:
+        key = namespace() + "/obj-swap"
+        old, new = os.urandom(3 * MiB), os.urandom(3 * MiB)
+        await store.put(key, chunks_of(old), max_size=32 * MiB)
+        halfway, resume = asyncio.Event(), asyncio.Event()
+
+        async def paused() -> AsyncIterator[bytes]:
+            async for chunk in chunks_of(new):
+                yield chunk
+                if not halfway.is_set():
+                    halfway.set()
+                    await resume.wait()
+
+        reader = store.get(key)
+        first = await anext(reader)  # a reader already under way keeps its version
+        writing = asyncio.create_task(store.put(key, paused(), max_size=32 * MiB))
+        await halfway.wait()
+        assert await store.stat(key) == evidence(old)
+        assert await read(store, key) == old
+        resume.set()
+        assert await writing == evidence(new)
+        assert first + b"".join([chunk async for chunk in reader]) == old
+        assert await store.stat(key) == evidence(new)
+        assert await read(store, key) == new
+
+    async def test_concurrent_puts_leave_one_whole_body(self, store) -> None:
+        key = namespace() + "/obj-race"
+        bodies = [bytes([n]) * (2 * MiB + n) for n in range(3)]
+        await asyncio.gather(*(store.put(key, chunks_of(b), max_size=32 * MiB) for b in bodies))
+        assert await read(store, key) in bodies
+        assert (await store.stat(key)) in [evidence(b) for b in bodies]
+
+    async def test_delete_is_idempotent(self, store) -> None:
+        key = namespace() + "/obj-gone"
+        await store.delete(key)
+        await store.put(key, from_list([b"body"]), max_size=100)
+        await store.delete(key)
+        await store.delete(key)
+        assert await store.stat(key) is None
+        with pytest.raises(ObjectMissing):
+            await read(store, key)
+
+    async def test_getting_a_missing_key_raises_object_missing(self, store) -> None:
+        with pytest.raises(ObjectMissing):
+            await read(store, namespace() + "/obj-never")
+        assert await store.stat(namespace() + "/obj-never") is None
+
+    async def test_keys_lists_exactly_the_stored_keys_under_a_prefix(self, store) -> None:
+        root = namespace()
+        stored = [f"{root}/a/x", f"{root}/a/y", f"{root}/ab/w", f"{root}/b/z"]
+        for key in stored:
+            await store.put(key, from_list([key.encode()]), max_size=100)
+        await store.delete(f"{root}/b/z")
+        assert await listed(store, f"{root}/a/") == {f"{root}/a/x", f"{root}/a/y"}
+        assert await listed(store, f"{root}/a") == {f"{root}/a/x", f"{root}/a/y", f"{root}/ab/w"}
+        assert await listed(store, f"{root}/") == set(stored[:3])
+        assert await listed(store, f"{root}/a/x") == {f"{root}/a/x"}
+        assert await listed(store, f"{root}/c/") == set()
+        assert set(stored[:3]) <= await listed(store, "")
