@@ -284,35 +284,35 @@ class Services:
             setattr(self, name, built[name])
 
 
-async def _resolved(value: object) -> object:
+async def resolved(value: object) -> object:
     return await value if inspect.isawaitable(value) else value
 
 
 async def start(container: Container) -> Services:
     """Open the resources and build every use case once."""
-    await _resolved(container.init_resources())
+    await resolved(container.init_resources())
     return Services(
-        **{name: await _resolved(getattr(container, name)()) for name in Services.__annotations__}
+        **{name: await resolved(getattr(container, name)()) for name in Services.__annotations__}
     )
 
 
 async def workers(container: Container) -> list[Worker | Periodic]:
     """The background workers: pruner, deletion worker, input dispatcher, orphan sweeper."""
-    objects = await _resolved(container.objects())
+    objects = await resolved(container.objects())
     sweeper = Periodic(
         "orphan sweeper",
         objects.expire_due,  # type: ignore[attr-defined]
         container.settings().sweep_interval_seconds,
     )
     return [
-        await _resolved(container.pruner()),  # type: ignore[list-item]
-        await _resolved(container.deleter()),  # type: ignore[list-item]
-        await _resolved(container.dispatcher()),  # type: ignore[list-item]
+        await resolved(container.pruner()),  # type: ignore[list-item]
+        await resolved(container.deleter()),  # type: ignore[list-item]
+        await resolved(container.dispatcher()),  # type: ignore[list-item]
         sweeper,
     ]
 
 
 async def stop(container: Container) -> None:
-    commits = await _resolved(container.commits())
+    commits = await resolved(container.commits())
     await commits.drain()  # type: ignore[attr-defined]
-    await _resolved(container.shutdown_resources())
+    await resolved(container.shutdown_resources())

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from application.log_context import stream_fields
+from entrypoints.http.observability import request_id
 
 _encode = msgspec.json.Encoder().encode
 
@@ -23,6 +24,9 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
             **stream_fields(),
         }
+        rid = request_id.get()
+        if rid is not None:
+            line["request_id"] = rid
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return _encode(line).decode()

@@ -17,9 +17,10 @@ from litestar.openapi.plugins import JsonRenderPlugin
 from application.workers import run_workers
 from domain.errors import DomainError
 from entrypoints.config import Settings
-from entrypoints.container import Container, start, stop, workers
+from entrypoints.container import Container, resolved, start, stop, workers
 from entrypoints.http import problems
 from entrypoints.http.objects import ObjectsController
+from entrypoints.http.observability import metrics, request_middleware
 from entrypoints.http.streams import REQUEST_BODIES, StreamsController
 from entrypoints.logs import configure_logging
 
@@ -39,7 +40,7 @@ async def healthz() -> Health:
 
 @get("/readyz", operation_id="readyz", tags=["operations"])
 async def readyz(request: Request) -> Response[Health]:
-    pool = request.app.state.container.pool()
+    pool = await resolved(request.app.state.container.pool())
     if isinstance(pool, asyncpg.Pool):
         try:
             await pool.fetchval("SELECT 1", timeout=2)
@@ -76,7 +77,8 @@ def create_app(container: Container) -> Litestar:
             await stop(container)
 
     app = Litestar(
-        route_handlers=[StreamsController, ObjectsController, healthz, readyz],
+        route_handlers=[StreamsController, ObjectsController, healthz, readyz, metrics],
+        middleware=[request_middleware],
         lifespan=[lifespan],
         exception_handlers={
             DomainError: problems.domain_error,

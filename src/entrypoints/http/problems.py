@@ -10,6 +10,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from domain.errors import Backpressure, DomainError
+from entrypoints.http.observability import PROBLEMS
 
 log = logging.getLogger("ductor_streams.http")
 
@@ -64,6 +65,7 @@ def problem(
     **extra: Any,
 ) -> Response[bytes]:
     status = status or STATUS_OF_CODE.get(code, 400)
+    PROBLEMS.labels(code).inc()
     body = {
         "type": PROBLEM_TYPE_BASE + code,
         "title": TITLE_OF_CODE.get(code, code),

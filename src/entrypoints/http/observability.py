@@ -1,0 +1,138 @@
+"""Operating the service: Prometheus metrics and request ids.
+
+Counters and the latency histogram are kept per process by a thin ASGI middleware; figures that
+live in PostgreSQL (outbox backlogs and lag, object states) are read when /metrics is scraped,
+at most once per `DB_FIGURES_SECONDS`, so a busy scraper costs the database next to nothing."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from contextvars import ContextVar
+from typing import Any
+
+import asyncpg
+from litestar import Request, Response, get
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from entrypoints.container import resolved
+
+DB_FIGURES_SECONDS = 5.0
+request_id: ContextVar[str | None] = ContextVar("ductor_request_id", default=None)
+
+REGISTRY = CollectorRegistry()
+REQUESTS = Histogram(
+    "ductor_streams_request_seconds",
+    "HTTP request latency by route and status",
+    ["method", "route", "status"],
+    registry=REGISTRY,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60),
+)
+APPENDS = Counter(
+    "ductor_streams_appends_total", "Append requests that appended", registry=REGISTRY
+)
+RECORDS = Counter("ductor_streams_records_total", "Records appended", registry=REGISTRY)
+PROBLEMS = Counter(
+    "ductor_streams_problems_total",
+    "Error answers by code (backpressure and quota-exhausted among them)",
+    ["code"],
+    registry=REGISTRY,
+)
+SUBSCRIBERS = Gauge(
+    "ductor_streams_active_subscriptions", "Open live subscriptions", registry=REGISTRY
+)
+WAKE_RECONNECTS = Gauge(
+    "ductor_streams_wake_bus_reconnects", "LISTEN reconnections since start", registry=REGISTRY
+)
+GAPS = Gauge(
+    "ductor_streams_gaps_repaired",
+    "Streams that moved without a notification, repaired since start",
+    registry=REGISTRY,
+)
+OUTBOX_PENDING = Gauge(
+    "ductor_streams_outbox_pending", "Undone outbox rows", ["outbox"], registry=REGISTRY
+)
+OUTBOX_LAG = Gauge(
+    "ductor_streams_outbox_lag_seconds",
+    "Age of the oldest undone outbox row",
+    ["outbox"],
+    registry=REGISTRY,
+)
+OBJECTS = Gauge("ductor_streams_objects", "Object intents by state", ["state"], registry=REGISTRY)
+
+_DB_FIGURES = """
+SELECT 'input_delivery', count(*), coalesce(extract(epoch FROM now() - min(r.appended_at)), 0)
+FROM input_deliveries d JOIN stream_records r USING (tenant, run_id, stream_id, sequence)
+WHERE d.delivered_at IS NULL
+UNION ALL
+SELECT 'deletion', count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
+FROM deletion_outbox WHERE done_at IS NULL
+"""
+
+
+def request_middleware(app: Any) -> Any:
+    """Give each request an id (X-Request-ID, or a new one), and time it by route template."""
+
+    async def middleware(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        rid = None
+        for name, value in scope.get("headers", ()):
+            if name == b"x-request-id":
+                rid = value.decode("latin-1")[:128]
+                break
+        rid = rid or uuid.uuid4().hex
+        token = request_id.set(rid)
+        status = 500
+        started = time.perf_counter()
+
+        async def send_with_id(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid.encode())]
+            await send(message)
+
+        try:
+            await app(scope, receive, send_with_id)
+        finally:
+            route = scope.get("path_template") or "unmatched"
+            REQUESTS.labels(scope["method"], route, str(status)).observe(
+                time.perf_counter() - started
+            )
+            request_id.reset(token)
+
+    return middleware
+
+
+_last_db_read = 0.0
+
+
+@get("/metrics", operation_id="metrics", tags=["operations"], include_in_schema=True)
+async def metrics(request: Request) -> Response[bytes]:
+    global _last_db_read
+    container = request.app.state.container
+    SUBSCRIBERS.set((await resolved(container.subscription_slots())).count())
+    bus = await resolved(container.wake_bus())
+    if bus is not None:
+        WAKE_RECONNECTS.set(bus.reconnects)
+        GAPS.set(bus.gaps_repaired)
+    pool = await resolved(container.pool())
+    if isinstance(pool, asyncpg.Pool) and time.monotonic() - _last_db_read > DB_FIGURES_SECONDS:
+        _last_db_read = time.monotonic()
+        for outbox, pending, lag in await pool.fetch(_DB_FIGURES):
+            OUTBOX_PENDING.labels(outbox).set(pending)
+            OUTBOX_LAG.labels(outbox).set(float(lag))
+        for object_state, count in await pool.fetch(
+            "SELECT state, count(*) FROM object_intents GROUP BY state"
+        ):
+            OBJECTS.labels(object_state).set(count)
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

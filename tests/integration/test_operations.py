@@ -1,0 +1,70 @@
+"""Operating the service: /metrics in Prometheus text, request ids, health and readiness."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.support.server import ServerProcess
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    prefix = f"{name}{{{wanted}}} " if labels else f"{name} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def test_metrics_count_appends_refusals_and_latency(
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url) as plain:
+        before = (await plain.get("/metrics")).text
+        body = {"stream_id": "m", "direction": "output", "limits": {"max_unread_items": 2}}
+        assert (await api.post(f"/runs/{run_id}/streams", json=body)).status_code == 201
+        records = {"records": [{"data": 1}, {"data": 2}]}
+        assert (
+            await api.post(f"/runs/{run_id}/streams/m/records", json=records)
+        ).status_code == 201
+        refused = await api.post(f"/runs/{run_id}/streams/m/records", json=records)
+        assert refused.status_code == 429
+        answer = await plain.get("/metrics")
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
+    after = answer.text
+    assert (
+        metric(after, "ductor_streams_records_total")
+        - metric(before, "ductor_streams_records_total")
+        >= 2
+    )
+    assert metric(after, "ductor_streams_problems_total", code="backpressure") >= 1
+    route = "/api/workflow-streams/runs/{run_id}/streams/{stream_id}/records"
+    assert (
+        metric(
+            after, "ductor_streams_request_seconds_count", method="POST", route=route, status="201"
+        )
+        >= 1
+    )
+    for name in (
+        "ductor_streams_active_subscriptions",
+        "ductor_streams_wake_bus_reconnects",
+        "ductor_streams_gaps_repaired",
+        'ductor_streams_outbox_pending{outbox="input_delivery"}',
+        'ductor_streams_outbox_lag_seconds{outbox="deletion"}',
+    ):
+        assert name in after
+
+
+async def test_every_answer_carries_a_request_id_and_keeps_the_callers(
+    api: httpx.AsyncClient,
+) -> None:
+    mine = await api.get("/runs/nope/streams", headers={"X-Request-ID": "trace-123"})
+    assert mine.headers["x-request-id"] == "trace-123"
+    fresh = await api.get("/runs/nope/streams")
+    assert len(fresh.headers["x-request-id"]) == 32
+
+
+async def test_health_and_readiness_need_no_token(server: ServerProcess) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url) as plain:
+        assert (await plain.get("/healthz")).json() == {"status": "ok"}
+        assert (await plain.get("/readyz")).json() == {"status": "ready"}
