@@ -22,6 +22,7 @@ from application.group_commit import GroupCommit, run_one
 from application.placement import Misdirected
 from application.ports import Clock, Idempotency, ObjectIntents, ObjectStore
 from domain import errors
+from domain.definition import MAX_OBJECT_BYTES
 from domain.events import Event, ObjectCommitted
 from domain.ids import check_id
 from domain.objects import AuthorizationReceipt, ObjectIntent, ObjectReference, ObjectRequest
@@ -213,6 +214,12 @@ class Objects:
     ) -> tuple[ObjectView, bool]:
         caller.require("streams:write")
         key = caller.key(run_id, stream_id)
+        if request.size > MAX_OBJECT_BYTES:
+            raise errors.ObjectTooLarge(
+                f"an object body is at most {MAX_OBJECT_BYTES} bytes, not {request.size}",
+                size=request.size,
+                limit=MAX_OBJECT_BYTES,
+            )
         definition = await self._definitions.get(key)
         require_writer(caller, definition)
         object_id = object_id_for(key, request.idempotency_key)
