@@ -1,4 +1,4 @@
-"""A real `ductor-streams serve` process for end-to-end tests."""
+"""Real `ductor-streams serve` and `ductor-streams worker` processes for end-to-end tests."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import httpx
 
@@ -23,20 +24,20 @@ def free_port() -> int:
 
 
 @dataclass
-class ServerProcess:
+class _Process:
     database_url: str
     data_dir: Path
     env: dict[str, str] = field(default_factory=dict)
-    args: list[str] = field(default_factory=list)
-    port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def _command(self) -> list[str]:
+        raise NotImplementedError
 
-    def start(self, timeout: float = 30.0) -> ServerProcess:
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 30.0) -> Self:
         env = {
             **os.environ,
             "DUCTOR_STREAMS_DATABASE_URL": self.database_url,
@@ -44,37 +45,26 @@ class ServerProcess:
             **self.env,
         }
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.data_dir / f"server-{self.port}.log"
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "entrypoints.cli",
-                "serve",
-                "--port",
-                str(self.port),
-                "--no-workers",
-                *self.args,
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        name = type(self).__name__.lower()
+        self.log_path = self.data_dir / f"{name}-{time.monotonic_ns()}.log"
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "entrypoints.cli", *self._command()],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: its children stop with it
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log()}")
-            try:
-                if httpx.get(self.base_url + "/readyz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
+                raise RuntimeError(f"{name} exited early:\n{self.log()}")
+            if self._ready():
+                return self
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"server did not become ready:\n{self.log()}")
+        raise RuntimeError(f"{name} did not become ready:\n{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path else ""
@@ -97,48 +87,28 @@ class ServerProcess:
 
 
 @dataclass
-class WorkerProcess:
-    """A real `ductor-streams worker` process."""
+class ServerProcess(_Process):
+    args: list[str] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
 
-    database_url: str
-    data_dir: Path
-    env: dict[str, str] = field(default_factory=dict)
-    process: subprocess.Popen[bytes] | None = None
-    log_path: Path | None = None
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> WorkerProcess:
-        env = {
-            **os.environ,
-            "DUCTOR_STREAMS_DATABASE_URL": self.database_url,
-            "DUCTOR_STREAMS_DATA_DIR": str(self.data_dir),
-            **self.env,
-        }
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.data_dir / f"worker-{time.monotonic_ns()}.log"
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "entrypoints.cli", "worker"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"worker exited early:\n{self.log()}")
-            if "workers running" in self.log():
-                return self
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"worker did not start:\n{self.log()}")
+    def _command(self) -> list[str]:
+        return ["serve", "--port", str(self.port), "--no-workers", *self.args]
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path else ""
+    def _ready(self) -> bool:
+        try:
+            return httpx.get(self.base_url + "/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        ServerProcess.stop(self, sig)  # type: ignore[arg-type]
 
-    def kill(self) -> None:
-        self.stop(signal.SIGKILL)
+@dataclass
+class WorkerProcess(_Process):
+    def _command(self) -> list[str]:
+        return ["worker"]
+
+    def _ready(self) -> bool:
+        return "workers running" in self.log()
