@@ -8,6 +8,7 @@ from contextvars import ContextVar
 from domain.stream import StreamKey
 
 _about: ContextVar[dict[str, str] | None] = ContextVar("ductor_stream_log", default=None)
+request_id: ContextVar[str | None] = ContextVar("ductor_request_id", default=None)
 
 
 def about_stream(key: StreamKey, log_region: str) -> None:

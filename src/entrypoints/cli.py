@@ -17,6 +17,7 @@ from adapters.postgres.tokens import PostgresTokens
 from application.access import SCOPES
 from application.tokens import IssueToken, make_caller, token_hash
 from domain.errors import DomainError
+from entrypoints import client_cli
 from entrypoints.config import PREFIX, Settings
 from entrypoints.logs import configure_logging
 
@@ -204,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--scope", action="append", required=True, choices=list(SCOPES), help="repeatable"
     )
     create.set_defaults(func=cmd_token_create)
+    client_cli.register(sub)
     return parser
 
 

@@ -9,8 +9,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from application.log_context import stream_fields
-from entrypoints.http.observability import request_id
+from application.log_context import request_id, stream_fields
 
 _encode = msgspec.json.Encoder().encode
 

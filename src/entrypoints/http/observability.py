@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextvars import ContextVar
 from typing import Any
 
 import asyncpg
@@ -22,10 +21,10 @@ from prometheus_client import (
     generate_latest,
 )
 
+from application.log_context import request_id
 from entrypoints.container import resolved
 
 DB_FIGURES_SECONDS = 5.0
-request_id: ContextVar[str | None] = ContextVar("ductor_request_id", default=None)
 
 REGISTRY = CollectorRegistry()
 REQUESTS = Histogram(

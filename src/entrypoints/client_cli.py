@@ -1,0 +1,314 @@
+"""Client commands against a running server (CONTRACT §1): `tail`, `append`, `put-object`.
+
+They use the Python client (`ductor_streams_client`) and nothing of the service itself. Exit
+codes: 0 success, 1 a service or connection error, 2 a usage error (bad arguments, bad JSON,
+unreadable file, no token), 130 interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import mimetypes
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ductor_streams_client import StreamsClient, StreamsError
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+URL_ENV = "DUCTOR_STREAMS_URL"
+TOKEN_ENV = "DUCTOR_STREAMS_TOKEN"
+BATCH_RECORDS = 1000  # the service's per-request ceiling
+BATCH_BYTES = 4 * 1024 * 1024  # well under its 8 MiB body ceiling
+
+ENVIRONMENT = f"""\
+environment:
+  {URL_ENV}    the server (default {DEFAULT_URL})
+  {TOKEN_ENV}  the bearer token (else ./.ductor-streams/dev-token, the file a
+                        development server writes)
+
+exit codes: 0 ok, 1 service or connection error, 2 usage error, 130 interrupted"""
+
+
+class UsageError(Exception):
+    """Bad local input: exit code 2."""
+
+
+def _sequence(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add `tail`, `append` and `put-object` to the `ductor-streams` command."""
+
+    def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
+        parser = subparsers.add_parser(
+            name,
+            help=summary,
+            description=description,
+            epilog=ENVIRONMENT,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        parser.add_argument("run", metavar="RUN", help="the run ID")
+        parser.add_argument("stream", metavar="STREAM", help="the stream ID")
+        parser.add_argument("--url", help=f"the server (overrides {URL_ENV})")
+        parser.add_argument("--token", help=f"the bearer token (overrides {TOKEN_ENV})")
+        return parser
+
+    tail = command(
+        "tail",
+        "follow a stream live and print one JSON record per line",
+        "Follow a stream live: print every record after --cursor as one JSON object per line "
+        "on stdout, in order and each once. Reconnects by itself (also across a server "
+        "restart) from the last printed sequence; exits 0 once the stream is closed and every "
+        "record printed.",
+    )
+    tail.add_argument(
+        "--cursor",
+        type=_sequence,
+        default=0,
+        metavar="N",
+        help="start after sequence N (default 0: from the beginning)",
+    )
+    tail.set_defaults(func=cmd_tail)
+
+    append = command(
+        "append",
+        "append records (from arguments, or one JSON value per stdin line)",
+        "Append records to a stream, one atomic batch: each JSON argument is one record's "
+        "data; with no arguments, each non-blank stdin line is one JSON value (stdin is sent in "
+        "batches of up to 1,000 records). Prints the service's answer as JSON, one line per "
+        "batch. Retries are safe: every batch carries an Idempotency-Key.",
+    )
+    append.add_argument("records", nargs="*", metavar="JSON", help="a record's data, as JSON")
+    append.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="the Idempotency-Key of the batch (default: a fresh one; only with arguments)",
+    )
+    append.set_defaults(func=cmd_append)
+
+    put = command(
+        "put-object",
+        "upload a file as an object and append the record that carries it",
+        "Upload FILE (up to 32 MiB) as an object of the stream: prepare, streamed upload, "
+        "commit. Shows a progress bar on stderr and prints the commit answer "
+        '({"sequence", "object_id"}) as JSON.',
+    )
+    put.add_argument("file", metavar="FILE", help="the file to upload")
+    put.add_argument(
+        "--content-type",
+        metavar="T",
+        help="the body's media type (default: guessed from FILE's name, else "
+        "application/octet-stream)",
+    )
+    put.add_argument(
+        "--idempotency-key", metavar="KEY", help="reuse to resume or replay the same upload"
+    )
+    put.add_argument("--no-progress", action="store_true", help="do not draw the progress bar")
+    put.set_defaults(func=cmd_put_object)
+
+
+# -- shared ---------------------------------------------------------------------------------------
+
+
+def _token(args: argparse.Namespace) -> str:
+    token = args.token or os.environ.get(TOKEN_ENV, "").strip()
+    if token:
+        return token
+    candidates = [Path(".ductor-streams") / "dev-token"]
+    if data_dir := os.environ.get("DUCTOR_STREAMS_DATA_DIR"):
+        candidates.insert(0, Path(data_dir) / "dev-token")
+    for candidate in candidates:
+        with contextlib.suppress(OSError):
+            if token := candidate.read_text().strip():
+                return token
+    raise UsageError(f"no token: set {TOKEN_ENV} or pass --token")
+
+
+def _client(args: argparse.Namespace) -> StreamsClient:
+    url = args.url or os.environ.get(URL_ENV, "").strip() or DEFAULT_URL
+    return StreamsClient(url, _token(args))
+
+
+def _run(args: argparse.Namespace, main: Any) -> int:
+    """Run a command coroutine; one-line errors on stderr and the exit code."""
+    for noisy in ("httpx", "httpcore"):  # their INFO lines would clutter stderr
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        asyncio.run(main(args))
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except StreamsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return 0
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, separators=(",", ":"), ensure_ascii=False), flush=True)
+
+
+# -- tail -----------------------------------------------------------------------------------------
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    return _run(args, _tail)
+
+
+async def _tail(args: argparse.Namespace) -> None:
+    def reconnecting(failure: StreamsError, delay: float) -> None:
+        print(f"tail: {failure}; reconnecting in {delay:.1f}s", file=sys.stderr, flush=True)
+
+    async with _client(args) as client:
+        records = client.follow(args.run, args.stream, args.cursor, on_reconnect=reconnecting)
+        async with contextlib.aclosing(records):
+            async for record in records:
+                _print_json(record)
+
+
+# -- append ---------------------------------------------------------------------------------------
+
+
+def cmd_append(args: argparse.Namespace) -> int:
+    return _run(args, _append)
+
+
+def _parse(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise UsageError(f"{where} is not valid JSON: {error}") from None
+
+
+def _stdin_batches() -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    size = 0
+    for number, line in enumerate(sys.stdin, start=1):
+        if not line.strip():
+            continue
+        value = _parse(line, f"stdin line {number}")
+        batch.append(value)
+        size += len(line)
+        if len(batch) >= BATCH_RECORDS or size >= BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+async def _append(args: argparse.Namespace) -> None:
+    if args.records:
+        batches: Any = [
+            [_parse(text, f"argument {i}") for i, text in enumerate(args.records, start=1)]
+        ]
+        if len(batches[0]) > BATCH_RECORDS:
+            raise UsageError(f"at most {BATCH_RECORDS} records per call; pipe more via stdin")
+        key = args.idempotency_key
+    else:
+        if args.idempotency_key:
+            raise UsageError("--idempotency-key needs the records as arguments")
+        if sys.stdin.isatty():
+            print("append: reading one JSON value per line from stdin", file=sys.stderr)
+        batches = _stdin_batches()
+        key = None
+    sent = 0
+    async with _client(args) as client:
+        for batch in batches:
+            _print_json(await client.append(args.run, args.stream, batch, idempotency_key=key))
+            sent += 1
+    if sent == 0:
+        raise UsageError("no records: give JSON arguments or lines on stdin")
+
+
+# -- put-object -----------------------------------------------------------------------------------
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr: redrawn in place on a terminal (at most 10 times a
+    second), a single final line otherwise."""
+
+    WIDTH = 30
+
+    def __init__(self, label: str, stream: Any = None) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.started = time.monotonic()
+        self.drawn = 0.0
+        self.done = False
+
+    def __call__(self, sent: int, total: int) -> None:
+        now = time.monotonic()
+        finished = sent >= total
+        if self.done or (not finished and (not self.tty or now - self.drawn < 0.1)):
+            return
+        self.drawn = now
+        fraction = 1.0 if total == 0 else min(1.0, sent / total)
+        filled = int(self.WIDTH * fraction)
+        rate = sent / max(now - self.started, 1e-6)
+        line = (
+            f"{self.label} [{'#' * filled}{'-' * (self.WIDTH - filled)}] {fraction:4.0%} "
+            f"{_size(sent)}/{_size(total)} {_size(rate)}/s"
+        )
+        self.stream.write(("\r" + line) if self.tty else line)
+        if finished:
+            self.stream.write("\n")
+            self.done = True
+        self.stream.flush()
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if count < 1024 or unit == "MiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} MiB"
+
+
+def cmd_put_object(args: argparse.Namespace) -> int:
+    return _run(args, _put_object)
+
+
+async def _put_object(args: argparse.Namespace) -> None:
+    path = Path(args.file)
+    if not path.is_file():
+        raise UsageError(f"cannot read {str(path)!r}: not a file")
+    try:
+        path.open("rb").close()
+    except OSError as error:
+        raise UsageError(f"cannot read {str(path)!r}: {error.strerror}") from None
+    content_type = (
+        args.content_type or mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    )
+    progress = None if args.no_progress else ProgressBar(f"upload {path.name}")
+    async with _client(args) as client:
+        answer = await client.put_object(
+            args.run,
+            args.stream,
+            path,
+            content_type=content_type,
+            idempotency_key=args.idempotency_key,
+            progress=progress,
+        )
+    _print_json(answer)
