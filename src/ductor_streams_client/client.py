@@ -286,7 +286,8 @@ class StreamsClient:
         when the stream is closed and fully delivered. Raises `StreamsError`: 410
         `cursor-expired` when retention overtook the cursor (`gone`, with `requested`,
         `earliest`, `latest`), any other 4xx problem at once, and `connection-error` after
-        `give_up_after` seconds without a working connection (None: never give up).
+        `give_up_after` seconds without a working connection (None: never give up); before
+        the first connection ever succeeds, the retry policy's `total_seconds` bounds it.
         `on_reconnect(failure, delay)` is told of each disconnect before the pause.
 
         Use it under `contextlib.aclosing(...)` when you may stop early, so the connection is
@@ -296,6 +297,7 @@ class StreamsClient:
         timeout = httpx.Timeout(self._timeout, read=self._idle_timeout)
         policy = self._retry
         failing_since: float | None = None
+        connected = False
         attempt = 0
         while True:
             headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
@@ -312,7 +314,15 @@ class StreamsClient:
                             raise failure
                         delay = failure.retry_after
                     else:
-                        failing_since = None
+                        media_type = response.headers.get("content-type", "")
+                        if not media_type.startswith("text/event-stream"):
+                            raise StreamsError(
+                                response.status_code,
+                                "unexpected-answer",
+                                f"subscribe answered {media_type or 'no content type'}, "
+                                "not text/event-stream",
+                            )
+                        failing_since, connected = None, True
                         async for event in events(response):
                             if event.event == "record":
                                 record = json.loads(event.data)
@@ -347,7 +357,8 @@ class StreamsClient:
             failing_since = failing_since if failing_since is not None else now
             if delay is None:
                 delay = policy.backoff(attempt)
-            if give_up_after is not None and now + delay - failing_since > give_up_after:
+            limit = give_up_after if connected else policy.total_seconds
+            if limit is not None and now + delay - failing_since > limit:
                 raise failure
             if on_reconnect is not None:
                 on_reconnect(failure, delay)

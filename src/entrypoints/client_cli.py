@@ -177,13 +177,19 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 
 async def _tail(args: argparse.Namespace) -> None:
+    outage = False  # say so once per outage, not on every attempt
+
     def reconnecting(failure: StreamsError, delay: float) -> None:
-        print(f"tail: {failure}; reconnecting in {delay:.1f}s", file=sys.stderr, flush=True)
+        nonlocal outage
+        if not outage:
+            print(f"tail: {failure}; reconnecting", file=sys.stderr, flush=True)
+        outage = True
 
     async with _client(args) as client:
         records = client.follow(args.run, args.stream, args.cursor, on_reconnect=reconnecting)
         async with contextlib.aclosing(records):
             async for record in records:
+                outage = False
                 _print_json(record)
 
 
@@ -287,17 +293,22 @@ def _size(count: float) -> str:
 
 
 def cmd_put_object(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    problem = None
+    if not path.exists():
+        problem = "no such file"
+    elif not path.is_file():
+        problem = "not a regular file"
+    elif not os.access(path, os.R_OK):
+        problem = "permission denied"
+    if problem:
+        print(f"error: cannot read {str(path)!r}: {problem}", file=sys.stderr)
+        return 2
     return _run(args, _put_object)
 
 
 async def _put_object(args: argparse.Namespace) -> None:
     path = Path(args.file)
-    if not path.is_file():
-        raise UsageError(f"cannot read {str(path)!r}: not a file")
-    try:
-        path.open("rb").close()
-    except OSError as error:
-        raise UsageError(f"cannot read {str(path)!r}: {error.strerror}") from None
     content_type = (
         args.content_type or mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     )
