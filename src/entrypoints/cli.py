@@ -189,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser(
-        "worker", help="run only the background workers (retention pruning), until SIGTERM"
+        "worker",
+        help="run only the background workers (pruner, deletion, input dispatcher, orphan "
+        "sweeper) until SIGTERM",
     )
     worker.set_defaults(func=cmd_worker)
 
