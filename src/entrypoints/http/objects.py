@@ -13,7 +13,7 @@ from application.objects import CommitAnswer, ObjectView
 from domain.definition import MAX_OBJECT_BYTES
 from domain.errors import ObjectTooLarge
 from domain.objects import ObjectRequest
-from entrypoints.http.body import decode_body, drain
+from entrypoints.http.body import decode_body
 from entrypoints.http.streams import API_PREFIX, authenticated
 
 OBJECT = "/{object_id:str}"
@@ -48,15 +48,9 @@ class ObjectsController(Controller):
     ) -> ObjectView:
         services, caller = await authenticated(request)
         announced = request.headers.get("content-length")
-        try:
-            if announced is not None and announced.isdigit() and int(announced) > MAX_OBJECT_BYTES:
-                raise ObjectTooLarge(f"an object body is at most {MAX_OBJECT_BYTES} bytes")
-            return await services.objects.upload(
-                caller, run_id, stream_id, object_id, _chunks(request)
-            )
-        except ObjectTooLarge:
-            await drain(request)
-            raise
+        if announced is not None and announced.isdigit() and int(announced) > MAX_OBJECT_BYTES:
+            raise ObjectTooLarge(f"an object body is at most {MAX_OBJECT_BYTES} bytes")
+        return await services.objects.upload(caller, run_id, stream_id, object_id, _chunks(request))
 
     @post(OBJECT + "/commit", operation_id="commitObject", summary="Commit an uploaded object")
     async def commit(

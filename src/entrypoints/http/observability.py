@@ -6,6 +6,8 @@ at most once per `DB_FIGURES_SECONDS`, so a busy scraper costs the database next
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -76,22 +78,43 @@ FROM deletion_outbox WHERE done_at IS NULL
 """
 
 
+DRAIN_LIMIT = 64 * 1024 * 1024
+DRAIN_IDLE_SECONDS = 1.0
+
+
 def request_middleware(app: Any) -> Any:
-    """Give each request an id (X-Request-ID, or a new one), and time it by route template."""
+    """Give each request an id (X-Request-ID, or a new one), time it by route template, and
+    read what is left of a body the handler did not consume (refused before or while reading
+    it), bounded, so that a client that writes its whole body before reading gets the answer
+    rather than a reset connection."""
 
     async def middleware(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
         rid = None
+        has_body = closing = False
         for name, value in scope.get("headers", ()):
             if name == b"x-request-id":
                 rid = value.decode("latin-1")[:128]
-                break
+            elif name == b"content-length":
+                has_body = value not in (b"0", b"")
+            elif name == b"transfer-encoding":
+                has_body = True
+            elif name == b"connection" and value.lower() == b"close":
+                closing = True
         rid = rid or uuid.uuid4().hex
         token = request_id.set(rid)
         status = 500
         started = time.perf_counter()
+        body_done = not has_body
+
+        async def tracking_receive() -> dict:
+            nonlocal body_done
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
 
         async def send_with_id(message: dict) -> None:
             nonlocal status
@@ -101,7 +124,13 @@ def request_middleware(app: Any) -> Any:
             await send(message)
 
         try:
-            await app(scope, receive, send_with_id)
+            await app(scope, tracking_receive, send_with_id)
+            drained = 0
+            # A client that stops sending (it read the answer early) is not waited for long.
+            with contextlib.suppress(TimeoutError):
+                while not body_done and not closing and drained < DRAIN_LIMIT:
+                    async with asyncio.timeout(DRAIN_IDLE_SECONDS):
+                        drained += len((await tracking_receive()).get("body", b""))
         finally:
             route = scope.get("path_template") or "unmatched"
             REQUESTS.labels(scope["method"], route, str(status)).observe(
