@@ -1,6 +1,7 @@
 """`python -m bench` (or `python3 dev.py bench`): run the benchmarks and print the table.
 
-    python -m bench [--duration 10] [--only floor,append,noop,batch,copy,fanout,idle,catchup]
+    python -m bench [--duration 10]
+                    [--only floor,append,noop,batch,copy,fanout,idle,catchup,objects,dispatch]
                     [--profile]
 
 See docs/benchmarks.md for what each measurement is and the figures measured.
@@ -21,12 +22,23 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench import database, live, load, profile
+from bench import database, dispatch, live, load, objects, profile
 from bench.database import Measurement
-from bench.server import CpuMeter, Server, raise_fd_limit, tree_memory
+from bench.server import CpuMeter, Server, raise_fd_limit, tree_cpu, tree_memory
 
-NAMES = ("floor", "append", "noop", "batch", "copy", "fanout", "idle", "catchup")
-LIVE = ("fanout", "idle", "catchup")
+NAMES = (
+    "floor",
+    "append",
+    "noop",
+    "batch",
+    "copy",
+    "fanout",
+    "idle",
+    "catchup",
+    "objects",
+    "dispatch",
+)
+LIVE = ("fanout", "idle", "catchup", "objects", "dispatch")
 RUN_ID = "bench"
 BATCH = 1_000
 PREFIX = f"/api/workflow-streams/runs/{RUN_ID}/streams"
@@ -84,6 +96,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--catchup-records", type=int, default=1_000_000, help="records retained for (7)"
     )
+    parser.add_argument(
+        "--object-size", type=int, default=32 * 1024 * 1024, help="bytes per object for (8)"
+    )
+    parser.add_argument("--object-uploads", type=int, default=5, help="uploads in (8)")
+    parser.add_argument(
+        "--dispatch-records", type=int, default=20_000, help="records of the burst in (9)"
+    )
+    parser.add_argument(
+        "--dispatch-rate", type=float, default=200.0, help="records/s of the steady case in (9)"
+    )
+    parser.add_argument(
+        "--dispatch-services",
+        default="postgres,http",
+        help="wait services for (9): postgres, http or both (comma-separated)",
+    )
+    parser.add_argument(
+        "--dispatch-timeout", type=float, default=300.0, help="bound of each wait in (9), s"
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
@@ -91,6 +121,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if unknown := only - set(NAMES):
         parser.error(f"unknown benchmark(s) {sorted(unknown)}; choose from {', '.join(NAMES)}")
     args.selected = [n for n in NAMES if not only or n in only]
+    args.wait_services = [s.strip() for s in args.dispatch_services.split(",") if s.strip()]
+    if bad := set(args.wait_services) - {"postgres", "http"}:
+        parser.error(f"unknown wait service(s) {sorted(bad)}; choose postgres, http")
     return args
 
 
@@ -297,7 +330,6 @@ class Bench:
                     rate=a.fanout_rate,
                     duration=a.duration,
                     warmup=a.warmup,
-                    counts=self._counts,
                     meter=self._meter(),
                 )
             )
@@ -332,6 +364,50 @@ class Bench:
             timeout=300,
             meter=self._meter(),
         )
+
+    # -- objects (8) and input dispatch (9) ------------------------------------------------------
+
+    def objects(self) -> objects.Objects:
+        self.server.create_stream(RUN_ID, "objects")
+        roots = {"server": self.server.pid, "postgres": self.pg_pid}
+        return objects.run(
+            self.server.port,
+            self.token,
+            PREFIX,
+            "objects",
+            server_pid=self.server.pid,
+            size=self.args.object_size,
+            uploads=self.args.object_uploads,
+            cpu=lambda: {**tree_cpu(roots), "client": time.process_time()},
+        )
+
+    def dispatch(self) -> list[dispatch.Dispatch]:
+        a = self.args
+        runs = []
+        for service in a.wait_services:
+            print(f"  wait service {service} ...", flush=True)
+            runs.append(
+                dispatch.measure(
+                    service,
+                    url=self.url,
+                    port=self.server.port,
+                    token=self.token,
+                    prefix=PREFIX,
+                    run_id=RUN_ID,
+                    create_stream=lambda s: self.server.create_stream(RUN_ID, s, "input"),
+                    data_dir=self.tmp / "data",
+                    log=self.tmp / "worker.log",
+                    pids={"server": self.server.pid, "postgres": self.pg_pid},
+                    records=a.dispatch_records,
+                    batch=BATCH,
+                    rate=a.dispatch_rate,
+                    duration=a.duration,
+                    warmup=a.warmup,
+                    poll_seconds=0.05,
+                    timeout=a.dispatch_timeout,
+                )
+            )
+        return runs
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -402,7 +478,7 @@ def _cpu(cpu: dict[str, float]) -> str:
 
 
 def report_live(bench: Bench) -> list[str]:
-    lines = ["live delivery (SSE)"]
+    lines = ["live delivery (SSE), objects, input dispatch"]
     checks = []
     fan: list[live.Fanout] = bench.live.get("fanout", [])  # type: ignore[assignment]
     for f in fan:
@@ -481,10 +557,80 @@ def report_live(bench: Bench) -> list[str]:
         ):
             ok = rate >= 200_000 and count == c.records
             checks.append((label, f"{rate:,.0f}", ">= 200,000", ok))
+    if (o := bench.live.get("objects")) is not None:
+        lines += report_objects(o, checks)
+    for d in bench.live.get("dispatch", []):
+        lines += report_dispatch(d)
     lines.append("")
     lines.append(f"{'live target':<40} {'measured':>14}  {'target':<11} result")
     for label, value, target, ok in checks:
         lines.append(f"{label:<40} {value:>14}  {target:<11} {'PASS' if ok else 'MISS'}")
+    return lines
+
+
+def report_objects(o: objects.Objects, checks: list) -> list[str]:
+    mib = 1024 * 1024
+    rates = ", ".join(f"{o.rate(s):.0f}" for s in o.seconds)
+    put = sorted(o.put_seconds)[len(o.put_seconds) // 2] if o.put_seconds else 0
+    commit = sorted(o.commit_seconds)[len(o.commit_seconds) // 2] if o.commit_seconds else 0
+    hwm = ", ".join(f"{g / mib:.1f}" for g in o.hwm_growth) or "-"
+    lines = [
+        f"(8) objects: {len(o.seconds)} x {o.size / mib:g} MiB upload + commit (filesystem "
+        f"store): {rates} MB/s (median {o.median_mb_s:.0f} MB/s; median PUT {put * 1000:.0f} ms "
+        f"+ commit {commit * 1000:.0f} ms); CPU% srv/pg/client {_cpu(o.cpu)} in the uploads"
+        + (f"; error {o.error}" if o.error else ""),
+        f"    server tree RSS {o.before / mib:.1f} MiB before; growth per upload (peak of "
+        f"{o.samples} samples every 20 ms - just before) "
+        + ", ".join(f"{g / mib:.1f}" for g in o.growth)
+        + f" MiB; kernel VmHWM growth {hwm} MiB; peak over all {o.peak / mib:.1f} MiB "
+        f"(+{(o.peak - o.before) / mib:.1f})",
+    ]
+    done = len(o.seconds) == o.uploads and not o.error
+    checks.append(
+        (
+            "(8) 32 MiB upload+commit MB/s",
+            f"{o.median_mb_s:.0f}",
+            ">= 200",
+            done and o.median_mb_s >= 200,
+        )
+    )
+    growth = o.peak_growth / mib
+    checks.append(
+        ("(8) server peak RSS growth", f"{growth:.1f} MiB", "<= 16 MiB", done and growth <= 16)
+    )
+    return lines
+
+
+def report_dispatch(d: dispatch.Dispatch) -> list[str]:
+    b, s = d.burst, d.steady
+    label = f"(9) dispatch, wait service {d.service}"
+    if d.error:
+        return [f"{label}: error {d.error}"]
+    lines = [
+        f"{label}: burst of {b.records:,} records (appended in {b.append_seconds:.2f}s): "
+        f"{b.accepted:,} accepted in {b.seconds:.1f}s = {b.rate:,.0f} events/s; commit->accept "
+        f"p50 {_fmt(b.p50_ms, ',.0f')} ms, p99 {_fmt(b.p99_ms, ',.0f')} ms; CPU% "
+        f"worker/pg/srv{'/stub' if 'stub' in b.cpu else ''} "
+        + "/".join(
+            f"{b.cpu[k]:.0f}" for k in ("worker", "postgres", "server", "stub") if k in b.cpu
+        )
+        + (f"; {b.statements:.1f} statements/event" if b.statements is not None else "")
+        + (f"; {d.duplicates} duplicate POSTs" if d.duplicates else "")
+        + (f"; {b.error}" if b.error else ""),
+    ]
+    for per, ms, text in b.top:
+        lines.append(f"      {per:5.2f}/event {ms:7.2f} ms/call  {text}")
+    lines.append(
+        f"    steady {s.records / max(s.append_seconds, 1e-9):,.0f} records/s for "
+        f"{s.append_seconds:.0f}s ({s.records:,} records, {s.accepted:,} accepted): commit->accept "
+        f"p50 {_fmt(s.p50_ms, '.1f')} ms, p99 {_fmt(s.p99_ms, '.1f')} ms, max "
+        f"{_fmt(s.max_ms, '.1f')} ms; CPU% "
+        + "/".join(
+            f"{s.cpu[k]:.0f}" for k in ("worker", "postgres", "server", "stub") if k in s.cpu
+        )
+        + " (report; no target)"
+        + (f"; {s.error}" if s.error else "")
+    )
     return lines
 
 

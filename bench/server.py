@@ -98,13 +98,13 @@ class Server:
         finally:
             conn.close()
 
-    def create_stream(self, run_id: str, stream_id: str) -> None:
+    def create_stream(self, run_id: str, stream_id: str, direction: str = "output") -> None:
         status, answer = self.request(
             "POST",
             f"/api/workflow-streams/runs/{run_id}/streams",
             {
                 "stream_id": stream_id,
-                "direction": "output",
+                "direction": direction,
                 "limits": {"max_unread_items": 100_000_000, "max_unread_bytes": 100_000_000_000},
             },
         )

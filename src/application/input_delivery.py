@@ -17,7 +17,7 @@ import msgspec
 from application.log_context import about_stream
 from application.ports import RecordReader, StreamRepository
 from application.views import InputDeliveryStatus, record_view
-from application.workers import Job
+from application.workers import Job, backoff
 from domain.stream import StreamKey
 
 log = logging.getLogger("ductor_streams.dispatcher")
@@ -38,6 +38,13 @@ class WaitService(Protocol):
 
 
 class InputDeliveries(Protocol):
+    async def advance(self, job: Job) -> Job | None:
+        """Mark `job` delivered and claim the same stream's next record when it is free."""
+
+    async def done(self, job: Job, next_in: float | None) -> None: ...
+
+    async def failed(self, job: Job, error: str, retry_in: float) -> None: ...
+
     async def status(self, key: StreamKey) -> InputDeliveryStatus: ...
 
     async def delivered_through(self, key: StreamKey) -> int: ...
@@ -61,21 +68,54 @@ _encode = msgspec.json.Encoder().encode
 
 
 class Dispatch:
-    """The dispatcher's job: publish one stream's next record."""
+    """The dispatcher's job: publish one stream's next records, in order.
+
+    A claimed stream is followed for up to `BATCH` records (claiming each next one as the
+    previous is marked delivered), so a backlog costs one claim, not one per record."""
+
+    BATCH = 200
 
     def __init__(
-        self, streams: StreamRepository, reader: RecordReader, wait_service: WaitService
+        self,
+        streams: StreamRepository,
+        reader: RecordReader,
+        wait_service: WaitService,
+        deliveries: InputDeliveries,
+        retry_base_seconds: float = 1.0,
     ) -> None:
         self._streams = streams
         self._reader = reader
         self._wait_service = wait_service
+        self._deliveries = deliveries
+        self._retry_base = retry_base_seconds
 
     async def run_job(self, job: Job) -> float | None:
-        key, sequence = job.key, job.id
-        assert sequence is not None
+        key = job.key
         definition = await self._streams.definition(key)
         if definition is not None:
             about_stream(key, definition.placement.log_region)
+        await self._publish(job)  # a failure here is the worker's to record and back off
+        current: Job | None = job
+        for _ in range(self.BATCH):
+            assert current is not None
+            current = await self._deliveries.advance(current)
+            if current is None:
+                return None
+            try:
+                await self._publish(current)
+            except Exception as error:
+                retry_in = getattr(error, "retry_in", None)
+                if retry_in is None:
+                    retry_in = backoff(current.attempts, base=self._retry_base)
+                await self._deliveries.failed(current, f"{type(error).__name__}: {error}", retry_in)
+                return None
+        assert current is not None
+        await self._deliveries.done(current, None)  # delivered; the next claim takes it on
+        return None
+
+    async def _publish(self, job: Job) -> None:
+        key, sequence = job.key, job.id
+        assert sequence is not None
         found = await self._reader.page(key, sequence - 1, 1)
         if found is None or not found[1] or found[1][0].sequence != sequence:
             # Retention may not remove undelivered input (the pruner stops short of it); a
@@ -93,4 +133,3 @@ class Dispatch:
             record=record_view(record),
         )
         await self._wait_service.publish(eid, _encode(event))
-        return None

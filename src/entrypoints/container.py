@@ -208,7 +208,14 @@ class Container(containers.DeclarativeContainer):
         lease_seconds=settings.provided.worker_lease_seconds,
     )
     wait_service = providers.Resource(open_wait_service, settings, pool)
-    dispatch = providers.Singleton(Dispatch, streams, streams, wait_service)
+    dispatch = providers.Singleton(
+        Dispatch,
+        streams,
+        streams,
+        wait_service,
+        input_deliveries,
+        retry_base_seconds=settings.provided.retry_base_seconds,
+    )
     dispatcher = providers.Singleton(
         Worker,
         "dispatcher",

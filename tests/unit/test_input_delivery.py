@@ -81,7 +81,9 @@ async def test_a_refused_publish_is_retried_and_never_overtaken(app) -> None:
     await create(s, "in", "input")
     await s.append_records(ALICE, "r", "in", data(1, 2, 3, 4))
     flaky = Flaky()
-    container.dispatch().__init__(container.streams(), container.streams(), flaky)
+    container.dispatch().__init__(
+        container.streams(), container.streams(), flaky, container.input_deliveries(), 0.0
+    )
     worker = Worker("dispatcher", container.input_deliveries(), container.dispatch().run_job, 0.01)
     await drain(worker, lambda: len(flaky.accepted) == 4)
     assert flaky.accepted == [f"wds:acme:r:in:{n}" for n in (1, 2, 3, 4)]

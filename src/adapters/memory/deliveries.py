@@ -44,6 +44,15 @@ class MemoryInputDeliveries:
         for job in jobs:
             self._streams.deliveries[job.key][job.id].claimed_by = None  # type: ignore[index]
 
+    async def advance(self, job: Job) -> Job | None:
+        await self.done(job, None)
+        rows = self._streams.deliveries[job.key]
+        row = rows.get(job.id + 1)  # type: ignore[operator]
+        if row is None or row.delivered or row.claimed_by or row.not_before > time.monotonic():
+            return None
+        row.claimed_by = self.worker_id
+        return Job(key=job.key, attempts=row.attempts, id=job.id + 1)  # type: ignore[operator]
+
     async def status(self, key: StreamKey) -> InputDeliveryStatus:
         rows = self._streams.deliveries.get(key, {})
         delivered = [s for s, r in rows.items() if r.delivered]

@@ -10,25 +10,52 @@ from domain.stream import StreamKey
 
 _KEY = "tenant = $2 AND run_id = $3 AND stream_id = $4 AND sequence = $5 AND claimed_by = $1"
 
-# DISTINCT ON takes each stream's lowest undelivered row whatever its lease, so a stream whose
-# head is claimed (or backing off) offers nothing: no dispatcher can overtake another.
+# Each stream's lowest undelivered row, whatever its lease, so a stream whose head is claimed
+# (or backing off) offers nothing and no dispatcher can overtake another. The heads are found by a
+# loose index scan (one probe of the partial index per stream with a backlog), not by reading
+# every undelivered row: a backlog of N would otherwise cost N per claim.
 _CLAIM = """
+WITH RECURSIVE heads AS (
+    (SELECT tenant, run_id, stream_id, sequence FROM input_deliveries
+     WHERE delivered_at IS NULL
+     ORDER BY tenant, run_id, stream_id, sequence LIMIT 1)
+    UNION ALL
+    SELECT n.tenant, n.run_id, n.stream_id, n.sequence
+    FROM heads h, LATERAL (
+        SELECT tenant, run_id, stream_id, sequence FROM input_deliveries d
+        WHERE d.delivered_at IS NULL
+          AND (d.tenant, d.run_id, d.stream_id) > (h.tenant, h.run_id, h.stream_id)
+        ORDER BY tenant, run_id, stream_id, sequence LIMIT 1
+    ) n
+)
 UPDATE input_deliveries d
 SET claimed_by = $1, lease_until = now() + make_interval(secs => $2)
 FROM (
-    SELECT tenant, run_id, stream_id, sequence FROM (
-        SELECT DISTINCT ON (tenant, run_id, stream_id)
-               tenant, run_id, stream_id, sequence, lease_until, next_attempt_at
-        FROM input_deliveries
-        WHERE delivered_at IS NULL
-        ORDER BY tenant, run_id, stream_id, sequence
-    ) heads
-    WHERE next_attempt_at <= now() AND (lease_until IS NULL OR lease_until < now())
+    SELECT h.tenant, h.run_id, h.stream_id, h.sequence
+    FROM heads h JOIN input_deliveries x USING (tenant, run_id, stream_id, sequence)
+    WHERE x.next_attempt_at <= now() AND (x.lease_until IS NULL OR x.lease_until < now())
     LIMIT $3
-) h
-WHERE (d.tenant, d.run_id, d.stream_id, d.sequence) = (h.tenant, h.run_id, h.stream_id, h.sequence)
+) due
+WHERE (d.tenant, d.run_id, d.stream_id, d.sequence)
+      = (due.tenant, due.run_id, due.stream_id, due.sequence)
   AND d.delivered_at IS NULL AND (d.lease_until IS NULL OR d.lease_until < now())
 RETURNING d.tenant, d.run_id, d.stream_id, d.sequence, d.attempts
+"""
+
+_ADVANCE = f"""
+WITH delivered AS (
+    UPDATE input_deliveries
+    SET delivered_at = now(), claimed_by = NULL, lease_until = NULL, last_error = NULL
+    WHERE {_KEY}
+    RETURNING sequence
+)
+UPDATE input_deliveries d
+SET claimed_by = $1, lease_until = now() + make_interval(secs => $6)
+FROM delivered
+WHERE d.tenant = $2 AND d.run_id = $3 AND d.stream_id = $4 AND d.sequence = delivered.sequence + 1
+  AND d.delivered_at IS NULL AND d.next_attempt_at <= now()
+  AND (d.lease_until IS NULL OR d.lease_until < now())
+RETURNING d.sequence, d.attempts
 """
 
 _STATUS = """
@@ -82,6 +109,12 @@ class PostgresInputDeliveries:
                 *job.key,
                 job.id,
             )
+
+    async def advance(self, job: Job) -> Job | None:
+        """Mark `job` delivered and, in the same statement, claim the stream's next record if it
+        is there and free: a stream's backlog then costs one primary-key step per record."""
+        row = await self._pool.fetchrow(_ADVANCE, self.worker_id, *job.key, job.id, self._lease)
+        return None if row is None else Job(key=job.key, attempts=row[1], id=row[0])
 
     async def status(self, key: StreamKey) -> InputDeliveryStatus:
         row = await self._pool.fetchrow(_STATUS, *key)
