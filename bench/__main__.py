@@ -330,6 +330,7 @@ class Bench:
                     rate=a.fanout_rate,
                     duration=a.duration,
                     warmup=a.warmup,
+                    counts=self._counts,
                     meter=self._meter(),
                 )
             )
