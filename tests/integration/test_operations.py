@@ -60,8 +60,8 @@ async def test_every_answer_carries_a_request_id_and_keeps_the_callers(
 ) -> None:
     mine = await api.get("/runs/nope/streams", headers={"X-Request-ID": "trace-123"})
     assert mine.headers["x-request-id"] == "trace-123"
-    fresh = await api.get("/runs/nope/streams")
-    assert len(fresh.headers["x-request-id"]) == 32
+    fresh = [(await api.get("/runs/nope/streams")).headers["x-request-id"] for _ in range(3)]
+    assert len(set(fresh)) == 3 and all(fresh)
 
 
 async def test_health_and_readiness_need_no_token(server: ServerProcess) -> None:

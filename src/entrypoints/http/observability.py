@@ -7,21 +7,18 @@ at most once per `DB_FIGURES_SECONDS`, so a busy scraper costs the database next
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import itertools
+import secrets
 import time
-import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
 from litestar import Request, Response, get
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 from application.log_context import request_id
 from entrypoints.container import resolved
@@ -29,23 +26,62 @@ from entrypoints.container import resolved
 DB_FIGURES_SECONDS = 5.0
 
 REGISTRY = CollectorRegistry()
-REQUESTS = Histogram(
-    "ductor_streams_request_seconds",
-    "HTTP request latency by route and status",
-    ["method", "route", "status"],
-    registry=REGISTRY,
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60),
-)
-APPENDS = Counter(
-    "ductor_streams_appends_total", "Append requests that appended", registry=REGISTRY
-)
-RECORDS = Counter("ductor_streams_records_total", "Records appended", registry=REGISTRY)
-PROBLEMS = Counter(
-    "ductor_streams_problems_total",
-    "Error answers by code (backpressure and quota-exhausted among them)",
-    ["code"],
-    registry=REGISTRY,
-)
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
+
+
+class HotPath:
+    """Counters touched on every request, kept as plain numbers and turned into metric
+    families only when scraped. prometheus_client's own metrics take a threading lock per
+    update, and under granian's threads that (with uuid4's getrandom) cost tens of µs a
+    request when measured; this loop-confined state needs no lock."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str, str], list[float]] = {}
+        self.appends = 0
+        self.records = 0
+        self.problems: dict[str, int] = {}
+
+    def observe(self, method: str, route: str, status: str, seconds: float) -> None:
+        cell = self.requests.get((method, route, status))
+        if cell is None:
+            cell = self.requests[method, route, status] = [0.0] * (len(BUCKETS) + 2)
+        cell[bisect.bisect_left(BUCKETS, seconds)] += 1  # the last bucket is +Inf
+        cell[-1] += seconds
+
+    def problem(self, code: str) -> None:
+        self.problems[code] = self.problems.get(code, 0) + 1
+
+    def collect(self) -> Iterator[Any]:
+        latency = HistogramMetricFamily(
+            "ductor_streams_request_seconds",
+            "HTTP request latency by route and status",
+            labels=["method", "route", "status"],
+        )
+        for labels, cell in self.requests.items():
+            cumulative, buckets = 0.0, []
+            for bound, count in zip((*BUCKETS, float("inf")), cell[:-1], strict=True):
+                cumulative += count
+                buckets.append((str(bound) if bound != float("inf") else "+Inf", cumulative))
+            latency.add_metric(list(labels), buckets, cell[-1])
+        yield latency
+        yield CounterMetricFamily(
+            "ductor_streams_appends", "Append requests that appended", value=self.appends
+        )
+        yield CounterMetricFamily("ductor_streams_records", "Records appended", value=self.records)
+        problems = CounterMetricFamily(
+            "ductor_streams_problems",
+            "Error answers by code (backpressure and quota-exhausted among them)",
+            labels=["code"],
+        )
+        for code, count in self.problems.items():
+            problems.add_metric([code], count)
+        yield problems
+
+
+HOT = HotPath()
+REGISTRY.register(HOT)  # type: ignore[arg-type]
+_ids = itertools.count(1)
+_ID_PREFIX = secrets.token_hex(6)
 SUBSCRIBERS = Gauge(
     "ductor_streams_active_subscriptions", "Open live subscriptions", registry=REGISTRY
 )
@@ -103,7 +139,7 @@ def request_middleware(app: Any) -> Any:
                 has_body = True
             elif name == b"connection" and value.lower() == b"close":
                 closing = True
-        rid = rid or uuid.uuid4().hex
+        rid = rid or f"{_ID_PREFIX}-{next(_ids):x}"
         token = request_id.set(rid)
         status = 500
         started = time.perf_counter()
@@ -124,7 +160,7 @@ def request_middleware(app: Any) -> Any:
             await send(message)
 
         try:
-            await app(scope, tracking_receive, send_with_id)
+            await app(scope, tracking_receive if has_body else receive, send_with_id)
             drained = 0
             # A client that stops sending (it read the answer early) is not waited for long.
             with contextlib.suppress(TimeoutError):
@@ -133,9 +169,7 @@ def request_middleware(app: Any) -> Any:
                         drained += len((await tracking_receive()).get("body", b""))
         finally:
             route = scope.get("path_template") or "unmatched"
-            REQUESTS.labels(scope["method"], route, str(status)).observe(
-                time.perf_counter() - started
-            )
+            HOT.observe(scope["method"], route, str(status), time.perf_counter() - started)
             request_id.reset(token)
 
     return middleware

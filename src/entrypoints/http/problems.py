@@ -10,7 +10,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from domain.errors import Backpressure, DomainError
-from entrypoints.http.observability import PROBLEMS
+from entrypoints.http.observability import HOT
 
 log = logging.getLogger("ductor_streams.http")
 
@@ -65,7 +65,7 @@ def problem(
     **extra: Any,
 ) -> Response[bytes]:
     status = status or STATUS_OF_CODE.get(code, 400)
-    PROBLEMS.labels(code).inc()
+    HOT.problem(code)
     body = {
         "type": PROBLEM_TYPE_BASE + code,
         "title": TITLE_OF_CODE.get(code, code),

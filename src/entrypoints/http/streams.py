@@ -24,7 +24,7 @@ from domain.errors import InvalidInput
 from domain.objects import ObjectRequest
 from entrypoints.container import Services
 from entrypoints.http.body import decode_body
-from entrypoints.http.observability import APPENDS, RECORDS
+from entrypoints.http.observability import HOT
 from entrypoints.http.schemas import AckBody, AppendBody, LegalHoldBody
 from entrypoints.sse.events import event_stream
 
@@ -72,8 +72,8 @@ class StreamsController(Controller):
         )
         if replayed:
             return Response(answer, status_code=200, headers={"Idempotent-Replayed": "true"})
-        APPENDS.inc()
-        RECORDS.inc(answer.last_sequence - answer.first_sequence + 1)
+        HOT.appends += 1
+        HOT.records += answer.last_sequence - answer.first_sequence + 1
         return Response(answer, status_code=201)
 
     @get(STREAM + "/records", operation_id="readRecords", summary="Read records after a cursor")
