@@ -73,7 +73,8 @@ class ObjectView(msgspec.Struct, frozen=True):
     upload: dict[str, str] | None = None
 
 
-def object_view(intent: ObjectIntent, upload_url: str | None = None) -> ObjectView:
+def object_view(intent: ObjectIntent) -> ObjectView:
+    """The intent as callers see it (the HTTP layer adds the upload URL it routes)."""
     return ObjectView(
         object_id=intent.object_id,
         state=intent.state,
@@ -84,7 +85,6 @@ def object_view(intent: ObjectIntent, upload_url: str | None = None) -> ObjectVi
         expires_at=intent.expires_at,
         created_at=intent.created_at,
         sequence=intent.sequence,
-        upload={"method": "PUT", "url": upload_url} if upload_url else None,
     )
 
 
