@@ -47,12 +47,18 @@ class FilesystemObjectStore:
         file, temp = await asyncio.to_thread(_create_temp, path)
         digest = hashlib.sha256()
         size = 0
+        pending = bytearray()  # small chunks are gathered so each thread hop writes ~1 MiB
         try:
             async for chunk in chunks:
                 size += len(chunk)
                 if size > max_size:
                     raise ObjectTooLarge(f"the body passes {max_size} bytes", max_size=max_size)
-                await asyncio.to_thread(_write, file, digest, chunk)
+                pending += chunk
+                if len(pending) >= CHUNK_SIZE:
+                    await asyncio.to_thread(_write, file, digest, bytes(pending))
+                    pending.clear()
+            if pending:
+                await asyncio.to_thread(_write, file, digest, bytes(pending))
             await asyncio.to_thread(_publish, file, temp, path)
         except BaseException:
             # Synchronous on purpose: it must run even when the task is being cancelled. The
