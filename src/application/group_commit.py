@@ -13,7 +13,6 @@ cancels only its own wait, never the group's transaction.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from application.ports import Command, Done, Failed, Outcome, StreamRepository
@@ -28,14 +27,12 @@ class GroupCommit:
         streams: StreamRepository,
         max_group_records: int = 20_000,
         max_group_bytes: int = 32 * 1024 * 1024,
-        on_group: Callable[[int], None] | None = None,
     ) -> None:
         self._streams = streams
         self._max_records = max_group_records
         self._max_bytes = max_group_bytes
         self._queues: dict[StreamKey, list[_Pending]] = {}
         self._leaders: set[asyncio.Task[None]] = set()
-        self._on_group = on_group
 
     async def submit(self, key: StreamKey, command: Command) -> Outcome:
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
@@ -54,8 +51,6 @@ class GroupCommit:
         try:
             while queue:
                 group = self._take(queue)
-                if self._on_group is not None:
-                    self._on_group(len(group))
                 try:
                     outcomes = await self._streams.update(key, [c for c, _ in group])
                 except BaseException as error:

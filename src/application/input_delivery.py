@@ -17,7 +17,7 @@ import msgspec
 from application.log_context import about_stream
 from application.ports import RecordReader, StreamRepository
 from application.views import InputDeliveryStatus, record_view
-from application.workers import Job, backoff
+from application.workers import Job, retry_delay
 from domain.stream import StreamKey
 
 log = logging.getLogger("ductor_streams.dispatcher")
@@ -104,9 +104,7 @@ class Dispatch:
             try:
                 await self._publish(current)
             except Exception as error:
-                retry_in = getattr(error, "retry_in", None)
-                if retry_in is None:
-                    retry_in = backoff(current.attempts, base=self._retry_base)
+                retry_in = retry_delay(error, current.attempts, self._retry_base)
                 await self._deliveries.failed(current, f"{type(error).__name__}: {error}", retry_in)
                 return None
         assert current is not None

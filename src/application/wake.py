@@ -4,7 +4,7 @@ A notification never carries data anyone relies on; it is only a reason to rerea
 source of truth. Listeners register *before* they read (the seed's "subscribe, then backfill"),
 and a listener's flag stays set until it is consumed, so a wake that lands between a read and the
 next wait is never lost. Adapters feed `notify` (the PostgreSQL LISTEN bus, or the memory
-adapter after its commit); `known_head` and `followed` let a bus repair lost notifications.
+adapter after its commit); `followed` tells a bus which streams to recheck.
 """
 
 from __future__ import annotations
@@ -41,8 +41,6 @@ class Listener:
 class WakeRegistry:
     def __init__(self) -> None:
         self._listeners: defaultdict[StreamKey, set[Listener]] = defaultdict(set)
-        self._heads: dict[StreamKey, int] = {}
-        self.notifications = 0
 
     @contextmanager
     def listen(self, key: StreamKey) -> Iterator[Listener]:
@@ -56,12 +54,8 @@ class WakeRegistry:
                 listeners.discard(listener)
                 if not listeners:
                     del self._listeners[key]
-                    self._heads.pop(key, None)
 
-    def notify(self, key: StreamKey, head: int | None = None) -> None:
-        self.notifications += 1
-        if head is not None and key in self._listeners:
-            self._heads[key] = max(head, self._heads.get(key, 0))
+    def notify(self, key: StreamKey) -> None:
         for listener in self._listeners.get(key, ()):
             listener.wake()
 
@@ -72,11 +66,3 @@ class WakeRegistry:
     def followed(self) -> list[StreamKey]:
         """Streams that someone in this process is waiting on."""
         return list(self._listeners)
-
-    def known_head(self, key: StreamKey) -> int | None:
-        return self._heads.get(key)
-
-    async def wait(self, key: StreamKey, timeout: float) -> None:
-        """Wait for one wake of `key` (for callers that reread on any outcome anyway)."""
-        with self.listen(key) as listener:
-            await listener.wait(timeout)

@@ -46,6 +46,12 @@ def backoff(attempts: int, base: float = 1.0, cap: float = 300.0) -> float:
     return min(cap, base * 2 ** min(attempts, 20)) * random.uniform(0.5, 1.0)
 
 
+def retry_delay(error: Exception, attempts: int, base: float) -> float:
+    """An error's own `retry_in` (a refusal that is not transient), else the backoff."""
+    retry_in = getattr(error, "retry_in", None)
+    return backoff(attempts, base=base) if retry_in is None else retry_in
+
+
 class Worker:
     def __init__(
         self,
@@ -92,9 +98,7 @@ class Worker:
             log.warning(
                 "%s failed on %s (attempt %d): %s", self.name, job.key, job.attempts + 1, error
             )
-            retry_in = getattr(error, "retry_in", None)
-            if retry_in is None:
-                retry_in = backoff(job.attempts, base=self._retry_base)
+            retry_in = retry_delay(error, job.attempts, self._retry_base)
             with contextlib.suppress(Exception):
                 await self._queue.failed(job, f"{type(error).__name__}: {error}", retry_in)
             return

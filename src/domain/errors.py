@@ -78,10 +78,6 @@ class IdempotencyKeyReused(DomainError):
     code = "idempotency-key-reused"
 
 
-class Forbidden(DomainError):
-    code = "forbidden"
-
-
 class ObjectTooLarge(DomainError):
     code = "object-too-large"
 

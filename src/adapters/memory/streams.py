@@ -134,7 +134,7 @@ class MemoryStreams:
                 row.state = encode_state(stream.state)
                 self._drop_pruned(row, stream.state.earliest)
         if changes.events:
-            self._wake.notify(key, stream.head)
+            self._wake.notify(key)
         return outcomes
 
     def _project_objects(self, key: StreamKey, events: list[Event]) -> None:

@@ -92,7 +92,7 @@ class PostgresWakeBus:
             return
         if head > self._notified.get(key, -1):
             self._notified[key] = head
-        self._registry.notify(key, head)
+        self._registry.notify(key)
 
     async def _run(self) -> None:
         backoff = 0.1
@@ -156,7 +156,7 @@ class PostgresWakeBus:
                 evidence.append((key, notified + 1, suspect))
                 self._notified[key] = notified = suspect
             if head > notified:
-                self._registry.notify(key, head)  # repair delivery now, judge it next check
+                self._registry.notify(key)  # repair delivery now, judge it next check
                 if detected_by == "reconnect":
                     evidence.append((key, notified + 1, head))
                     self._notified[key] = head
