@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from litestar import Controller, Request, Response, get, post, put
 from litestar.params import Parameter
-from litestar.response import Stream
+from litestar.types import ASGIApp
 
 from application.access import Caller
 from application.views import (
@@ -26,10 +26,16 @@ from entrypoints.container import Services
 from entrypoints.http.body import decode_body
 from entrypoints.http.observability import HOT
 from entrypoints.http.schemas import AckBody, AppendBody, LegalHoldBody
+from entrypoints.sse.asgi import EventStreamResponse
 from entrypoints.sse.events import event_stream
 
 API_PREFIX = "/api/workflow-streams"
 STREAM = "/{stream_id:str}"
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 async def authenticated(request: Request) -> tuple[Services, Caller]:
@@ -97,7 +103,7 @@ class StreamsController(Controller):
         run_id: str,
         stream_id: str,
         cursor: int = Parameter(default=0, description="exclusive; Last-Event-ID wins"),
-    ) -> Stream:
+    ) -> ASGIApp:
         services, caller = await authenticated(request)
         last_event_id = request.headers.get("last-event-id")
         if last_event_id is not None:
@@ -105,11 +111,7 @@ class StreamsController(Controller):
                 raise InvalidInput("Last-Event-ID must be a record sequence", field="Last-Event-ID")
             cursor = int(last_event_id)
         subscription = await services.subscribe(caller, run_id, stream_id, cursor)
-        return Stream(
-            event_stream(subscription),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return EventStreamResponse(event_stream(subscription), SSE_HEADERS)
 
     @post(
         STREAM + "/consumers/{consumer_id:str}/ack",

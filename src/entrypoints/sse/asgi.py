@@ -1,0 +1,79 @@
+"""A lean ASGI response for an event stream.
+
+An idle subscriber costs what it holds while it waits, so this response holds little: the
+byte stream and one task that writes it. The request's own task waits on `receive()` for the
+client to leave. That order matters more than it looks: measured under granian with 1,000 idle
+connections, a request task parked on `receive()` costs about 10 KB per connection, while one
+parked on anything else (with the disconnect watched from a second task, as general streaming
+responses do) costs about 28 KB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger("ductor_streams.sse")
+
+
+class EventStreamResponse:
+    """Sends `chunks` as one chunked `200` response. Ends when the chunks end, when the client
+    disconnects (the chunks are closed at once, which ends the subscription behind them) or when
+    writing fails. Never raises for a client that left."""
+
+    __slots__ = ("_chunks", "_headers")
+
+    def __init__(
+        self, chunks: AsyncGenerator[bytes, None], headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        self._chunks = chunks
+        self._headers = headers
+
+    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+        request_task = asyncio.current_task()
+        assert request_task is not None
+        listening = False
+
+        def written(_: asyncio.Task[None]) -> None:
+            if listening:  # everything was written: stop waiting for the client to leave
+                request_task.cancel()
+
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self._headers})
+        except OSError:
+            await self._chunks.aclose()
+            return
+        writer = asyncio.get_running_loop().create_task(self._write(send))
+        writer.add_done_callback(written)
+        try:
+            listening = True
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        except asyncio.CancelledError:
+            if not writer.done():
+                raise  # cancelled from outside (the server is stopping)
+            request_task.uncancel()
+        finally:
+            listening = False
+            writer.cancel()
+            await asyncio.wait([writer])
+
+    async def _write(self, send: Send) -> None:
+        try:
+            async for chunk in self._chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass  # the client left while we were writing
+        except Exception:
+            # The status line is out: nothing better can be answered. The client sees the
+            # stream end without `closed` and resumes with Last-Event-ID.
+            log.exception("event stream ended by an error")
+        finally:
+            await self._chunks.aclose()
