@@ -10,9 +10,19 @@ import secrets
 import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import asyncpg
-from dependency_injector import containers, providers
+
+from entrypoints.lean_imports import without_optional_integrations
+
+with without_optional_integrations(
+    "pydantic", "pydantic_settings", "werkzeug", "fastapi", "starlette"
+):
+    # dependency-injector imports these, when they happen to be installed, for integrations
+    # this service never uses; in an environment with the test tools (which bring pydantic and
+    # werkzeug) that was 13 MB of every server process (docs/benchmarks.md, (6)).
+    from dependency_injector import containers, providers
 
 from adapters.memory.deliveries import MemoryInputDeliveries
 from adapters.memory.streams import MemoryStreams
@@ -24,7 +34,6 @@ from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
 from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.tokens import PostgresTokens
 from adapters.postgres.wake_bus import PostgresWakeBus
-from adapters.wait_service.http import HttpWaitService
 from adapters.wait_service.memory import MemoryWaitService
 from adapters.wait_service.postgres import PostgresWaitService
 from application.acknowledge import Acknowledge
@@ -48,6 +57,9 @@ from application.tokens import Authenticate, IssueToken
 from application.wake import WakeRegistry
 from application.workers import Periodic, Worker
 from entrypoints.config import Settings
+
+if TYPE_CHECKING:
+    from adapters.wait_service.http import HttpWaitService
 
 
 def utc_now() -> datetime:
@@ -132,6 +144,10 @@ async def open_wait_service(
         return
     if settings.wait_service != "http" or not settings.wait_service_url:
         raise ValueError("WAIT_SERVICE is postgres, or http with WAIT_SERVICE_URL")
+    # Imported only when configured: the HTTP client and what it loads cost every process
+    # several MB otherwise.
+    from adapters.wait_service.http import HttpWaitService
+
     service = HttpWaitService(settings.wait_service_url)
     try:
         yield service
