@@ -87,6 +87,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--server-workers", type=int, default=1, help="server processes (serve --workers)"
     )
     parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra argument for `ductor-streams serve` (repeatable), "
+        "e.g. --serve-arg=--server=uvicorn",
+    )
+    parser.add_argument(
         "--subscribers", type=int, default=1_000, help="SSE connections for (5) and (6)"
     )
     parser.add_argument(
@@ -152,6 +160,7 @@ class Bench:
             self.tmp / "data",
             self.tmp / "server.log",
             workers=args.server_workers,
+            extra=tuple(args.serve_arg),
         )
         try:
             self.server.wait_ready()

@@ -34,7 +34,15 @@ def raise_fd_limit() -> None:
 
 
 class Server:
-    def __init__(self, url: str, token: str, data_dir: Path, log: Path, workers: int = 1) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        data_dir: Path,
+        log: Path,
+        workers: int = 1,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.port = free_port()
         self.token = token
         self._log = log.open("wb")
@@ -56,6 +64,7 @@ class Server:
                 "--workers",
                 str(workers),
                 "--no-workers",
+                *extra,
             ],
             env=env,
             stdout=self._log,

@@ -137,8 +137,12 @@ class StreamTail:
 
     def _publish(self, head: int, earliest: int, closed: bool) -> None:
         self.head, self.earliest, self.closed = max(head, self.position), earliest, closed
+        self.wake_followers()
+
+    def wake_followers(self) -> None:
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()
+        self.ready.set()
 
     def after(self, last: int) -> list[StoredRecord] | None:
         """Records after `last` from the ring, or None if the ring does not reach back to it."""
@@ -165,12 +169,20 @@ class LiveTails:
         self._reader = reader
         self._wake = wake
         self._tails: dict[StreamKey, StreamTail] = {}
+        self.ending = False
         self._ring_records = ring_records
         self._ring_bytes = ring_bytes
         self._recheck = recheck_seconds
 
     def tail(self, key: StreamKey) -> StreamTail | None:
         return self._tails.get(key)
+
+    def end_all(self) -> None:
+        """The process is stopping: every follower ends at its next step (its subscriber
+        resumes elsewhere from its last event id), so the server can finish draining."""
+        self.ending = True
+        for tail in self._tails.values():
+            tail.wake_followers()
 
     @contextlib.asynccontextmanager
     async def joined(self, key: StreamKey) -> AsyncIterator[StreamTail]:
@@ -199,7 +211,7 @@ class LiveTails:
         async with self.joined(key) as tail:
             await tail.ready.wait()
             last = cursor
-            while True:
+            while not self.ending:
                 changed = tail.changed  # taken before looking, so no change is missed
                 records = tail.after(last)
                 if records is None:  # behind the ring: read the source by keyset pages

@@ -20,6 +20,10 @@ class TooManySubscriptions(errors.Backpressure):
     code = "too-many-subscriptions"
 
 
+class Stopping(errors.Backpressure):
+    code = "unavailable"
+
+
 class Slot:
     """One admitted subscription's place under its principal's cap (weakly counted, so a
     subscription dropped before it ever started frees its slot when collected)."""
@@ -79,6 +83,8 @@ class Subscribe:
         """Check everything that can be refused, then hand back the deliveries: an async
         generator the caller must close (`contextlib.aclosing`) to end the subscription."""
         caller.require("streams:read")
+        if self._tails.ending:
+            raise Stopping("this server is stopping; subscribe again (to another one)")
         key = caller.key(run_id, stream_id)
         if not 0 <= cursor <= MAX_SEQUENCE:
             raise errors.InvalidInput(f"cursor must be 0 to {MAX_SEQUENCE}", field="cursor")
@@ -100,3 +106,7 @@ class Subscribe:
                 self._slots.release(caller, slot)
 
         return deliveries(self._slots.admit(caller))
+
+    def end_all(self) -> None:
+        """End every live subscription of this process now (it is stopping)."""
+        self._tails.end_all()

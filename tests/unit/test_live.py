@@ -123,3 +123,25 @@ async def test_a_slow_subscriber_falls_behind_the_ring_and_reads_the_source(live
         await asyncio.sleep(0)
     rest = await collect(follow, until=31)
     assert rest == list(range(2, 32))
+
+
+async def test_ending_all_ends_every_follower_without_a_closed_event(live) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append([record() for _ in range(3)])])
+    deliveries: list[list] = [[], []]
+
+    async def follow(into: list) -> None:
+        async for delivery in tails.follow(key, 0, 60.0):  # no heartbeat within the test
+            into.append(delivery)
+
+    followers = [asyncio.ensure_future(follow(d)) for d in deliveries]
+    await asyncio.sleep(0.05)
+    tails.end_all()
+    async with asyncio.timeout(5):
+        await asyncio.gather(*followers)
+    for got in deliveries:
+        assert [r.sequence for d in got for r in d.records] == [1, 2, 3]
+        assert not any(isinstance(d, StreamEnded) for d in got)  # the stream is not closed
+    assert tails.tail(key) is None

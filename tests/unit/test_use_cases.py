@@ -156,3 +156,20 @@ async def test_tokens_are_found_by_hash_and_unknown_ones_are_refused(app) -> Non
     for header in (None, "", "Bearer", "Basic secret", "Bearer nope"):
         with pytest.raises(Unauthenticated):
             await s.authenticate(header)
+
+
+async def test_a_stopping_process_ends_its_subscriptions_and_refuses_new_ones(app) -> None:
+    _, s = app
+    await s.create_stream(ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
+    await s.append_records(ALICE, "r", "x", data(1, 2))
+    subscription = await s.subscribe(ALICE, "r", "x", 0)
+    first = await anext(subscription)
+    assert [r.sequence for r in first.records] == [1, 2]
+    s.subscribe.end_all()
+    async with asyncio.timeout(5):
+        rest = [d async for d in subscription]
+    assert rest == []  # ended, without a `closed`: the stream is still open
+    with pytest.raises(errors.Backpressure) as refused:
+        await s.subscribe(ALICE, "r", "x", 0)
+    assert refused.value.code == "unavailable"
+    assert refused.value.retry_after >= 1

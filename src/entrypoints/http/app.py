@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 
 import asyncpg
 import msgspec
@@ -17,11 +18,12 @@ from litestar.openapi.plugins import JsonRenderPlugin
 from application.workers import run_workers
 from domain.errors import DomainError
 from entrypoints.config import Settings
-from entrypoints.container import Container, resolved, start, stop, workers
+from entrypoints.container import Container, Services, resolved, start, stop, workers
 from entrypoints.http import problems
 from entrypoints.http.objects import ObjectsController
 from entrypoints.http.observability import metrics, request_middleware
 from entrypoints.http.streams import REQUEST_BODIES, StreamsController
+from entrypoints.lean_imports import without_optional_integrations
 from entrypoints.logs import configure_logging
 
 log = logging.getLogger("ductor_streams")
@@ -76,7 +78,16 @@ def create_app(container: Container) -> Litestar:
                 await background
             await stop(container)
 
-    app = Litestar(
+    with without_optional_integrations("pydantic", "attrs", "attr"):
+        # Litestar adds plugins for these when they happen to be installed; nothing here uses
+        # them, and in an environment with the test tools they cost every process ~5 MB.
+        app = _litestar(lifespan)
+    _document_request_bodies(app)
+    return app
+
+
+def _litestar(lifespan: Callable[[Litestar], AbstractAsyncContextManager[None]]) -> Litestar:
+    return Litestar(
         route_handlers=[StreamsController, ObjectsController, healthz, readyz, metrics],
         middleware=[request_middleware],
         lifespan=[lifespan],
@@ -98,8 +109,6 @@ def create_app(container: Container) -> Litestar:
         ),
         debug=False,
     )
-    _document_request_bodies(app)
-    return app
 
 
 def _document_request_bodies(app: Litestar) -> None:
@@ -119,6 +128,15 @@ def _document_request_bodies(app: Litestar) -> None:
                     "required": True,
                     "content": {"application/json": {"schema": by_id[operation["operationId"]]}},
                 }
+
+
+def begin_stopping(app: Litestar) -> None:
+    """Called on SIGTERM before the server drains its requests: live subscriptions never end by
+    themselves, so they are ended here (each client resumes with Last-Event-ID) and new ones
+    are answered 503 with Retry-After."""
+    services: Services | None = getattr(app.state, "services", None)
+    if services is not None:
+        services.subscribe.end_all()
 
 
 def app_from_env() -> Litestar:

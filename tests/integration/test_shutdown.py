@@ -1,0 +1,75 @@
+"""Stopping a server with live subscribers: SIGTERM ends each subscription cleanly (the client
+resumes elsewhere with Last-Event-ID) and the process exits, instead of draining forever."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+
+import httpx
+import pytest
+from httpx_sse import aconnect_sse
+
+from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV
+from tests.support.server import ServerProcess
+
+PREFIX = "/api/workflow-streams"
+
+
+async def test_sigterm_ends_live_subscriptions_and_the_server_exits(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory, run_id: str
+) -> None:
+    server = ServerProcess(
+        database_url=database_url,
+        data_dir=tmp_path_factory.mktemp("shutdown"),
+        env={**SERVER_ENV, "DUCTOR_STREAMS_SSE_HEARTBEAT_SECONDS": "60"},
+    ).start()
+    assert server.process is not None
+    try:
+        async with httpx.AsyncClient(
+            base_url=server.base_url + PREFIX,
+            headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"},
+            timeout=30,
+        ) as api:
+            created = await api.post(
+                f"/runs/{run_id}/streams", json={"stream_id": "s", "direction": "output"}
+            )
+            assert created.status_code == 201, created.text
+            appended = await api.post(
+                f"/runs/{run_id}/streams/s/records",
+                json={"records": [{"data": n} for n in range(3)]},
+            )
+            assert appended.status_code == 201, appended.text
+
+            events: list[tuple[str, str]] = []
+            got_all = asyncio.Event()
+
+            async def follow() -> None:
+                url = f"/runs/{run_id}/streams/s/subscribe?cursor=0"
+                async with aconnect_sse(api, "GET", url) as source:
+                    async for event in source.aiter_sse():
+                        events.append((event.event, event.id))
+                        if len(events) == 3:
+                            got_all.set()
+
+            followers = [asyncio.create_task(follow()) for _ in range(3)]
+            async with asyncio.timeout(15):
+                await got_all.wait()
+            await asyncio.sleep(0.2)  # every follower is connected and idle
+
+            server.process.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(20):
+                # each response ends by itself; none is cut by the test
+                await asyncio.gather(*followers)
+            code = await asyncio.to_thread(server.process.wait, 20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the server did not exit after SIGTERM:\n{server.log()}")
+    finally:
+        server.stop()
+
+    assert code == 0, server.log()
+    records = [e for e in events if e[0] == "record"]
+    assert len(records) == 9  # 3 records to each of 3 subscribers
+    assert not any(name == "closed" for name, _ in events)  # the stream itself is still open
+    assert "Traceback" not in server.log()
