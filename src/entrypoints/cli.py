@@ -89,7 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=10,  # live subscriptions never end by themselves
         )
         return 0
-    if args.workers == 1:
+    if args.workers == 1 and not args.supervised:
         _serve_in_process(args)
     else:
         _serve_supervised(args)
@@ -251,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--workers", type=int, default=1, help="server processes (default 1)")
     serve.add_argument("--server", choices=["granian", "uvicorn"], default="granian")
+    serve.add_argument(
+        "--supervised",
+        action="store_true",
+        help="granian only: run the server process(es) under a supervisor process even with "
+        "one worker (it respawns a worker that dies; costs ~40 MB)",
+    )
     serve.add_argument(
         "--no-workers", action="store_true", help="do not run the background workers here"
     )

@@ -73,3 +73,50 @@ async def test_sigterm_ends_live_subscriptions_and_the_server_exits(
     assert len(records) == 9  # 3 records to each of 3 subscribers
     assert not any(name == "closed" for name, _ in events)  # the stream itself is still open
     assert "Traceback" not in server.log()
+
+
+@pytest.mark.slow
+async def test_a_supervised_server_with_a_live_subscriber_stops_within_its_kill_timeout(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory, run_id: str
+) -> None:
+    """`serve --supervised`: granian's supervisor stops a worker that is still draining after
+    10 s; the subscriber's connection ends and the whole process group exits."""
+    server = ServerProcess(
+        database_url=database_url,
+        data_dir=tmp_path_factory.mktemp("shutdown-supervised"),
+        env={**SERVER_ENV, "DUCTOR_STREAMS_SSE_HEARTBEAT_SECONDS": "60"},
+        args=["--supervised"],
+    ).start()
+    assert server.process is not None
+    try:
+        async with httpx.AsyncClient(
+            base_url=server.base_url + PREFIX,
+            headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"},
+            timeout=60,
+        ) as api:
+            created = await api.post(
+                f"/runs/{run_id}/streams", json={"stream_id": "s", "direction": "output"}
+            )
+            assert created.status_code == 201, created.text
+            opened = asyncio.Event()
+
+            async def follow() -> None:
+                url = f"/runs/{run_id}/streams/s/subscribe?cursor=0"
+                async with api.stream("GET", url) as response:
+                    assert response.status_code == 200
+                    opened.set()
+                    async for _ in response.aiter_bytes():
+                        pass
+
+            follower = asyncio.create_task(follow())
+            async with asyncio.timeout(15):
+                await opened.wait()
+            server.process.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(30):
+                await asyncio.gather(follower, return_exceptions=True)
+            await asyncio.to_thread(server.process.wait, 30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the supervised server did not exit after SIGTERM:\n{server.log()}")
+    finally:
+        server.stop()
+    assert server.process.returncode is not None
