@@ -32,8 +32,8 @@ NAMES = (
     "noop",
     "batch",
     "copy",
+    "idle",  # before fanout: (5) leaves the process with the heap its bursts grew
     "fanout",
-    "idle",
     "catchup",
     "objects",
     "dispatch",
