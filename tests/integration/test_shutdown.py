@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,25 +18,41 @@ from tests.support.server import ServerProcess
 PREFIX = "/api/workflow-streams"
 
 
+def quiet_server(database_url: str, data_dir: Path, *args: str) -> ServerProcess:
+    """A server of its own (it is stopped by the test), without heartbeats during the test."""
+    server = ServerProcess(
+        database_url=database_url,
+        data_dir=data_dir,
+        env={**SERVER_ENV, "DUCTOR_STREAMS_SSE_HEARTBEAT_SECONDS": "60"},
+        args=list(args),
+    ).start()
+    assert server.process is not None
+    return server
+
+
+def client_of(server: ServerProcess) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=server.base_url + PREFIX,
+        headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"},
+        timeout=60,
+    )
+
+
+async def create_stream(api: httpx.AsyncClient, run_id: str) -> None:
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "s", "direction": "output"}
+    )
+    assert created.status_code == 201, created.text
+
+
 async def test_sigterm_ends_live_subscriptions_and_the_server_exits(
     database_url: str, tmp_path_factory: pytest.TempPathFactory, run_id: str
 ) -> None:
-    server = ServerProcess(
-        database_url=database_url,
-        data_dir=tmp_path_factory.mktemp("shutdown"),
-        env={**SERVER_ENV, "DUCTOR_STREAMS_SSE_HEARTBEAT_SECONDS": "60"},
-    ).start()
+    server = quiet_server(database_url, tmp_path_factory.mktemp("shutdown"))
     assert server.process is not None
     try:
-        async with httpx.AsyncClient(
-            base_url=server.base_url + PREFIX,
-            headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"},
-            timeout=30,
-        ) as api:
-            created = await api.post(
-                f"/runs/{run_id}/streams", json={"stream_id": "s", "direction": "output"}
-            )
-            assert created.status_code == 201, created.text
+        async with client_of(server) as api:
+            await create_stream(api, run_id)
             appended = await api.post(
                 f"/runs/{run_id}/streams/s/records",
                 json={"records": [{"data": n} for n in range(3)]},
@@ -81,23 +98,13 @@ async def test_a_supervised_server_with_a_live_subscriber_stops_within_its_kill_
 ) -> None:
     """`serve --supervised`: granian's supervisor stops a worker that is still draining after
     10 s; the subscriber's connection ends and the whole process group exits."""
-    server = ServerProcess(
-        database_url=database_url,
-        data_dir=tmp_path_factory.mktemp("shutdown-supervised"),
-        env={**SERVER_ENV, "DUCTOR_STREAMS_SSE_HEARTBEAT_SECONDS": "60"},
-        args=["--supervised"],
-    ).start()
+    server = quiet_server(
+        database_url, tmp_path_factory.mktemp("shutdown-supervised"), "--supervised"
+    )
     assert server.process is not None
     try:
-        async with httpx.AsyncClient(
-            base_url=server.base_url + PREFIX,
-            headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"},
-            timeout=60,
-        ) as api:
-            created = await api.post(
-                f"/runs/{run_id}/streams", json={"stream_id": "s", "direction": "output"}
-            )
-            assert created.status_code == 201, created.text
+        async with client_of(server) as api:
+            await create_stream(api, run_id)
             opened = asyncio.Event()
 
             async def follow() -> None:
