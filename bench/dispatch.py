@@ -14,7 +14,6 @@ import contextlib
 import multiprocessing
 import os
 import queue
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ import msgspec
 
 from bench.database import TENANT
 from bench.live import Http, _pct, _request
-from bench.server import BIN, CpuMeter, free_port
+from bench.server import BIN, CpuMeter, free_port, stop_group
 
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
 
@@ -174,15 +173,7 @@ class WorkerProcess:
         return self.process.pid
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(5)
-            except ProcessLookupError:
-                pass
+        stop_group(self.process)
         self._log.close()
 
 

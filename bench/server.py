@@ -121,16 +121,22 @@ class Server:
             raise RuntimeError(f"creating stream {stream_id}: {status} {answer}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(5)
-            except ProcessLookupError:
-                pass
+        stop_group(self.process)
         self._log.close()
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to a process started with `start_new_session`, and its children; SIGKILL if it is
+    still there after 15 s."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(5)
+        except ProcessLookupError:
+            pass
 
 
 # --- memory and CPU of process trees ---

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
 
 import asyncpg
 import msgspec
@@ -81,34 +80,30 @@ def create_app(container: Container) -> Litestar:
     with without_optional_integrations("pydantic", "attrs", "attr"):
         # Litestar adds plugins for these when they happen to be installed; nothing here uses
         # them, and in an environment with the test tools they cost every process ~5 MB.
-        app = _litestar(lifespan)
+        app = Litestar(
+            route_handlers=[StreamsController, ObjectsController, healthz, readyz, metrics],
+            middleware=[request_middleware],
+            lifespan=[lifespan],
+            exception_handlers={
+                DomainError: problems.domain_error,
+                HTTPException: problems.http_error,
+                asyncpg.PostgresConnectionError: unavailable,
+                asyncpg.InterfaceError: unavailable,
+                ConnectionError: unavailable,
+                Exception: problems.internal_error,
+            },
+            request_max_body_size=MAX_REQUEST_BYTES,
+            openapi_config=OpenAPIConfig(
+                title="ductor-streams",
+                version="0.1.0",
+                description="Durable, ordered, flow-controlled data streams for workflow runs.",
+                path="/schema",
+                render_plugins=[JsonRenderPlugin()],
+            ),
+            debug=False,
+        )
     _document_request_bodies(app)
     return app
-
-
-def _litestar(lifespan: Callable[[Litestar], AbstractAsyncContextManager[None]]) -> Litestar:
-    return Litestar(
-        route_handlers=[StreamsController, ObjectsController, healthz, readyz, metrics],
-        middleware=[request_middleware],
-        lifespan=[lifespan],
-        exception_handlers={
-            DomainError: problems.domain_error,
-            HTTPException: problems.http_error,
-            asyncpg.PostgresConnectionError: unavailable,
-            asyncpg.InterfaceError: unavailable,
-            ConnectionError: unavailable,
-            Exception: problems.internal_error,
-        },
-        request_max_body_size=MAX_REQUEST_BYTES,
-        openapi_config=OpenAPIConfig(
-            title="ductor-streams",
-            version="0.1.0",
-            description="Durable, ordered, flow-controlled data streams for workflow runs.",
-            path="/schema",
-            render_plugins=[JsonRenderPlugin()],
-        ),
-        debug=False,
-    )
 
 
 def _document_request_bodies(app: Litestar) -> None:
