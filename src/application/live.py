@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 
@@ -25,8 +25,34 @@ from domain.stream import StreamKey
 PAGE = 1_000
 
 
-class RecordsDelivered(msgspec.Struct, frozen=True):
-    records: list[StoredRecord]
+class RecordsDelivered:
+    """Records in order. The tail hands one such delivery to every follower at the same
+    position, so a transport can encode it once for all of them (`encoded_as`)."""
+
+    __slots__ = ("_encoded", "records")
+    __match_args__ = ("records",)
+
+    def __init__(self, records: list[StoredRecord]) -> None:
+        self.records = records
+        self._encoded: tuple[object, bytes] | None = None
+
+    def encoded_as(self, encode: Callable[[list[StoredRecord]], bytes]) -> bytes:
+        """`encode(records)`, computed once per delivery (per encoder)."""
+        memo = self._encoded
+        if memo is None or memo[0] is not encode:
+            memo = self._encoded = (encode, encode(self.records))
+        return memo[1]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RecordsDelivered) and other.records == self.records
+
+    def __repr__(self) -> str:
+        return f"RecordsDelivered({self.records!r})"
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+_NOTHING = RecordsDelivered([])
 
 
 class Idle(msgspec.Struct, frozen=True):
@@ -49,6 +75,35 @@ class Overtaken(msgspec.Struct, frozen=True):
 
 
 Delivery = RecordsDelivered | Idle | StreamEnded | Overtaken
+
+
+class Signal:
+    """Wakes everyone waiting on it, once. Lighter than `asyncio.Event` for a thousand waiters
+    that are woken together and then wait on the next signal: one future each, never removed
+    one by one (a waiter cancelled meanwhile is skipped)."""
+
+    __slots__ = ("_loop", "_waiters", "fired")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiters: list[asyncio.Future[None]] = []
+        self.fired = False
+
+    def waiter(self) -> asyncio.Future[None]:
+        """A future done when this signal fires (already done if it has)."""
+        future = self._loop.create_future()
+        if self.fired:
+            future.set_result(None)
+        else:
+            self._waiters.append(future)
+        return future
+
+    def fire(self) -> None:
+        self.fired = True
+        waiters, self._waiters = self._waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
 
 
 class StreamTail:
@@ -75,14 +130,38 @@ class StreamTail:
         self.closed = False
         self.reads = 0
         self.subscribers = 0
-        self.changed = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self.changed = Signal(self._loop)
         self.ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # The newest page read, shared by every follower that was at its start.
+        self._latest = _NOTHING
+        # Heartbeats: the tail ticks every half heartbeat and wakes its followers; one that
+        # has said nothing for two ticks sends a heartbeat. One timer per stream, instead of a
+        # timeout per follower per wake.
+        self.ticks = 0
+        self._tick_seconds = float("inf")
+        self._ticker: asyncio.TimerHandle | None = None
 
     def start(self, listening: contextlib.AbstractContextManager) -> None:
         self._task = asyncio.create_task(self._follow(listening), name=f"tail {self.key}")
 
+    def beat_every(self, heartbeat_seconds: float) -> None:
+        """Tick often enough that a follower idle for `heartbeat_seconds` hears a heartbeat."""
+        if heartbeat_seconds / 2 < self._tick_seconds:
+            self._tick_seconds = heartbeat_seconds / 2
+            if self._ticker is not None:
+                self._ticker.cancel()
+            self._ticker = self._loop.call_later(self._tick_seconds, self._tick)
+
+    def _tick(self) -> None:
+        self.ticks += 1
+        self._ticker = self._loop.call_later(self._tick_seconds, self._tick)
+        self.wake_followers()
+
     async def stop(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -119,6 +198,8 @@ class StreamTail:
             if found is None:
                 return
             position, records = found
+            if records and records[0].sequence == self.position + 1:
+                self._latest = RecordsDelivered(records)
             for record in records:
                 if record.sequence != self.position + 1:
                     # Retention removed what the ring would hold: restart it past the gap.
@@ -140,19 +221,25 @@ class StreamTail:
         self.wake_followers()
 
     def wake_followers(self) -> None:
-        changed, self.changed = self.changed, asyncio.Event()
-        changed.set()
+        changed, self.changed = self.changed, Signal(self._loop)
+        changed.fire()
         self.ready.set()
 
-    def after(self, last: int) -> list[StoredRecord] | None:
-        """Records after `last` from the ring, or None if the ring does not reach back to it."""
-        if not self._ring or last >= self.position:
-            return [] if last >= self.position else None
-        first = self._ring[0].sequence
-        if last + 1 < first:
+    def after(self, last: int) -> RecordsDelivered | None:
+        """Records after `last` from the ring (none if `last` is the newest), or None if the
+        ring does not reach back to it. A follower at the start of the newest page gets the
+        delivery every other such follower gets."""
+        if last >= self.position:
+            return _NOTHING
+        latest = self._latest.records
+        if latest and latest[0].sequence == last + 1 and latest[-1].sequence == self.position:
+            return self._latest
+        if not self._ring or last + 1 < (first := self._ring[0].sequence):
             return None
         start = last + 1 - first
-        return [self._ring[i] for i in range(start, min(len(self._ring), start + PAGE))]
+        return RecordsDelivered(
+            [self._ring[i] for i in range(start, min(len(self._ring), start + PAGE))]
+        )
 
 
 class LiveTails:
@@ -209,12 +296,14 @@ class LiveTails:
         """Every record with sequence > cursor, ascending, without gaps or duplicates; `Idle`
         while nothing happens; then `StreamEnded` once closed and delivered, or `Overtaken`."""
         async with self.joined(key) as tail:
+            tail.beat_every(heartbeat_seconds)
             await tail.ready.wait()
             last = cursor
+            spoke = tail.ticks  # the tick of this follower's last word
             while not self.ending:
                 changed = tail.changed  # taken before looking, so no change is missed
-                records = tail.after(last)
-                if records is None:  # behind the ring: read the source by keyset pages
+                delivery = tail.after(last)
+                if delivery is None:  # behind the ring: read the source by keyset pages
                     found = await self._reader.page(key, last, PAGE)
                     if found is None:
                         return
@@ -226,18 +315,19 @@ class LiveTails:
                             requested=last + 1, earliest=position.earliest, latest=position.head
                         )
                         return
-                if records:
+                    delivery = RecordsDelivered(records)
+                if records := delivery.records:
                     if records[0].sequence != last + 1:
                         continue  # the ring moved on meanwhile: reread from the source
                     last = records[-1].sequence
-                    yield RecordsDelivered(records)
+                    spoke = tail.ticks
+                    yield delivery
                     continue
                 if tail.closed and last >= tail.head:
                     yield StreamEnded(head=tail.head)
                     return
-                try:
-                    # asyncio.timeout, not wait_for: no extra task per subscriber per wake.
-                    async with asyncio.timeout(heartbeat_seconds):
-                        await changed.wait()
-                except TimeoutError:
+                if tail.ticks - spoke >= 2:
+                    spoke = tail.ticks
                     yield Idle()
+                    continue
+                await changed.waiter()

@@ -8,7 +8,7 @@ import pytest
 
 from adapters.memory.streams import MemoryStreams
 from application.close_stream import CloseCommand
-from application.live import Idle, LiveTails, Overtaken, RecordsDelivered, StreamEnded
+from application.live import Idle, LiveTails, Overtaken, RecordsDelivered, Signal, StreamEnded
 from application.wake import WakeRegistry
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 
@@ -145,3 +145,70 @@ async def test_ending_all_ends_every_follower_without_a_closed_event(live) -> No
         assert [r.sequence for d in got for r in d.records] == [1, 2, 3]
         assert not any(isinstance(d, StreamEnded) for d in got)  # the stream is not closed
     assert tails.tail(key) is None
+
+
+async def test_followers_at_the_same_position_share_one_delivery_encoded_once(live) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    follows = [tails.follow(key, 0, 60.0) for _ in range(3)]
+    nexts = [asyncio.ensure_future(anext(f)) for f in follows]
+    await asyncio.sleep(0.01)
+    await streams.update(key, [append([record(), record()])])
+    got = await asyncio.gather(*nexts)
+    assert [r.sequence for r in got[0].records] == [1, 2]
+    assert got[1] is got[0] and got[2] is got[0]
+    encoded: list[int] = []
+
+    def encode(records) -> bytes:
+        encoded.append(len(records))
+        return b"frame"
+
+    assert [d.encoded_as(encode) for d in got] == [b"frame"] * 3
+    assert encoded == [2]
+    for f in follows:
+        await f.aclose()
+
+
+async def test_a_follower_behind_the_newest_page_gets_its_own_delivery(live) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append()])
+    ahead, behind = tails.follow(key, 1, 60.0), tails.follow(key, 0, 60.0)
+    waiting = asyncio.ensure_future(anext(ahead))
+    await asyncio.sleep(0.01)
+    await streams.update(key, [append()])
+    assert [r.sequence for r in (await waiting).records] == [2]
+    assert [r.sequence for r in (await anext(behind)).records] == [1, 2]
+    await ahead.aclose()
+    await behind.aclose()
+
+
+async def test_heartbeats_come_only_after_two_quiet_ticks(live) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    follow = tails.follow(key, 0, 0.2)  # ticks every 0.1 s
+    waiting = asyncio.ensure_future(anext(follow))
+    await asyncio.sleep(0.05)
+    tail = tails.tail(key)
+    assert tail is not None
+    assert not waiting.done()
+    await streams.update(key, [append()])
+    assert isinstance(await waiting, RecordsDelivered)
+    ticks = tail.ticks
+    assert isinstance(await anext(follow), Idle)
+    assert tail.ticks - ticks >= 2
+    await follow.aclose()
+    assert tails.tail(key) is None
+
+
+async def test_a_signal_wakes_its_waiters_once_and_skips_cancelled_ones() -> None:
+    signal = Signal(asyncio.get_running_loop())
+    first, cancelled = signal.waiter(), signal.waiter()
+    cancelled.cancel()
+    signal.fire()
+    assert first.done() and first.result() is None
+    assert cancelled.cancelled()
+    assert signal.waiter().done()  # a signal that fired stays fired

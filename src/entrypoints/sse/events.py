@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import msgspec
 
 from application.live import Delivery, Idle, Overtaken, RecordsDelivered, StreamEnded
+from application.ports import StoredRecord
 from application.views import record_view
 
 _encode = msgspec.json.Encoder().encode
@@ -18,6 +19,10 @@ HEARTBEAT = b": keep-alive\n\n"
 RECORD = b"id: %d\nevent: record\ndata: %s\n\n"
 
 
+def records_frame(records: list[StoredRecord]) -> bytes:
+    return b"".join(RECORD % (r.sequence, _encode(record_view(r))) for r in records)
+
+
 async def event_stream(deliveries: AsyncGenerator[Delivery, None]) -> AsyncIterator[bytes]:
     """Closing this stream (the response ended, or the client left) closes the subscription,
     which gives its slot back and leaves the stream's tail at once, not when collected."""
@@ -25,12 +30,10 @@ async def event_stream(deliveries: AsyncGenerator[Delivery, None]) -> AsyncItera
         yield OPENING
         async for delivery in deliveries:
             match delivery:
-                case RecordsDelivered(records=records):
-                    yield b"".join(
-                        b"id: %d\nevent: record\ndata: %s\n\n"
-                        % (r.sequence, _encode(record_view(r)))
-                        for r in records
-                    )
+                case RecordsDelivered():
+                    # One delivery is shared by the subscribers at the same position: its
+                    # bytes are encoded once for all of them.
+                    yield delivery.encoded_as(records_frame)
                 case Idle():
                     yield HEARTBEAT
                 case StreamEnded(head=head):
