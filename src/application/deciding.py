@@ -7,7 +7,8 @@ disturb the others, and the events of each command are applied before the next i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from datetime import datetime
 
 import msgspec
 
@@ -20,10 +21,27 @@ from domain.stream import Stream
 _encode = msgspec.json.Encoder().encode
 
 
-class RecordRow(msgspec.Struct, frozen=True):
-    sequence: int
-    end_offset: int
-    record: NewRecord
+class AppendedRecords(msgspec.Struct, frozen=True):
+    """The records of one append, in order: sequences from `first_sequence`, their bytes
+    contiguous after `first_offset` (each record's end offset is the running sum of sizes).
+    Kept as the batch it came in, not a row object per record: the adapters number the records
+    as they write them, in one pass."""
+
+    first_sequence: int
+    first_offset: int
+    at: datetime
+    records: Sequence[NewRecord]
+
+    def numbered(self) -> Iterator[tuple[int, int, NewRecord]]:
+        """(sequence, end offset, record) of each record."""
+        end = self.first_offset
+        for sequence, record in enumerate(self.records, self.first_sequence):
+            end += record.size
+            yield sequence, end, record
+
+    @property
+    def sequences(self) -> range:
+        return range(self.first_sequence, self.first_sequence + len(self.records))
 
 
 class Receipt(msgspec.Struct, frozen=True):
@@ -36,7 +54,7 @@ class Changes(msgspec.Struct):
     """Everything one transaction must write besides the snapshot."""
 
     events: list[Event] = msgspec.field(default_factory=list)
-    records: list[RecordRow] = msgspec.field(default_factory=list)
+    appended: list[AppendedRecords] = msgspec.field(default_factory=list)
     receipts: list[Receipt] = msgspec.field(default_factory=list)
 
 
@@ -72,10 +90,11 @@ def decide_all(
         for event in events:
             stream.apply(event)
             if isinstance(event, RecordsAppended):
-                end = event.first_offset
-                for sequence, record in enumerate(command.records, event.first_sequence):
-                    end += record.size
-                    changes.records.append(RecordRow(sequence, end, record))
+                changes.appended.append(
+                    AppendedRecords(
+                        event.first_sequence, event.first_offset, event.at, command.records
+                    )
+                )
         changes.events.extend(events)
         answer = command.answer(stream, events)
         if idem is not None:

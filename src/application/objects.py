@@ -140,7 +140,7 @@ class CommitCommand(_ObjectCommand):
                 kind=RecordKind.OBJECT,
                 content_type=intent.content_type,
                 payload=_encode(reference),
-                body_size=intent.size,
+                size=intent.size,
             ),
         )
 

@@ -24,16 +24,13 @@ class RecordKind(IntEnum):
 
 class NewRecord(msgspec.Struct, frozen=True):
     """A record ready to store. Its size is the length of `payload` (what is written), except for
-    an object's record, whose payload is the reference and whose size is the body's."""
+    an object's record, whose payload is the reference and whose size is the body's. It is a
+    field, not computed, because the append path reads it several times per record."""
 
     kind: RecordKind
     content_type: str
     payload: bytes
-    body_size: int | None = None
-
-    @property
-    def size(self) -> int:
-        return len(self.payload) if self.body_size is None else self.body_size
+    size: int
 
 
 class RecordInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -94,7 +91,7 @@ def prepare_records(inputs: list[RecordInput], redaction: Redaction) -> list[New
                 size=len(payload),
                 limit=MAX_INLINE_RECORD_BYTES,
             )
-        prepared.append(NewRecord(kind=kind, content_type=content_type, payload=payload))
+        prepared.append(NewRecord(kind, content_type, payload, len(payload)))
     return prepared
 
 

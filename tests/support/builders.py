@@ -31,7 +31,7 @@ def new_key(tenant: str = "t1") -> StreamKey:
 
 
 def record(payload: bytes = b'{"n":1}') -> NewRecord:
-    return NewRecord(kind=RecordKind.JSON, content_type="application/json", payload=payload)
+    return NewRecord(RecordKind.JSON, "application/json", payload, len(payload))
 
 
 def append(

@@ -112,21 +112,22 @@ class MemoryStreams:
             outcomes, changes = decide_all(stream, commands, dict(row.receipts), offsets)
             self.transactions += 1
             if changes.events:
-                at = changes.events[-1].at
-                for r in changes.records:
-                    row.records[r.sequence] = StoredRecord(
-                        sequence=r.sequence,
-                        appended_at=at,
-                        kind=r.record.kind,
-                        content_type=r.record.content_type,
-                        size=r.record.size,
-                        payload=r.record.payload,
-                    )
-                    row.offsets[r.sequence] = r.end_offset
+                for appended in changes.appended:
+                    for sequence, end_offset, record in appended.numbered():
+                        row.records[sequence] = StoredRecord(
+                            sequence=sequence,
+                            appended_at=appended.at,
+                            kind=record.kind,
+                            content_type=record.content_type,
+                            size=record.size,
+                            payload=record.payload,
+                        )
+                        row.offsets[sequence] = end_offset
                 if stream.definition.direction == "input":
                     rows = self.deliveries.setdefault(key, {})
-                    for r in changes.records:
-                        rows[r.sequence] = DeliveryRow()
+                    for appended in changes.appended:
+                        for sequence in appended.sequences:
+                            rows[sequence] = DeliveryRow()
                 for receipt in changes.receipts:
                     row.receipts[receipt.key] = receipt
                 row.journal.extend(encode_event(e) for e in changes.events)

@@ -24,7 +24,6 @@ from domain.definition import StreamDefinition
 from domain.events import (
     ConsumerAcknowledged,
     Event,
-    RecordsAppended,
     RecordsPruned,
     decode_event,
     encode_event,
@@ -295,27 +294,30 @@ _RecordRow = tuple[str, str, str, int, datetime, int, str, int, int, bytes]
 
 
 def _record_rows(key: StreamKey, changes: Changes) -> list[_RecordRow]:
-    at_of: dict[int, datetime] = {}
-    for event in changes.events:
-        if isinstance(event, RecordsAppended):
-            for sequence in range(event.first_sequence, event.last_sequence + 1):
-                at_of[sequence] = event.at
+    """The rows to write, in one pass (this runs under the row lock, for every record)."""
     tenant, run_id, stream_id = key
-    return [
-        (
-            tenant,
-            run_id,
-            stream_id,
-            r.sequence,
-            at_of[r.sequence],
-            int(r.record.kind),
-            r.record.content_type,
-            r.record.size,
-            r.end_offset,
-            r.record.payload,
-        )
-        for r in changes.records
-    ]
+    rows: list[_RecordRow] = []
+    add = rows.append
+    for appended in changes.appended:
+        at, sequence, end = appended.at, appended.first_sequence, appended.first_offset
+        for r in appended.records:
+            end += r.size
+            add(
+                (
+                    tenant,
+                    run_id,
+                    stream_id,
+                    sequence,
+                    at,
+                    r.kind,
+                    r.content_type,
+                    r.size,
+                    end,
+                    r.payload,
+                )
+            )
+            sequence += 1
+    return rows
 
 
 def _write_arguments(
@@ -347,5 +349,7 @@ def _write_arguments(
         s.closed,
         s.legal_hold.enabled,
         encode_state(s),
-        [r.sequence for r in changes.records] if stream.definition.direction == "input" else [],
+        [s for a in changes.appended for s in a.sequences]
+        if stream.definition.direction == "input"
+        else [],
     )
