@@ -49,50 +49,69 @@ def prepare_records(inputs: list[RecordInput], redaction: Redaction) -> list[New
     """Turn an append body into stored payloads: compact JSON, redacted, size-checked.
 
     Nothing is half-done: the first bad record raises and the caller appends none of the batch.
+    This runs for every record a server receives, so the common case (inline JSON with the
+    default content type) takes the shortest path; every check still applies to every record.
     """
     pointers = [parse_pointer(p) for p in redaction.json_pointers]
     prepared: list[NewRecord] = []
+    add = prepared.append
+    unset, compact, json_kind = msgspec.UNSET, _compact, RecordKind.JSON
     for index, item in enumerate(inputs):
-        has_data = item.data is not msgspec.UNSET
-        has_b64 = item.data_base64 is not msgspec.UNSET
-        if has_data == has_b64:
-            raise InvalidInput(
-                f"records[{index}] must have exactly one of `data` or `data_base64`",
-                field=f"records[{index}]",
-            )
-        if has_data:
-            raw = bytes(item.data)  # type: ignore[arg-type]
+        data, content_type = item.data, item.content_type
+        if data is not unset and item.data_base64 is unset:
             if pointers:
-                payload = _json_encode(redact(_json_decode(raw), pointers))
+                payload = _json_encode(redact(_json_decode(data), pointers))
             else:
-                payload = msgspec.json.format(raw, indent=-1)
-            content_type = item.content_type or "application/json"
-            kind = RecordKind.JSON
+                payload = compact(data, indent=-1)
+            kind = json_kind
+            if content_type is unset:
+                content_type = "application/json"
+            else:
+                _check_content_type(index, content_type)
         else:
-            try:
-                payload = base64.b64decode(item.data_base64, validate=True)  # type: ignore[arg-type]
-            except (binascii.Error, ValueError):
-                raise InvalidInput(
-                    f"records[{index}].data_base64 is not valid base64",
-                    field=f"records[{index}].data_base64",
-                ) from None
-            content_type = item.content_type or "application/octet-stream"
-            kind = RecordKind.BINARY
-        if len(content_type) > 255 or not content_type.strip():
-            raise InvalidInput(
-                f"records[{index}].content_type must be 1 to 255 characters",
-                field=f"records[{index}].content_type",
-            )
-        if len(payload) > MAX_INLINE_RECORD_BYTES:
+            payload, kind = _binary(index, item), RecordKind.BINARY
+            if content_type is unset:
+                content_type = "application/octet-stream"
+            else:
+                _check_content_type(index, content_type)
+        size = len(payload)
+        if size > MAX_INLINE_RECORD_BYTES:
             raise RecordTooLarge(
-                f"records[{index}] is {len(payload)} bytes; an inline record may be at most "
+                f"records[{index}] is {size} bytes; an inline record may be at most "
                 f"{MAX_INLINE_RECORD_BYTES} bytes (use an object for larger bodies)",
                 index=index,
-                size=len(payload),
+                size=size,
                 limit=MAX_INLINE_RECORD_BYTES,
             )
-        prepared.append(NewRecord(kind, content_type, payload, len(payload)))
+        add(NewRecord(kind, content_type, payload, size))
     return prepared
+
+
+_compact = msgspec.json.format
+
+
+def _check_content_type(index: int, content_type: str) -> None:
+    if len(content_type) > 255 or not content_type.strip():
+        raise InvalidInput(
+            f"records[{index}].content_type must be 1 to 255 characters",
+            field=f"records[{index}].content_type",
+        )
+
+
+def _binary(index: int, item: RecordInput) -> bytes:
+    """The decoded bytes of a `data_base64` record (which must not also have `data`)."""
+    if (item.data is msgspec.UNSET) == (item.data_base64 is msgspec.UNSET):
+        raise InvalidInput(
+            f"records[{index}] must have exactly one of `data` or `data_base64`",
+            field=f"records[{index}]",
+        )
+    try:
+        return base64.b64decode(item.data_base64, validate=True)  # type: ignore[arg-type]
+    except (binascii.Error, ValueError):
+        raise InvalidInput(
+            f"records[{index}].data_base64 is not valid base64",
+            field=f"records[{index}].data_base64",
+        ) from None
 
 
 def redact(document: Any, pointers: list[tuple[str, ...]]) -> Any:
