@@ -1,0 +1,34 @@
+"""JSON answers sent as they are, for the hottest routes.
+
+Litestar turns a handler's return value into a response through its response pipeline (type
+lookup, serializer, header and cookie handling, an ASGI response object). For a route that runs
+thousands of times a second and always answers one small msgspec Struct, that pipeline cost about
+a tenth of the request. `JsonAnswer` is the ASGI app the pipeline would have produced: the
+value encoded by msgspec, `content-type` and `content-length`, and any extra headers. Errors are
+unaffected: they are raised, and answered by the application's exception handlers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+_encode = msgspec.json.Encoder().encode
+
+_JSON = (b"content-type", b"application/json")
+
+
+class JsonAnswer:
+    __slots__ = ("_body", "_headers", "_status")
+
+    def __init__(self, value: Any, status: int, headers: tuple[tuple[bytes, bytes], ...] = ()):
+        self._body = _encode(value)
+        self._status = status
+        self._headers = [_JSON, (b"content-length", b"%d" % len(self._body)), *headers]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send(
+            {"type": "http.response.start", "status": self._status, "headers": self._headers}
+        )
+        await send({"type": "http.response.body", "body": self._body})
