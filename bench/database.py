@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -186,26 +187,49 @@ async def floor(
     finally:
         await setup.close()
 
+    async def append_one(conn: asyncpg.Connection) -> int:
+        async with conn.transaction():
+            state = await conn.fetchval(_LOCK, *key)
+            head = int.from_bytes(state[0:8], "big") + 1
+            version = int.from_bytes(state[8:16], "big") + 1
+            offset = int.from_bytes(state[16:24], "big") + len(payload)
+            now = datetime.now(UTC)
+            await conn.execute(_INSERT_RECORD, *key, head, now, len(payload), offset, payload)
+            await conn.execute(_INSERT_EVENT, *key, version, event)
+            await conn.execute(
+                _UPDATE, *key, head, version, _pack_state(head, version, offset, state_size)
+            )
+        return 1
+
+    await _timed_writers(
+        url, connections, append_one, result, duration=duration, warmup=warmup, meter=meter
+    )
+    return result
+
+
+async def _timed_writers(
+    url: str,
+    connections: int,
+    write: Callable[[asyncpg.Connection], Awaitable[int]],
+    result: Measurement,
+    *,
+    duration: float,
+    warmup: float,
+    meter: Meter | None,
+) -> None:
+    """Call `write` in a loop on each of `connections` connections: `warmup` seconds uncounted,
+    then `duration` seconds counted into `result` (one op per call, the records it returns, its
+    latency), with the CPU of the server tree (`meter`) and of this process."""
     pool = [await asyncpg.connect(url) for _ in range(connections)]
-    measuring = False
-    stop = False
+    measuring = stop = False
 
     async def writer(conn: asyncpg.Connection) -> None:
         while not stop:
             started = time.perf_counter()
-            async with conn.transaction():
-                state = await conn.fetchval(_LOCK, *key)
-                head = int.from_bytes(state[0:8], "big") + 1
-                version = int.from_bytes(state[8:16], "big") + 1
-                offset = int.from_bytes(state[16:24], "big") + len(payload)
-                now = datetime.now(UTC)
-                await conn.execute(_INSERT_RECORD, *key, head, now, len(payload), offset, payload)
-                await conn.execute(_INSERT_EVENT, *key, version, event)
-                await conn.execute(
-                    _UPDATE, *key, head, version, _pack_state(head, version, offset, state_size)
-                )
+            records = await write(conn)
             if measuring and not stop:
                 result.ops += 1
+                result.records += records
                 result.latencies_ms.append((time.perf_counter() - started) * 1000)
 
     try:
@@ -225,10 +249,8 @@ async def floor(
     finally:
         for conn in pool:
             await conn.close()
-    result.records = result.ops
     result.note = f"{connections} connections"
     result.finish_latencies()
-    return result
 
 
 # --- (4b) raw COPY of 1,000-row batches -----------------------------------------------------
@@ -261,48 +283,24 @@ async def copy(
     its own (autocommit) transaction, from `connections` connections at once."""
     result = Measurement("copy", f"(4b) raw asyncpg COPY, {len(payloads)}-row batches")
     key = (TENANT, run_id, "copy")
-    pool = [await asyncpg.connect(url) for _ in range(connections)]
     sizes = [len(p) for p in payloads]
     next_sequence = 1
     offset = 0
-    measuring = False
-    stop = False
 
-    async def writer(conn: asyncpg.Connection) -> None:
+    async def copy_batch(conn: asyncpg.Connection) -> int:
         nonlocal next_sequence, offset
-        while not stop:
-            started = time.perf_counter()
-            first, next_sequence = next_sequence, next_sequence + len(payloads)
-            now = datetime.now(UTC)
-            rows = []
-            for i, (payload, size) in enumerate(zip(payloads, sizes, strict=True)):
-                offset += size
-                rows.append((*key, first + i, now, 0, "application/json", size, offset, payload))
-            await conn.copy_records_to_table("stream_records", records=rows, columns=_COPY_COLUMNS)
-            if measuring and not stop:
-                result.ops += 1
-                result.records += len(rows)
-                result.latencies_ms.append((time.perf_counter() - started) * 1000)
+        first, next_sequence = next_sequence, next_sequence + len(payloads)
+        now = datetime.now(UTC)
+        rows = []
+        for i, (payload, size) in enumerate(zip(payloads, sizes, strict=True)):
+            offset += size
+            rows.append((*key, first + i, now, 0, "application/json", size, offset, payload))
+        await conn.copy_records_to_table("stream_records", records=rows, columns=_COPY_COLUMNS)
+        return len(rows)
 
-    try:
-        tasks = [asyncio.create_task(writer(c)) for c in pool]
-        await asyncio.sleep(warmup)
-        measuring = True
-        if meter is not None:
-            meter.start()
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        await asyncio.sleep(duration)
-        stop = True
-        result.seconds = time.perf_counter() - t0
-        if meter is not None:
-            result.cpu.update(meter.stop())  # before the connections (and backends) go away
-        result.cpu["client"] = 100 * (time.process_time() - cpu0) / result.seconds
-        await asyncio.gather(*tasks)
-    finally:
-        for conn in pool:
-            await conn.close()
-    result.note = f"{connections} connections"
-    result.finish_latencies()
+    await _timed_writers(
+        url, connections, copy_batch, result, duration=duration, warmup=warmup, meter=meter
+    )
     return result
 
 
