@@ -1,5 +1,6 @@
-"""The server process loads only what it uses: each optional integration a library would pull
-in when installed (the test tools install them) costs megabytes in every server process."""
+"""What a server process carries: only the modules it uses (each optional integration a library
+would pull in when installed, as the test tools install them, costs megabytes in every server
+process), and a garbage collector tuned not to pause the event loop for long."""
 
 from __future__ import annotations
 
@@ -34,3 +35,27 @@ def test_building_the_app_loads_no_optional_integration() -> None:
     assert loaded.isdisjoint({"pydantic", "attrs", "attr", "polyfactory", "faker", "werkzeug"}), (
         loaded & {"pydantic", "attrs", "attr", "polyfactory", "faker", "werkzeug"}
     )
+
+
+_COLLECTOR = """
+import gc, json
+from entrypoints.http.app import app_from_env
+app_from_env()
+print(json.dumps([gc.get_threshold(), gc.get_freeze_count()]))
+"""
+
+
+def test_the_server_factory_freezes_start_up_and_collects_young_objects_less_often(
+    tmp_path: Path,
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _COLLECTOR],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(SRC), "PATH": "", "DUCTOR_STREAMS_DATA_DIR": str(tmp_path)},
+        timeout=60,
+    ).stdout
+    threshold, frozen = json.loads(out.splitlines()[-1])
+    assert threshold == [50_000, 50, 100]
+    assert frozen > 10_000  # modules, classes and the app, out of every collection
