@@ -502,7 +502,9 @@ def report_live(bench: Bench) -> list[str]:
             f"(5) fan-out {f.subscribers:>5} subscribers: {f.appends} appends in {f.seconds:.1f}s, "
             f"{f.received:,}/{f.expected:,} deliveries, {f.failed} failed connections; "
             f"commit->receipt p50 {_fmt(f.p50_ms, '.1f')} ms, p99 {_fmt(f.p99_ms, '.1f')} ms, "
-            f"max {_fmt(f.max_ms, '.1f')} ms; {counted}; "
+            f"max {_fmt(f.max_ms, '.1f')} ms (the append requests: p50 "
+            f"{_fmt(f.append_p50_ms, '.1f')} ms, max {_fmt(f.append_max_ms, '.1f')} ms); "
+            f"{counted}; "
             f"CPU% srv/pg/client {_cpu(f.cpu)}" + (f"; error {f.error}" if f.error else "")
         )
         for per, text in f.top:

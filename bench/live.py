@@ -322,6 +322,10 @@ class Fanout:
     p50_ms: float | None = None
     p99_ms: float | None = None
     max_ms: float | None = None
+    # The append requests themselves (send -> 201) inside the window: a stall here (a WAL flush
+    # behind a checkpoint) delays every delivery of that append.
+    append_p50_ms: float | None = None
+    append_max_ms: float | None = None
     statements: int | None = None  # pg_stat_statements calls in the window
     transactions: int = 0  # xact_commit delta
     top: list[tuple[float, str]] = field(default_factory=list)  # (per append, statement)
@@ -379,6 +383,8 @@ def fanout(
     path = f"{prefix}/{stream}/records"
     pad = "x" * 40
 
+    append_ms: list[float] = []
+
     async def drive() -> int:
         http = await Http.open(port)
         last = 0
@@ -386,12 +392,14 @@ def fanout(
 
             async def post(window: int) -> None:
                 nonlocal last
-                body = msgspec.json.encode(
-                    {"records": [{"data": {"t": time.time(), "w": window, "pad": pad}}]}
-                )
+                sent = time.time()
+                data = {"t": sent, "w": window, "pad": pad}
+                body = msgspec.json.encode({"records": [{"data": data}]})
                 status, answer = await http.call(_request(port, "POST", path, token, body))
                 if status != 201:
                     raise RuntimeError(f"append answered {status}: {answer[:200]!r}")
+                if window:
+                    append_ms.append((time.time() - sent) * 1000)
                 last = msgspec.json.decode(answer)["last_sequence"]
 
             async def paced(seconds: float, window: int) -> int:
@@ -430,6 +438,9 @@ def fanout(
     latencies.sort()
     result.p50_ms, result.p99_ms = _pct(latencies, 50), _pct(latencies, 99)
     result.max_ms = latencies[-1] if latencies else None
+    append_ms.sort()
+    result.append_p50_ms = _pct(append_ms, 50)
+    result.append_max_ms = append_ms[-1] if append_ms else None
     return result
 
 
