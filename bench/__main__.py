@@ -1,7 +1,7 @@
 """`python -m bench` (or `python3 dev.py bench`): run the benchmarks and print the table.
 
     python -m bench [--duration 10]
-                    [--only floor,append,noop,batch,copy,fanout,idle,catchup,objects,dispatch]
+                    [--only floor,append,noop,bare,batch,copy,fanout,idle,catchup,objects,dispatch]
                     [--profile]
 
 See docs/benchmarks.md for what each measurement is and the figures measured.
@@ -24,12 +24,13 @@ from pathlib import Path
 
 from bench import database, dispatch, live, load, objects, profile
 from bench.database import Measurement
-from bench.server import CpuMeter, Server, raise_fd_limit, tree_cpu, tree_memory
+from bench.server import BareServer, CpuMeter, Server, raise_fd_limit, tree_cpu, tree_memory
 
 NAMES = (
     "floor",
     "append",
     "noop",
+    "bare",  # (3b): the framework alone, the floor (2) and (3) stand on
     "batch",
     "copy",
     "idle",  # before fanout: (5) leaves the process with the heap its bursts grew
@@ -183,8 +184,8 @@ class Bench:
 
     # -- measurements ------------------------------------------------------------------------
 
-    def _meter(self) -> CpuMeter:
-        return CpuMeter({"server": self.server.pid, "postgres": self.pg_pid})
+    def _meter(self, server: Server | None = None) -> CpuMeter:
+        return CpuMeter({"server": (server or self.server).pid, "postgres": self.pg_pid})
 
     def floor(self) -> Measurement:
         meter = CpuMeter({"postgres": self.pg_pid})
@@ -212,12 +213,14 @@ class Bench:
         clients: int,
         records_per_request: int,
         profile_it: bool = False,
+        server: Server | None = None,
     ) -> Measurement:
         a = self.args
+        server = server or self.server
 
         def go(duration: float) -> load.LoadResult:
             return load.run(
-                self.server.port,
+                server.port,
                 method,
                 path,
                 body=body,
@@ -234,7 +237,7 @@ class Bench:
         if profile_it:
             raw = self.tmp / "profile.txt"
             spy = profile.start(self.server.pid, a.duration, raw, native=a.profile_native)
-        meter = self._meter()
+        meter = self._meter(server)
         meter.start()
         outcome = go(a.duration)
         cpu = meter.stop()
@@ -286,6 +289,25 @@ class Bench:
         return self._http(
             "noop", "(3) HTTP no-op GET /healthz", "GET", "/healthz", None, self.args.clients, 0
         )
+
+    def bare(self) -> Measurement:
+        """(3b): (2)'s request against bench/bare_app.py, a process with the same route, body
+        decoding, answer, middleware, ASGI server and loop, and nothing behind them."""
+        bare = BareServer(self.tmp / "bare.log")
+        try:
+            bare.wait_ready()
+            return self._http(
+                "bare",
+                "(3b) HTTP POST floor (bare route)",
+                "POST",
+                f"{PREFIX}/single/records",
+                _compact({"records": [{"data": _record(0)}]}),
+                self.args.clients,
+                1,
+                server=bare,
+            )
+        finally:
+            bare.stop()
 
     def batch(self) -> Measurement:
         body = _compact({"records": [{"data": _record(i)} for i in range(BATCH)]})
@@ -449,7 +471,7 @@ def report(bench: Bench) -> str:
         cpu = "/".join(
             "-" if k not in m.cpu else f"{m.cpu[k]:.0f}" for k in ("server", "postgres", "client")
         )
-        records = "-" if name == "noop" else f"{m.records_per_s:,.0f}"
+        records = "-" if name in ("noop", "bare") else f"{m.records_per_s:,.0f}"
         lines.append(
             f"{m.label:<40} {m.ops_per_s:>9,.0f} {records:>10} "
             f"{_fmt(m.p50_ms, '.2f'):>7} {_fmt(m.p99_ms, '.2f'):>7} {m.errors:>4}  "
@@ -463,6 +485,12 @@ def report(bench: Bench) -> str:
     if "append" in r and "noop" in r and r["noop"].ops_per_s:
         ratio = r["append"].ops_per_s / r["noop"].ops_per_s
         checks.append(("(2)/(3) HTTP append vs no-op", f"{ratio:.1%}", ">= 50%", ratio >= 0.5))
+    if "bare" in r and "noop" in r and r["noop"].ops_per_s:
+        ratio = r["bare"].ops_per_s / r["noop"].ops_per_s
+        checks.append(("(3b)/(3) POST floor vs no-op", f"{ratio:.1%}", "report", None))
+    if "append" in r and "bare" in r and r["bare"].ops_per_s:
+        ratio = r["append"].ops_per_s / r["bare"].ops_per_s
+        checks.append(("(2)/(3b) HTTP append vs POST floor", f"{ratio:.1%}", "report", None))
     if "batch" in r:
         rate = r["batch"].records_per_s
         checks.append(("(4) batched records/s", f"{rate:,.0f}", ">= 100,000", rate >= 100_000))
@@ -472,7 +500,8 @@ def report(bench: Bench) -> str:
     if checks:
         lines.append(f"{'ratio':<40} {'measured':>10}  {'target':<11} result")
         for label, value, target, ok in checks:
-            lines.append(f"{label:<40} {value:>10}  {target:<11} {'PASS' if ok else 'MISS'}")
+            verdict = "-" if ok is None else "PASS" if ok else "MISS"
+            lines.append(f"{label:<40} {value:>10}  {target:<11} {verdict}")
     if bench.live:
         lines += ["", *report_live(bench)]
     return "\n".join(lines)

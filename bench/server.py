@@ -125,6 +125,23 @@ class Server:
         self._log.close()
 
 
+class BareServer(Server):
+    """bench/bare_app.py: the append route with nothing behind it, for (3b)."""
+
+    def __init__(self, log: Path) -> None:
+        self.port = free_port()
+        self.token = "unused"
+        self._log = log.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.bare_app", str(self.port)],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.log_path = log
+
+
 def stop_group(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM to a process started with `start_new_session`, and its children; SIGKILL if it is
     still there after 15 s."""
