@@ -16,7 +16,7 @@ from granian.server.embed import Server
 from litestar import Litestar, Request, get, post
 from litestar.types import ASGIApp
 
-from entrypoints.cli import _GRANIAN, _fast_loop
+from entrypoints.cli import GRANIAN_OPTIONS, fast_loop
 from entrypoints.http.answers import JsonAnswer
 from entrypoints.http.app import tune_collector
 from entrypoints.http.body import decode_body
@@ -60,12 +60,12 @@ def main(port: int) -> None:
             port=port,
             interface=Interfaces.ASGI,
             http=HTTPModes.http1,
-            **_GRANIAN,  # type: ignore[arg-type]
+            **GRANIAN_OPTIONS,  # type: ignore[arg-type]
         )
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, server.stop)
         await server.serve()
 
-    with asyncio.Runner(loop_factory=_fast_loop()) as runner:
+    with asyncio.Runner(loop_factory=fast_loop()) as runner:
         runner.run(serve())
 
 

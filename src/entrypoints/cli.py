@@ -100,7 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # connection, measured with 1,000 idle subscribers), and no cap below the subscription cap on
 # requests in flight per process (granian's default, backlog / workers, would queue the
 # 1,025th subscriber of a process behind the others).
-_GRANIAN = {
+GRANIAN_OPTIONS = {
     "backlog": 2048,
     "backpressure": 16384,
     "log_access": False,
@@ -124,7 +124,7 @@ def _serve_in_process(args: argparse.Namespace) -> None:
             port=args.port,
             interface=Interfaces.ASGI,
             http=HTTPModes.http1,
-            **_GRANIAN,  # type: ignore[arg-type]
+            **GRANIAN_OPTIONS,  # type: ignore[arg-type]
         )
 
         def stopping() -> None:
@@ -138,7 +138,7 @@ def _serve_in_process(args: argparse.Namespace) -> None:
             loop.add_signal_handler(sig, stopping)
         await server.serve()
 
-    with asyncio.Runner(loop_factory=_fast_loop()) as runner:
+    with asyncio.Runner(loop_factory=fast_loop()) as runner:
         runner.run(main())
 
 
@@ -159,12 +159,12 @@ def _serve_supervised(args: argparse.Namespace) -> None:
         # itself: after this many seconds a worker is stopped anyway (its subscribers resume
         # elsewhere with Last-Event-ID; leased jobs are picked up again once their lease ends).
         workers_kill_timeout=10,
-        loop=Loops.uvloop if _fast_loop() is not None else Loops.asyncio,
-        **_GRANIAN,  # type: ignore[arg-type]
+        loop=Loops.uvloop if fast_loop() is not None else Loops.asyncio,
+        **GRANIAN_OPTIONS,  # type: ignore[arg-type]
     ).serve()
 
 
-def _fast_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
+def fast_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
     try:
         import uvloop
     except ImportError:  # not on Windows
