@@ -175,6 +175,7 @@ class Bench:
                     f"running {name} ({args.duration:g}s + {args.warmup:g}s warm-up) ...",
                     flush=True,
                 )
+                asyncio.run(database.checkpoint(self.url))
                 if name in LIVE:
                     self.live[name] = getattr(self, name)()
                 else:

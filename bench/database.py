@@ -316,6 +316,16 @@ async def stream_row(url: str, run_id: str, stream_id: str) -> tuple[int, int]:
         await conn.close()
 
 
+async def checkpoint(url: str) -> None:
+    """Write out what earlier measurements left dirty, so that a checkpoint they caused (the
+    bulk ones write gigabytes of WAL) does not stall the commits of the next one."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("CHECKPOINT")
+    finally:
+        await conn.close()
+
+
 async def commits(url: str, run_id: str, stream_id: str) -> tuple[int, int]:
     """(records, distinct writing transactions) of a stream: its mean commit-group size."""
     conn = await asyncpg.connect(url)
