@@ -27,7 +27,8 @@ PAGE = 1_000
 
 class RecordsDelivered:
     """Records in order. The tail hands one such delivery to every follower at the same
-    position, so a transport can encode it once for all of them (`encoded_as`)."""
+    position, so a transport can encode it once for all of them (`encoded_as`, memoized per
+    encoder function object: pass the same function each time). Shared: never modify it."""
 
     __slots__ = ("_encoded", "records")
     __match_args__ = ("records",)
@@ -147,7 +148,9 @@ class StreamTail:
         self._task = asyncio.create_task(self._follow(listening), name=f"tail {self.key}")
 
     def beat_every(self, heartbeat_seconds: float) -> None:
-        """Tick often enough that a follower idle for `heartbeat_seconds` hears a heartbeat."""
+        """Tick often enough that a follower idle for `heartbeat_seconds` hears a heartbeat.
+        (A shorter heartbeat than the tail's restarts its timer, which can stretch the current
+        interval of followers already there once; the service uses one heartbeat setting.)"""
         if heartbeat_seconds / 2 < self._tick_seconds:
             self._tick_seconds = heartbeat_seconds / 2
             if self._ticker is not None:
@@ -157,7 +160,8 @@ class StreamTail:
     def _tick(self) -> None:
         self.ticks += 1
         self._ticker = self._loop.call_later(self._tick_seconds, self._tick)
-        self.wake_followers()
+        changed, self.changed = self.changed, Signal(self._loop)
+        changed.fire()  # not `ready`: that still means the tail has read once
 
     async def stop(self) -> None:
         if self._ticker is not None:
@@ -198,8 +202,7 @@ class StreamTail:
             if found is None:
                 return
             position, records = found
-            if records and records[0].sequence == self.position + 1:
-                self._latest = RecordsDelivered(records)
+            contiguous = bool(records) and records[0].sequence == self.position + 1
             for record in records:
                 if record.sequence != self.position + 1:
                     # Retention removed what the ring would hold: restart it past the gap.
@@ -212,6 +215,10 @@ class StreamTail:
                 len(self._ring) > self._max_records or self._ring_bytes > self._max_bytes
             ):
                 self._ring_bytes -= self._ring.popleft().size
+            # The page is shared (with its one encoding) only while the ring still holds all of
+            # it, so what the tail keeps stays within the ring's bounds.
+            whole = contiguous and self._ring and self._ring[0].sequence <= records[0].sequence
+            self._latest = RecordsDelivered(records) if whole else _NOTHING
             self._publish(position.head, position.earliest, position.closed)
             if len(records) < PAGE:
                 return

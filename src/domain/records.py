@@ -64,13 +64,13 @@ def prepare_records(inputs: list[RecordInput], redaction: Redaction) -> list[New
             else:
                 payload = compact(data, indent=-1)
             kind = json_kind
-            if content_type is unset:
+            if not content_type:  # absent or empty: the default
                 content_type = "application/json"
             else:
                 _check_content_type(index, content_type)
         else:
             payload, kind = _binary(index, item), RecordKind.BINARY
-            if content_type is unset:
+            if not content_type:
                 content_type = "application/octet-stream"
             else:
                 _check_content_type(index, content_type)

@@ -186,22 +186,42 @@ async def test_a_follower_behind_the_newest_page_gets_its_own_delivery(live) -> 
 
 
 async def test_heartbeats_come_only_after_two_quiet_ticks(live) -> None:
-    streams, tails, _ = live
+    streams, tails, _ = live  # the tail rereads only every 15 s: ticks alone wake followers
     key = new_key()
     await streams.create(key, definition(), NOW)
     follow = tails.follow(key, 0, 0.2)  # ticks every 0.1 s
-    waiting = asyncio.ensure_future(anext(follow))
-    await asyncio.sleep(0.05)
-    tail = tails.tail(key)
-    assert tail is not None
-    assert not waiting.done()
-    await streams.update(key, [append()])
-    assert isinstance(await waiting, RecordsDelivered)
-    ticks = tail.ticks
-    assert isinstance(await anext(follow), Idle)
-    assert tail.ticks - ticks >= 2
+    tail = None
+    async with asyncio.timeout(5):
+        assert isinstance(await anext(follow), Idle)  # after two ticks of silence
+        tail = tails.tail(key)
+        assert tail is not None and tail.ticks >= 2
+        await asyncio.sleep(0.15)  # the delivery lands at another tick than the heartbeat
+        await streams.update(key, [append()])
+        assert isinstance(await anext(follow), RecordsDelivered)
+        delivered_at = tail.ticks
+        assert isinstance(await anext(follow), Idle)
+        assert tail.ticks - delivered_at >= 2  # a delivery counts as saying something
     await follow.aclose()
     assert tails.tail(key) is None
+    stopped_at = tail.ticks
+    await asyncio.sleep(0.35)
+    assert tail.ticks == stopped_at  # the last follower leaving stops the tail's timer
+
+
+async def test_a_page_larger_than_the_ring_is_not_kept_to_share(live) -> None:
+    streams, tails, _ = live  # the ring holds 8 records
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    follows = [tails.follow(key, 0, 60.0) for _ in range(2)]
+    nexts = [asyncio.ensure_future(anext(f)) for f in follows]
+    await asyncio.sleep(0.01)
+    await streams.update(key, [append([record() for _ in range(20)])])
+    first, second = await asyncio.gather(*nexts)
+    assert [r.sequence for r in first.records] == list(range(1, 21))
+    assert [r.sequence for r in second.records] == list(range(1, 21))
+    assert first is not second  # each read its own from the source
+    for f in follows:
+        await f.aclose()
 
 
 async def test_a_signal_wakes_its_waiters_once_and_skips_cancelled_ones() -> None:

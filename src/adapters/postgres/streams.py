@@ -349,7 +349,7 @@ def _write_arguments(
         s.closed,
         s.legal_hold.enabled,
         encode_state(s),
-        [s for a in changes.appended for s in a.sequences]
+        [seq for a in changes.appended for seq in a.sequences]
         if stream.definition.direction == "input"
         else [],
     )

@@ -155,5 +155,6 @@ def tune_collector() -> None:
     every 700 allocations) promoted it: with a young collection every 50,000 allocations,
     bursts finish between collections and full ones become rare (p99 of (5) 78-103 ms -> 29
     ms, the longest pause 16 ms). Reference counting frees everything that is not a cycle."""
+    gc.collect()  # start-up's own garbage is freed, not frozen
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
