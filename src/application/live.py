@@ -160,8 +160,7 @@ class StreamTail:
     def _tick(self) -> None:
         self.ticks += 1
         self._ticker = self._loop.call_later(self._tick_seconds, self._tick)
-        changed, self.changed = self.changed, Signal(self._loop)
-        changed.fire()  # not `ready`: that still means the tail has read once
+        self._signal()  # not `ready`: that still means the tail has read once
 
     async def stop(self) -> None:
         if self._ticker is not None:
@@ -217,8 +216,8 @@ class StreamTail:
                 self._ring_bytes -= self._ring.popleft().size
             # The page is shared (with its one encoding) only while the ring still holds all of
             # it, so what the tail keeps stays within the ring's bounds.
-            whole = contiguous and self._ring and self._ring[0].sequence <= records[0].sequence
-            self._latest = RecordsDelivered(records) if whole else _NOTHING
+            held = bool(self._ring) and self._ring[0].sequence <= records[0].sequence
+            self._latest = RecordsDelivered(records) if contiguous and held else _NOTHING
             self._publish(position.head, position.earliest, position.closed)
             if len(records) < PAGE:
                 return
@@ -228,9 +227,12 @@ class StreamTail:
         self.wake_followers()
 
     def wake_followers(self) -> None:
+        self._signal()
+        self.ready.set()
+
+    def _signal(self) -> None:
         changed, self.changed = self.changed, Signal(self._loop)
         changed.fire()
-        self.ready.set()
 
     def after(self, last: int) -> RecordsDelivered | None:
         """Records after `last` from the ring (none if `last` is the newest), or None if the
