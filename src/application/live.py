@@ -216,8 +216,11 @@ class StreamTail:
                 self._ring_bytes -= self._ring.popleft().size
             # The page is shared (with its one encoding) only while the ring still holds all of
             # it, so what the tail keeps stays within the ring's bounds.
-            held = bool(self._ring) and self._ring[0].sequence <= records[0].sequence
-            self._latest = RecordsDelivered(records) if contiguous and held else _NOTHING
+            # (An object's record counts its body's size, so the ring can even be empty.)
+            whole = (
+                contiguous and bool(self._ring) and self._ring[0].sequence <= records[0].sequence
+            )
+            self._latest = RecordsDelivered(records) if whole else _NOTHING
             self._publish(position.head, position.earliest, position.closed)
             if len(records) < PAGE:
                 return

@@ -232,3 +232,36 @@ async def test_a_signal_wakes_its_waiters_once_and_skips_cancelled_ones() -> Non
     assert first.done() and first.result() is None
     assert cancelled.cancelled()
     assert signal.waiter().done()  # a signal that fired stays fired
+
+
+async def test_a_record_larger_than_the_ring_still_reaches_its_followers() -> None:
+    wake = WakeRegistry()
+    streams = MemoryStreams(wake)
+    tails = LiveTails(streams, wake, ring_bytes=16)  # holds no record of 20 bytes
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    follow = tails.follow(key, 0, 60.0)
+    waiting = asyncio.ensure_future(anext(follow))
+    await asyncio.sleep(0.01)
+    await streams.update(key, [append([record(b'"' + b"x" * 18 + b'"')])])
+    async with asyncio.timeout(5):
+        delivered = await waiting
+    assert [r.sequence for r in delivered.records] == [1]
+    await follow.aclose()
+
+
+async def test_closing_a_stream_ends_a_follower_waiting_at_its_head(live) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    follow = tails.follow(key, 0, 60.0)
+    waiting = asyncio.ensure_future(anext(follow))
+    await asyncio.sleep(0.01)
+    await streams.update(key, [append()])  # through the tail's ring
+    async with asyncio.timeout(5):
+        assert [r.sequence for r in (await waiting).records] == [1]
+        waiting = asyncio.ensure_future(anext(follow))
+        await asyncio.sleep(0.01)
+        await streams.update(key, [CloseCommand(WRITER, NOW)])  # a wake with no new record
+        assert await waiting == StreamEnded(head=1)
+    await follow.aclose()
