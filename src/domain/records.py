@@ -63,17 +63,14 @@ def prepare_records(inputs: list[RecordInput], redaction: Redaction) -> list[New
                 payload = _json_encode(redact(_json_decode(data), pointers))
             else:
                 payload = compact(data, indent=-1)
-            kind = json_kind
-            if not content_type:  # absent or empty: the default
-                content_type = "application/json"
-            else:
-                _check_content_type(index, content_type)
+            kind, default = json_kind, "application/json"
         else:
             payload, kind = _binary(index, item), RecordKind.BINARY
-            if not content_type:
-                content_type = "application/octet-stream"
-            else:
-                _check_content_type(index, content_type)
+            default = "application/octet-stream"
+        if not content_type:  # absent or empty: the kind's default (known good)
+            content_type = default
+        else:
+            _check_content_type(index, content_type)
         size = len(payload)
         if size > MAX_INLINE_RECORD_BYTES:
             raise RecordTooLarge(
