@@ -12,7 +12,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 
@@ -43,9 +45,6 @@ class Server:
         workers: int = 1,
         extra: tuple[str, ...] = (),
     ) -> None:
-        self.port = free_port()
-        self.token = token
-        self._log = log.open("wb")
         env = dict(os.environ)
         env.update(
             DUCTOR_STREAMS_DATABASE_URL=url,
@@ -55,24 +54,37 @@ class Server:
             # The live benchmarks hold 1,000 subscriptions of one principal (default cap 1,000).
             DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_PRINCIPAL="100000",
         )
-        self.process = subprocess.Popen(
-            [
+        self._spawn(
+            log,
+            token,
+            lambda port: [
                 str(BIN / "ductor-streams"),
                 "serve",
                 "--port",
-                str(self.port),
+                str(port),
                 "--workers",
                 str(workers),
                 "--no-workers",
                 *extra,
             ],
             env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: granian's workers stop with it
             preexec_fn=raise_fd_limit,  # 1,000+ SSE connections
         )
+
+    def _spawn(self, log: Path, token: str, argv: Callable[[int], list[str]], **popen: Any) -> None:
+        """Start `argv(port)` on a free port, its output in `log`, in a process group of its
+        own (granian's workers stop with it)."""
+        self.port = free_port()
+        self.token = token
         self.log_path = log
+        self._log = log.open("wb")
+        self.process = subprocess.Popen(
+            argv(self.port),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **popen,
+        )
 
     @property
     def pid(self) -> int:
@@ -129,17 +141,12 @@ class BareServer(Server):
     """bench/bare_app.py: the append route with nothing behind it, for (3b)."""
 
     def __init__(self, log: Path) -> None:
-        self.port = free_port()
-        self.token = "unused"
-        self._log = log.open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.bare_app", str(self.port)],
+        self._spawn(
+            log,
+            "unused",
+            lambda port: [sys.executable, "-m", "bench.bare_app", str(port)],
             cwd=Path(__file__).resolve().parents[1],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
-        self.log_path = log
 
 
 def stop_group(process: subprocess.Popen[bytes]) -> None:
