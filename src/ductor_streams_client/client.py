@@ -1,4 +1,4 @@
-"""`StreamsClient`: an async client of the ductor-streams HTTP API (CONTRACT.md §2).
+"""`StreamsClient`: an async client of the ductor-streams HTTP API (docs/http-api.md).
 
 It speaks HTTP only. Every call that changes state is safe to retry: appends and object
 prepares carry an idempotency key (generated when the caller gives none, and reused on every
@@ -195,7 +195,7 @@ class StreamsClient:
 
     async def create_stream(self, run_id: str, **definition: Any) -> dict[str, Any]:
         """Create a stream definition (`stream_id`, `direction`, `content_class`, `limits`, ...;
-        CONTRACT §2 "Stream definition"); `direction` defaults to `output`. Returns the stream
+        docs/http-api.md "Stream definition"); `direction` defaults to `output`. Returns the stream
         document, whether it was created now (201) or already existed identically (200)."""
         definition.setdefault("direction", "output")
         return await self._json("POST", self._path(run_id), json_body=definition)

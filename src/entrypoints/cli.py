@@ -1,4 +1,4 @@
-"""`ductor-streams`: serve, migrate and token commands (CONTRACT §1)."""
+"""`ductor-streams`: serve, migrate and token commands (docs/configuration.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Client commands against a running server (CONTRACT §1): `tail`, `append`, `put-object`.
+"""Client commands against a running server (docs/configuration.md): `tail`, `append`, `put-object`.
 
 They use the Python client (`ductor_streams_client`) and nothing of the service itself. Exit
 codes: 0 success, 1 a service or connection error, 2 a usage error (bad arguments, bad JSON,

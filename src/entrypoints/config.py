@@ -1,4 +1,4 @@
-"""Configuration from DUCTOR_STREAMS_* environment variables (CONTRACT §1)."""
+"""Configuration from DUCTOR_STREAMS_* environment variables (docs/configuration.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Consumers and acknowledgements over HTTP (CONTRACT.md §2 "Consumers and credit")."""
+"""Consumers and acknowledgements over HTTP (docs/http-api.md "Consumers and credit")."""
 
 from __future__ import annotations
 

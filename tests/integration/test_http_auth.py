@@ -1,4 +1,4 @@
-"""Authentication, tenancy and permission over HTTP (CONTRACT.md §2 "Tenancy and permission")."""
+"""Authentication, tenancy and permission over HTTP (docs/http-api.md "Tenancy and permission")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Bad input over HTTP: each is refused with problem JSON and its contract code, and changes
-nothing (CONTRACT.md §2 "Errors", "Stream definition", "Records", "Consumers and credit")."""
+nothing (docs/http-api.md "Errors", "Stream definition", "Records", "Consumers and credit")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Records over HTTP: append, read, wait, idempotency, redaction, credit and concurrency
-(CONTRACT.md §2 "Records" and "Consumers and credit")."""
+(docs/http-api.md "Records" and "Consumers and credit")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stream definitions over HTTP: create, list, get, close and legal hold (CONTRACT.md §2)."""
+"""Stream definitions over HTTP: create, list, get, close and legal hold (docs/http-api.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Live delivery over Server-Sent Events, end to end against real server processes
-(CONTRACT.md §2 "Subscribe"; seed "Exact cursor rule" and "Continuity loop").
+(docs/http-api.md "Subscribe"; seed "Exact cursor rule" and "Continuity loop").
 
 Every read here is bounded in time, so a delivery bug fails a test instead of hanging it."""
 

@@ -22,6 +22,7 @@ from entrypoints.container import Container, Services, resolved, start, stop, wo
 from entrypoints.http import problems
 from entrypoints.http.objects import ObjectsController
 from entrypoints.http.observability import metrics, request_middleware
+from entrypoints.http.outages import outage_handlers
 from entrypoints.http.streams import REQUEST_BODIES, StreamsController
 from entrypoints.lean_imports import without_optional_integrations
 from entrypoints.logs import configure_logging
@@ -51,16 +52,6 @@ async def readyz(request: Request) -> Response[Health]:
     return Response(Health(status="ready"))
 
 
-def unavailable(_: Request, error: Exception) -> Response[bytes]:
-    log.warning("database unavailable: %s", type(error).__name__)
-    return problems.problem(
-        "unavailable",
-        "the database is unavailable; retry shortly",
-        status=503,
-        headers={"Retry-After": "1"},
-    )
-
-
 def create_app(container: Container) -> Litestar:
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -88,9 +79,7 @@ def create_app(container: Container) -> Litestar:
             exception_handlers={
                 DomainError: problems.domain_error,
                 HTTPException: problems.http_error,
-                asyncpg.PostgresConnectionError: unavailable,
-                asyncpg.InterfaceError: unavailable,
-                ConnectionError: unavailable,
+                **outage_handlers(),
                 Exception: problems.internal_error,
             },
             request_max_body_size=MAX_REQUEST_BYTES,
