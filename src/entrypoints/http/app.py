@@ -91,6 +91,9 @@ def create_app(container: Container) -> Litestar:
                 render_plugins=[JsonRenderPlugin()],
             ),
             debug=False,
+            # Logging is configured once, as JSON lines (entrypoints/logs.py): Litestar's own
+            # configuration would replace the root handler with its plain-text one.
+            logging_config=None,
         )
     _document_request_bodies(app)
     return app
