@@ -139,8 +139,10 @@ class ObjectStore(Protocol):
     async def stat(self, key: str) -> StoredObject | None:
         """Size and SHA-256 of what is stored at `key`, computed or attested by the store."""
 
-    def get(self, key: str) -> AsyncIterator[bytes]:
-        """The body in chunks; raises `ObjectMissing` if nothing is stored at `key`."""
+    def get(self, key: str, *, offset: int = 0, length: int | None = None) -> AsyncIterator[bytes]:
+        """The body in chunks, or only the `length` bytes from `offset` (fewer where the body
+        ends first, none from an offset at or past its end), reading no other bytes from
+        storage; raises `ObjectMissing` if nothing is stored at `key`."""
 
     async def delete(self, key: str) -> None:
         """Remove `key`; removing what is not there is not an error."""

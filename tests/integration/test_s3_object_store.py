@@ -203,3 +203,23 @@ class TestS3ObjectStore(ObjectStoreContract):
         full = base64.b64encode(evidence(body).sha256).decode()
         assert head["ChecksumSHA256"] != full and "sha256" not in head["Metadata"]
         assert await store.stat(key) == evidence(body)
+
+    async def test_a_span_is_one_ranged_get_object(self, store: S3ObjectStore) -> None:
+        key = namespace() + "/obj-ranged"
+        body = os.urandom(12 * MiB)
+        await store.put(key, chunks_of(body), max_size=32 * MiB)
+        ranges: list[bytes | None] = []
+
+        def record(request, **_) -> None:
+            ranges.append(request.headers.get("Range"))  # botocore sends header values as bytes
+
+        events = store._client.meta.events
+        events.register("before-send.s3.GetObject", record)
+        try:
+            tail = b"".join([c async for c in store.get(key, offset=11 * MiB, length=MiB)])
+            rest = b"".join([c async for c in store.get(key, offset=5)])
+            whole = await read(store, key)
+        finally:
+            events.unregister("before-send.s3.GetObject", record)
+        assert (tail, rest, whole) == (body[11 * MiB :], body[5:], body)
+        assert ranges == [f"bytes={11 * MiB}-{12 * MiB - 1}".encode(), b"bytes=5-", None]

@@ -181,3 +181,53 @@ class ObjectStoreContract:
         assert await listed(store, f"{root}/a/x") == {f"{root}/a/x"}
         assert await listed(store, f"{root}/c/") == set()
         assert set(stored[:3]) <= await listed(store, "")
+
+    async def test_a_span_reads_exactly_its_bytes(self, store) -> None:
+        key = namespace() + "/obj-span"
+        body = os.urandom(3 * MiB + 17)
+        await store.put(key, chunks_of(body), max_size=32 * MiB)
+        size = len(body)
+        spans = [
+            (0, 1),
+            (5, 100),
+            (MiB - 1, 2 * MiB + 3),  # across the stores' read chunks
+            (size - 10, None),
+            (size - 10, 100),  # runs past the end: only what is there
+            (size - 1, 1),
+            (0, None),
+            (7, 0),
+            (size, None),  # at the end: nothing
+            (size + 5, 10),  # past the end: nothing
+        ]
+        for offset, length in spans:
+            got = [chunk async for chunk in store.get(key, offset=offset, length=length)]
+            end = size if length is None else offset + length
+            assert b"".join(got) == body[offset:end], (offset, length)
+            assert all(got)  # no empty chunks
+
+    async def test_a_long_span_is_streamed_in_chunks(self, store) -> None:
+        key = namespace() + "/obj-long-span"
+        body = os.urandom(12 * MiB)
+        await store.put(key, chunks_of(body), max_size=32 * MiB)
+        got = [chunk async for chunk in store.get(key, offset=MiB + 1, length=10 * MiB)]
+        assert b"".join(got) == body[MiB + 1 : 11 * MiB + 1]
+        assert max(len(chunk) for chunk in got) <= 8 * MiB
+
+    async def test_a_span_of_an_empty_body_is_empty(self, store) -> None:
+        key = namespace() + "/obj-empty-span"
+        await store.put(key, from_list([]), max_size=0)
+        for offset, length in [(0, 5), (0, 0), (3, None)]:
+            assert [c async for c in store.get(key, offset=offset, length=length)] == []
+
+    async def test_a_span_of_a_missing_key_raises_object_missing(self, store) -> None:
+        key = namespace() + "/obj-never"
+        for offset, length in [(0, 10), (10, None), (0, 0), (10**9, 1)]:
+            with pytest.raises(ObjectMissing):
+                [c async for c in store.get(key, offset=offset, length=length)]
+
+    async def test_a_negative_span_is_refused(self, store) -> None:
+        key = namespace() + "/obj-negative"
+        await store.put(key, from_list([b"body"]), max_size=100)
+        for offset, length in [(-1, None), (0, -1)]:
+            with pytest.raises(ValueError):
+                [c async for c in store.get(key, offset=offset, length=length)]

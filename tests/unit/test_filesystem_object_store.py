@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
@@ -86,3 +87,35 @@ class TestFilesystemObjectStore(ObjectStoreContract):
         store.path("t/r/s/obj-1").write_bytes(b"damaged")
         stored = await store.stat("t/r/s/obj-1")
         assert stored is not None and stored.size == len(b"damaged")
+
+    async def test_a_span_reads_only_its_bytes_from_disk(
+        self, store: FilesystemObjectStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        key = "t/r/s/obj-1"
+        body = os.urandom(32 * 1024 * 1024)
+        await store.put(key, chunks_of(body), max_size=len(body))
+        read_bytes = 0
+
+        class Counted:
+            def __init__(self, file: BinaryIO) -> None:
+                self._file = file
+
+            def read(self, size: int = -1) -> bytes:
+                nonlocal read_bytes
+                data = self._file.read(size)
+                read_bytes += len(data)
+                return data
+
+            def __getattr__(self, name: str):
+                return getattr(self._file, name)
+
+        real_open = open
+        monkeypatch.setattr(
+            "adapters.objects.filesystem.open",
+            lambda *args, **kwargs: Counted(real_open(*args, **kwargs)),
+            raising=False,
+        )
+        tail = body[-1000 - 17 : -17]
+        got = b"".join([c async for c in store.get(key, offset=len(body) - 1017, length=1000)])
+        assert got == tail
+        assert read_bytes == 1000

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import BinaryIO
 
-from adapters.objects.keys import RESERVED_MARK, key_segments, prefix_segments
+from adapters.objects.keys import RESERVED_MARK, check_span, key_segments, prefix_segments
 from application.ports import StoredObject
 from domain.errors import ObjectMissing, ObjectTooLarge
 
@@ -72,14 +72,26 @@ class FilesystemObjectStore:
     async def stat(self, key: str) -> StoredObject | None:
         return await asyncio.to_thread(_stat, self.path(key))
 
-    async def get(self, key: str) -> AsyncIterator[bytes]:
+    async def get(
+        self, key: str, *, offset: int = 0, length: int | None = None
+    ) -> AsyncIterator[bytes]:
+        check_span(offset, length)
         path = self.path(key)
         try:
             file = await asyncio.to_thread(open, path, "rb")
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise ObjectMissing(f"no object is stored at {key!r}") from None
         try:
-            while chunk := await asyncio.to_thread(file.read, CHUNK_SIZE):
+            if offset:
+                await asyncio.to_thread(file.seek, offset)
+            left = length
+            while left is None or left > 0:
+                wanted = CHUNK_SIZE if left is None else min(CHUNK_SIZE, left)
+                chunk = await asyncio.to_thread(file.read, wanted)
+                if not chunk:
+                    break
+                if left is not None:
+                    left -= len(chunk)
                 yield chunk
         finally:
             file.close()

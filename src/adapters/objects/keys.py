@@ -1,4 +1,4 @@
-"""Object keys, checked the same way by every store.
+"""Object keys and body spans, checked the same way by every store.
 
 Keys are chosen by the server ("tenant/run/stream/obj-…"), but a store must not trust even
 those: a key becomes a path on the filesystem store, so one that could climb out of the root or
@@ -44,3 +44,9 @@ def _check_segment(key: str, segment: str) -> None:
         raise ValueError(f"object key {key!r} has a segment starting with {RESERVED_MARK!r}")
     if "\x00" in segment or "\\" in segment:
         raise ValueError(f"object key {key!r} has a NUL or a backslash")
+
+
+def check_span(offset: int, length: int | None) -> None:
+    """The span a ranged `get` reads; raises ValueError for one no store can read."""
+    if offset < 0 or (length is not None and length < 0):
+        raise ValueError(f"a body span needs offset >= 0 and length >= 0, not {offset}, {length}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator
 
-from adapters.objects.keys import key_segments, prefix_segments
+from adapters.objects.keys import check_span, key_segments, prefix_segments
 from application.ports import StoredObject
 from domain.errors import ObjectMissing, ObjectTooLarge
 
@@ -37,13 +37,17 @@ class MemoryObjectStore:
             return None
         return StoredObject(size=len(body), sha256=hashlib.sha256(body).digest())
 
-    async def get(self, key: str) -> AsyncIterator[bytes]:
+    async def get(
+        self, key: str, *, offset: int = 0, length: int | None = None
+    ) -> AsyncIterator[bytes]:
         key_segments(key)
+        check_span(offset, length)
         body = self._bodies.get(key)
         if body is None:
             raise ObjectMissing(f"no object is stored at {key!r}")
-        for start in range(0, len(body), CHUNK_SIZE):
-            yield body[start : start + CHUNK_SIZE]
+        end = len(body) if length is None else min(len(body), offset + length)
+        for start in range(offset, end, CHUNK_SIZE):
+            yield body[start : min(start + CHUNK_SIZE, end)]
 
     async def delete(self, key: str) -> None:
         key_segments(key)

@@ -31,7 +31,7 @@ from typing import Any
 import aioboto3
 from botocore.exceptions import ClientError
 
-from adapters.objects.keys import RESERVED_MARK, key_segments, prefix_segments
+from adapters.objects.keys import RESERVED_MARK, check_span, key_segments, prefix_segments
 from application.ports import StoredObject
 from domain.errors import ObjectMissing, ObjectTooLarge
 
@@ -172,12 +172,27 @@ class S3ObjectStore:
             return None
         return StoredObject(size=counted, sha256=digest.digest())
 
-    async def get(self, key: str) -> AsyncIterator[bytes]:
+    async def get(
+        self, key: str, *, offset: int = 0, length: int | None = None
+    ) -> AsyncIterator[bytes]:
         key_segments(key)
+        check_span(offset, length)
+        if length == 0:  # no Range can ask for nothing; the key must still exist
+            if await self._size(key) is None:
+                raise ObjectMissing(f"no object is stored at {key!r}")
+            return
+        request: dict[str, Any] = {"Bucket": self._bucket, "Key": key}
+        if offset or length is not None:
+            last = "" if length is None else str(offset + length - 1)
+            request["Range"] = f"bytes={offset}-{last}"
         try:
-            answer = await self._client.get_object(Bucket=self._bucket, Key=key)
+            answer = await self._client.get_object(**request)
         except ClientError as error:
             if _code(error) in _MISSING:
+                raise ObjectMissing(f"no object is stored at {key!r}") from None
+            if _code(error) == "InvalidRange":  # the span starts at or past the body's end
+                if await self._size(key) is not None:
+                    return
                 raise ObjectMissing(f"no object is stored at {key!r}") from None
             raise
         body = answer["Body"]
@@ -186,6 +201,16 @@ class S3ObjectStore:
                 yield chunk
         finally:
             body.close()
+
+    async def _size(self, key: str) -> int | None:
+        """The stored body's size, without its digest (None: nothing stored at `key`)."""
+        try:
+            head = await self._client.head_object(Bucket=self._bucket, Key=key)
+        except ClientError as error:
+            if _code(error) in _MISSING:
+                return None
+            raise
+        return head["ContentLength"]
 
     async def delete(self, key: str) -> None:
         key_segments(key)
