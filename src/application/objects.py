@@ -67,10 +67,15 @@ class ObjectView(msgspec.Struct, frozen=True):
     sha256: str
     content_type: str
     schema: object
-    expires_at: datetime
+    # The deadline to upload and commit, while the intent is open; null once it is committed,
+    # aborted or expired, so a committed body never reads as if it would vanish.
+    expires_at: datetime | None
     created_at: datetime
     sequence: int | None
     upload: dict[str, str] | None = None
+
+
+OPEN_STATES = ("prepared", "uploaded")
 
 
 def object_view(intent: ObjectIntent) -> ObjectView:
@@ -82,10 +87,22 @@ def object_view(intent: ObjectIntent) -> ObjectView:
         sha256=intent.sha256,
         content_type=intent.content_type,
         schema=intent.schema,
-        expires_at=intent.expires_at,
+        expires_at=intent.expires_at if intent.state in OPEN_STATES else None,
         created_at=intent.created_at,
         sequence=intent.sequence,
     )
+
+
+class ObjectBody:
+    """A committed object's body, read from its store only when asked: whole, or one span
+    (so a download can resume without the service reading the bytes before the span)."""
+
+    def __init__(self, intent: ObjectIntent, store: ObjectStore) -> None:
+        self.intent = intent
+        self._store = store
+
+    def read(self, offset: int = 0, length: int | None = None) -> AsyncIterator[bytes]:
+        return self._store.get(self.intent.storage_key, offset=offset, length=length)
 
 
 class CommitAnswer(msgspec.Struct, frozen=True):
@@ -308,7 +325,7 @@ class Objects:
         key, intent = await self._own(caller, run_id, stream_id, object_id)
         if intent.state == "committed":
             raise errors.ObjectStateConflict(f"object {object_id!r} is committed")
-        if intent.state in ("prepared", "uploaded"):
+        if intent.state in OPEN_STATES:
             # If it left the open state meanwhile, report what it is now.
             with contextlib.suppress(errors.ObjectStateConflict):
                 await run_one(self._commits, key, AbortCommand(object_id, self._clock()))
@@ -324,7 +341,7 @@ class Objects:
 
     async def download(
         self, caller: Caller, run_id: str, stream_id: str, object_id: str
-    ) -> tuple[ObjectIntent, AsyncIterator[bytes]]:
+    ) -> ObjectBody:
         caller.require("streams:read")
         key = caller.key(run_id, stream_id)
         require_reader(caller, await self._definitions.get(key, delivers_data=True))
@@ -333,7 +350,7 @@ class Objects:
             raise errors.ObjectStateConflict(
                 f"object {object_id!r} is {intent.state}: only committed bodies are served"
             )
-        return intent, self._stores.store(intent.storage_region).get(intent.storage_key)
+        return ObjectBody(intent, self._stores.store(intent.storage_region))
 
     async def expire_due(self, limit: int = 100) -> int:
         """The orphan sweeper: expire open intents past their expiry (their bodies are queued

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import os
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 
 import asyncpg
 import httpx
@@ -76,6 +77,24 @@ async def test_the_whole_lifecycle_over_http(api: httpx.AsyncClient, run_id: str
     assert download.headers["content-length"] == str(len(BODY))
     digest = base64.b64encode(hashlib.sha256(BODY).digest()).decode()
     assert download.headers["repr-digest"] == f"sha-256=:{digest}:"
+
+
+async def test_expires_at_is_the_upload_deadline_and_null_once_committed_or_aborted(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    path = await new_stream(api, run_id)
+    intent = (await api.post(f"{path}/objects", json=prepare_body(expires_in_seconds=120))).json()
+    deadline = datetime.fromisoformat(intent["expires_at"])
+    assert deadline - datetime.fromisoformat(intent["created_at"]) == timedelta(seconds=120)
+    body_path = f"{path}/objects/{intent['object_id']}"
+    uploaded = (await api.put(f"{body_path}/body", content=BODY)).json()
+    assert datetime.fromisoformat(uploaded["expires_at"]) == deadline  # commit is due by then
+    assert (await api.post(f"{body_path}/commit")).status_code == 201
+    committed = (await api.get(body_path)).json()
+    assert committed["state"] == "committed" and committed["expires_at"] is None
+    other = (await api.post(f"{path}/objects", json=prepare_body(key="k2"))).json()
+    aborted = (await api.post(f"{path}/objects/{other['object_id']}/abort")).json()
+    assert aborted["state"] == "aborted" and aborted["expires_at"] is None
 
 
 async def test_a_mismatched_upload_is_422_and_the_intent_stays_prepared(

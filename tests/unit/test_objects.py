@@ -61,8 +61,9 @@ async def test_prepare_upload_commit_appends_a_record_that_carries_the_object(ap
     reference = msgspec.json.decode(bytes(page.records[0].object))
     assert reference["object_id"] == view.object_id and reference["size"] == len(BODY)
     assert page.records[0].size == len(BODY)  # credit counts the body
-    _intent, body = await s.objects.download(ALICE, "r", "s", view.object_id)
-    assert b"".join([c async for c in body]) == BODY
+    body = await s.objects.download(ALICE, "r", "s", view.object_id)
+    assert b"".join([c async for c in body.read()]) == BODY
+    assert b"".join([c async for c in body.read(5, 100)]) == BODY[5:105]
     again, appended_again = await s.objects.commit(ALICE, "r", "s", view.object_id)
     assert (again.sequence, appended_again) == (1, False)
 
@@ -155,3 +156,18 @@ async def test_the_sweeper_expires_open_intents_and_queues_their_bodies(app) -> 
     journal = await container.streams().journal(ALICE.key("r", "s"))
     replayed = Stream.replay(ALICE.key("r", "s"), journal)
     assert replayed.state == (await container.streams().load(ALICE.key("r", "s"))).state
+
+
+async def test_expires_at_is_the_open_intents_deadline_and_null_once_it_is_settled(app) -> None:
+    _, s = app
+    view, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request(expires_in_seconds=600))
+    assert view.expires_at is not None
+    assert view.expires_at - view.created_at == timedelta(seconds=600)
+    uploaded = await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY))
+    assert uploaded.expires_at == view.expires_at  # the commit is still due by then
+    await s.objects.commit(ALICE, "r", "s", view.object_id)
+    committed = await s.objects.describe(ALICE, "r", "s", view.object_id)
+    assert committed.state == "committed" and committed.expires_at is None
+    other, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request(key="k2"))
+    aborted = await s.objects.abort(ALICE, "r", "s", other.object_id)
+    assert aborted.state == "aborted" and aborted.expires_at is None
