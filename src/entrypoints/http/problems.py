@@ -27,6 +27,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "record-too-large": 413,
     "request-too-large": 413,
     "object-too-large": 413,
+    "range-not-satisfiable": 416,
     "backpressure": 429,
     "too-many-subscriptions": 429,
     "quota-exhausted": 409,
