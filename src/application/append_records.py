@@ -92,9 +92,7 @@ class AppendRecords:
             )
         definition = await self._definitions.get(key)
         require_writer(caller, definition)
-        records = prepare_records(
-            inputs, definition.redaction, json_text_without_nul=definition.direction == "input"
-        )
+        records = prepare_records(inputs, definition.redaction)
         idempotency = (
             Idempotency(idempotency_key, fingerprint(records)) if idempotency_key else None
         )
