@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from domain.errors import ContentClassForbidden, InvalidInput
-from domain.ids import check_id, new_stream_id
+from domain.ids import ID_PATTERN, check_id, new_stream_id
 
 MAX_INLINE_RECORD_BYTES = 65_536
 MAX_OBJECT_BYTES = 33_554_432
@@ -30,6 +30,8 @@ UnreadPolicy = Literal["reject", "block"]
 Region = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Principal = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+# Documented only (extra_json_schema): resolve_definition checks these, with their own answers.
+_SomeRegions = Annotated[tuple[Region, ...], msgspec.Meta(extra_json_schema={"minItems": 1})]
 
 
 class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -46,8 +48,11 @@ class Retention(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_records: PositiveInt | None = None
 
 
+JsonPointer = Annotated[str, msgspec.Meta(extra_json_schema={"pattern": "^(/.*)?$"})]
+
+
 class Redaction(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    json_pointers: tuple[str, ...] = ()
+    json_pointers: tuple[JsonPointer, ...] = ()
 
 
 class Placement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -84,8 +89,8 @@ class StreamDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class PlacementRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     metadata_home: Region | None = None
     metadata_replicas: tuple[Region, ...] | None = None
-    object_regions: tuple[Region, ...] | None = None
-    client_egress_regions: tuple[Region, ...] | None = None
+    object_regions: _SomeRegions | None = None
+    client_egress_regions: _SomeRegions | None = None
     log_region: Region | None = None
 
 
@@ -93,8 +98,11 @@ class DefinitionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     """What a caller sends to create a stream: everything but `direction` may be left out."""
 
     direction: Direction
-    stream_id: str | None = None
-    content_class: str = "application_data"
+    stream_id: Annotated[str, msgspec.Meta(extra_json_schema={"pattern": ID_PATTERN})] | None = None
+    # A str, not ContentClass, so that a forbidden class gets its own code (documented: allowed).
+    content_class: Annotated[
+        str, msgspec.Meta(extra_json_schema={"enum": list(ContentClass.__args__)})  # type: ignore[attr-defined]
+    ] = "application_data"
     schema: Any = None
     limits: Limits = msgspec.field(default_factory=Limits)
     retention: Retention = msgspec.field(default_factory=Retention)

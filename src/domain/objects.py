@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from domain.definition import MAX_OBJECT_BYTES
+
 ObjectState = Literal["prepared", "uploaded", "committed", "aborted", "expired"]
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 
@@ -26,7 +28,8 @@ class ObjectRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A prepare body."""
 
     idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
-    size: Annotated[int, msgspec.Meta(ge=0)]  # the 32 MiB cap is its own error
+    # The 32 MiB cap is its own error (413), so it is only documented here.
+    size: Annotated[int, msgspec.Meta(ge=0, extra_json_schema={"maximum": MAX_OBJECT_BYTES})]
     sha256: Sha256Hex
     content_type: Annotated[str, msgspec.Meta(min_length=1, max_length=255)] = (
         "application/octet-stream"

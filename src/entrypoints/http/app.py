@@ -19,11 +19,12 @@ from application.workers import run_workers
 from domain.errors import DomainError
 from entrypoints.config import Settings
 from entrypoints.container import Container, Services, resolved, start, stop, workers
-from entrypoints.http import problems
+from entrypoints.http import openapi, problems
 from entrypoints.http.objects import ObjectsController
 from entrypoints.http.observability import metrics, request_middleware
+from entrypoints.http.openapi import Answer, documented
 from entrypoints.http.outages import outage_handlers
-from entrypoints.http.streams import REQUEST_BODIES, StreamsController
+from entrypoints.http.streams import StreamsController
 from entrypoints.lean_imports import without_optional_integrations
 from entrypoints.logs import configure_logging
 
@@ -36,12 +37,26 @@ class Health(msgspec.Struct, frozen=True):
     status: str
 
 
-@get("/healthz", operation_id="healthz", tags=["operations"])
+@get(
+    "/healthz",
+    operation_id="healthz",
+    tags=["operations"],
+    opt=documented(Answer(200, "The process answers", Health), authenticated=False),
+)
 async def healthz() -> Health:
     return Health(status="ok")
 
 
-@get("/readyz", operation_id="readyz", tags=["operations"])
+@get(
+    "/readyz",
+    operation_id="readyz",
+    tags=["operations"],
+    opt=documented(
+        Answer(200, "Ready: PostgreSQL answers", Health),
+        Answer(503, "Not ready: PostgreSQL does not answer", Health),
+        authenticated=False,
+    ),
+)
 async def readyz(request: Request) -> Response[Health]:
     pool = await resolved(request.app.state.container.pool())
     if isinstance(pool, asyncpg.Pool):
@@ -95,27 +110,19 @@ def create_app(container: Container) -> Litestar:
             # configuration would replace the root handler with its plain-text one.
             logging_config=None,
         )
-    _document_request_bodies(app)
+    openapi.complete(app, elsewhere={"metrics": METRICS_DOCUMENTED})
     return app
 
 
-def _document_request_bodies(app: Litestar) -> None:
-    """Bodies are decoded strictly by msgspec inside the handlers (Litestar would coerce), so
-    their schemas are added to the generated document here, from the same Structs."""
-    document = app.plugins.get("OpenAPIPlugin").provide_openapi_schema()  # type: ignore[attr-defined]
-    types = list(REQUEST_BODIES.values())
-    (schemas, components) = msgspec.json.schema_components(
-        types, ref_template="#/components/schemas/{name}"
-    )
-    document.setdefault("components", {}).setdefault("schemas", {}).update(components)
-    by_id = dict(zip(REQUEST_BODIES, schemas, strict=True))
-    for path_item in document.get("paths", {}).values():
-        for operation in path_item.values():
-            if isinstance(operation, dict) and operation.get("operationId") in by_id:
-                operation["requestBody"] = {
-                    "required": True,
-                    "content": {"application/json": {"schema": by_id[operation["operationId"]]}},
-                }
+METRICS_DOCUMENTED = documented(
+    Answer(
+        200,
+        "Prometheus text exposition",
+        media_type="text/plain",
+        schema={"type": "string"},
+    ),
+    authenticated=False,
+)
 
 
 def begin_stopping(app: Litestar) -> None:

@@ -15,17 +15,75 @@ from domain.errors import ObjectTooLarge
 from domain.objects import ObjectRequest
 from entrypoints.http import problems
 from entrypoints.http.body import decode_body
+from entrypoints.http.openapi import Answer, Header, Link, RequestBody, documented
 from entrypoints.http.ranges import NotSatisfiable, Span, byte_span
-from entrypoints.http.streams import API_PREFIX, authenticated
+from entrypoints.http.streams import (
+    API_PREFIX,
+    DELIVERING,
+    ON_A_STREAM,
+    WITH_A_BODY,
+    authenticated,
+)
 
 OBJECT = "/{object_id:str}"
+LOCATION = Header("Location", "The object's URL")
+_THE_OBJECT = {
+    "run_id": "$request.path.run_id",
+    "stream_id": "$request.path.stream_id",
+    "object_id": "$response.body#/object_id",
+}
+TO_THE_OBJECT = tuple(
+    Link(operation, _THE_OBJECT)
+    for operation in (
+        "uploadObjectBody",
+        "commitObject",
+        "abortObject",
+        "getObject",
+        "getObjectBody",
+    )
+)
+BYTES = {"type": "string", "format": "binary"}
+BODY_HEADERS = (
+    Header("Repr-Digest", "The whole body's SHA-256: sha-256=:<base64>:"),
+    Header("ETag", "The body's entity tag (its SHA-256 in hex, quoted)"),
+    Header("Accept-Ranges", "bytes", {"const": "bytes"}),
+    Header("Content-Length", "The bytes in this answer", {"type": "integer", "minimum": 0}),
+)
 
 
 class ObjectsController(Controller):
     path = API_PREFIX + "/runs/{run_id:str}/streams/{stream_id:str}/objects"
     tags = ["objects"]
 
-    @post("", operation_id="prepareObject", summary="Prepare an object intent")
+    @post(
+        "",
+        operation_id="prepareObject",
+        summary="Prepare an object intent",
+        opt=documented(
+            Answer(
+                201,
+                "Prepared: upload the body to `upload.url`",
+                ObjectView,
+                headers=(LOCATION,),
+                links=TO_THE_OBJECT,
+            ),
+            Answer(
+                200,
+                "The same idempotency key and fields again: the intent as it is",
+                ObjectView,
+                headers=(LOCATION,),
+                links=TO_THE_OBJECT,
+            ),
+            problems=(
+                *ON_A_STREAM,
+                *WITH_A_BODY,
+                "object-too-large",
+                "stream-closed",
+                "idempotency-key-reused",
+            ),
+            request_body=ObjectRequest,
+        ),
+    )
     async def prepare(self, request: Request, run_id: str, stream_id: str) -> Response[ObjectView]:
         services, caller = await authenticated(request)
         body = await decode_body(request, ObjectRequest)
@@ -44,6 +102,17 @@ class ObjectsController(Controller):
         summary="Upload an object's body (streamed, checked against the intent)",
         request_max_body_size=None,  # the intent's size is the limit, enforced while streaming
         status_code=200,
+        opt=documented(
+            Answer(200, "Uploaded: size and digest matched the intent", ObjectView),
+            problems=(
+                *ON_A_STREAM,
+                "object-too-large",
+                "object-state-conflict",
+                "digest-mismatch",
+                "size-mismatch",
+            ),
+            request_body=RequestBody("application/octet-stream", schema=BYTES),
+        ),
     )
     async def upload(
         self, request: Request, run_id: str, stream_id: str, object_id: str
@@ -54,7 +123,22 @@ class ObjectsController(Controller):
             raise ObjectTooLarge(f"an object body is at most {MAX_OBJECT_BYTES} bytes")
         return await services.objects.upload(caller, run_id, stream_id, object_id, _chunks(request))
 
-    @post(OBJECT + "/commit", operation_id="commitObject", summary="Commit an uploaded object")
+    @post(
+        OBJECT + "/commit",
+        operation_id="commitObject",
+        summary="Commit an uploaded object",
+        opt=documented(
+            Answer(201, "Committed: a record carries the object", CommitAnswer),
+            Answer(200, "Committed before: the original record's sequence", CommitAnswer),
+            problems=(
+                *ON_A_STREAM,
+                "object-state-conflict",
+                "stream-closed",
+                "backpressure",
+                "quota-exhausted",
+            ),
+        ),
+    )
     async def commit(
         self, request: Request, run_id: str, stream_id: str, object_id: str
     ) -> Response[CommitAnswer]:
@@ -62,21 +146,66 @@ class ObjectsController(Controller):
         answer, appended = await services.objects.commit(caller, run_id, stream_id, object_id)
         return Response(answer, status_code=201 if appended else 200)
 
-    @post(OBJECT + "/abort", operation_id="abortObject", summary="Abort an object", status_code=200)
+    @post(
+        OBJECT + "/abort",
+        operation_id="abortObject",
+        summary="Abort an object",
+        status_code=200,
+        opt=documented(
+            Answer(200, "Aborted (aborting again changes nothing)", ObjectView),
+            problems=(*ON_A_STREAM, "object-state-conflict"),
+        ),
+    )
     async def abort(
         self, request: Request, run_id: str, stream_id: str, object_id: str
     ) -> ObjectView:
         services, caller = await authenticated(request)
         return await services.objects.abort(caller, run_id, stream_id, object_id)
 
-    @get(OBJECT, operation_id="getObject", summary="Read an object's metadata and state")
+    @get(
+        OBJECT,
+        operation_id="getObject",
+        summary="Read an object's metadata and state",
+        opt=documented(Answer(200, "The object intent", ObjectView), problems=ON_A_STREAM),
+    )
     async def describe(
         self, request: Request, run_id: str, stream_id: str, object_id: str
     ) -> ObjectView:
         services, caller = await authenticated(request)
         return await services.objects.describe(caller, run_id, stream_id, object_id)
 
-    @get(OBJECT + "/body", operation_id="getObjectBody", summary="Download a committed body")
+    @get(
+        OBJECT + "/body",
+        operation_id="getObjectBody",
+        summary="Download a committed body",
+        opt=documented(
+            Answer(
+                200,
+                "The whole body, in its content type",
+                media_type="*/*",
+                schema=BYTES,
+                headers=BODY_HEADERS,
+            ),
+            Answer(
+                206,
+                "The requested byte range",
+                media_type="*/*",
+                schema=BYTES,
+                headers=(*BODY_HEADERS, Header("Content-Range", "bytes FIRST-LAST/SIZE")),
+            ),
+            problems=(*DELIVERING, "object-state-conflict", "range-not-satisfiable"),
+            request_headers=(
+                Header(
+                    "Range", "One byte range: bytes=FIRST-[LAST] or bytes=-SUFFIX", required=False
+                ),
+                Header(
+                    "If-Range",
+                    "Serve the range only while the body's ETag is this one",
+                    required=False,
+                ),
+            ),
+        ),
+    )
     async def download(
         self, request: Request, run_id: str, stream_id: str, object_id: str
     ) -> Response:

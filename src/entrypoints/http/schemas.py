@@ -6,14 +6,43 @@ from typing import Annotated
 
 import msgspec
 
-from domain.definition import MAX_SEQUENCE
+from domain.definition import MAX_BATCH_RECORDS, MAX_INLINE_RECORD_BYTES, MAX_SEQUENCE
 from domain.records import RecordInput
 
 Sequence = Annotated[int, msgspec.Meta(ge=0, le=MAX_SEQUENCE)]
 
 
+# Stored text has no control character (domain.text.check_text refuses one; documented here).
+TEXT = r"^[^\u0000-\u001f\u007f-\u009f]*$"
+# What prepare_records checks, documented (extra_json_schema) and left for it to answer.
+_BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+Record = Annotated[
+    RecordInput,
+    msgspec.Meta(
+        extra_json_schema={
+            "oneOf": [
+                {"required": ["data"], "not": {"required": ["data_base64"]}},
+                {
+                    "required": ["data_base64"],
+                    "not": {"required": ["data"]},
+                    "properties": {
+                        "data_base64": {
+                            "pattern": _BASE64,
+                            "maxLength": (MAX_INLINE_RECORD_BYTES + 2) // 3 * 4,
+                        }
+                    },
+                },
+            ]
+        }
+    ),
+]
+
+
 class AppendBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    records: list[RecordInput]
+    records: Annotated[
+        list[Record],
+        msgspec.Meta(extra_json_schema={"minItems": 1, "maxItems": MAX_BATCH_RECORDS}),
+    ]
 
 
 class AckBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -22,4 +51,6 @@ class AckBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class LegalHoldBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool
-    reason: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
+    reason: (
+        Annotated[str, msgspec.Meta(max_length=1000, extra_json_schema={"pattern": TEXT})] | None
+    ) = None

@@ -6,8 +6,10 @@ request cost about 15% of an append's CPU when measured (bench: 4.0k -> 4.7k app
 
 from __future__ import annotations
 
+import re
+from typing import Annotated
+
 from litestar import Controller, Request, Response, get, post, put
-from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
 from litestar.types import ASGIApp
 
@@ -20,13 +22,13 @@ from application.views import (
     StreamDocument,
     StreamList,
 )
-from domain.definition import DefinitionRequest
+from domain.definition import MAX_BATCH_RECORDS, MAX_SEQUENCE, DefinitionRequest
 from domain.errors import InvalidInput
-from domain.objects import ObjectRequest
 from entrypoints.container import Services
 from entrypoints.http.answers import JsonAnswer
 from entrypoints.http.body import decode_body
 from entrypoints.http.observability import HOT
+from entrypoints.http.openapi import Answer, Header, documented
 from entrypoints.http.schemas import AckBody, AppendBody, LegalHoldBody
 from entrypoints.sse.asgi import EventStreamResponse
 from entrypoints.sse.events import event_stream
@@ -39,6 +41,54 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+_SEQUENCE_DIGITS = re.compile(r"\s*[0-9]+\s*")
+
+# The problems a route below the prefix may answer, whatever it does: no or an unknown token,
+# an ID that does not match the pattern, PostgreSQL out of reach.
+EVERY_ROUTE = ("unauthenticated", "invalid-input", "unavailable")
+# A route on one stream adds the caller's permission, the stream's existence and its placement.
+ON_A_STREAM = (*EVERY_ROUTE, "forbidden", "not-found", "misdirected")
+# One that delivers records or bodies also checks the stream's client egress regions.
+DELIVERING = (*ON_A_STREAM, "egress-region-denied")
+# One that reads a JSON body refuses one over the request size limit.
+WITH_A_BODY = ("request-too-large",)
+LOCATION = Header("Location", "The stream's URL")
+REPLAYED = Header(
+    "Idempotent-Replayed", "A retry answered from the first append", {"const": "true"}
+)
+Cursor = Annotated[
+    int,
+    Parameter(
+        ge=0,
+        le=MAX_SEQUENCE,
+        description="exclusive: records with sequence > cursor",
+        schema_extra={
+            "maximum": MAX_SEQUENCE
+        },  # Litestar writes bounds as floats: 2**63 - 1 is not one
+    ),
+]
+# Each event as the event-stream reader sees it; `data` is JSON (a record, or the closing head, or
+# the fields of a 410 when retention overtook the subscriber).
+SSE_EVENT = {
+    "type": "object",
+    "oneOf": [
+        {
+            "properties": {
+                "event": {"const": "record"},
+                "id": {"type": "string", "pattern": "^[0-9]+$"},
+                "data": {"type": "string", "contentMediaType": "application/json"},
+            },
+            "required": ["event", "id", "data"],
+        },
+        {
+            "properties": {
+                "event": {"enum": ["closed", "gone"]},
+                "data": {"type": "string", "contentMediaType": "application/json"},
+            },
+            "required": ["event", "data"],
+        },
+    ],
+}
 
 
 async def authenticated(request: Request) -> tuple[Services, Caller]:
@@ -50,7 +100,29 @@ class StreamsController(Controller):
     path = API_PREFIX + "/runs/{run_id:str}/streams"
     tags = ["streams"]
 
-    @post("", operation_id="createStream", summary="Create a stream definition")
+    @post(
+        "",
+        operation_id="createStream",
+        summary="Create a stream definition",
+        opt=documented(
+            Answer(201, "Created", StreamDocument, headers=(LOCATION,)),
+            Answer(
+                200,
+                "The same definition again: the stream as it is",
+                StreamDocument,
+                headers=(LOCATION,),
+            ),
+            problems=(
+                *EVERY_ROUTE,
+                *WITH_A_BODY,
+                "forbidden",
+                "misdirected",
+                "definition-conflict",
+                "content-class-forbidden",
+            ),
+            request_body=DefinitionRequest,
+        ),
+    )
     async def create_stream(self, request: Request, run_id: str) -> Response[StreamDocument]:
         services, caller = await authenticated(request)
         definition = await decode_body(request, DefinitionRequest)
@@ -60,12 +132,25 @@ class StreamsController(Controller):
             document, status_code=201 if created else 200, headers={"Location": location}
         )
 
-    @get("", operation_id="listStreams", summary="List a run's streams")
+    @get(
+        "",
+        operation_id="listStreams",
+        summary="List a run's streams",
+        opt=documented(
+            Answer(200, "The run's streams this caller may read", StreamList),
+            problems=(*EVERY_ROUTE, "forbidden", "not-found"),
+        ),
+    )
     async def list_streams(self, request: Request, run_id: str) -> StreamList:
         services, caller = await authenticated(request)
         return await services.list_streams(caller, run_id)
 
-    @get(STREAM, operation_id="getStream", summary="Read a stream's definition and state")
+    @get(
+        STREAM,
+        operation_id="getStream",
+        summary="Read a stream's definition and state",
+        opt=documented(Answer(200, "The stream document", StreamDocument), problems=ON_A_STREAM),
+    )
     async def get_stream(self, request: Request, run_id: str, stream_id: str) -> StreamDocument:
         services, caller = await authenticated(request)
         return await services.get_stream(caller, run_id, stream_id)
@@ -74,14 +159,33 @@ class StreamsController(Controller):
         STREAM + "/records",
         operation_id="appendRecords",
         summary="Append records",
-        responses={
-            201: ResponseSpec(AppendAnswer, description="Appended", generate_examples=False),
-            200: ResponseSpec(
+        opt=documented(
+            Answer(201, "Appended", AppendAnswer),
+            Answer(
+                200,
+                "A retry with the same key and body: the first answer",
                 AppendAnswer,
-                description="A replay (Idempotent-Replayed: true): the first answer",
-                generate_examples=False,
+                headers=(REPLAYED,),
             ),
-        },
+            problems=(
+                *ON_A_STREAM,
+                *WITH_A_BODY,
+                "record-too-large",
+                "backpressure",
+                "quota-exhausted",
+                "stream-closed",
+                "idempotency-key-reused",
+            ),
+            request_body=AppendBody,
+            request_headers=(
+                Header(
+                    "Idempotency-Key",
+                    "Makes a retry of this append safe: 1 to 255 printable characters",
+                    {"type": "string", "minLength": 1, "maxLength": 255},
+                    required=False,
+                ),
+            ),
+        ),
     )
     async def append_records(self, request: Request) -> ASGIApp:
         # The hottest route reads its path parameters and headers itself and answers through
@@ -106,31 +210,68 @@ class StreamsController(Controller):
         HOT.records += answer.last_sequence - answer.first_sequence + 1
         return JsonAnswer(answer, 201)
 
-    @get(STREAM + "/records", operation_id="readRecords", summary="Read records after a cursor")
+    @get(
+        STREAM + "/records",
+        operation_id="readRecords",
+        summary="Read records after a cursor",
+        opt=documented(
+            Answer(200, "The records after the cursor, ascending", RecordsPage),
+            problems=(*DELIVERING, "cursor-ahead-of-head", "cursor-expired"),
+        ),
+    )
     async def read_records(
         self,
         request: Request,
         run_id: str,
         stream_id: str,
-        cursor: int = Parameter(default=0, description="exclusive: records with sequence > cursor"),
-        limit: int = Parameter(default=100, description="1 to 1,000"),
-        wait: float = Parameter(default=0, description="seconds (0-60) to wait for an append"),
+        cursor: Cursor = 0,
+        limit: Annotated[
+            int, Parameter(ge=1, le=MAX_BATCH_RECORDS, description="at most this many records")
+        ] = 100,
+        wait: Annotated[
+            float,
+            Parameter(ge=0, le=60, description="seconds to wait for an append when none is new"),
+        ] = 0,
     ) -> RecordsPage:
         services, caller = await authenticated(request)
         return await services.read_records(caller, run_id, stream_id, cursor, limit, wait)
 
-    @get(STREAM + "/subscribe", operation_id="subscribe", summary="Follow records live (SSE)")
+    @get(
+        STREAM + "/subscribe",
+        operation_id="subscribe",
+        summary="Follow records live (SSE)",
+        opt=documented(
+            Answer(
+                200,
+                "Events `record` (id: the sequence), then `closed` or `gone`; comment "
+                "lines while idle",
+                media_type="text/event-stream",
+                schema=SSE_EVENT,
+            ),
+            problems=(
+                *DELIVERING,
+                "cursor-ahead-of-head",
+                "cursor-expired",
+                "too-many-subscriptions",
+            ),
+            request_headers=(
+                Header(
+                    "Last-Event-ID",
+                    "The last sequence received: it takes precedence over `cursor`",
+                    {"type": "integer", "minimum": 0, "maximum": MAX_SEQUENCE},
+                    required=False,
+                ),
+            ),
+        ),
+    )
     async def subscribe(
-        self,
-        request: Request,
-        run_id: str,
-        stream_id: str,
-        cursor: int = Parameter(default=0, description="exclusive; Last-Event-ID wins"),
+        self, request: Request, run_id: str, stream_id: str, cursor: Cursor = 0
     ) -> ASGIApp:
         services, caller = await authenticated(request)
         last_event_id = request.headers.get("last-event-id")
         if last_event_id is not None:
-            if not last_event_id.strip().isdigit():
+            # ASCII digits only: str.isdigit also takes digits int() refuses, such as "²".
+            if not _SEQUENCE_DIGITS.fullmatch(last_event_id):
                 raise InvalidInput("Last-Event-ID must be a record sequence", field="Last-Event-ID")
             cursor = int(last_event_id)
         subscription = await services.subscribe(caller, run_id, stream_id, cursor)
@@ -141,6 +282,17 @@ class StreamsController(Controller):
         operation_id="acknowledge",
         summary="Acknowledge a consumer's progress",
         status_code=200,
+        opt=documented(
+            Answer(200, "The consumer's acknowledgement and the stream's credit", AckAnswer),
+            problems=(
+                *ON_A_STREAM,
+                *WITH_A_BODY,
+                "ack-regression",
+                "ack-ahead-of-head",
+                "cross-scope-ack",
+            ),
+            request_body=AckBody,
+        ),
     )
     async def acknowledge(
         self, request: Request, run_id: str, stream_id: str, consumer_id: str
@@ -149,22 +301,31 @@ class StreamsController(Controller):
         body = await decode_body(request, AckBody)
         return await services.acknowledge(caller, run_id, stream_id, consumer_id, body.sequence)
 
-    @post(STREAM + "/close", operation_id="closeStream", summary="Close a stream", status_code=200)
+    @post(
+        STREAM + "/close",
+        operation_id="closeStream",
+        summary="Close a stream",
+        status_code=200,
+        opt=documented(
+            Answer(200, "The stream document (closing again changes nothing)", StreamDocument),
+            problems=ON_A_STREAM,
+        ),
+    )
     async def close_stream(self, request: Request, run_id: str, stream_id: str) -> StreamDocument:
         services, caller = await authenticated(request)
         return await services.close_stream(caller, run_id, stream_id)
 
-    @put(STREAM + "/legal-hold", operation_id="setLegalHold", summary="Set the legal hold")
+    @put(
+        STREAM + "/legal-hold",
+        operation_id="setLegalHold",
+        summary="Set the legal hold",
+        opt=documented(
+            Answer(200, "The legal hold", LegalHoldView),
+            problems=(*ON_A_STREAM, *WITH_A_BODY),
+            request_body=LegalHoldBody,
+        ),
+    )
     async def set_legal_hold(self, request: Request, run_id: str, stream_id: str) -> LegalHoldView:
         services, caller = await authenticated(request)
         body = await decode_body(request, LegalHoldBody)
         return await services.set_legal_hold(caller, run_id, stream_id, body.enabled, body.reason)
-
-
-REQUEST_BODIES: dict[str, type] = {
-    "prepareObject": ObjectRequest,
-    "createStream": DefinitionRequest,
-    "appendRecords": AppendBody,
-    "acknowledge": AckBody,
-    "setLegalHold": LegalHoldBody,
-}
