@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import json
 import select
 import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
@@ -507,3 +509,234 @@ async def test_ids_of_128_characters_are_accepted(api: httpx.AsyncClient, run_id
     assert (await api.get(base)).json()["state"]["consumers"] == [
         {"consumer_id": consumer, "acked_sequence": 1}
     ]
+
+
+# -- text that must never reach storage -----------------------------------------------------------
+# Each of these was a 500 or, worse, stored: a body that is not UTF-8 or nests past 64 levels, a
+# control character in stored text, a content type that is not an RFC 9110 media type.
+
+SHA = "0" * 64
+JSON = {"Content-Type": "application/json"}
+
+
+def nested(levels: int) -> bytes:
+    """An append body nesting exactly `levels` deep (the body's own {"records": [{...}]} is 3)."""
+    inner = levels - 3
+    return b'{"records":[{"data":' + b"[" * inner + b"1" + b"]" * inner + b"}]}"
+
+
+async def stored(pool: asyncpg.Pool, run_id: str) -> dict[str, int]:
+    """Rows of the run in every table a request could have written."""
+    counts = {}
+    for table in (
+        "streams",
+        "stream_events",
+        "stream_records",
+        "append_receipts",
+        "stream_consumers",
+        "object_intents",
+        "input_deliveries",
+    ):
+        counts[table] = await pool.fetchval(
+            f"SELECT count(*) FROM {table} WHERE tenant = 'default' AND run_id = $1", run_id
+        )
+    return counts
+
+
+TEXT_CASES = [
+    append("nested-100000-deep", content=nested(100_000)),
+    append("nested-65-deep", content=nested(65)),
+    append("data-not-utf8", content=b'{"records": [{"data": "a\xff\xfeb"}]}'),
+    append("data-key-not-utf8", content=b'{"records": [{"data": {"k\xc0\xaf": 1}}]}'),
+    append("data-utf8-encoded-surrogate", content=b'{"records": [{"data": "\xed\xa0\x80"}]}'),
+    append("content-type-nul", {"records": [{"data": 1, "content_type": "text/plain\x00"}]}),
+    append(
+        "content-type-crlf",
+        {"records": [{"data": 1}, {"data": 2, "content_type": "text/plain\r\nX-Injected: 1"}]},
+    ),
+    append("content-type-tab", {"records": [{"data": 1, "content_type": "text/plain;\tq=1"}]}),
+    append("content-type-no-subtype", {"records": [{"data": 1, "content_type": "text"}]}),
+    append("content-type-space", {"records": [{"data": 1, "content_type": "text /plain"}]}),
+    append("content-type-non-ascii", {"records": [{"data": 1, "content_type": "text/plän"}]}),
+    append(
+        "base64-content-type-bad-parameter",
+        {"records": [{"data_base64": b64(b"x"), "content_type": "a/b; charset"}]},
+    ),
+    create(
+        "nested-65-deep",
+        content=b'{"direction": "output", "schema": ' + b"[" * 64 + b"]" * 64 + b"}",
+    ),
+    create(
+        "schema-not-utf8", content=b'{"stream_id": "new", "direction": "output", "schema": "\xff"}'
+    ),
+    create("schema-nul", {"stream_id": "new", **OK, "schema": {"title": "a\x00b"}}),
+    create("schema-key-control", {"stream_id": "new", **OK, "schema": {"a\x1b": 1}}),
+    create(
+        "authorization-reader-nul",
+        {"stream_id": "new", **OK, "authorization": {"readers": ["alice\x00"]}},
+    ),
+    create(
+        "authorization-writer-newline",
+        {"stream_id": "new", **OK, "authorization": {"writers": ["bob\n"]}},
+    ),
+    create(
+        "redaction-pointer-control",
+        {"stream_id": "new", **OK, "redaction": {"json_pointers": ["/a\x00"]}},
+    ),
+    create(
+        "region-trailing-newline",
+        {"stream_id": "new", **OK, "placement": {"object_regions": ["local\n"]}},
+    ),
+    hold("reason-nul", {"enabled": True, "reason": "audit\x00"}),
+    hold("reason-newline", {"enabled": True, "reason": "line one\nline two"}),
+    hold("nested-65-deep", content=b'{"enabled": true, "x": ' + b"[" * 64 + b"]" * 64 + b"}"),
+    ack("not-utf8", content=b'{"sequence": 2, "\xff": 1}'),
+    ack("nested-65-deep", content=b'{"sequence": ' + b"[" * 65 + b"]" * 65 + b"}"),
+]
+
+PREPARE = "/streams/s/objects"
+
+
+def prepare(case_id: str, **fields: Any) -> Case:
+    body = {"idempotency_key": "k-" + case_id, "size": 1, "sha256": SHA, **fields}
+    return Case("prepare-" + case_id, "POST", PREPARE, json=body)
+
+
+PREPARE_CASES = [
+    prepare("key-nul", idempotency_key="k\x00"),
+    prepare("key-newline", idempotency_key="k\n"),
+    prepare("content-type-nul", content_type="application/pdf\x00"),
+    prepare("content-type-crlf", content_type="text/plain\r\nX-Injected: 1"),
+    prepare("content-type-not-a-media-type", content_type="pdf"),
+    prepare("content-type-unterminated-quote", content_type='text/plain; a="b'),
+    prepare("schema-nul", schema={"title": "\x00"}),
+    prepare("sha256-trailing-newline", sha256=SHA + "\n"),
+    Case(
+        "prepare-not-utf8",
+        "POST",
+        PREPARE,
+        content=b'{"idempotency_key": "k\xff", "size": 1, "sha256": "' + SHA.encode() + b'"}',
+    ),
+    Case(
+        "prepare-nested-65-deep",
+        "POST",
+        PREPARE,
+        content=b'{"idempotency_key": "k", "size": 1, "sha256": "'
+        + SHA.encode()
+        + b'", "schema": '
+        + b"[" * 64
+        + b"]" * 64
+        + b"}",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case", TEXT_CASES + PREPARE_CASES, ids=[c.id for c in TEXT_CASES + PREPARE_CASES]
+)
+async def test_bad_text_is_refused_and_stores_nothing(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str, world: dict[str, Any], case: Case
+) -> None:
+    before = await stored(pool, run_id)
+    response = await send(api, run_id, case)
+    assert_problem(response, 400, ("invalid-input",))
+    assert (await stored(pool, run_id)) == before
+    assert (await snapshot(api, run_id)) == world
+
+
+async def test_an_idempotency_key_with_a_tab_is_refused_and_no_receipt_is_kept(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str, world: dict[str, Any]
+) -> None:
+    before = await stored(pool, run_id)
+    response = await api.post(
+        f"/runs/{run_id}/streams/s/records",
+        json={"records": [{"data": 3}]},
+        headers={"Idempotency-Key": "key\twith-tab"},
+    )
+    assert_problem(response, 400, ("invalid-input",))
+    assert (await stored(pool, run_id)) == before
+
+
+async def test_a_body_nested_exactly_64_deep_is_accepted_and_reads_back(
+    api: httpx.AsyncClient, run_id: str, world: dict[str, Any]
+) -> None:
+    response = await api.post(f"/runs/{run_id}/streams/s/records", content=nested(64), headers=JSON)
+    assert response.status_code == 201, response.text
+    page = (await api.get(f"/runs/{run_id}/streams/s/records", params={"cursor": 2})).json()
+    data = page["records"][0]["data"]
+    depth = 0
+    while isinstance(data, list):
+        data, depth = data[0], depth + 1
+    assert (depth, data) == (61, 1)
+
+
+async def test_brackets_and_utf8_inside_strings_are_data(
+    api: httpx.AsyncClient, run_id: str, world: dict[str, Any]
+) -> None:
+    text = "[{" * 500 + ' \\"[ é€😀'
+    response = await api.post(
+        f"/runs/{run_id}/streams/s/records",
+        json={"records": [{"data": text}, {"data": {"nul": "a\x00b"}}]},
+    )
+    assert response.status_code == 201, response.text
+    page = (await api.get(f"/runs/{run_id}/streams/s/records", params={"cursor": 2})).json()
+    assert [r["data"] for r in page["records"]] == [text, {"nul": "a\x00b"}]
+
+
+async def test_media_types_with_parameters_are_kept_as_given(
+    api: httpx.AsyncClient, run_id: str, world: dict[str, Any]
+) -> None:
+    given = ["application/json; charset=utf-8", 'text/plain;format="a b;c"', "application/x+y"]
+    response = await api.post(
+        f"/runs/{run_id}/streams/s/records",
+        json={"records": [{"data": i, "content_type": c} for i, c in enumerate(given)]},
+    )
+    assert response.status_code == 201, response.text
+    page = (await api.get(f"/runs/{run_id}/streams/s/records", params={"cursor": 2})).json()
+    assert [r["content_type"] for r in page["records"]] == given
+
+
+async def test_an_objects_media_type_comes_back_on_its_download(
+    api: httpx.AsyncClient, run_id: str, world: dict[str, Any]
+) -> None:
+    body = b"hello"
+    content_type = 'application/x-report; version="1 2"'
+    prepared = await api.post(
+        f"/runs/{run_id}/streams/s/objects",
+        json={
+            "idempotency_key": "k",
+            "size": len(body),
+            "sha256": hashlib.sha256(body).hexdigest(),
+            "content_type": content_type,
+        },
+    )
+    assert prepared.status_code == 201, prepared.text
+    base = f"/runs/{run_id}/streams/s/objects/{prepared.json()['object_id']}"
+    assert (await api.put(base + "/body", content=body)).status_code == 200
+    assert (await api.post(base + "/commit")).status_code == 201
+    download = await api.get(base + "/body")
+    assert download.status_code == 200, download.text
+    assert (download.headers["content-type"], download.content) == (content_type, body)
+
+
+async def test_an_input_streams_record_with_nul_is_refused_and_stores_nothing(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str
+) -> None:
+    """Its records reach the wait service's jsonb, which cannot hold U+0000: one such record
+    stopped the stream's delivery for good."""
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "in", "direction": "input"}
+    )
+    assert created.status_code == 201, created.text
+    before = await stored(pool, run_id)
+    response = await api.post(
+        f"/runs/{run_id}/streams/in/records",
+        json={"records": [{"data": 1}, {"data": {"k": "a\x00b"}}]},
+    )
+    body = assert_problem(response, 400, ("invalid-input",))
+    assert "records[1]" in body["detail"]
+    assert (await stored(pool, run_id)) == before
+    literal = await api.post(
+        f"/runs/{run_id}/streams/in/records", json={"records": [{"data": "\\u0000"}]}
+    )
+    assert literal.status_code == 201, literal.text
