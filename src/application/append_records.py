@@ -92,7 +92,9 @@ class AppendRecords:
             )
         definition = await self._definitions.get(key)
         require_writer(caller, definition)
-        records = prepare_records(inputs, definition.redaction)
+        records = prepare_records(
+            inputs, definition.redaction, json_text_without_nul=definition.direction == "input"
+        )
         idempotency = (
             Idempotency(idempotency_key, fingerprint(records)) if idempotency_key else None
         )

@@ -12,6 +12,7 @@ from application.views import LegalHoldView
 from domain import errors
 from domain.events import Event
 from domain.stream import Stream
+from domain.text import check_text
 
 
 class LegalHoldCommand:
@@ -45,6 +46,8 @@ class SetLegalHold:
         key = caller.key(run_id, stream_id)
         if reason is not None and len(reason) > 1_000:
             raise errors.InvalidInput("reason is at most 1,000 characters", field="reason")
+        if reason is not None:
+            check_text("reason", reason)
         await self._definitions.get(key)
         command = LegalHoldCommand(enabled, reason, self._clock())
         return await run_one(self._commits, key, command)

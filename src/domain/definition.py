@@ -8,6 +8,7 @@ import msgspec
 
 from domain.errors import ContentClassForbidden, InvalidInput
 from domain.ids import ID_PATTERN, check_id, new_stream_id
+from domain.text import check_json_text, check_text
 
 MAX_INLINE_RECORD_BYTES = 65_536
 MAX_OBJECT_BYTES = 33_554_432
@@ -27,7 +28,8 @@ ContentClass = Literal[
 # refused with its own code rather than as an unknown value.
 FORBIDDEN_CONTENT_CLASSES = frozenset({"model_reasoning_raw"})
 UnreadPolicy = Literal["reject", "block"]
-Region = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+# `$(?!\n)`: msgspec matches with re.search, where `$` alone also matches before a final newline.
+Region = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$(?!\n)")]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 Principal = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 # Documented only (extra_json_schema): resolve_definition checks these, with their own answers.
@@ -130,8 +132,14 @@ def resolve_definition(
         raise InvalidInput(
             f"content_class must be one of {sorted(_CONTENT_CLASSES)}", field="content_class"
         )
+    check_json_text("schema", request.schema)
     for pointer in request.redaction.json_pointers:
+        check_text("redaction.json_pointers", pointer)
         parse_pointer(pointer)
+    for principal in request.authorization.readers:
+        check_text("authorization.readers", principal)
+    for principal in request.authorization.writers:
+        check_text("authorization.writers", principal)
     p = request.placement
     placement = Placement(
         metadata_home=p.metadata_home or region,

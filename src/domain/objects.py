@@ -13,9 +13,12 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from domain.definition import MAX_OBJECT_BYTES
+from domain.errors import InvalidInput
+from domain.text import check_json_text, check_media_type, check_text
 
 ObjectState = Literal["prepared", "uploaded", "committed", "aborted", "expired"]
-Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+# `$(?!\n)`: msgspec matches with re.search, where `$` alone also matches before a final newline.
+Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$(?!\n)")]
 
 
 class AuthorizationReceipt(msgspec.Struct, frozen=True):
@@ -36,6 +39,15 @@ class ObjectRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     )
     schema: Any = None
     expires_in_seconds: Annotated[int, msgspec.Meta(ge=1, le=7 * 24 * 3600)] = 3600
+
+    def __post_init__(self) -> None:
+        # Raised while decoding, a ValueError becomes the decoder's ValidationError: 400.
+        try:
+            check_text("idempotency_key", self.idempotency_key)
+            check_media_type("content_type", self.content_type)
+            check_json_text("schema", self.schema)
+        except InvalidInput as error:
+            raise ValueError(error.detail) from None
 
 
 class ObjectIntent(msgspec.Struct, frozen=True):

@@ -12,6 +12,7 @@ import msgspec
 
 from domain.definition import MAX_INLINE_RECORD_BYTES, Redaction, parse_pointer
 from domain.errors import InvalidInput, RecordTooLarge
+from domain.text import check_media_type, has_escaped_nul
 
 REDACTED = "[REDACTED]"
 
@@ -45,8 +46,14 @@ _json_decode = msgspec.json.Decoder().decode
 _json_encode = msgspec.json.Encoder().encode
 
 
-def prepare_records(inputs: list[RecordInput], redaction: Redaction) -> list[NewRecord]:
+def prepare_records(
+    inputs: list[RecordInput], redaction: Redaction, *, json_text_without_nul: bool = False
+) -> list[NewRecord]:
     """Turn an append body into stored payloads: compact JSON, redacted, size-checked.
+
+    `json_text_without_nul` is for an input stream: its records reach the workflow wait service
+    as JSON text, which PostgreSQL's jsonb (the default wait service) cannot hold with U+0000
+    in a string; one such record would stop the stream's delivery for good.
 
     Nothing is half-done: the first bad record raises and the caller appends none of the batch.
     This runs for every record a server receives, so the common case (inline JSON with the
@@ -64,6 +71,11 @@ def prepare_records(inputs: list[RecordInput], redaction: Redaction) -> list[New
             else:
                 payload = compact(data, indent=-1)
             kind, default = json_kind, "application/json"
+            if json_text_without_nul and has_escaped_nul(payload):
+                raise InvalidInput(
+                    f"records[{index}].data holds U+0000, which an input stream cannot deliver",
+                    field=f"records[{index}].data",
+                )
         else:
             payload, kind = _binary(index, item), RecordKind.BINARY
             default = "application/octet-stream"
@@ -88,11 +100,7 @@ _compact = msgspec.json.format
 
 
 def _check_content_type(index: int, content_type: str) -> None:
-    if len(content_type) > 255 or not content_type.strip():
-        raise InvalidInput(
-            f"records[{index}].content_type must be 1 to 255 characters",
-            field=f"records[{index}].content_type",
-        )
+    check_media_type(f"records[{index}].content_type", content_type)
 
 
 def _binary(index: int, item: RecordInput) -> bytes:

@@ -1,8 +1,12 @@
 """Request bodies are decoded strictly by msgspec: wrong types and unknown fields are refused,
-never coerced."""
+never coerced. Before that, every JSON body must be UTF-8 and nest at most MAX_JSON_DEPTH levels:
+a record's `data` is stored as the caller sent it (msgspec only skips over it), and a stored
+value every reader fails to decode would make each page that holds it unreadable."""
 
 from __future__ import annotations
 
+import re
+from itertools import accumulate
 from typing import TypeVar
 
 import msgspec
@@ -11,6 +15,8 @@ from litestar import Request
 from domain.errors import InvalidInput
 
 T = TypeVar("T")
+
+MAX_JSON_DEPTH = 64
 
 _decoders: dict[type, msgspec.json.Decoder] = {}
 
@@ -22,6 +28,21 @@ async def decode_body(request: Request, type_: type[T]) -> T:
 def decode_json(body: bytes, type_: type[T]) -> T:
     if not body.strip():
         raise InvalidInput("a JSON request body is required")
+    if not body.isascii():
+        try:
+            body.decode()
+        except UnicodeDecodeError as error:
+            raise InvalidInput(
+                f"the request body is not valid UTF-8 (byte {error.start})"
+            ) from None
+    # A body with no more brackets than the limit cannot nest deeper: the common small body is
+    # checked by two counts. Measured (timeit, decode_json before -> after these checks): a
+    # 30-byte append body 0.46 -> 0.82 µs (an append costs ~250 µs in all); a 96 KB batch of
+    # 1,000 records 0.22-0.37 -> 0.7-0.8 ms.
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and nests_deeper_than(
+        body, MAX_JSON_DEPTH
+    ):
+        raise InvalidInput(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
     decoder = _decoders.get(type_)
     if decoder is None:
         decoder = _decoders[type_] = msgspec.json.Decoder(type_)
@@ -31,3 +52,28 @@ def decode_json(body: bytes, type_: type[T]) -> T:
         raise InvalidInput(f"the request body is not valid: {error}") from None
     except msgspec.DecodeError as error:
         raise InvalidInput(f"the request body is not valid JSON: {error}") from None
+
+
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_STRING = re.compile(rb'"[^"]*"')
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'"[]{}')))
+_SIGNS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 and -1 as signed bytes
+
+
+def nests_deeper_than(body: bytes, levels: int) -> bool:
+    """Whether arrays and objects nest deeper than `levels` in JSON text (for malformed text
+    either answer will do: the decoder refuses it).
+
+    Escapes are dropped first, so every quote left delimits a string. Of the rest only quotes
+    and brackets are kept and the strings among them removed (a `""` pair is an empty string
+    or the end of one and the start of the next: removing either leaves the brackets outside
+    strings as they were). The deepest point is then the largest running sum of +1 for each
+    opening bracket and -1 for each closing one. It is all bytes methods and itertools, which
+    run in C: linear, ~0.3 s at worst for 8 MiB of brackets (a loop in Python: ~20x that)."""
+    if b"\\" in body:
+        body = _ESCAPE.sub(b"", body)
+    structure = body.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
+    if b'"' in structure:  # strings that hold brackets
+        structure = _STRING.sub(b"", structure)
+    signs = memoryview(structure.translate(_SIGNS)).cast("b")
+    return max(accumulate(signs), default=0) > levels

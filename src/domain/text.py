@@ -1,0 +1,71 @@
+"""Text a caller chooses and the service stores: media types, keys, names, reasons, schemas.
+
+PostgreSQL text cannot hold U+0000, an HTTP header cannot carry a control character, and a
+stored value is presented again to every later reader: so such text is checked before anything
+is stored, and refused as `invalid-input`."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from domain.errors import InvalidInput
+
+# Unicode category Cc: C0 (including tab, CR and LF), DEL and C1.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+# RFC 9110 §8.3.1: type "/" subtype *( OWS ";" OWS [ parameter ] ), a parameter's value a token
+# or a quoted-string. Narrowed to printable ASCII: no tab (in OWS or a quoted-string) and no
+# obs-text, since the value becomes a Content-Type header again when a body is downloaded.
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_QUOTED = r'"(?:[ !#-\[\]-~]|\\[ -~])*"'
+_MEDIA_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(?: *; *(?:{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))?)*")
+MAX_MEDIA_TYPE_CHARS = 255
+
+# JSON text with an escaped U+0000 (an odd run of backslashes before "u0000").
+_ESCAPED_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def has_control_character(value: str) -> bool:
+    return _CONTROL.search(value) is not None
+
+
+def check_text(field: str, value: str) -> str:
+    """A stored name, key or reason: no control character."""
+    if _CONTROL.search(value) is not None:
+        raise InvalidInput(f"{field} must not contain control characters", field=field)
+    return value
+
+
+def check_media_type(field: str, value: str) -> str:
+    """A content type: an RFC 9110 media type (`type/subtype[; name=value]...`)."""
+    if len(value) > MAX_MEDIA_TYPE_CHARS or _MEDIA_TYPE.fullmatch(value) is None:
+        raise InvalidInput(
+            f"{field} must be a media type such as 'text/plain; charset=utf-8' "
+            f"(RFC 9110: type/subtype with optional ; name=value parameters, printable ASCII, "
+            f"at most {MAX_MEDIA_TYPE_CHARS} characters)",
+            field=field,
+        )
+    return value
+
+
+def check_json_text(field: str, document: Any) -> Any:
+    """A decoded JSON document the service stores (a schema): no control character in any
+    string or object key."""
+    pending = [document]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, str):
+            check_text(field, node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                check_text(field, key)
+                pending.append(value)
+        elif isinstance(node, list):
+            pending.extend(node)
+    return document
+
+
+def has_escaped_nul(json_text: bytes) -> bool:
+    """Whether compact JSON text carries U+0000 in a string (JSON text cannot hold it raw)."""
+    return b"\\u0000" in json_text and _ESCAPED_NUL.search(json_text) is not None
