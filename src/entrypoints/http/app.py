@@ -20,6 +20,7 @@ from domain.errors import DomainError
 from entrypoints.config import Settings
 from entrypoints.container import Container, Services, resolved, start, stop, workers
 from entrypoints.http import openapi, problems
+from entrypoints.http.methods import list_every_method_in_options
 from entrypoints.http.objects import ObjectsController
 from entrypoints.http.observability import metrics, request_middleware
 from entrypoints.http.openapi import Answer, documented
@@ -111,6 +112,7 @@ def create_app(container: Container) -> Litestar:
             logging_config=None,
         )
     openapi.complete(app, elsewhere={"metrics": METRICS_DOCUMENTED})
+    list_every_method_in_options(app)
     return app
 
 

@@ -89,7 +89,7 @@ def domain_error(_: Request, error: DomainError) -> Response[bytes]:
     return problem(error.code, error.detail, headers=headers or None, **error.extra)
 
 
-def http_error(_: Request, error: HTTPException) -> Response[bytes]:
+def http_error(request: Request, error: HTTPException) -> Response[bytes]:
     status = error.status_code
     code = {
         400: "invalid-input",
@@ -111,9 +111,21 @@ def http_error(_: Request, error: HTTPException) -> Response[bytes]:
             )
             or detail
         )
+    headers = None
     if status == 413:
         detail = "the request body is larger than this route accepts"
-    return problem(code, detail, status=status)
+    elif status == 405:
+        # RFC 9110 §15.5.6: a 405 lists the methods the path serves. The router names them in
+        # the exception's headers, in no particular order.
+        allowed = sorted(
+            method.strip()
+            for name, value in (error.headers or {}).items()
+            if name.lower() == "allow"
+            for method in value.split(",")
+        )
+        headers = {"Allow": ", ".join(allowed)}
+        detail = f"{request.method} is not served here; this path serves {', '.join(allowed)}"
+    return problem(code, detail, status=status, headers=headers)
 
 
 def internal_error(request: Request, error: Exception) -> Response[bytes]:

@@ -1,0 +1,63 @@
+"""A method a path does not serve is 405 problem JSON with `Allow`; OPTIONS lists every method
+of the path (docs/http-api.md "Errors")."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.integration.test_http_bad_input import assert_problem
+
+STREAM = "/runs/r-methods/streams/s"
+# Every API path and the methods it serves, OPTIONS included.
+PATHS = {
+    "/runs/r-methods/streams": "GET, OPTIONS, POST",
+    STREAM: "GET, OPTIONS",
+    STREAM + "/records": "GET, OPTIONS, POST",
+    STREAM + "/subscribe": "GET, OPTIONS",
+    STREAM + "/consumers/c/ack": "OPTIONS, POST",
+    STREAM + "/close": "OPTIONS, POST",
+    STREAM + "/legal-hold": "OPTIONS, PUT",
+    STREAM + "/objects": "OPTIONS, POST",
+    STREAM + "/objects/o": "GET, OPTIONS",
+    STREAM + "/objects/o/body": "GET, OPTIONS, PUT",
+    STREAM + "/objects/o/commit": "OPTIONS, POST",
+    STREAM + "/objects/o/abort": "OPTIONS, POST",
+}
+
+
+@pytest.mark.parametrize(("path", "allow"), PATHS.items(), ids=list(PATHS))
+async def test_options_lists_every_method_of_the_path(
+    api: httpx.AsyncClient, path: str, allow: str
+) -> None:
+    response = await api.options(path, headers={"Authorization": ""})  # needs no token
+    assert response.status_code == 204, response.text
+    assert response.headers["allow"] == allow
+
+
+@pytest.mark.parametrize(("path", "allow"), PATHS.items(), ids=list(PATHS))
+async def test_a_method_the_path_does_not_serve_is_405_with_allow(
+    api: httpx.AsyncClient, path: str, allow: str
+) -> None:
+    method = "PATCH" if "PUT" in allow else "PUT"
+    response = await api.request(method, path, json={})
+    body = assert_problem(response, 405, ("method-not-allowed",))
+    assert response.headers["allow"] == allow
+    assert method in body["detail"]
+
+
+async def test_delete_on_records_is_405_and_changes_nothing(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "s", "direction": "output"}
+    )
+    assert created.status_code == 201, created.text
+    assert (
+        await api.post(f"/runs/{run_id}/streams/s/records", json={"records": [{"data": 1}]})
+    ).status_code == 201
+    response = await api.delete(f"/runs/{run_id}/streams/s/records")
+    assert_problem(response, 405, ("method-not-allowed",))
+    assert response.headers["allow"] == "GET, OPTIONS, POST"
+    page = (await api.get(f"/runs/{run_id}/streams/s/records")).json()
+    assert [r["data"] for r in page["records"]] == [1]
