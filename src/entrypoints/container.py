@@ -105,7 +105,8 @@ async def open_wake_bus(
 
 async def open_object_stores(settings: Settings) -> AsyncIterator[ObjectStores]:
     """The store of each region this deployment writes bodies to (OBJECT_REGIONS, default
-    REGION): a directory per region under DATA_DIR/objects, or one S3 bucket prefix per region."""
+    REGION): a directory per region under DATA_DIR/objects, or the S3 bucket (a body's key names
+    its tenant, run, stream and object, so regions sharing the bucket never share a key)."""
     if settings.object_store == "filesystem":
         root = settings.data_dir / "objects"
         yield ObjectStores(
@@ -123,7 +124,6 @@ async def open_object_stores(settings: Settings) -> AsyncIterator[ObjectStores]:
             settings.s3_bucket,
             endpoint_url=settings.s3_endpoint_url,
             region_name=settings.s3_region,
-            prefix=f"{region}/",
         )
         for region in settings.object_regions
     }

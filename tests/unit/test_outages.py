@@ -56,6 +56,9 @@ OUTAGES = {
     ),
     "53300 too many connections": asyncpg.exceptions.TooManyConnectionsError("too many"),
     "a closed connection": asyncpg.InterfaceError("cannot perform operation: connection is closed"),
+    "a session ended mid-operation": asyncpg.exceptions.InternalClientError(
+        "cannot switch to state 12; another operation (2) is in progress"
+    ),
     "pool acquire timeout": TimeoutError(),
     "connection refused": ConnectionRefusedError(111, "Connection refused"),
     "host unreachable": OSError(113, "No route to host"),
@@ -73,6 +76,9 @@ BUGS = {
     "unique violation": asyncpg.exceptions.UniqueViolationError("duplicate key"),
     "another operation in progress": asyncpg.InterfaceError(
         "cannot perform operation: another operation is in progress"
+    ),
+    "a pool misused": asyncpg.exceptions.InternalClientError(
+        "PoolConnectionHolder.release() called on a free connection holder"
     ),
     "bad query argument": asyncpg.exceptions.DataError("invalid input for query argument $1"),
     "a file of ours missing": FileNotFoundError(2, "No such file or directory"),

@@ -7,8 +7,12 @@ Two repairs keep a lost notification from costing more than latency:
 * every `head_check_seconds` the bus rereads the heads of every stream someone in this process is
   following and wakes those that moved without a notification; if that notification still has
   not arrived by the next check, it is written down as gap evidence;
-* when the LISTEN connection drops, it reconnects with capped backoff, wakes every followed
-  stream (whatever was committed meanwhile is reread) and writes evidence for those that moved.
+* when the LISTEN connection drops, it reconnects, wakes every followed stream (whatever was
+  committed meanwhile is reread) and writes evidence for those that moved.
+
+While PostgreSQL is down, a connection attempt is refused at once (a closed port, a removed
+socket file, or 57P03 while it starts), so retrying every `RECONNECT_CAP_SECONDS` costs it
+nothing worth saving; a longer backoff only delays live delivery after the outage by as much.
 """
 
 from __future__ import annotations
@@ -39,6 +43,12 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigin
 """
 
 _CONNECTION_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+
+RECONNECT_FIRST_SECONDS = 0.05
+RECONNECT_CAP_SECONDS = 0.5
+# A server that accepts the TCP connection but never answers (a network partition) holds an
+# attempt this long, instead of asyncpg's default minute.
+CONNECT_TIMEOUT_SECONDS = 5.0
 
 
 def parse_notification(payload: str) -> tuple[StreamKey, int] | None:
@@ -95,24 +105,29 @@ class PostgresWakeBus:
         self._registry.notify(key)
 
     async def _run(self) -> None:
-        backoff = 0.1
+        backoff = RECONNECT_FIRST_SECONDS
         first = True
         while not self._stopping:
             try:
                 conn = await asyncpg.connect(
-                    self._url, server_settings={"application_name": self._application_name}
+                    self._url,
+                    timeout=CONNECT_TIMEOUT_SECONDS,
+                    server_settings={"application_name": self._application_name},
                 )
             except _CONNECTION_ERRORS as error:
-                log.warning("wake bus cannot connect (%s); retrying in %.1fs", error, backoff)
+                if backoff == RECONNECT_CAP_SECONDS:
+                    log.debug("wake bus still cannot connect (%s)", type(error).__name__)
+                else:
+                    log.warning("wake bus cannot connect (%s); retrying", error)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, RECONNECT_CAP_SECONDS)
                 continue
             lost = asyncio.Event()
             conn.add_termination_listener(lambda _c, lost=lost: lost.set())
             try:
                 await conn.add_listener(WAKE_CHANNEL, self._on_notification)
                 self.connected.set()
-                backoff = 0.1
+                backoff = RECONNECT_FIRST_SECONDS
                 if not first:
                     self.reconnects += 1
                     log.warning("wake bus reconnected; rereading every followed stream")

@@ -34,6 +34,13 @@ _POSTGRES_UNAVAILABLE = (
     asyncpg.exceptions.ReadOnlySQLTransactionError,  # 25006
 )
 
+_PROTOCOL_LOST_STEP = (
+    "cannot switch to",
+    "cannot process message",
+    "got result for unknown protocol state",
+    "not connected",
+)
+
 _NETWORK_ERRNOS = frozenset(
     {
         errno.ECONNREFUSED,
@@ -80,6 +87,11 @@ def outage_of(error: BaseException) -> str | None:
         return "the database"
     if type(error) is asyncpg.InterfaceError and "connection is closed" in str(error):
         return "the database"
+    if isinstance(error, asyncpg.exceptions.InternalClientError):
+        # The driver's protocol lost step because the server ended the session in the middle
+        # of an operation (MagicStack/asyncpg#1069): seen when PostgreSQL shuts down under load.
+        lost_step = str(error).startswith(_PROTOCOL_LOST_STEP)
+        return "the database" if lost_step else None
     if isinstance(error, s3_errors.ConnectionError | s3_errors.HTTPClientError):
         return "the object store"
     if isinstance(error, s3_errors.ClientError):
@@ -121,6 +133,7 @@ def outage_handlers() -> dict[type[Exception], Callable[[Request, Any], Response
     return {
         asyncpg.PostgresError: unavailable,
         asyncpg.InterfaceError: unavailable,
+        asyncpg.exceptions.InternalClientError: unavailable,
         s3_errors.BotoCoreError: unavailable,
         s3_errors.ClientError: unavailable,
         OSError: unavailable,  # TimeoutError and ConnectionError too; aiohttp's are OSErrors

@@ -1,0 +1,277 @@
+"""PostgreSQL or the object store out of reach under a real server: 503 `unavailable`, never 500,
+nothing acknowledged lost, and live delivery back within a second of PostgreSQL.
+
+These tests stop and restart a PostgreSQL of their own (tests/support/restartable_postgres.py),
+never the one the rest of the suite shares."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, api_client
+from tests.support.postgres import create_test_database
+from tests.support.restartable_postgres import RestartablePostgres, restartable_postgres
+from tests.support.server import ServerProcess, free_port
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[RestartablePostgres]:
+    with restartable_postgres() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def own_database(own_postgres: RestartablePostgres) -> str:
+    url, _ = asyncio.run(create_test_database(own_postgres.url))
+    return url
+
+
+@pytest.fixture(scope="module")
+def own_server(
+    own_database: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    process = ServerProcess(
+        database_url=own_database, data_dir=tmp_path_factory.mktemp("outage"), env=SERVER_ENV
+    ).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+async def own_api(own_server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(own_server) as client:
+        yield client
+
+
+async def until_answered(request, *, deadline: float = 20.0) -> httpx.Response:
+    """Retry a request while the service answers 503 (as a client following Retry-After would,
+    but faster)."""
+    async with asyncio.timeout(deadline):
+        while True:
+            answer = await request()
+            if answer.status_code != 503:
+                return answer
+            await asyncio.sleep(0.05)
+
+
+def assert_unavailable(answer: httpx.Response) -> None:
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    assert answer.json()["code"] == "unavailable"
+    assert int(answer.headers["retry-after"]) >= 1
+
+
+@pytest.mark.slow
+async def test_restarting_postgresql_under_load_answers_no_500_and_loses_nothing_acknowledged(
+    own_postgres: RestartablePostgres, own_api: httpx.AsyncClient, own_server: ServerProcess
+) -> None:
+    run_id = "run-" + secrets.token_hex(4)
+    streams = [f"s{i}" for i in range(4)]
+    for stream_id in streams:
+        created = await own_api.post(
+            f"/runs/{run_id}/streams", json={"stream_id": stream_id, "direction": "output"}
+        )
+        assert created.status_code == 201, created.text
+
+    statuses: collections.Counter[tuple[str, int]] = collections.Counter()
+    failures: list[str] = []
+    acknowledged: dict[str, dict[int, str]] = {s: {} for s in streams}
+    stop = asyncio.Event()
+
+    def seen(what: str, answer: httpx.Response) -> None:
+        statuses[(what, answer.status_code)] += 1
+        if answer.status_code >= 500 and answer.status_code != 503:
+            failures.append(f"{what}: {answer.status_code} {answer.text}")
+        if answer.status_code == 503:
+            assert_unavailable(answer)
+
+    async def appender(stream_id: str, writer: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            value = f"w{writer}-{n}"
+            answer = await own_api.post(
+                f"/runs/{run_id}/streams/{stream_id}/records",
+                json={"records": [{"data": value}, {"data": value + "b"}]},
+            )
+            seen("append", answer)
+            if answer.status_code == 201:
+                first = answer.json()["first_sequence"]
+                acknowledged[stream_id][first] = value
+                acknowledged[stream_id][first + 1] = value + "b"
+            await asyncio.sleep(0.01)
+
+    async def reader(stream_id: str) -> None:
+        while not stop.is_set():
+            seen("read", await own_api.get(f"/runs/{run_id}/streams/{stream_id}/records"))
+            seen("get", await own_api.get(f"/runs/{run_id}/streams/{stream_id}"))
+            await asyncio.sleep(0.02)
+
+    async def creator() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            answer = await own_api.post(
+                f"/runs/{run_id}-c/streams", json={"stream_id": f"c{n}", "direction": "output"}
+            )
+            seen("create", answer)
+            await asyncio.sleep(0.05)
+
+    async def subscriber() -> None:
+        while not stop.is_set():
+            path = f"/runs/{run_id}/streams/{streams[0]}/subscribe"
+            async with own_api.stream("GET", path) as answer:
+                if answer.status_code != 200:
+                    await answer.aread()
+                seen("subscribe", answer)
+            await asyncio.sleep(0.05)
+
+    tasks = [
+        *(asyncio.create_task(appender(s, w)) for s in streams for w in range(2)),
+        *(asyncio.create_task(reader(s)) for s in streams[:2]),
+        asyncio.create_task(creator()),
+        asyncio.create_task(subscriber()),
+    ]
+    restarts = own_postgres.restart_in_background(times=3, pause=2.5)
+    await asyncio.to_thread(restarts.join)
+    await asyncio.sleep(2)  # and a while after the last one
+    stop.set()
+    await asyncio.gather(*tasks)
+
+    errors = [line for line in own_server.log().splitlines() if '"level":"error"' in line]
+    assert failures == [], (failures[:5], errors[:3])
+    assert sum(n for (what, code), n in statuses.items() if code == 503) > 0, statuses
+    assert sum(n for (what, code), n in statuses.items() if code == 201) > 0, statuses
+    for stream_id in streams:
+        records: list[dict] = []
+        cursor = 0
+        while True:
+            page = await until_answered(
+                lambda stream_id=stream_id, cursor=cursor: own_api.get(
+                    f"/runs/{run_id}/streams/{stream_id}/records",
+                    params={"cursor": cursor, "limit": 1000},
+                )
+            )
+            assert page.status_code == 200, page.text
+            body = page.json()
+            records += body["records"]
+            if not body["records"]:
+                break
+            cursor = body["next_cursor"]
+        sequences = [r["sequence"] for r in records]
+        assert sequences == list(range(1, len(records) + 1))  # contiguous, no gap
+        assert sequences[-1] == body["head"]
+        stored = {r["sequence"]: r["data"] for r in records}
+        for sequence, value in acknowledged[stream_id].items():
+            assert stored.get(sequence) == value, (stream_id, sequence)
+
+
+async def test_a_follower_hears_an_append_within_a_second_or_so_after_a_seven_second_outage(
+    own_postgres: RestartablePostgres, own_api: httpx.AsyncClient
+) -> None:
+    run_id = "run-" + secrets.token_hex(4)
+    path = f"/runs/{run_id}/streams/live"
+    created = await own_api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "live", "direction": "output"}
+    )
+    assert created.status_code == 201, created.text
+    received: asyncio.Queue[tuple[float, str]] = asyncio.Queue()
+
+    async def follow() -> None:
+        async with own_api.stream("GET", f"{path}/subscribe", timeout=None) as answer:
+            assert answer.status_code == 200
+            async for line in answer.aiter_lines():
+                await received.put((time.monotonic(), line))
+
+    follower = asyncio.create_task(follow())
+    async with asyncio.timeout(10):
+        while (await received.get())[1] != ": subscribed":
+            pass
+    await asyncio.sleep(0.5)  # the tail has read the head and waits for a wake
+
+    await asyncio.to_thread(own_postgres.stop)
+    await asyncio.sleep(7)  # a reconnect backoff doubling from 0.1 s would next try at 11.3 s
+    await asyncio.to_thread(own_postgres.start)  # returns once it accepts connections
+    back = time.monotonic()
+
+    appended = await until_answered(
+        lambda: own_api.post(f"{path}/records", json={"records": [{"data": "after"}]})
+    )
+    assert appended.status_code == 201, appended.text
+    try:
+        async with asyncio.timeout(10):
+            while True:
+                at, line = await received.get()
+                if line == "id: 1":
+                    break
+        assert at - back < 1.5, f"delivered {at - back:.2f}s after PostgreSQL was back"
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+
+
+# --- the object store out of reach ---------------------------------------------------------
+
+
+def _closed_port_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # bound and released: nothing listens there
+
+
+@pytest.fixture(scope="module")
+def unreachable_s3_server(
+    own_database: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    process = ServerProcess(
+        database_url=own_database,
+        data_dir=tmp_path_factory.mktemp("no-s3"),
+        env={
+            **SERVER_ENV,
+            "DUCTOR_STREAMS_OBJECT_STORE": "s3",
+            "DUCTOR_STREAMS_S3_ENDPOINT_URL": _closed_port_url(),
+            "DUCTOR_STREAMS_S3_BUCKET": "objects",
+            "DUCTOR_STREAMS_S3_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_MAX_ATTEMPTS": "2",  # botocore would otherwise retry a refused connection 4 times
+        },
+    ).start()
+    yield process
+    process.stop()
+
+
+async def test_an_upload_to_an_unreachable_object_store_answers_503(
+    unreachable_s3_server: ServerProcess,
+) -> None:
+    body = b"a body for nowhere"
+    async with api_client(unreachable_s3_server, BOOTSTRAP_TOKEN) as api:
+        run_id = "run-" + secrets.token_hex(4)
+        created = await api.post(
+            f"/runs/{run_id}/streams", json={"stream_id": "o", "direction": "output"}
+        )
+        assert created.status_code == 201, created.text
+        prepared = await api.post(
+            f"/runs/{run_id}/streams/o/objects",
+            json={
+                "idempotency_key": "k",
+                "size": len(body),
+                "sha256": hashlib.sha256(body).hexdigest(),
+                "content_type": "application/octet-stream",
+            },
+        )
+        assert prepared.status_code == 201, prepared.text
+        object_path = f"/runs/{run_id}/streams/o/objects/{prepared.json()['object_id']}"
+        uploaded = await api.put(f"{object_path}/body", content=body)
+        assert_unavailable(uploaded)
+        # Nothing changed: the intent is still waiting for its body.
+        assert (await api.get(object_path)).json()["state"] == "prepared"
+    assert "Traceback" not in unreachable_s3_server.log()
