@@ -8,7 +8,13 @@ import msgspec
 
 from domain.errors import ContentClassForbidden, InvalidInput
 from domain.ids import ID_PATTERN, check_id, new_stream_id
-from domain.text import check_json_text, check_text
+from domain.text import (
+    DOCUMENTED_JSON_TEXT,
+    DOCUMENTED_TEXT,
+    TEXT_CHARACTER,
+    check_json_text,
+    check_text,
+)
 
 MAX_INLINE_RECORD_BYTES = 65_536
 MAX_OBJECT_BYTES = 33_554_432
@@ -31,7 +37,7 @@ UnreadPolicy = Literal["reject", "block"]
 # `$(?!\n)`: msgspec matches with re.search, where `$` alone also matches before a final newline.
 Region = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$(?!\n)")]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-Principal = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+Principal = Annotated[str, msgspec.Meta(min_length=1, max_length=256), DOCUMENTED_TEXT]
 # Documented only (extra_json_schema): resolve_definition checks these, with their own answers.
 _SomeRegions = Annotated[tuple[Region, ...], msgspec.Meta(extra_json_schema={"minItems": 1})]
 
@@ -50,7 +56,9 @@ class Retention(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_records: PositiveInt | None = None
 
 
-JsonPointer = Annotated[str, msgspec.Meta(extra_json_schema={"pattern": "^(/.*)?$"})]
+JsonPointer = Annotated[
+    str, msgspec.Meta(extra_json_schema={"pattern": f"^(?:/{TEXT_CHARACTER}*)?$"})
+]
 
 
 class Redaction(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -105,7 +113,7 @@ class DefinitionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     content_class: Annotated[
         str, msgspec.Meta(extra_json_schema={"enum": list(ContentClass.__args__)})  # type: ignore[attr-defined]
     ] = "application_data"
-    schema: Any = None
+    schema: Annotated[Any, DOCUMENTED_JSON_TEXT] = None
     limits: Limits = msgspec.field(default_factory=Limits)
     retention: Retention = msgspec.field(default_factory=Retention)
     redaction: Redaction = msgspec.field(default_factory=Redaction)

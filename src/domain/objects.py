@@ -14,7 +14,14 @@ import msgspec
 
 from domain.definition import MAX_OBJECT_BYTES
 from domain.errors import InvalidInput
-from domain.text import check_json_text, check_media_type, check_text
+from domain.text import (
+    DOCUMENTED_JSON_TEXT,
+    DOCUMENTED_MEDIA_TYPE,
+    DOCUMENTED_TEXT,
+    check_json_text,
+    check_media_type,
+    check_text,
+)
 
 ObjectState = Literal["prepared", "uploaded", "committed", "aborted", "expired"]
 # `$(?!\n)`: msgspec matches with re.search, where `$` alone also matches before a final newline.
@@ -30,14 +37,14 @@ class AuthorizationReceipt(msgspec.Struct, frozen=True):
 class ObjectRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A prepare body."""
 
-    idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+    idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=255), DOCUMENTED_TEXT]
     # The 32 MiB cap is its own error (413), so it is only documented here.
     size: Annotated[int, msgspec.Meta(ge=0, extra_json_schema={"maximum": MAX_OBJECT_BYTES})]
     sha256: Sha256Hex
-    content_type: Annotated[str, msgspec.Meta(min_length=1, max_length=255)] = (
-        "application/octet-stream"
-    )
-    schema: Any = None
+    content_type: Annotated[
+        str, msgspec.Meta(min_length=1, max_length=255), DOCUMENTED_MEDIA_TYPE
+    ] = "application/octet-stream"
+    schema: Annotated[Any, DOCUMENTED_JSON_TEXT] = None
     expires_in_seconds: Annotated[int, msgspec.Meta(ge=1, le=7 * 24 * 3600)] = 3600
 
     def __post_init__(self) -> None:

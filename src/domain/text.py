@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import msgspec
+
 from domain.errors import InvalidInput
 
 # Unicode category Cc: C0 (including tab, CR and LF), DEL and C1.
@@ -21,6 +23,17 @@ _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _QUOTED = r'"(?:[ !#-\[\]-~]|\\[ -~])*"'
 _MEDIA_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(?: *; *(?:{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))?)*")
 MAX_MEDIA_TYPE_CHARS = 255
+
+# The same rules for the OpenAPI document, as field annotations that only document: the checks
+# here still decide, and answer with their own details.
+TEXT_CHARACTER = f"[^{_CONTROL.pattern[1:-1]}]"
+TEXT_PATTERN = f"^{TEXT_CHARACTER}*$"
+DOCUMENTED_TEXT = msgspec.Meta(extra_json_schema={"pattern": TEXT_PATTERN})
+DOCUMENTED_MEDIA_TYPE = msgspec.Meta(
+    extra_json_schema={"pattern": f"^(?:{_MEDIA_TYPE.pattern})$", "maxLength": MAX_MEDIA_TYPE_CHARS}
+)
+JSON_TEXT = "JsonText"  # the document's schema of a JSON value without control characters
+DOCUMENTED_JSON_TEXT = msgspec.Meta(extra_json_schema={"$ref": f"#/components/schemas/{JSON_TEXT}"})
 
 # JSON text with an escaped U+0000 (an odd run of backslashes before "u0000").
 _ESCAPED_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")

@@ -2,8 +2,9 @@
 
 A generated request that the document calls valid can still be refused for what no schema can
 say: the state it meets (a cursor past the stream's head, bytes that do not match the prepared
-digest, an idempotency key used before with another request) or this deployment (a stream homed
-in another region). Those refusals, and only those, are not counted against the document."""
+digest or size, an idempotency key used before with another request) or this deployment (a
+stream homed in another region). Those refusals, and only those, are not counted against the
+document."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ DEPENDS_ON_STATE = frozenset(
         "misdirected",
     }
 )
+# An upload's bytes are held to the size its intent was prepared with.
+DEPENDS_ON_THE_INTENT = {"uploadObjectBody": frozenset({"object-too-large"})}
 # The service honours `wait` up to 60 s; a bounded run cannot spend that on every read.
 LONGEST_WAIT = 0.2
 
@@ -38,9 +41,11 @@ def _problem_code(response: Any) -> str | None:
 
 @schemathesis.hook
 def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
-    return not (
-        isinstance(failure, RejectedPositiveData) and _problem_code(response) in DEPENDS_ON_STATE
-    )
+    if not isinstance(failure, RejectedPositiveData):
+        return True
+    code = _problem_code(response)
+    operation = case.operation.definition.raw.get("operationId")
+    return code not in DEPENDS_ON_STATE | DEPENDS_ON_THE_INTENT.get(operation, frozenset())
 
 
 @schemathesis.hook

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from itertools import accumulate
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from litestar import Request
@@ -49,9 +49,31 @@ def decode_json(body: bytes, type_: type[T]) -> T:
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as error:
+        if "got `float`" in str(error):  # rare: only then is the body decoded a second time
+            try:
+                return msgspec.convert(_whole_numbers(_any_json(body)), type_)
+            except (msgspec.ValidationError, TypeError):  # TypeError: a type convert cannot build
+                pass
         raise InvalidInput(f"the request body is not valid: {error}") from None
     except msgspec.DecodeError as error:
         raise InvalidInput(f"the request body is not valid JSON: {error}") from None
+
+
+_any_json = msgspec.json.Decoder().decode
+_WHOLE_FLOATS_UP_TO = 2**53  # beyond it a float no longer spells one integer
+
+
+def _whole_numbers(value: Any) -> Any:
+    """JSON has one number type: `2.0` is the integer 2, as JSON Schema (and so the OpenAPI
+    document) says. msgspec refuses it where an int is expected; this spells it as an int."""
+    if isinstance(value, float):
+        whole = value.is_integer() and abs(value) <= _WHOLE_FLOATS_UP_TO
+        return int(value) if whole else value
+    if isinstance(value, list):
+        return [_whole_numbers(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _whole_numbers(item) for key, item in value.items()}
+    return value
 
 
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)

@@ -17,6 +17,7 @@ import msgspec
 from litestar import Litestar
 
 from domain.ids import ID_PATTERN
+from domain.text import JSON_TEXT, TEXT_PATTERN
 from entrypoints.http.problems import PROBLEM_JSON, PROBLEM_TYPE_BASE, STATUS_OF_CODE
 
 OPT_KEY = "documented"
@@ -117,6 +118,23 @@ def problem_schema() -> dict[str, Any]:
     }
 
 
+def json_text_schema() -> dict[str, Any]:
+    """Any JSON value whose strings and keys have no control character (a stored schema)."""
+    itself = {"$ref": f"#/components/schemas/{JSON_TEXT}"}
+    return {
+        "anyOf": [
+            {"type": ["null", "boolean", "number"]},
+            {"type": "string", "pattern": TEXT_PATTERN},
+            {"type": "array", "items": itself},
+            {
+                "type": "object",
+                "propertyNames": {"pattern": TEXT_PATTERN},
+                "additionalProperties": itself,
+            },
+        ]
+    }
+
+
 def _header_objects(headers: tuple[Header, ...]) -> dict[str, Any]:
     return {
         h.name: {"description": h.description, "required": h.required, "schema": h.schema}
@@ -177,7 +195,7 @@ def complete(app: Litestar, elsewhere: dict[str, dict[str, Documented]] | None =
     schema_of = dict(zip(types, schemas, strict=True))
     # Litestar's own component schemas describe its pipeline, not msgspec's wire form: replaced.
     document["components"] = {
-        "schemas": {"Problem": problem_schema(), **components},
+        "schemas": {"Problem": problem_schema(), JSON_TEXT: json_text_schema(), **components},
         "securitySchemes": {BEARER: {"type": "http", "scheme": "bearer"}},
     }
     for path_item in document.get("paths", {}).values():

@@ -1,0 +1,38 @@
+"""JSON has one number type: `2.0` where an integer is expected is the integer 2 (as JSON Schema
+and so the OpenAPI document say), while `2.5` or `"2"` stay refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from domain.definition import DefinitionRequest
+from domain.errors import InvalidInput
+from domain.objects import ObjectRequest
+from entrypoints.http.body import decode_json
+from entrypoints.http.schemas import AckBody, AppendBody
+
+
+def test_a_whole_float_is_an_integer() -> None:
+    assert decode_json(b'{"sequence": 141.0}', AckBody).sequence == 141
+    definition = decode_json(
+        b'{"direction": "output", "retention": {"max_records": 77539.0}}', DefinitionRequest
+    )
+    assert definition.retention.max_records == 77539
+    prepare = decode_json(
+        b'{"idempotency_key": "k", "size": 3.0, "sha256": "' + b"0" * 64 + b'"}', ObjectRequest
+    )
+    assert prepare.size == 3 and isinstance(prepare.size, int)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"sequence": 141.5}', b'{"sequence": "141"}', b'{"sequence": 1e300}', b'{"sequence": -1.0}'],
+)
+def test_other_numbers_and_strings_are_still_refused(body: bytes) -> None:
+    with pytest.raises(InvalidInput):
+        decode_json(body, AckBody)
+
+
+def test_a_record_body_is_untouched_by_it() -> None:
+    with pytest.raises(InvalidInput):
+        decode_json(b'{"records": [{"data": {"a": 2.0}, "data_base64": 2.0}]}', AppendBody)
