@@ -47,10 +47,26 @@ def _ensure_environment() -> None:
     STAMP.write_text(wanted)
 
 
-def _exec(argv: list[str]) -> int:
+def _environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = str(Path(_bin("python")).parent) + os.pathsep + env.get("PATH", "")
-    return subprocess.run(argv, cwd=ROOT, env=env).returncode
+    return env
+
+
+def _exec(argv: list[str]) -> int:
+    return subprocess.run(argv, cwd=ROOT, env=_environment()).returncode
+
+
+def _become(argv: list[str]) -> int:
+    """Run `argv` as this very process on POSIX, so that a signal sent to `python3 dev.py …`
+    (SIGTERM, or Ctrl-C) reaches the server, which then stops all it started. Elsewhere the
+    child shares the console, which delivers Ctrl-C to both."""
+    if os.name != "posix":
+        return _exec(argv)
+    os.chdir(ROOT)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(argv[0], argv, _environment())
 
 
 def main(args: list[str]) -> int:
@@ -60,7 +76,7 @@ def main(args: list[str]) -> int:
     command, rest = args[0], args[1:]
     _ensure_environment()
     if command == "serve":
-        return _exec([_bin("ductor-streams"), "serve", *rest])
+        return _become([_bin("ductor-streams"), "serve", *rest])
     if command == "test":
         for step in (
             [_bin("ruff"), "check", "."],
@@ -71,7 +87,7 @@ def main(args: list[str]) -> int:
                 return code
         return _exec([_bin("python"), "-m", "pytest", *rest])
     if command == "bench":
-        return _exec([_bin("python"), "-m", "bench", *rest])
+        return _become([_bin("python"), "-m", "bench", *rest])
     if command == "run":
         return _exec(rest)
     print(f"unknown command {command!r}\n{__doc__}", file=sys.stderr)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 import asyncpg
 
@@ -19,8 +23,8 @@ from application.access import SCOPES
 from application.tokens import IssueToken, make_caller, token_hash
 from domain.errors import DomainError
 from entrypoints import client_cli
-from entrypoints.config import PREFIX, Settings
-from entrypoints.logs import configure_logging
+from entrypoints.config import PREFIX, InvalidSetting, Settings
+from entrypoints.logs import configure_logging, granian_logging
 
 log = logging.getLogger("ductor_streams")
 
@@ -66,8 +70,16 @@ async def _prepare(url: str, settings: Settings) -> str | None:
         await pool.close()
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
+class CommandError(Exception):
+    """A command that cannot go on: its message is printed as one line on stderr."""
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    host = args.host if args.host is not None else settings.host
+    port = args.port if args.port is not None else settings.port
+    # Bound before anything starts (the embedded PostgreSQL included), and kept: the server
+    # serves on this very socket, so nothing else can share the port meanwhile.
+    listener = _listen(host, port)
     url = _database_url(settings)
     token = asyncio.run(_prepare(url, settings))
     if token:
@@ -75,40 +87,79 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"  also in {settings.data_dir / 'dev-token'}", flush=True)
     if not args.no_workers:
         os.environ[PREFIX + "RUN_WORKERS"] = "1"  # the server processes run the workers too
-    print(f"ductor-streams listening on http://{args.host}:{args.port}", flush=True)
+    print(f"ductor-streams listening on http://{_url_host(host)}:{port}", flush=True)
     if args.server == "uvicorn":
-        import uvicorn
-
-        uvicorn.run(
-            "entrypoints.http.app:app_from_env",
-            factory=True,
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=10,  # live subscriptions never end by themselves
-        )
-        return 0
-    if args.workers == 1 and not args.supervised:
-        _serve_in_process(args)
+        _serve_uvicorn(listener, settings)
+    elif args.workers == 1 and not args.supervised:
+        _serve_in_process(listener, settings)
     else:
-        _serve_supervised(args)
+        _serve_supervised(listener, args.workers, settings)
     return 0
 
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The API's socket, bound without SO_REUSEPORT so that a port already in use (by another
+    ductor-streams or anything else) is refused rather than shared."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        listener = socket.create_server((host, port), family=family, backlog=BACKLOG)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise CommandError(
+                f"port {port} on {host} is already in use; choose another with --port "
+                f"(or {PREFIX}PORT)"
+            ) from None
+        reason = error.strerror or str(error)
+        raise CommandError(
+            f"cannot listen on {host} port {port}: {reason}; choose another --host or --port"
+        ) from None
+    listener.set_inheritable(True)  # --workers N: the server processes serve on it too
+    return listener
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+BACKLOG = 2048
 
 # Both granian modes: HTTP/1.1 only (protocol detection for h2c cost about 11 KB per open
 # connection, measured with 1,000 idle subscribers), and no cap below the subscription cap on
 # requests in flight per process (granian's default, backlog / workers, would queue the
-# 1,025th subscriber of a process behind the others).
+# 1,025th subscriber of a process behind the others). Its lines go to our JSON log.
 GRANIAN_OPTIONS = {
-    "backlog": 2048,
+    "backlog": BACKLOG,
     "backpressure": 16384,
     "log_access": False,
     "log_level": "warning",
+    "log_dictconfig": granian_logging(),
 }
 
 
-def _serve_in_process(args: argparse.Namespace) -> None:
+def _http1(settings: Settings) -> Any:
+    from granian.http import HTTP1Settings
+
+    # A client that has not sent its whole request head by then is disconnected.
+    return HTTP1Settings(header_read_timeout=round(settings.header_read_timeout_seconds * 1000))
+
+
+def _on_listener(server_class: type, listener: socket.socket) -> type:
+    """granian's server class, serving on `listener` instead of a socket of its own: on Linux
+    granian binds each worker's socket with SO_REUSEPORT, which lets a second server on the
+    same port share it silently. This is what granian itself does on other platforms."""
+    from granian.net import SocketHolder
+
+    class OnListener(server_class):  # type: ignore[misc, valid-type]
+        def _init_shared_socket(self) -> None:
+            self._ssp = None
+            self._shd = SocketHolder(listener.fileno(), False, BACKLOG)
+            self._sfd = listener.fileno()
+            self._sso = listener
+
+    return OnListener
+
+
+def _serve_in_process(listener: socket.socket, settings: Settings) -> None:
     """One server process: granian's embedded server on this process's event loop. A separate
     supervisor process (as with --workers N) would cost ~40 MB for nothing with one worker."""
     from granian.constants import HTTPModes, Interfaces
@@ -118,13 +169,14 @@ def _serve_in_process(args: argparse.Namespace) -> None:
 
     async def main() -> None:
         app = app_from_env()
-        server = Server(
+        server = _on_listener(Server, listener)(
             app,
-            address=args.host,
-            port=args.port,
+            address=listener.getsockname()[0],
+            port=listener.getsockname()[1],
             interface=Interfaces.ASGI,
             http=HTTPModes.http1,
-            **GRANIAN_OPTIONS,  # type: ignore[arg-type]
+            http1_settings=_http1(settings),
+            **GRANIAN_OPTIONS,
         )
 
         def stopping() -> None:
@@ -142,26 +194,82 @@ def _serve_in_process(args: argparse.Namespace) -> None:
         runner.run(main())
 
 
-def _serve_supervised(args: argparse.Namespace) -> None:
+def _serve_supervised(listener: socket.socket, workers: int, settings: Settings) -> None:
     """`--workers N`: a supervisor process and N server processes sharing the socket."""
     from granian import Granian
     from granian.constants import HTTPModes, Interfaces, Loops
 
-    Granian(
+    _on_listener(Granian, listener)(
         target="entrypoints.http.app:app_from_env",
         factory=True,
-        address=args.host,
-        port=args.port,
+        address=listener.getsockname()[0],
+        port=listener.getsockname()[1],
         interface=Interfaces.ASGI,
         http=HTTPModes.http1,
-        workers=args.workers,
+        http1_settings=_http1(settings),
+        workers=workers,
         # The workers drain in-flight requests on SIGTERM, and a live subscription never ends by
         # itself: after this many seconds a worker is stopped anyway (its subscribers resume
         # elsewhere with Last-Event-ID; leased jobs are picked up again once their lease ends).
         workers_kill_timeout=10,
         loop=Loops.uvloop if fast_loop() is not None else Loops.asyncio,
-        **GRANIAN_OPTIONS,  # type: ignore[arg-type]
+        **GRANIAN_OPTIONS,
     ).serve()
+
+
+def _serve_uvicorn(listener: socket.socket, settings: Settings) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(
+        "entrypoints.http.app:app_from_env",
+        factory=True,
+        log_config=None,  # its loggers propagate to our JSON handler
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,  # live subscriptions never end by themselves
+        http=_uvicorn_protocol(settings.header_read_timeout_seconds),
+    )
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def _uvicorn_protocol(header_timeout: float) -> Any:
+    """uvicorn's HTTP/1.1 protocol with a deadline on each request head: uvicorn has none of
+    its own (its keep-alive timeout only covers the time between requests)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # no httptools (Windows): uvicorn's default protocol, without it
+        return "auto"
+
+    class WithHeaderDeadline(HttpToolsProtocol):
+        _head_deadline: asyncio.TimerHandle | None = None
+
+        def _await_head(self) -> None:
+            self._head_received()
+            self._head_deadline = self.loop.call_later(header_timeout, self.transport.close)
+
+        def _head_received(self) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._await_head()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._head_deadline is None:
+                self._await_head()
+
+        def on_headers_complete(self) -> None:
+            self._head_received()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._head_received()
+            super().connection_lost(exc)
+
+    return WithHeaderDeadline
 
 
 def fast_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -172,8 +280,7 @@ def fast_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     url = _database_url(settings)
     asyncio.run(_prepare(url, settings))
 
@@ -181,7 +288,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from application.workers import run_workers
         from entrypoints.container import Container, start, stop, workers
 
-        container = Container(settings=Settings.from_env())
+        container = Container(settings=Settings.from_env())  # with the embedded URL
         await start(container)
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -197,8 +304,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_migrate(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     url = _database_url(settings)
 
     async def run() -> list[str]:
@@ -213,13 +319,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_token_create(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
+def cmd_token_create(args: argparse.Namespace, settings: Settings) -> int:
     try:
         caller = make_caller(args.tenant, args.principal, args.scope)
     except DomainError as error:
-        print(f"error: {error.detail}", file=sys.stderr)
-        return 2
+        raise CommandError(error.detail) from None
     url = _database_url(settings)
 
     async def run() -> str:
@@ -238,19 +342,48 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    try:
+        return version("ductor-streams")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ductor-streams",
         description="Durable, ordered, flow-controlled data streams for workflow runs. "
         "Configured by DUCTOR_STREAMS_* environment variables (see docs/configuration.md).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    defaults = Settings()
 
-    serve = sub.add_parser("serve", help="start the HTTP API (migrates first)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--workers", type=int, default=1, help="server processes (default 1)")
-    serve.add_argument("--server", choices=["granian", "uvicorn"], default="granian")
+    serve = sub.add_parser(
+        "serve",
+        help="start the HTTP API (migrates first)",
+        description="Migrate, then serve the HTTP API and (unless --no-workers) the background "
+        "workers. Prints the development token (embedded defaults only) and the address it "
+        "listens on; refuses a port that is already in use.",
+    )
+    serve.add_argument(
+        "--host",
+        help=f"address to listen on (default: {PREFIX}HOST, else {defaults.host})",
+    )
+    serve.add_argument(
+        "--port",
+        type=int,
+        help=f"port to listen on (default: {PREFIX}PORT, else {defaults.port})",
+    )
+    serve.add_argument(
+        "--workers", type=int, default=1, help="server processes (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--server",
+        choices=["granian", "uvicorn"],
+        default="granian",
+        help="ASGI server (default: %(default)s; uvicorn serves one process)",
+    )
     serve.add_argument(
         "--supervised",
         action="store_true",
@@ -258,7 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
         "one worker (it respawns a worker that dies; costs ~40 MB)",
     )
     serve.add_argument(
-        "--no-workers", action="store_true", help="do not run the background workers here"
+        "--no-workers",
+        action="store_true",
+        help="do not run the background workers here (default: run them in every server process)",
     )
     serve.set_defaults(func=cmd_serve)
 
@@ -266,29 +401,66 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         help="run only the background workers (pruner, deletion, input dispatcher, orphan "
         "sweeper) until SIGTERM",
+        description="Migrate, then run the background workers until SIGTERM or Ctrl-C. Takes "
+        "no options: see docs/configuration.md for the DUCTOR_STREAMS_* settings it reads.",
     )
     worker.set_defaults(func=cmd_worker)
 
-    mig = sub.add_parser("migrate", help="apply pending migrations and exit")
+    mig = sub.add_parser(
+        "migrate",
+        help="apply pending migrations and exit",
+        description="Apply pending migrations and print the name of each one applied (or "
+        "'nothing to apply'). Takes no options.",
+    )
     mig.set_defaults(func=cmd_migrate)
 
     token = sub.add_parser("token", help="manage API tokens")
     token_sub = token.add_subparsers(dest="token_command", required=True)
-    create = token_sub.add_parser("create", help="create a token and print it alone on stdout")
-    create.add_argument("--tenant", required=True)
-    create.add_argument("--principal", default="cli")
+    create = token_sub.add_parser(
+        "create",
+        help="create a token and print it alone on stdout",
+        description="Create an API token and print it alone on stdout.",
+    )
+    create.add_argument("--tenant", required=True, help="the tenant the token belongs to")
     create.add_argument(
-        "--scope", action="append", required=True, choices=list(SCOPES), help="repeatable"
+        "--principal", default="cli", help="who the token speaks for (default: %(default)s)"
+    )
+    create.add_argument(
+        "--scope",
+        action="append",
+        required=True,
+        choices=list(SCOPES),
+        help="a scope the token carries; repeat for several (no default)",
     )
     create.set_defaults(func=cmd_token_create)
+    server_commands = {cmd_serve, cmd_worker, cmd_migrate, cmd_token_create}
     client_cli.register(sub)
+    parser.set_defaults(server_commands=server_commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(os.environ.get(PREFIX + "LOG_LEVEL", "INFO").upper())
-    return int(args.func(args) or 0)
+    if args.func not in args.server_commands:  # client commands read only URL and TOKEN
+        level = os.environ.get(PREFIX + "LOG_LEVEL", "").upper()
+        configure_logging(level if level in logging.getLevelNamesMapping() else "INFO")
+        return int(args.func(args) or 0)
+    # Until a server installs its own handlers, SIGTERM exits like Ctrl-C does: through the
+    # exit handlers, which stop an embedded PostgreSQL this process started.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        settings = Settings.from_env()
+        configure_logging(settings.log_level)
+        return int(args.func(args, settings) or 0)
+    except (InvalidSetting, CommandError) as error:
+        print(f"ductor-streams: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

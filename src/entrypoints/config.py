@@ -1,43 +1,60 @@
-"""Configuration from DUCTOR_STREAMS_* environment variables (docs/configuration.md)."""
+"""Configuration from DUCTOR_STREAMS_* environment variables (docs/configuration.md).
+
+Each setting is declared once, below, with its type and default; the variable is the field's
+name upper-cased after the prefix. msgspec converts and checks the environment's strings, so a
+bad value stops the process with one line naming the variable."""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_type_hints
 
 import msgspec
 
 PREFIX = "DUCTOR_STREAMS_"
 
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+Count = Annotated[int, msgspec.Meta(ge=1)]
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 
-class Settings(msgspec.Struct, frozen=True):
+
+class InvalidSetting(ValueError):
+    """A DUCTOR_STREAMS_* variable whose value cannot be used."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
     database_url: str | None = None
     data_dir: Path = Path("./.ductor-streams")
-    object_store: str = "filesystem"
+    host: str = "127.0.0.1"
+    port: Port = 8080
+    header_read_timeout_seconds: Positive = 30.0
+    object_store: Literal["filesystem", "s3"] = "filesystem"
     region: str = "local"
-    egress_region: str = "local"
+    egress_region: str = "local"  # from_env: REGION when unset (and for object_regions)
+    object_regions: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)] = ("local",)
     bootstrap_token: str | None = None
-    wait_service: str = "postgres"
+    wait_service: Literal["postgres", "http"] = "postgres"
     wait_service_url: str | None = None
-    pool_min_size: int = 2
-    pool_max_size: int = 20
-    token_cache_seconds: float = 10.0
-    log_level: str = "INFO"
-    sse_heartbeat_seconds: float = 15.0
-    head_check_seconds: float = 2.0
-    max_subscriptions_per_principal: int = 1_000
+    pool_min_size: Annotated[int, msgspec.Meta(ge=0)] = 2
+    pool_max_size: Count = 20
+    token_cache_seconds: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    sse_heartbeat_seconds: Positive = 15.0
+    head_check_seconds: Positive = 2.0
+    max_subscriptions_per_principal: Count = 1_000
     run_workers: bool = False
-    worker_lease_seconds: float = 30.0
-    worker_poll_seconds: float = 1.0
-    prune_interval_seconds: float = 5.0
-    object_regions: tuple[str, ...] = ("local",)
+    worker_lease_seconds: Positive = 6.0
+    worker_poll_seconds: Positive = 1.0
+    prune_interval_seconds: Positive = 5.0
     s3_endpoint_url: str | None = None
     s3_bucket: str | None = None
     s3_region: str | None = None
-    sweep_interval_seconds: float = 30.0
-    dispatch_poll_seconds: float = 0.1
-    retry_base_seconds: float = 1.0
+    sweep_interval_seconds: Positive = 30.0
+    dispatch_poll_seconds: Positive = 0.1
+    retry_base_seconds: Positive = 1.0
 
     @property
     def embedded(self) -> bool:
@@ -45,40 +62,50 @@ class Settings(msgspec.Struct, frozen=True):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The settings the environment gives (an empty value counts as unset). Raises
+        InvalidSetting naming the variable when a value does not fit its setting."""
         env = os.environ if environ is None else environ
+        given: dict[str, Any] = {}
+        for name in cls.__struct_fields__:
+            value = env.get(PREFIX + name.upper(), "").strip()
+            if value:
+                given[name] = value
+        given.setdefault("egress_region", given.get("region", "local"))
+        regions = given.get("object_regions", given.get("region", "local"))
+        given["object_regions"] = [r.strip() for r in regions.split(",") if r.strip()]
+        if "log_level" in given:
+            given["log_level"] = given["log_level"].upper()
+        try:
+            settings = msgspec.convert(given, cls, strict=False, dec_hook=_decode)
+        except msgspec.ValidationError as error:
+            raise _naming_the_variable(error, given) from None
+        if settings.pool_min_size > settings.pool_max_size:
+            raise InvalidSetting(
+                f"{PREFIX}POOL_MIN_SIZE={settings.pool_min_size} is above "
+                f"{PREFIX}POOL_MAX_SIZE={settings.pool_max_size}"
+            )
+        return settings
 
-        def get(name: str) -> str | None:
-            value = env.get(PREFIX + name)
-            return value if value not in (None, "") else None
 
-        region = get("REGION") or "local"
-        return cls(
-            database_url=get("DATABASE_URL"),
-            data_dir=Path(get("DATA_DIR") or "./.ductor-streams"),
-            object_store=get("OBJECT_STORE") or "filesystem",
-            region=region,
-            egress_region=get("EGRESS_REGION") or region,
-            bootstrap_token=get("BOOTSTRAP_TOKEN"),
-            wait_service=get("WAIT_SERVICE") or "postgres",
-            wait_service_url=get("WAIT_SERVICE_URL"),
-            pool_min_size=int(get("POOL_MIN_SIZE") or 2),
-            pool_max_size=int(get("POOL_MAX_SIZE") or 20),
-            token_cache_seconds=float(get("TOKEN_CACHE_SECONDS") or 10.0),
-            log_level=(get("LOG_LEVEL") or "INFO").upper(),
-            sse_heartbeat_seconds=float(get("SSE_HEARTBEAT_SECONDS") or 15.0),
-            head_check_seconds=float(get("HEAD_CHECK_SECONDS") or 2.0),
-            max_subscriptions_per_principal=int(get("MAX_SUBSCRIPTIONS_PER_PRINCIPAL") or 1_000),
-            run_workers=(get("RUN_WORKERS") or "0") in {"1", "true", "yes"},
-            worker_lease_seconds=float(get("WORKER_LEASE_SECONDS") or 30.0),
-            worker_poll_seconds=float(get("WORKER_POLL_SECONDS") or 1.0),
-            prune_interval_seconds=float(get("PRUNE_INTERVAL_SECONDS") or 5.0),
-            object_regions=tuple(
-                r.strip() for r in (get("OBJECT_REGIONS") or region).split(",") if r.strip()
-            ),
-            s3_endpoint_url=get("S3_ENDPOINT_URL"),
-            s3_bucket=get("S3_BUCKET"),
-            s3_region=get("S3_REGION"),
-            sweep_interval_seconds=float(get("SWEEP_INTERVAL_SECONDS") or 30.0),
-            dispatch_poll_seconds=float(get("DISPATCH_POLL_SECONDS") or 0.1),
-            retry_base_seconds=float(get("RETRY_BASE_SECONDS") or 1.0),
-        )
+def _decode(type_: type, value: Any) -> Any:
+    if type_ is Path and isinstance(value, str):
+        return Path(value)
+    raise NotImplementedError
+
+
+def _naming_the_variable(
+    error: msgspec.ValidationError, given: Mapping[str, Any]
+) -> InvalidSetting:
+    # msgspec ends its message with the path of the field: "Expected `int`, got `str` - at `$.port`"
+    reason, _, where = str(error).rpartition(" - at ")
+    match = re.match(r"`\$\.(\w+)", where)
+    if not match:
+        return InvalidSetting(str(error))
+    name = match.group(1)
+    value = given.get(name)
+    shown = ",".join(value) if isinstance(value, list) else value
+    choices = get_args(get_type_hints(Settings)[name])
+    reason = reason.replace("`array`", "a comma-separated list")
+    if reason.startswith("Invalid enum value") and choices:
+        reason = "expected one of " + ", ".join(choices)
+    return InvalidSetting(f"{PREFIX}{name.upper()}={shown!r}: {reason[:1].lower()}{reason[1:]}")

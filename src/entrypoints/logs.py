@@ -1,17 +1,26 @@
-"""Structured logs: one JSON object per line, with the stream and its log region when a line is
-about a stream. Record payloads are never logged anywhere."""
+"""Structured logs: one JSON object per line on stderr, with the request id and the stream and
+its log region when a line is about one. Record payloads are never logged anywhere.
+
+Every logger ends at the root's one JSON handler: ours, Litestar's (the app leaves logging
+alone), granian's (GRANIAN_LOGGING) and uvicorn's (started without a logging config)."""
 
 from __future__ import annotations
 
 import logging
 import sys
 from datetime import UTC, datetime
+from typing import Any
 
 import msgspec
 
 from application.log_context import request_id, stream_fields
 
 _encode = msgspec.json.Encoder().encode
+
+# granian prints this at every start of its embedded server, which `serve` uses on purpose for
+# one worker (no supervisor process, ~40 MB less; see cli._serve_in_process): it tells an
+# operator nothing they can act on.
+EMBEDDED_SERVER_NOTICE = "Embedded server is experimental!"
 
 
 class JsonFormatter(logging.Formatter):
@@ -29,6 +38,25 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return _encode(line).decode()
+
+
+class WithoutEmbeddedServerNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != EMBEDDED_SERVER_NOTICE
+
+
+def granian_logging() -> dict[str, Any]:
+    """The `log_dictconfig` for granian (it merges it into its own): no handlers of its own,
+    which print plain text to stdout; its loggers propagate to the root's JSON handler."""
+    return {
+        "formatters": {},
+        "handlers": {},
+        "filters": {"notice": {"()": WithoutEmbeddedServerNotice}},
+        "loggers": {
+            "_granian": {"propagate": True, "filters": ["notice"]},
+            "granian.access": {"propagate": True},
+        },
+    }
 
 
 def configure_logging(level: str) -> None:

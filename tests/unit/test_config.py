@@ -1,0 +1,147 @@
+"""Settings come from DUCTOR_STREAMS_* variables, each declared once and checked by msgspec; a bad
+value stops a command with one line naming the variable. The commands document their options."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from entrypoints.config import PREFIX, InvalidSetting, Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def from_env(**values: str) -> Settings:
+    return Settings.from_env({PREFIX + name: value for name, value in values.items()})
+
+
+def test_every_setting_keeps_its_name_and_default() -> None:
+    settings = from_env()
+    assert settings == Settings()
+    assert settings.worker_lease_seconds == 6  # a dead worker's claims are taken over sooner
+    assert (settings.host, settings.port, settings.header_read_timeout_seconds) == (
+        "127.0.0.1",
+        8080,
+        30,
+    )
+    given = from_env(
+        DATABASE_URL="postgresql://db/x",
+        DATA_DIR="/srv/ds",
+        REGION="eu",
+        POOL_MIN_SIZE="1",
+        POOL_MAX_SIZE="5",
+        RUN_WORKERS="1",
+        LOG_LEVEL="debug",
+        OBJECT_STORE="s3",
+        WAIT_SERVICE="http",
+        HEAD_CHECK_SECONDS="0.5",
+        HEADER_READ_TIMEOUT_SECONDS="2.5",
+        PORT="9000",
+        MAX_SUBSCRIPTIONS_PER_PRINCIPAL="7",
+    )
+    assert given.database_url == "postgresql://db/x" and given.data_dir == Path("/srv/ds")
+    assert (given.pool_min_size, given.pool_max_size, given.run_workers) == (1, 5, True)
+    assert (given.log_level, given.object_store, given.wait_service) == ("DEBUG", "s3", "http")
+    assert (given.head_check_seconds, given.header_read_timeout_seconds, given.port) == (
+        0.5,
+        2.5,
+        9000,
+    )
+    assert given.max_subscriptions_per_principal == 7
+
+
+def test_the_region_is_the_default_egress_and_object_region() -> None:
+    settings = from_env(REGION="eu")
+    assert (settings.egress_region, settings.object_regions) == ("eu", ("eu",))
+    other = from_env(REGION="eu", EGRESS_REGION="eu-clients", OBJECT_REGIONS="eu, us ,")
+    assert (other.egress_region, other.object_regions) == ("eu-clients", ("eu", "us"))
+
+
+def test_an_empty_value_counts_as_unset() -> None:
+    assert from_env(PORT="", REGION="") == Settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("PORT", "abc"),
+        ("PORT", "70000"),
+        ("POOL_MAX_SIZE", "-1"),
+        ("WORKER_LEASE_SECONDS", "0"),
+        ("HEADER_READ_TIMEOUT_SECONDS", "soon"),
+        ("LOG_LEVEL", "loud"),
+        ("OBJECT_STORE", "ftp"),
+        ("RUN_WORKERS", "maybe"),
+    ],
+)
+def test_a_bad_value_names_its_variable(name: str, value: str) -> None:
+    with pytest.raises(InvalidSetting) as refused:
+        from_env(**{name: value})
+    assert str(refused.value).startswith(f"{PREFIX}{name}=")
+
+
+def test_a_pool_smaller_than_its_minimum_is_refused() -> None:
+    with pytest.raises(InvalidSetting, match="POOL_MIN_SIZE"):
+        from_env(POOL_MIN_SIZE="30", POOL_MAX_SIZE="20")
+
+
+def cli(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX)}
+    env.update({PREFIX + name: value for name, value in settings.items()})
+    # Nothing listens there: a command that did not check its settings fails on connecting.
+    env.setdefault(PREFIX + "DATABASE_URL", "postgresql://nobody@127.0.0.1:9/none")
+    return subprocess.run(
+        [sys.executable, "-m", "entrypoints.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "value"),
+    [
+        (["migrate"], "POOL_MAX_SIZE", "-1"),
+        (["worker"], "LOG_LEVEL", "loud"),
+        (["serve"], "PORT", "abc"),
+        (["token", "create", "--tenant", "t", "--scope", "streams:read"], "POOL_MAX_SIZE", "x"),
+    ],
+)
+def test_a_command_with_a_bad_setting_prints_one_line_and_fails(
+    command: list[str], name: str, value: str
+) -> None:
+    done = cli(*command, **{name: value})
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{PREFIX}{name}" in lines[0], done.stderr
+
+
+def test_version() -> None:
+    done = cli("--version")
+    assert done.returncode == 0 and done.stdout.strip() == "ductor-streams 0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        (["serve"], ["127.0.0.1", "8080", "default: 1", "default: granian", "DUCTOR_STREAMS_PORT"]),
+        (["token", "create"], ["default: cli", "--tenant", "--scope"]),
+        (["worker"], ["docs/configuration.md"]),
+        (["migrate"], ["nothing to apply"]),
+    ],
+)
+def test_each_command_documents_its_options_and_their_defaults(
+    command: list[str], shown: list[str]
+) -> None:
+    done = cli(*command, "--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    for part in shown:
+        assert part in text, (part, done.stdout)
