@@ -30,7 +30,9 @@ async def test_metrics_count_appends_refusals_and_latency(
         refused = await api.post(f"/runs/{run_id}/streams/m/records", json=records)
         assert refused.status_code == 429
         answer = await plain.get("/metrics")
-    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
+    assert answer.status_code == 200
+    content_type = answer.headers["content-type"]
+    assert content_type.startswith("text/plain") and content_type.count("charset") == 1
     after = answer.text
     assert (
         metric(after, "ductor_streams_records_total")
@@ -41,18 +43,41 @@ async def test_metrics_count_appends_refusals_and_latency(
     route = "/api/workflow-streams/runs/{run_id}/streams/{stream_id}/records"
     assert (
         metric(
-            after, "ductor_streams_request_seconds_count", method="POST", route=route, status="201"
+            after,
+            "ductor_streams_request_duration_seconds_count",
+            method="POST",
+            route=route,
+            status="201",
         )
         >= 1
     )
     for name in (
         "ductor_streams_active_subscriptions",
-        "ductor_streams_wake_bus_reconnects",
-        "ductor_streams_gaps_repaired",
         'ductor_streams_outbox_pending{outbox="input_delivery"}',
         'ductor_streams_outbox_lag_seconds{outbox="deletion"}',
     ):
         assert name in after
+
+
+async def test_metrics_follow_prometheus_conventions(server: ServerProcess) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url) as plain:
+        text = (await plain.get("/metrics")).text
+    types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE "))
+    # Counts are counters (exposed as `<name>_total`), never gauges.
+    for count in (
+        "ductor_streams_wake_bus_reconnects",
+        "ductor_streams_gaps_repaired",
+        "ductor_streams_appends",
+        "ductor_streams_records",
+        "ductor_streams_problems",
+    ):
+        assert types.get(f"{count}_total", types.get(count)) == "counter", count
+        assert f"{count}_total " in text or f"{count}_total{{" in text
+    assert types.get("ductor_streams_request_duration_seconds") == "histogram"
+    # The process's own figures, and the platform's.
+    assert metric(text, "process_resident_memory_bytes") > 0
+    assert metric(text, "process_open_fds") > 0
+    assert "python_info{" in text
 
 
 async def test_every_answer_carries_a_request_id_and_keeps_the_callers(

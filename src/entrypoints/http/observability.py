@@ -2,7 +2,8 @@
 
 Counters and the latency histogram are kept per process by a thin ASGI middleware; figures that
 live in PostgreSQL (outbox backlogs and lag, object states) are read when /metrics is scraped,
-at most once per `DB_FIGURES_SECONDS`, so a busy scraper costs the database next to nothing."""
+at most once per `DB_FIGURES_SECONDS`, so a busy scraper costs the database next to nothing.
+Names follow Prometheus' conventions: counters end in `_total`, durations are in seconds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import bisect
 import contextlib
 import itertools
+import logging
 import secrets
 import time
 from collections.abc import Iterator
@@ -17,7 +19,14 @@ from typing import Any
 
 import asyncpg
 from litestar import Request, Response, get
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Gauge,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 from application.log_context import request_id
@@ -25,7 +34,11 @@ from entrypoints.container import resolved
 
 DB_FIGURES_SECONDS = 5.0
 
+log = logging.getLogger("ductor_streams.http")
+
 REGISTRY = CollectorRegistry()
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
 
 
@@ -40,6 +53,9 @@ class HotPath:
         self.appends = 0
         self.records = 0
         self.problems: dict[str, int] = {}
+        # The wake bus's own running counts, copied here when /metrics is scraped.
+        self.wake_reconnects = 0
+        self.gaps_repaired = 0
 
     def observe(self, method: str, route: str, status: str, seconds: float) -> None:
         cell = self.requests.get((method, route, status))
@@ -53,7 +69,7 @@ class HotPath:
 
     def collect(self) -> Iterator[Any]:
         latency = HistogramMetricFamily(
-            "ductor_streams_request_seconds",
+            "ductor_streams_request_duration_seconds",
             "HTTP request latency by route and status",
             labels=["method", "route", "status"],
         )
@@ -76,6 +92,16 @@ class HotPath:
         for code, count in self.problems.items():
             problems.add_metric([code], count)
         yield problems
+        yield CounterMetricFamily(
+            "ductor_streams_wake_bus_reconnects",
+            "LISTEN reconnections since start",
+            value=self.wake_reconnects,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_gaps_repaired",
+            "Streams that moved without a notification, repaired since start",
+            value=self.gaps_repaired,
+        )
 
 
 HOT = HotPath()
@@ -84,14 +110,6 @@ _ids = itertools.count(1)
 _ID_PREFIX = secrets.token_hex(6)
 SUBSCRIBERS = Gauge(
     "ductor_streams_active_subscriptions", "Open live subscriptions", registry=REGISTRY
-)
-WAKE_RECONNECTS = Gauge(
-    "ductor_streams_wake_bus_reconnects", "LISTEN reconnections since start", registry=REGISTRY
-)
-GAPS = Gauge(
-    "ductor_streams_gaps_repaired",
-    "Streams that moved without a notification, repaired since start",
-    registry=REGISTRY,
 )
 OUTBOX_PENDING = Gauge(
     "ductor_streams_outbox_pending", "Undone outbox rows", ["outbox"], registry=REGISTRY
@@ -120,9 +138,10 @@ DRAIN_IDLE_SECONDS = 1.0
 
 def request_middleware(app: Any) -> Any:
     """Give each request an id (X-Request-ID, or a new one), time it by route template, and
-    read what is left of a body the handler did not consume (refused before or while reading
-    it), bounded, so that a client that writes its whole body before reading gets the answer
-    rather than a reset connection."""
+    read what is left of a body the handler did not consume (refused before reading it),
+    bounded, so that a client that writes its whole body before reading gets the answer rather
+    than a reset connection. A body refused as too large is not read: the answer closes the
+    connection. With DUCTOR_STREAMS_LOG_LEVEL=DEBUG, each request is logged."""
 
     async def middleware(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -153,10 +172,14 @@ def request_middleware(app: Any) -> Any:
             return message
 
         async def send_with_id(message: dict) -> None:
-            nonlocal status
+            nonlocal status, closing
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid.encode())]
+                headers = [*message.get("headers", ()), (b"x-request-id", rid.encode())]
+                if status == 413 and not body_done:
+                    closing = True  # reading the rest would only feed whoever sends it
+                    headers.append((b"connection", b"close"))
+                message["headers"] = headers
             await send(message)
 
         try:
@@ -169,7 +192,10 @@ def request_middleware(app: Any) -> Any:
                         drained += len((await tracking_receive()).get("body", b""))
         finally:
             route = scope.get("path_template") or "unmatched"
-            HOT.observe(scope["method"], route, str(status), time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            HOT.observe(scope["method"], route, str(status), seconds)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s %s %d %.1f ms", scope["method"], scope["path"], status, seconds * 1e3)
             request_id.reset(token)
 
     return middleware
@@ -185,8 +211,8 @@ async def metrics(request: Request) -> Response[bytes]:
     SUBSCRIBERS.set((await resolved(container.subscription_slots())).count())
     bus = await resolved(container.wake_bus())
     if bus is not None:
-        WAKE_RECONNECTS.set(bus.reconnects)
-        GAPS.set(bus.gaps_repaired)
+        HOT.wake_reconnects = bus.reconnects
+        HOT.gaps_repaired = bus.gaps_repaired
     pool = await resolved(container.pool())
     if isinstance(pool, asyncpg.Pool) and time.monotonic() - _last_db_read > DB_FIGURES_SECONDS:
         _last_db_read = time.monotonic()
@@ -197,4 +223,8 @@ async def metrics(request: Request) -> Response[bytes]:
             "SELECT state, count(*) FROM object_intents GROUP BY state"
         ):
             OBJECTS.labels(object_state).set(count)
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(REGISTRY), media_type=_MEDIA_TYPE)
+
+
+# Litestar adds "; charset=utf-8" to every text/ media type itself.
+_MEDIA_TYPE = CONTENT_TYPE_LATEST.replace("; charset=utf-8", "")
