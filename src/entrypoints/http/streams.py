@@ -28,7 +28,7 @@ from entrypoints.container import Services
 from entrypoints.http.answers import JsonAnswer
 from entrypoints.http.body import decode_body
 from entrypoints.http.observability import HOT
-from entrypoints.http.openapi import Answer, Header, documented
+from entrypoints.http.openapi import Answer, Header, Link, documented
 from entrypoints.http.schemas import AckBody, AppendBody, LegalHoldBody
 from entrypoints.sse.asgi import EventStreamResponse
 from entrypoints.sse.events import event_stream
@@ -53,6 +53,23 @@ DELIVERING = (*ON_A_STREAM, "egress-region-denied")
 # One that reads a JSON body refuses one over the request size limit.
 WITH_A_BODY = ("request-too-large",)
 LOCATION = Header("Location", "The stream's URL")
+_THE_STREAM = {"run_id": "$request.path.run_id", "stream_id": "$response.body#/stream_id"}
+TO_THE_STREAM = tuple(
+    Link(operation, _THE_STREAM)
+    for operation in (
+        "getStream",
+        "appendRecords",
+        "readRecords",
+        "subscribe",
+        "closeStream",
+        "setLegalHold",
+        "prepareObject",
+    )
+)
+# What check_idempotency_key takes, as header text (latin-1) arrives: printable characters
+# (str.isprintable); spaces and tabs at either end are not part of a field value in HTTP.
+_PRINTABLE = r"\x21-\x7e\xa1-\xac\xae-\xff"
+IDEMPOTENCY_KEY = f"^[ \\t]*[{_PRINTABLE}](?:[ {_PRINTABLE}]{{0,253}}[{_PRINTABLE}])?[ \\t]*$"
 REPLAYED = Header(
     "Idempotent-Replayed", "A retry answered from the first append", {"const": "true"}
 )
@@ -105,12 +122,13 @@ class StreamsController(Controller):
         operation_id="createStream",
         summary="Create a stream definition",
         opt=documented(
-            Answer(201, "Created", StreamDocument, headers=(LOCATION,)),
+            Answer(201, "Created", StreamDocument, headers=(LOCATION,), links=TO_THE_STREAM),
             Answer(
                 200,
                 "The same definition again: the stream as it is",
                 StreamDocument,
                 headers=(LOCATION,),
+                links=TO_THE_STREAM,
             ),
             problems=(
                 *EVERY_ROUTE,
@@ -181,7 +199,7 @@ class StreamsController(Controller):
                 Header(
                     "Idempotency-Key",
                     "Makes a retry of this append safe: 1 to 255 printable characters",
-                    {"type": "string", "minLength": 1, "maxLength": 255},
+                    {"type": "string", "pattern": IDEMPOTENCY_KEY},
                     required=False,
                 ),
             ),
