@@ -1,9 +1,13 @@
 """The worker loop: claim due jobs, run each, and record the outcome with the job.
 
 Jobs live in PostgreSQL with a lease (`claimed_by`, `lease_until`, `attempts`,
-`next_attempt_at`, `last_error`). A worker that dies simply stops renewing anything: when its
-lease runs out another worker claims the job, and every handler is idempotent, so a job done
-twice changes nothing the second time. Retries back off exponentially with jitter, bounded.
+`next_attempt_at`, `last_error`). While a worker holds claims (the job it runs and the rest of
+the batch it claimed) it renews their leases every third of the lease, so a slow job is never
+taken from a live worker, and a short lease is enough. A worker that dies simply stops renewing:
+when its lease runs out another worker claims the job, and every handler is idempotent, so a job
+done twice changes nothing the second time. A renewal that finds a claim gone (the lease ran out
+while the worker could not renew, and another worker took the job) stops that job here.
+Retries back off exponentially with jitter, bounded.
 """
 
 from __future__ import annotations
@@ -32,7 +36,13 @@ class Job(msgspec.Struct, frozen=True):
 
 
 class JobQueue(Protocol):
+    lease_seconds: float
+
     async def claim(self, limit: int) -> list[Job]: ...
+
+    async def renew(self, jobs: list[Job]) -> list[Job]:
+        """Extend the lease of each of `jobs` this worker still holds; answer those it no
+        longer holds (taken over by another worker, or finished)."""
 
     async def done(self, job: Job, next_in: float | None) -> None:
         """Reschedule in `next_in` seconds, or remove the job when None."""
@@ -53,6 +63,10 @@ def retry_delay(error: Exception, attempts: int, base: float) -> float:
 
 
 class Worker:
+    """Runs up to `concurrency` claimed jobs at a time, and claims more (up to `batch`) once
+    everything it claimed has started and a slot is free. Jobs are independent rows (input
+    dispatch claims one row per stream), so they may run side by side."""
+
     def __init__(
         self,
         name: str,
@@ -61,8 +75,10 @@ class Worker:
         poll_seconds: float = 1.0,
         batch: int = 32,
         retry_base_seconds: float = 1.0,
+        concurrency: int = 1,
     ) -> None:
         self._retry_base = retry_base_seconds
+        self._concurrency = concurrency
         self.name = name
         self._queue = queue
         self._handle = handle
@@ -72,22 +88,71 @@ class Worker:
         self.failures = 0
 
     async def run(self, stopping: asyncio.Event) -> None:
-        while not stopping.is_set():
+        held: list[Job] = []  # claimed and not finished; the renewal drops the ones taken over
+        waiting: list[Job] = []  # claimed, not started
+        running: dict[Job, asyncio.Task[None]] = {}
+        renewing = asyncio.create_task(self._keep_claims(held, running))
+        stopped = asyncio.create_task(stopping.wait())
+        try:
+            while not stopping.is_set():
+                if not waiting and len(running) < self._concurrency:
+                    try:
+                        jobs = await self._queue.claim(self._batch)
+                    except Exception as error:
+                        log.warning("%s cannot claim jobs: %s", self.name, error)
+                        jobs = []
+                    held += jobs
+                    waiting += jobs
+                while waiting and len(running) < self._concurrency and not stopping.is_set():
+                    job = waiting.pop(0)
+                    if job in held:  # not taken over before it started
+                        running[job] = asyncio.create_task(self._run_one(job))
+                # Wake when a job ends, or (with a slot free) to claim again at the next poll.
+                full = len(running) >= self._concurrency or bool(waiting)
+                await asyncio.wait(
+                    [*running.values(), stopped],
+                    timeout=None if full and running else self._poll,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                self._reap(running, held)
+            # Graceful shutdown: hand back what this worker will not start, finish the rest.
+            with contextlib.suppress(Exception):
+                await self._queue.release([j for j in waiting if j in held])
+            if running:
+                await asyncio.wait(running.values())
+                self._reap(running, held)
+        finally:
+            tasks = [renewing, stopped, *running.values()]  # running: only when cancelled
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+
+    def _reap(self, running: dict[Job, asyncio.Task[None]], held: list[Job]) -> None:
+        for job, task in list(running.items()):
+            if task.done():
+                del running[job]
+                with contextlib.suppress(ValueError):
+                    held.remove(job)
+                if task.cancelled():
+                    log.warning("%s: %s was taken over by another worker", self.name, job.key)
+
+    async def _keep_claims(self, held: list[Job], running: dict[Job, asyncio.Task[None]]) -> None:
+        every = self._queue.lease_seconds / 3
+        while True:
+            await asyncio.sleep(every)
+            if not held:
+                continue
             try:
-                jobs = await self._queue.claim(self._batch)
-            except Exception as error:
-                log.warning("%s cannot claim jobs: %s", self.name, error)
-                jobs = []
-            for index, job in enumerate(jobs):
-                if stopping.is_set():
-                    # Graceful shutdown: hand back what this worker will not do.
-                    with contextlib.suppress(Exception):
-                        await self._queue.release(jobs[index:])
-                    return
-                await self._run_one(job)
-            if not jobs:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), self._poll)
+                lost = await self._queue.renew(list(held))
+            except Exception as error:  # PostgreSQL is out of reach: try again, it may be back
+                log.warning("%s cannot renew its leases: %s", self.name, error)
+                continue
+            for job in lost:
+                with contextlib.suppress(ValueError):
+                    held.remove(job)
+                task = running.get(job)
+                if task is not None:
+                    task.cancel()
 
     async def _run_one(self, job: Job) -> None:
         forget_stream()

@@ -62,6 +62,12 @@ if TYPE_CHECKING:
     from adapters.wait_service.http import HttpWaitService
 
 
+# Streams one dispatcher publishes side by side: one stream's backlog (or slow wait service)
+# does not hold up the others it claimed, and a dead dispatcher's streams, taken over together
+# once their leases run out, all resume then rather than one after another.
+DISPATCH_CONCURRENCY = 8
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -239,6 +245,8 @@ class Container(containers.DeclarativeContainer):
         dispatch.provided.run_job,
         poll_seconds=settings.provided.dispatch_poll_seconds,
         retry_base_seconds=settings.provided.retry_base_seconds,
+        batch=DISPATCH_CONCURRENCY,  # claim only streams it can start: none waits behind another
+        concurrency=DISPATCH_CONCURRENCY,
     )
     get_stream = providers.Singleton(GetStream, streams, deployment, input_deliveries)
     prune_retention = providers.Singleton(

@@ -12,6 +12,11 @@ from domain.stream import StreamKey
 
 
 class MemoryInputDeliveries:
+    """One process holds every claim, so a lease never runs out: renewing only reports the
+    streams this worker no longer holds."""
+
+    lease_seconds = 6.0
+
     def __init__(self, streams: MemoryStreams, worker_id: str = "memory") -> None:
         self._streams = streams
         self.worker_id = worker_id
@@ -29,6 +34,13 @@ class MemoryInputDeliveries:
             if len(jobs) >= limit:
                 break
         return jobs
+
+    async def renew(self, jobs: list[Job]) -> list[Job]:
+        def held(key: StreamKey) -> bool:
+            rows = self._streams.deliveries.get(key, {}).values()
+            return any(not r.delivered and r.claimed_by == self.worker_id for r in rows)
+
+        return [job for job in jobs if not held(job.key)]
 
     async def done(self, job: Job, next_in: float | None) -> None:
         row = self._streams.deliveries[job.key][job.id]  # type: ignore[index]

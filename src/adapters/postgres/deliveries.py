@@ -58,6 +58,15 @@ WHERE d.tenant = $2 AND d.run_id = $3 AND d.stream_id = $4 AND d.sequence = deli
 RETURNING d.sequence, d.attempts
 """
 
+# What a dispatcher holds of a stream is its one claimed row, which moves down the stream as
+# records are delivered (`advance`), so leases are renewed by stream, not by sequence.
+_RENEW = """
+UPDATE input_deliveries SET lease_until = now() + make_interval(secs => $2)
+WHERE claimed_by = $1 AND delivered_at IS NULL
+  AND (tenant, run_id, stream_id) IN (SELECT * FROM unnest($3::text[], $4::text[], $5::text[]))
+RETURNING tenant, run_id, stream_id
+"""
+
 _STATUS = """
 SELECT coalesce(max(sequence) FILTER (WHERE delivered_at IS NOT NULL), 0),
        count(*) FILTER (WHERE delivered_at IS NULL),
@@ -69,14 +78,22 @@ FROM input_deliveries WHERE tenant = $1 AND run_id = $2 AND stream_id = $3
 
 
 class PostgresInputDeliveries:
-    def __init__(self, pool: asyncpg.Pool, worker_id: str, lease_seconds: float = 30.0) -> None:
+    def __init__(self, pool: asyncpg.Pool, worker_id: str, lease_seconds: float = 6.0) -> None:
         self._pool = pool
         self.worker_id = worker_id
-        self._lease = lease_seconds
+        self.lease_seconds = lease_seconds
 
     async def claim(self, limit: int) -> list[Job]:
-        rows = await self._pool.fetch(_CLAIM, self.worker_id, self._lease, limit)
+        rows = await self._pool.fetch(_CLAIM, self.worker_id, self.lease_seconds, limit)
         return [Job(key=StreamKey(r[0], r[1], r[2]), attempts=r[4], id=r[3]) for r in rows]
+
+    async def renew(self, jobs: list[Job]) -> list[Job]:
+        if not jobs:
+            return []
+        columns = [list(column) for column in zip(*(job.key for job in jobs), strict=True)]
+        rows = await self._pool.fetch(_RENEW, self.worker_id, self.lease_seconds, *columns)
+        held = {StreamKey(*r) for r in rows}
+        return [job for job in jobs if job.key not in held]
 
     async def done(self, job: Job, next_in: float | None) -> None:
         await self._pool.execute(
@@ -113,7 +130,9 @@ class PostgresInputDeliveries:
     async def advance(self, job: Job) -> Job | None:
         """Mark `job` delivered and, in the same statement, claim the stream's next record if it
         is there and free: a stream's backlog then costs one primary-key step per record."""
-        row = await self._pool.fetchrow(_ADVANCE, self.worker_id, *job.key, job.id, self._lease)
+        row = await self._pool.fetchrow(
+            _ADVANCE, self.worker_id, *job.key, job.id, self.lease_seconds
+        )
         return None if row is None else Job(key=job.key, attempts=row[1], id=row[0])
 
     async def status(self, key: StreamKey) -> InputDeliveryStatus:

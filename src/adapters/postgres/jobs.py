@@ -1,7 +1,9 @@
 """Leased job queues in PostgreSQL: claimed with FOR UPDATE SKIP LOCKED, guarded by claimed_by.
 
 Every update after the claim checks `claimed_by`, so a worker whose lease ran out (and whose job
-another worker took over) cannot overwrite the newer claim's outcome."""
+another worker took over) cannot overwrite the newer claim's outcome. The worker renews the
+leases of what it holds (`renew`) while it works, so the lease only has to outlast a renewal
+interval, not the slowest job."""
 
 from __future__ import annotations
 
@@ -16,10 +18,10 @@ class _LeasedJobs:
     where_due: str = "TRUE"
     on_done_remove: str  # what "no next run" does: delete the row, or mark it done
 
-    def __init__(self, pool: asyncpg.Pool, worker_id: str, lease_seconds: float = 30.0) -> None:
+    def __init__(self, pool: asyncpg.Pool, worker_id: str, lease_seconds: float = 6.0) -> None:
         self._pool = pool
         self.worker_id = worker_id
-        self._lease = lease_seconds
+        self.lease_seconds = lease_seconds
 
     def _job(self, row: asyncpg.Record) -> Job:
         raise NotImplementedError
@@ -28,6 +30,11 @@ class _LeasedJobs:
         raise NotImplementedError
 
     _match: str  # the row of a job, as SQL over $2...
+    _held: str  # the rows of several jobs, as SQL over the arrays $3...
+    _held_columns: tuple[str, ...]  # what identifies a job's row
+
+    def _ids(self, jobs: list[Job]) -> tuple[list[object], ...]:
+        raise NotImplementedError
 
     async def claim(self, limit: int) -> list[Job]:
         rows = await self._pool.fetch(
@@ -46,10 +53,24 @@ class _LeasedJobs:
             RETURNING j.*
             """,
             self.worker_id,
-            self._lease,
+            self.lease_seconds,
             limit,
         )
         return [self._job(r) for r in rows]
+
+    async def renew(self, jobs: list[Job]) -> list[Job]:
+        if not jobs:
+            return []
+        rows = await self._pool.fetch(
+            f"""UPDATE {self.table} SET lease_until = now() + make_interval(secs => $2)
+                WHERE claimed_by = $1 AND {self._held}
+                RETURNING {", ".join(self._held_columns)}""",
+            self.worker_id,
+            self.lease_seconds,
+            *self._ids(jobs),
+        )
+        held = {tuple(r) for r in rows}
+        return [job for job in jobs if self._id(job) not in held]
 
     async def done(self, job: Job, next_in: float | None) -> None:
         if next_in is None:
@@ -99,6 +120,10 @@ class PostgresRetentionJobs(_LeasedJobs):
     table = "retention_jobs"
     on_done_remove = "DELETE FROM retention_jobs"
     _match = "tenant = $2 AND run_id = $3 AND stream_id = $4"
+    _held = (
+        "(tenant, run_id, stream_id) IN (SELECT * FROM unnest($3::text[], $4::text[], $5::text[]))"
+    )
+    _held_columns = ("tenant", "run_id", "stream_id")
 
     def _job(self, row: asyncpg.Record) -> Job:
         return Job(
@@ -107,6 +132,9 @@ class PostgresRetentionJobs(_LeasedJobs):
 
     def _id(self, job: Job) -> tuple[object, ...]:
         return tuple(job.key)
+
+    def _ids(self, jobs: list[Job]) -> tuple[list[object], ...]:
+        return tuple(list(column) for column in zip(*(job.key for job in jobs), strict=True))
 
 
 class PostgresDeletionJobs(_LeasedJobs):
@@ -118,6 +146,8 @@ class PostgresDeletionJobs(_LeasedJobs):
         "UPDATE deletion_outbox SET done_at = now(), claimed_by = NULL, lease_until = NULL"
     )
     _match = "id = $2"
+    _held = "id = ANY($3::bigint[])"
+    _held_columns = ("id",)
 
     def _job(self, row: asyncpg.Record) -> Job:
         return Job(
@@ -130,3 +160,6 @@ class PostgresDeletionJobs(_LeasedJobs):
 
     def _id(self, job: Job) -> tuple[object, ...]:
         return (job.id,)
+
+    def _ids(self, jobs: list[Job]) -> tuple[list[object], ...]:
+        return ([job.id for job in jobs],)
