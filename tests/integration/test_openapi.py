@@ -103,6 +103,24 @@ def test_an_id_off_the_pattern_is_a_problem(server: ServerProcess, path: str, ba
     assert answer.json()["code"] in ("invalid-input", "not-found")
 
 
+@pytest.mark.parametrize("value", [b"\xb2", b"1\xb9", b"-1", b"x"])
+def test_a_last_event_id_that_is_not_ascii_digits_is_invalid_input(
+    server: ServerProcess, value: bytes
+) -> None:
+    """The document says Last-Event-ID is a sequence; "²" passed str.isdigit and then failed
+    int() as a 500."""
+    answer = httpx.get(
+        server.base_url + "/api/workflow-streams/runs/r/streams/s/subscribe",
+        headers=[
+            (b"Authorization", f"Bearer {BOOTSTRAP_TOKEN}".encode()),
+            (b"Last-Event-ID", value),
+        ],
+        timeout=10,
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == "invalid-input"
+
+
 def run_schemathesis(
     server: ServerProcess, report_dir: Path, *, max_examples: int, seed: int
 ) -> tuple[int, str, list[dict[str, Any]]]:
