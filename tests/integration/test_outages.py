@@ -275,3 +275,62 @@ async def test_an_upload_to_an_unreachable_object_store_answers_503(
         # Nothing changed: the intent is still waiting for its body.
         assert (await api.get(object_path)).json()["state"] == "prepared"
     assert "Traceback" not in unreachable_s3_server.log()
+
+
+async def test_a_download_from_an_object_store_gone_away_answers_503(
+    own_database: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import aioboto3
+    from moto.server import ThreadedMotoServer
+
+    s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    s3.start()
+    host, port = s3.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    session = aioboto3.Session(
+        aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+    )
+    async with session.client("s3", endpoint_url=endpoint) as client:
+        await client.create_bucket(Bucket="objects")
+    server = ServerProcess(
+        database_url=own_database,
+        data_dir=tmp_path_factory.mktemp("s3-gone"),
+        env={
+            **SERVER_ENV,
+            "DUCTOR_STREAMS_OBJECT_STORE": "s3",
+            "DUCTOR_STREAMS_S3_ENDPOINT_URL": endpoint,
+            "DUCTOR_STREAMS_S3_BUCKET": "objects",
+            "DUCTOR_STREAMS_S3_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_MAX_ATTEMPTS": "2",
+        },
+    ).start()
+    body = b"a body the store will lose sight of"
+    try:
+        async with api_client(server, BOOTSTRAP_TOKEN) as api:
+            run_id = "run-" + secrets.token_hex(4)
+            created = await api.post(
+                f"/runs/{run_id}/streams", json={"stream_id": "o", "direction": "output"}
+            )
+            assert created.status_code == 201, created.text
+            prepared = await api.post(
+                f"/runs/{run_id}/streams/o/objects",
+                json={
+                    "idempotency_key": "k",
+                    "size": len(body),
+                    "sha256": hashlib.sha256(body).hexdigest(),
+                    "content_type": "application/octet-stream",
+                },
+            )
+            object_path = f"/runs/{run_id}/streams/o/objects/{prepared.json()['object_id']}"
+            assert (await api.put(f"{object_path}/body", content=body)).status_code == 200
+            assert (await api.post(f"{object_path}/commit")).status_code == 201
+            assert (await api.get(f"{object_path}/body")).content == body
+
+            s3.stop()  # the store is out of reach from now on
+            assert_unavailable(await api.get(f"{object_path}/body"))
+    finally:
+        server.stop()
+        with contextlib.suppress(Exception):
+            s3.stop()
