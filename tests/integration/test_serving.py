@@ -259,6 +259,29 @@ def test_an_oversize_body_is_refused_and_the_connection_closed_without_reading_i
     assert closed  # not held open waiting for the other 99.9 MB
 
 
+def test_a_client_that_sends_a_body_a_little_over_the_limit_whole_gets_its_413_then_eof(
+    server: ServerProcess, run_id: str
+) -> None:
+    """granian (the default) lets the application read on after its answer, so a little of the
+    rest is read before closing; uvicorn closes at once (docs/errors.md)."""
+    body = b'{"records": [' + b" " * (9 * 1024 * 1024) + b"]}"
+    head = (
+        f"POST {PREFIX}/runs/{run_id}/streams/s/records HTTP/1.1\r\n"
+        "Host: localhost\r\n"
+        f"Authorization: Bearer {BOOTSTRAP_TOKEN}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as connection:
+        connection.settimeout(30)
+        connection.sendall(head + body)  # all of it before reading, as most clients do
+        closed, received = closed_within(connection, 10)
+    lines = received.partition(b"\r\n\r\n")[0].decode().lower().splitlines()
+    assert lines and " 413 " in lines[0], received[:300]
+    assert "connection: close" in lines
+    assert closed
+
+
 # --- one log format
 
 

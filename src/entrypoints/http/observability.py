@@ -134,14 +134,19 @@ FROM deletion_outbox WHERE done_at IS NULL
 
 DRAIN_LIMIT = 64 * 1024 * 1024
 DRAIN_IDLE_SECONDS = 1.0
+# After a 413 the connection is closed. Up to this much of the rest is still read first (for at
+# most LINGER_SECONDS), so that a client that writes a body a little over the limit before
+# reading gets its answer rather than a reset; a longer rest is not read at all.
+LINGER_LIMIT = 16 * 1024 * 1024
+LINGER_SECONDS = 5.0
 
 
 def request_middleware(app: Any) -> Any:
     """Give each request an id (X-Request-ID, or a new one), time it by route template, and
     read what is left of a body the handler did not consume (refused before reading it),
     bounded, so that a client that writes its whole body before reading gets the answer rather
-    than a reset connection. A body refused as too large is not read: the answer closes the
-    connection. With DUCTOR_STREAMS_LOG_LEVEL=DEBUG, each request is logged."""
+    than a reset connection. A body refused as too large closes the connection, and is read on
+    only briefly (LINGER_LIMIT). With DUCTOR_STREAMS_LOG_LEVEL=DEBUG, each request is logged."""
 
     async def middleware(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -149,11 +154,13 @@ def request_middleware(app: Any) -> Any:
             return
         rid = None
         has_body = closing = False
+        declared: int | None = None
         for name, value in scope.get("headers", ()):
             if name == b"x-request-id":
                 rid = value.decode("latin-1")[:128]
             elif name == b"content-length":
                 has_body = value not in (b"0", b"")
+                declared = int(value) if value.isdigit() else None
             elif name == b"transfer-encoding":
                 has_body = True
             elif name == b"connection" and value.lower() == b"close":
@@ -163,22 +170,27 @@ def request_middleware(app: Any) -> Any:
         status = 500
         started = time.perf_counter()
         body_done = not has_body
+        received = 0
+        drain_limit, drain_seconds = DRAIN_LIMIT, None
 
         async def tracking_receive() -> dict:
-            nonlocal body_done
+            nonlocal body_done, received
             message = await receive()
+            received += len(message.get("body", b""))
             if message["type"] != "http.request" or not message.get("more_body", False):
                 body_done = True
             return message
 
         async def send_with_id(message: dict) -> None:
-            nonlocal status, closing
+            nonlocal status, drain_limit, drain_seconds
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = [*message.get("headers", ()), (b"x-request-id", rid.encode())]
                 if status == 413 and not body_done:
-                    closing = True  # reading the rest would only feed whoever sends it
                     headers.append((b"connection", b"close"))
+                    left = None if declared is None else declared - received
+                    drain_limit = LINGER_LIMIT if left is None or left <= LINGER_LIMIT else 0
+                    drain_seconds = LINGER_SECONDS
                 message["headers"] = headers
             await send(message)
 
@@ -187,9 +199,10 @@ def request_middleware(app: Any) -> Any:
             drained = 0
             # A client that stops sending (it read the answer early) is not waited for long.
             with contextlib.suppress(TimeoutError):
-                while not body_done and not closing and drained < DRAIN_LIMIT:
-                    async with asyncio.timeout(DRAIN_IDLE_SECONDS):
-                        drained += len((await tracking_receive()).get("body", b""))
+                async with asyncio.timeout(drain_seconds):
+                    while not body_done and not closing and drained < drain_limit:
+                        async with asyncio.timeout(DRAIN_IDLE_SECONDS):
+                            drained += len((await tracking_receive()).get("body", b""))
         finally:
             route = scope.get("path_template") or "unmatched"
             seconds = time.perf_counter() - started
