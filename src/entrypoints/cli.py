@@ -342,6 +342,12 @@ def cmd_token_create(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
+    return int(text)
+
+
 def _version() -> str:
     try:
         return version("ductor-streams")
@@ -372,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--port",
-        type=int,
+        type=_port,
         help=f"port to listen on (default: {PREFIX}PORT, else {defaults.port})",
     )
     serve.add_argument(

@@ -145,3 +145,9 @@ def test_each_command_documents_its_options_and_their_defaults(
     text = " ".join(done.stdout.split())
     for part in shown:
         assert part in text, (part, done.stdout)
+
+
+def test_a_port_out_of_range_is_a_usage_error_not_a_traceback() -> None:
+    done = cli("serve", "--port", "70000")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--port" in done.stderr and "70000" in done.stderr
