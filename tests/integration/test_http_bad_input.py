@@ -696,11 +696,15 @@ async def test_media_types_with_parameters_are_kept_as_given(
     assert [r["content_type"] for r in page["records"]] == given
 
 
+@pytest.mark.parametrize(
+    "content_type",
+    ['application/x-report; version="1 2"', 'text/plain; charset="utf-8"', "text/csv"],
+)
 async def test_an_objects_media_type_comes_back_on_its_download(
-    api: httpx.AsyncClient, run_id: str, world: dict[str, Any]
+    api: httpx.AsyncClient, run_id: str, world: dict[str, Any], content_type: str
 ) -> None:
+    """As it was given: a text type gains no second (or first) charset on the way out."""
     body = b"hello"
-    content_type = 'application/x-report; version="1 2"'
     prepared = await api.post(
         f"/runs/{run_id}/streams/s/objects",
         json={

@@ -42,9 +42,11 @@ CASES = {
         b"GET /healthz HTTP/1.1\r\n" + HEAD + b"".join(b"X-%d: y\r\n" % i for i in range(100)),
         refusal(431, "Request Header Fields Too Large"),
     ),
+    # Either answer, by where the parser's buffer fills: inside the request line (414) or past
+    # it (431); both were seen on the same build.
     "request-line-of-500-kb": (
         b"GET /healthz?" + b"q" * 500_000 + b" HTTP/1.1\r\n" + HEAD,
-        refusal(431, "Request Header Fields Too Large"),
+        (refusal(431, "Request Header Fields Too Large"), refusal(414, "URI Too Long")),
     ),
     "content-length-not-a-number": (
         b"POST /healthz HTTP/1.1\r\n" + HEAD + b"Content-Length: abc\r\n",
@@ -72,7 +74,7 @@ async def test_the_server_refuses_a_malformed_request_with_an_empty_answer(
     server: ServerProcess, request_head: bytes, answer: bytes
 ) -> None:
     received = await asyncio.to_thread(exchange, server, request_head + b"\r\n")
-    assert without_date(received) == answer
+    assert without_date(received) in (answer if isinstance(answer, tuple) else (answer,))
 
 
 @pytest.mark.parametrize("control", [b"\x00", b"\x01", b"\x1b", b"\x7f", b"\r"])

@@ -2,7 +2,8 @@
 
 A generated request that the document calls valid can still be refused for what no schema can
 say: the state it meets (a cursor past the stream's head, bytes that do not match the prepared
-digest or size, an idempotency key used before with another request) or this deployment (a
+digest or size, an idempotency key used before with another request, a batch over the
+stream's own unread ceiling) or this deployment (a
 stream homed in another region). Those refusals, and only those, are not counted against the
 document."""
 
@@ -29,6 +30,9 @@ DEPENDS_ON_THE_INTENT = {"uploadObjectBody": frozenset({"object-too-large"})}
 # The records of an input stream cannot hold U+0000 (the wait service cannot carry it); the
 # document describes an append to any stream.
 INPUT_STREAM_ONLY = "which an input stream cannot deliver"
+# A batch larger than the stream's own unread ceiling (a definition may set it to a few bytes)
+# can never be appended to that stream; the document describes an append to any stream.
+NEVER_FITS = "can never fit the unread ceiling"
 # The service honours `wait` up to 60 s; a bounded run cannot spend that on every read.
 LONGEST_WAIT = 0.2
 
@@ -48,7 +52,8 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
         return True
     problem = _problem(response)
     operation = case.operation.definition.raw.get("operationId")
-    if operation == "appendRecords" and INPUT_STREAM_ONLY in problem.get("detail", ""):
+    detail = problem.get("detail", "")
+    if operation == "appendRecords" and (INPUT_STREAM_ONLY in detail or NEVER_FITS in detail):
         return False
     code = problem.get("code")
     return code not in DEPENDS_ON_STATE | DEPENDS_ON_THE_INTENT.get(operation, frozenset())

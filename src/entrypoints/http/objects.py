@@ -214,7 +214,13 @@ class ObjectsController(Controller):
         intent = body.intent
         digest = base64.b64encode(bytes.fromhex(intent.sha256)).decode()
         etag = f'"{intent.sha256}"'
-        headers = {"Accept-Ranges": "bytes", "ETag": etag, "Repr-Digest": f"sha-256=:{digest}:"}
+        headers = {
+            # As prepared: Litestar would add a charset of its own to any text/* media type.
+            "Content-Type": intent.content_type,
+            "Accept-Ranges": "bytes",
+            "ETag": etag,
+            "Repr-Digest": f"sha-256=:{digest}:",
+        }
         try:
             span = _requested_span(request, intent.size, etag)
         except NotSatisfiable:
