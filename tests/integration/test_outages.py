@@ -223,6 +223,40 @@ async def test_a_follower_hears_an_append_within_a_second_or_so_after_a_seven_se
 # --- the object store out of reach ---------------------------------------------------------
 
 
+def _s3_env(endpoint: str) -> dict[str, str]:
+    """A server whose objects go to the S3 API at `endpoint`, bucket `objects`."""
+    return {
+        **SERVER_ENV,
+        "DUCTOR_STREAMS_OBJECT_STORE": "s3",
+        "DUCTOR_STREAMS_S3_ENDPOINT_URL": endpoint,
+        "DUCTOR_STREAMS_S3_BUCKET": "objects",
+        "DUCTOR_STREAMS_S3_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_MAX_ATTEMPTS": "2",  # botocore would otherwise retry a refused connection 4 times
+    }
+
+
+async def _prepare_object(api: httpx.AsyncClient, body: bytes) -> str:
+    """A new run's output stream `o` and an object intent for `body` on it; its path."""
+    run_id = "run-" + secrets.token_hex(4)
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "o", "direction": "output"}
+    )
+    assert created.status_code == 201, created.text
+    prepared = await api.post(
+        f"/runs/{run_id}/streams/o/objects",
+        json={
+            "idempotency_key": "k",
+            "size": len(body),
+            "sha256": hashlib.sha256(body).hexdigest(),
+            "content_type": "application/octet-stream",
+        },
+    )
+    assert prepared.status_code == 201, prepared.text
+    return f"/runs/{run_id}/streams/o/objects/{prepared.json()['object_id']}"
+
+
 def _closed_port_url() -> str:
     return f"http://127.0.0.1:{free_port()}"  # bound and released: nothing listens there
 
@@ -234,16 +268,7 @@ def unreachable_s3_server(
     process = ServerProcess(
         database_url=own_database,
         data_dir=tmp_path_factory.mktemp("no-s3"),
-        env={
-            **SERVER_ENV,
-            "DUCTOR_STREAMS_OBJECT_STORE": "s3",
-            "DUCTOR_STREAMS_S3_ENDPOINT_URL": _closed_port_url(),
-            "DUCTOR_STREAMS_S3_BUCKET": "objects",
-            "DUCTOR_STREAMS_S3_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_MAX_ATTEMPTS": "2",  # botocore would otherwise retry a refused connection 4 times
-        },
+        env=_s3_env(_closed_port_url()),
     ).start()
     yield process
     process.stop()
@@ -254,22 +279,7 @@ async def test_an_upload_to_an_unreachable_object_store_answers_503(
 ) -> None:
     body = b"a body for nowhere"
     async with api_client(unreachable_s3_server, BOOTSTRAP_TOKEN) as api:
-        run_id = "run-" + secrets.token_hex(4)
-        created = await api.post(
-            f"/runs/{run_id}/streams", json={"stream_id": "o", "direction": "output"}
-        )
-        assert created.status_code == 201, created.text
-        prepared = await api.post(
-            f"/runs/{run_id}/streams/o/objects",
-            json={
-                "idempotency_key": "k",
-                "size": len(body),
-                "sha256": hashlib.sha256(body).hexdigest(),
-                "content_type": "application/octet-stream",
-            },
-        )
-        assert prepared.status_code == 201, prepared.text
-        object_path = f"/runs/{run_id}/streams/o/objects/{prepared.json()['object_id']}"
+        object_path = await _prepare_object(api, body)
         uploaded = await api.put(f"{object_path}/body", content=body)
         assert_unavailable(uploaded)
         # Nothing changed: the intent is still waiting for its body.
@@ -295,35 +305,12 @@ async def test_a_download_from_an_object_store_gone_away_answers_503(
     server = ServerProcess(
         database_url=own_database,
         data_dir=tmp_path_factory.mktemp("s3-gone"),
-        env={
-            **SERVER_ENV,
-            "DUCTOR_STREAMS_OBJECT_STORE": "s3",
-            "DUCTOR_STREAMS_S3_ENDPOINT_URL": endpoint,
-            "DUCTOR_STREAMS_S3_BUCKET": "objects",
-            "DUCTOR_STREAMS_S3_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_MAX_ATTEMPTS": "2",
-        },
+        env=_s3_env(endpoint),
     ).start()
     body = b"a body the store will lose sight of"
     try:
         async with api_client(server, BOOTSTRAP_TOKEN) as api:
-            run_id = "run-" + secrets.token_hex(4)
-            created = await api.post(
-                f"/runs/{run_id}/streams", json={"stream_id": "o", "direction": "output"}
-            )
-            assert created.status_code == 201, created.text
-            prepared = await api.post(
-                f"/runs/{run_id}/streams/o/objects",
-                json={
-                    "idempotency_key": "k",
-                    "size": len(body),
-                    "sha256": hashlib.sha256(body).hexdigest(),
-                    "content_type": "application/octet-stream",
-                },
-            )
-            object_path = f"/runs/{run_id}/streams/o/objects/{prepared.json()['object_id']}"
+            object_path = await _prepare_object(api, body)
             assert (await api.put(f"{object_path}/body", content=body)).status_code == 200
             assert (await api.post(f"{object_path}/commit")).status_code == 201
             assert (await api.get(f"{object_path}/body")).content == body
