@@ -15,6 +15,7 @@ import mimetypes
 import os
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,10 @@ def _token(args: argparse.Namespace) -> str:
 
 def _client(args: argparse.Namespace) -> StreamsClient:
     url = args.url or os.environ.get(URL_ENV, "").strip() or DEFAULT_URL
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        source = "--url" if args.url else URL_ENV
+        raise UsageError(f"{source} must be an http:// or https:// URL, got {url!r}")
     return StreamsClient(url, _token(args))
 
 
