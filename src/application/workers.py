@@ -7,7 +7,9 @@ taken from a live worker, and a short lease is enough. A worker that dies simply
 when its lease runs out another worker claims the job, and every handler is idempotent, so a job
 done twice changes nothing the second time. A renewal that finds a claim gone (the lease ran out
 while the worker could not renew, and another worker took the job) stops that job here.
-Retries back off exponentially with jitter, bounded.
+Retries back off exponentially with jitter, bounded. So does claiming while the database is out
+of reach, and the outage is logged once when it starts, then at most once per `OUTAGE_LOG_SECONDS`,
+and once when it ends, rather than once per poll.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -25,6 +28,11 @@ from application.log_context import forget_stream
 from domain.stream import StreamKey
 
 log = logging.getLogger("ductor_streams.workers")
+
+# A worker that cannot claim waits longer each time, up to this: back within seconds of the
+# database, without a dispatcher's 0.1 s poll hammering (and logging about) an outage.
+CLAIM_BACKOFF_CAP_SECONDS = 5.0
+OUTAGE_LOG_SECONDS = 30.0
 
 
 class Job(msgspec.Struct, frozen=True):
@@ -76,8 +84,12 @@ class Worker:
         batch: int = 32,
         retry_base_seconds: float = 1.0,
         concurrency: int = 1,
+        claim_backoff_cap_seconds: float = CLAIM_BACKOFF_CAP_SECONDS,
+        outage_log_seconds: float = OUTAGE_LOG_SECONDS,
     ) -> None:
         self._retry_base = retry_base_seconds
+        self._claim_backoff_cap = claim_backoff_cap_seconds
+        self._outage = Outage(name, outage_log_seconds)
         self._concurrency = concurrency
         self.name = name
         self._queue = queue
@@ -93,14 +105,26 @@ class Worker:
         running: dict[Job, asyncio.Task[None]] = {}
         renewing = asyncio.create_task(self._keep_claims(held, running))
         stopped = asyncio.create_task(stopping.wait())
+        claim_at = 0.0  # monotonic: not before, while claims fail
         try:
             while not stopping.is_set():
+                pause = self._poll
                 if not waiting and len(running) < self._concurrency:
-                    try:
-                        jobs = await self._queue.claim(self._batch)
-                    except Exception as error:
-                        log.warning("%s cannot claim jobs: %s", self.name, error)
+                    if time.monotonic() < claim_at:
                         jobs = []
+                        pause = claim_at - time.monotonic()
+                    else:
+                        jobs = await self._claim()
+                        if self._outage.failures:
+                            pause = max(
+                                self._poll,
+                                backoff(
+                                    self._outage.failures,
+                                    base=self._poll,
+                                    cap=self._claim_backoff_cap,
+                                ),
+                            )
+                            claim_at = time.monotonic() + pause
                     held += jobs
                     waiting += jobs
                 while waiting and len(running) < self._concurrency and not stopping.is_set():
@@ -111,7 +135,7 @@ class Worker:
                 full = len(running) >= self._concurrency or bool(waiting)
                 await asyncio.wait(
                     [*running.values(), stopped],
-                    timeout=None if full and running else self._poll,
+                    timeout=None if full and running else pause,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 self._reap(running, held)
@@ -126,6 +150,15 @@ class Worker:
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
+
+    async def _claim(self) -> list[Job]:
+        try:
+            jobs = await self._queue.claim(self._batch)
+        except Exception as error:
+            self._outage.failed(error)
+            return []
+        self._outage.recovered()
+        return jobs
 
     def _reap(self, running: dict[Job, asyncio.Task[None]], held: list[Job]) -> None:
         for job, task in list(running.items()):
@@ -172,6 +205,51 @@ class Worker:
             await self._queue.done(job, next_in)
         except Exception as error:  # the lease will run out and another worker redo it
             log.warning("%s could not record %s: %s", self.name, job.key, error)
+
+
+class Outage:
+    """A worker's claims failing in a row: logged when it starts, then at most once per
+    `log_seconds` while it lasts, and once when a claim succeeds again."""
+
+    def __init__(self, name: str, log_seconds: float) -> None:
+        self.name = name
+        self.failures = 0
+        self._log_seconds = log_seconds
+        self._started = 0.0
+        self._logged_at = 0.0
+
+    def failed(self, error: Exception) -> None:
+        now = time.monotonic()
+        self.failures += 1
+        if self.failures == 1:
+            self._started = self._logged_at = now
+            log.warning(
+                "%s cannot claim jobs: the database is unreachable (%s: %s); retrying with backoff",
+                self.name,
+                type(error).__name__,
+                error,
+            )
+        elif now - self._logged_at >= self._log_seconds:
+            self._logged_at = now
+            log.warning(
+                "%s still cannot claim jobs: the database has been unreachable for %.0f s "
+                "(%d attempts; last: %s: %s)",
+                self.name,
+                now - self._started,
+                self.failures,
+                type(error).__name__,
+                error,
+            )
+
+    def recovered(self) -> None:
+        if self.failures:
+            log.info(
+                "%s claims jobs again: the database is reachable after %.0f s (%d failed attempts)",
+                self.name,
+                time.monotonic() - self._started,
+                self.failures,
+            )
+            self.failures = 0
 
 
 class Periodic:

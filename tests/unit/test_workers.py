@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
+
+import pytest
 
 from application.workers import Job, Worker
 from domain.stream import StreamKey
@@ -151,3 +155,59 @@ async def test_a_worker_runs_up_to_its_concurrency_of_a_batchs_jobs_side_by_side
     await asyncio.sleep(0.05)
     assert most == 2
     assert sorted(j.key.stream_id for j in queue.recorded) == ["s0", "s1", "s2"]
+
+
+class UnreachableQueue(Queue):
+    """A queue whose claims fail (the database out of reach) until `reachable` is set."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.reachable = asyncio.Event()
+        self.claims: list[float] = []
+
+    async def claim(self, limit: int) -> list[Job]:
+        self.claims.append(asyncio.get_running_loop().time())
+        if not self.reachable.is_set():
+            raise FileNotFoundError(2, "No such file or directory")
+        return []
+
+
+async def test_a_worker_that_cannot_claim_backs_off_and_logs_the_outage_once_per_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    queue = UnreachableQueue()
+    worker = Worker(
+        "dispatcher",
+        queue,
+        handle=lambda j: asyncio.sleep(0),
+        poll_seconds=0.01,
+        claim_backoff_cap_seconds=0.2,
+        outage_log_seconds=0.5,
+    )
+    stopping = asyncio.Event()
+    caplog.set_level(logging.INFO, logger="ductor_streams.workers")
+    running = asyncio.create_task(worker.run(stopping))
+    try:
+        await asyncio.sleep(1.2)
+        failed = len(queue.claims)
+        # Polling every 0.01 s would be ~120 claims; backing off to 0.1-0.2 s is at most ~15.
+        assert 4 <= failed <= 20, queue.claims
+        gaps = [b - a for a, b in itertools.pairwise(queue.claims)]
+        assert max(gaps[-3:]) >= 0.1  # the backoff reached its cap (0.2 s, jitter to half)
+        outage = [r.getMessage() for r in caplog.records]
+        # The first failure, then one line per 0.5 s while it lasts: 2 or 3 lines, not one a claim.
+        assert 2 <= len(outage) <= 3, outage
+        assert "the database is unreachable" in outage[0]
+        assert "No such file or directory" in outage[0]
+        assert all("database" in line for line in outage)
+
+        caplog.clear()
+        queue.reachable.set()
+        await asyncio.sleep(0.5)
+        back = [r.getMessage() for r in caplog.records]
+        assert len(back) == 1 and "again" in back[0], back
+        # Once back, it polls at its own interval again.
+        assert len(queue.claims) - failed >= 10
+    finally:
+        stopping.set()
+        await asyncio.wait_for(running, 5)
