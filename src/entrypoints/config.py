@@ -40,6 +40,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     wait_service_url: str | None = None
     pool_min_size: Annotated[int, msgspec.Meta(ge=0)] = 2
     pool_max_size: Count = 20
+    statement_timeout_seconds: Positive = 10.0
     token_cache_seconds: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     sse_heartbeat_seconds: Positive = 15.0

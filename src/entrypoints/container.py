@@ -85,11 +85,16 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
 async def open_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool | None]:
     if settings.database_url is None:
         raise RuntimeError("no database URL: start the embedded PostgreSQL first")
+    # A PostgreSQL that accepts a connection but never answers (stopped, or a network that
+    # drops packets) would otherwise hold a request forever; with a bound the request answers
+    # 503, and asyncpg gives up (terminates) the connection whose statement timed out.
     pool = await asyncpg.create_pool(
         settings.database_url,
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,
         reset=_keep_session,
+        timeout=settings.statement_timeout_seconds,
+        command_timeout=settings.statement_timeout_seconds,
     )
     try:
         yield pool

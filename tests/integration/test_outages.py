@@ -220,6 +220,73 @@ async def test_a_follower_hears_an_append_within_a_second_or_so_after_a_seven_se
             await follower
 
 
+STATEMENT_TIMEOUT_SECONDS = 2
+
+
+@pytest.fixture
+def hasty_server(own_database: str, tmp_path: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server that gives a database statement STATEMENT_TIMEOUT_SECONDS (the default is 10)."""
+    env = {**SERVER_ENV, "DUCTOR_STREAMS_STATEMENT_TIMEOUT_SECONDS": str(STATEMENT_TIMEOUT_SECONDS)}
+    process = ServerProcess(database_url=own_database, data_dir=tmp_path, env=env).start()
+    yield process
+    process.stop()
+
+
+async def test_a_hung_postgresql_answers_503_within_bounds_and_the_service_recovers(
+    own_postgres: RestartablePostgres, hasty_server: ServerProcess
+) -> None:
+    run_id = "run-" + secrets.token_hex(4)
+    path = f"/runs/{run_id}/streams/s/records"
+    async with (
+        api_client(hasty_server) as api,
+        httpx.AsyncClient(base_url=hasty_server.base_url, timeout=60) as plain,
+    ):
+        created = await api.post(
+            f"/runs/{run_id}/streams", json={"stream_id": "s", "direction": "output"}
+        )
+        assert created.status_code == 201, created.text
+        assert (await api.post(path, json={"records": [{"data": 1}]})).status_code == 201
+
+        await asyncio.to_thread(own_postgres.hang)
+        try:
+            started = time.monotonic()
+            ready = await plain.get("/readyz")
+            took = time.monotonic() - started
+            assert ready.status_code == 503, ready.text
+            assert ready.json() == {"status": "unavailable"}
+            assert took < 3.5, f"/readyz answered after {took:.1f} s"
+
+            # A statement times out, then its connection is given up (the cancellation it
+            # sends cannot be answered either): within two statement timeouts, plus slack.
+            retried = {"Idempotency-Key": "hung-" + run_id}
+            started = time.monotonic()
+            append = await api.post(path, json={"records": [{"data": 2}]}, headers=retried)
+            took = time.monotonic() - started
+            assert_unavailable(append)
+            assert took < 2 * STATEMENT_TIMEOUT_SECONDS + 3, f"append answered after {took:.1f} s"
+
+            started = time.monotonic()
+            read = await api.get(path, params={"cursor": 0})
+            took = time.monotonic() - started
+            assert_unavailable(read)
+            assert took < 2 * STATEMENT_TIMEOUT_SECONDS + 3, f"read answered after {took:.1f} s"
+        finally:
+            await asyncio.to_thread(own_postgres.resume)
+
+        # Back: no connection left broken in the pool; the append retried with its key lands
+        # once (it may have committed after all, when the server woke: then it is replayed).
+        again = await until_answered(
+            lambda: api.post(path, json={"records": [{"data": 2}]}, headers=retried)
+        )
+        assert again.status_code in (200, 201), again.text
+        assert again.json()["first_sequence"] == 2
+        for _ in range(5):  # more requests than the connections the outage could have spoilt
+            assert (await plain.get("/readyz")).status_code == 200
+            page = await api.get(path, params={"cursor": 0})
+            assert page.status_code == 200, page.text
+        assert [r["data"] for r in page.json()["records"]] == [1, 2]
+
+
 # --- the object store out of reach ---------------------------------------------------------
 
 

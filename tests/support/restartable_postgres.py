@@ -7,6 +7,8 @@ socket only) and drives it with `pg_ctl`."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import tempfile
 import threading
 import time
@@ -50,6 +52,31 @@ class RestartablePostgres:
     def restart(self) -> None:
         self._run("-w", "-m", "fast", "restart")
 
+    def _processes(self) -> list[int]:
+        """The postmaster (from its pid file) and its children: its backends and helpers."""
+        postmaster = int((self._pgdata / "postmaster.pid").read_text().split()[0])
+        children = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")".
+                    fields = (entry / "stat").read_text().rpartition(")")[2].split()
+                    if int(fields[1]) == postmaster:
+                        children.append(int(entry.name))
+        return [postmaster, *children]
+
+    def hang(self) -> None:
+        """SIGSTOP every process of the server: connections still open at the socket, but
+        nothing answers (a hung server, or a network that drops packets)."""
+        for pid in self._processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for pid in self._processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def restart_in_background(self, times: int, pause: float) -> threading.Thread:
         """Restart `times` times, `pause` seconds apart, while the test keeps working."""
 
@@ -63,6 +90,8 @@ class RestartablePostgres:
         return thread
 
     def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.resume()  # a stopped server cannot shut down
         with contextlib.suppress(Exception):
             self.stop()
 

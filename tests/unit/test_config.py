@@ -54,6 +54,11 @@ def test_every_setting_keeps_its_name_and_default() -> None:
     assert given.max_subscriptions_per_principal == 7
 
 
+def test_a_database_statement_is_bounded_by_default_and_the_bound_is_configurable() -> None:
+    assert from_env().statement_timeout_seconds == 10
+    assert from_env(STATEMENT_TIMEOUT_SECONDS="2.5").statement_timeout_seconds == 2.5
+
+
 def test_the_region_is_the_default_egress_and_object_region() -> None:
     settings = from_env(REGION="eu")
     assert (settings.egress_region, settings.object_regions) == ("eu", ("eu",))
@@ -76,6 +81,7 @@ def test_an_empty_value_counts_as_unset() -> None:
         ("LOG_LEVEL", "loud"),
         ("OBJECT_STORE", "ftp"),
         ("RUN_WORKERS", "maybe"),
+        ("STATEMENT_TIMEOUT_SECONDS", "0"),
     ],
 )
 def test_a_bad_value_names_its_variable(name: str, value: str) -> None:

@@ -32,6 +32,8 @@ from entrypoints.logs import configure_logging
 log = logging.getLogger("ductor_streams")
 
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# /readyz answers within about this, even when PostgreSQL accepts connections but never replies.
+READY_TIMEOUT_SECONDS = 2.0
 
 
 class Health(msgspec.Struct, frozen=True):
@@ -62,7 +64,12 @@ async def readyz(request: Request) -> Response[Health]:
     pool = await resolved(request.app.state.container.pool())
     if isinstance(pool, asyncpg.Pool):
         try:
-            await pool.fetchval("SELECT 1", timeout=2)
+            # The acquire's timeout also bounds the release (which waits for a timed-out query's
+            # cancellation, unbounded with `pool.fetchval(timeout=)`): query plus release fit
+            # in READY_TIMEOUT_SECONDS.
+            half = READY_TIMEOUT_SECONDS / 2
+            async with pool.acquire(timeout=half) as connection:
+                await connection.fetchval("SELECT 1", timeout=half)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
             return Response(Health(status="unavailable"), status_code=503)
     return Response(Health(status="ready"))
