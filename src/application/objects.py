@@ -60,6 +60,10 @@ def object_id_for(key: StreamKey, idempotency_key: str) -> str:
     return "obj-" + digest[:32]
 
 
+# Said to another principal that reuses a key: nothing of the first request's intent is answered.
+_KEY_IN_USE = "idempotency_key {!r} is in use on this stream by another request"
+
+
 class ObjectView(msgspec.Struct, frozen=True):
     object_id: str
     state: str
@@ -242,6 +246,8 @@ class Objects:
         object_id = object_id_for(key, request.idempotency_key)
         existing = await self._intents.intent(key, object_id)
         if existing is not None:
+            if existing.receipt.principal != caller.principal:
+                raise errors.IdempotencyKeyReused(_KEY_IN_USE.format(request.idempotency_key))
             if not existing.same_request(request):
                 raise errors.IdempotencyKeyReused(
                     f"idempotency_key {request.idempotency_key!r} was used with other fields"

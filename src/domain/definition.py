@@ -20,6 +20,12 @@ MAX_INLINE_RECORD_BYTES = 65_536
 MAX_OBJECT_BYTES = 33_554_432
 MAX_BATCH_RECORDS = 1_000
 MAX_SEQUENCE = 2**63 - 1
+# The largest integer every JSON client holds exactly (an IEEE double's 53-bit significand); well
+# inside PostgreSQL's bigint, so any count or byte total up to it can be stored and added to.
+MAX_EXACT_INTEGER = 2**53 - 1
+# 100 years of 365 days: `now - max_age` stays a valid timestamp for the pruner for centuries.
+MAX_RETENTION_AGE_SECONDS = 100 * 365 * 86_400
+MAX_BLOCK_TIMEOUT_SECONDS = 300
 
 Direction = Literal["output", "input"]
 ContentClass = Literal[
@@ -36,7 +42,11 @@ FORBIDDEN_CONTENT_CLASSES = frozenset({"model_reasoning_raw"})
 UnreadPolicy = Literal["reject", "block"]
 # `$(?!\n)`: msgspec matches with re.search, where `$` alone also matches before a final newline.
 Region = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$(?!\n)")]
-PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=MAX_EXACT_INTEGER)]
+_Timeout = msgspec.Meta(ge=0, le=MAX_BLOCK_TIMEOUT_SECONDS)
+# An int stays an int and a fraction a float, so the stored definition decodes to exactly what
+# the create answer showed (a plain float field turns the default 30 into 30.0 on the way back).
+BlockTimeout = Annotated[int, _Timeout] | Annotated[float, _Timeout]
 Principal = Annotated[str, msgspec.Meta(min_length=1, max_length=256), DOCUMENTED_TEXT]
 # Documented only (extra_json_schema): resolve_definition checks these, with their own answers.
 _SomeRegions = Annotated[tuple[Region, ...], msgspec.Meta(extra_json_schema={"minItems": 1})]
@@ -48,11 +58,11 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_total_items: PositiveInt | None = None
     max_total_bytes: PositiveInt | None = None
     unread_policy: UnreadPolicy = "reject"
-    block_timeout_seconds: Annotated[float, msgspec.Meta(ge=0, le=300)] = 30
+    block_timeout_seconds: BlockTimeout = 30
 
 
 class Retention(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    max_age_seconds: PositiveInt | None = None
+    max_age_seconds: Annotated[int, msgspec.Meta(ge=1, le=MAX_RETENTION_AGE_SECONDS)] | None = None
     max_records: PositiveInt | None = None
 
 
@@ -73,9 +83,13 @@ class Placement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     log_region: Region
 
 
+# An empty list would make a stream no one can ever use; "*" is how to say "everyone".
+Principals = Annotated[tuple[Principal, ...], msgspec.Meta(min_length=1)]
+
+
 class Authorization(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    readers: tuple[Principal, ...] = ("*",)
-    writers: tuple[Principal, ...] = ("*",)
+    readers: Principals = ("*",)
+    writers: Principals = ("*",)
 
     def may_read(self, principal: str) -> bool:
         return "*" in self.readers or principal in self.readers

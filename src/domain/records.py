@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import math
+import re
 from enum import IntEnum
 from typing import Any
 
@@ -42,7 +44,18 @@ class RecordInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     content_type: str | msgspec.UnsetType = msgspec.UNSET
 
 
-_json_decode = msgspec.json.Decoder().decode
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is beyond what an IEEE double can hold")
+    return value
+
+
+# Redaction decodes and re-encodes; the hook makes an overflowing number its own 400.
+_json_decode = msgspec.json.Decoder(float_hook=_finite).decode
+# Only a number with a three-digit exponent or 210+ digits in a row (a 2-digit exponent adds at
+# most 99 to the 309 a double's range allows) can overflow a double: anything else skips decoding.
+_MAYBE_OVERFLOWING = re.compile(rb"[eE]\+?[0-9]{3}|[0-9]{210}").search
 _json_encode = msgspec.json.Encoder().encode
 
 
@@ -63,13 +76,16 @@ def prepare_records(
     prepared: list[NewRecord] = []
     add = prepared.append
     unset, compact, json_kind = msgspec.UNSET, _compact, RecordKind.JSON
+    maybe_overflowing = _MAYBE_OVERFLOWING
     for index, item in enumerate(inputs):
         data, content_type = item.data, item.content_type
         if data is not unset and item.data_base64 is unset:
             if pointers:
-                payload = _json_encode(redact(_json_decode(data), pointers))
+                payload = _json_encode(redact(_decode(index, data), pointers))
             else:
                 payload = compact(data, indent=-1)
+                if maybe_overflowing(payload):
+                    _check_finite(index, payload)
             kind, default = json_kind, "application/json"
             if json_text_without_nul and has_escaped_nul(payload):
                 raise InvalidInput(
@@ -97,6 +113,34 @@ def prepare_records(
 
 
 _compact = msgspec.json.format
+
+
+def _decode(index: int, data: msgspec.Raw | bytes) -> Any:
+    """The data as Python values, for redaction: it must decode, and hold no infinite number."""
+    try:
+        return _json_decode(data)
+    except msgspec.ValidationError as error:
+        _refuse_overflow(index, error)
+        raise InvalidInput(
+            f"records[{index}].data cannot be redacted: {error}", field=f"records[{index}].data"
+        ) from None
+
+
+def _check_finite(index: int, payload: bytes) -> None:
+    """400 for a number that decodes to ±infinity: clients would read Infinity or fail."""
+    try:
+        _json_decode(payload)
+    except msgspec.ValidationError as error:
+        # Unless it is that: an integer longer than Python decodes (over 4,300 digits), kept as is.
+        _refuse_overflow(index, error)
+
+
+def _refuse_overflow(index: int, error: msgspec.ValidationError) -> None:
+    if "IEEE double" in str(error):
+        raise InvalidInput(
+            f"records[{index}].data holds a number no IEEE double can hold",
+            field=f"records[{index}].data",
+        ) from None
 
 
 def _check_content_type(index: int, content_type: str) -> None:

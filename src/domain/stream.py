@@ -134,18 +134,11 @@ class Stream:
         if s.closed:
             raise errors.StreamClosed("the stream is closed: nothing more can be appended")
         items, size = len(records), sum(r.size for r in records)
-        if limits.max_total_items is not None and s.total_items + items > limits.max_total_items:
-            raise errors.QuotaExhausted(
-                f"the stream's total ceiling of {limits.max_total_items} records is reached",
-                total_items=s.total_items,
-                max_total_items=limits.max_total_items,
-            )
-        if limits.max_total_bytes is not None and s.total_bytes + size > limits.max_total_bytes:
-            raise errors.QuotaExhausted(
-                f"the stream's total ceiling of {limits.max_total_bytes} bytes is reached",
-                total_bytes=s.total_bytes,
-                max_total_bytes=limits.max_total_bytes,
-            )
+        total_items, total_bytes = limits.max_total_items, limits.max_total_bytes
+        if total_items is not None and s.total_items + items > total_items:
+            self._refuse_total(items, s.total_items, total_items, "records", "items")
+        if total_bytes is not None and s.total_bytes + size > total_bytes:
+            self._refuse_total(size, s.total_bytes, total_bytes, "bytes", "bytes")
         if items > limits.max_unread_items or size > limits.max_unread_bytes:
             raise errors.InvalidInput(
                 f"a batch of {items} records and {size} bytes can never fit the unread ceiling "
@@ -172,6 +165,27 @@ class Stream:
                 bytes=size,
             )
         ]
+
+    @staticmethod
+    def _refuse_total(batch: int, used: int, ceiling: int, unit: str, field: str) -> None:
+        """A batch bigger than the whole ceiling is the request's fault while room is left (400,
+        like the unread ceiling); once the total is used up, or when it would fit an emptier
+        stream, the stream's quota is what refuses it (409)."""
+        if batch > ceiling and used < ceiling:
+            raise errors.InvalidInput(
+                f"a batch of {batch} {unit} can never fit the stream's total ceiling of "
+                f"{ceiling} {unit}"
+            )
+        if used >= ceiling:
+            detail = f"the stream's total ceiling of {ceiling} {unit} is reached"
+        else:
+            detail = (
+                f"a batch of {batch} {unit} would pass the stream's total ceiling of {ceiling} "
+                f"{unit}: {used} are used"
+            )
+        raise errors.QuotaExhausted(
+            detail, **{f"total_{field}": used, f"max_total_{field}": ceiling}
+        )
 
     def acknowledge(
         self, consumer_id: str, principal: str, sequence: int, offset: int | None, now: datetime
@@ -263,6 +277,12 @@ class Stream:
             raise errors.StreamClosed("the stream is closed: no object can be prepared")
         existing = self.state.objects.get(intent.object_id)
         if existing is not None:
+            if existing.receipt.principal != intent.receipt.principal:
+                # Another principal's intent: nothing of it (its ID, its upload URL) is answered.
+                raise errors.IdempotencyKeyReused(
+                    f"idempotency_key {intent.idempotency_key!r} is in use on this stream by "
+                    "another request"
+                )
             if existing.idempotency_key == intent.idempotency_key and existing.same_request(intent):
                 return []
             raise errors.IdempotencyKeyReused(

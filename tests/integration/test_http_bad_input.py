@@ -182,6 +182,37 @@ CREATE_CASES = [
         "authorization-empty-principal",
         {"stream_id": "new", **OK, "authorization": {"writers": [""]}},
     ),
+    # A stream no one could ever read or write: "*" is how to name everyone.
+    create(
+        "authorization-no-readers-no-writers",
+        {"stream_id": "new", **OK, "authorization": {"readers": [], "writers": []}},
+    ),
+    create("authorization-no-readers", {**OK, "authorization": {"readers": []}}),
+    create("authorization-no-writers", {**OK, "authorization": {"writers": []}}),
+    # Beyond the documented maximums: each would be stored, then break the workers or a client.
+    create(
+        "retention-max-age-beyond-100-years",
+        {"stream_id": "new", **OK, "retention": {"max_age_seconds": 100 * 365 * 86_400 + 1}},
+    ),
+    create(
+        "retention-max-age-315360000000",
+        {"stream_id": "new", **OK, "retention": {"max_age_seconds": 315_360_000_000}},
+    ),
+    create(
+        "retention-max-age-1e15",
+        {"stream_id": "new", **OK, "retention": {"max_age_seconds": 10**15}},
+    ),
+    create(
+        "retention-max-records-beyond-2-53",
+        {"stream_id": "new", **OK, "retention": {"max_records": 2**53}},
+    ),
+    bad_limits("max-unread-items-beyond-2-53", {"max_unread_items": 2**53}),
+    bad_limits("max-unread-bytes-beyond-2-53", {"max_unread_bytes": 2**53}),
+    bad_limits("max-total-items-beyond-2-53", {"max_total_items": 2**53}),
+    bad_limits("max-total-bytes-beyond-2-53", {"max_total_bytes": 2**53}),
+    bad_limits("max-total-bytes-beyond-int64", {"max_total_bytes": 2**64}),
+    bad_limits("block-timeout-301", {"block_timeout_seconds": 301}),
+    bad_limits("block-timeout-1e400", {"block_timeout_seconds": 10**400}),
 ]
 
 
@@ -214,6 +245,12 @@ APPEND_CASES = [
     append("base64-bad-padding", {"records": [{"data_base64": "abc"}]}),
     append("base64-not-a-string", {"records": [{"data_base64": 5}]}),
     append("content-type-not-a-string", {"records": [{"data": 3, "content_type": 5}]}),
+    # Numbers no IEEE double holds: most clients would read them as Infinity or fail.
+    append("data-1e400", content=b'{"records": [{"data": 1e400}]}'),
+    append("data-minus-1e400", content=b'{"records": [{"data": [1, {"x": -1E+400}]}]}'),
+    append("data-2e400-second", content=b'{"records": [{"data": 1}, {"data": 2e400}]}'),
+    append("data-310-digit-fraction", content=b'{"records": [{"data": 1%s.5}]}' % (b"0" * 309)),
+    append("data-1e99-times-10-250", content=b'{"records": [{"data": 1%se99}]}' % (b"0" * 250)),
     append(
         "inline-record-65537-bytes",
         {"records": [{"data": 3}, {"data": "x" * (MAX_RECORD - 1)}, {"data": 4}]},
@@ -744,3 +781,23 @@ async def test_an_input_streams_record_with_nul_is_refused_and_stores_nothing(
         f"/runs/{run_id}/streams/in/records", json={"records": [{"data": "\\u0000"}]}
     )
     assert literal.status_code == 201, literal.text
+
+
+async def test_numbers_a_double_holds_and_long_integers_are_kept_verbatim(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    created = await api.post(f"/runs/{run_id}/streams", json={"stream_id": "n", **OK})
+    assert created.status_code == 201, created.text
+    long_integer = b"9" * 5000
+    values = [b"1.7976931348623157e308", b"-1e308", b"1e-400", b'"1e400"', long_integer]
+    for value in values:
+        appended = await api.post(
+            f"/runs/{run_id}/streams/n/records",
+            content=b'{"records": [{"data": %s}]}' % value,
+            headers={"Content-Type": "application/json"},
+        )
+        assert appended.status_code == 201, appended.text
+    page = await api.get(f"/runs/{run_id}/streams/n/records")
+    assert page.status_code == 200, page.text
+    for value in values:
+        assert b'"data":' + value in page.content

@@ -378,3 +378,86 @@ async def test_legal_hold_needs_the_admin_scope(
 async def test_legal_hold_of_an_unknown_stream_is_404(api: httpx.AsyncClient, run_id: str) -> None:
     response = await api.put(f"/runs/{run_id}/streams/nope/legal-hold", json={"enabled": True})
     assert_problem(response, 404, "not-found")
+
+
+# -- one representation, documented maximums, ceilings ------------------------------------------
+
+
+def typed(value: Any) -> Any:
+    """JSON values with their JSON number kind: 30 and 30.0 are told apart, as a client does."""
+    if isinstance(value, dict):
+        return {k: typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [(None, 30), (2, 2), (0.5, 0.5), (10.0, 10.0)],
+    ids=["default", "integer", "fraction", "integral-float"],
+)
+async def test_block_timeout_reads_back_the_same_in_every_answer(
+    api: httpx.AsyncClient, run_id: str, given: Any, expected: Any
+) -> None:
+    limits = {} if given is None else {"block_timeout_seconds": given}
+    created = await create(api, run_id, stream_id="t", limits=limits)
+    assert typed(created["limits"]["block_timeout_seconds"]) == typed(expected)
+    got = await document(api, run_id, "t")
+    listing = stream_documents((await api.get(f"/runs/{run_id}/streams")).json())
+    closed = (await api.post(f"/runs/{run_id}/streams/t/close")).json()
+    for answer in (got, listing[0], closed):
+        assert typed(answer["limits"]) == typed(created["limits"])
+
+
+MAX_EXACT_INTEGER = 2**53 - 1
+MAX_RETENTION_AGE_SECONDS = 100 * 365 * 86_400
+
+
+async def test_the_documented_maximums_are_accepted_and_the_stream_works(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    limits = {
+        "max_unread_items": MAX_EXACT_INTEGER,
+        "max_unread_bytes": MAX_EXACT_INTEGER,
+        "max_total_items": MAX_EXACT_INTEGER,
+        "max_total_bytes": MAX_EXACT_INTEGER,
+        "block_timeout_seconds": 300,
+    }
+    retention = {"max_age_seconds": MAX_RETENTION_AGE_SECONDS, "max_records": MAX_EXACT_INTEGER}
+    created = await create(api, run_id, stream_id="big", limits=limits, retention=retention)
+    assert created["limits"] == {**limits, "unread_policy": "reject"}
+    assert created["retention"] == retention
+    assert (await append(api, run_id, "big", 1, 2)).status_code == 201
+    state = (await document(api, run_id, "big"))["state"]
+    assert (state["head"], state["earliest"]) == (2, 1)
+
+
+async def test_a_batch_that_can_never_fit_the_total_ceiling_is_400(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    await create(api, run_id, stream_id="small", limits={"max_total_bytes": 100})
+    body = assert_problem(await append(api, run_id, "small", "x" * 120), 400, "invalid-input")
+    assert "can never fit the stream's total ceiling of 100 bytes" in body["detail"], body
+    state = (await document(api, run_id, "small"))["state"]
+    assert (state["head"], state["total_bytes"]) == (0, 0)
+
+    await create(api, run_id, stream_id="few", limits={"max_total_items": 2})
+    body = assert_problem(await append(api, run_id, "few", 1, 2, 3), 400, "invalid-input")
+    assert "can never fit the stream's total ceiling of 2 records" in body["detail"], body
+
+
+async def test_a_batch_that_would_pass_the_total_ceiling_is_409_with_what_is_used(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    await create(api, run_id, stream_id="part", limits={"max_total_bytes": 100})
+    assert (await append(api, run_id, "part", "x" * 58)).status_code == 201  # 60 bytes
+    body = assert_problem(await append(api, run_id, "part", "y" * 58), 409, "quota-exhausted")
+    assert "would pass the stream's total ceiling of 100 bytes: 60 are used" in body["detail"]
+    assert (body["total_bytes"], body["max_total_bytes"]) == (60, 100)
+    assert (await append(api, run_id, "part", "z" * 38)).status_code == 201  # exactly 100
+    # Used up: even a batch bigger than the whole ceiling is told the ceiling is reached.
+    for data in ("w", "w" * 200):
+        body = assert_problem(await append(api, run_id, "part", data), 409, "quota-exhausted")
+        assert "the stream's total ceiling of 100 bytes is reached" in body["detail"], body
+        assert body["total_bytes"] == 100

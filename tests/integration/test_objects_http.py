@@ -138,6 +138,35 @@ async def test_only_the_preparing_principal_may_touch_the_intent(
         assert (await mallory.get(body_path)).status_code == 200  # readers may look
 
 
+@pytest.mark.parametrize("committed", [False, True], ids=["prepared", "committed"])
+async def test_another_principal_reusing_a_key_is_refused_and_learns_nothing(
+    api: httpx.AsyncClient, tokens, server: ServerProcess, run_id: str, committed: bool
+) -> None:
+    path = await new_stream(api, run_id)
+    body, key = b"alice's body", "shared-key"
+    async with (
+        api_client(server, await tokens.create(principal="alice")) as alice,
+        api_client(server, await tokens.create(principal="bob")) as bob,
+    ):
+        prepared = await alice.post(f"{path}/objects", json=prepare_body(body, key))
+        assert prepared.status_code == 201, prepared.text
+        intent = prepared.json()
+        if committed:
+            body_path = f"{path}/objects/{intent['object_id']}"
+            assert (await alice.put(f"{body_path}/body", content=body)).status_code == 200
+            assert (await alice.post(f"{body_path}/commit")).status_code == 201
+        for fields in (prepare_body(body, key), prepare_body(b"bob's", key)):
+            refused = await bob.post(f"{path}/objects", json=fields)
+            assert refused.status_code == 422, refused.text
+            problem = refused.json()
+            assert problem["code"] == "idempotency-key-reused"
+            assert intent["object_id"] not in refused.text
+            assert "upload" not in problem and "url" not in refused.text
+        # Alice's own retry still gets her intent.
+        again = await alice.post(f"{path}/objects", json=prepare_body(body, key))
+        assert again.status_code == 200 and again.json()["object_id"] == intent["object_id"]
+
+
 async def test_a_closed_stream_refuses_commit(api: httpx.AsyncClient, run_id: str) -> None:
     path = await new_stream(api, run_id)
     intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
