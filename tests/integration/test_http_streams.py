@@ -461,3 +461,28 @@ async def test_a_batch_that_would_pass_the_total_ceiling_is_409_with_what_is_use
         body = assert_problem(await append(api, run_id, "part", data), 409, "quota-exhausted")
         assert "the stream's total ceiling of 100 bytes is reached" in body["detail"], body
         assert body["total_bytes"] == 100
+
+
+def _schema(document: dict[str, Any], name: str) -> dict[str, Any]:
+    schemas = document["components"]["schemas"]
+    [key] = [k for k in schemas if k == name or k.endswith("." + name) or k.endswith("_" + name)]
+    return schemas[key]
+
+
+def test_the_openapi_document_shows_the_definition_bounds(server: Any) -> None:
+    document = httpx.get(server.base_url + "/schema/openapi.json", timeout=30).json()
+    limits = _schema(document, "Limits")["properties"]
+    retention = _schema(document, "Retention")["properties"]
+    authorization = _schema(document, "Authorization")["properties"]
+
+    def maximum(prop: dict[str, Any]) -> Any:
+        found = [p.get("maximum") for p in prop.get("oneOf", prop.get("anyOf", [prop]))]
+        return {m for m in found if m is not None}
+
+    for name in ("max_unread_items", "max_unread_bytes", "max_total_items", "max_total_bytes"):
+        assert maximum(limits[name]) == {MAX_EXACT_INTEGER}, limits[name]
+    assert maximum(limits["block_timeout_seconds"]) == {300}, limits["block_timeout_seconds"]
+    assert maximum(retention["max_age_seconds"]) == {MAX_RETENTION_AGE_SECONDS}, retention
+    assert maximum(retention["max_records"]) == {MAX_EXACT_INTEGER}, retention
+    for name in ("readers", "writers"):
+        assert authorization[name].get("minItems") == 1, authorization[name]
