@@ -30,9 +30,9 @@ DEPENDS_ON_THE_INTENT = {"uploadObjectBody": frozenset({"object-too-large"})}
 # The records of an input stream cannot hold U+0000 (the wait service cannot carry it); the
 # document describes an append to any stream.
 INPUT_STREAM_ONLY = "which an input stream cannot deliver"
-# A batch larger than the stream's own unread ceiling (a definition may set it to a few bytes)
-# can never be appended to that stream; the document describes an append to any stream.
-NEVER_FITS = "can never fit the unread ceiling"
+# A batch larger than the stream's own unread or total ceiling (a definition may set either to a
+# few bytes) can never be appended to that stream; the document describes an append to any stream.
+NEVER_FITS = ("can never fit the unread ceiling", "can never fit the stream's total ceiling")
 # The service honours `wait` up to 60 s; a bounded run cannot spend that on every read.
 LONGEST_WAIT = 0.2
 
@@ -53,7 +53,9 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
     problem = _problem(response)
     operation = case.operation.definition.raw.get("operationId")
     detail = problem.get("detail", "")
-    if operation == "appendRecords" and (INPUT_STREAM_ONLY in detail or NEVER_FITS in detail):
+    if operation == "appendRecords" and (
+        INPUT_STREAM_ONLY in detail or any(never in detail for never in NEVER_FITS)
+    ):
         return False
     code = problem.get("code")
     return code not in DEPENDS_ON_STATE | DEPENDS_ON_THE_INTENT.get(operation, frozenset())
