@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+import msgspec
 import pytest
 
 from domain import errors
 from domain import events as ev
+from domain.objects import AuthorizationReceipt, ObjectIntent
 from domain.stream import Stream
 from tests.support.builders import NOW, definition, new_key, record
 
@@ -96,6 +100,42 @@ def test_the_total_byte_ceiling_is_quota_exhausted() -> None:
     s = appended(stream(max_total_bytes=4), b"123")
     with pytest.raises(errors.QuotaExhausted):
         s.append([record(b"12")], NOW)
+
+
+def test_a_batch_larger_than_the_whole_total_ceiling_is_invalid_input_while_room_is_left() -> None:
+    with pytest.raises(errors.InvalidInput, match="can never fit the stream's total ceiling"):
+        stream(max_total_bytes=4).append([record(b"12345")], NOW)
+    with pytest.raises(errors.InvalidInput, match="can never fit the stream's total ceiling"):
+        stream(max_total_items=1).append([record(), record()], NOW)
+    full = appended(stream(max_total_bytes=4), b"1234")
+    with pytest.raises(errors.QuotaExhausted, match="is reached"):
+        full.append([record(b"12345")], NOW)
+
+
+def test_another_principals_intent_under_the_same_key_is_idempotency_key_reused() -> None:
+    s = stream()
+    intent = ObjectIntent(
+        object_id="obj-1",
+        idempotency_key="k",
+        state="prepared",
+        size=1,
+        sha256="0" * 64,
+        content_type="application/octet-stream",
+        schema=None,
+        storage_region="local",
+        storage_key="t1/r/s/obj-1",
+        receipt=AuthorizationReceipt(principal="alice", scopes=(), decided_at=NOW),
+        expires_at=NOW + timedelta(hours=1),
+        created_at=NOW,
+    )
+    for e in s.prepare_object(intent, NOW):
+        s.apply(e)
+    assert s.prepare_object(intent, NOW) == []
+    bobs = msgspec.structs.replace(
+        intent, receipt=AuthorizationReceipt(principal="bob", scopes=(), decided_at=NOW)
+    )
+    with pytest.raises(errors.IdempotencyKeyReused, match="in use on this stream by another"):
+        s.prepare_object(bobs, NOW)
 
 
 def test_a_closed_stream_refuses_appends_and_closing_again_is_a_no_op() -> None:
