@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import msgspec
@@ -74,6 +74,12 @@ class StreamRepository(Protocol):
         listeners. One command's failure leaves the others untouched. Raises NotFound."""
 
     async def journal(self, key: StreamKey) -> list[Event]: ...
+
+
+class AppendReceipts(Protocol):
+    async def forget_receipts(self, older_than: timedelta, batch: int = 1000) -> int:
+        """Remove every append receipt created more than `older_than` ago, `batch` at a time
+        (whatever its stream's legal hold: a receipt is not a record); answer how many."""
 
 
 class StoredRecord(msgspec.Struct, frozen=True):

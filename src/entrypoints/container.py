@@ -9,7 +9,7 @@ import os
 import secrets
 import socket
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -333,11 +333,19 @@ async def start(container: Container) -> Services:
 
 
 async def workers(container: Container) -> list[Worker | Periodic]:
-    """The background workers: pruner, deletion worker, input dispatcher, orphan sweeper."""
+    """The background workers: pruner, deletion worker, input dispatcher, orphan sweeper and the
+    sweeper of append receipts older than the idempotency window."""
     objects = await resolved(container.objects())
     sweeper = Periodic(
         "orphan sweeper",
         objects.expire_due,  # type: ignore[attr-defined]
+        container.settings().sweep_interval_seconds,
+    )
+    streams = await resolved(container.streams())
+    window = timedelta(seconds=container.settings().idempotency_window_seconds)
+    receipt_sweeper = Periodic(
+        "receipt sweeper",
+        lambda: streams.forget_receipts(window),  # type: ignore[attr-defined]
         container.settings().sweep_interval_seconds,
     )
     return [
@@ -345,6 +353,7 @@ async def workers(container: Container) -> list[Worker | Periodic]:
         await resolved(container.deleter()),  # type: ignore[list-item]
         await resolved(container.dispatcher()),  # type: ignore[list-item]
         sweeper,
+        receipt_sweeper,
     ]
 
 

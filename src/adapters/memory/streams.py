@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 
@@ -45,6 +45,7 @@ class _Row(msgspec.Struct):
     records: dict[int, StoredRecord] = msgspec.field(default_factory=dict)
     offsets: dict[int, int] = msgspec.field(default_factory=dict)
     receipts: dict[str, Receipt] = msgspec.field(default_factory=dict)
+    receipts_created: dict[str, datetime] = msgspec.field(default_factory=dict)
 
 
 class DeliveryRow(msgspec.Struct):
@@ -130,6 +131,7 @@ class MemoryStreams:
                             rows[sequence] = DeliveryRow()
                 for receipt in changes.receipts:
                     row.receipts[receipt.key] = receipt
+                    row.receipts_created[receipt.key] = datetime.now(UTC)
                 row.journal.extend(encode_event(e) for e in changes.events)
                 self._project_objects(key, changes.events)
                 row.state = encode_state(stream.state)
@@ -163,6 +165,16 @@ class MemoryStreams:
 
     async def intent(self, key: StreamKey, object_id: str) -> ObjectIntent | None:
         return self._intents.get((key, object_id))
+
+    async def forget_receipts(self, older_than: timedelta, batch: int = 1000) -> int:
+        cutoff = datetime.now(UTC) - older_than
+        forgotten = 0
+        for row in self._rows.values():
+            for key, created in list(row.receipts_created.items()):
+                if created < cutoff:
+                    del row.receipts[key], row.receipts_created[key]
+                    forgotten += 1
+        return forgotten
 
     async def expired_intents(self, now: datetime, limit: int) -> list[tuple[StreamKey, str]]:
         return [

@@ -11,7 +11,7 @@ transaction, so a listener can never be woken before the records it will reread 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import asyncpg
 
@@ -66,6 +66,13 @@ SELECT state, CASE WHEN $4::boolean THEN definition END FROM streams WHERE {_KEY
 _RECEIPTS = f"""
 SELECT idempotency_key, fingerprint, answer FROM append_receipts
 WHERE {_KEY} AND idempotency_key = ANY($4::text[])
+"""
+
+# By physical row, so each batch is one short statement however many receipts are due.
+_FORGET_RECEIPTS = """
+DELETE FROM append_receipts WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM append_receipts WHERE created_at < now() - $1::interval LIMIT $2
+))
 """
 
 _OFFSETS = f"""
@@ -243,6 +250,15 @@ class PostgresStreams:
 
     async def intent(self, key: StreamKey, object_id: str) -> ObjectIntent | None:
         return await read_intent(self._pool, key, object_id)
+
+    async def forget_receipts(self, older_than: timedelta, batch: int = 1000) -> int:
+        forgotten = 0
+        while True:
+            status = await self._pool.execute(_FORGET_RECEIPTS, older_than, batch)
+            removed = int(status.rpartition(" ")[2])
+            forgotten += removed
+            if removed < batch:
+                return forgotten
 
     async def expired_intents(self, now: datetime, limit: int) -> list[tuple[StreamKey, str]]:
         return await read_expired_intents(self._pool, now, limit)
