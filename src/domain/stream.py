@@ -8,7 +8,7 @@ acknowledged record, so unread items and bytes after the minimum acknowledgement
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 import msgspec
@@ -270,6 +270,24 @@ class Stream:
             )
         ]
 
+    # -- expiry ---------------------------------------------------------------------------------
+
+    def expired(self, now: datetime, last_access: datetime | None, grace: timedelta) -> bool:
+        """Past its expiry (an idle one `grace` later) and not under a legal hold, which
+        suspends expiry: a held stream stays whole and readable however long it is idle."""
+        if self.state.legal_hold.enabled:
+            return False
+        return self.definition.expiry.passed(now, last_access, grace)
+
+    def expire(
+        self, now: datetime, last_access: datetime | None, grace: timedelta = timedelta(0)
+    ) -> list[ev.Event]:
+        """Erase the stream if it is expired (decided under the row lock, so a hold put on
+        meanwhile, or an access recorded meanwhile, keeps it)."""
+        if not self.expired(now, last_access, grace):
+            return []
+        return [ev.StreamDeleted(version=self.state.version + 1, at=now, reason="expired")]
+
     # -- object intents ---------------------------------------------------------------------------
 
     def prepare_object(self, intent: ObjectIntent, now: datetime) -> list[ev.Event]:
@@ -382,6 +400,8 @@ class Stream:
                 )
             case ev.ObjectCommitted() | ev.ObjectAborted() | ev.ObjectExpired():
                 del s.objects[event.object_id]
+            case ev.StreamDeleted():
+                pass  # the port erases the stream with this event: no state is left to change
             case _:
                 raise TypeError(f"unknown event {type(event).__name__}")
         s.version = event.version

@@ -24,11 +24,13 @@ with without_optional_integrations(
     # werkzeug) that was 13 MB of every server process (docs/benchmarks.md, (6)).
     from dependency_injector import containers, providers
 
+from adapters.memory.access import MemoryStreamAccess
 from adapters.memory.deliveries import MemoryInputDeliveries
 from adapters.memory.streams import MemoryStreams
 from adapters.memory.tokens import MemoryTokens
 from adapters.objects.filesystem import FilesystemObjectStore
 from adapters.objects.memory import MemoryObjectStore
+from adapters.postgres.access import PostgresStreamAccess
 from adapters.postgres.deliveries import PostgresInputDeliveries
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
 from adapters.postgres.streams import PostgresStreams
@@ -42,6 +44,7 @@ from application.close_stream import CloseStream
 from application.create_stream import CreateStream
 from application.definitions import Definitions
 from application.deletions import DeleteBodies
+from application.expiry import AccessLog, SweepExpired
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
 from application.input_delivery import Dispatch
@@ -185,15 +188,19 @@ class Container(containers.DeclarativeContainer):
         region=settings.provided.region,
         egress_region=settings.provided.egress_region,
     )
-    definitions = providers.Singleton(Definitions, streams, deployment)
+    stream_access = providers.Singleton(PostgresStreamAccess, pool)
+    access_log = providers.Singleton(
+        AccessLog, stream_access, clock, settings.provided.access_flush_seconds
+    )
+    definitions = providers.Singleton(Definitions, streams, deployment, access_log)
     commits = providers.Singleton(GroupCommit, streams)
 
     authenticate = providers.Singleton(
         Authenticate, tokens, ttl_seconds=settings.provided.token_cache_seconds
     )
     issue_token = providers.Singleton(IssueToken, tokens)
-    create_stream = providers.Singleton(CreateStream, streams, clock, deployment)
-    list_streams = providers.Singleton(ListStreams, streams, deployment)
+    create_stream = providers.Singleton(CreateStream, streams, clock, deployment, access_log)
+    list_streams = providers.Singleton(ListStreams, streams, deployment, access_log, stream_access)
     append_records = providers.Singleton(AppendRecords, definitions, commits, wake, clock)
     read_records = providers.Singleton(ReadRecords, definitions, streams, wake)  # reads pages too
     acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
@@ -253,7 +260,7 @@ class Container(containers.DeclarativeContainer):
         batch=DISPATCH_CONCURRENCY,  # claim only streams it can start: none waits behind another
         concurrency=DISPATCH_CONCURRENCY,
     )
-    get_stream = providers.Singleton(GetStream, streams, deployment, input_deliveries)
+    get_stream = providers.Singleton(GetStream, streams, deployment, input_deliveries, access_log)
     prune_retention = providers.Singleton(
         PruneRetention,
         streams,
@@ -295,6 +302,7 @@ def memory_container(settings: Settings | None = None) -> Container:
         )
     )
     container.streams.override(providers.Object(streams))
+    container.stream_access.override(providers.Object(MemoryStreamAccess(streams)))
     container.tokens.override(providers.Object(MemoryTokens()))
     return container
 
@@ -327,14 +335,17 @@ async def resolved(value: object) -> object:
 async def start(container: Container) -> Services:
     """Open the resources and build every use case once."""
     await resolved(container.init_resources())
-    return Services(
+    services = Services(
         **{name: await resolved(getattr(container, name)()) for name in Services.__annotations__}
     )
+    access_log = await resolved(container.access_log())
+    access_log.start()  # type: ignore[attr-defined]
+    return services
 
 
 async def workers(container: Container) -> list[Worker | Periodic]:
-    """The background workers: pruner, deletion worker, input dispatcher, orphan sweeper and the
-    sweeper of append receipts older than the idempotency window."""
+    """The background workers: pruner, deletion worker, input dispatcher, orphan sweeper, the
+    sweeper of append receipts older than the idempotency window, and the expiry sweep."""
     objects = await resolved(container.objects())
     sweeper = Periodic(
         "orphan sweeper",
@@ -348,16 +359,28 @@ async def workers(container: Container) -> list[Worker | Periodic]:
         lambda: streams.forget_receipts(window),  # type: ignore[attr-defined]
         container.settings().sweep_interval_seconds,
     )
+    settings = container.settings()
+    expire = SweepExpired(
+        streams,  # type: ignore[arg-type]
+        await resolved(container.stream_access()),  # type: ignore[arg-type]
+        container.clock(),
+        grace=timedelta(seconds=settings.expiry_grace_seconds),
+        access_log=await resolved(container.access_log()),  # type: ignore[arg-type]
+    )
+    expiry_sweeper = Periodic("expiry sweeper", expire, settings.expiry_interval_seconds)
     return [
         await resolved(container.pruner()),  # type: ignore[list-item]
         await resolved(container.deleter()),  # type: ignore[list-item]
         await resolved(container.dispatcher()),  # type: ignore[list-item]
         sweeper,
         receipt_sweeper,
+        expiry_sweeper,
     ]
 
 
 async def stop(container: Container) -> None:
     commits = await resolved(container.commits())
     await commits.drain()  # type: ignore[attr-defined]
+    access_log = await resolved(container.access_log())
+    await access_log.close()  # type: ignore[attr-defined]  # a last flush: a graceful stop loses none
     await resolved(container.shutdown_resources())
