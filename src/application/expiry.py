@@ -99,7 +99,9 @@ class AccessLog:
         if expiry.expires_at is not None:
             if now < expiry.expires_at:
                 return False
-        elif not expiry.passed(now, self._known.get(key), self.slack):
+        elif (known := self._known.get(key)) is not None and not expiry.passed(
+            now, known, self.slack
+        ):
             return False
         record = await self._store.last_access(key)
         if record is None:  # no stream (the caller's lookup answers 404 for that) or no row
