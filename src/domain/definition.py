@@ -143,6 +143,18 @@ class StreamDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     expiry: Expiry = msgspec.field(default_factory=Expiry)
 
 
+# Documented: the document says "at most one" (resolve_definition refuses both, with its answer).
+_AT_MOST_ONE = msgspec.Meta(
+    extra_json_schema={
+        "not": {
+            "properties": {"idle_seconds": {"type": "integer"}, "expires_at": {"type": "string"}},
+            "required": ["idle_seconds", "expires_at"],
+        },
+        "description": "At most one of idle_seconds and expires_at.",
+    }
+)
+
+
 class PlacementRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     metadata_home: Region | None = None
     metadata_replicas: tuple[Region, ...] | None = None
@@ -166,7 +178,7 @@ class DefinitionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     redaction: Redaction = msgspec.field(default_factory=Redaction)
     placement: PlacementRequest = msgspec.field(default_factory=PlacementRequest)
     authorization: Authorization = msgspec.field(default_factory=Authorization)
-    expiry: Expiry = msgspec.field(default_factory=Expiry)
+    expiry: Annotated[Expiry, _AT_MOST_ONE] = msgspec.field(default_factory=Expiry)
 
 
 _CONTENT_CLASSES = frozenset(ContentClass.__args__)  # type: ignore[attr-defined]

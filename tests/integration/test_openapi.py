@@ -79,6 +79,16 @@ def test_the_document_describes_problems_auth_and_media_types(server: ServerProc
     assert (query["cursor"]["minimum"], query["cursor"]["maximum"]) == (0, 2**63 - 1)
     assert (query["limit"]["minimum"], query["limit"]["maximum"]) == (1, 1000)
     assert (query["wait"]["minimum"], query["wait"]["maximum"]) == (0, 60)
+    schemas = doc["components"]["schemas"]
+    expiry = schemas["Expiry"]
+    assert expiry["additionalProperties"] is False
+    [idle, _] = expiry["properties"]["idle_seconds"]["anyOf"]
+    assert (idle["minimum"], idle["maximum"]) == (1, 100 * 365 * 86_400)
+    assert expiry["properties"]["expires_at"]["anyOf"][0]["format"] == "date-time"
+    at_most_one = schemas["DefinitionRequest"]["properties"]["expiry"]["not"]
+    assert at_most_one["required"] == ["idle_seconds", "expires_at"]
+    document_expiry = schemas["StreamDocument"]["properties"]["expiry"]
+    assert document_expiry == {"$ref": "#/components/schemas/Expiry"}
 
 
 @pytest.mark.parametrize(
