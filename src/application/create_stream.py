@@ -46,7 +46,8 @@ class CreateStream:
         key = caller.key(run_id, definition.stream_id)
         stream, created = await self._streams.create(key, definition, now)
         if created and definition.expiry.enabled:
-            self._access.remember(key, now)  # its creation is its last access
+            # Its creation is its first access, recorded with it.
+            self._access.remember(key, now, recorded=True)
         if not created and await self._access.expired(
             key, stream.definition, now, held=stream.state.legal_hold.enabled
         ):

@@ -1,16 +1,19 @@
 """Stream expiry: the last-access log, the one check every route makes, and the sweep.
 
 A read never writes the stream row. Each process keeps the last access of every stream with an
-expiry in memory (`touch`) and flushes what changed every `flush_seconds`, in one statement, to
-the access table. What a crash (kill -9) can lose is therefore the accesses of at most the last
-flush interval, and every decision allows for exactly that:
+expiry in memory (`touch`) and flushes what changed every `flush_seconds` (F), in one statement,
+to the access table. What a crash (kill -9) can lose is the accesses since its last flush. So
+that this never costs more than 2F of a stream's life, an access is written at once (before the
+request is answered) when the latest access this process knows to be recorded is 2F old or
+older: then, after any access at `t`, the table holds an access no older than `t - 2F`, crash or
+not. A stream in steady use is flushed every F and never waits on that write; one used now and
+then pays it at most once per 2F. Every decision allows for exactly that margin:
 
-- a route answers 404 only once `last access + idle_seconds + flush_seconds` has passed, taking
-  the latest access it knows (its own touches, or the recorded one), so a stream is never found
-  expired before `idle_seconds` after an access that happened anywhere;
+- a route answers 404 only once `last access + idle_seconds + 2F` has passed, taking the latest
+  access it knows (its own touches, or the recorded one), so a stream is never found expired
+  before `idle_seconds` after an access that happened anywhere, even one lost in a crash;
 - the sweep erases only once `recorded last access + idle_seconds + grace` has passed, with
-  grace at least twice the flush interval, so an access lost in a crash, or one another process
-  has not flushed yet, never gets a used stream erased.
+  grace at least 2F, for the same reason.
 
 `expires_at` is absolute and needs no margin. A legal hold suspends both: a held stream is
 neither 404 nor erased, whatever its expiry; lifting the hold is a write, so an idle stream's
@@ -53,9 +56,11 @@ class AccessLog:
         self._store = store
         self._clock = clock
         self.flush_seconds = flush_seconds
-        self.slack = timedelta(seconds=flush_seconds)
+        # How far the recorded last access may lag the true one: twice the flush interval.
+        self.slack = timedelta(seconds=2 * flush_seconds)
         self._pending: dict[StreamKey, datetime] = {}
-        self._known: dict[StreamKey, datetime] = {}
+        self._known: dict[StreamKey, datetime] = {}  # the latest access known here
+        self._recorded: dict[StreamKey, datetime] = {}  # the latest known to be in the table
         self._open: dict[StreamKey, int] = {}  # open subscriptions per stream
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -70,14 +75,16 @@ class AccessLog:
             self._pending[key] = now
         self.remember(key, now)
 
-    def remember(self, key: StreamKey, at: datetime) -> None:
-        known = self._known.get(key)
-        if known is None:
-            if len(self._known) >= MAX_REMEMBERED:
-                del self._known[next(iter(self._known))]
-            self._known[key] = at
-        elif known < at:
-            self._known[key] = at
+    def remember(self, key: StreamKey, at: datetime, *, recorded: bool = False) -> None:
+        """Learn of an access at `at`; `recorded`: one the access table holds."""
+        for seen in (self._known, self._recorded) if recorded else (self._known,):
+            known = seen.get(key)
+            if known is None:
+                if len(seen) >= MAX_REMEMBERED:
+                    del seen[next(iter(seen))]
+                seen[key] = at
+            elif known < at:
+                seen[key] = at
 
     def known(self, key: StreamKey) -> datetime | None:
         return self._known.get(key)
@@ -106,7 +113,7 @@ class AccessLog:
         record = await self._store.last_access(key)
         if record is None:  # no stream (the caller's lookup answers 404 for that) or no row
             return False
-        self.remember(key, record.last_access)
+        self.remember(key, record.last_access, recorded=True)
         if held is None:
             held = record.legal_hold
         return not held and expiry.passed(now, self._known[key], self.slack)
@@ -127,6 +134,11 @@ class AccessLog:
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
         if touch:
             self.touch(key, now)
+            recorded = self._recorded.get(key)
+            if recorded is None or now - recorded >= self.slack:
+                # Written before the answer: a crash now cannot lose more than 2F of life.
+                await self._store.record_access({key: now})
+                self.remember(key, now, recorded=True)
 
     def visible(self, streams: list[Stream], run_access: dict[str, datetime]) -> list[Stream]:
         """The streams of one run that are not expired (for listing: no access counts)."""
@@ -135,7 +147,7 @@ class AccessLog:
         for stream in streams:
             key = stream.key
             if (at := run_access.get(key.stream_id)) is not None:
-                self.remember(key, at)
+                self.remember(key, at, recorded=True)
             if stream.state.legal_hold.enabled or not stream.definition.expiry.passed(
                 now, self._known.get(key), self.slack
             ):
@@ -185,6 +197,8 @@ class AccessLog:
                 if pending is None or pending < at:
                     self._pending[key] = at
             raise
+        for key, at in batch.items():
+            self.remember(key, at, recorded=True)
         self.flushed += 1
         return len(batch)
 

@@ -1,8 +1,8 @@
 """Stream expiry end to end: server processes, the expiry sweep in a worker process, PostgreSQL.
 
 Short settings: accesses are flushed every half second, the sweep runs every 0.2 s with a grace
-of one second (twice the flush interval), so a stream with idle_seconds=2 answers 404 from 2.5 s
-after its last access and is erased from 3 s after it."""
+of one second (twice the flush interval), so a stream with idle_seconds=2 answers 404 from 3 s
+after its last access (idle_seconds and twice the flush interval) and is erased from then too."""
 
 from __future__ import annotations
 
@@ -118,8 +118,8 @@ async def test_reads_on_any_replica_keep_an_idle_stream_alive_then_it_is_404_eve
         # ...and replica A, which saw nothing since it created the stream, hears of them
         # through the flushed accesses.
         assert (await api_a.get(path + "/records")).status_code == 200
-        # Idle: 404 from idle_seconds plus one flush interval after the last access.
-        await asyncio.sleep(2 + FLUSH_SECONDS + 0.2)
+        # Idle: 404 from idle_seconds plus twice the flush interval after the last access.
+        await asyncio.sleep(2 + 2 * FLUSH_SECONDS + 0.2)
         assert await statuses(api_a, run_id, "s") == ALL_404
         assert (await api_b.get(path)).status_code == 404
         listed = await api_b.get(f"/runs/{run_id}/streams")
@@ -178,7 +178,7 @@ async def test_a_legal_hold_suspends_expiry_and_lifting_it_lets_it_expire(
         assert (await api.get(f"/runs/{run_id}/streams/dated")).status_code == 404
         # Lifting the hold is a write: the idle one has its idle second again, then goes.
         assert (await api.get(f"/runs/{run_id}/streams/idle")).status_code == 200
-        await asyncio.sleep(1 + FLUSH_SECONDS + 0.2)
+        await asyncio.sleep(1 + 2 * FLUSH_SECONDS + 0.2)
         assert (await api.get(f"/runs/{run_id}/streams/idle")).status_code == 404
 
 
@@ -237,53 +237,73 @@ def crashable(postgres_admin_url: str, tmp_path: Path) -> Iterator[Deployment]:
     yield from deployment(postgres_admin_url, tmp_path, CRASH_ENV, 1)
 
 
-async def recorded_access(url: str, run_id: str) -> datetime | None:
+async def recorded_access(url: str, run_id: str, stream_id: str) -> datetime | None:
     connection = await asyncpg.connect(url)
     try:
         return await connection.fetchval(
-            "SELECT last_access_at FROM stream_access WHERE run_id = $1", run_id
+            "SELECT last_access_at FROM stream_access WHERE run_id = $1 AND stream_id = $2",
+            run_id,
+            stream_id,
         )
     finally:
         await connection.close()
 
 
-async def stream_rows(url: str, run_id: str) -> int:
+async def stream_rows(url: str, run_id: str, stream_id: str) -> int:
     connection = await asyncpg.connect(url)
     try:
-        return await connection.fetchval("SELECT count(*) FROM streams WHERE run_id = $1", run_id)
+        return await connection.fetchval(
+            "SELECT count(*) FROM streams WHERE run_id = $1 AND stream_id = $2", run_id, stream_id
+        )
     finally:
         await connection.close()
 
 
 @pytest.mark.slow
-async def test_a_kill_9_right_after_reads_does_not_expire_the_stream_early(
+async def test_a_kill_9_right_after_reads_does_not_expire_the_streams_early(
     crashable: Deployment, run_id: str
 ) -> None:
+    """Two streams: "busy" is read all the time, so its accesses go in the batches every two
+    seconds; "rare" is read once, long after its creation, so that read is written at once.
+    The server is killed right after a read of each, before the next flush."""
     [server] = crashable.servers
-    path = f"/runs/{run_id}/streams/s"
+    busy, rare = (f"/runs/{run_id}/streams/{name}" for name in ("busy", "rare"))
     async with api_client(server) as api:
-        await create(api, run_id, "s", expiry={"idle_seconds": CRASH_IDLE_SECONDS})
-        created = await recorded_access(crashable.url, run_id)
-        # Read until a flush has recorded one of the reads...
-        async with asyncio.timeout(3 * CRASH_FLUSH_SECONDS):
-            while await recorded_access(crashable.url, run_id) == created:
-                assert (await api.get(path + "/records")).status_code == 200
+        await create(api, run_id, "rare", expiry={"idle_seconds": CRASH_IDLE_SECONDS})
+        await create(api, run_id, "busy", expiry={"idle_seconds": CRASH_IDLE_SECONDS})
+        started = time.monotonic()
+        recorded = await recorded_access(crashable.url, run_id, "busy")
+        # Read "busy" until a flush, at least twice the flush interval after "rare" was created,
+        # has recorded one of the reads...
+        async with asyncio.timeout(5 * CRASH_FLUSH_SECONDS):
+            while True:
+                assert (await api.get(busy + "/records")).status_code == 200
                 await asyncio.sleep(0.2)
-        # ...then read again, well inside the flush interval, and crash before the next flush:
-        # this read is lost, and the last recorded access is at least half a second older.
-        await asyncio.sleep(0.5)
-        assert (await api.get(path)).status_code == 200
-        last_read = time.monotonic()
+                now = await recorded_access(crashable.url, run_id, "busy")
+                if now != recorded and time.monotonic() - started > 2 * CRASH_FLUSH_SECONDS + 0.5:
+                    break
+                recorded = now
+        # ...then read each once more, well inside the flush interval, and crash before the next
+        # flush: the read of "busy" is lost, and its last recorded access is older by more than
+        # 0.8 s; the read of "rare" was written before it was answered.
+        await asyncio.sleep(0.8)
+        assert (await api.get(rare)).status_code == 200
+        rare_read = time.monotonic()
+        assert (await api.get(busy)).status_code == 200
+        busy_read = time.monotonic()
         server.kill()
-    lost = await recorded_access(crashable.url, run_id)
+    lost = await recorded_access(crashable.url, run_id, "busy")
     server.start()
-    # The stream was used at `last_read`: nothing may take it before idle_seconds from then,
-    # though the database only knows of an access more than half a second older.
-    check_at = last_read + CRASH_IDLE_SECONDS - 0.3
+    # Both were used: nothing may take either before idle_seconds after its last read, though
+    # the database knows of no read of "busy" in the last 0.8 s before the crash.
+    check_at = min(rare_read, busy_read) + CRASH_IDLE_SECONDS - 0.5
     assert time.monotonic() < check_at, "the restart took too long for this test to say anything"
     await asyncio.sleep(check_at - time.monotonic())
-    assert await recorded_access(crashable.url, run_id) == lost  # nothing accessed it meanwhile
-    assert await stream_rows(crashable.url, run_id) == 1  # not erased by the sweep
+    assert await recorded_access(crashable.url, run_id, "busy") == lost
+    for stream_id in ("rare", "busy"):
+        assert await stream_rows(crashable.url, run_id, stream_id) == 1  # not erased
     async with api_client(server) as api:
-        answer = await api.get(path)
-        assert answer.status_code == 200, answer.text
+        for path in (rare, busy):
+            answer = await api.get(path)
+            assert answer.status_code == 200, (path, answer.text)
+    assert time.monotonic() < busy_read + CRASH_IDLE_SECONDS  # still inside idle_seconds
