@@ -14,6 +14,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
@@ -200,3 +201,36 @@ def test_a_revoked_bootstrap_token_stays_revoked_across_a_restart(
         assert "BOOTSTRAP_TOKEN was revoked and stays revoked" in replica.log()
     finally:
         replica.stop()
+
+
+async def reconnects(server: ServerProcess) -> float:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as client:
+        text = (await client.get("/metrics")).text
+    for line in text.splitlines():
+        if line.startswith("ductor_streams_wake_bus_reconnects_total "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def test_a_revocation_missed_by_the_bus_is_forgotten_when_it_reconnects(
+    server: ServerProcess, server_b: ServerProcess, tokens: Tokens, pool: asyncpg.Pool
+) -> None:
+    token = await tokens.create(principal="missed")
+    for replica in (server, server_b):
+        assert await status(replica, token) == ACCEPTED
+    # Revoked without the notification (as if it were lost): the cache keeps serving it...
+    await pool.execute("UPDATE api_tokens SET revoked_at = now() WHERE token_id = $1", tid(token))
+    for replica in (server, server_b):
+        assert await status(replica, token) == ACCEPTED
+    # ...until the bus reconnects, which forgets every remembered token.
+    before = [await reconnects(replica) for replica in (server, server_b)]
+    await pool.execute(
+        """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+           WHERE application_name = 'ductor-streams-listen' AND datname = current_database()"""
+    )
+    async with asyncio.timeout(10):
+        for replica, count in zip((server, server_b), before, strict=True):
+            while await reconnects(replica) <= count:
+                await asyncio.sleep(0.05)
+    for replica in (server, server_b):
+        assert await status(replica, token) == 401
