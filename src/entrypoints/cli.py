@@ -346,12 +346,15 @@ T = TypeVar("T")
 
 async def _on_tokens(url: str, use: Callable[[PostgresTokens], Awaitable[T]]) -> T:
     """Migrate the configured database, then run `use` on its tokens."""
-    conn = await asyncpg.connect(url)
     try:
-        await migrate(conn)
-    finally:
-        await conn.close()
-    pool = await asyncpg.create_pool(url, min_size=1, max_size=1)
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+        pool = await asyncpg.create_pool(url, min_size=1, max_size=1, timeout=10)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        raise CommandError(f"cannot reach the database: {error}", exit_code=1) from None
     try:
         return await use(PostgresTokens(pool))
     finally:

@@ -53,7 +53,7 @@ from application.read_records import ReadRecords
 from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe, SubscriptionSlots
-from application.tokens import Authenticate, IssueToken, ListTokens, RevokeToken, TokenCache
+from application.tokens import Authenticate, IssueToken, TokenCache
 from application.wake import WakeRegistry
 from application.workers import Periodic, Worker
 from entrypoints.config import Settings
@@ -191,8 +191,6 @@ class Container(containers.DeclarativeContainer):
 
     authenticate = providers.Singleton(Authenticate, tokens, token_cache)
     issue_token = providers.Singleton(IssueToken, tokens)
-    revoke_token = providers.Singleton(RevokeToken, tokens, token_cache)
-    list_tokens = providers.Singleton(ListTokens, tokens)
     create_stream = providers.Singleton(CreateStream, streams, clock, deployment)
     list_streams = providers.Singleton(ListStreams, streams, deployment)
     append_records = providers.Singleton(AppendRecords, definitions, commits, wake, clock)
