@@ -57,8 +57,10 @@ class Tokens:
         tenant: str = "default",
         principal: str = "tester",
         scopes: tuple[str, ...] = SCOPES,
+        expires_in_seconds: int | None = None,
     ) -> str:
-        return await self._issue(make_caller(tenant, principal, list(scopes)))
+        caller = make_caller(tenant, principal, list(scopes))
+        return await self._issue(caller, expires_in_seconds=expires_in_seconds)
 
 
 @pytest.fixture(scope="session")

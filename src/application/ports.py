@@ -111,11 +111,39 @@ class RecordReader(Protocol):
         (at most `limit` of them), or `after` when the next one is younger."""
 
 
-class TokenStore(Protocol):
-    async def find(self, token_hash: bytes) -> Caller | None: ...
+class FoundToken(msgspec.Struct, frozen=True):
+    """A token that may be used now, and for how long at most (its expiry, by the store's
+    clock: a cache counts it down on its own clock, so the two clocks never need to agree)."""
 
-    async def put(self, token_hash: bytes, caller: Caller) -> None:
-        """Store (or replace) the token with this hash."""
+    caller: Caller
+    expires_in_seconds: float | None  # None: it does not expire
+
+
+class TokenRecord(msgspec.Struct, frozen=True):
+    """What is known about a token, without the token or its hash."""
+
+    token_id: str
+    caller: Caller
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenStore(Protocol):
+    async def find(self, token_hash: bytes) -> FoundToken | None:
+        """The token with this hash, unless it is unknown, revoked or expired."""
+
+    async def put(
+        self, token_hash: bytes, caller: Caller, expires_in_seconds: int | None = None
+    ) -> None:
+        """Store (or replace) the token with this hash. A revoked token stays revoked."""
+
+    async def revoke(self, token_id: str) -> bool:
+        """Revoke the token with this id (again, if it already is) and tell every process that
+        caches tokens to forget it; False if there is no such token."""
+
+    async def list(self, tenant: str | None = None) -> list[TokenRecord]:
+        """Every token (revoked and expired ones too), by tenant then creation."""
 
 
 class ObjectIntents(Protocol):

@@ -53,7 +53,7 @@ from application.read_records import ReadRecords
 from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe, SubscriptionSlots
-from application.tokens import Authenticate, IssueToken
+from application.tokens import Authenticate, IssueToken, TokenCache
 from application.wake import WakeRegistry
 from application.workers import Periodic, Worker
 from entrypoints.config import Settings
@@ -103,10 +103,10 @@ async def open_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool | None]:
 
 
 async def open_wake_bus(
-    settings: Settings, wake: WakeRegistry
+    settings: Settings, wake: WakeRegistry, tokens: TokenCache | None = None
 ) -> AsyncIterator[PostgresWakeBus | None]:
     assert settings.database_url is not None
-    bus = PostgresWakeBus(settings.database_url, wake, settings.head_check_seconds)
+    bus = PostgresWakeBus(settings.database_url, wake, settings.head_check_seconds, tokens=tokens)
     await bus.start()
     try:
         yield bus
@@ -174,7 +174,8 @@ class Container(containers.DeclarativeContainer):
     streams = providers.Singleton(PostgresStreams, pool)
     tokens = providers.Singleton(PostgresTokens, pool)
     wake = providers.Singleton(WakeRegistry)
-    wake_bus = providers.Resource(open_wake_bus, settings, wake)
+    token_cache = providers.Singleton(TokenCache, settings.provided.token_cache_seconds)
+    wake_bus = providers.Resource(open_wake_bus, settings, wake, token_cache)
     tails = providers.Singleton(LiveTails, streams, wake)
     subscription_slots = providers.Singleton(
         SubscriptionSlots, settings.provided.max_subscriptions_per_principal
@@ -188,9 +189,7 @@ class Container(containers.DeclarativeContainer):
     definitions = providers.Singleton(Definitions, streams, deployment)
     commits = providers.Singleton(GroupCommit, streams)
 
-    authenticate = providers.Singleton(
-        Authenticate, tokens, ttl_seconds=settings.provided.token_cache_seconds
-    )
+    authenticate = providers.Singleton(Authenticate, tokens, token_cache)
     issue_token = providers.Singleton(IssueToken, tokens)
     create_stream = providers.Singleton(CreateStream, streams, clock, deployment)
     list_streams = providers.Singleton(ListStreams, streams, deployment)

@@ -25,6 +25,8 @@ from collections.abc import Callable
 import asyncpg
 
 from adapters.postgres.streams import WAKE_CHANNEL
+from adapters.postgres.tokens import TOKENS_CHANNEL
+from application.tokens import TokenCache
 from application.wake import WakeRegistry
 from domain.stream import StreamKey
 
@@ -66,7 +68,11 @@ class PostgresWakeBus:
         registry: WakeRegistry,
         head_check_seconds: float = 2.0,
         application_name: str = "ductor-streams-listen",
+        tokens: TokenCache | None = None,
     ) -> None:
+        # Token revocations arrive on TOKENS_CHANNEL on the same connection (with the token's
+        # id); each (re)connection forgets the whole cache, since one may have been missed.
+        self._tokens = tokens
         self._url = url
         self._registry = registry
         self._interval = head_check_seconds
@@ -104,6 +110,10 @@ class PostgresWakeBus:
             self._notified[key] = head
         self._registry.notify(key)
 
+    def _on_token_revoked(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if self._tokens is not None:
+            self._tokens.forget(payload)
+
     async def _run(self) -> None:
         backoff = RECONNECT_FIRST_SECONDS
         first = True
@@ -126,6 +136,9 @@ class PostgresWakeBus:
             conn.add_termination_listener(lambda _c, lost=lost: lost.set())
             try:
                 await conn.add_listener(WAKE_CHANNEL, self._on_notification)
+                if self._tokens is not None:
+                    await conn.add_listener(TOKENS_CHANNEL, self._on_token_revoked)
+                    self._tokens.listening()
                 self.connected.set()
                 backoff = RECONNECT_FIRST_SECONDS
                 if not first:
@@ -143,6 +156,8 @@ class PostgresWakeBus:
                 log.warning("wake bus lost its connection (%s)", type(error).__name__)
             finally:
                 self.connected.clear()
+                if self._tokens is not None:
+                    self._tokens.not_listening()
                 conn.terminate()
 
     async def _check_heads(self, conn: asyncpg.Connection, detected_by: str) -> None:
