@@ -268,6 +268,7 @@ class Container(containers.DeclarativeContainer):
         streams,
         providers.Singleton(PostgresJournalCompactor, pool),
         hold_recheck_seconds=settings.provided.prune_interval_seconds,
+        batch=settings.provided.compaction_batch_events,
     )
     compactor = providers.Singleton(
         Worker,
