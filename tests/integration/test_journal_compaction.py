@@ -6,16 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import httpx
 import pytest
 
+from adapters.postgres.journal import (
+    PostgresCompactionJobs,
+    PostgresJournalCompactor,
+    schedule_compaction,
+)
+from adapters.postgres.streams import PostgresStreams
+from application.compaction import CompactionJob
 from domain.events import StreamCreated, StreamSnapshotted, decode_event
 from domain.state import decode_state
 from domain.stream import Stream, StreamKey
 from tests.conftest import SERVER_ENV, api_client
+from tests.support.builders import NOW, append, definition
 from tests.support.postgres import create_test_database, drop_test_database
 from tests.support.server import ServerProcess, WorkerProcess
 
@@ -88,7 +97,7 @@ async def create(api: httpx.AsyncClient, run_id: str, stream_id: str) -> str:
     return f"/runs/{run_id}/streams/{stream_id}"
 
 
-async def append(api: httpx.AsyncClient, path: str, count: int = 1) -> None:
+async def post_records(api: httpx.AsyncClient, path: str, count: int = 1) -> None:
     answer = await api.post(
         f"{path}/records", json={"records": [{"data": n} for n in range(count)]}
     )
@@ -133,7 +142,7 @@ async def test_many_appends_leave_a_bounded_journal_that_replays_into_the_stored
         key = StreamKey(TENANT, run_id, "busy")
         for round_ in range(12):
             # Five at a time, so that group commit puts several appends in one transaction.
-            await asyncio.gather(*(append(api, path, 1 + n % 3) for n in range(5)))
+            await asyncio.gather(*(post_records(api, path, 1 + n % 3) for n in range(5)))
             ack = await api.post(f"{path}/consumers/c/ack", json={"sequence": round_ * 5})
             assert ack.status_code == 200, ack.text
         await compacted(own_pool, key)
@@ -163,7 +172,7 @@ async def test_a_held_stream_keeps_its_journal_until_the_hold_is_lifted(
         hold = await api.put(f"{path}/legal-hold", json={"enabled": True, "reason": "audit"})
         assert hold.status_code == 200, hold.text
         for _ in range(3 * EVERY):
-            await append(api, path)
+            await post_records(api, path)
         job = await compaction_job(own_pool, key)
         assert job is not None
         # The worker looks at the job (and puts it off) again and again; nothing goes meanwhile.
@@ -198,7 +207,7 @@ async def test_a_compaction_whose_worker_is_killed_is_finished_by_another_after_
     path = await create(api, run_id, "taken-over")
     key = StreamKey(TENANT, run_id, "taken-over")
     for _ in range(4):
-        await append(api, path)  # versions 2..5
+        await post_records(api, path)  # versions 2..5
     # A reader's row lock on version 5 stalls the compaction there, with its claim held.
     blocker = await asyncpg.connect(own_database)
     first = second = None
@@ -209,7 +218,7 @@ async def test_a_compaction_whose_worker_is_killed_is_finished_by_another_after_
             f"SELECT 1 FROM stream_events WHERE {_KEY} AND version = 5 FOR UPDATE", *key
         )
         for _ in range(EVERY):
-            await append(api, path)  # crosses version 10: the snapshot and its job
+            await post_records(api, path)  # crosses version 10: the snapshot and its job
         batches = {"DUCTOR_STREAMS_COMPACTION_BATCH_EVENTS": "2"}
         first = start_worker(own_database, tmp_path_factory, **batches)
         holder = worker_id(first)
@@ -234,3 +243,43 @@ async def test_a_compaction_whose_worker_is_killed_is_finished_by_another_after_
         for process in (first, second):
             if process is not None:
                 process.stop()
+
+
+async def test_a_snapshot_taken_while_its_job_runs_brings_the_job_back_when_it_is_done(
+    own_pool: asyncpg.Pool,
+) -> None:
+    key = StreamKey(TENANT, "run-" + secrets.token_hex(4), "moved")
+    queue = PostgresCompactionJobs(own_pool, "queue-test", lease_seconds=30)
+    await schedule(own_pool, key, 11)
+    [job] = [j for j in await queue.claim(100) if j.key == key]
+    assert isinstance(job, CompactionJob) and job.through_version == 11
+    await schedule(own_pool, key, 21)  # the next snapshot, while the job runs
+    await schedule(own_pool, key, 5)  # never moves back
+    await queue.done(job, None)
+    row = await compaction_job(own_pool, key)
+    assert (row["through_version"], row["claimed_by"]) == (21, None)  # due again, unclaimed
+    [again] = [j for j in await queue.claim(100) if j.key == key]
+    assert again.through_version == 21
+    await queue.done(again, None)
+    assert await compaction_job(own_pool, key) is None
+
+
+async def test_compaction_never_passes_the_latest_snapshot_journaled(
+    own_pool: asyncpg.Pool,
+) -> None:
+    """A job left behind by an erased stream must not touch the journal of its successor."""
+    key = StreamKey(TENANT, "run-" + secrets.token_hex(4), "recreated")
+    streams = PostgresStreams(own_pool, snapshot_every=5)
+    await streams.create(key, definition(), NOW)
+    for _ in range(7):
+        await streams.update(key, [append()])  # a snapshot at 6, then versions 7..9
+    compactor = PostgresJournalCompactor(own_pool)
+    assert await compactor.compact(key, 10**6, batch=2) == 5
+    assert await journal_rows(own_pool, key) == 4
+    assert await compactor.compact(key, 10**6, batch=2) == 0
+    await replays_into_the_stored_state(own_pool, key)
+
+
+async def schedule(pool: asyncpg.Pool, key: StreamKey, through: int) -> None:
+    async with pool.acquire() as conn:
+        await schedule_compaction(conn, key, through)

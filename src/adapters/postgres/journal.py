@@ -38,7 +38,14 @@ WHERE {_KEY} AND version >= coalesce(
 ORDER BY version
 """
 
-_LOWEST = f"SELECT min(version) FROM stream_events WHERE {_KEY}"
+# Where to start, and where to stop: never past the latest snapshot actually journaled, whatever
+# the job says (a job row left behind by a stream erased and created again cannot touch the new
+# stream's journal above its own latest snapshot).
+_RANGE = f"""
+SELECT min(version),
+       (SELECT max(version) FROM stream_events WHERE {_KEY} AND type = 'stream_snapshot')
+FROM stream_events WHERE {_KEY}
+"""
 
 # Versions are contiguous, so a range of `batch` versions is at most `batch` rows. The hold is
 # read in the same statement: a batch either ran before the hold was set, or removes nothing.
@@ -67,7 +74,8 @@ class PostgresJournalCompactor:
         self._pool = pool
 
     async def compact(self, key: StreamKey, through_version: int, batch: int) -> int:
-        low = await self._pool.fetchval(_LOWEST, *key)
+        low, latest = await self._pool.fetchrow(_RANGE, *key)
+        through_version = min(through_version, latest or 0)
         removed = 0
         while low is not None and low < through_version:
             high = min(through_version, low + batch)
