@@ -73,7 +73,9 @@ class StreamRepository(Protocol):
         record, receipt and the snapshot in one transaction, commit, and only then wake
         listeners. One command's failure leaves the others untouched. Raises NotFound."""
 
-    async def journal(self, key: StreamKey) -> list[Event]: ...
+    async def journal(self, key: StreamKey) -> list[Event]:
+        """The stream's journal from its latest snapshot (or its creation) on, read at once:
+        `Stream.replay` of it rebuilds the stored state."""
 
 
 class AppendReceipts(Protocol):

@@ -18,6 +18,9 @@ from domain import events as ev
 from domain.definition import MAX_BATCH_RECORDS, StreamDefinition
 from domain.objects import ObjectIntent
 from domain.records import NewRecord
+from domain.state import Consumer, LegalHold, StreamState, copy_state
+from domain.state import decode_state as decode_state  # re-exported for the adapters
+from domain.state import encode_state as encode_state
 
 
 class StreamKey(NamedTuple):
@@ -31,41 +34,11 @@ class StreamKey(NamedTuple):
         return f"{self.tenant}/{self.run_id}/{self.stream_id}"
 
 
-class Consumer(msgspec.Struct, forbid_unknown_fields=True):
-    principal: str
-    acked_sequence: int
-    acked_offset: int
-    updated_at: datetime
-
-
-class LegalHold(msgspec.Struct, forbid_unknown_fields=True):
-    enabled: bool = False
-    reason: str | None = None
-    updated_at: datetime | None = None
-
-
 class Credit(msgspec.Struct, frozen=True):
     unread_items: int
     unread_bytes: int
     max_unread_items: int
     max_unread_bytes: int
-
-
-class StreamState(msgspec.Struct, forbid_unknown_fields=True):
-    """The snapshot. `earliest` is the lowest retained sequence (head + 1 when none is)."""
-
-    version: int = 0
-    created_at: datetime | None = None
-    head: int = 0
-    earliest: int = 1
-    total_items: int = 0
-    total_bytes: int = 0
-    pruned_bytes: int = 0
-    closed: bool = False
-    closed_at: datetime | None = None
-    legal_hold: LegalHold = msgspec.field(default_factory=LegalHold)
-    consumers: dict[str, Consumer] = msgspec.field(default_factory=dict)
-    objects: dict[str, ObjectIntent] = msgspec.field(default_factory=dict)  # open intents only
 
 
 class Stream:
@@ -91,10 +64,12 @@ class Stream:
 
     @classmethod
     def replay(cls, key: StreamKey, journal: list[ev.AnyEvent]) -> Stream:
+        """The stream a journal rebuilds: from its creation, or (once compaction removed what
+        came before) from a snapshot, then every later event."""
         first = journal[0]
-        if not isinstance(first, ev.StreamCreated):
-            raise ValueError("a journal starts with StreamCreated")
-        stream = cls(key, first.definition, StreamState())
+        if not isinstance(first, ev.StreamCreated | ev.StreamSnapshotted):
+            raise ValueError("a journal starts with StreamCreated or StreamSnapshotted")
+        stream = cls(key, first.definition, StreamState(version=first.version - 1))
         for event in journal:
             stream.apply(event)
         return stream
@@ -343,6 +318,16 @@ class Stream:
             return []
         return [ev.ObjectExpired(version=self.state.version + 1, at=now, object_id=object_id)]
 
+    def snapshot(self, now: datetime) -> list[ev.Event]:
+        """A journal entry that carries the whole state (and the definition, whose
+        `StreamCreated` compaction removes), so that every event before it can go."""
+        version = self.state.version + 1
+        state = copy_state(self.state)
+        state.version = version
+        return [
+            ev.StreamSnapshotted(version=version, at=now, definition=self.definition, state=state)
+        ]
+
     # -- apply: the only code that changes state, and the only code replay runs ---------------
 
     def apply(self, event: ev.Event) -> None:
@@ -350,6 +335,12 @@ class Stream:
         if event.version != s.version + 1:
             raise ValueError(f"event version {event.version} does not follow {s.version}")
         match event:
+            case ev.StreamSnapshotted():
+                if event.state.version != event.version:
+                    raise ValueError("a snapshot carries the state at its own version")
+                # A copy: the event stays as it was journaled whatever happens to the state.
+                self.state = copy_state(event.state)
+                return
             case ev.StreamCreated():
                 s.created_at = event.at
             case ev.RecordsAppended():
@@ -387,21 +378,12 @@ class Stream:
         s.version = event.version
 
 
-_state_encoder = msgspec.json.Encoder()
-_state_decoder = msgspec.json.Decoder(StreamState)
+_definition_encoder = msgspec.json.Encoder()
 _definition_decoder = msgspec.json.Decoder(StreamDefinition)
 
 
-def encode_state(state: StreamState) -> bytes:
-    return _state_encoder.encode(state)
-
-
-def decode_state(payload: bytes) -> StreamState:
-    return _state_decoder.decode(payload)
-
-
 def encode_definition(definition: StreamDefinition) -> bytes:
-    return _state_encoder.encode(definition)
+    return _definition_encoder.encode(definition)
 
 
 def decode_definition(payload: bytes) -> StreamDefinition:

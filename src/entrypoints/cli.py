@@ -495,8 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser(
         "worker",
-        help="run only the background workers (pruner, deletion, input dispatcher, orphan "
-        "sweeper) until SIGTERM",
+        help="run only the background workers (pruner, deletion, input dispatcher, journal "
+        "compactor, orphan and receipt sweepers) until SIGTERM",
         description="Migrate, then run the background workers until SIGTERM or Ctrl-C. Takes "
         "no options: see docs/configuration.md for the DUCTOR_STREAMS_* settings it reads.",
     )

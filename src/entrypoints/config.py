@@ -55,6 +55,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     s3_region: str | None = None
     sweep_interval_seconds: Positive = 30.0
     idempotency_window_seconds: Positive = 86400.0
+    snapshot_every_events: Count = 1000
+    compaction_batch_events: Count = 1000
     dispatch_poll_seconds: Positive = 0.1
     retry_base_seconds: Positive = 1.0
 

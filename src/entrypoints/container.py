@@ -31,6 +31,7 @@ from adapters.objects.filesystem import FilesystemObjectStore
 from adapters.objects.memory import MemoryObjectStore
 from adapters.postgres.deliveries import PostgresInputDeliveries
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
+from adapters.postgres.journal import PostgresCompactionJobs, PostgresJournalCompactor
 from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.tokens import PostgresTokens
 from adapters.postgres.wake_bus import PostgresWakeBus
@@ -39,6 +40,7 @@ from adapters.wait_service.postgres import PostgresWaitService
 from application.acknowledge import Acknowledge
 from application.append_records import AppendRecords
 from application.close_stream import CloseStream
+from application.compaction import CompactJournal
 from application.create_stream import CreateStream
 from application.definitions import Definitions
 from application.deletions import DeleteBodies
@@ -171,7 +173,9 @@ class Container(containers.DeclarativeContainer):
     clock = providers.Object(utc_now)
 
     pool = providers.Resource(open_pool, settings)
-    streams = providers.Singleton(PostgresStreams, pool)
+    streams = providers.Singleton(
+        PostgresStreams, pool, snapshot_every=settings.provided.snapshot_every_events
+    )
     tokens = providers.Singleton(PostgresTokens, pool)
     wake = providers.Singleton(WakeRegistry)
     token_cache = providers.Singleton(TokenCache, settings.provided.token_cache_seconds)
@@ -252,6 +256,27 @@ class Container(containers.DeclarativeContainer):
         batch=DISPATCH_CONCURRENCY,  # claim only streams it can start: none waits behind another
         concurrency=DISPATCH_CONCURRENCY,
     )
+    compaction_jobs = providers.Singleton(
+        PostgresCompactionJobs,
+        pool,
+        worker_id,
+        lease_seconds=settings.provided.worker_lease_seconds,
+    )
+    compact_journal = providers.Singleton(
+        CompactJournal,
+        streams,
+        providers.Singleton(PostgresJournalCompactor, pool),
+        hold_recheck_seconds=settings.provided.prune_interval_seconds,
+        batch=settings.provided.compaction_batch_events,
+    )
+    compactor = providers.Singleton(
+        Worker,
+        "compactor",
+        compaction_jobs,
+        compact_journal.provided.run_job,
+        poll_seconds=settings.provided.worker_poll_seconds,
+        retry_base_seconds=settings.provided.retry_base_seconds,
+    )
     get_stream = providers.Singleton(GetStream, streams, deployment, input_deliveries)
     prune_retention = providers.Singleton(
         PruneRetention,
@@ -283,7 +308,7 @@ class Container(containers.DeclarativeContainer):
 def memory_container(settings: Settings | None = None) -> Container:
     """Every port on its memory adapter: the whole application without a database."""
     container = Container(settings=settings or Settings())
-    streams = MemoryStreams(container.wake())
+    streams = MemoryStreams(container.wake(), container.settings().snapshot_every_events)
     container.pool.override(providers.Object(None))
     container.wake_bus.override(providers.Object(None))
     container.input_deliveries.override(providers.Object(MemoryInputDeliveries(streams)))
@@ -332,8 +357,8 @@ async def start(container: Container) -> Services:
 
 
 async def workers(container: Container) -> list[Worker | Periodic]:
-    """The background workers: pruner, deletion worker, input dispatcher, orphan sweeper and the
-    sweeper of append receipts older than the idempotency window."""
+    """The background workers: pruner, deletion worker, input dispatcher, journal compactor,
+    orphan sweeper and the sweeper of append receipts older than the idempotency window."""
     objects = await resolved(container.objects())
     sweeper = Periodic(
         "orphan sweeper",
@@ -351,6 +376,7 @@ async def workers(container: Container) -> list[Worker | Periodic]:
         await resolved(container.pruner()),  # type: ignore[list-item]
         await resolved(container.deleter()),  # type: ignore[list-item]
         await resolved(container.dispatcher()),  # type: ignore[list-item]
+        await resolved(container.compactor()),  # type: ignore[list-item]
         sweeper,
         receipt_sweeper,
     ]

@@ -1,7 +1,10 @@
 """One contract for every StreamRepository adapter, subclassed per adapter.
 
 A subclass provides the `repo` fixture; every test here then runs against that adapter, races
-included, so the memory fake and PostgreSQL are held to the same behaviour."""
+included, so the memory fake and PostgreSQL are held to the same behaviour. The journal's tests
+also need `snapshotting_repo` (the same adapter, snapshotting every `SNAPSHOT_EVERY` versions),
+`compact` (run what compacts a stream's journal, as its worker would; nothing where the adapter
+compacts inline) and `journal_rows` (how many journal events the adapter stores for a stream)."""
 
 from __future__ import annotations
 
@@ -15,10 +18,14 @@ from application.close_stream import CloseCommand
 from application.errors import NotFound
 from application.objects import AbortCommand, CommitCommand, PrepareCommand, UploadedCommand
 from application.ports import Done, Failed, Replayed
+from application.set_legal_hold import LegalHoldCommand
 from domain import errors
+from domain import events as ev
 from domain.objects import AuthorizationReceipt, ObjectIntent
 from domain.stream import Stream
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
+
+SNAPSHOT_EVERY = 5
 
 
 class StreamRepositoryContract:
@@ -157,6 +164,94 @@ class StreamRepositoryContract:
         listed = await repo.list_run(key.tenant, key.run_id)
         assert [s.key.stream_id for s in listed] == ["a", "b"]
         assert await repo.list_run("other-tenant", key.run_id) == []
+
+
+class JournalContract:
+    """Snapshots bound the journal; replay of what is kept still rebuilds the stored state."""
+
+    async def replays_into_the_stored_state(self, repo, key) -> list[ev.Event]:
+        journal = await repo.journal(key)
+        assert isinstance(journal[0], ev.StreamCreated | ev.StreamSnapshotted)
+        assert Stream.replay(key, journal).state == (await repo.load(key)).state
+        return journal
+
+    async def test_snapshots_bound_the_journal_and_it_replays_into_the_stored_state(
+        self, snapshotting_repo, compact, journal_rows
+    ) -> None:
+        repo, key = snapshotting_repo, new_key()
+        await repo.create(key, definition(max_unread_items=50), NOW)
+        largest_group = 0
+        for n in range(60):
+            # Groups of one to four commands, some of which fail (and so journal nothing).
+            group = [append([record()] * (1 + n % 3), key=f"k{n}")]
+            if n % 4 == 1:
+                group.append(append([record(b"2")], key=f"k{n}"))  # key reused: Failed
+            if n % 5 == 2:
+                group.append(AckCommand(WRITER, "c", n, NOW))
+            if n % 7 == 3:
+                group.append(append([record()] * 60))  # can never fit the ceiling: Failed
+            outcomes = await repo.update(key, group)
+            largest_group = max(largest_group, sum(isinstance(o, Done) for o in outcomes))
+            await compact(repo, key)
+            assert await journal_rows(key) <= SNAPSHOT_EVERY + largest_group
+            await self.replays_into_the_stored_state(repo, key)
+        stored = await repo.load(key)
+        assert stored.state.version > 12 * SNAPSHOT_EVERY  # it crossed many snapshots
+        journal = await self.replays_into_the_stored_state(repo, key)
+        assert isinstance(journal[0], ev.StreamSnapshotted)
+        assert journal[0].definition == stored.definition
+        assert [e.version for e in journal] == list(
+            range(journal[0].version, stored.state.version + 1)
+        )
+
+    async def test_a_group_that_crosses_a_multiple_is_followed_by_one_snapshot(
+        self, snapshotting_repo, journal_rows
+    ) -> None:
+        repo, key = snapshotting_repo, new_key()
+        await repo.create(key, definition(max_unread_items=3), NOW)
+        # Failed commands journal nothing, so they cannot bring a snapshot on.
+        outcomes = await repo.update(key, [append([record()] * 4) for _ in range(8)])
+        assert all(isinstance(o, Failed) for o in outcomes)
+        assert (await repo.load(key)).state.version == 1
+        await repo.update(key, [append(), append()])  # versions 2 and 3
+        # One group whose events (4..7) cross 5, with a failure among them: the snapshot is 8.
+        outcomes = await repo.update(
+            key,
+            [
+                AckCommand(WRITER, "c", 1, NOW),
+                append(),
+                append(),
+                append([record()] * 4),  # can never fit the ceiling: Failed
+                AckCommand(WRITER, "c", 2, NOW),
+            ],
+        )
+        assert [type(o).__name__ for o in outcomes] == ["Done"] * 3 + ["Failed", "Done"]
+        journal = await repo.journal(key)
+        snapshot = journal[0]
+        assert isinstance(snapshot, ev.StreamSnapshotted) and len(journal) == 1
+        stored = await repo.load(key)
+        assert snapshot.version == stored.state.version == 8
+        assert snapshot.state == stored.state and snapshot.state.head == 4
+        assert snapshot.definition == stored.definition
+        assert await journal_rows(key) in (1, 8)  # compacted inline, or once its job runs
+
+    async def test_a_held_stream_keeps_its_whole_journal_until_the_hold_is_lifted(
+        self, snapshotting_repo, compact, journal_rows
+    ) -> None:
+        repo, key = snapshotting_repo, new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [LegalHoldCommand(True, "audit", NOW)])
+        for _ in range(4 * SNAPSHOT_EVERY):
+            await repo.update(key, [append()])
+        await compact(repo, key)
+        version = (await repo.load(key)).state.version
+        assert await journal_rows(key) == version  # every event since StreamCreated
+        journal = await self.replays_into_the_stored_state(repo, key)
+        assert isinstance(journal[0], ev.StreamSnapshotted)  # read from the latest snapshot
+        await repo.update(key, [LegalHoldCommand(False, None, NOW)])
+        await compact(repo, key)
+        assert await journal_rows(key) <= SNAPSHOT_EVERY
+        await self.replays_into_the_stored_state(repo, key)
 
 
 class ObjectIntentsContract:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from application.deciding import Receipt, decide_all
+from application.deciding import SNAPSHOT_EVERY, Receipt, decide_all
 from application.errors import NotFound
 from application.ports import Command, Outcome, Position, StoredRecord
 from application.retention import expired_prefix
@@ -46,6 +46,7 @@ class _Row(msgspec.Struct):
     offsets: dict[int, int] = msgspec.field(default_factory=dict)
     receipts: dict[str, Receipt] = msgspec.field(default_factory=dict)
     receipts_created: dict[str, datetime] = msgspec.field(default_factory=dict)
+    snapshot_at: int = 0  # index in `journal` of the latest snapshot (0: nothing to compact)
 
 
 class DeliveryRow(msgspec.Struct):
@@ -57,7 +58,10 @@ class DeliveryRow(msgspec.Struct):
 
 
 class MemoryStreams:
-    def __init__(self, wake: WakeRegistry | None = None) -> None:
+    def __init__(
+        self, wake: WakeRegistry | None = None, snapshot_every: int = SNAPSHOT_EVERY
+    ) -> None:
+        self._snapshot_every = snapshot_every
         self._rows: dict[StreamKey, _Row] = {}
         self._intents: dict[tuple[StreamKey, str], ObjectIntent] = {}
         self.deletions: list[tuple[StreamKey, str, str, str]] = []  # key, region, storage key, why
@@ -110,7 +114,9 @@ class MemoryStreams:
                 for c in commands
                 if c.offset_of is not None and c.offset_of in row.offsets
             }
-            outcomes, changes = decide_all(stream, commands, dict(row.receipts), offsets)
+            outcomes, changes = decide_all(
+                stream, commands, dict(row.receipts), offsets, self._snapshot_every
+            )
             self.transactions += 1
             if changes.events:
                 for appended in changes.appended:
@@ -133,6 +139,12 @@ class MemoryStreams:
                     row.receipts[receipt.key] = receipt
                     row.receipts_created[receipt.key] = datetime.now(UTC)
                 row.journal.extend(encode_event(e) for e in changes.events)
+                if changes.snapshot is not None:
+                    row.snapshot_at = len(row.journal) - 1
+                if row.snapshot_at and not stream.state.legal_hold.enabled:
+                    # Compaction, inline: what the PostgreSQL adapter's job does later.
+                    del row.journal[: row.snapshot_at]
+                    row.snapshot_at = 0
                 self._project_objects(key, changes.events)
                 row.state = encode_state(stream.state)
                 self._drop_pruned(row, stream.state.earliest)
@@ -196,8 +208,13 @@ class MemoryStreams:
         return expired_prefix(after, [(s, row.records[s].appended_at) for s in sequences], cutoff)
 
     async def journal(self, key: StreamKey) -> list[Event]:
+        """From the latest snapshot on (the rows before it wait out a legal hold)."""
         row = self._rows[key]
-        return [decode_event(e) for e in row.journal]
+        return [decode_event(e) for e in row.journal[row.snapshot_at :]]
+
+    def journal_rows(self, key: StreamKey) -> int:
+        """How many journal events are stored for the stream, compacted or not."""
+        return len(self._rows[key].journal)
 
     async def page(
         self, key: StreamKey, cursor: int, limit: int

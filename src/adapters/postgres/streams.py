@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from adapters.postgres.intents import project_objects, read_expired_intents, read_intent
-from application.deciding import Changes, Receipt, decide_all
+from adapters.postgres.journal import read_journal, schedule_compaction
+from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
 from application.ports import Command, Outcome, Position, StoredRecord
 from application.retention import expired_prefix, has_retention
@@ -25,7 +26,6 @@ from domain.events import (
     ConsumerAcknowledged,
     Event,
     RecordsPruned,
-    decode_event,
     encode_event,
     event_type,
 )
@@ -146,8 +146,9 @@ ORDER BY r.sequence
 
 
 class PostgresStreams:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, snapshot_every: int = SNAPSHOT_EVERY) -> None:
         self._pool = pool
+        self._snapshot_every = snapshot_every
         self._definitions: dict[StreamKey, StreamDefinition] = {}
 
     async def create(
@@ -225,7 +226,9 @@ class PostgresStreams:
             offsets: dict[int, int] = {}
             if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
                 offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
-            outcomes, changes = decide_all(stream, commands, receipts, offsets)
+            outcomes, changes = decide_all(
+                stream, commands, receipts, offsets, self._snapshot_every
+            )
             if changes.events:
                 rows = _record_rows(key, changes)
                 if len(rows) >= COPY_THRESHOLD:
@@ -240,6 +243,8 @@ class PostgresStreams:
                 if pruned:
                     await conn.execute(_DELETE_PRUNED, *key, pruned[-1].through_sequence)
                 await project_objects(conn, key, changes.events)
+                if changes.snapshot is not None:
+                    await schedule_compaction(conn, key, changes.snapshot.version)
         return outcomes
 
     async def expired_through(
@@ -264,10 +269,7 @@ class PostgresStreams:
         return await read_expired_intents(self._pool, now, limit)
 
     async def journal(self, key: StreamKey) -> list[Event]:
-        rows = await self._pool.fetch(
-            f"SELECT payload FROM stream_events WHERE {_KEY} ORDER BY version", *key
-        )
-        return [decode_event(r[0]) for r in rows]
+        return await read_journal(self._pool, key)
 
     async def page(
         self, key: StreamKey, cursor: int, limit: int
