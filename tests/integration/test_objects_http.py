@@ -187,6 +187,12 @@ async def test_a_closed_stream_refuses_commit(api: httpx.AsyncClient, run_id: st
     assert refused.status_code == 409 and refused.json()["code"] == "stream-closed"
 
 
+def store_env(server: ServerProcess) -> dict[str, str]:
+    """The object-store settings of `server` (none: the filesystem store under its data dir)."""
+    names = ("DUCTOR_STREAMS_OBJECT_STORE", "DUCTOR_STREAMS_S3_", "AWS_")
+    return {name: value for name, value in server.env.items() if name.startswith(names)}
+
+
 @pytest.fixture(scope="module")
 def object_worker(
     database_url: str, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
@@ -196,7 +202,7 @@ def object_worker(
         database_url=database_url,
         data_dir=server.data_dir,
         env={
-            **{name: value for name, value in server.env.items() if name.startswith(_STORE_ENV)},
+            **store_env(server),
             "DUCTOR_STREAMS_WORKER_POLL_SECONDS": "0.1",
             "DUCTOR_STREAMS_SWEEP_INTERVAL_SECONDS": "0.2",
             "DUCTOR_STREAMS_PRUNE_INTERVAL_SECONDS": "0.2",
@@ -204,9 +210,6 @@ def object_worker(
     ).start()
     yield process
     process.stop()
-
-
-_STORE_ENV = ("DUCTOR_STREAMS_OBJECT_STORE", "DUCTOR_STREAMS_S3_", "AWS_")
 
 
 @functools.cache
@@ -281,17 +284,21 @@ async def test_abort_and_expiry_remove_bodies_through_the_workers_but_not_under_
 
 @pytest.mark.slow
 async def test_a_server_killed_between_upload_and_commit_commits_after_restart(
-    database_url: str, tmp_path_factory: pytest.TempPathFactory, run_id: str
+    database_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    server: ServerProcess,
+    run_id: str,
 ) -> None:
     data_dir = tmp_path_factory.mktemp("crashy")
-    first = ServerProcess(database_url=database_url, data_dir=data_dir, env=SERVER_ENV).start()
+    env = {**SERVER_ENV, **store_env(server)}  # the same kind of object store as `server`
+    first = ServerProcess(database_url=database_url, data_dir=data_dir, env=env).start()
     async with api_client(first) as api:
         path = await new_stream(api, run_id)
         intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
         body_path = f"{path}/objects/{intent['object_id']}"
         assert (await api.put(f"{body_path}/body", content=BODY)).status_code == 200
     first.kill()
-    second = ServerProcess(database_url=database_url, data_dir=data_dir, env=SERVER_ENV).start()
+    second = ServerProcess(database_url=database_url, data_dir=data_dir, env=env).start()
     try:
         async with api_client(second, BOOTSTRAP_TOKEN) as api:
             committed = await api.post(f"{body_path}/commit")
