@@ -67,6 +67,7 @@ class SeaweedFS:
     s3_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     grpc_ports: dict[str, int] = field(default_factory=dict)
+    binary: str | None = None  # default: weed_binary()
 
     @property
     def endpoint_url(self) -> str:
@@ -133,7 +134,7 @@ class SeaweedFS:
         ]
 
     def start(self, timeout: float = START_TIMEOUT) -> SeaweedFS:
-        weed = weed_binary()
+        weed = self.binary or weed_binary()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
