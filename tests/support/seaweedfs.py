@@ -2,9 +2,9 @@
 
 One `weed server` (master, volume server, filer and S3 gateway in one process) per test session,
 on loopback only, with every port picked free at start and its data in a temporary directory.
-The S3 gateway runs without identities, so it accepts any credentials. A missing `weed` binary
-fails the tests that need it: the test extra installs it, so its absence is a broken set-up, not
-a reason to skip."""
+The S3 gateway has one identity (ACCESS_KEY/SECRET_KEY) and checks signatures. A missing `weed`
+binary fails the tests that need it: the test extra installs it, so its absence is a broken
+set-up, not a reason to skip."""
 
 from __future__ import annotations
 
