@@ -69,9 +69,17 @@ WHERE {_KEY} AND idempotency_key = ANY($4::text[])
 """
 
 # By physical row, so each batch is one short statement however many receipts are due.
+# A held stream's receipts stay (a hold removes nothing); the hold is read with a plain SELECT,
+# so the sweep never waits for or takes a stream-row lock.
 _FORGET_RECEIPTS = """
 DELETE FROM append_receipts WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM append_receipts WHERE created_at < now() - $1::interval LIMIT $2
+    SELECT r.ctid FROM append_receipts r
+    WHERE r.created_at < now() - $1::interval
+      AND NOT EXISTS (
+          SELECT 1 FROM streams s
+          WHERE s.tenant = r.tenant AND s.run_id = r.run_id AND s.stream_id = r.stream_id
+            AND s.legal_hold)
+    LIMIT $2
 ))
 """
 
