@@ -1,0 +1,78 @@
+"""Storage cleanup in PostgreSQL: old bookkeeping rows removed a bounded batch per statement.
+
+Each statement picks at most `batch` rows by ctid and deletes exactly those (a row another
+transaction changed meanwhile has a new ctid and is left for the next sweep). Legal hold is
+read from `streams` with a plain SELECT, so a sweep never waits for, or holds, a stream-row
+lock; a row whose stream is gone (deleted) belongs to no hold."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import asyncpg
+
+
+def _not_held(alias: str) -> str:
+    return f"""NOT EXISTS (
+        SELECT 1 FROM streams s
+        WHERE s.tenant = {alias}.tenant AND s.run_id = {alias}.run_id
+          AND s.stream_id = {alias}.stream_id AND s.legal_hold)"""
+
+
+# Delivery is in order, so a delivered row with a delivered next row is below the stream's
+# highest delivered one, which stays: `delivered_through` is the highest delivered sequence.
+_DELIVERED = f"""
+DELETE FROM input_deliveries WHERE ctid = ANY(ARRAY(
+    SELECT d.ctid FROM input_deliveries d
+    WHERE d.delivered_at < now() - $1::interval
+      AND (SELECT n.delivered_at IS NOT NULL FROM input_deliveries n
+           WHERE n.tenant = d.tenant AND n.run_id = d.run_id AND n.stream_id = d.stream_id
+             AND n.sequence > d.sequence
+           ORDER BY n.sequence LIMIT 1)
+      AND {_not_held("d")}
+    LIMIT $2
+))
+"""
+
+_DONE_DELETIONS = f"""
+DELETE FROM deletion_outbox WHERE id = ANY(ARRAY(
+    SELECT o.id FROM deletion_outbox o
+    WHERE o.done_at < now() - $1::interval AND {_not_held("o")}
+    LIMIT $2
+)) AND done_at IS NOT NULL
+"""
+
+_GAP_EVIDENCE = f"""
+DELETE FROM gap_evidence WHERE id = ANY(ARRAY(
+    SELECT g.id FROM gap_evidence g
+    WHERE g.repaired_at < now() - $1::interval AND {_not_held("g")}
+    LIMIT $2
+))
+"""
+
+
+async def delete_in_batches(
+    pool: asyncpg.Pool, statement: str, older_than: timedelta, batch: int
+) -> int:
+    """Run `statement` ($1 the age, $2 the batch) until a batch removes fewer than `batch`."""
+    removed = 0
+    while True:
+        status = await pool.execute(statement, older_than, batch)
+        count = int(status.rpartition(" ")[2])
+        removed += count
+        if count < batch:
+            return removed
+
+
+class PostgresCleanup:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def forget_delivered_inputs(self, older_than: timedelta, batch: int = 1000) -> int:
+        return await delete_in_batches(self._pool, _DELIVERED, older_than, batch)
+
+    async def forget_done_deletions(self, older_than: timedelta, batch: int = 1000) -> int:
+        return await delete_in_batches(self._pool, _DONE_DELETIONS, older_than, batch)
+
+    async def forget_gap_evidence(self, older_than: timedelta, batch: int = 1000) -> int:
+        return await delete_in_batches(self._pool, _GAP_EVIDENCE, older_than, batch)
