@@ -382,7 +382,7 @@ async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]
             tick,
             interval,
             leases,  # type: ignore[arg-type]
-            poll_seconds=max(settings.worker_poll_seconds, 5.0),  # capped at the interval
+            poll_seconds=settings.worker_lease_seconds,  # capped at the interval
             retry_base_seconds=settings.retry_base_seconds,
         )
 

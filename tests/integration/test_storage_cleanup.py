@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -183,3 +184,79 @@ async def _none_left(pool: asyncpg.Pool, run_id: str, table: str, stream_id: str
         f"SELECT count(*) FROM {table} WHERE run_id = $1 AND stream_id = $2", run_id, stream_id
     )
     return left == 0
+
+
+@pytest.fixture
+async def own_database(postgres_admin_url: str) -> AsyncIterator[tuple[str, asyncpg.Pool]]:
+    url, name = await create_test_database(postgres_admin_url)
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=3)
+    try:
+        yield url, pool
+    finally:
+        await pool.close()
+        await drop_test_database(postgres_admin_url, name)
+
+
+def _worker_id(process: WorkerProcess) -> str:
+    found = re.search(r"workers running \(worker id ([^)]+)\)", process.log())
+    assert found, process.log()
+    return found.group(1)
+
+
+async def test_a_sweep_held_by_a_killed_worker_is_taken_over_once_its_lease_runs_out(
+    own_database: tuple[str, asyncpg.Pool], tmp_path: Path
+) -> None:
+    url, pool = own_database
+    env = {
+        "DUCTOR_STREAMS_WORKER_LEASE_SECONDS": "1",
+        "DUCTOR_STREAMS_CLEANUP_INTERVAL_SECONDS": "3600",
+        "DUCTOR_STREAMS_STATEMENT_TIMEOUT_SECONDS": "60",
+    }
+    sweep = "forget-gap-evidence"
+
+    async def row() -> asyncpg.Record:
+        return await pool.fetchrow(
+            "SELECT claimed_by, lease_until, next_attempt_at, attempts, now() AS now "
+            "FROM maintenance_sweeps WHERE name = $1",
+            sweep,
+        )
+
+    first = WorkerProcess(database_url=url, data_dir=tmp_path / "a", env=env)
+    second = WorkerProcess(database_url=url, data_dir=tmp_path / "b", env=env)
+    # The table the sweep deletes from is locked: the first worker's tick waits in its DELETE,
+    # holding (and renewing) the sweep's lease all along.
+    async with pool.acquire() as locker:
+        blocking = locker.transaction()
+        await blocking.start()
+        await locker.execute("LOCK TABLE gap_evidence IN ACCESS EXCLUSIVE MODE")
+        try:
+            await asyncio.to_thread(first.start)
+            holder = _worker_id(first)
+
+            async def claimed_by_first() -> bool:
+                found = await row()
+                return found is not None and found["claimed_by"] == holder
+
+            await _until(claimed_by_first)
+            await asyncio.to_thread(second.start)
+            for _ in range(3):  # three leases: renewed, so the live second worker keeps off
+                await asyncio.sleep(1.0)
+                found = await row()
+                assert found["claimed_by"] == holder and found["lease_until"] > found["now"]
+            first.kill()
+        finally:
+            await blocking.rollback()
+
+        async def taken_over() -> bool:
+            found = await row()
+            return (
+                found["claimed_by"] is None
+                and (found["next_attempt_at"] - found["now"]).total_seconds() > 3000
+            )
+
+        try:
+            await _until(taken_over)  # run by the second worker, due again in an hour
+        finally:
+            await asyncio.to_thread(first.kill)  # a no-op once killed, whatever failed before
+            await asyncio.to_thread(second.stop)
+    assert (await row())["attempts"] == 0
