@@ -223,40 +223,40 @@ async def test_a_sweep_held_by_a_killed_worker_is_taken_over_once_its_lease_runs
 
     first = WorkerProcess(database_url=url, data_dir=tmp_path / "a", env=env)
     second = WorkerProcess(database_url=url, data_dir=tmp_path / "b", env=env)
-    # The table the sweep deletes from is locked: the first worker's tick waits in its DELETE,
-    # holding (and renewing) the sweep's lease all along.
-    async with pool.acquire() as locker:
-        blocking = locker.transaction()
-        await blocking.start()
-        await locker.execute("LOCK TABLE gap_evidence IN ACCESS EXCLUSIVE MODE")
-        try:
-            await asyncio.to_thread(first.start)
-            holder = _worker_id(first)
+    try:
+        # The table the sweep deletes from is locked: the first worker's tick waits in its DELETE,
+        # holding (and renewing) the sweep's lease all along.
+        async with pool.acquire() as locker:
+            blocking = locker.transaction()
+            await blocking.start()
+            await locker.execute("LOCK TABLE gap_evidence IN ACCESS EXCLUSIVE MODE")
+            try:
+                await asyncio.to_thread(first.start)
+                holder = _worker_id(first)
 
-            async def claimed_by_first() -> bool:
+                async def claimed_by_first() -> bool:
+                    found = await row()
+                    return found is not None and found["claimed_by"] == holder
+
+                await _until(claimed_by_first)
+                await asyncio.to_thread(second.start)
+                for _ in range(3):  # three leases: renewed, so the live second worker keeps off
+                    await asyncio.sleep(1.0)
+                    found = await row()
+                    assert found["claimed_by"] == holder and found["lease_until"] > found["now"]
+                first.kill()
+            finally:
+                await blocking.rollback()
+
+            async def taken_over() -> bool:
                 found = await row()
-                return found is not None and found["claimed_by"] == holder
+                return (
+                    found["claimed_by"] is None
+                    and (found["next_attempt_at"] - found["now"]).total_seconds() > 3000
+                )
 
-            await _until(claimed_by_first)
-            await asyncio.to_thread(second.start)
-            for _ in range(3):  # three leases: renewed, so the live second worker keeps off
-                await asyncio.sleep(1.0)
-                found = await row()
-                assert found["claimed_by"] == holder and found["lease_until"] > found["now"]
-            first.kill()
-        finally:
-            await blocking.rollback()
-
-        async def taken_over() -> bool:
-            found = await row()
-            return (
-                found["claimed_by"] is None
-                and (found["next_attempt_at"] - found["now"]).total_seconds() > 3000
-            )
-
-        try:
             await _until(taken_over)  # run by the second worker, due again in an hour
-        finally:
-            await asyncio.to_thread(first.kill)  # a no-op once killed, whatever failed before
-            await asyncio.to_thread(second.stop)
+    finally:
+        await asyncio.to_thread(first.kill)
+        await asyncio.to_thread(second.stop)
     assert (await row())["attempts"] == 0
