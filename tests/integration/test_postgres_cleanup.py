@@ -132,3 +132,22 @@ async def test_a_sweep_does_not_wait_for_a_locked_stream_row(pool: asyncpg.Pool)
             await sweeper.execute("SET lock_timeout = '2s'")
             await PostgresCleanup(sweeper).forget_done_deletions(timedelta(hours=1))
     assert await _count(pool, "deletion_outbox", key) == 0
+
+
+async def test_rows_a_sweep_keeps_do_not_stop_it_reaching_younger_ones(
+    pool: asyncpg.Pool,
+) -> None:
+    """Held rows older than removable ones, one row per batch: each batch starts where the last
+    ended, and every removable row still goes."""
+    key, held = await _stream(pool), await _stream(pool, held=True)
+    for k, hours in [(held, 9), (held, 8), (key, 7), (held, 6), (key, 5), (key, 5)]:
+        await pool.execute(
+            """INSERT INTO gap_evidence
+                   (tenant, run_id, stream_id, expected, seen, detected_by, repaired_at)
+               VALUES ($1, $2, $3, 5, 7, 'head-check', now() - make_interval(hours => $4))""",
+            *k,
+            hours,
+        )
+    await PostgresCleanup(pool).forget_gap_evidence(timedelta(hours=1), batch=1)
+    assert await _count(pool, "gap_evidence", key) == 0
+    assert await _count(pool, "gap_evidence", held) == 3
