@@ -127,6 +127,14 @@ class SweepLeaseContract:
             await until(lambda: tick.cancelled == 1)
         assert tick.finished == 0 and runner.runs == 0
 
+    async def test_a_runner_stopping_mid_tick_hands_the_sweep_back(self, leases) -> None:
+        name, tick = sweep_name(), Ticks(seconds=60.0)
+        runner = LeasedSweep(name, tick, 60.0, leases("leaving", 60.0), poll_seconds=0.02)
+        async with running(runner):
+            await until(lambda: tick.running == 1)
+        assert tick.cancelled == 1
+        assert await leases("next", LEASE).claim(name) is not None  # at once, not in 60 s
+
     async def steal(self, name: str, worker_id: str) -> None:
         """Hand the claim on `name` to another worker (as a takeover after a lost lease)."""
         raise NotImplementedError
