@@ -316,6 +316,7 @@ class LeasedSweep:
         leases: SweepLeases,
         poll_seconds: float = 5.0,
         retry_base_seconds: float = 1.0,
+        outage_log_seconds: float = OUTAGE_LOG_SECONDS,
     ) -> None:
         self.name = name
         self._tick = tick
@@ -323,6 +324,7 @@ class LeasedSweep:
         self._leases = leases
         self._poll = min(poll_seconds, interval)
         self._retry_base = retry_base_seconds
+        self._outage = Outage(name, outage_log_seconds)
         self.runs = 0
         self.failures = 0
         self.removed = 0
@@ -332,9 +334,11 @@ class LeasedSweep:
             forget_stream()
             try:
                 attempts = await self._leases.claim(self.name)
-            except Exception as error:
-                log.warning("%s cannot claim its sweep: %s", self.name, error)
+            except Exception as error:  # logged once an outage, not once a poll
+                self._outage.failed(error)
                 attempts = None
+            else:
+                self._outage.recovered()
             if attempts is not None:
                 await self._run_claimed(attempts, stopping)
             with contextlib.suppress(TimeoutError):
