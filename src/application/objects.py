@@ -47,6 +47,9 @@ class ObjectStores:
             object_regions=list(object_regions),
         )
 
+    def regions(self) -> list[str]:
+        return sorted(self._stores)
+
     def store(self, region: str) -> ObjectStore:
         store = self._stores.get(region)
         if store is None:

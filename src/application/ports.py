@@ -80,8 +80,24 @@ class StreamRepository(Protocol):
 
 class AppendReceipts(Protocol):
     async def forget_receipts(self, older_than: timedelta, batch: int = 1000) -> int:
-        """Remove every append receipt created more than `older_than` ago, `batch` at a time
-        (whatever its stream's legal hold: a receipt is not a record); answer how many."""
+        """Remove every append receipt created more than `older_than` ago, `batch` at a time,
+        but those of a stream under legal hold (a hold removes nothing); answer how many."""
+
+
+class StorageCleanup(Protocol):
+    """Bookkeeping rows the service no longer needs, removed once older than an age: `batch`
+    rows per statement, never a row of a stream under legal hold, never taking a stream-row
+    lock. Each answers how many rows it removed."""
+
+    async def forget_delivered_inputs(self, older_than: timedelta, batch: int = 1000) -> int:
+        """Input-delivery rows delivered more than `older_than` ago, but each stream's highest
+        delivered one: it is what `delivered_through` reads, so the document stays the same."""
+
+    async def forget_done_deletions(self, older_than: timedelta, batch: int = 1000) -> int:
+        """Deletion-outbox rows done (their body removed) more than `older_than` ago."""
+
+    async def forget_gap_evidence(self, older_than: timedelta, batch: int = 1000) -> int:
+        """Gap evidence recorded more than `older_than` ago."""
 
 
 class StoredRecord(msgspec.Struct, frozen=True):
@@ -185,6 +201,12 @@ class ObjectStore(Protocol):
 
     def keys(self, prefix: str) -> AsyncIterator[str]:
         """Every stored key that starts with `prefix` (for orphan sweeps)."""
+
+    async def sweep_incomplete(self, older_than: timedelta) -> int:
+        """Remove what uploads started more than `older_than` ago and never finished left
+        behind (a process killed mid-put): temporary files, incomplete multipart uploads and
+        their temporary objects. An upload still running when swept fails (its key stays as it
+        was), so `older_than` must be well above any upload's duration. Answers how many."""
 
 
 class Clock(Protocol):

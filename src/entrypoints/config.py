@@ -57,6 +57,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     idempotency_window_seconds: Positive = 86400.0
     snapshot_every_events: Count = 1000
     compaction_batch_events: Count = 1000
+    cleanup_age_seconds: Positive = 86400.0
+    upload_abandoned_seconds: Positive = 86400.0
+    cleanup_interval_seconds: Positive = 300.0
     dispatch_poll_seconds: Positive = 0.1
     retry_base_seconds: Positive = 1.0
 

@@ -8,7 +8,7 @@ import inspect
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -24,21 +24,26 @@ with without_optional_integrations(
     # werkzeug) that was 13 MB of every server process (docs/benchmarks.md, (6)).
     from dependency_injector import containers, providers
 
+from adapters.memory.cleanup import MemoryCleanup
 from adapters.memory.deliveries import MemoryInputDeliveries
 from adapters.memory.streams import MemoryStreams
+from adapters.memory.sweeps import MemorySweepLeases
 from adapters.memory.tokens import MemoryTokens
 from adapters.objects.filesystem import FilesystemObjectStore
 from adapters.objects.memory import MemoryObjectStore
+from adapters.postgres.cleanup import PostgresCleanup
 from adapters.postgres.deliveries import PostgresInputDeliveries
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
 from adapters.postgres.journal import PostgresCompactionJobs, PostgresJournalCompactor
 from adapters.postgres.streams import PostgresStreams
+from adapters.postgres.sweeps import PostgresSweepLeases
 from adapters.postgres.tokens import PostgresTokens
 from adapters.postgres.wake_bus import PostgresWakeBus
 from adapters.wait_service.memory import MemoryWaitService
 from adapters.wait_service.postgres import PostgresWaitService
 from application.acknowledge import Acknowledge
 from application.append_records import AppendRecords
+from application.cleanup import Cleanup
 from application.close_stream import CloseStream
 from application.compaction import CompactJournal
 from application.create_stream import CreateStream
@@ -57,7 +62,7 @@ from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe, SubscriptionSlots
 from application.tokens import Authenticate, IssueToken, TokenCache
 from application.wake import WakeRegistry
-from application.workers import Periodic, Worker
+from application.workers import LeasedSweep, Periodic, Worker
 from entrypoints.config import Settings
 
 if TYPE_CHECKING:
@@ -278,6 +283,20 @@ class Container(containers.DeclarativeContainer):
         retry_base_seconds=settings.provided.retry_base_seconds,
     )
     get_stream = providers.Singleton(GetStream, streams, deployment, input_deliveries)
+    sweep_leases = providers.Singleton(
+        PostgresSweepLeases,
+        pool,
+        worker_id,
+        lease_seconds=settings.provided.worker_lease_seconds,
+    )
+    storage_cleanup = providers.Singleton(PostgresCleanup, pool)
+    cleanup = providers.Singleton(
+        Cleanup,
+        storage_cleanup,
+        object_stores,
+        age_seconds=settings.provided.cleanup_age_seconds,
+        upload_age_seconds=settings.provided.upload_abandoned_seconds,
+    )
     prune_retention = providers.Singleton(
         PruneRetention,
         streams,
@@ -320,6 +339,8 @@ def memory_container(settings: Settings | None = None) -> Container:
     )
     container.streams.override(providers.Object(streams))
     container.tokens.override(providers.Object(MemoryTokens()))
+    container.sweep_leases.override(providers.Object(MemorySweepLeases()))
+    container.storage_cleanup.override(providers.Object(MemoryCleanup(streams)))
     return container
 
 
@@ -356,29 +377,60 @@ async def start(container: Container) -> Services:
     )
 
 
-async def workers(container: Container) -> list[Worker | Periodic]:
-    """The background workers: pruner, deletion worker, input dispatcher, journal compactor,
-    orphan sweeper and the sweeper of append receipts older than the idempotency window."""
+def upload_sweep_name(settings: Settings) -> str:
+    """The abandoned-upload sweep is one per set of stores: a filesystem store is this host's
+    directory (another host's is its own), an S3 bucket is shared by every replica using it."""
+    regions = ",".join(sorted(settings.object_regions))
+    if settings.object_store == "filesystem":
+        where = f"{socket.gethostname()}:{(settings.data_dir / 'objects').resolve()}"
+    else:
+        where = f"s3:{settings.s3_endpoint_url or ''}:{settings.s3_bucket}"
+    return f"sweep-abandoned-uploads:{regions}:{where}"
+
+
+async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]:
+    """The background workers: pruner, deletion worker, input dispatcher and journal
+    compactor (leased job queues), and the leased sweeps, each run by one worker across every
+    replica at a time: orphan sweeper (expires open intents), receipt sweeper (append receipts
+    past the idempotency window) and the storage cleanup (docs/architecture.md, "Storage
+    cleanup")."""
+    settings = container.settings()
+    leases = await resolved(container.sweep_leases())
     objects = await resolved(container.objects())
-    sweeper = Periodic(
-        "orphan sweeper",
-        objects.expire_due,  # type: ignore[attr-defined]
-        container.settings().sweep_interval_seconds,
-    )
     streams = await resolved(container.streams())
-    window = timedelta(seconds=container.settings().idempotency_window_seconds)
-    receipt_sweeper = Periodic(
-        "receipt sweeper",
-        lambda: streams.forget_receipts(window),  # type: ignore[attr-defined]
-        container.settings().sweep_interval_seconds,
-    )
+    cleanup = await resolved(container.cleanup())
+    window = timedelta(seconds=settings.idempotency_window_seconds)
+
+    def sweep(name: str, tick: Callable[[], Awaitable[int]], interval: float) -> LeasedSweep:
+        return LeasedSweep(
+            name,
+            tick,
+            interval,
+            leases,  # type: ignore[arg-type]
+            poll_seconds=settings.worker_lease_seconds,  # capped at the interval
+            retry_base_seconds=settings.retry_base_seconds,
+        )
+
+    every = settings.cleanup_interval_seconds
     return [
         await resolved(container.pruner()),  # type: ignore[list-item]
         await resolved(container.deleter()),  # type: ignore[list-item]
         await resolved(container.dispatcher()),  # type: ignore[list-item]
         await resolved(container.compactor()),  # type: ignore[list-item]
-        sweeper,
-        receipt_sweeper,
+        sweep(
+            "expire-intents",
+            objects.expire_due,  # type: ignore[attr-defined]
+            settings.sweep_interval_seconds,
+        ),
+        sweep(
+            "forget-receipts",
+            lambda: streams.forget_receipts(window),  # type: ignore[attr-defined]
+            settings.sweep_interval_seconds,
+        ),
+        sweep("forget-delivered-inputs", cleanup.delivered_inputs, every),  # type: ignore[attr-defined]
+        sweep("forget-done-deletions", cleanup.done_deletions, every),  # type: ignore[attr-defined]
+        sweep("forget-gap-evidence", cleanup.gap_evidence, every),  # type: ignore[attr-defined]
+        sweep(upload_sweep_name(settings), cleanup.abandoned_uploads, every),  # type: ignore[attr-defined]
     ]
 
 

@@ -15,7 +15,9 @@ import contextlib
 import hashlib
 import os
 import secrets
+import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 
 import aioboto3
 import pytest
@@ -250,3 +252,31 @@ class TestS3ObjectStore(ObjectStoreContract):
             events.unregister("before-send.s3.GetObject", record)
         assert (tail, rest, whole) == (body[11 * MiB :], body[5:], body)
         assert ranges == [f"bytes={11 * MiB}-{12 * MiB - 1}".encode(), b"bytes=5-", None]
+
+    async def test_a_multipart_upload_started_and_never_completed_is_aborted(
+        self, store: S3ObjectStore, s3_client, bucket: str
+    ) -> None:
+        # What a process killed mid-put leaves: an upload under .uploads/ with a part, never
+        # completed nor aborted (named like the store names its own: start time, random).
+        key = f"{UPLOADS}{int(time.time())}-{secrets.token_hex(12)}"
+        started = await s3_client.create_multipart_upload(
+            Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256"
+        )
+        await s3_client.upload_part(
+            Bucket=bucket, Key=key, UploadId=started["UploadId"], PartNumber=1, Body=b"x" * 1024
+        )
+        assert [u["Key"] for u in await pending_uploads(s3_client, bucket)] == [key]
+        assert await store.sweep_incomplete(timedelta(hours=1)) == 0  # young: kept
+        assert [u["Key"] for u in await pending_uploads(s3_client, bucket)] == [key]
+        assert await store.sweep_incomplete(timedelta(0)) == 1
+        assert await pending_uploads(s3_client, bucket) == []
+
+    async def test_a_temporary_object_left_between_complete_and_copy_is_removed(
+        self, store: S3ObjectStore, s3_client, bucket: str
+    ) -> None:
+        key = f"{UPLOADS}{int(time.time())}-{secrets.token_hex(12)}"
+        await s3_client.put_object(Bucket=bucket, Key=key, Body=b"completed, never copied")
+        assert await store.sweep_incomplete(timedelta(hours=1)) == 0
+        assert [o["Key"] for o in await temporary_objects(s3_client, bucket)] == [key]
+        assert await store.sweep_incomplete(timedelta(0)) == 1
+        assert await temporary_objects(s3_client, bucket) == []

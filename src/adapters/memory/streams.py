@@ -51,6 +51,7 @@ class _Row(msgspec.Struct):
 
 class DeliveryRow(msgspec.Struct):
     delivered: bool = False
+    delivered_at: datetime | None = None
     claimed_by: str | None = None
     attempts: int = 0
     not_before: float = 0.0
@@ -182,6 +183,8 @@ class MemoryStreams:
         cutoff = datetime.now(UTC) - older_than
         forgotten = 0
         for row in self._rows.values():
+            if decode_state(row.state).legal_hold.enabled:
+                continue  # a hold removes nothing
             for key, created in list(row.receipts_created.items()):
                 if created < cutoff:
                     del row.receipts[key], row.receipts_created[key]

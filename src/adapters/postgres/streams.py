@@ -69,10 +69,21 @@ WHERE {_KEY} AND idempotency_key = ANY($4::text[])
 """
 
 # By physical row, so each batch is one short statement however many receipts are due.
+# A held stream's receipts stay (a hold removes nothing); the hold is read with a plain SELECT,
+# so the sweep never waits for or takes a stream-row lock. Oldest first from $3, where the last
+# batch ended, so held receipts are passed over once per sweep (delete_in_batches).
 _FORGET_RECEIPTS = """
 DELETE FROM append_receipts WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM append_receipts WHERE created_at < now() - $1::interval LIMIT $2
+    SELECT r.ctid FROM append_receipts r
+    WHERE r.created_at < now() - $1::interval AND r.created_at >= $3
+      AND NOT EXISTS (
+          SELECT 1 FROM streams s
+          WHERE s.tenant = r.tenant AND s.run_id = r.run_id AND s.stream_id = r.stream_id
+            AND s.legal_hold)
+    ORDER BY r.created_at
+    LIMIT $2
 ))
+RETURNING created_at
 """
 
 _OFFSETS = f"""
@@ -257,13 +268,9 @@ class PostgresStreams:
         return await read_intent(self._pool, key, object_id)
 
     async def forget_receipts(self, older_than: timedelta, batch: int = 1000) -> int:
-        forgotten = 0
-        while True:
-            status = await self._pool.execute(_FORGET_RECEIPTS, older_than, batch)
-            removed = int(status.rpartition(" ")[2])
-            forgotten += removed
-            if removed < batch:
-                return forgotten
+        from adapters.postgres.cleanup import delete_in_batches  # the cleanup sweeps' batching
+
+        return await delete_in_batches(self._pool, _FORGET_RECEIPTS, older_than, batch)
 
     async def expired_intents(self, now: datetime, limit: int) -> list[tuple[StreamKey, str]]:
         return await read_expired_intents(self._pool, now, limit)
