@@ -12,9 +12,10 @@ from datetime import datetime
 
 import msgspec
 
+from application.errors import NotFound
 from application.ports import Command, Done, Failed, Outcome, Replayed
 from domain.errors import IdempotencyKeyReused
-from domain.events import Event, RecordsAppended
+from domain.events import Event, RecordsAppended, StreamDeleted
 from domain.records import NewRecord
 from domain.stream import Stream
 
@@ -57,6 +58,11 @@ class Changes(msgspec.Struct):
     appended: list[AppendedRecords] = msgspec.field(default_factory=list)
     receipts: list[Receipt] = msgspec.field(default_factory=list)
 
+    @property
+    def deleted(self) -> bool:
+        """A command erased the stream: the transaction erases it instead of writing."""
+        return any(isinstance(e, StreamDeleted) for e in self.events)
+
 
 def decide_all(
     stream: Stream,
@@ -67,6 +73,12 @@ def decide_all(
     outcomes: list[Outcome] = []
     changes = Changes()
     for command in commands:
+        if stream.state.deleted:
+            # Erased earlier in this group: a command after it finds no stream, as it would
+            # in the next transaction.
+            key = stream.key
+            outcomes.append(Failed(NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")))
+            continue
         idem = command.idempotency
         if idem is not None and (seen := receipts.get(idem.key)) is not None:
             if seen.fingerprint == idem.fingerprint:

@@ -41,10 +41,12 @@ from application.append_records import AppendRecords
 from application.close_stream import CloseStream
 from application.create_stream import CreateStream
 from application.definitions import Definitions
+from application.delete_stream import DeleteRun, DeleteStream
 from application.deletions import DeleteBodies
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
 from application.input_delivery import Dispatch
+from application.list_runs import ListRuns
 from application.list_streams import ListStreams
 from application.live import LiveTails
 from application.objects import Objects, ObjectStores
@@ -171,9 +173,9 @@ class Container(containers.DeclarativeContainer):
     clock = providers.Object(utc_now)
 
     pool = providers.Resource(open_pool, settings)
-    streams = providers.Singleton(PostgresStreams, pool)
-    tokens = providers.Singleton(PostgresTokens, pool)
     wake = providers.Singleton(WakeRegistry)
+    streams = providers.Singleton(PostgresStreams, pool, wake)
+    tokens = providers.Singleton(PostgresTokens, pool)
     wake_bus = providers.Resource(open_wake_bus, settings, wake)
     tails = providers.Singleton(LiveTails, streams, wake)
     subscription_slots = providers.Singleton(
@@ -199,6 +201,9 @@ class Container(containers.DeclarativeContainer):
     acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
     close_stream = providers.Singleton(CloseStream, definitions, commits, clock)
     set_legal_hold = providers.Singleton(SetLegalHold, definitions, commits, clock)
+    delete_stream = providers.Singleton(DeleteStream, definitions, commits, clock)
+    delete_run = providers.Singleton(DeleteRun, streams, definitions, clock)
+    list_runs = providers.Singleton(ListRuns, streams)
     object_stores = providers.Resource(open_object_stores, settings)
     objects = providers.Singleton(Objects, definitions, streams, commits, object_stores, clock)
     delete_bodies = providers.Singleton(
@@ -312,6 +317,9 @@ class Services:
     acknowledge: Acknowledge
     close_stream: CloseStream
     set_legal_hold: SetLegalHold
+    delete_stream: DeleteStream
+    delete_run: DeleteRun
+    list_runs: ListRuns
     subscribe: Subscribe
     objects: Objects
 
