@@ -5,13 +5,18 @@ from __future__ import annotations
 import pytest
 
 from adapters.memory.streams import MemoryStreams
+from adapters.objects.memory import MemoryObjectStore
 from application.access import Caller
 from application.definitions import Definitions
 from application.delete_stream import DeleteRun, DeleteStream
+from application.deletions import DeleteBodies
 from application.errors import Forbidden, NotFound
 from application.group_commit import GroupCommit
 from application.list_runs import ListRuns
+from application.objects import ObjectStores
 from application.placement import Deployment, Misdirected
+from application.set_legal_hold import LegalHoldCommand
+from application.workers import Job
 from domain import errors
 from domain.definition import DefinitionRequest, resolve_definition
 from tests.support.builders import NOW, WRITER, append, definition, new_key
@@ -88,3 +93,20 @@ async def test_runs_are_listed_with_next_after_only_when_more_follow(streams) ->
         await list_runs(READER, after="no such/id")
     with pytest.raises(Forbidden):
         await list_runs(Caller(tenant="t1", principal="w", scopes=frozenset()), limit=2)
+
+
+async def test_an_erased_streams_bodies_do_not_wait_for_a_hold_on_its_successor(streams) -> None:
+    store = MemoryObjectStore()
+
+    async def one_chunk():
+        yield b"body"
+
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [LegalHoldCommand(True, "the new stream's case", NOW)])
+    delete = DeleteBodies(streams, ObjectStores({"local": store}), hold_recheck_seconds=7)
+    for name, reason, waits in (("a", "aborted", True), ("b", "stream-deleted", False)):
+        await store.put(name, one_chunk(), max_size=10)
+        job = Job(key, 0, 1, storage_region="local", storage_key=name, reason=reason)
+        assert await delete.run_job(job) == (7 if waits else None)
+        assert (await store.stat(name) is not None) == waits

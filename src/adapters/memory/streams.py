@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 
 from application.deciding import Receipt, decide_all
+from application.deletions import ERASED_STREAM
 from application.errors import NotFound
 from application.ports import Command, Outcome, Position, RunSummary, StoredRecord
 from application.retention import expired_prefix
@@ -155,7 +156,9 @@ class MemoryStreams:
         for k, object_id in [ik for ik in self._intents if ik[0] == key]:
             intent = self._intents.pop((k, object_id))
             if (intent.storage_region, intent.storage_key) not in queued:
-                self.deletions.append((key, intent.storage_region, intent.storage_key, reason))
+                self.deletions.append(
+                    (key, intent.storage_region, intent.storage_key, ERASED_STREAM + reason)
+                )
 
     async def delete_run(
         self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from application.deletions import ERASED_STREAM
+
 WAKE_CHANNEL = "ductor_streams"
 DELETED = "deleted"  # the notification's last word for an erased stream, instead of its head
 
@@ -58,5 +60,6 @@ _ERASE = erase_statement()
 async def erase(
     conn: asyncpg.Connection, tenant: str, run_id: str, stream_ids: list[str], reason: str
 ) -> None:
-    """Erase these streams of one run; the caller holds their row locks."""
-    await conn.execute(_ERASE, tenant, run_id, stream_ids, reason)
+    """Erase these streams of one run (`reason`: "deleted" or "expired"); the caller holds their
+    row locks."""
+    await conn.execute(_ERASE, tenant, run_id, stream_ids, ERASED_STREAM + reason)
