@@ -323,9 +323,10 @@ class LiveTails:
             yield tail
         finally:
             tail.subscribers -= 1
-            if tail.subscribers == 0 and self._tails.get(key) is tail:
-                del self._tails[key]
-                await tail.stop()
+            if tail.subscribers == 0:
+                if self._tails.get(key) is tail:
+                    del self._tails[key]
+                await tail.stop()  # also a deleted tail a newer one replaced
 
     async def follow(
         self, key: StreamKey, cursor: int, heartbeat_seconds: float

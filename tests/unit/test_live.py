@@ -307,3 +307,24 @@ async def test_a_deleted_stream_ends_every_follower_and_a_long_poll(live) -> Non
     await asyncio.sleep(0.01)
     await streams.update(key, [append(), append()])
     assert await follower == [1, 2]
+
+
+async def test_a_stream_created_again_gets_a_new_tail_while_the_old_one_winds_down(live) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append()])
+    old_follow = tails.follow(key, 0, 1.0)
+    assert isinstance(await anext(old_follow), RecordsDelivered)  # suspended, still joined
+    old = tails.tail(key)
+    await streams.update(key, [DeleteCommand(NOW)])
+    await asyncio.sleep(0.01)
+    await streams.create(key, definition(), NOW)
+    follower = asyncio.ensure_future(collect(tails.follow(key, 0, 1.0), until=1))
+    await asyncio.sleep(0.01)
+    assert tails.tail(key) is not old
+    await streams.update(key, [append()])
+    assert await follower == [1]
+    assert await anext(old_follow) == StreamGone()
+    await old_follow.aclose()
+    assert old._ticker is not None and old._ticker.cancelled()  # stopped, though replaced
