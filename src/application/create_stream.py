@@ -24,8 +24,8 @@ class CreateStream:
         definition = resolve_definition(
             request, region=deployment.region, egress_region=deployment.egress_region
         )
+        key = caller.key(run_id, definition.stream_id)  # a bad ID is 400 before placement
         deployment.require_home(definition)
-        key = caller.key(run_id, definition.stream_id)
         stream, created = await self._streams.create(key, definition, self._clock())
         if not created and stream.definition != definition:
             raise DefinitionConflict(

@@ -19,9 +19,10 @@ from datetime import datetime
 
 import msgspec
 
+from application.errors import NotFound
 from application.ports import Command, Done, Failed, Outcome, Replayed
 from domain.errors import IdempotencyKeyReused
-from domain.events import Event, RecordsAppended, StreamSnapshotted
+from domain.events import Event, RecordsAppended, StreamDeleted, StreamSnapshotted
 from domain.records import NewRecord
 from domain.stream import Stream
 
@@ -69,6 +70,11 @@ class Changes(msgspec.Struct):
     receipts: list[Receipt] = msgspec.field(default_factory=list)
     snapshot: StreamSnapshotted | None = None  # the last of `events`, when one was taken
 
+    @property
+    def deleted(self) -> bool:
+        """A command erased the stream: the transaction erases it instead of writing."""
+        return any(isinstance(e, StreamDeleted) for e in self.events)
+
 
 def decide_all(
     stream: Stream,
@@ -81,6 +87,12 @@ def decide_all(
     changes = Changes()
     version_before = stream.state.version
     for command in commands:
+        if stream.state.deleted:
+            # Erased earlier in this group: a command after it finds no stream, as it would
+            # in the next transaction.
+            key = stream.key
+            outcomes.append(Failed(NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")))
+            continue
         idem = command.idempotency
         if idem is not None and (seen := receipts.get(idem.key)) is not None:
             if seen.fingerprint == idem.fingerprint:
@@ -116,7 +128,7 @@ def decide_all(
             receipts[idem.key] = receipt
             changes.receipts.append(receipt)
         outcomes.append(Done(events=events, answer=answer))
-    if changes.events:
+    if changes.events and not stream.state.deleted:  # an erased stream keeps no journal
         changes.snapshot = snapshot_if_due(
             stream, version_before, snapshot_every, changes.events[-1].at
         )

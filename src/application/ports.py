@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -55,6 +55,12 @@ class Failed(msgspec.Struct, frozen=True):
 Outcome = Done | Replayed | Failed
 
 
+class RunSummary(msgspec.Struct, frozen=True):
+    run_id: str
+    stream_count: int
+    created_at: datetime  # when its oldest stream was created
+
+
 class StreamRepository(Protocol):
     async def create(
         self, key: StreamKey, definition: StreamDefinition, now: datetime
@@ -76,6 +82,17 @@ class StreamRepository(Protocol):
     async def journal(self, key: StreamKey) -> list[Event]:
         """The stream's journal from its latest snapshot (or its creation) on, read at once:
         `Stream.replay` of it rebuilds the stored state."""
+
+    async def delete_run(
+        self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None
+    ) -> list[StreamKey]:
+        """Lock every stream of the run (in stream_id order), decide `Stream.delete` on each
+        (and `check`, which may raise to refuse), then erase them all in that transaction, or
+        none: a legal hold on any is `LegalHoldActive`. Raises NotFound when the run has no
+        stream. Answers the erased keys."""
+
+    async def list_runs(self, tenant: str, after: str | None, limit: int) -> list[RunSummary]:
+        """The tenant's runs with run_id > `after`, ascending, at most `limit`."""
 
 
 class AppendReceipts(Protocol):
@@ -113,6 +130,9 @@ class Position(msgspec.Struct, frozen=True):
     head: int
     earliest: int
     closed: bool
+    # Which incarnation of the stream this is: a stream deleted and created again with the same
+    # ID is another stream, told apart by its creation time.
+    created_at: datetime | None = None
 
 
 class RecordReader(Protocol):

@@ -41,6 +41,7 @@ class Job(msgspec.Struct, frozen=True):
     id: int | None = None
     storage_region: str | None = None
     storage_key: str | None = None
+    reason: str | None = None  # why a body is to be removed (deletion jobs)
 
 
 class JobQueue(Protocol):

@@ -86,6 +86,12 @@ class ObjectExpired(Event, frozen=True, tag="object_expired"):
     object_id: str
 
 
+class StreamDeleted(Event, frozen=True, tag="stream_deleted"):
+    """The stream is erased: its records, journal, receipts, consumers, deliveries and intents go."""  # noqa: E501
+
+    reason: str  # "deleted" (DELETE) or "expired" (expiry)
+
+
 AnyEvent = (
     StreamCreated
     | StreamSnapshotted
@@ -99,6 +105,7 @@ AnyEvent = (
     | ObjectCommitted
     | ObjectAborted
     | ObjectExpired
+    | StreamDeleted
 )
 
 _encoder = msgspec.json.Encoder()

@@ -39,6 +39,7 @@ class StreamState(msgspec.Struct, forbid_unknown_fields=True):
     legal_hold: LegalHold = msgspec.field(default_factory=LegalHold)
     consumers: dict[str, Consumer] = msgspec.field(default_factory=dict)
     objects: dict[str, ObjectIntent] = msgspec.field(default_factory=dict)  # open intents only
+    deleted: bool = False  # erased: nothing is decided after it (never stored: the row goes)
 
 
 _state_encoder = msgspec.json.Encoder()

@@ -245,6 +245,17 @@ class Stream:
             )
         ]
 
+    def delete(self, now: datetime, reason: str = "deleted") -> list[ev.Event]:
+        """Erase the stream (records, journal, receipts, consumers, intents); refused while a
+        legal hold is on."""
+        if self.state.legal_hold.enabled:
+            raise errors.LegalHoldActive(
+                "a legal hold is on: the stream cannot be deleted until it is lifted"
+            )
+        if self.state.deleted:
+            return []
+        return [ev.StreamDeleted(version=self.state.version + 1, at=now, reason=reason)]
+
     # -- object intents ---------------------------------------------------------------------------
 
     def prepare_object(self, intent: ObjectIntent, now: datetime) -> list[ev.Event]:
@@ -334,6 +345,8 @@ class Stream:
         s = self.state
         if event.version != s.version + 1:
             raise ValueError(f"event version {event.version} does not follow {s.version}")
+        if s.deleted:
+            raise ValueError("nothing follows StreamDeleted")
         match event:
             case ev.StreamSnapshotted():
                 if event.state.version != event.version:
@@ -373,6 +386,8 @@ class Stream:
                 )
             case ev.ObjectCommitted() | ev.ObjectAborted() | ev.ObjectExpired():
                 del s.objects[event.object_id]
+            case ev.StreamDeleted():
+                s.deleted = True
             case _:
                 raise TypeError(f"unknown event {type(event).__name__}")
         s.version = event.version

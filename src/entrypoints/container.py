@@ -48,10 +48,12 @@ from application.close_stream import CloseStream
 from application.compaction import CompactJournal
 from application.create_stream import CreateStream
 from application.definitions import Definitions
+from application.delete_stream import DeleteRun, DeleteStream
 from application.deletions import DeleteBodies
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
 from application.input_delivery import Dispatch
+from application.list_runs import ListRuns
 from application.list_streams import ListStreams
 from application.live import LiveTails
 from application.objects import Objects, ObjectStores
@@ -178,11 +180,11 @@ class Container(containers.DeclarativeContainer):
     clock = providers.Object(utc_now)
 
     pool = providers.Resource(open_pool, settings)
+    wake = providers.Singleton(WakeRegistry)
     streams = providers.Singleton(
-        PostgresStreams, pool, snapshot_every=settings.provided.snapshot_every_events
+        PostgresStreams, pool, wake, snapshot_every=settings.provided.snapshot_every_events
     )
     tokens = providers.Singleton(PostgresTokens, pool)
-    wake = providers.Singleton(WakeRegistry)
     token_cache = providers.Singleton(TokenCache, settings.provided.token_cache_seconds)
     wake_bus = providers.Resource(open_wake_bus, settings, wake, token_cache)
     tails = providers.Singleton(LiveTails, streams, wake)
@@ -207,6 +209,9 @@ class Container(containers.DeclarativeContainer):
     acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
     close_stream = providers.Singleton(CloseStream, definitions, commits, clock)
     set_legal_hold = providers.Singleton(SetLegalHold, definitions, commits, clock)
+    delete_stream = providers.Singleton(DeleteStream, definitions, commits, clock)
+    delete_run = providers.Singleton(DeleteRun, streams, definitions, clock)
+    list_runs = providers.Singleton(ListRuns, streams)
     object_stores = providers.Resource(open_object_stores, settings)
     objects = providers.Singleton(Objects, definitions, streams, commits, object_stores, clock)
     delete_bodies = providers.Singleton(
@@ -357,6 +362,9 @@ class Services:
     acknowledge: Acknowledge
     close_stream: CloseStream
     set_legal_hold: SetLegalHold
+    delete_stream: DeleteStream
+    delete_run: DeleteRun
+    list_runs: ListRuns
     subscribe: Subscribe
     objects: Objects
 

@@ -15,6 +15,7 @@ import pytest
 
 from application.acknowledge import AckCommand
 from application.close_stream import CloseCommand
+from application.delete_stream import DeleteCommand
 from application.errors import NotFound
 from application.objects import AbortCommand, CommitCommand, PrepareCommand, UploadedCommand
 from application.ports import Done, Failed, Replayed
@@ -165,6 +166,122 @@ class StreamRepositoryContract:
         assert [s.key.stream_id for s in listed] == ["a", "b"]
         assert await repo.list_run("other-tenant", key.run_id) == []
 
+    async def test_a_deleted_stream_is_gone_and_its_id_starts_again_from_sequence_1(
+        self, repo
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [append([record(), record()], key="k1")])
+        await repo.update(key, [AckCommand(WRITER, "c", 1, NOW)])
+        before, deleted, after = await repo.update(key, [append(), DeleteCommand(NOW), append()])
+        # In the deleting group: what came before was answered, what follows finds no stream.
+        assert isinstance(before, Done) and before.answer.first_sequence == 3
+        assert isinstance(deleted, Done)
+        assert isinstance(after, Failed) and isinstance(after.error, NotFound)
+        assert await repo.load(key) is None
+        assert await repo.page(key, 0, 10) is None
+        assert await repo.definition(key) is None
+        assert await repo.list_run(key.tenant, key.run_id) == []
+        with pytest.raises(NotFound):
+            await repo.update(key, [append()])
+        other = definition(max_unread_items=5)
+        stream, created = await repo.create(key, other, NOW + timedelta(seconds=1))
+        assert created and stream.head == 0 and stream.state.consumers == {}
+        assert (await repo.definition(key)) == other
+        [again] = await repo.update(key, [append(key="k1")])  # the old receipt is gone too
+        assert isinstance(again, Done) and again.answer.first_sequence == 1
+        assert (await repo.load(key)).definition == other
+        position, records = await repo.page(key, 0, 10)
+        assert position.head == 1 and [r.sequence for r in records] == [1]
+
+    async def test_a_legal_hold_refuses_deletion_and_changes_nothing(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [append(), LegalHoldCommand(True, "case", NOW)])
+        [refused] = await repo.update(key, [DeleteCommand(NOW)])
+        assert isinstance(refused, Failed)
+        assert isinstance(refused.error, errors.LegalHoldActive)
+        position, records = await repo.page(key, 0, 10)
+        assert position.head == 1 and len(records) == 1
+
+    async def test_concurrent_appends_commit_before_the_delete_or_find_no_stream(
+        self, repo
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+
+        async def one_append() -> object:
+            try:
+                [outcome] = await repo.update(key, [append()])
+            except NotFound:
+                return "gone"
+            return outcome
+
+        results = await asyncio.gather(
+            *(one_append() for _ in range(10)),
+            repo.update(key, [DeleteCommand(NOW)]),
+            *(one_append() for _ in range(10)),
+        )
+        outcomes = results[:10] + results[11:]
+        assert all(o == "gone" or isinstance(o, Done) for o in outcomes)
+        assert await repo.load(key) is None
+
+    async def test_a_run_is_deleted_all_or_nothing(self, repo) -> None:
+        key = new_key()
+        a, b = key._replace(stream_id="a"), key._replace(stream_id="b")
+        for k in (a, b):
+            await repo.create(k, definition(k.stream_id), NOW)
+            await repo.update(k, [append()])
+        await repo.update(b, [LegalHoldCommand(True, "case", NOW)])
+        with pytest.raises(errors.LegalHoldActive):
+            await repo.delete_run(key.tenant, key.run_id, NOW)
+        assert [s.key for s in await repo.list_run(key.tenant, key.run_id)] == [a, b]
+        assert (await repo.page(a, 0, 10))[0].head == 1
+
+        def refuse(stream: Stream) -> None:
+            if stream.key.stream_id == "b":
+                raise errors.InvalidInput("no")
+
+        await repo.update(b, [LegalHoldCommand(False, None, NOW)])
+        with pytest.raises(errors.InvalidInput):
+            await repo.delete_run(key.tenant, key.run_id, NOW, refuse)
+        assert len(await repo.list_run(key.tenant, key.run_id)) == 2
+        with pytest.raises(NotFound):
+            await repo.delete_run("other-tenant", key.run_id, NOW)
+        assert await repo.delete_run(key.tenant, key.run_id, NOW) == [a, b]
+        assert await repo.list_run(key.tenant, key.run_id) == []
+        assert await repo.page(a, 0, 10) is None
+        with pytest.raises(NotFound):
+            await repo.update(b, [append()])
+        with pytest.raises(NotFound):
+            await repo.delete_run(key.tenant, key.run_id, NOW)
+
+    async def test_runs_are_listed_by_keyset_in_ascending_run_id(self, repo) -> None:
+        tenant = "tenant-" + new_key().run_id
+        for run_id, streams in (("r-b", 2), ("r-a", 1), ("r-c", 3)):
+            for n in range(streams):
+                key = new_key(tenant)._replace(run_id=run_id, stream_id=f"s{n}")
+                await repo.create(key, definition(key.stream_id), NOW + timedelta(seconds=n))
+        await repo.create(new_key("another-" + tenant), definition(), NOW)
+        first = await repo.list_runs(tenant, None, 2)
+        assert [(r.run_id, r.stream_count) for r in first] == [("r-a", 1), ("r-b", 2)]
+        assert all(r.created_at == NOW for r in first)
+        rest = await repo.list_runs(tenant, "r-b", 2)
+        assert [(r.run_id, r.stream_count) for r in rest] == [("r-c", 3)]
+        assert await repo.list_runs(tenant, "r-c", 2) == []
+
+
+async def queued_bodies(repo, key) -> list[str]:
+    """The storage keys on the deletion outbox for this stream, from either adapter."""
+    if hasattr(repo, "deletions"):
+        return [k for stream, _, k, _ in repo.deletions if stream == key]
+    rows = await repo._pool.fetch(
+        "SELECT storage_key FROM deletion_outbox WHERE tenant = $1 AND run_id = $2 "
+        "AND stream_id = $3",
+        *key,
+    )
+    return [r[0] for r in rows]
+
 
 class JournalContract:
     """Snapshots bound the journal; replay of what is kept still rebuilds the stored state."""
@@ -298,3 +415,11 @@ class ObjectIntentsContract:
         assert (key, "o3") in expired and (key, "o1") not in expired
         _, records = await repo.page(key, 0, 10)
         assert records[0].size == 3 and b'"object_id":"o1"' in records[0].payload
+
+        await repo.update(key, [DeleteCommand(NOW)])
+        assert await repo.intent(key, "o1") is None and await repo.intent(key, "o3") is None
+        assert (key, "o3") not in await repo.expired_intents(NOW + timedelta(seconds=5), 100)
+        # Every body the stream named is queued for the deletion workers, once.
+        assert sorted(await queued_bodies(repo, key)) == sorted(
+            i.storage_key for i in (kept, dropped, late)
+        )

@@ -261,3 +261,20 @@ def test_a_snapshot_must_carry_the_state_at_its_own_version() -> None:
     )
     with pytest.raises(ValueError):
         s.apply(wrong)
+
+
+def test_delete_is_refused_while_a_legal_hold_is_on_and_nothing_follows_it() -> None:
+    s = appended(stream(), b"1")
+    for event in s.set_legal_hold(True, "case", NOW):
+        s.apply(event)
+    with pytest.raises(errors.LegalHoldActive):
+        s.delete(NOW)
+    for event in s.set_legal_hold(False, None, NOW):
+        s.apply(event)
+    [deleted] = s.delete(NOW)
+    assert deleted == ev.StreamDeleted(version=s.state.version + 1, at=NOW, reason="deleted")
+    assert ev.decode_event(ev.encode_event(deleted)) == deleted
+    s.apply(deleted)
+    assert s.state.deleted and s.delete(NOW) == []
+    with pytest.raises(ValueError):
+        s.apply(ev.StreamClosed(version=s.state.version + 1, at=NOW))
