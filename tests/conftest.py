@@ -23,6 +23,7 @@ from tests.support.postgres import (  # noqa: E402
     drop_test_database,
     postgres_server,
 )
+from tests.support.seaweedfs import SeaweedFS, seaweedfs  # noqa: E402, F401  (a session fixture)
 from tests.support.server import ServerProcess  # noqa: E402
 
 
@@ -57,8 +58,10 @@ class Tokens:
         tenant: str = "default",
         principal: str = "tester",
         scopes: tuple[str, ...] = SCOPES,
+        expires_in_seconds: int | None = None,
     ) -> str:
-        return await self._issue(make_caller(tenant, principal, list(scopes)))
+        caller = make_caller(tenant, principal, list(scopes))
+        return await self._issue(caller, expires_in_seconds=expires_in_seconds)
 
 
 @pytest.fixture(scope="session")
@@ -86,6 +89,30 @@ def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     ).start()
     yield process
     process.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(
+    database_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    seaweedfs: SeaweedFS,  # noqa: F811  (the fixture imported above)
+) -> Iterator[ServerProcess]:
+    """A server process like `server` that keeps object bodies in S3 (a real SeaweedFS store)."""
+    process = ServerProcess(
+        database_url=database_url,
+        data_dir=tmp_path_factory.mktemp("server-s3"),
+        env={**SERVER_ENV, **seaweedfs.client_env()},
+    ).start()
+    yield process
+    process.stop()
+
+
+def on_each_object_store(request: pytest.FixtureRequest, server: ServerProcess) -> ServerProcess:
+    """For a module's `server` fixture parametrized over ["filesystem", "s3"]: the session's
+    server (bodies in files) or `s3_server` (bodies in SeaweedFS)."""
+    if request.param == "s3":
+        return request.getfixturevalue("s3_server")
+    return server
 
 
 @pytest.fixture(scope="session")

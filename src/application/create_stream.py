@@ -35,6 +35,7 @@ class CreateStream:
         definition = resolve_definition(
             request, region=deployment.region, egress_region=deployment.egress_region
         )
+        key = caller.key(run_id, definition.stream_id)  # a bad ID is 400 before placement
         deployment.require_home(definition)
         now = self._clock()
         expires_at = definition.expiry.expires_at
@@ -43,7 +44,6 @@ class CreateStream:
                 f"expiry.expires_at {expires_at.isoformat()} has already passed",
                 field="expiry.expires_at",
             )
-        key = caller.key(run_id, definition.stream_id)
         stream, created = await self._streams.create(key, definition, now)
         if created and definition.expiry.enabled:
             # Its creation is its first access, recorded with it.

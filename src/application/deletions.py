@@ -1,7 +1,9 @@
 """The deletion worker's use case: remove a body from the store of the region it was pinned to.
 
 Never under a legal hold (the job waits), never anywhere else (the region is the one recorded
-with the body), and idempotent (deleting what is gone is not an error)."""
+with the body), and idempotent (deleting what is gone is not an error). The bodies of an erased
+stream were released when it was deleted (which a hold refuses): a stream created again under
+its ID, held or not, has bodies of its own under other keys, so they do not wait for it."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from application.workers import Job
 
 log = logging.getLogger("ductor_streams.deletions")
 
+# The outbox reason of the bodies of an erased stream: "stream-deleted", "stream-expired".
+ERASED_STREAM = "stream-"
+
 
 class DeleteBodies:
     def __init__(
@@ -25,7 +30,8 @@ class DeleteBodies:
 
     async def run_job(self, job: Job) -> float | None:
         assert job.storage_region is not None and job.storage_key is not None
-        stream = await self._streams.load(job.key)
+        erased = job.reason is not None and job.reason.startswith(ERASED_STREAM)
+        stream = None if erased else await self._streams.load(job.key)
         if stream is not None:
             about_stream(job.key, stream.definition.placement.log_region)
             if stream.state.legal_hold.enabled:

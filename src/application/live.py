@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 
 import msgspec
 
@@ -75,7 +76,11 @@ class Overtaken(msgspec.Struct, frozen=True):
     reason: str = "retention"
 
 
-Delivery = RecordsDelivered | Idle | StreamEnded | Overtaken
+class StreamGone(msgspec.Struct, frozen=True):
+    """The stream was deleted: nothing more comes, whatever was not delivered yet."""
+
+
+Delivery = RecordsDelivered | Idle | StreamEnded | Overtaken | StreamGone
 
 
 class Signal:
@@ -129,6 +134,8 @@ class StreamTail:
         self.head = 0
         self.earliest = 1
         self.closed = False
+        self.deleted = False
+        self.created_at: datetime | None = None  # which stream of this key the tail follows
         self.reads = 0
         self.subscribers = 0
         self._loop = asyncio.get_running_loop()
@@ -183,13 +190,30 @@ class StreamTail:
                 except Exception:  # the database blinked: the next wake or recheck retries
                     await asyncio.sleep(0.5)
                     continue
+                if self.deleted:
+                    return
                 await listener.wait(self._recheck)
+                if listener.deleted:
+                    self._gone()
+                    return
+
+    def _gone(self) -> None:
+        self.deleted = True
+        self.wake_followers()
+
+    def same_stream(self, created_at: datetime | None) -> bool:
+        """Whether a page read now is of the stream this tail follows (not one deleted and
+        created again under its key); the first page read says which that is."""
+        if self.created_at is None:
+            self.created_at = created_at
+        return created_at == self.created_at
 
     async def _read_new(self, *, skip_history: bool) -> None:
         if skip_history:
             # A new tail starts at the head: subscribers behind it backfill from the source.
             found = await self._reader.page(self.key, 0, 1)
-            if found is None:
+            if found is None or not self.same_stream(found[0].created_at):
+                self._gone()
                 return
             position, _ = found
             self.position = position.head
@@ -198,7 +222,8 @@ class StreamTail:
         while True:
             found = await self._reader.page(self.key, self.position, PAGE)
             self.reads += 1
-            if found is None:
+            if found is None or not self.same_stream(found[0].created_at):
+                self._gone()
                 return
             position, records = found
             contiguous = bool(records) and records[0].sequence == self.position + 1
@@ -286,7 +311,7 @@ class LiveTails:
     @contextlib.asynccontextmanager
     async def joined(self, key: StreamKey) -> AsyncIterator[StreamTail]:
         tail = self._tails.get(key)
-        if tail is None:
+        if tail is None or tail.deleted:  # a stream created again is followed by a new tail
             tail = StreamTail(
                 key, self._reader, self._wake, self._ring_records, self._ring_bytes, self._recheck
             )
@@ -298,15 +323,17 @@ class LiveTails:
             yield tail
         finally:
             tail.subscribers -= 1
-            if tail.subscribers == 0 and self._tails.get(key) is tail:
-                del self._tails[key]
-                await tail.stop()
+            if tail.subscribers == 0:
+                if self._tails.get(key) is tail:
+                    del self._tails[key]
+                await tail.stop()  # also a deleted tail a newer one replaced
 
     async def follow(
         self, key: StreamKey, cursor: int, heartbeat_seconds: float
     ) -> AsyncIterator[Delivery]:
         """Every record with sequence > cursor, ascending, without gaps or duplicates; `Idle`
-        while nothing happens; then `StreamEnded` once closed and delivered, or `Overtaken`."""
+        while nothing happens; then `StreamEnded` once closed and delivered, or `Overtaken`, or
+        `StreamGone` once the stream is deleted."""
         async with self.joined(key) as tail:
             tail.beat_every(heartbeat_seconds)
             await tail.ready.wait()
@@ -314,10 +341,14 @@ class LiveTails:
             spoke = tail.ticks  # the tick of this follower's last word
             while not self.ending:
                 changed = tail.changed  # taken before looking, so no change is missed
+                if tail.deleted:
+                    yield StreamGone()
+                    return
                 delivery = tail.after(last)
                 if delivery is None:  # behind the ring: read the source by keyset pages
                     found = await self._reader.page(key, last, PAGE)
-                    if found is None:
+                    if found is None or not tail.same_stream(found[0].created_at):
+                        yield StreamGone()
                         return
                     position, records = found
                     if (records and records[0].sequence != last + 1) or (

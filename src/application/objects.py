@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import secrets
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 
@@ -46,6 +47,9 @@ class ObjectStores:
             f"no object store here serves the stream's object regions {list(object_regions)}",
             object_regions=list(object_regions),
         )
+
+    def regions(self) -> list[str]:
+        return sorted(self._stores)
 
     def store(self, region: str) -> ObjectStore:
         store = self._stores.get(region)
@@ -264,7 +268,9 @@ class Objects:
             content_type=request.content_type,
             schema=request.schema,
             storage_region=region,
-            storage_key="/".join((*key, object_id)),
+            # Unique to this intent: a stream deleted and created again under the same ID reuses
+            # object IDs, and its bodies must never meet the deleted stream's queued deletions.
+            storage_key="/".join((*key, f"{object_id}.{secrets.token_hex(8)}")),
             receipt=AuthorizationReceipt(
                 principal=caller.principal, scopes=tuple(sorted(caller.scopes)), decided_at=now
             ),
@@ -300,7 +306,13 @@ class Objects:
         if stored.sha256.hex() != intent.sha256:
             await store.delete(intent.storage_key)
             raise errors.DigestMismatch("the body's SHA-256 is not the one prepared")
-        await run_one(self._commits, key, UploadedCommand(object_id, self._clock()))
+        try:
+            await run_one(self._commits, key, UploadedCommand(object_id, self._clock()))
+        except NotFound:
+            # The stream was deleted while the body streamed in (its deletion may have run
+            # before the body landed): nothing will ever reference it.
+            await store.delete(intent.storage_key)
+            raise
         return object_view(await self._intent(key, object_id))
 
     async def commit(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -55,6 +55,12 @@ class Failed(msgspec.Struct, frozen=True):
 Outcome = Done | Replayed | Failed
 
 
+class RunSummary(msgspec.Struct, frozen=True):
+    run_id: str
+    stream_count: int
+    created_at: datetime  # when its oldest stream was created
+
+
 class StreamRepository(Protocol):
     async def create(
         self, key: StreamKey, definition: StreamDefinition, now: datetime
@@ -73,13 +79,42 @@ class StreamRepository(Protocol):
         record, receipt and the snapshot in one transaction, commit, and only then wake
         listeners. One command's failure leaves the others untouched. Raises NotFound."""
 
-    async def journal(self, key: StreamKey) -> list[Event]: ...
+    async def journal(self, key: StreamKey) -> list[Event]:
+        """The stream's journal from its latest snapshot (or its creation) on, read at once:
+        `Stream.replay` of it rebuilds the stored state."""
+
+    async def delete_run(
+        self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None
+    ) -> list[StreamKey]:
+        """Lock every stream of the run (in stream_id order), decide `Stream.delete` on each
+        (and `check`, which may raise to refuse), then erase them all in that transaction, or
+        none: a legal hold on any is `LegalHoldActive`. Raises NotFound when the run has no
+        stream. Answers the erased keys."""
+
+    async def list_runs(self, tenant: str, after: str | None, limit: int) -> list[RunSummary]:
+        """The tenant's runs with run_id > `after`, ascending, at most `limit`."""
 
 
 class AppendReceipts(Protocol):
     async def forget_receipts(self, older_than: timedelta, batch: int = 1000) -> int:
-        """Remove every append receipt created more than `older_than` ago, `batch` at a time
-        (whatever its stream's legal hold: a receipt is not a record); answer how many."""
+        """Remove every append receipt created more than `older_than` ago, `batch` at a time,
+        but those of a stream under legal hold (a hold removes nothing); answer how many."""
+
+
+class StorageCleanup(Protocol):
+    """Bookkeeping rows the service no longer needs, removed once older than an age: `batch`
+    rows per statement, never a row of a stream under legal hold, never taking a stream-row
+    lock. Each answers how many rows it removed."""
+
+    async def forget_delivered_inputs(self, older_than: timedelta, batch: int = 1000) -> int:
+        """Input-delivery rows delivered more than `older_than` ago, but each stream's highest
+        delivered one: it is what `delivered_through` reads, so the document stays the same."""
+
+    async def forget_done_deletions(self, older_than: timedelta, batch: int = 1000) -> int:
+        """Deletion-outbox rows done (their body removed) more than `older_than` ago."""
+
+    async def forget_gap_evidence(self, older_than: timedelta, batch: int = 1000) -> int:
+        """Gap evidence recorded more than `older_than` ago."""
 
 
 class AccessRecord(msgspec.Struct, frozen=True):
@@ -121,6 +156,9 @@ class Position(msgspec.Struct, frozen=True):
     head: int
     earliest: int
     closed: bool
+    # Which incarnation of the stream this is: a stream deleted and created again with the same
+    # ID is another stream, told apart by its creation time.
+    created_at: datetime | None = None
 
 
 class RecordReader(Protocol):
@@ -137,11 +175,39 @@ class RecordReader(Protocol):
         (at most `limit` of them), or `after` when the next one is younger."""
 
 
-class TokenStore(Protocol):
-    async def find(self, token_hash: bytes) -> Caller | None: ...
+class FoundToken(msgspec.Struct, frozen=True):
+    """A token that may be used now, and for how long at most (its expiry, by the store's
+    clock: a cache counts it down on its own clock, so the two clocks never need to agree)."""
 
-    async def put(self, token_hash: bytes, caller: Caller) -> None:
-        """Store (or replace) the token with this hash."""
+    caller: Caller
+    expires_in_seconds: float | None  # None: it does not expire
+
+
+class TokenRecord(msgspec.Struct, frozen=True):
+    """What is known about a token, without the token or its hash."""
+
+    token_id: str
+    caller: Caller
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenStore(Protocol):
+    async def find(self, token_hash: bytes) -> FoundToken | None:
+        """The token with this hash, unless it is unknown, revoked or expired."""
+
+    async def put(
+        self, token_hash: bytes, caller: Caller, expires_in_seconds: int | None = None
+    ) -> None:
+        """Store (or replace) the token with this hash. A revoked token stays revoked."""
+
+    async def revoke(self, token_id: str) -> bool:
+        """Revoke the token with this id (again, if it already is) and tell every process that
+        caches tokens to forget it; False if there is no such token."""
+
+    async def list(self, tenant: str | None = None) -> list[TokenRecord]:
+        """Every token (revoked and expired ones too), by tenant then creation."""
 
 
 class ObjectIntents(Protocol):
@@ -181,6 +247,12 @@ class ObjectStore(Protocol):
 
     def keys(self, prefix: str) -> AsyncIterator[str]:
         """Every stored key that starts with `prefix` (for orphan sweeps)."""
+
+    async def sweep_incomplete(self, older_than: timedelta) -> int:
+        """Remove what uploads started more than `older_than` ago and never finished left
+        behind (a process killed mid-put): temporary files, incomplete multipart uploads and
+        their temporary objects. An upload still running when swept fails (its key stays as it
+        was), so `older_than` must be well above any upload's duration. Answers how many."""
 
 
 class Clock(Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 from application.access import Caller, require_reader
 from application.definitions import Definitions
@@ -43,29 +44,39 @@ class ReadRecords:
             raise errors.InvalidInput(f"wait must be 0 to {MAX_WAIT_SECONDS} seconds", field="wait")
         require_reader(caller, await self._definitions.get(key, delivers_data=True))
         if wait <= 0:
-            return await self._page(key, cursor, limit, wait_more=False)
+            page = await self._page(key, cursor, limit, wait_more=False)
+            assert isinstance(page, RecordsPage)
+            return page
         deadline = time.monotonic() + wait
         # Listen before reading, so an append committed between the read and the wait still
         # wakes this reader.
         with self._wake.listen(key) as listener:
+            created_at = None
             while True:
+                if listener.deleted:
+                    raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
                 remaining = deadline - time.monotonic()
                 page = await self._page(key, cursor, limit, wait_more=remaining > 0)
-                if page is not None:
+                if isinstance(page, RecordsPage):
                     return page
+                if created_at is not None and page != created_at:
+                    # Deleted while waiting, and created again since: another stream.
+                    raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+                created_at = page
                 await listener.wait(remaining)
 
     async def _page(
         self, key: StreamKey, cursor: int, limit: int, *, wait_more: bool
-    ) -> RecordsPage | None:
-        """The page after `cursor`, or None when it is empty and the caller may wait for more."""
+    ) -> RecordsPage | datetime | None:
+        """The page after `cursor`, or, when it is empty and the caller may wait for more, the
+        stream's creation time (which stream of this key it is)."""
         found = await self._reader.page(key, cursor, limit)
         if found is None:
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
         position, records = found
         check_cursor(cursor, position.head, position.earliest)
         if not records and not position.closed and wait_more:
-            return None
+            return position.created_at
         return RecordsPage(
             records=[record_view(r) for r in records],
             next_cursor=records[-1].sequence if records else cursor,

@@ -1,22 +1,51 @@
-"""API tokens: stored only as SHA-256 hashes; each belongs to one tenant and one principal."""
+"""API tokens: stored only as SHA-256 hashes; each belongs to one tenant and one principal.
+
+A token has a public id (`tok_` and the hex of its hash's first 8 bytes) that names it in
+`token list` and `token revoke` without revealing it. A revoked or expired token is refused.
+
+Each process remembers the tokens it resolved (`TokenCache`) so the hot path does not pay a
+query per request. A revocation reaches the other processes as a notification: the wake bus
+hands it to `TokenCache.forget`, and forgets the whole cache whenever it (re)connects, since a
+notification may have been missed meanwhile. While the bus is not listening, a remembered token
+is trusted for at most `UNCONFIRMED_TTL_SECONDS`, so a revocation still takes effect everywhere
+within 2 seconds."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import time
+from collections.abc import Callable
 
 from application.access import SCOPES, Caller
-from application.errors import Unauthenticated
-from application.ports import TokenStore
+from application.errors import NotFound, Unauthenticated
+from application.ports import TokenRecord, TokenStore
 from domain.errors import InvalidInput
 from domain.ids import check_id
 
 TOKEN_PREFIX = "dst_"
+TOKEN_ID_PREFIX = "tok_"
+TOKEN_ID = re.compile(r"^tok_[0-9a-f]{16}$")
+
+# The longest `--expires-in`: ten years.
+MAX_EXPIRES_IN_SECONDS = 10 * 365 * 86400
+
+# How long a remembered token is trusted while revocations are not being heard (the wake bus is
+# disconnected, or there is none): below the 2 seconds a revocation may take to be felt.
+UNCONFIRMED_TTL_SECONDS = 1.0
+
+# Beyond this many remembered tokens, the cache starts over (a flood of distinct tokens).
+MAX_CACHED = 10_000
 
 
 def token_hash(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
+
+
+def token_id(digest: bytes) -> str:
+    """The public id of the token with this hash."""
+    return TOKEN_ID_PREFIX + digest[:8].hex()
 
 
 def make_caller(tenant: str, principal: str, scopes: list[str] | tuple[str, ...]) -> Caller:
@@ -29,25 +58,124 @@ def make_caller(tenant: str, principal: str, scopes: list[str] | tuple[str, ...]
     return Caller(tenant=tenant, principal=principal, scopes=frozenset(scopes))
 
 
+def check_expires_in(seconds: int | None) -> None:
+    if seconds is not None and not 1 <= seconds <= MAX_EXPIRES_IN_SECONDS:
+        raise InvalidInput(f"a token expires in 1 to {MAX_EXPIRES_IN_SECONDS} seconds")
+
+
 class IssueToken:
     def __init__(self, tokens: TokenStore) -> None:
         self._tokens = tokens
 
-    async def __call__(self, caller: Caller, token: str | None = None) -> str:
+    async def __call__(
+        self, caller: Caller, token: str | None = None, expires_in_seconds: int | None = None
+    ) -> str:
         """Store a token for `caller`: a new random one, or exactly `token` (bootstrap)."""
+        check_expires_in(expires_in_seconds)
         token = token or TOKEN_PREFIX + secrets.token_urlsafe(32)
-        await self._tokens.put(token_hash(token), caller)
+        await self._tokens.put(token_hash(token), caller, expires_in_seconds)
         return token
 
 
-class Authenticate:
-    """Resolve a bearer token. Known tokens are remembered for a few seconds per process so the
-    hot path does not pay a query per request."""
+class RevokeToken:
+    """Revoke a token named by itself or by its id; returns the id. Revoking twice is fine."""
 
-    def __init__(self, tokens: TokenStore, ttl_seconds: float = 10.0) -> None:
+    def __init__(self, tokens: TokenStore, cache: TokenCache | None = None) -> None:
         self._tokens = tokens
+        self._cache = cache
+
+    async def __call__(self, token_or_id: str) -> str:
+        # The token itself first: a configured bootstrap token could look like an id.
+        candidates = [token_id(token_hash(token_or_id))]
+        if TOKEN_ID.match(token_or_id):
+            candidates.append(token_or_id)
+        for candidate in candidates:
+            if await self._tokens.revoke(candidate):
+                if self._cache is not None:
+                    self._cache.forget(candidate)
+                return candidate
+        raise NotFound("no token is known by that value or id")
+
+
+class ListTokens:
+    def __init__(self, tokens: TokenStore) -> None:
+        self._tokens = tokens
+
+    async def __call__(self, tenant: str | None = None) -> list[TokenRecord]:
+        if tenant is not None:
+            check_id("tenant", tenant)
+        return await self._tokens.list(tenant)
+
+
+class TokenCache:
+    """Tokens this process resolved, by id: trusted for `ttl_seconds` (never past the token's
+    expiry) while revocations are heard, and for at most `UNCONFIRMED_TTL_SECONDS` otherwise."""
+
+    def __init__(
+        self,
+        ttl_seconds: float = 10.0,
+        unconfirmed_ttl_seconds: float = UNCONFIRMED_TTL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._ttl = ttl_seconds
-        self._known: dict[bytes, tuple[float, Caller]] = {}
+        self._unconfirmed_ttl = min(unconfirmed_ttl_seconds, ttl_seconds)
+        self._clock = clock
+        # token id -> (hash, caller, when it was looked up, when it must be looked up again)
+        self._known: dict[str, tuple[bytes, Caller, float, float]] = {}
+        self._generation = 0  # moves on every forget: a lookup begun before is not remembered
+        self.live = False  # revocations are being heard (set by the wake bus)
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def get(self, digest: bytes) -> Caller | None:
+        entry = self._known.get(token_id(digest))
+        if entry is None or entry[0] != digest:
+            return None
+        _, caller, looked_up, until = entry
+        now = self._clock()
+        if now >= until or (not self.live and now >= looked_up + self._unconfirmed_ttl):
+            return None
+        return caller
+
+    def remember(
+        self, digest: bytes, caller: Caller, expires_in: float | None, generation: int
+    ) -> None:
+        """Remember a lookup that began at `generation`, unless something was forgotten since
+        (the answer may predate that revocation)."""
+        if generation != self._generation or self._ttl <= 0:
+            return
+        if len(self._known) >= MAX_CACHED:
+            self._known.clear()
+        now = self._clock()
+        ttl = self._ttl if expires_in is None else min(self._ttl, expires_in)
+        self._known[token_id(digest)] = (digest, caller, now, now + ttl)
+
+    def forget(self, token_id: str) -> None:
+        self._generation += 1
+        self._known.pop(token_id, None)
+
+    def forget_all(self) -> None:
+        self._generation += 1
+        self._known.clear()
+
+    def listening(self) -> None:
+        """Revocations are heard from now on: whatever was remembered before may have missed
+        one, so it is all forgotten."""
+        self.forget_all()
+        self.live = True
+
+    def not_listening(self) -> None:
+        self.live = False
+
+
+class Authenticate:
+    """Resolve a bearer token, through the process's TokenCache."""
+
+    def __init__(self, tokens: TokenStore, cache: TokenCache) -> None:
+        self._tokens = tokens
+        self._cache = cache
 
     async def __call__(self, authorization: str | None) -> Caller:
         if not authorization:
@@ -57,14 +185,12 @@ class Authenticate:
         if scheme.lower() != "bearer" or not token:
             raise Unauthenticated("the Authorization header must be `Bearer <token>`")
         digest = token_hash(token)
-        now = time.monotonic()
-        known = self._known.get(digest)
-        if known is not None and known[0] > now:
-            return known[1]
-        caller = await self._tokens.find(digest)
-        if caller is None:
-            raise Unauthenticated("unknown token")
-        if len(self._known) > 10_000:
-            self._known.clear()
-        self._known[digest] = (now + self._ttl, caller)
-        return caller
+        caller = self._cache.get(digest)
+        if caller is not None:
+            return caller
+        generation = self._cache.generation
+        found = await self._tokens.find(digest)
+        if found is None:
+            raise Unauthenticated("unknown, revoked or expired token")
+        self._cache.remember(digest, found.caller, found.expires_in_seconds, generation)
+        return found.caller

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from domain.stream import StreamKey
 
 
 class Listener:
-    __slots__ = ("_event",)
+    __slots__ = ("_event", "deleted")
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self.deleted = False  # the stream it listens to was deleted: it will not come back
 
     def wake(self) -> None:
         self._event.set()
@@ -41,6 +42,16 @@ class Listener:
 class WakeRegistry:
     def __init__(self) -> None:
         self._listeners: defaultdict[StreamKey, set[Listener]] = defaultdict(set)
+        self._on_deleted: list[Callable[[StreamKey], None]] = []
+        self._on_missed: list[Callable[[], None]] = []
+
+    def on_deleted(self, forget: Callable[[StreamKey], None]) -> None:
+        """Call `forget(key)` whenever a stream is deleted (to drop what a cache keeps of it)."""
+        self._on_deleted.append(forget)
+
+    def on_missed(self, forget_all: Callable[[], None]) -> None:
+        """Call `forget_all()` when deletions may have been missed (a lost listen connection)."""
+        self._on_missed.append(forget_all)
 
     @contextmanager
     def listen(self, key: StreamKey) -> Iterator[Listener]:
@@ -58,6 +69,23 @@ class WakeRegistry:
     def notify(self, key: StreamKey) -> None:
         for listener in self._listeners.get(key, ()):
             listener.wake()
+
+    def notify_deleted(self, key: StreamKey) -> None:
+        """The stream was deleted: its listeners hear it (and stop), caches forget it. A stream
+        created again under the same key later is another one, with listeners of its own."""
+        self.forget(key)
+        for listener in self._listeners.get(key, ()):
+            listener.deleted = True
+            listener.wake()
+
+    def forget(self, key: StreamKey) -> None:
+        """Caches drop what they keep of the stream (it was deleted, maybe created again)."""
+        for forget in self._on_deleted:
+            forget(key)
+
+    def missed(self) -> None:
+        for forget_all in self._on_missed:
+            forget_all()
 
     def notify_all(self) -> None:
         for key in list(self._listeners):

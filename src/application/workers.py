@@ -41,6 +41,7 @@ class Job(msgspec.Struct, frozen=True):
     id: int | None = None
     storage_region: str | None = None
     storage_key: str | None = None
+    reason: str | None = None  # why a body is to be removed (deletion jobs)
 
 
 class JobQueue(Protocol):
@@ -271,5 +272,133 @@ class Periodic:
                 await asyncio.wait_for(stopping.wait(), self._interval)
 
 
-async def run_workers(workers: list[Worker | Periodic], stopping: asyncio.Event) -> None:
+class SweepLeases(Protocol):
+    """One row per named sweep, claimed with a lease: whoever holds it is the only runner of
+    that sweep across every process sharing the store."""
+
+    lease_seconds: float
+
+    async def claim(self, name: str) -> int | None:
+        """Claim `name` when it is due and nobody holds a live lease on it (its row is created
+        on first use, due at once); answer its failed attempts so far, or None."""
+
+    async def renew(self, name: str) -> bool:
+        """Extend this worker's lease on `name`; False when it no longer holds it."""
+
+    async def done(self, name: str, next_in: float) -> None:
+        """Release `name`, due again in `next_in` seconds, its attempts and error cleared."""
+
+    async def failed(self, name: str, error: str, retry_in: float) -> None:
+        """Release `name`, due again in `retry_in` seconds, one more attempt recorded."""
+
+    async def release(self, name: str) -> None:
+        """Give `name` back, due as it was (a worker shutting down mid-sweep)."""
+
+
+class LeasedSweep:
+    """A sweep that one worker runs at a time across every replica: `tick` every `interval`
+    seconds, under a lease in `leases` (see SweepLeases).
+
+    Each process polls for the claim every `poll_seconds` at most (and at least once an
+    interval). While `tick` runs, the lease is renewed every third of it, like a Worker's claims,
+    so a long sweep keeps its claim and a short lease is enough; a renewal that finds the claim
+    gone (the lease ran out and another worker took the sweep) stops the tick here. A tick that
+    raises is retried with backoff. A process killed mid-tick stops renewing, and another takes
+    the sweep over once its lease runs out: a tick must be idempotent and work in bounded steps
+    (each one its own statement), so a tick cut short loses nothing but time.
+
+    `tick` is a plain `async def tick() -> int` (what it removed, for the log)."""
+
+    def __init__(
+        self,
+        name: str,
+        tick: Callable[[], Awaitable[int]],
+        interval: float,
+        leases: SweepLeases,
+        poll_seconds: float = 5.0,
+        retry_base_seconds: float = 1.0,
+        outage_log_seconds: float = OUTAGE_LOG_SECONDS,
+    ) -> None:
+        self.name = name
+        self._tick = tick
+        self._interval = interval
+        self._leases = leases
+        self._poll = min(poll_seconds, interval)
+        self._retry_base = retry_base_seconds
+        self._outage = Outage(name, outage_log_seconds)
+        self.runs = 0
+        self.failures = 0
+        self.removed = 0
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            forget_stream()
+            try:
+                attempts = await self._leases.claim(self.name)
+            except Exception as error:  # logged once an outage, not once a poll
+                self._outage.failed(error)
+                attempts = None
+            else:
+                self._outage.recovered()
+            if attempts is not None:
+                await self._run_claimed(attempts, stopping)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self._poll)
+
+    async def _run_claimed(self, attempts: int, stopping: asyncio.Event) -> None:
+        ticking = asyncio.create_task(self._tick())
+        stopped = asyncio.create_task(stopping.wait())
+        try:
+            while not ticking.done():
+                await asyncio.wait(
+                    [ticking, stopped],
+                    timeout=self._leases.lease_seconds / 3,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if ticking.done():
+                    break
+                if stopping.is_set():  # shutting down: hand the sweep back, due as it was
+                    ticking.cancel()
+                    with contextlib.suppress(Exception):
+                        await self._leases.release(self.name)
+                    return
+                try:
+                    held = await self._leases.renew(self.name)
+                except Exception as error:  # out of reach: try again, it may be back
+                    log.warning("%s cannot renew its lease: %s", self.name, error)
+                    continue
+                if not held:
+                    ticking.cancel()
+                    log.warning("%s was taken over by another worker", self.name)
+                    return
+        finally:
+            stopped.cancel()
+            if not ticking.done():
+                ticking.cancel()
+            await asyncio.wait([ticking, stopped])
+        try:
+            removed = ticking.result()
+        except Exception as error:
+            self.failures += 1
+            log.warning("%s failed (attempt %d): %s", self.name, attempts + 1, error)
+            with contextlib.suppress(Exception):
+                await self._leases.failed(
+                    self.name,
+                    f"{type(error).__name__}: {error}",
+                    backoff(attempts, base=self._retry_base, cap=max(self._interval, 1.0)),
+                )
+            return
+        self.runs += 1
+        self.removed += removed or 0
+        if removed:
+            log.info("%s removed %d", self.name, removed)
+        try:
+            await self._leases.done(self.name, self._interval)
+        except Exception as error:  # the lease runs out; the sweep is simply run again
+            log.warning("%s could not record its run: %s", self.name, error)
+
+
+async def run_workers(
+    workers: list[Worker | Periodic | LeasedSweep], stopping: asyncio.Event
+) -> None:
     await asyncio.gather(*(w.run(stopping) for w in workers))

@@ -12,6 +12,7 @@ import msgspec
 
 from domain.definition import StreamDefinition
 from domain.objects import ObjectIntent
+from domain.state import StreamState
 
 
 class Event(msgspec.Struct, frozen=True, tag_field="type"):
@@ -21,6 +22,14 @@ class Event(msgspec.Struct, frozen=True, tag_field="type"):
 
 class StreamCreated(Event, frozen=True, tag="stream_created"):
     definition: StreamDefinition
+
+
+class StreamSnapshotted(Event, frozen=True, tag="stream_snapshot"):
+    """The whole state at `version` (its own), and the definition: a journal may start here.
+    Every event before it is redundant, and the compaction job removes them."""
+
+    definition: StreamDefinition
+    state: StreamState
 
 
 class RecordsAppended(Event, frozen=True, tag="records_appended"):
@@ -85,6 +94,7 @@ class StreamDeleted(Event, frozen=True, tag="stream_deleted"):
 
 AnyEvent = (
     StreamCreated
+    | StreamSnapshotted
     | RecordsAppended
     | ConsumerAcknowledged
     | StreamClosed

@@ -18,6 +18,9 @@ from domain import events as ev
 from domain.definition import MAX_BATCH_RECORDS, StreamDefinition
 from domain.objects import ObjectIntent
 from domain.records import NewRecord
+from domain.state import Consumer, LegalHold, StreamState, copy_state
+from domain.state import decode_state as decode_state  # re-exported for the adapters
+from domain.state import encode_state as encode_state
 
 
 class StreamKey(NamedTuple):
@@ -31,41 +34,11 @@ class StreamKey(NamedTuple):
         return f"{self.tenant}/{self.run_id}/{self.stream_id}"
 
 
-class Consumer(msgspec.Struct, forbid_unknown_fields=True):
-    principal: str
-    acked_sequence: int
-    acked_offset: int
-    updated_at: datetime
-
-
-class LegalHold(msgspec.Struct, forbid_unknown_fields=True):
-    enabled: bool = False
-    reason: str | None = None
-    updated_at: datetime | None = None
-
-
 class Credit(msgspec.Struct, frozen=True):
     unread_items: int
     unread_bytes: int
     max_unread_items: int
     max_unread_bytes: int
-
-
-class StreamState(msgspec.Struct, forbid_unknown_fields=True):
-    """The snapshot. `earliest` is the lowest retained sequence (head + 1 when none is)."""
-
-    version: int = 0
-    created_at: datetime | None = None
-    head: int = 0
-    earliest: int = 1
-    total_items: int = 0
-    total_bytes: int = 0
-    pruned_bytes: int = 0
-    closed: bool = False
-    closed_at: datetime | None = None
-    legal_hold: LegalHold = msgspec.field(default_factory=LegalHold)
-    consumers: dict[str, Consumer] = msgspec.field(default_factory=dict)
-    objects: dict[str, ObjectIntent] = msgspec.field(default_factory=dict)  # open intents only
 
 
 class Stream:
@@ -91,10 +64,12 @@ class Stream:
 
     @classmethod
     def replay(cls, key: StreamKey, journal: list[ev.AnyEvent]) -> Stream:
+        """The stream a journal rebuilds: from its creation, or (once compaction removed what
+        came before) from a snapshot, then every later event."""
         first = journal[0]
-        if not isinstance(first, ev.StreamCreated):
-            raise ValueError("a journal starts with StreamCreated")
-        stream = cls(key, first.definition, StreamState())
+        if not isinstance(first, ev.StreamCreated | ev.StreamSnapshotted):
+            raise ValueError("a journal starts with StreamCreated or StreamSnapshotted")
+        stream = cls(key, first.definition, StreamState(version=first.version - 1))
         for event in journal:
             stream.apply(event)
         return stream
@@ -270,6 +245,17 @@ class Stream:
             )
         ]
 
+    def delete(self, now: datetime, reason: str = "deleted") -> list[ev.Event]:
+        """Erase the stream (records, journal, receipts, consumers, intents); refused while a
+        legal hold is on."""
+        if self.state.legal_hold.enabled:
+            raise errors.LegalHoldActive(
+                "a legal hold is on: the stream cannot be deleted until it is lifted"
+            )
+        if self.state.deleted:
+            return []
+        return [ev.StreamDeleted(version=self.state.version + 1, at=now, reason=reason)]
+
     # -- expiry ---------------------------------------------------------------------------------
 
     def expired(self, now: datetime, last_access: datetime | None, grace: timedelta) -> bool:
@@ -284,7 +270,7 @@ class Stream:
     ) -> list[ev.Event]:
         """Erase the stream if it is expired (decided under the row lock, so a hold put on
         meanwhile, or an access recorded meanwhile, keeps it)."""
-        if not self.expired(now, last_access, grace):
+        if self.state.deleted or not self.expired(now, last_access, grace):
             return []
         return [ev.StreamDeleted(version=self.state.version + 1, at=now, reason="expired")]
 
@@ -361,13 +347,31 @@ class Stream:
             return []
         return [ev.ObjectExpired(version=self.state.version + 1, at=now, object_id=object_id)]
 
+    def snapshot(self, now: datetime) -> list[ev.Event]:
+        """A journal entry that carries the whole state (and the definition, whose
+        `StreamCreated` compaction removes), so that every event before it can go."""
+        version = self.state.version + 1
+        state = copy_state(self.state)
+        state.version = version
+        return [
+            ev.StreamSnapshotted(version=version, at=now, definition=self.definition, state=state)
+        ]
+
     # -- apply: the only code that changes state, and the only code replay runs ---------------
 
     def apply(self, event: ev.Event) -> None:
         s = self.state
         if event.version != s.version + 1:
             raise ValueError(f"event version {event.version} does not follow {s.version}")
+        if s.deleted:
+            raise ValueError("nothing follows StreamDeleted")
         match event:
+            case ev.StreamSnapshotted():
+                if event.state.version != event.version:
+                    raise ValueError("a snapshot carries the state at its own version")
+                # A copy: the event stays as it was journaled whatever happens to the state.
+                self.state = copy_state(event.state)
+                return
             case ev.StreamCreated():
                 s.created_at = event.at
             case ev.RecordsAppended():
@@ -401,27 +405,18 @@ class Stream:
             case ev.ObjectCommitted() | ev.ObjectAborted() | ev.ObjectExpired():
                 del s.objects[event.object_id]
             case ev.StreamDeleted():
-                pass  # the port erases the stream with this event: no state is left to change
+                s.deleted = True
             case _:
                 raise TypeError(f"unknown event {type(event).__name__}")
         s.version = event.version
 
 
-_state_encoder = msgspec.json.Encoder()
-_state_decoder = msgspec.json.Decoder(StreamState)
+_definition_encoder = msgspec.json.Encoder()
 _definition_decoder = msgspec.json.Decoder(StreamDefinition)
 
 
-def encode_state(state: StreamState) -> bytes:
-    return _state_encoder.encode(state)
-
-
-def decode_state(payload: bytes) -> StreamState:
-    return _state_decoder.decode(payload)
-
-
 def encode_definition(definition: StreamDefinition) -> bytes:
-    return _state_encoder.encode(definition)
+    return _definition_encoder.encode(definition)
 
 
 def decode_definition(payload: bytes) -> StreamDefinition:

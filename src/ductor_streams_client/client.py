@@ -220,6 +220,22 @@ class StreamsClient:
             body["reason"] = reason
         return await self._json("PUT", self._path(run_id, stream_id, "/legal-hold"), json_body=body)
 
+    async def delete_stream(self, run_id: str, stream_id: str) -> None:
+        """Erase the stream (409 `legal-hold-active` while a hold is on). A retry after a lost
+        answer may find it gone already: not-found then means it was deleted."""
+        await self._request("DELETE", self._path(run_id, stream_id))
+
+    async def delete_run(self, run_id: str) -> None:
+        """Erase every stream of the run, all or nothing."""
+        await self._request("DELETE", f"{API_PREFIX}/runs/{_segment(run_id)}")
+
+    async def list_runs(self, after: str | None = None, limit: int = 100) -> dict[str, Any]:
+        """One page of the tenant's runs: `{"runs": [...], "next_after"}` (null at the end)."""
+        params: dict[str, Any] = {"limit": limit}
+        if after is not None:
+            params["after"] = after
+        return await self._json("GET", f"{API_PREFIX}/runs", params=params)
+
     # -- records ----------------------------------------------------------------------------------
 
     async def append(
@@ -334,6 +350,13 @@ class StreamsClient:
                                 yield record
                             elif event.event == "closed":
                                 return
+                            elif event.event == "deleted":
+                                raise StreamsError(
+                                    404,
+                                    "not-found",
+                                    f"stream {stream_id!r} was deleted",
+                                    {"status": 404, "code": "not-found"},
+                                )
                             elif event.event == "gone":
                                 fields = json.loads(event.data or "{}")
                                 raise StreamsError(

@@ -10,9 +10,10 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -20,7 +21,15 @@ from adapters.postgres.embedded import start_embedded
 from adapters.postgres.migrations import migrate
 from adapters.postgres.tokens import PostgresTokens
 from application.access import SCOPES
-from application.tokens import IssueToken, make_caller, token_hash
+from application.ports import TokenRecord
+from application.tokens import (
+    MAX_EXPIRES_IN_SECONDS,
+    IssueToken,
+    ListTokens,
+    RevokeToken,
+    make_caller,
+    token_hash,
+)
 from domain.errors import DomainError
 from entrypoints import client_cli
 from entrypoints.config import PREFIX, InvalidSetting, Settings
@@ -54,6 +63,14 @@ async def _prepare(url: str, settings: Settings) -> str | None:
         if settings.bootstrap_token:
             caller = make_caller("default", "bootstrap", list(SCOPES))
             await issue(caller, settings.bootstrap_token)
+            if await PostgresTokens(pool).find(token_hash(settings.bootstrap_token)) is None:
+                # A revocation is deliberate (the token may have leaked): a restart with the
+                # same setting does not undo it.
+                log.warning(
+                    "the configured %sBOOTSTRAP_TOKEN was revoked and stays revoked; "
+                    "configure a new value to have a working bootstrap token",
+                    PREFIX,
+                )
             return None
         if not settings.embedded:
             return None
@@ -71,7 +88,12 @@ async def _prepare(url: str, settings: Settings) -> str | None:
 
 
 class CommandError(Exception):
-    """A command that cannot go on: its message is printed as one line on stderr."""
+    """A command that cannot go on: its message is printed as one line on stderr, and the
+    command exits with `exit_code` (2, a usage error, unless told otherwise)."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -319,6 +341,26 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+T = TypeVar("T")
+
+
+async def _on_tokens(url: str, use: Callable[[PostgresTokens], Awaitable[T]]) -> T:
+    """Migrate the configured database, then run `use` on its tokens."""
+    try:
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+        pool = await asyncpg.create_pool(url, min_size=1, max_size=1, timeout=10)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        raise CommandError(f"cannot reach the database: {error}", exit_code=1) from None
+    try:
+        return await use(PostgresTokens(pool))
+    finally:
+        await pool.close()
+
+
 def cmd_token_create(args: argparse.Namespace, settings: Settings) -> int:
     try:
         caller = make_caller(args.tenant, args.principal, args.scope)
@@ -326,20 +368,68 @@ def cmd_token_create(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError(error.detail) from None
     url = _database_url(settings)
 
-    async def run() -> str:
-        conn = await asyncpg.connect(url)
-        try:
-            await migrate(conn)
-        finally:
-            await conn.close()
-        pool = await asyncpg.create_pool(url, min_size=1, max_size=1)
-        try:
-            return await IssueToken(PostgresTokens(pool))(caller)
-        finally:
-            await pool.close()
+    async def issue(tokens: PostgresTokens) -> str:
+        return await IssueToken(tokens)(caller, expires_in_seconds=args.expires_in)
 
-    print(asyncio.run(run()))
+    print(asyncio.run(_on_tokens(url, issue)))
     return 0
+
+
+def _rfc3339(moment: datetime | None) -> str:
+    if moment is None:
+        return "-"
+    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _token_line(record: TokenRecord, now: datetime) -> str:
+    if record.revoked_at is not None:
+        state = "revoked"
+    elif record.expires_at is not None and record.expires_at <= now:
+        state = "expired"
+    else:
+        state = "active"
+    return "\t".join(
+        (
+            record.token_id,
+            record.caller.tenant,
+            record.caller.principal,
+            ",".join(sorted(record.caller.scopes)),
+            _rfc3339(record.created_at),
+            _rfc3339(record.expires_at),
+            _rfc3339(record.revoked_at),
+            state,
+        )
+    )
+
+
+def cmd_token_list(args: argparse.Namespace, settings: Settings) -> int:
+    url = _database_url(settings)
+    try:
+        records = asyncio.run(_on_tokens(url, lambda tokens: ListTokens(tokens)(args.tenant)))
+    except DomainError as error:
+        raise CommandError(error.detail) from None
+    now = datetime.now(UTC)
+    for record in records:
+        print(_token_line(record, now))
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace, settings: Settings) -> int:
+    url = _database_url(settings)
+    try:
+        revoked = asyncio.run(_on_tokens(url, lambda tokens: RevokeToken(tokens)(args.token)))
+    except DomainError as error:
+        raise CommandError(error.detail, exit_code=1) from None
+    print(f"revoked {revoked}", file=sys.stderr)
+    return 0
+
+
+def _expires_in(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_EXPIRES_IN_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number of seconds from 1 to {MAX_EXPIRES_IN_SECONDS}"
+        )
+    return int(text)
 
 
 def _port(text: str) -> int:
@@ -405,8 +495,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser(
         "worker",
-        help="run only the background workers (pruner, deletion, input dispatcher, orphan "
-        "sweeper) until SIGTERM",
+        help="run only the background workers (pruner, deletion, input dispatcher, journal "
+        "compactor, orphan and receipt sweepers) until SIGTERM",
         description="Migrate, then run the background workers until SIGTERM or Ctrl-C. Takes "
         "no options: see docs/configuration.md for the DUCTOR_STREAMS_* settings it reads.",
     )
@@ -438,8 +528,41 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(SCOPES),
         help="a scope the token carries; repeat for several (no default)",
     )
+    create.add_argument(
+        "--expires-in",
+        type=_expires_in,
+        metavar="SECONDS",
+        help=f"the token stops working this many seconds from now (1 to "
+        f"{MAX_EXPIRES_IN_SECONDS}; default: it does not expire)",
+    )
     create.set_defaults(func=cmd_token_create)
-    server_commands = {cmd_serve, cmd_worker, cmd_migrate, cmd_token_create}
+    listing = token_sub.add_parser(
+        "list",
+        help="list tokens (never the tokens themselves)",
+        description="Print one tab-separated line per token, revoked and expired ones included, "
+        "by tenant then creation: id, tenant, principal, scopes (comma-separated), created, "
+        "expires ('-': never), revoked ('-': not revoked), and state (active, expired or "
+        "revoked). Times are RFC 3339 in UTC. Never prints a token or its hash.",
+    )
+    listing.add_argument("--tenant", help="only this tenant's tokens (default: every tenant)")
+    listing.set_defaults(func=cmd_token_list)
+    revoke = token_sub.add_parser(
+        "revoke",
+        help="revoke a token, named by itself or by its id",
+        description="Revoke a token: every server process refuses it (401) within 2 seconds. "
+        "Takes the token itself or its id (as `token list` shows it). Revoking a revoked "
+        "token again is fine; an unknown one exits 1.",
+    )
+    revoke.add_argument("token", metavar="TOKEN_OR_ID", help="the token, or its id (tok_…)")
+    revoke.set_defaults(func=cmd_token_revoke)
+    server_commands = {
+        cmd_serve,
+        cmd_worker,
+        cmd_migrate,
+        cmd_token_create,
+        cmd_token_list,
+        cmd_token_revoke,
+    }
     client_cli.register(sub)
     parser.set_defaults(server_commands=server_commands)
     return parser
@@ -460,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args, settings) or 0)
     except (InvalidSetting, CommandError) as error:
         print(f"ductor-streams: error: {error}", file=sys.stderr)
-        return 2
+        return error.exit_code if isinstance(error, CommandError) else 2
     except KeyboardInterrupt:
         return 130
 

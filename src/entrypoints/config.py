@@ -55,6 +55,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     s3_region: str | None = None
     sweep_interval_seconds: Positive = 30.0
     idempotency_window_seconds: Positive = 86400.0
+    snapshot_every_events: Count = 1000
+    compaction_batch_events: Count = 1000
+    cleanup_age_seconds: Positive = 86400.0
+    upload_abandoned_seconds: Positive = 86400.0
+    cleanup_interval_seconds: Positive = 300.0
     dispatch_poll_seconds: Positive = 0.1
     access_flush_seconds: Positive = 1.0
     expiry_interval_seconds: Positive = 5.0

@@ -8,7 +8,7 @@ import inspect
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -25,29 +25,38 @@ with without_optional_integrations(
     from dependency_injector import containers, providers
 
 from adapters.memory.access import MemoryStreamAccess
+from adapters.memory.cleanup import MemoryCleanup
 from adapters.memory.deliveries import MemoryInputDeliveries
 from adapters.memory.streams import MemoryStreams
+from adapters.memory.sweeps import MemorySweepLeases
 from adapters.memory.tokens import MemoryTokens
 from adapters.objects.filesystem import FilesystemObjectStore
 from adapters.objects.memory import MemoryObjectStore
 from adapters.postgres.access import PostgresStreamAccess
+from adapters.postgres.cleanup import PostgresCleanup
 from adapters.postgres.deliveries import PostgresInputDeliveries
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
+from adapters.postgres.journal import PostgresCompactionJobs, PostgresJournalCompactor
 from adapters.postgres.streams import PostgresStreams
+from adapters.postgres.sweeps import PostgresSweepLeases
 from adapters.postgres.tokens import PostgresTokens
 from adapters.postgres.wake_bus import PostgresWakeBus
 from adapters.wait_service.memory import MemoryWaitService
 from adapters.wait_service.postgres import PostgresWaitService
 from application.acknowledge import Acknowledge
 from application.append_records import AppendRecords
+from application.cleanup import Cleanup
 from application.close_stream import CloseStream
+from application.compaction import CompactJournal
 from application.create_stream import CreateStream
 from application.definitions import Definitions
+from application.delete_stream import DeleteRun, DeleteStream
 from application.deletions import DeleteBodies
 from application.expiry import AccessLog, SweepExpired
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
 from application.input_delivery import Dispatch
+from application.list_runs import ListRuns
 from application.list_streams import ListStreams
 from application.live import LiveTails
 from application.objects import Objects, ObjectStores
@@ -56,9 +65,9 @@ from application.read_records import ReadRecords
 from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe, SubscriptionSlots
-from application.tokens import Authenticate, IssueToken
+from application.tokens import Authenticate, IssueToken, TokenCache
 from application.wake import WakeRegistry
-from application.workers import Periodic, Worker
+from application.workers import LeasedSweep, Periodic, Worker
 from entrypoints.config import Settings
 
 if TYPE_CHECKING:
@@ -106,10 +115,10 @@ async def open_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool | None]:
 
 
 async def open_wake_bus(
-    settings: Settings, wake: WakeRegistry
+    settings: Settings, wake: WakeRegistry, tokens: TokenCache | None = None
 ) -> AsyncIterator[PostgresWakeBus | None]:
     assert settings.database_url is not None
-    bus = PostgresWakeBus(settings.database_url, wake, settings.head_check_seconds)
+    bus = PostgresWakeBus(settings.database_url, wake, settings.head_check_seconds, tokens=tokens)
     await bus.start()
     try:
         yield bus
@@ -174,10 +183,13 @@ class Container(containers.DeclarativeContainer):
     clock = providers.Object(utc_now)
 
     pool = providers.Resource(open_pool, settings)
-    streams = providers.Singleton(PostgresStreams, pool)
-    tokens = providers.Singleton(PostgresTokens, pool)
     wake = providers.Singleton(WakeRegistry)
-    wake_bus = providers.Resource(open_wake_bus, settings, wake)
+    streams = providers.Singleton(
+        PostgresStreams, pool, wake, snapshot_every=settings.provided.snapshot_every_events
+    )
+    tokens = providers.Singleton(PostgresTokens, pool)
+    token_cache = providers.Singleton(TokenCache, settings.provided.token_cache_seconds)
+    wake_bus = providers.Resource(open_wake_bus, settings, wake, token_cache)
     tails = providers.Singleton(LiveTails, streams, wake)
     subscription_slots = providers.Singleton(
         SubscriptionSlots, settings.provided.max_subscriptions_per_principal
@@ -195,9 +207,7 @@ class Container(containers.DeclarativeContainer):
     definitions = providers.Singleton(Definitions, streams, deployment, access_log)
     commits = providers.Singleton(GroupCommit, streams)
 
-    authenticate = providers.Singleton(
-        Authenticate, tokens, ttl_seconds=settings.provided.token_cache_seconds
-    )
+    authenticate = providers.Singleton(Authenticate, tokens, token_cache)
     issue_token = providers.Singleton(IssueToken, tokens)
     create_stream = providers.Singleton(CreateStream, streams, clock, deployment, access_log)
     list_streams = providers.Singleton(ListStreams, streams, deployment, access_log, stream_access)
@@ -206,6 +216,9 @@ class Container(containers.DeclarativeContainer):
     acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
     close_stream = providers.Singleton(CloseStream, definitions, commits, clock)
     set_legal_hold = providers.Singleton(SetLegalHold, definitions, commits, clock)
+    delete_stream = providers.Singleton(DeleteStream, definitions, commits, clock)
+    delete_run = providers.Singleton(DeleteRun, streams, definitions, clock)
+    list_runs = providers.Singleton(ListRuns, streams)
     object_stores = providers.Resource(open_object_stores, settings)
     objects = providers.Singleton(Objects, definitions, streams, commits, object_stores, clock)
     delete_bodies = providers.Singleton(
@@ -260,7 +273,42 @@ class Container(containers.DeclarativeContainer):
         batch=DISPATCH_CONCURRENCY,  # claim only streams it can start: none waits behind another
         concurrency=DISPATCH_CONCURRENCY,
     )
+    compaction_jobs = providers.Singleton(
+        PostgresCompactionJobs,
+        pool,
+        worker_id,
+        lease_seconds=settings.provided.worker_lease_seconds,
+    )
+    compact_journal = providers.Singleton(
+        CompactJournal,
+        streams,
+        providers.Singleton(PostgresJournalCompactor, pool),
+        hold_recheck_seconds=settings.provided.prune_interval_seconds,
+        batch=settings.provided.compaction_batch_events,
+    )
+    compactor = providers.Singleton(
+        Worker,
+        "compactor",
+        compaction_jobs,
+        compact_journal.provided.run_job,
+        poll_seconds=settings.provided.worker_poll_seconds,
+        retry_base_seconds=settings.provided.retry_base_seconds,
+    )
     get_stream = providers.Singleton(GetStream, streams, deployment, input_deliveries, access_log)
+    sweep_leases = providers.Singleton(
+        PostgresSweepLeases,
+        pool,
+        worker_id,
+        lease_seconds=settings.provided.worker_lease_seconds,
+    )
+    storage_cleanup = providers.Singleton(PostgresCleanup, pool)
+    cleanup = providers.Singleton(
+        Cleanup,
+        storage_cleanup,
+        object_stores,
+        age_seconds=settings.provided.cleanup_age_seconds,
+        upload_age_seconds=settings.provided.upload_abandoned_seconds,
+    )
     prune_retention = providers.Singleton(
         PruneRetention,
         streams,
@@ -291,7 +339,7 @@ class Container(containers.DeclarativeContainer):
 def memory_container(settings: Settings | None = None) -> Container:
     """Every port on its memory adapter: the whole application without a database."""
     container = Container(settings=settings or Settings())
-    streams = MemoryStreams(container.wake())
+    streams = MemoryStreams(container.wake(), container.settings().snapshot_every_events)
     container.pool.override(providers.Object(None))
     container.wake_bus.override(providers.Object(None))
     container.input_deliveries.override(providers.Object(MemoryInputDeliveries(streams)))
@@ -304,6 +352,8 @@ def memory_container(settings: Settings | None = None) -> Container:
     container.streams.override(providers.Object(streams))
     container.stream_access.override(providers.Object(MemoryStreamAccess(streams)))
     container.tokens.override(providers.Object(MemoryTokens()))
+    container.sweep_leases.override(providers.Object(MemorySweepLeases()))
+    container.storage_cleanup.override(providers.Object(MemoryCleanup(streams)))
     return container
 
 
@@ -320,6 +370,9 @@ class Services:
     acknowledge: Acknowledge
     close_stream: CloseStream
     set_legal_hold: SetLegalHold
+    delete_stream: DeleteStream
+    delete_run: DeleteRun
+    list_runs: ListRuns
     subscribe: Subscribe
     objects: Objects
 
@@ -343,38 +396,68 @@ async def start(container: Container) -> Services:
     return services
 
 
-async def workers(container: Container) -> list[Worker | Periodic]:
-    """The background workers: pruner, deletion worker, input dispatcher, orphan sweeper, the
-    sweeper of append receipts older than the idempotency window, and the expiry sweep."""
-    objects = await resolved(container.objects())
-    sweeper = Periodic(
-        "orphan sweeper",
-        objects.expire_due,  # type: ignore[attr-defined]
-        container.settings().sweep_interval_seconds,
-    )
-    streams = await resolved(container.streams())
-    window = timedelta(seconds=container.settings().idempotency_window_seconds)
-    receipt_sweeper = Periodic(
-        "receipt sweeper",
-        lambda: streams.forget_receipts(window),  # type: ignore[attr-defined]
-        container.settings().sweep_interval_seconds,
-    )
+def upload_sweep_name(settings: Settings) -> str:
+    """The abandoned-upload sweep is one per set of stores: a filesystem store is this host's
+    directory (another host's is its own), an S3 bucket is shared by every replica using it."""
+    regions = ",".join(sorted(settings.object_regions))
+    if settings.object_store == "filesystem":
+        where = f"{socket.gethostname()}:{(settings.data_dir / 'objects').resolve()}"
+    else:
+        where = f"s3:{settings.s3_endpoint_url or ''}:{settings.s3_bucket}"
+    return f"sweep-abandoned-uploads:{regions}:{where}"
+
+
+async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]:
+    """The background workers: pruner, deletion worker, input dispatcher and journal
+    compactor (leased job queues), and the leased sweeps, each run by one worker across every
+    replica at a time: orphan sweeper (expires open intents), receipt sweeper (append receipts
+    past the idempotency window), expiry sweep (erases expired streams) and the storage cleanup
+    (docs/architecture.md, "Storage cleanup")."""
     settings = container.settings()
-    expire = SweepExpired(
+    leases = await resolved(container.sweep_leases())
+    objects = await resolved(container.objects())
+    streams = await resolved(container.streams())
+    cleanup = await resolved(container.cleanup())
+    window = timedelta(seconds=settings.idempotency_window_seconds)
+
+    def sweep(name: str, tick: Callable[[], Awaitable[int]], interval: float) -> LeasedSweep:
+        return LeasedSweep(
+            name,
+            tick,
+            interval,
+            leases,  # type: ignore[arg-type]
+            poll_seconds=settings.worker_lease_seconds,  # capped at the interval
+            retry_base_seconds=settings.retry_base_seconds,
+        )
+
+    every = settings.cleanup_interval_seconds
+    expire_streams = SweepExpired(
         streams,  # type: ignore[arg-type]
         await resolved(container.stream_access()),  # type: ignore[arg-type]
         container.clock(),
         grace=timedelta(seconds=settings.expiry_grace_seconds),
         access_log=await resolved(container.access_log()),  # type: ignore[arg-type]
     )
-    expiry_sweeper = Periodic("expiry sweeper", expire, settings.expiry_interval_seconds)
     return [
         await resolved(container.pruner()),  # type: ignore[list-item]
         await resolved(container.deleter()),  # type: ignore[list-item]
         await resolved(container.dispatcher()),  # type: ignore[list-item]
-        sweeper,
-        receipt_sweeper,
-        expiry_sweeper,
+        await resolved(container.compactor()),  # type: ignore[list-item]
+        sweep(
+            "expire-intents",
+            objects.expire_due,  # type: ignore[attr-defined]
+            settings.sweep_interval_seconds,
+        ),
+        sweep(
+            "forget-receipts",
+            lambda: streams.forget_receipts(window),  # type: ignore[attr-defined]
+            settings.sweep_interval_seconds,
+        ),
+        sweep("forget-delivered-inputs", cleanup.delivered_inputs, every),  # type: ignore[attr-defined]
+        sweep("forget-done-deletions", cleanup.done_deletions, every),  # type: ignore[attr-defined]
+        sweep("forget-gap-evidence", cleanup.gap_evidence, every),  # type: ignore[attr-defined]
+        sweep(upload_sweep_name(settings), cleanup.abandoned_uploads, every),  # type: ignore[attr-defined]
+        sweep("expire-streams", expire_streams, settings.expiry_interval_seconds),
     ]
 
 

@@ -421,3 +421,24 @@ def test_cli_usage_and_configuration_errors(
 
     done = subprocess.run([CLI, "--help"], capture_output=True, text=True, env=env, timeout=30)
     assert done.returncode == 0 and "tail" in done.stdout and "put-object" in done.stdout
+
+
+async def test_deletion_and_run_listing_through_the_library(
+    client: StreamsClient, run_id: str
+) -> None:
+    await client.create_stream(run_id, stream_id="s")
+    await client.create_stream(run_id, stream_id="t")
+    await client.append(run_id, "s", ["one"])
+    page = await client.list_runs(after=run_id[:-1], limit=1000)
+    assert run_id in [r["run_id"] for r in page["runs"]]
+    records = client.follow(run_id, "s")
+    following = asyncio.ensure_future(collect(records, timeout=10))
+    await asyncio.sleep(0.5)
+    await client.delete_stream(run_id, "s")
+    with pytest.raises(StreamsError) as deleted:
+        await following
+    assert (deleted.value.status, deleted.value.code) == (404, "not-found")
+    await client.delete_run(run_id)
+    with pytest.raises(StreamsError) as gone:
+        await client.get_stream(run_id, "t")
+    assert gone.value.status == 404

@@ -16,6 +16,7 @@ import asyncpg
 import httpx
 import pytest
 
+from adapters.postgres.erasure import ERASED_TABLES
 from tests.conftest import SERVER_ENV, api_client
 from tests.support.postgres import create_test_database, drop_test_database
 from tests.support.server import ServerProcess, WorkerProcess
@@ -125,6 +126,7 @@ async def test_reads_on_any_replica_keep_an_idle_stream_alive_then_it_is_404_eve
         listed = await api_b.get(f"/runs/{run_id}/streams")
         assert [d["stream_id"] for d in listed.json()["streams"]] == ["forever"]
         assert (await api_a.get(f"/runs/{run_id}/streams/forever")).status_code == 200
+        await erased_by_the_workers(expiring.url, run_id, "s")
 
 
 async def test_an_open_subscription_keeps_the_stream_alive(
@@ -168,6 +170,8 @@ async def test_a_legal_hold_suspends_expiry_and_lifting_it_lets_it_expire(
             held = await api.put(path + "/legal-hold", json={"enabled": True, "reason": "audit"})
             assert held.status_code == 200, held.text
         await asyncio.sleep(3.5)  # past both expiries, and many sweeps
+        for stream_id in ("dated", "idle"):
+            assert "streams" in await rows_left(expiring.url, run_id, stream_id)
         for stream_id in ("dated", "idle"):  # whole and readable
             path = f"/runs/{run_id}/streams/{stream_id}"
             page = await api.get(path + "/records")
@@ -180,6 +184,59 @@ async def test_a_legal_hold_suspends_expiry_and_lifting_it_lets_it_expire(
         assert (await api.get(f"/runs/{run_id}/streams/idle")).status_code == 200
         await asyncio.sleep(1 + 2 * FLUSH_SECONDS + 0.2)
         assert (await api.get(f"/runs/{run_id}/streams/idle")).status_code == 404
+        for stream_id in ("dated", "idle"):
+            await erased_by_the_workers(expiring.url, run_id, stream_id)
+
+
+async def rows_left(url: str, run_id: str, stream_id: str) -> dict[str, int]:
+    """Rows of the stream still in any table an erasure empties (the streams row included)."""
+    connection = await asyncpg.connect(url)
+    try:
+        counts = {}
+        for table in (*ERASED_TABLES, "streams"):
+            counts[table] = await connection.fetchval(
+                f"SELECT count(*) FROM {table} WHERE run_id = $1 AND stream_id = $2",
+                run_id,
+                stream_id,
+            )
+        return {table: n for table, n in counts.items() if n}
+    finally:
+        await connection.close()
+
+
+async def erased_by_the_workers(url: str, run_id: str, stream_id: str) -> None:
+    """Wait (no request reaches the stream meanwhile) until nothing of it is left."""
+    async with asyncio.timeout(15):
+        while await rows_left(url, run_id, stream_id):
+            await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize(
+    "expiry", [{"idle_seconds": 1}, {"expires_at": "in 1.5 s"}], ids=["idle", "expires_at"]
+)
+async def test_an_expired_stream_is_erased_by_the_workers_and_can_be_created_again(
+    expiring: Deployment, run_id: str, expiry: dict
+) -> None:
+    if "expires_at" in expiry:
+        expiry = {"expires_at": (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat()}
+    async with api_client(expiring.servers[0]) as api:
+        await create(api, run_id, "s", expiry=expiry)
+        await create(api, run_id, "kept")
+        path = f"/runs/{run_id}/streams/s"
+        appended = await api.post(path + "/records", json={"records": [{"data": n} for n in "abc"]})
+        assert appended.status_code == 201
+        acked = await api.post(path + "/consumers/c/ack", json={"sequence": 2})
+        assert acked.status_code == 200
+        assert await rows_left(expiring.url, run_id, "s")  # records, journal, consumer, access
+        await erased_by_the_workers(expiring.url, run_id, "s")
+        assert (await api.get(path)).status_code == 404
+        again = await create(api, run_id, "s", expiry={"idle_seconds": 3600})
+        assert again["state"]["head"] == 0 and again["state"]["consumers"] == []
+        first = await api.post(path + "/records", json={"records": [{"data": "new"}]})
+        assert first.status_code == 201 and first.json()["first_sequence"] == 1
+        page = await api.get(path + "/records")
+        assert [r["data"] for r in page.json()["records"]] == ["new"]
+        assert (await api.get(f"/runs/{run_id}/streams/kept")).status_code == 200
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,8 @@ OPERATIONS = [
     ("ack", "POST", "/streams/s/consumers/c0/ack", {"sequence": 2}),
     ("close", "POST", "/streams/s/close", None),
     ("legal-hold", "PUT", "/streams/s/legal-hold", {"enabled": True}),
+    ("delete", "DELETE", "/streams/s", None),
+    ("delete-run", "DELETE", "", None),
 ]
 
 
@@ -205,6 +207,8 @@ SCOPE_DENIALS = [
     ((WRITE,), "ack"),
     ((WRITE,), "legal-hold"),
     ((READ, WRITE), "legal-hold"),
+    ((READ, WRITE), "delete"),
+    ((READ, WRITE), "delete-run"),
     ((ADMIN,), "read"),
     ((ADMIN,), "append"),
 ]
@@ -239,6 +243,8 @@ async def test_a_missing_scope_is_403(
         ((WRITE,), "create", 201),
         ((WRITE,), "close", 200),
         ((ADMIN,), "legal-hold", 200),
+        ((ADMIN,), "delete", 204),
+        ((ADMIN,), "delete-run", 204),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -316,6 +322,9 @@ async def test_the_openapi_document_lists_the_operations(root: httpx.AsyncClient
         (prefix + "/{}/consumers/{}/ack", "post"),
         (prefix + "/{}/close", "post"),
         (prefix + "/{}/legal-hold", "put"),
+        (prefix + "/{}", "delete"),
+        ("/api/workflow-streams/runs/{}", "delete"),
+        ("/api/workflow-streams/runs", "get"),
     }
     for path, method in expected:
         assert path in paths, sorted(paths)

@@ -356,6 +356,8 @@ ROUTES = [
     ("ack", "POST", "/runs/{run}/streams/{stream}/consumers/{consumer}/ack", {"sequence": 2}),
     ("close", "POST", "/runs/{run}/streams/{stream}/close", UNSET),
     ("legal-hold", "PUT", "/runs/{run}/streams/{stream}/legal-hold", {"enabled": True}),
+    ("delete", "DELETE", "/runs/{run}/streams/{stream}", UNSET),
+    ("delete-run", "DELETE", "/runs/{run}", UNSET),
 ]
 
 

@@ -11,8 +11,10 @@ from tests.integration.test_http_bad_input import assert_problem
 STREAM = "/runs/r-methods/streams/s"
 # Every API path and the methods it serves, OPTIONS included.
 PATHS = {
+    "/runs": "GET, OPTIONS",
+    "/runs/r-methods": "DELETE, OPTIONS",
     "/runs/r-methods/streams": "GET, OPTIONS, POST",
-    STREAM: "GET, OPTIONS",
+    STREAM: "DELETE, GET, OPTIONS",
     STREAM + "/records": "GET, OPTIONS, POST",
     STREAM + "/subscribe": "GET, OPTIONS",
     STREAM + "/consumers/c/ack": "OPTIONS, POST",

@@ -1,4 +1,5 @@
-"""Resumable downloads: Range on an object's body, through the real server and filesystem store."""
+"""Resumable downloads: Range on an object's body, through the real server, on each object store
+(the filesystem, and S3 on a real SeaweedFS store: see tests/integration/test_objects_http.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,18 @@ import httpx
 import psutil
 import pytest
 
+from tests.conftest import on_each_object_store
 from tests.integration.test_objects_http import BODY, new_stream, prepare_body
 from tests.support.server import ServerProcess
 
 MiB = 1024 * 1024
 SIZE = len(BODY)
 DIGEST = "sha-256=:" + base64.b64encode(hashlib.sha256(BODY).digest()).decode() + ":"
+
+
+@pytest.fixture(scope="module", params=["filesystem", "s3"])
+def server(request: pytest.FixtureRequest, server: ServerProcess) -> ServerProcess:
+    return on_each_object_store(request, server)
 
 
 async def committed_object(api: httpx.AsyncClient, run_id: str, body: bytes = BODY) -> str:

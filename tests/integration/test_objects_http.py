@@ -1,22 +1,32 @@
-"""Large objects through the HTTP API on PostgreSQL and the filesystem store, with real workers."""
+"""Large objects through the HTTP API on PostgreSQL, with real workers, on each object store.
+
+Every test runs twice: on the session's server, which keeps bodies in files, and on one that
+keeps them in S3 (`OBJECT_STORE=s3` on a real SeaweedFS store, tests/support/seaweedfs.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import os
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import asyncpg
+import boto3
 import httpx
 import pytest
 
-from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, api_client
+from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, api_client, on_each_object_store
 from tests.support.server import ServerProcess, WorkerProcess
 
 BODY = os.urandom(3 * 1024 * 1024 + 17)  # several chunks, not a round number
+
+
+@pytest.fixture(scope="module", params=["filesystem", "s3"])
+def server(request: pytest.FixtureRequest, server: ServerProcess) -> ServerProcess:
+    return on_each_object_store(request, server)
 
 
 def prepare_body(body: bytes = BODY, key: str = "k1", **extra) -> dict:
@@ -177,15 +187,22 @@ async def test_a_closed_stream_refuses_commit(api: httpx.AsyncClient, run_id: st
     assert refused.status_code == 409 and refused.json()["code"] == "stream-closed"
 
 
+def store_env(server: ServerProcess) -> dict[str, str]:
+    """The object-store settings of `server` (none: the filesystem store under its data dir)."""
+    names = ("DUCTOR_STREAMS_OBJECT_STORE", "DUCTOR_STREAMS_S3_", "AWS_")
+    return {name: value for name, value in server.env.items() if name.startswith(names)}
+
+
 @pytest.fixture(scope="module")
 def object_worker(
     database_url: str, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WorkerProcess]:
-    # The worker must see the same filesystem store as the session's server.
+    # The worker must see the same object store as the server (its files, or its S3 bucket).
     process = WorkerProcess(
         database_url=database_url,
         data_dir=server.data_dir,
         env={
+            **store_env(server),
             "DUCTOR_STREAMS_WORKER_POLL_SECONDS": "0.1",
             "DUCTOR_STREAMS_SWEEP_INTERVAL_SECONDS": "0.2",
             "DUCTOR_STREAMS_PRUNE_INTERVAL_SECONDS": "0.2",
@@ -195,7 +212,34 @@ def object_worker(
     process.stop()
 
 
+@functools.cache
+def _s3_client(endpoint_url: str, region: str, access_key: str, secret_key: str):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name=region,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+    )
+
+
 def stored_files(server: ServerProcess, run_id: str) -> list[str]:
+    """The bodies stored for `run_id`: files under the data directory, or keys in the bucket."""
+    env = server.env
+    if env.get("DUCTOR_STREAMS_OBJECT_STORE") == "s3":
+        s3 = _s3_client(
+            env["DUCTOR_STREAMS_S3_ENDPOINT_URL"],
+            env["DUCTOR_STREAMS_S3_REGION"],
+            env["AWS_ACCESS_KEY_ID"],
+            env["AWS_SECRET_ACCESS_KEY"],
+        )
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=env["DUCTOR_STREAMS_S3_BUCKET"])
+        return [
+            item["Key"]
+            for page in pages
+            for item in page.get("Contents", ())
+            if run_id in item["Key"]
+        ]
     root = server.data_dir / "objects"
     return [str(p) for p in root.rglob("*") if p.is_file() and run_id in str(p)]
 
@@ -240,17 +284,21 @@ async def test_abort_and_expiry_remove_bodies_through_the_workers_but_not_under_
 
 @pytest.mark.slow
 async def test_a_server_killed_between_upload_and_commit_commits_after_restart(
-    database_url: str, tmp_path_factory: pytest.TempPathFactory, run_id: str
+    database_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    server: ServerProcess,
+    run_id: str,
 ) -> None:
     data_dir = tmp_path_factory.mktemp("crashy")
-    first = ServerProcess(database_url=database_url, data_dir=data_dir, env=SERVER_ENV).start()
+    env = {**SERVER_ENV, **store_env(server)}  # the same kind of object store as `server`
+    first = ServerProcess(database_url=database_url, data_dir=data_dir, env=env).start()
     async with api_client(first) as api:
         path = await new_stream(api, run_id)
         intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
         body_path = f"{path}/objects/{intent['object_id']}"
         assert (await api.put(f"{body_path}/body", content=BODY)).status_code == 200
     first.kill()
-    second = ServerProcess(database_url=database_url, data_dir=data_dir, env=SERVER_ENV).start()
+    second = ServerProcess(database_url=database_url, data_dir=data_dir, env=env).start()
     try:
         async with api_client(second, BOOTSTRAP_TOKEN) as api:
             committed = await api.post(f"{body_path}/commit")
@@ -275,5 +323,5 @@ async def test_pruning_an_object_record_removes_its_body(
         while len(stored_files(server, run_id)) != 1:
             await asyncio.sleep(0.2)
     [left] = stored_files(server, run_id)
-    assert left.endswith(ids[1])
+    assert os.path.basename(left).startswith(ids[1] + ".")  # the key is unique to its intent
     assert (await api.get(f"{path}/objects/{ids[1]}/body")).content == BODY

@@ -79,6 +79,14 @@ def test_the_document_describes_problems_auth_and_media_types(server: ServerProc
     assert (query["cursor"]["minimum"], query["cursor"]["maximum"]) == (0, 2**63 - 1)
     assert (query["limit"]["minimum"], query["limit"]["maximum"]) == (1, 1000)
     assert (query["wait"]["minimum"], query["wait"]["maximum"]) == (0, 60)
+    for deletion in ("deleteStream", "deleteRun"):
+        assert {"204", "403", "404", "409"} <= set(ops[deletion]["responses"]), deletion
+        assert "content" not in ops[deletion]["responses"]["204"]
+    runs = {p["name"]: p["schema"] for p in ops["listRuns"]["parameters"] if p["in"] == "query"}
+    assert (runs["limit"]["minimum"], runs["limit"]["maximum"]) == (1, 1000)
+    assert runs["after"].get("pattern") == ID_PATTERN or any(
+        s.get("pattern") == ID_PATTERN for s in runs["after"].get("oneOf", [])
+    )
     schemas = doc["components"]["schemas"]
     expiry = schemas["Expiry"]
     assert expiry["additionalProperties"] is False

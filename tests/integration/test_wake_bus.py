@@ -10,7 +10,8 @@ import pytest
 
 from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.wake_bus import PostgresWakeBus
-from application.live import LiveTails, RecordsDelivered
+from application.delete_stream import DeleteCommand
+from application.live import LiveTails, RecordsDelivered, StreamGone
 from application.wake import WakeRegistry
 from tests.support.builders import NOW, append, definition, new_key
 
@@ -90,3 +91,35 @@ async def test_after_its_connection_is_killed_the_bus_reconnects_and_rereads(
                 await asyncio.sleep(0.05)
         await streams.update(key, [append()])
         assert await listener.wait(5)  # notifications flow again
+
+
+async def test_a_deletion_is_heard_by_listeners_and_drops_the_kept_definition(
+    pool: asyncpg.Pool, bus
+) -> None:
+    bus, registry = bus
+    here, there = PostgresStreams(pool), PostgresStreams(pool, registry)  # two "replicas"
+    key = new_key()
+    await here.create(key, definition(), NOW)
+    assert await there.definition(key) == definition()  # kept by the other one
+    with registry.listen(key) as listener:
+        await here.update(key, [DeleteCommand(NOW)])
+        assert await listener.wait(5) and listener.deleted
+    await here.create(key, definition(max_unread_items=3), NOW)
+    assert (await there.definition(key)).limits.max_unread_items == 3
+
+
+async def test_a_lost_deleted_notification_is_noticed_by_the_head_check(
+    pool: asyncpg.Pool, bus
+) -> None:
+    bus, registry = bus
+    streams = PostgresStreams(pool)
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    tails = LiveTails(streams, registry, recheck_seconds=60)  # only the bus can tell the tail
+    follow = tails.follow(key, 0, 60.0)
+    waiting = asyncio.ensure_future(anext(follow))
+    await asyncio.sleep(0.5)  # followed, and known to the bus
+    bus.drop = lambda k: k == key
+    await streams.update(key, [DeleteCommand(NOW)])
+    assert await asyncio.wait_for(waiting, 5) == StreamGone()
+    await follow.aclose()

@@ -14,6 +14,7 @@ import pytest
 
 from adapters.postgres.deliveries import PostgresInputDeliveries
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
+from adapters.postgres.journal import PostgresCompactionJobs
 from application.workers import Job, Worker
 from tests.conftest import SERVER_ENV, api_client
 from tests.support.postgres import create_test_database, drop_test_database
@@ -61,8 +62,17 @@ async def add_input_delivery(pool: asyncpg.Pool, stream_id: str) -> None:
     )
 
 
+async def add_compaction_job(pool: asyncpg.Pool, stream_id: str) -> None:
+    await pool.execute(
+        "INSERT INTO journal_compaction_jobs (tenant, run_id, stream_id, through_version)"
+        " VALUES ('t', 'r', $1, 1001)",
+        stream_id,
+    )
+
+
 QUEUES = {
     "retention": (PostgresRetentionJobs, add_retention_job),
+    "journal compaction": (PostgresCompactionJobs, add_compaction_job),
     "deletion": (PostgresDeletionJobs, add_deletion_job),
     "input dispatch": (PostgresInputDeliveries, add_input_delivery),
 }

@@ -15,6 +15,7 @@ import hashlib
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterable
+from datetime import timedelta
 
 import pytest
 
@@ -231,3 +232,45 @@ class ObjectStoreContract:
         for offset, length in [(-1, None), (0, -1)]:
             with pytest.raises(ValueError):
                 [c async for c in store.get(key, offset=offset, length=length)]
+
+    # Sweeping what abandoned uploads left behind (sweep_incomplete). A body of 9 MiB is long
+    # enough for every store to hold an upload in progress (S3: a multipart upload with a part).
+
+    @staticmethod
+    def _held_upload(body: bytes) -> tuple[AsyncIterator[bytes], asyncio.Event, asyncio.Event]:
+        reached, gate = asyncio.Event(), asyncio.Event()
+
+        async def held() -> AsyncIterator[bytes]:
+            for n, start in enumerate(range(0, len(body), MiB)):
+                if n == 8:  # 8 MiB are with the store; the rest waits for the gate
+                    reached.set()
+                    await gate.wait()
+                yield body[start : start + MiB]
+
+        return held(), reached, gate
+
+    async def test_a_sweep_leaves_an_upload_younger_than_its_age_alone(self, store) -> None:
+        key = namespace() + "/obj-in-progress"
+        body = os.urandom(9 * MiB)
+        chunks, reached, gate = self._held_upload(body)
+        put = asyncio.create_task(store.put(key, chunks, max_size=32 * MiB))
+        await asyncio.wait_for(reached.wait(), 30)
+        assert await store.sweep_incomplete(timedelta(hours=1)) == 0
+        gate.set()
+        assert await put == evidence(body)
+        assert await read(store, key) == body
+
+    async def test_an_upload_older_than_the_age_is_swept_and_stores_nothing(self, store) -> None:
+        key = namespace() + "/obj-abandoned"
+        await store.put(key, chunks_of(b"previous"), max_size=MiB)
+        body = os.urandom(9 * MiB)
+        chunks, reached, gate = self._held_upload(body)
+        put = asyncio.create_task(store.put(key, chunks, max_size=32 * MiB))
+        await asyncio.wait_for(reached.wait(), 30)
+        await asyncio.sleep(0.05)
+        assert await store.sweep_incomplete(timedelta(0)) >= 1
+        gate.set()
+        with pytest.raises(Exception):  # noqa: B017 - each store fails in its own words
+            await put
+        assert await read(store, key) == b"previous"
+        assert await store.sweep_incomplete(timedelta(0)) == 0  # nothing left behind

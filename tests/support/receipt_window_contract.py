@@ -38,13 +38,21 @@ class ReceiptWindowContract:
         assert isinstance(again, Replayed)
         assert isinstance(other, Failed) and isinstance(other.error, errors.IdempotencyKeyReused)
 
-    async def test_a_legal_hold_does_not_keep_receipts(self, repo) -> None:
-        key = new_key()
-        await repo.create(key, definition(), NOW)
+    async def test_a_legal_hold_keeps_receipts_until_it_is_lifted(self, repo) -> None:
+        key, free = new_key(), new_key()
+        for k in (key, free):
+            await repo.create(k, definition(), NOW)
         await repo.update(key, [LegalHoldCommand(True, "audit", NOW)])
-        await repo.update(key, [append([record(b"1")], key="held")])
+        for k in (key, free):
+            await repo.update(k, [append([record(b"1")], key="held")])
         await asyncio.sleep(0.01)
+        assert await repo.forget_receipts(timedelta(0)) >= 1  # the stream without a hold's
+        [kept] = await repo.update(key, [append([record(b"2")], key="held")])
+        assert isinstance(kept, Failed) and isinstance(kept.error, errors.IdempotencyKeyReused)
+        [gone] = await repo.update(free, [append([record(b"2")], key="held")])
+        assert isinstance(gone, Done)
+        await repo.update(key, [LegalHoldCommand(False, None, NOW)])
         assert await repo.forget_receipts(timedelta(0)) >= 1
-        [other] = await repo.update(key, [append([record(b"2")], key="held")])
-        assert isinstance(other, Done)
+        [after] = await repo.update(key, [append([record(b"2")], key="held")])
+        assert isinstance(after, Done)
         assert (await repo.page(key, 0, 10))[0].head == 2

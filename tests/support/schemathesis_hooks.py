@@ -2,8 +2,9 @@
 
 A generated request that the document calls valid can still be refused for what no schema can
 say: the state it meets (a cursor past the stream's head, bytes that do not match the prepared
-digest or size, an idempotency key used before with another request, a batch over the
-stream's own unread ceiling), the clock (an `expires_at` already past) or this deployment (a
+digest or size, an idempotency key used before with another request, a deletion under a legal
+hold, a batch over the stream's own unread ceiling), the clock (an `expires_at` already past)
+or this deployment (a
 stream homed in another region). Those refusals, and only those, are not counted against the
 document."""
 
@@ -23,6 +24,7 @@ DEPENDS_ON_STATE = frozenset(
         "size-mismatch",
         "idempotency-key-reused",
         "misdirected",
+        "legal-hold-active",
     }
 )
 # An upload's bytes are held to the size its intent was prepared with.

@@ -133,6 +133,8 @@ def cli(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
         (["worker"], "LOG_LEVEL", "loud"),
         (["serve"], "PORT", "abc"),
         (["token", "create", "--tenant", "t", "--scope", "streams:read"], "POOL_MAX_SIZE", "x"),
+        (["token", "list"], "POOL_MAX_SIZE", "x"),
+        (["token", "revoke", "tok_0123456789abcdef"], "LOG_LEVEL", "loud"),
     ],
 )
 def test_a_command_with_a_bad_setting_prints_one_line_and_fails(
@@ -154,7 +156,9 @@ def test_version() -> None:
     ("command", "shown"),
     [
         (["serve"], ["127.0.0.1", "8080", "default: 1", "default: granian", "DUCTOR_STREAMS_PORT"]),
-        (["token", "create"], ["default: cli", "--tenant", "--scope"]),
+        (["token", "create"], ["default: cli", "--tenant", "--scope", "--expires-in"]),
+        (["token", "list"], ["--tenant", "Never prints a token", "RFC 3339"]),
+        (["token", "revoke"], ["TOKEN_OR_ID", "within 2 seconds", "exits 1"]),
         (["worker"], ["docs/configuration.md"]),
         (["migrate"], ["nothing to apply"]),
     ],
@@ -167,6 +171,14 @@ def test_each_command_documents_its_options_and_their_defaults(
     text = " ".join(done.stdout.split())
     for part in shown:
         assert part in text, (part, done.stdout)
+
+
+@pytest.mark.parametrize("command", [["token", "list"], ["token", "revoke", "tok_0"]])
+def test_a_token_command_without_its_database_says_so_in_one_line(command: list[str]) -> None:
+    done = cli(*command)  # DATABASE_URL points where nothing listens
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the database" in lines[0], done.stderr
 
 
 def test_a_port_out_of_range_is_a_usage_error_not_a_traceback() -> None:

@@ -343,8 +343,45 @@ async def test_the_sweep_erases_only_past_idle_plus_grace(app) -> None:
     assert await sweep() == 0
     clock.advance(1)
     assert await sweep() == 1
-    journal = await container.streams().journal(ALICE.key("r", "x"))
-    assert isinstance(journal[-1], StreamDeleted) and journal[-1].reason == "expired"
+    assert await container.streams().load(ALICE.key("r", "x")) is None  # erased
+    assert await sweep() == 0
+    with pytest.raises(NotFound):
+        await s.get_stream(ALICE, "r", "x")
+    # The ID is free: a new stream, from sequence 1.
+    document, created = await s.create_stream(
+        ALICE, "r", request(stream_id="x", expiry={"idle_seconds": 10})
+    )
+    assert created and document.state.head == 0
+    answer, _ = await s.append_records(ALICE, "r", "x", data(1))
+    assert answer.first_sequence == 1
+    await s.get_stream(ALICE, "r", "forever")
+
+
+async def test_the_sweep_decides_expired_under_the_lock_with_stream_deleted(app) -> None:
+    container, s, clock = app
+    streams = container.streams()
+    at = clock.now + timedelta(seconds=30)
+    await s.create_stream(ALICE, "r", request(stream_id="x", expiry={"expires_at": at.isoformat()}))
+    stream = await streams.load(ALICE.key("r", "x"))
+    clock.advance(30)
+    [event] = stream.expire(clock.now, None)
+    assert isinstance(event, StreamDeleted) and event.reason == "expired"
+    assert stream.expire(clock.now - timedelta(seconds=1), None) == []
+
+
+async def test_a_create_of_an_expired_stream_not_yet_erased_erases_it_first(app) -> None:
+    _, s, clock = app
+    await s.create_stream(ALICE, "r", request(stream_id="x", expiry={"idle_seconds": 10}))
+    await s.append_records(ALICE, "r", "x", data(1, 2))
+    clock.advance(10 + MARGIN)
+    document, created = await s.create_stream(
+        ALICE, "r", request(stream_id="x", expiry={"idle_seconds": 10})
+    )
+    assert created and document.state.head == 0
+    # Even with another definition: the old stream is gone, this is a new one.
+    clock.advance(10 + MARGIN)
+    document, created = await s.create_stream(ALICE, "r", request(stream_id="x"))
+    assert created and document.expiry == Expiry()
 
 
 async def test_the_sweep_counts_this_processs_unflushed_accesses(app) -> None:

@@ -4,6 +4,7 @@ keys that would climb out of the root, and temporary files left behind or listed
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
 
@@ -119,3 +120,16 @@ class TestFilesystemObjectStore(ObjectStoreContract):
         got = b"".join([c async for c in store.get(key, offset=len(body) - 1017, length=1000)])
         assert got == tail
         assert read_bytes == 1000
+
+    async def test_stray_temporary_files_older_than_the_age_are_swept(
+        self, store: FilesystemObjectStore
+    ) -> None:
+        await store.put("t/run/stream/obj-kept", chunks_of(b"body"), max_size=100)
+        directory = store.path("t/run/stream/obj-kept").parent
+        old, young = directory / ".upload-old", directory / ".upload-young"
+        old.write_bytes(b"left by a killed put")
+        young.write_bytes(b"being written")
+        os.utime(old, (0, 0))
+        assert await store.sweep_incomplete(timedelta(hours=1)) == 1
+        assert not old.exists() and young.exists()
+        assert await read(store, "t/run/stream/obj-kept") == b"body"

@@ -6,9 +6,24 @@ import asyncio
 
 import pytest
 
+from adapters.memory.access import MemoryStreamAccess
 from adapters.memory.streams import MemoryStreams
 from application.close_stream import CloseCommand
-from application.live import Idle, LiveTails, Overtaken, RecordsDelivered, Signal, StreamEnded
+from application.definitions import Definitions
+from application.delete_stream import DeleteCommand
+from application.errors import NotFound
+from application.expiry import AccessLog
+from application.live import (
+    Idle,
+    LiveTails,
+    Overtaken,
+    RecordsDelivered,
+    Signal,
+    StreamEnded,
+    StreamGone,
+)
+from application.placement import Deployment
+from application.read_records import ReadRecords
 from application.wake import WakeRegistry
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 
@@ -265,3 +280,54 @@ async def test_closing_a_stream_ends_a_follower_waiting_at_its_head(live) -> Non
         await streams.update(key, [CloseCommand(WRITER, NOW)])  # a wake with no new record
         assert await waiting == StreamEnded(head=1)
     await follow.aclose()
+
+
+async def test_a_deleted_stream_ends_every_follower_and_a_long_poll(live) -> None:
+    streams, tails, wake = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append([record() for _ in range(3)])])
+
+    async def last_delivery(cursor: int) -> object:
+        async with asyncio.timeout(5):
+            async for delivery in tails.follow(key, cursor, 1.0):
+                last = delivery
+        return last
+
+    followers = [asyncio.ensure_future(last_delivery(c)) for c in (0, 3)]
+    access = AccessLog(MemoryStreamAccess(streams), lambda: NOW)
+    reads = ReadRecords(Definitions(streams, Deployment("local", "local"), access), streams, wake)
+    poll = asyncio.ensure_future(reads(WRITER, key.run_id, key.stream_id, cursor=3, wait=5))
+    await asyncio.sleep(0.05)
+    await streams.update(key, [DeleteCommand(NOW)])
+    assert [await f for f in followers] == [StreamGone(), StreamGone()]
+    with pytest.raises(NotFound):
+        await poll
+    assert tails.tail(key) is None
+    # Created again: a new tail follows the new stream from its start.
+    await streams.create(key, definition(), NOW)
+    follower = asyncio.ensure_future(collect(tails.follow(key, 0, 1.0), until=2))
+    await asyncio.sleep(0.01)
+    await streams.update(key, [append(), append()])
+    assert await follower == [1, 2]
+
+
+async def test_a_stream_created_again_gets_a_new_tail_while_the_old_one_winds_down(live) -> None:
+    streams, tails, _ = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append()])
+    old_follow = tails.follow(key, 0, 1.0)
+    assert isinstance(await anext(old_follow), RecordsDelivered)  # suspended, still joined
+    old = tails.tail(key)
+    await streams.update(key, [DeleteCommand(NOW)])
+    await asyncio.sleep(0.01)
+    await streams.create(key, definition(), NOW)
+    follower = asyncio.ensure_future(collect(tails.follow(key, 0, 1.0), until=1))
+    await asyncio.sleep(0.01)
+    assert tails.tail(key) is not old
+    await streams.update(key, [append()])
+    assert await follower == [1]
+    assert await anext(old_follow) == StreamGone()
+    await old_follow.aclose()
+    assert old._ticker is not None and old._ticker.cancelled()  # stopped, though replaced

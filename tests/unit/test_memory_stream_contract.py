@@ -5,10 +5,34 @@ from __future__ import annotations
 import pytest
 
 from adapters.memory.streams import MemoryStreams
-from tests.support.stream_contract import ObjectIntentsContract, StreamRepositoryContract
+from domain.stream import StreamKey
+from tests.support.stream_contract import (
+    SNAPSHOT_EVERY,
+    JournalContract,
+    ObjectIntentsContract,
+    StreamRepositoryContract,
+)
 
 
-class TestMemoryStreams(StreamRepositoryContract, ObjectIntentsContract):
+class TestMemoryStreams(StreamRepositoryContract, ObjectIntentsContract, JournalContract):
     @pytest.fixture
     def repo(self) -> MemoryStreams:
         return MemoryStreams()
+
+    @pytest.fixture
+    def snapshotting_repo(self) -> MemoryStreams:
+        return MemoryStreams(snapshot_every=SNAPSHOT_EVERY)
+
+    @pytest.fixture
+    def compact(self):
+        async def compact(repo: MemoryStreams, key: StreamKey) -> None:
+            """The memory adapter compacts inline, in the update that journals a snapshot."""
+
+        return compact
+
+    @pytest.fixture
+    def journal_rows(self, snapshotting_repo: MemoryStreams):
+        async def journal_rows(key: StreamKey) -> int:
+            return snapshotting_repo.journal_rows(key)
+
+        return journal_rows

@@ -8,6 +8,7 @@ import pytest
 from application.access import Caller
 from application.placement import EgressRegionDenied, Misdirected
 from domain.definition import DefinitionRequest
+from domain.errors import InvalidInput
 from domain.records import RecordInput
 from entrypoints.config import Settings
 from entrypoints.container import memory_container, start, stop
@@ -37,6 +38,8 @@ async def test_a_stream_homed_elsewhere_is_misdirected(services) -> None:
     with pytest.raises(Misdirected) as refused:
         await services.create_stream(ALICE, "r", request({"metadata_home": "us"}))
     assert refused.value.extra["metadata_home"] == "us"
+    with pytest.raises(InvalidInput):  # the run ID is checked before the placement
+        await services.create_stream(ALICE, "bad run", request({"metadata_home": "us"}))
 
 
 async def test_a_replica_region_serves_the_stream(services) -> None:

@@ -10,6 +10,7 @@ import pytest
 from domain import errors
 from domain import events as ev
 from domain.objects import AuthorizationReceipt, ObjectIntent
+from domain.state import decode_state, encode_state
 from domain.stream import Stream
 from tests.support.builders import NOW, definition, new_key, record
 
@@ -211,3 +212,69 @@ def test_replaying_the_journal_rebuilds_the_same_state() -> None:
             s.apply(event)
             journal.append(ev.decode_event(ev.encode_event(event)))
     assert Stream.replay(s.key, journal).state == s.state
+
+
+def test_a_snapshot_carries_the_state_and_definition_and_changes_nothing_but_the_version() -> None:
+    s = appended(stream(), b"aaa", b"bb")
+    for decide in (
+        lambda: s.acknowledge("c", "alice", 1, 3, NOW),
+        lambda: s.set_legal_hold(True, "audit", NOW),
+    ):
+        for event in decide():
+            s.apply(event)
+    before = encode_state(s.state)
+    [snapshot] = s.snapshot(NOW)
+    assert isinstance(snapshot, ev.StreamSnapshotted)
+    s.apply(snapshot)
+    assert snapshot.version == s.state.version == 5
+    assert snapshot.definition == s.definition and snapshot.state == s.state
+    after = decode_state(before)
+    after.version = 5
+    assert s.state == after
+    s.state.consumers.clear()  # the journaled event is not the live state
+    assert snapshot.state.consumers
+
+
+def test_a_journal_may_start_at_a_snapshot_and_replays_what_follows_it() -> None:
+    s = appended(stream(), b"aaa")
+    [snapshot] = s.snapshot(NOW)
+    s.apply(snapshot)
+    journal: list[ev.Event] = [ev.decode_event(ev.encode_event(snapshot))]
+    for decide in (lambda: s.append([record(b"bb")], NOW), lambda: s.close(NOW)):
+        for event in decide():
+            s.apply(event)
+            journal.append(event)
+    replayed = Stream.replay(s.key, journal)
+    assert replayed.state == s.state and replayed.definition == s.definition
+    with pytest.raises(ValueError):
+        Stream.replay(s.key, journal[1:])  # neither a creation nor a snapshot
+
+
+def test_a_snapshot_must_carry_the_state_at_its_own_version() -> None:
+    s = appended(stream(), b"aaa")
+    [snapshot] = s.snapshot(NOW)
+    wrong = ev.StreamSnapshotted(
+        version=snapshot.version,
+        at=NOW,
+        definition=s.definition,
+        state=msgspec.structs.replace(snapshot.state, version=snapshot.version - 1),
+    )
+    with pytest.raises(ValueError):
+        s.apply(wrong)
+
+
+def test_delete_is_refused_while_a_legal_hold_is_on_and_nothing_follows_it() -> None:
+    s = appended(stream(), b"1")
+    for event in s.set_legal_hold(True, "case", NOW):
+        s.apply(event)
+    with pytest.raises(errors.LegalHoldActive):
+        s.delete(NOW)
+    for event in s.set_legal_hold(False, None, NOW):
+        s.apply(event)
+    [deleted] = s.delete(NOW)
+    assert deleted == ev.StreamDeleted(version=s.state.version + 1, at=NOW, reason="deleted")
+    assert ev.decode_event(ev.encode_event(deleted)) == deleted
+    s.apply(deleted)
+    assert s.state.deleted and s.delete(NOW) == []
+    with pytest.raises(ValueError):
+        s.apply(ev.StreamClosed(version=s.state.version + 1, at=NOW))

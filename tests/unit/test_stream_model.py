@@ -2,7 +2,9 @@
 
 The model keeps every record's size in a list and computes credit by scanning, the opposite of
 the aggregate's O(1) running totals; every step both must agree on the outcome, and the journal
-must always replay into the same state."""
+must always replay into the same state: the whole journal, and the compacted one (the latest
+snapshot and what follows it; a legal hold keeps what came before until it is lifted), with
+snapshots taken every few versions so that a history crosses several."""
 
 from __future__ import annotations
 
@@ -10,14 +12,17 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from application.deciding import snapshot_if_due
 from domain import errors
 from domain import events as ev
+from domain.state import copy_state
 from domain.stream import Stream
 from tests.support.builders import NOW, definition, new_key, record
 
 MAX_UNREAD_ITEMS = 8
 MAX_UNREAD_BYTES = 40
 MAX_TOTAL_ITEMS = 30
+SNAPSHOT_EVERY = 5
 
 consumers = st.sampled_from(["c1", "c2", "c3"])
 principals = st.sampled_from(["alice", "bob"])
@@ -35,7 +40,9 @@ class StreamMachine(RuleBasedStateMachine):
             ),
             NOW,
         )
-        self.journal: list[ev.Event] = [created]
+        self.journal: list[ev.Event] = [created]  # every event ever
+        self.compacted: list[ev.Event] = [created]  # what a stream's journal holds
+        self.snapshots = 0
         # the model
         self.sizes: list[int] = []  # sizes[i] is the size of sequence i + 1
         self.earliest = 1
@@ -44,9 +51,28 @@ class StreamMachine(RuleBasedStateMachine):
         self.hold = False
 
     def _apply(self, events: list[ev.Event]) -> None:
+        before = self.stream.state.version
         for event in events:
             self.stream.apply(event)
-            self.journal.append(ev.decode_event(ev.encode_event(event)))
+        if events:
+            unsnapshotted = copy_state(self.stream.state)
+            snapshot = snapshot_if_due(self.stream, before, SNAPSHOT_EVERY, NOW)
+            if snapshot is not None:
+                # A snapshot changes nothing but the version, and carries exactly the state.
+                unsnapshotted.version += 1
+                assert self.stream.state == unsnapshotted == snapshot.state
+                events = [*events, snapshot]
+                self.snapshots += 1
+        for event in events:
+            stored = ev.decode_event(ev.encode_event(event))
+            self.journal.append(stored)
+            self.compacted.append(stored)
+        if not self.stream.state.legal_hold.enabled:
+            latest = max(
+                (i for i, e in enumerate(self.compacted) if isinstance(e, ev.StreamSnapshotted)),
+                default=0,
+            )
+            del self.compacted[:latest]
 
     def _model_unread(self) -> tuple[int, int]:
         floor = min((seq for _, seq in self.acks.values()), default=0)
@@ -138,6 +164,22 @@ class StreamMachine(RuleBasedStateMachine):
     @invariant()
     def the_journal_replays_into_the_same_state(self) -> None:
         assert Stream.replay(self.stream.key, self.journal).state == self.stream.state
+
+    @invariant()
+    def the_compacted_journal_replays_into_the_same_state_and_stays_bounded(self) -> None:
+        assert isinstance(self.compacted[0], ev.StreamCreated | ev.StreamSnapshotted)
+        assert Stream.replay(self.stream.key, self.compacted).state == self.stream.state
+        if not self.hold:
+            assert len(self.compacted) <= SNAPSHOT_EVERY
+        if self.snapshots:
+            assert isinstance(self.compacted[0], ev.StreamSnapshotted) or self.hold
+        # Replay from the latest snapshot (what a held stream's journal is read from) too.
+        latest = max(
+            i
+            for i, e in enumerate(self.compacted)
+            if isinstance(e, ev.StreamSnapshotted | ev.StreamCreated)
+        )
+        assert Stream.replay(self.stream.key, self.compacted[latest:]).state == self.stream.state
 
 
 StreamMachine.TestCase.settings = settings(

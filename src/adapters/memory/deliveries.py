@@ -4,6 +4,7 @@ lowest undelivered record can be claimed."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 from adapters.memory.streams import MemoryStreams
 from application.views import InputDeliveryStatus
@@ -45,6 +46,7 @@ class MemoryInputDeliveries:
     async def done(self, job: Job, next_in: float | None) -> None:
         row = self._streams.deliveries[job.key][job.id]  # type: ignore[index]
         row.delivered, row.claimed_by, row.last_error = True, None, None
+        row.delivered_at = datetime.now(UTC)
 
     async def failed(self, job: Job, error: str, retry_in: float) -> None:
         row = self._streams.deliveries[job.key][job.id]  # type: ignore[index]

@@ -4,15 +4,17 @@ nothing outside the port can change state behind its back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from application.deciding import Receipt, decide_all
+from application.deciding import SNAPSHOT_EVERY, Receipt, decide_all
+from application.deletions import ERASED_STREAM
 from application.errors import NotFound
-from application.ports import Command, Outcome, Position, StoredRecord
+from application.ports import Command, Outcome, Position, RunSummary, StoredRecord
 from application.retention import expired_prefix
 from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
@@ -24,6 +26,7 @@ from domain.events import (
     ObjectPrepared,
     ObjectUploaded,
     RecordsPruned,
+    StreamDeleted,
     decode_event,
     encode_event,
 )
@@ -46,10 +49,12 @@ class _Row(msgspec.Struct):
     offsets: dict[int, int] = msgspec.field(default_factory=dict)
     receipts: dict[str, Receipt] = msgspec.field(default_factory=dict)
     receipts_created: dict[str, datetime] = msgspec.field(default_factory=dict)
+    snapshot_at: int = 0  # index in `journal` of the latest snapshot (0: nothing to compact)
 
 
 class DeliveryRow(msgspec.Struct):
     delivered: bool = False
+    delivered_at: datetime | None = None
     claimed_by: str | None = None
     attempts: int = 0
     not_before: float = 0.0
@@ -57,7 +62,10 @@ class DeliveryRow(msgspec.Struct):
 
 
 class MemoryStreams:
-    def __init__(self, wake: WakeRegistry | None = None) -> None:
+    def __init__(
+        self, wake: WakeRegistry | None = None, snapshot_every: int = SNAPSHOT_EVERY
+    ) -> None:
+        self._snapshot_every = snapshot_every
         self._rows: dict[StreamKey, _Row] = {}
         self._intents: dict[tuple[StreamKey, str], ObjectIntent] = {}
         self.deletions: list[tuple[StreamKey, str, str, str]] = []  # key, region, storage key, why
@@ -113,9 +121,14 @@ class MemoryStreams:
                 for c in commands
                 if c.offset_of is not None and c.offset_of in row.offsets
             }
-            outcomes, changes = decide_all(stream, commands, dict(row.receipts), offsets)
+            outcomes, changes = decide_all(
+                stream, commands, dict(row.receipts), offsets, self._snapshot_every
+            )
             self.transactions += 1
-            if changes.events:
+            if changes.deleted:
+                [deleted] = [e for e in changes.events if isinstance(e, StreamDeleted)]
+                self._erase(key, deleted.reason)
+            elif changes.events:
                 for appended in changes.appended:
                     for sequence, end_offset, record in appended.numbered():
                         row.records[sequence] = StoredRecord(
@@ -136,12 +149,67 @@ class MemoryStreams:
                     row.receipts[receipt.key] = receipt
                     row.receipts_created[receipt.key] = datetime.now(UTC)
                 row.journal.extend(encode_event(e) for e in changes.events)
+                if changes.snapshot is not None:
+                    row.snapshot_at = len(row.journal) - 1
+                if row.snapshot_at and not stream.state.legal_hold.enabled:
+                    # Compaction, inline: what the PostgreSQL adapter's job does later.
+                    del row.journal[: row.snapshot_at]
+                    row.snapshot_at = 0
                 self._project_objects(key, changes.events)
                 row.state = encode_state(stream.state)
                 self._drop_pruned(row, stream.state.earliest)
-        if changes.events:
+        if changes.deleted:
+            self._wake.notify_deleted(key)
+        elif changes.events:
             self._wake.notify(key)
         return outcomes
+
+    def _erase(self, key: StreamKey, reason: str) -> None:
+        """Everything the stream holds goes; the bodies its intents name are queued."""
+        del self._rows[key]
+        self.deliveries.pop(key, None)
+        queued = {(region, storage_key) for _, region, storage_key, _ in self.deletions}
+        for k, object_id in [ik for ik in self._intents if ik[0] == key]:
+            intent = self._intents.pop((k, object_id))
+            if (intent.storage_region, intent.storage_key) not in queued:
+                self.deletions.append(
+                    (key, intent.storage_region, intent.storage_key, ERASED_STREAM + reason)
+                )
+
+    async def delete_run(
+        self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None
+    ) -> list[StreamKey]:
+        keys = sorted(k for k in self._rows if k.tenant == tenant and k.run_id == run_id)
+        if not keys:
+            raise NotFound(f"no run {run_id!r}")
+        async with contextlib.AsyncExitStack() as locks:
+            for key in keys:  # in stream_id order, as the PostgreSQL adapter locks the rows
+                await locks.enter_async_context(self._locks[key])
+            keys = [k for k in keys if k in self._rows]  # deleted while we waited
+            if not keys:
+                raise NotFound(f"no run {run_id!r}")
+            for key in keys:
+                stream = self._stream(key, self._rows[key])
+                if check is not None:
+                    check(stream)
+                stream.delete(now)
+            for key in keys:
+                self._erase(key, "deleted")
+        for key in keys:
+            self._wake.notify_deleted(key)
+        return keys
+
+    async def list_runs(self, tenant: str, after: str | None, limit: int) -> list[RunSummary]:
+        runs: dict[str, list[datetime]] = {}
+        for key, row in self._rows.items():
+            if key.tenant == tenant and (after is None or key.run_id > after):
+                created_at = decode_state(row.state).created_at
+                assert created_at is not None
+                runs.setdefault(key.run_id, []).append(created_at)
+        return [
+            RunSummary(run_id=run_id, stream_count=len(times), created_at=min(times))
+            for run_id, times in sorted(runs.items())[:limit]
+        ]
 
     def _project_objects(self, key: StreamKey, events: list[Event]) -> None:
         replace = msgspec.structs.replace
@@ -173,6 +241,8 @@ class MemoryStreams:
         cutoff = datetime.now(UTC) - older_than
         forgotten = 0
         for row in self._rows.values():
+            if decode_state(row.state).legal_hold.enabled:
+                continue  # a hold removes nothing
             for key, created in list(row.receipts_created.items()):
                 if created < cutoff:
                     del row.receipts[key], row.receipts_created[key]
@@ -194,13 +264,20 @@ class MemoryStreams:
     async def expired_through(
         self, key: StreamKey, after: int, cutoff: datetime, limit: int
     ) -> int:
-        row = self._rows[key]
+        row = self._rows.get(key)
+        if row is None:
+            return after
         sequences = sorted(s for s in row.records if s > after)[:limit]
         return expired_prefix(after, [(s, row.records[s].appended_at) for s in sequences], cutoff)
 
     async def journal(self, key: StreamKey) -> list[Event]:
-        row = self._rows[key]
-        return [decode_event(e) for e in row.journal]
+        """From the latest snapshot on (the rows before it wait out a legal hold)."""
+        row = self._rows.get(key)
+        return [] if row is None else [decode_event(e) for e in row.journal[row.snapshot_at :]]
+
+    def journal_rows(self, key: StreamKey) -> int:
+        """How many journal events are stored for the stream, compacted or not."""
+        return len(self._rows[key].journal)
 
     async def page(
         self, key: StreamKey, cursor: int, limit: int
@@ -209,7 +286,12 @@ class MemoryStreams:
         if row is None:
             return None
         state = decode_state(row.state)
-        position = Position(head=state.head, earliest=state.earliest, closed=state.closed)
+        position = Position(
+            head=state.head,
+            earliest=state.earliest,
+            closed=state.closed,
+            created_at=state.created_at,
+        )
         records = [
             row.records[s]
             for s in range(max(cursor + 1, state.earliest), min(state.head, cursor + limit) + 1)

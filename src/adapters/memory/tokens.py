@@ -1,16 +1,76 @@
-"""Tokens in memory."""
+"""Tokens in memory: a revocation takes effect at once (there is no other process to tell)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
 from application.access import Caller
+from application.ports import FoundToken, TokenRecord
+from application.tokens import token_id
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Row:
+    __slots__ = ("caller", "created_at", "expires_at", "revoked_at")
+
+    def __init__(self, caller: Caller, created_at: datetime, expires_at: datetime | None) -> None:
+        self.caller = caller
+        self.created_at = created_at
+        self.expires_at = expires_at
+        self.revoked_at: datetime | None = None
 
 
 class MemoryTokens:
-    def __init__(self) -> None:
-        self._tokens: dict[bytes, Caller] = {}
+    def __init__(self, clock: Callable[[], datetime] = _utc_now) -> None:
+        self._clock = clock
+        self._tokens: dict[bytes, _Row] = {}
+        self._ids: dict[str, bytes] = {}
 
-    async def find(self, token_hash: bytes) -> Caller | None:
-        return self._tokens.get(token_hash)
+    async def find(self, token_hash: bytes) -> FoundToken | None:
+        row = self._tokens.get(token_hash)
+        if row is None or row.revoked_at is not None:
+            return None
+        if row.expires_at is None:
+            return FoundToken(caller=row.caller, expires_in_seconds=None)
+        left = (row.expires_at - self._clock()).total_seconds()
+        return FoundToken(caller=row.caller, expires_in_seconds=left) if left > 0 else None
 
-    async def put(self, token_hash: bytes, caller: Caller) -> None:
-        self._tokens[token_hash] = caller
+    async def put(
+        self, token_hash: bytes, caller: Caller, expires_in_seconds: int | None = None
+    ) -> None:
+        now = self._clock()
+        expires_at = None
+        if expires_in_seconds is not None:
+            expires_at = now + timedelta(seconds=expires_in_seconds)
+        row = self._tokens.get(token_hash)
+        if row is None:
+            self._tokens[token_hash] = _Row(caller, now, expires_at)
+            self._ids[token_id(token_hash)] = token_hash
+        else:  # replaced, but a revoked token stays revoked
+            row.caller, row.expires_at = caller, expires_at
+
+    async def revoke(self, token_id: str) -> bool:
+        digest = self._ids.get(token_id)
+        if digest is None:
+            return False
+        row = self._tokens[digest]
+        row.revoked_at = row.revoked_at or self._clock()
+        return True
+
+    async def list(self, tenant: str | None = None) -> list[TokenRecord]:
+        records = [
+            TokenRecord(
+                token_id=tid,
+                caller=row.caller,
+                created_at=row.created_at,
+                expires_at=row.expires_at,
+                revoked_at=row.revoked_at,
+            )
+            for tid, digest in self._ids.items()
+            if (row := self._tokens[digest]) and (tenant is None or row.caller.tenant == tenant)
+        ]
+        return sorted(records, key=lambda r: (r.caller.tenant, r.created_at, r.token_id))

@@ -22,7 +22,9 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
 
@@ -116,6 +118,34 @@ class FilesystemObjectStore:
                 key = base + name
                 if not name.startswith(RESERVED_MARK) and key.startswith(prefix):
                     yield key
+
+    async def sweep_incomplete(self, older_than: timedelta) -> int:
+        """Remove upload temporary files not written for `older_than` (a put killed mid-way
+        leaves its temp file behind). A running put writes its temp file at least once per
+        chunk, so its modification time stays fresh while the upload moves."""
+        cutoff = time.time() - older_than.total_seconds()
+        walker = os.walk(self._root)
+        removed = 0
+        while (entry := await asyncio.to_thread(next, walker, None)) is not None:
+            directory, subdirectories, files = entry
+            subdirectories[:] = [d for d in subdirectories if not d.startswith(RESERVED_MARK)]
+            stray = [name for name in files if name.startswith(_TEMP_PREFIX)]
+            if stray:
+                removed += await asyncio.to_thread(_remove_stale, Path(directory), stray, cutoff)
+        return removed
+
+
+def _remove_stale(directory: Path, names: list[str], cutoff: float) -> int:
+    removed = 0
+    for name in names:
+        path = directory / name
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:  # finished (renamed) or failed (unlinked) meanwhile
+            continue
+    return removed
 
 
 def _may_hold(directory: str, prefix: str) -> bool:

@@ -6,8 +6,9 @@ a server-side CopyObject onto the final key. The copy is needed because S3 takes
 metadata when the upload starts, before the SHA-256 of the whole body is known; copying also
 keeps the final key atomic (a reader sees the whole previous body or the whole new one, never a
 body without its digest), and an upload that fails or passes `max_size` is aborted without ever
-touching the final key. Buckets should expire `.uploads/` and abort incomplete multipart uploads
-after a day (a lifecycle rule) to collect what a crashed process leaves behind.
+touching the final key. What a crashed process leaves behind there is collected by the workers
+(`sweep_incomplete`); buckets should also carry a lifecycle rule that aborts incomplete multipart
+uploads (AbortIncompleteMultipartUpload) and expires `.uploads/` after a day, as a belt.
 
 Evidence for `stat`, best first:
 1. S3's own full-object SHA-256 (`ChecksumSHA256` without a part count). We send our digest as
@@ -25,7 +26,9 @@ import base64
 import contextlib
 import hashlib
 import secrets
+import time
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import aioboto3
@@ -226,6 +229,33 @@ class S3ObjectStore:
                 if not item["Key"].startswith(UPLOADS):
                     yield item["Key"]
 
+    async def sweep_incomplete(self, older_than: timedelta) -> int:
+        """Abort the multipart uploads under `.uploads/` started more than `older_than` ago,
+        and delete the temporary objects there older than that (a put killed between its
+        upload's completion and the copy). The bucket's lifecycle rule
+        (AbortIncompleteMultipartUpload, and expiring `.uploads/`) is the belt to this."""
+        s3 = self._client
+        cutoff = time.time() - older_than.total_seconds()
+        removed = 0
+        pages = s3.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self._bucket, Prefix=UPLOADS
+        )
+        async for page in pages:
+            for upload in page.get("Uploads", ()):
+                if _started(upload["Key"], upload["Initiated"]) <= cutoff:
+                    with contextlib.suppress(ClientError):  # finished or aborted meanwhile
+                        await s3.abort_multipart_upload(
+                            Bucket=self._bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                        )
+                        removed += 1
+        objects = s3.get_paginator("list_objects_v2").paginate(Bucket=self._bucket, Prefix=UPLOADS)
+        async for page in objects:
+            for item in page.get("Contents", ()):
+                if _started(item["Key"], item["LastModified"]) <= cutoff:
+                    await s3.delete_object(Bucket=self._bucket, Key=item["Key"])
+                    removed += 1
+        return removed
+
 
 class _Multipart:
     """One multipart upload to a temporary key, each part checked by S3 against its SHA-256."""
@@ -240,7 +270,7 @@ class _Multipart:
 
     @classmethod
     async def create(cls, s3: Any, bucket: str) -> _Multipart:
-        key = UPLOADS + secrets.token_hex(16)
+        key = f"{UPLOADS}{int(time.time())}-{secrets.token_hex(12)}"
         answer = await s3.create_multipart_upload(
             Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256"
         )
@@ -280,6 +310,14 @@ class _Multipart:
                 await self._s3.abort_multipart_upload(
                     Bucket=self._bucket, Key=self.key, UploadId=self._upload_id
                 )
+
+
+def _started(key: str, stamped: datetime) -> float:
+    """When the upload to temporary `key` started: the time this service put in its name
+    (`<unix seconds>-<random>`), else what the store stamped (some S3 APIs stamp no real
+    time on multipart uploads)."""
+    started, dash, _ = key.removeprefix(UPLOADS).partition("-")
+    return float(started) if dash and started.isdigit() else stamped.timestamp()
 
 
 def _b64(digest: bytes) -> str:

@@ -156,6 +156,7 @@ class PostgresDeletionJobs(_LeasedJobs):
             id=row["id"],
             storage_region=row["storage_region"],
             storage_key=row["storage_key"],
+            reason=row["reason"],
         )
 
     def _id(self, job: Job) -> tuple[object, ...]:

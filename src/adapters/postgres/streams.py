@@ -10,22 +10,25 @@ transaction, so a listener can never be woken before the records it will reread 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 import asyncpg
 
+from adapters.postgres.erasure import WAKE_CHANNEL, erase
 from adapters.postgres.intents import project_objects, read_expired_intents, read_intent
-from application.deciding import Changes, Receipt, decide_all
+from adapters.postgres.journal import read_journal, schedule_compaction
+from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
-from application.ports import Command, Outcome, Position, StoredRecord
+from application.ports import Command, Outcome, Position, RunSummary, StoredRecord
 from application.retention import expired_prefix, has_retention
+from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
 from domain.events import (
     ConsumerAcknowledged,
     Event,
     RecordsPruned,
-    decode_event,
+    StreamDeleted,
     encode_event,
     event_type,
 )
@@ -34,13 +37,14 @@ from domain.records import RecordKind
 from domain.stream import (
     Stream,
     StreamKey,
+    StreamState,
     decode_definition,
     decode_state,
     encode_definition,
     encode_state,
 )
 
-WAKE_CHANNEL = "ductor_streams"
+__all__ = ["WAKE_CHANNEL", "PostgresStreams"]
 
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
 
@@ -79,10 +83,21 @@ WHERE {_KEY} AND idempotency_key = ANY($4::text[])
 """
 
 # By physical row, so each batch is one short statement however many receipts are due.
+# A held stream's receipts stay (a hold removes nothing); the hold is read with a plain SELECT,
+# so the sweep never waits for or takes a stream-row lock. Oldest first from $3, where the last
+# batch ended, so held receipts are passed over once per sweep (delete_in_batches).
 _FORGET_RECEIPTS = """
 DELETE FROM append_receipts WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM append_receipts WHERE created_at < now() - $1::interval LIMIT $2
+    SELECT r.ctid FROM append_receipts r
+    WHERE r.created_at < now() - $1::interval AND r.created_at >= $3
+      AND NOT EXISTS (
+          SELECT 1 FROM streams s
+          WHERE s.tenant = r.tenant AND s.run_id = r.run_id AND s.stream_id = r.stream_id
+            AND s.legal_hold)
+    ORDER BY r.created_at
+    LIMIT $2
 ))
+RETURNING created_at
 """
 
 _OFFSETS = f"""
@@ -139,7 +154,7 @@ WHERE {_KEY} AND sequence > $4 ORDER BY sequence LIMIT $5
 """
 
 _PAGE = """
-SELECT s.head, s.earliest, s.closed,
+SELECT s.head, s.earliest, s.closed, s.created_at,
        r.sequence, r.appended_at, r.kind, r.content_type, r.size, r.payload
 FROM streams s
 LEFT JOIN LATERAL (
@@ -155,10 +170,43 @@ ORDER BY r.sequence
 """
 
 
+_RUN_LOCK = """
+SELECT stream_id, definition, state FROM streams
+WHERE tenant = $1 AND run_id = $2 ORDER BY stream_id FOR UPDATE
+"""
+
+# A keyset page over the primary key (tenant, run_id, stream_id): one group per run.
+_RUNS = """
+SELECT run_id, count(*), min(created_at) FROM streams
+WHERE tenant = $1 AND run_id > $2
+GROUP BY run_id ORDER BY run_id LIMIT $3
+"""
+
+
 class PostgresStreams:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        wake: WakeRegistry | None = None,
+        snapshot_every: int = SNAPSHOT_EVERY,
+    ) -> None:
         self._pool = pool
-        self._definitions: dict[StreamKey, StreamDefinition] = {}
+        self._snapshot_every = snapshot_every
+        # Decoded definitions, with the creation time of the stream they belong to: a stream
+        # deleted and created again under the same key is another stream, so an entry is used
+        # only where that time is known to match, or until the deleted notification drops it.
+        self._definitions: dict[StreamKey, tuple[datetime, StreamDefinition]] = {}
+        if wake is not None:  # the wake bus hears deletions on every replica
+            wake.on_deleted(self.forget)
+            wake.on_missed(self.forget_all)
+
+    def forget(self, key: StreamKey) -> None:
+        """The stream was deleted (here or on another replica): drop what is kept of it."""
+        self._definitions.pop(key, None)
+
+    def forget_all(self) -> None:
+        """Deleted notifications may have been missed (the listen connection dropped)."""
+        self._definitions.clear()
 
     async def create(
         self, key: StreamKey, definition: StreamDefinition, now: datetime
@@ -178,23 +226,30 @@ class PostgresStreams:
         if created:
             return stream, True
         existing = await self.load(key)
-        assert existing is not None
+        if existing is None:  # deleted meanwhile: the ID is free again
+            return await self.create(key, definition, now)
         return existing, False
 
     async def load(self, key: StreamKey) -> Stream | None:
         row = await self._pool.fetchrow(f"SELECT definition, state FROM streams WHERE {_KEY}", *key)
         if row is None:
             return None
-        return Stream(key, self._definition(key, row["definition"]), decode_state(row["state"]))
+        state = decode_state(row["state"])
+        return Stream(key, self._definition(key, state, row["definition"]), state)
 
-    def _definition(self, key: StreamKey, payload: bytes | None) -> StreamDefinition:
-        """Definitions are immutable, so decoded ones are kept (the oldest dropped past 10k)."""
-        definition = self._definitions.get(key)
-        if definition is None:
-            assert payload is not None
-            definition = self._definitions[key] = decode_definition(payload)
-            if len(self._definitions) > 10_000:
-                del self._definitions[next(iter(self._definitions))]
+    def _definition(
+        self, key: StreamKey, state: StreamState, payload: bytes | None
+    ) -> StreamDefinition:
+        """Definitions are immutable, so decoded ones are kept (the oldest dropped past 10k),
+        each with its stream's creation time: `state` says which stream this is."""
+        known = self._definitions.get(key)
+        if known is not None and known[0] == state.created_at:
+            return known[1]
+        assert payload is not None and state.created_at is not None
+        definition = decode_definition(payload)
+        self._definitions[key] = (state.created_at, definition)
+        if len(self._definitions) > 10_000:
+            del self._definitions[next(iter(self._definitions))]
         return definition
 
     async def list_run(self, tenant: str, run_id: str) -> list[Stream]:
@@ -204,20 +259,23 @@ class PostgresStreams:
             tenant,
             run_id,
         )
-        return [
-            Stream(
-                key := StreamKey(tenant, run_id, r["stream_id"]),
-                self._definition(key, r["definition"]),
-                decode_state(r["state"]),
-            )
-            for r in rows
-        ]
+        streams = []
+        for r in rows:
+            key, state = StreamKey(tenant, run_id, r["stream_id"]), decode_state(r["state"])
+            streams.append(Stream(key, self._definition(key, state, r["definition"]), state))
+        return streams
 
     async def definition(self, key: StreamKey) -> StreamDefinition | None:
         if (known := self._definitions.get(key)) is not None:
-            return known
-        payload = await self._pool.fetchval(f"SELECT definition FROM streams WHERE {_KEY}", *key)
-        return None if payload is None else self._definition(key, payload)
+            return known[1]
+        row = await self._pool.fetchrow(
+            f"SELECT definition, created_at FROM streams WHERE {_KEY}", *key
+        )
+        if row is None:
+            return None
+        definition = decode_definition(row[0])
+        self._definitions[key] = (row[1], definition)
+        return definition
 
     async def update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
         async with self._pool.acquire() as conn, conn.transaction():
@@ -226,10 +284,12 @@ class PostgresStreams:
             row = await conn.fetchrow(_LOCK, *key, key not in self._definitions)
             if row is None:
                 raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-            payload = row[1]
-            if payload is None and key not in self._definitions:  # evicted meanwhile
+            state, payload = decode_state(row[0]), row[1]
+            known = self._definitions.get(key)
+            if payload is None and (known is None or known[0] != state.created_at):
+                # Evicted meanwhile, or kept for a deleted stream of the same ID.
                 payload = await conn.fetchval(f"SELECT definition FROM streams WHERE {_KEY}", *key)
-            stream = Stream(key, self._definition(key, payload), decode_state(row[0]))
+            stream = Stream(key, self._definition(key, state, payload), state)
             receipts: dict[str, Receipt] = {}
             if keys := [c.idempotency.key for c in commands if c.idempotency is not None]:
                 for r in await conn.fetch(_RECEIPTS, *key, keys):
@@ -237,8 +297,15 @@ class PostgresStreams:
             offsets: dict[int, int] = {}
             if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
                 offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
-            outcomes, changes = decide_all(stream, commands, receipts, offsets)
-            if changes.events:
+            outcomes, changes = decide_all(
+                stream, commands, receipts, offsets, self._snapshot_every
+            )
+            if changes.deleted:
+                # Erased with everything it holds; what the group decided before the delete is
+                # erased with it (those requests were answered as if committed just before).
+                [deleted] = [e for e in changes.events if isinstance(e, StreamDeleted)]
+                await erase(conn, *key[:2], [key.stream_id], deleted.reason)
+            elif changes.events:
                 rows = _record_rows(key, changes)
                 if len(rows) >= COPY_THRESHOLD:
                     # Large groups go by COPY (about twice the rate of unnest for 1,000 rows);
@@ -252,7 +319,35 @@ class PostgresStreams:
                 if pruned:
                     await conn.execute(_DELETE_PRUNED, *key, pruned[-1].through_sequence)
                 await project_objects(conn, key, changes.events)
+                if changes.snapshot is not None:
+                    await schedule_compaction(conn, key, changes.snapshot.version)
+        if changes.deleted:
+            self.forget(key)
         return outcomes
+
+    async def delete_run(
+        self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None
+    ) -> list[StreamKey]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(_RUN_LOCK, tenant, run_id)
+            if not rows:
+                raise NotFound(f"no run {run_id!r}")
+            keys = []
+            for r in rows:
+                key, state = StreamKey(tenant, run_id, r[0]), decode_state(r[2])
+                stream = Stream(key, decode_definition(r[1]), state)
+                if check is not None:
+                    check(stream)
+                stream.delete(now)  # a legal hold refuses the whole run: nothing is written
+                keys.append(key)
+            await erase(conn, tenant, run_id, [k.stream_id for k in keys], "deleted")
+        for key in keys:
+            self.forget(key)
+        return keys
+
+    async def list_runs(self, tenant: str, after: str | None, limit: int) -> list[RunSummary]:
+        rows = await self._pool.fetch(_RUNS, tenant, after or "", limit)
+        return [RunSummary(run_id=r[0], stream_count=r[1], created_at=r[2]) for r in rows]
 
     async def expired_through(
         self, key: StreamKey, after: int, cutoff: datetime, limit: int
@@ -264,22 +359,15 @@ class PostgresStreams:
         return await read_intent(self._pool, key, object_id)
 
     async def forget_receipts(self, older_than: timedelta, batch: int = 1000) -> int:
-        forgotten = 0
-        while True:
-            status = await self._pool.execute(_FORGET_RECEIPTS, older_than, batch)
-            removed = int(status.rpartition(" ")[2])
-            forgotten += removed
-            if removed < batch:
-                return forgotten
+        from adapters.postgres.cleanup import delete_in_batches  # the cleanup sweeps' batching
+
+        return await delete_in_batches(self._pool, _FORGET_RECEIPTS, older_than, batch)
 
     async def expired_intents(self, now: datetime, limit: int) -> list[tuple[StreamKey, str]]:
         return await read_expired_intents(self._pool, now, limit)
 
     async def journal(self, key: StreamKey) -> list[Event]:
-        rows = await self._pool.fetch(
-            f"SELECT payload FROM stream_events WHERE {_KEY} ORDER BY version", *key
-        )
-        return [decode_event(r[0]) for r in rows]
+        return await read_journal(self._pool, key)
 
     async def page(
         self, key: StreamKey, cursor: int, limit: int
@@ -288,17 +376,17 @@ class PostgresStreams:
         if not rows:
             return None
         first = rows[0]
-        position = Position(head=first[0], earliest=first[1], closed=first[2])
-        if first[3] is None:
+        position = Position(head=first[0], earliest=first[1], closed=first[2], created_at=first[3])
+        if first[4] is None:
             return position, []
         return position, [
             StoredRecord(
-                sequence=r[3],
-                appended_at=r[4],
-                kind=RecordKind(r[5]),
-                content_type=r[6],
-                size=r[7],
-                payload=r[8],
+                sequence=r[4],
+                appended_at=r[5],
+                kind=RecordKind(r[6]),
+                content_type=r[7],
+                size=r[8],
+                payload=r[9],
             )
             for r in rows
         ]

@@ -1,33 +1,82 @@
-"""API tokens in PostgreSQL, by hash."""
+"""API tokens in PostgreSQL, by hash. Whether a token is expired or revoked is decided by the
+database's clock (now()), and a revocation notifies every process's wake bus on
+`TOKENS_CHANNEL` (with the token's id) in the transaction that revokes it."""
 
 from __future__ import annotations
 
 import asyncpg
 
 from application.access import Caller
+from application.ports import FoundToken, TokenRecord
+
+TOKENS_CHANNEL = "ductor_streams_tokens"
+
+_FIND = """
+SELECT tenant, principal, scopes, extract(epoch FROM expires_at - now())::float8
+FROM api_tokens
+WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+"""
+
+_PUT = """
+INSERT INTO api_tokens (token_hash, tenant, principal, scopes, expires_at)
+VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5::bigint))
+ON CONFLICT (token_hash) DO UPDATE
+SET tenant = excluded.tenant, principal = excluded.principal, scopes = excluded.scopes,
+    expires_at = excluded.expires_at
+"""
+
+# One statement, so the notification is sent only if (and when) the revocation commits.
+_REVOKE = f"""
+WITH revoked AS (
+    UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())
+    WHERE token_id = $1
+    RETURNING token_id
+)
+SELECT pg_notify('{TOKENS_CHANNEL}', token_id) FROM revoked
+"""
+
+_LIST = """
+SELECT token_id, tenant, principal, scopes, created_at, expires_at, revoked_at
+FROM api_tokens
+WHERE $1::text IS NULL OR tenant = $1
+ORDER BY tenant, created_at, token_id
+"""
 
 
 class PostgresTokens:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def find(self, token_hash: bytes) -> Caller | None:
-        row = await self._pool.fetchrow(
-            "SELECT tenant, principal, scopes FROM api_tokens WHERE token_hash = $1", token_hash
-        )
+    async def find(self, token_hash: bytes) -> FoundToken | None:
+        row = await self._pool.fetchrow(_FIND, token_hash)
         if row is None:
             return None
-        return Caller(tenant=row[0], principal=row[1], scopes=frozenset(row[2]))
+        caller = Caller(tenant=row[0], principal=row[1], scopes=frozenset(row[2]))
+        return FoundToken(caller=caller, expires_in_seconds=row[3])
 
-    async def put(self, token_hash: bytes, caller: Caller) -> None:
+    async def put(
+        self, token_hash: bytes, caller: Caller, expires_in_seconds: int | None = None
+    ) -> None:
         await self._pool.execute(
-            """INSERT INTO api_tokens (token_hash, tenant, principal, scopes)
-               VALUES ($1, $2, $3, $4)
-               ON CONFLICT (token_hash) DO UPDATE
-               SET tenant = excluded.tenant, principal = excluded.principal,
-                   scopes = excluded.scopes""",
+            _PUT,
             token_hash,
             caller.tenant,
             caller.principal,
             sorted(caller.scopes),
+            expires_in_seconds,
         )
+
+    async def revoke(self, token_id: str) -> bool:
+        return bool(await self._pool.fetch(_REVOKE, token_id))
+
+    async def list(self, tenant: str | None = None) -> list[TokenRecord]:
+        return [
+            TokenRecord(
+                token_id=row[0],
+                caller=Caller(tenant=row[1], principal=row[2], scopes=frozenset(row[3])),
+                created_at=row[4],
+                expires_at=row[5],
+                revoked_at=row[6],
+            )
+            for row in await self._pool.fetch(_LIST, tenant)
+        ]

@@ -1,7 +1,8 @@
 """The process-wide wake bus: one LISTEN connection per process, never one per subscriber.
 
-A notification carries only "tenant/run/stream head" and is sent by the committing transaction,
-so it can never precede the commit; it only tells the WakeRegistry that a stream may have moved.
+A notification carries only "tenant/run/stream head" (or "… deleted") and is sent by the
+committing transaction, so it can never precede the commit; it only tells the WakeRegistry that a
+stream may have moved (or is gone).
 Two repairs keep a lost notification from costing more than latency:
 
 * every `head_check_seconds` the bus rereads the heads of every stream someone in this process is
@@ -9,6 +10,10 @@ Two repairs keep a lost notification from costing more than latency:
   not arrived by the next check, it is written down as gap evidence;
 * when the LISTEN connection drops, it reconnects, wakes every followed stream (whatever was
   committed meanwhile is reread) and writes evidence for those that moved.
+
+A followed stream the check no longer finds was deleted: its listeners hear that as if notified
+(one created again since is woken, and its readers see another creation time), and a reconnect
+tells the caches that deletions may have been missed.
 
 While PostgreSQL is down, a connection attempt is refused at once (a closed port, a removed
 socket file, or 57P03 while it starts), so retrying every `RECONNECT_CAP_SECONDS` costs it
@@ -24,14 +29,17 @@ from collections.abc import Callable
 
 import asyncpg
 
+from adapters.postgres.erasure import DELETED
 from adapters.postgres.streams import WAKE_CHANNEL
+from adapters.postgres.tokens import TOKENS_CHANNEL
+from application.tokens import TokenCache
 from application.wake import WakeRegistry
 from domain.stream import StreamKey
 
 log = logging.getLogger("ductor_streams.wake_bus")
 
 _HEADS = """
-SELECT s.tenant, s.run_id, s.stream_id, s.head
+SELECT s.tenant, s.run_id, s.stream_id, s.head, s.created_at
 FROM streams s
 JOIN unnest($1::text[], $2::text[], $3::text[]) AS f(tenant, run_id, stream_id)
   USING (tenant, run_id, stream_id)
@@ -51,12 +59,13 @@ RECONNECT_CAP_SECONDS = 0.5
 CONNECT_TIMEOUT_SECONDS = 5.0
 
 
-def parse_notification(payload: str) -> tuple[StreamKey, int] | None:
+def parse_notification(payload: str) -> tuple[StreamKey, int | None] | None:
+    """(key, head), or (key, None) when the stream was deleted."""
     path, _, head = payload.rpartition(" ")
     parts = path.split("/")
-    if len(parts) != 3 or not head.isdigit():
+    if len(parts) != 3 or not (head.isdigit() or head == DELETED):
         return None
-    return StreamKey(*parts), int(head)
+    return StreamKey(*parts), None if head == DELETED else int(head)
 
 
 class PostgresWakeBus:
@@ -66,13 +75,18 @@ class PostgresWakeBus:
         registry: WakeRegistry,
         head_check_seconds: float = 2.0,
         application_name: str = "ductor-streams-listen",
+        tokens: TokenCache | None = None,
     ) -> None:
+        # Token revocations arrive on TOKENS_CHANNEL on the same connection (with the token's
+        # id); each (re)connection forgets the whole cache, since one may have been missed.
+        self._tokens = tokens
         self._url = url
         self._registry = registry
         self._interval = head_check_seconds
         self._application_name = application_name
         self._notified: dict[StreamKey, int] = {}
         self._suspect: dict[StreamKey, int] = {}
+        self._created: dict[StreamKey, object] = {}  # the incarnation each followed key had
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.connected = asyncio.Event()
@@ -100,9 +114,17 @@ class PostgresWakeBus:
         key, head = parsed
         if self.drop is not None and self.drop(key):
             return
+        if head is None:
+            self._forget(key)
+            self._registry.notify_deleted(key)
+            return
         if head > self._notified.get(key, -1):
             self._notified[key] = head
         self._registry.notify(key)
+
+    def _on_token_revoked(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if self._tokens is not None:
+            self._tokens.forget(payload)
 
     async def _run(self) -> None:
         backoff = RECONNECT_FIRST_SECONDS
@@ -126,11 +148,15 @@ class PostgresWakeBus:
             conn.add_termination_listener(lambda _c, lost=lost: lost.set())
             try:
                 await conn.add_listener(WAKE_CHANNEL, self._on_notification)
+                if self._tokens is not None:
+                    await conn.add_listener(TOKENS_CHANNEL, self._on_token_revoked)
+                    self._tokens.listening()
                 self.connected.set()
                 backoff = RECONNECT_FIRST_SECONDS
                 if not first:
                     self.reconnects += 1
                     log.warning("wake bus reconnected; rereading every followed stream")
+                    self._registry.missed()
                     self._registry.notify_all()
                     await self._check_heads(conn, "reconnect")
                 first = False
@@ -143,13 +169,19 @@ class PostgresWakeBus:
                 log.warning("wake bus lost its connection (%s)", type(error).__name__)
             finally:
                 self.connected.clear()
+                if self._tokens is not None:
+                    self._tokens.not_listening()
                 conn.terminate()
+
+    def _forget(self, key: StreamKey) -> None:
+        self._notified.pop(key, None)
+        self._suspect.pop(key, None)
+        self._created.pop(key, None)
 
     async def _check_heads(self, conn: asyncpg.Connection, detected_by: str) -> None:
         followed = self._registry.followed()
-        for gone in set(self._notified) - set(followed):
-            self._notified.pop(gone, None)
-            self._suspect.pop(gone, None)
+        for gone in (set(self._notified) | set(self._created)) - set(followed):
+            self._forget(gone)
         if not followed:
             return
         rows = await conn.fetch(
@@ -159,8 +191,20 @@ class PostgresWakeBus:
             [k.stream_id for k in followed],
         )
         evidence: list[tuple[StreamKey, int, int]] = []
-        for tenant, run_id, stream_id, head in rows:
+        found = {StreamKey(r[0], r[1], r[2]): r[4] for r in rows}
+        for key in followed:
+            created, seen = found.get(key), self._created.get(key)
+            if created is None:  # gone without its deleted notification reaching us
+                log.warning("stream %s was deleted (%s)", key, detected_by)
+                self._forget(key)
+                self._registry.notify_deleted(key)
+            elif seen is not None and seen != created:  # deleted, and created again since
+                self._forget(key)
+                self._registry.forget(key)
+                self._registry.notify(key)
+        for tenant, run_id, stream_id, head, created_at in rows:
             key = StreamKey(tenant, run_id, stream_id)
+            self._created.setdefault(key, created_at)
             notified = self._notified.get(key)
             if notified is None:  # newly followed: start from what is there
                 self._notified[key] = head

@@ -25,7 +25,7 @@ from entrypoints.http.objects import ObjectsController
 from entrypoints.http.observability import metrics, request_middleware
 from entrypoints.http.openapi import Answer, documented
 from entrypoints.http.outages import outage_handlers
-from entrypoints.http.streams import StreamsController
+from entrypoints.http.streams import RunsController, StreamsController
 from entrypoints.lean_imports import without_optional_integrations
 from entrypoints.logs import configure_logging
 
@@ -96,7 +96,14 @@ def create_app(container: Container) -> Litestar:
         # Litestar adds plugins for these when they happen to be installed; nothing here uses
         # them, and in an environment with the test tools they cost every process ~5 MB.
         app = Litestar(
-            route_handlers=[StreamsController, ObjectsController, healthz, readyz, metrics],
+            route_handlers=[
+                StreamsController,
+                RunsController,
+                ObjectsController,
+                healthz,
+                readyz,
+                metrics,
+            ],
             middleware=[request_middleware],
             lifespan=[lifespan],
             exception_handlers={

@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from litestar import Controller, Request, Response, get, post, put
+from litestar import Controller, Request, Response, delete, get, post, put
 from litestar.params import Parameter
 from litestar.types import ASGIApp
 
 from application.access import Caller
+from application.list_runs import DEFAULT_LIMIT, MAX_LIMIT, RunList
 from application.views import (
     AckAnswer,
     AppendAnswer,
@@ -24,6 +25,7 @@ from application.views import (
 )
 from domain.definition import MAX_BATCH_RECORDS, MAX_SEQUENCE, DefinitionRequest
 from domain.errors import InvalidInput
+from domain.ids import ID_PATTERN
 from entrypoints.container import Services
 from entrypoints.http.answers import JsonAnswer
 from entrypoints.http.body import decode_body
@@ -64,6 +66,7 @@ TO_THE_STREAM = tuple(
         "closeStream",
         "setLegalHold",
         "prepareObject",
+        "deleteStream",
     )
 )
 # What check_idempotency_key takes, as header text (latin-1) arrives: printable characters
@@ -99,7 +102,7 @@ SSE_EVENT = {
         },
         {
             "properties": {
-                "event": {"enum": ["closed", "gone"]},
+                "event": {"enum": ["closed", "gone", "deleted"]},
                 "data": {"type": "string", "contentMediaType": "application/json"},
             },
             "required": ["event", "data"],
@@ -261,8 +264,8 @@ class StreamsController(Controller):
         opt=documented(
             Answer(
                 200,
-                "Events `record` (id: the sequence), then `closed` or `gone`; comment "
-                "lines while idle",
+                "Events `record` (id: the sequence), then `closed`, `gone` or `deleted` "
+                "(data `{}`: the stream was deleted); comment lines while idle",
                 media_type="text/event-stream",
                 schema=SSE_EVENT,
             ),
@@ -347,3 +350,62 @@ class StreamsController(Controller):
         services, caller = await authenticated(request)
         body = await decode_body(request, LegalHoldBody)
         return await services.set_legal_hold(caller, run_id, stream_id, body.enabled, body.reason)
+
+    @delete(
+        STREAM,
+        operation_id="deleteStream",
+        summary="Delete (erase) a stream",
+        status_code=204,
+        opt=documented(
+            Answer(204, "Erased: every route for the stream answers 404 from now on"),
+            problems=(*ON_A_STREAM, "legal-hold-active"),
+        ),
+    )
+    async def delete_stream(self, request: Request, run_id: str, stream_id: str) -> None:
+        services, caller = await authenticated(request)
+        await services.delete_stream(caller, run_id, stream_id)
+
+
+class RunsController(Controller):
+    path = API_PREFIX + "/runs"
+    tags = ["runs"]
+
+    @get(
+        "",
+        operation_id="listRuns",
+        summary="List the tenant's runs",
+        opt=documented(
+            Answer(200, "The runs after `after`, ascending by run_id", RunList),
+            problems=(*EVERY_ROUTE, "forbidden"),
+        ),
+    )
+    async def list_runs(
+        self,
+        request: Request,
+        limit: Annotated[
+            int, Parameter(ge=1, le=MAX_LIMIT, description="at most this many runs")
+        ] = DEFAULT_LIMIT,
+        after: Annotated[
+            str | None,
+            Parameter(
+                description="exclusive: runs whose run_id follows this one (`next_after`)",
+                pattern=ID_PATTERN,
+            ),
+        ] = None,
+    ) -> RunList:
+        services, caller = await authenticated(request)
+        return await services.list_runs(caller, after, limit)
+
+    @delete(
+        "/{run_id:str}",
+        operation_id="deleteRun",
+        summary="Delete (erase) every stream of a run, all or nothing",
+        status_code=204,
+        opt=documented(
+            Answer(204, "Every stream of the run is erased"),
+            problems=(*EVERY_ROUTE, "forbidden", "not-found", "misdirected", "legal-hold-active"),
+        ),
+    )
+    async def delete_run(self, request: Request, run_id: str) -> None:
+        services, caller = await authenticated(request)
+        await services.delete_run(caller, run_id)

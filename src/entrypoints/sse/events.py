@@ -8,7 +8,14 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 import msgspec
 
-from application.live import Delivery, Idle, Overtaken, RecordsDelivered, StreamEnded
+from application.live import (
+    Delivery,
+    Idle,
+    Overtaken,
+    RecordsDelivered,
+    StreamEnded,
+    StreamGone,
+)
 from application.ports import StoredRecord
 from application.views import record_view
 
@@ -16,6 +23,7 @@ _encode = msgspec.json.Encoder().encode
 
 OPENING = b": subscribed\n\n"
 HEARTBEAT = b": keep-alive\n\n"
+DELETED = b"event: deleted\ndata: {}\n\n"
 RECORD = b"id: %d\nevent: record\ndata: %s\n\n"
 
 
@@ -41,4 +49,7 @@ async def event_stream(deliveries: AsyncGenerator[Delivery, None]) -> AsyncItera
                     return
                 case Overtaken():
                     yield b"event: gone\ndata: %s\n\n" % _encode(delivery)
+                    return
+                case StreamGone():
+                    yield DELETED
                     return

@@ -1,0 +1,67 @@
+"""Erasure: a deleted stream's rows go in the deleting transaction, under its row lock.
+
+One statement removes every row the stream owns and queues every object body it references on
+the deletion outbox (the leased deletion workers remove the bodies from their stores: idempotent,
+resumable after a crash). The `streams` row goes last; its RETURNING sends the notification that
+tells every replica the stream is gone, in the same transaction, so no listener hears it before
+the commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+
+from application.deletions import ERASED_STREAM
+
+WAKE_CHANNEL = "ductor_streams"
+DELETED = "deleted"  # the notification's last word for an erased stream, instead of its head
+
+# Every table that holds rows of a stream, keyed (tenant, run_id, stream_id, …). A table that
+# keeps a stream's rows must be listed here, or a deleted stream leaves them behind (and a
+# stream created again with the same ID would find them).
+ERASED_TABLES: tuple[str, ...] = (
+    "stream_events",
+    "stream_records",
+    "append_receipts",
+    "stream_consumers",
+    "input_deliveries",
+    "object_intents",
+    "retention_jobs",
+    "gap_evidence",
+    "journal_compaction_jobs",
+    "stream_access",  # expiry's last accesses (migration 0482; also a cascading foreign key)
+)
+
+_OF_THEM = "tenant = $1 AND run_id = $2 AND stream_id = ANY($3::text[])"
+
+
+def erase_statement(tables: Sequence[str] = ERASED_TABLES) -> str:
+    """Data-modifying CTEs all read the statement's snapshot, so the outbox is filled from the
+    intents the same statement deletes."""
+    deletes = ",\n".join(
+        f"erased_{table} AS (DELETE FROM {table} WHERE {_OF_THEM})" for table in tables
+    )
+    return f"""
+WITH bodies AS (
+    INSERT INTO deletion_outbox (tenant, run_id, stream_id, storage_region, storage_key, reason)
+    SELECT tenant, run_id, stream_id, storage_region, storage_key, $4 FROM object_intents
+    WHERE {_OF_THEM}
+    ON CONFLICT (storage_region, storage_key) DO NOTHING
+),
+{deletes}
+DELETE FROM streams WHERE {_OF_THEM}
+RETURNING pg_notify('{WAKE_CHANNEL}', tenant || '/' || run_id || '/' || stream_id || ' {DELETED}')
+"""
+
+
+_ERASE = erase_statement()
+
+
+async def erase(
+    conn: asyncpg.Connection, tenant: str, run_id: str, stream_ids: list[str], reason: str
+) -> None:
+    """Erase these streams of one run (`reason`: "deleted" or "expired"); the caller holds their
+    row locks."""
+    await conn.execute(_ERASE, tenant, run_id, stream_ids, ERASED_STREAM + reason)

@@ -1,0 +1,37 @@
+"""List the caller's tenant's runs (streams:read): a keyset page in ascending run_id."""
+
+from __future__ import annotations
+
+import msgspec
+
+from application.access import Caller
+from application.ports import RunSummary, StreamRepository
+from domain import errors
+from domain.ids import check_id
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1_000
+
+
+class RunList(msgspec.Struct, frozen=True):
+    runs: list[RunSummary]
+    next_after: str | None  # the last run_id answered, or null when no run follows
+
+
+class ListRuns:
+    def __init__(self, streams: StreamRepository) -> None:
+        self._streams = streams
+
+    async def __call__(
+        self, caller: Caller, after: str | None = None, limit: int = DEFAULT_LIMIT
+    ) -> RunList:
+        caller.require("streams:read")
+        if not 1 <= limit <= MAX_LIMIT:
+            raise errors.InvalidInput(f"limit must be 1 to {MAX_LIMIT}", field="limit")
+        if after is not None:
+            check_id("after", after)
+        # One more than asked says whether another page follows.
+        runs = await self._streams.list_runs(caller.tenant, after, limit + 1)
+        more = len(runs) > limit
+        runs = runs[:limit]
+        return RunList(runs=runs, next_after=runs[-1].run_id if more else None)

@@ -1,0 +1,60 @@
+"""A stream's state: what the snapshot on the stream row holds, and what a `StreamSnapshotted`
+event carries in the journal. Its own module so that events can carry it without importing the
+aggregate (the aggregate imports the events)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+
+from domain.objects import ObjectIntent
+
+
+class Consumer(msgspec.Struct, forbid_unknown_fields=True):
+    principal: str
+    acked_sequence: int
+    acked_offset: int
+    updated_at: datetime
+
+
+class LegalHold(msgspec.Struct, forbid_unknown_fields=True):
+    enabled: bool = False
+    reason: str | None = None
+    updated_at: datetime | None = None
+
+
+class StreamState(msgspec.Struct, forbid_unknown_fields=True):
+    """The snapshot. `earliest` is the lowest retained sequence (head + 1 when none is)."""
+
+    version: int = 0
+    created_at: datetime | None = None
+    head: int = 0
+    earliest: int = 1
+    total_items: int = 0
+    total_bytes: int = 0
+    pruned_bytes: int = 0
+    closed: bool = False
+    closed_at: datetime | None = None
+    legal_hold: LegalHold = msgspec.field(default_factory=LegalHold)
+    consumers: dict[str, Consumer] = msgspec.field(default_factory=dict)
+    objects: dict[str, ObjectIntent] = msgspec.field(default_factory=dict)  # open intents only
+    deleted: bool = False  # erased: nothing is decided after it (never stored: the row goes)
+
+
+_state_encoder = msgspec.json.Encoder()
+_state_decoder = msgspec.json.Decoder(StreamState)
+
+
+def encode_state(state: StreamState) -> bytes:
+    return _state_encoder.encode(state)
+
+
+def decode_state(payload: bytes) -> StreamState:
+    return _state_decoder.decode(payload)
+
+
+def copy_state(state: StreamState) -> StreamState:
+    """A deep copy that shares nothing mutable (consumers, objects) with `state`: exactly what a
+    round trip through storage gives back."""
+    return decode_state(encode_state(state))

@@ -1,0 +1,89 @@
+"""The TokenStore port on every adapter, subclassed per adapter (a `store` fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import pytest
+
+from application.access import SCOPES, Caller
+from application.errors import NotFound
+from application.tokens import IssueToken, RevokeToken, token_hash, token_id
+
+
+def tenant() -> str:
+    return "t-" + secrets.token_hex(4)
+
+
+def caller(tenant_id: str, principal: str = "p", scopes=SCOPES) -> Caller:
+    return Caller(tenant=tenant_id, principal=principal, scopes=frozenset(scopes))
+
+
+class TokenStoreContract:
+    async def test_a_stored_token_is_found_with_its_caller(self, store) -> None:
+        who = caller(tenant(), "alice", ("streams:read",))
+        token = await IssueToken(store)(who)
+        found = await store.find(token_hash(token))
+        assert found is not None and found.caller == who
+        assert found.expires_in_seconds is None
+        assert await store.find(token_hash(token + "x")) is None
+
+    async def test_a_revoked_token_is_refused_at_once_and_revoking_twice_is_fine(
+        self, store
+    ) -> None:
+        who = caller(tenant())
+        token, other = await IssueToken(store)(who), await IssueToken(store)(who)
+        digest = token_hash(token)
+        assert await store.revoke(token_id(digest)) is True
+        assert await store.find(digest) is None
+        assert await store.revoke(token_id(digest)) is True
+        assert await store.find(token_hash(other)) is not None
+        assert await store.revoke("tok_0000000000000000") is False
+
+    async def test_a_revoked_token_stays_revoked_when_stored_again(self, store) -> None:
+        who = caller(tenant())
+        token = await IssueToken(store)(who, "bootstrap-" + secrets.token_hex(8))
+        await store.revoke(token_id(token_hash(token)))
+        assert await IssueToken(store)(who, token) == token
+        assert await store.find(token_hash(token)) is None
+
+    async def test_an_expiring_token_counts_down_then_is_refused(self, store) -> None:
+        token = await IssueToken(store)(caller(tenant()), expires_in_seconds=1)
+        found = await store.find(token_hash(token))
+        assert found is not None
+        assert 0 < found.expires_in_seconds <= 1
+        await asyncio.sleep(1.05)
+        assert await store.find(token_hash(token)) is None
+
+    async def test_revoke_names_a_token_by_itself_or_by_its_id(self, store) -> None:
+        who = caller(tenant())
+        by_value, by_id = await IssueToken(store)(who), await IssueToken(store)(who)
+        revoke = RevokeToken(store)
+        assert await revoke(by_value) == token_id(token_hash(by_value))
+        assert await revoke(token_id(token_hash(by_id))) == token_id(token_hash(by_id))
+        assert await store.find(token_hash(by_value)) is None
+        assert await store.find(token_hash(by_id)) is None
+        with pytest.raises(NotFound):
+            await revoke("tok_ffffffffffffffff")
+        with pytest.raises(NotFound):
+            await revoke("not-a-token")
+
+    async def test_list_shows_every_token_of_a_tenant_without_the_token(self, store) -> None:
+        mine, theirs = tenant(), tenant()
+        first = await IssueToken(store)(caller(mine, "a", ("streams:read",)))
+        second = await IssueToken(store)(caller(mine, "b"), expires_in_seconds=60)
+        await IssueToken(store)(caller(theirs))
+        await store.revoke(token_id(token_hash(first)))
+        records = await store.list(mine)
+        assert [r.token_id for r in records] == [
+            token_id(token_hash(first)),
+            token_id(token_hash(second)),
+        ]
+        assert [r.caller.principal for r in records] == ["a", "b"]
+        assert records[0].revoked_at is not None and records[0].expires_at is None
+        assert records[1].revoked_at is None and records[1].expires_at is not None
+        assert records[1].expires_at > records[1].created_at
+        assert all(r.caller.tenant == mine for r in records)
+        everyone = {r.caller.tenant for r in await store.list()}
+        assert {mine, theirs} <= everyone
