@@ -18,6 +18,7 @@ import pytest
 
 from adapters.postgres.erasure import ERASED_TABLES
 from tests.conftest import SERVER_ENV, api_client
+from tests.integration.test_sse import Subscriber, wide_client
 from tests.support.postgres import create_test_database, drop_test_database
 from tests.support.server import ServerProcess, WorkerProcess
 
@@ -151,9 +152,15 @@ async def test_expires_at_is_404_once_passed(expiring: Deployment, run_id: str) 
         appended = await api.post(path + "/records", json={"records": [{"data": 1}]})
         assert appended.status_code == 201
         assert (await api.get(path + "/records")).status_code == 200
-        await asyncio.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()) + 0.1)
-        assert await statuses(api, run_id, "s") == ALL_404
-        assert (await api.get(f"/runs/{run_id}/streams")).status_code == 404  # its only stream
+        async with wide_client(api) as client:
+            # A subscription does not keep an absolute expiry: erased, it hears event: deleted.
+            subscriber = Subscriber(client, path + "/subscribe?cursor=0")
+            assert await subscriber.status() == 200
+            await asyncio.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()) + 0.1)
+            assert await statuses(api, run_id, "s") == ALL_404
+            assert (await api.get(f"/runs/{run_id}/streams")).status_code == 404  # its only one
+            await subscriber.until_ended()
+            assert subscriber.ids == [1] and subscriber.events[-1].event == "deleted"
 
 
 async def test_a_legal_hold_suspends_expiry_and_lifting_it_lets_it_expire(
