@@ -1,10 +1,12 @@
-"""Look a stream's definition up for an operation in this deployment: not-found, misdirected
-(metadata homed elsewhere) and, for data delivery, egress-region-denied are decided here.
+"""Look a stream's definition up for an operation in this deployment: not-found (no stream, or
+an expired one), misdirected (metadata homed elsewhere) and, for data delivery,
+egress-region-denied are decided here, and the access is counted for the stream's expiry.
 (The stream ports keep decoded definitions: they are immutable.)"""
 
 from __future__ import annotations
 
 from application.errors import NotFound
+from application.expiry import AccessLog
 from application.log_context import about_stream
 from application.placement import Deployment
 from application.ports import StreamRepository
@@ -13,16 +15,24 @@ from domain.stream import StreamKey
 
 
 class Definitions:
-    def __init__(self, streams: StreamRepository, deployment: Deployment) -> None:
+    def __init__(
+        self, streams: StreamRepository, deployment: Deployment, access: AccessLog
+    ) -> None:
         self._streams = streams
         self.deployment = deployment
+        self.access = access
 
-    async def get(self, key: StreamKey, *, delivers_data: bool = False) -> StreamDefinition:
+    async def get(
+        self, key: StreamKey, *, delivers_data: bool = False, touch: bool = True
+    ) -> StreamDefinition:
+        """The definition of a stream this deployment serves and that has not expired. The
+        request counts as an access (a read or a write) unless `touch` is False (HEAD)."""
         definition = await self._streams.definition(key)
         if definition is None:
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
         about_stream(key, definition.placement.log_region)
         self.deployment.require_home(definition)
+        await self.access.check(key, definition, touch=touch)
         if delivers_data:
             self.deployment.require_egress(definition)
         return definition

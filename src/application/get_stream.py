@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from application.access import Caller, require_reader
 from application.errors import NotFound
+from application.expiry import AccessLog
 from application.input_delivery import InputDeliveries
 from application.placement import Deployment
 from application.ports import StreamRepository
@@ -12,11 +13,16 @@ from application.views import StreamDocument, stream_document
 
 class GetStream:
     def __init__(
-        self, streams: StreamRepository, deployment: Deployment, deliveries: InputDeliveries
+        self,
+        streams: StreamRepository,
+        deployment: Deployment,
+        deliveries: InputDeliveries,
+        access: AccessLog,
     ) -> None:
         self._streams = streams
         self._deployment = deployment
         self._deliveries = deliveries
+        self._access = access
 
     async def __call__(self, caller: Caller, run_id: str, stream_id: str) -> StreamDocument:
         caller.require("streams:read")
@@ -25,6 +31,8 @@ class GetStream:
         if stream is None:
             raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
         self._deployment.require_home(stream.definition)
+        # The same expiry check as Definitions.get, with the legal hold already at hand.
+        await self._access.check(key, stream.definition, held=stream.state.legal_hold.enabled)
         require_reader(caller, stream.definition)
         if stream.definition.direction == "input":
             return stream_document(stream, await self._deliveries.status(key))

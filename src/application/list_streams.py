@@ -1,25 +1,40 @@
-"""List a run's streams: those the caller may read and this deployment serves."""
+"""List a run's streams: those the caller may read and this deployment serves, and not expired.
+Listing is not an access: it keeps no stream alive."""
 
 from __future__ import annotations
 
 from application.access import Caller
 from application.errors import NotFound
+from application.expiry import AccessLog
 from application.placement import Deployment
-from application.ports import StreamRepository
+from application.ports import StreamAccess, StreamRepository
 from application.views import StreamList, stream_document
 from domain.ids import check_id
 
 
 class ListStreams:
-    def __init__(self, streams: StreamRepository, deployment: Deployment) -> None:
+    def __init__(
+        self,
+        streams: StreamRepository,
+        deployment: Deployment,
+        access: AccessLog,
+        recorded: StreamAccess,
+    ) -> None:
         self._streams = streams
         self._deployment = deployment
+        self._access = access
+        self._recorded = recorded
 
     async def __call__(self, caller: Caller, run_id: str) -> StreamList:
         caller.require("streams:read")
         streams = await self._streams.list_run(caller.tenant, check_id("runID", run_id))
         if not streams:
             raise NotFound(f"no run {run_id!r}")
+        if any(s.definition.expiry.enabled for s in streams):
+            recorded = await self._recorded.run_access(caller.tenant, run_id)
+            streams = self._access.visible(streams, recorded)
+            if not streams:  # every stream of the run expired: the run is gone with them
+                raise NotFound(f"no run {run_id!r}")
         return StreamList(
             streams=[
                 stream_document(s)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -115,6 +115,32 @@ class StorageCleanup(Protocol):
 
     async def forget_gap_evidence(self, older_than: timedelta, batch: int = 1000) -> int:
         """Gap evidence recorded more than `older_than` ago."""
+
+
+class AccessRecord(msgspec.Struct, frozen=True):
+    last_access: datetime
+    legal_hold: bool
+
+
+class StreamAccess(Protocol):
+    """When each stream with an expiry was last read or written, apart from the stream row (so
+    a read never writes it). Creating such a stream records its creation as its last access."""
+
+    async def record_access(self, accesses: Mapping[StreamKey, datetime]) -> None:
+        """Move each stream's last access forward to the instant given (never back). A stream
+        without an expiry, or one that is gone, is left alone."""
+
+    async def last_access(self, key: StreamKey) -> AccessRecord | None:
+        """The recorded last access and the legal hold; None without an expiry or a stream."""
+
+    async def run_access(self, tenant: str, run_id: str) -> dict[str, datetime]:
+        """The recorded last access of each of the run's streams that has an expiry."""
+
+    async def expiry_candidates(
+        self, now: datetime, grace: timedelta, limit: int
+    ) -> list[StreamKey]:
+        """At most `limit` streams not under a legal hold whose `expires_at` has passed, or whose
+        recorded last access plus `idle_seconds` plus `grace` has, the longest due first."""
 
 
 class StoredRecord(msgspec.Struct, frozen=True):

@@ -88,7 +88,8 @@ class Subscribe:
         key = caller.key(run_id, stream_id)
         if not 0 <= cursor <= MAX_SEQUENCE:
             raise errors.InvalidInput(f"cursor must be 0 to {MAX_SEQUENCE}", field="cursor")
-        require_reader(caller, await self._definitions.get(key, delivers_data=True))
+        definition = await self._definitions.get(key, delivers_data=True)
+        require_reader(caller, definition)
         found = await self._reader.page(key, cursor, 1)
         if found is None:
             raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
@@ -97,8 +98,12 @@ class Subscribe:
 
         async def deliveries(slot: Slot) -> AsyncGenerator[Delivery, None]:
             try:
+                # Each delivery and heartbeat is an access: an open subscription keeps an
+                # idle-expiring stream alive.
                 async with contextlib.aclosing(
-                    self._tails.follow(key, cursor, self._heartbeat)
+                    self._definitions.access.keep_touching(
+                        key, definition, self._tails.follow(key, cursor, self._heartbeat)
+                    )
                 ) as follow:
                     async for delivery in follow:
                         yield delivery

@@ -9,7 +9,14 @@ from typing import Any
 import msgspec
 
 from application.ports import StoredRecord
-from domain.definition import Authorization, Limits, Placement, Redaction, Retention
+from domain.definition import (
+    Authorization,
+    Expiry,
+    Limits,
+    Placement,
+    Redaction,
+    Retention,
+)
 from domain.records import RecordKind
 from domain.stream import Credit, Stream
 
@@ -55,6 +62,7 @@ class StreamDocument(msgspec.Struct, frozen=True):
     redaction: Redaction
     placement: Placement
     authorization: Authorization
+    expiry: Expiry
     created_at: datetime
     state: StreamStateView
 
@@ -75,6 +83,7 @@ def stream_document(
         redaction=d.redaction,
         placement=d.placement,
         authorization=d.authorization,
+        expiry=d.expiry,
         created_at=s.created_at,
         state=StreamStateView(
             head=s.head,

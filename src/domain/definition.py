@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -26,6 +27,8 @@ MAX_EXACT_INTEGER = 2**53 - 1
 # 100 years of 365 days: `now - max_age` stays a valid timestamp for the pruner for centuries.
 MAX_RETENTION_AGE_SECONDS = 100 * 365 * 86_400
 MAX_BLOCK_TIMEOUT_SECONDS = 300
+# The same century as retention: `last_access + idle_seconds` stays a valid timestamp.
+MAX_IDLE_SECONDS = MAX_RETENTION_AGE_SECONDS
 
 Direction = Literal["output", "input"]
 ContentClass = Literal[
@@ -64,6 +67,34 @@ class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Retention(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_age_seconds: Annotated[int, msgspec.Meta(ge=1, le=MAX_RETENTION_AGE_SECONDS)] | None = None
     max_records: PositiveInt | None = None
+
+
+class Expiry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """When the stream goes: `idle_seconds` after its last read or write (sliding), or at
+    `expires_at` (absolute, RFC 3339 with a timezone). At most one is set; neither is forever."""
+
+    idle_seconds: Annotated[int, msgspec.Meta(ge=1, le=MAX_IDLE_SECONDS)] | None = None
+    expires_at: Annotated[datetime, msgspec.Meta(tz=True)] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.idle_seconds is not None or self.expires_at is not None
+
+    def due(self, last_access: datetime | None) -> datetime | None:
+        """The instant the stream expires, given its last access (None: it never does)."""
+        if self.expires_at is not None:
+            return self.expires_at
+        if self.idle_seconds is not None and last_access is not None:
+            return last_access + timedelta(seconds=self.idle_seconds)
+        return None
+
+    def passed(self, now: datetime, last_access: datetime | None, grace: timedelta) -> bool:
+        """Whether `now` is past the expiry; an idle one only `grace` later (the margin for
+        accesses not yet recorded where `last_access` was read)."""
+        due = self.due(last_access)
+        if due is None:
+            return False
+        return now >= (due if self.expires_at is not None else due + grace)
 
 
 JsonPointer = Annotated[
@@ -108,6 +139,20 @@ class StreamDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     redaction: Redaction
     placement: Placement
     authorization: Authorization
+    # Last, with a default: definitions stored before expiry existed decode as never expiring.
+    expiry: Expiry = msgspec.field(default_factory=Expiry)
+
+
+# Documented: the document says "at most one" (resolve_definition refuses both, with its answer).
+_AT_MOST_ONE = msgspec.Meta(
+    extra_json_schema={
+        "not": {
+            "properties": {"idle_seconds": {"type": "integer"}, "expires_at": {"type": "string"}},
+            "required": ["idle_seconds", "expires_at"],
+        },
+        "description": "At most one of idle_seconds and expires_at.",
+    }
+)
 
 
 class PlacementRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -133,6 +178,7 @@ class DefinitionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     redaction: Redaction = msgspec.field(default_factory=Redaction)
     placement: PlacementRequest = msgspec.field(default_factory=PlacementRequest)
     authorization: Authorization = msgspec.field(default_factory=Authorization)
+    expiry: Annotated[Expiry, _AT_MOST_ONE] = msgspec.field(default_factory=Expiry)
 
 
 _CONTENT_CLASSES = frozenset(ContentClass.__args__)  # type: ignore[attr-defined]
@@ -176,6 +222,13 @@ def resolve_definition(
         raise InvalidInput("placement.object_regions must name at least one region")
     if not placement.client_egress_regions:
         raise InvalidInput("placement.client_egress_regions must name at least one region")
+    expiry = request.expiry
+    if expiry.idle_seconds is not None and expiry.expires_at is not None:
+        raise InvalidInput(
+            "expiry takes idle_seconds or expires_at, not both", field="expiry.expires_at"
+        )
+    if expiry.expires_at is not None:  # one instant, one spelling: the document shows it in UTC
+        expiry = Expiry(expires_at=expiry.expires_at.astimezone(UTC))
     return StreamDefinition(
         stream_id=stream_id,
         direction=request.direction,
@@ -186,6 +239,7 @@ def resolve_definition(
         redaction=request.redaction,
         placement=placement,
         authorization=request.authorization,
+        expiry=expiry,
     )
 
 

@@ -8,7 +8,7 @@ acknowledged record, so unread items and bytes after the minimum acknowledgement
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 import msgspec
@@ -255,6 +255,24 @@ class Stream:
         if self.state.deleted:
             return []
         return [ev.StreamDeleted(version=self.state.version + 1, at=now, reason=reason)]
+
+    # -- expiry ---------------------------------------------------------------------------------
+
+    def expired(self, now: datetime, last_access: datetime | None, grace: timedelta) -> bool:
+        """Past its expiry (an idle one `grace` later) and not under a legal hold, which
+        suspends expiry: a held stream stays whole and readable however long it is idle."""
+        if self.state.legal_hold.enabled:
+            return False
+        return self.definition.expiry.passed(now, last_access, grace)
+
+    def expire(
+        self, now: datetime, last_access: datetime | None, grace: timedelta = timedelta(0)
+    ) -> list[ev.Event]:
+        """Erase the stream if it is expired (decided under the row lock, so a hold put on
+        meanwhile, or an access recorded meanwhile, keeps it)."""
+        if self.state.deleted or not self.expired(now, last_access, grace):
+            return []
+        return [ev.StreamDeleted(version=self.state.version + 1, at=now, reason="expired")]
 
     # -- object intents ---------------------------------------------------------------------------
 

@@ -61,6 +61,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     upload_abandoned_seconds: Positive = 86400.0
     cleanup_interval_seconds: Positive = 300.0
     dispatch_poll_seconds: Positive = 0.1
+    access_flush_seconds: Positive = 1.0
+    expiry_interval_seconds: Positive = 5.0
+    expiry_grace_seconds: Positive = 5.0
     retry_base_seconds: Positive = 1.0
 
     @property
@@ -90,6 +93,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             raise InvalidSetting(
                 f"{PREFIX}POOL_MIN_SIZE={settings.pool_min_size} is above "
                 f"{PREFIX}POOL_MAX_SIZE={settings.pool_max_size}"
+            )
+        if settings.expiry_grace_seconds < 2 * settings.access_flush_seconds:
+            raise InvalidSetting(
+                f"{PREFIX}EXPIRY_GRACE_SECONDS={settings.expiry_grace_seconds} is below twice "
+                f"{PREFIX}ACCESS_FLUSH_SECONDS={settings.access_flush_seconds}: accesses lost in "
+                "a crash could get a stream in use erased"
             )
         return settings
 

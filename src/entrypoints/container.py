@@ -24,6 +24,7 @@ with without_optional_integrations(
     # werkzeug) that was 13 MB of every server process (docs/benchmarks.md, (6)).
     from dependency_injector import containers, providers
 
+from adapters.memory.access import MemoryStreamAccess
 from adapters.memory.cleanup import MemoryCleanup
 from adapters.memory.deliveries import MemoryInputDeliveries
 from adapters.memory.streams import MemoryStreams
@@ -31,6 +32,7 @@ from adapters.memory.sweeps import MemorySweepLeases
 from adapters.memory.tokens import MemoryTokens
 from adapters.objects.filesystem import FilesystemObjectStore
 from adapters.objects.memory import MemoryObjectStore
+from adapters.postgres.access import PostgresStreamAccess
 from adapters.postgres.cleanup import PostgresCleanup
 from adapters.postgres.deliveries import PostgresInputDeliveries
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
@@ -50,6 +52,7 @@ from application.create_stream import CreateStream
 from application.definitions import Definitions
 from application.delete_stream import DeleteRun, DeleteStream
 from application.deletions import DeleteBodies
+from application.expiry import AccessLog, SweepExpired
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
 from application.input_delivery import Dispatch
@@ -197,13 +200,17 @@ class Container(containers.DeclarativeContainer):
         region=settings.provided.region,
         egress_region=settings.provided.egress_region,
     )
-    definitions = providers.Singleton(Definitions, streams, deployment)
+    stream_access = providers.Singleton(PostgresStreamAccess, pool)
+    access_log = providers.Singleton(
+        AccessLog, stream_access, clock, settings.provided.access_flush_seconds
+    )
+    definitions = providers.Singleton(Definitions, streams, deployment, access_log)
     commits = providers.Singleton(GroupCommit, streams)
 
     authenticate = providers.Singleton(Authenticate, tokens, token_cache)
     issue_token = providers.Singleton(IssueToken, tokens)
-    create_stream = providers.Singleton(CreateStream, streams, clock, deployment)
-    list_streams = providers.Singleton(ListStreams, streams, deployment)
+    create_stream = providers.Singleton(CreateStream, streams, clock, deployment, access_log)
+    list_streams = providers.Singleton(ListStreams, streams, deployment, access_log, stream_access)
     append_records = providers.Singleton(AppendRecords, definitions, commits, wake, clock)
     read_records = providers.Singleton(ReadRecords, definitions, streams, wake)  # reads pages too
     acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
@@ -287,7 +294,7 @@ class Container(containers.DeclarativeContainer):
         poll_seconds=settings.provided.worker_poll_seconds,
         retry_base_seconds=settings.provided.retry_base_seconds,
     )
-    get_stream = providers.Singleton(GetStream, streams, deployment, input_deliveries)
+    get_stream = providers.Singleton(GetStream, streams, deployment, input_deliveries, access_log)
     sweep_leases = providers.Singleton(
         PostgresSweepLeases,
         pool,
@@ -343,6 +350,7 @@ def memory_container(settings: Settings | None = None) -> Container:
         )
     )
     container.streams.override(providers.Object(streams))
+    container.stream_access.override(providers.Object(MemoryStreamAccess(streams)))
     container.tokens.override(providers.Object(MemoryTokens()))
     container.sweep_leases.override(providers.Object(MemorySweepLeases()))
     container.storage_cleanup.override(providers.Object(MemoryCleanup(streams)))
@@ -380,9 +388,12 @@ async def resolved(value: object) -> object:
 async def start(container: Container) -> Services:
     """Open the resources and build every use case once."""
     await resolved(container.init_resources())
-    return Services(
+    services = Services(
         **{name: await resolved(getattr(container, name)()) for name in Services.__annotations__}
     )
+    access_log = await resolved(container.access_log())
+    access_log.start()  # type: ignore[attr-defined]
+    return services
 
 
 def upload_sweep_name(settings: Settings) -> str:
@@ -400,8 +411,8 @@ async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]
     """The background workers: pruner, deletion worker, input dispatcher and journal
     compactor (leased job queues), and the leased sweeps, each run by one worker across every
     replica at a time: orphan sweeper (expires open intents), receipt sweeper (append receipts
-    past the idempotency window) and the storage cleanup (docs/architecture.md, "Storage
-    cleanup")."""
+    past the idempotency window), expiry sweep (erases expired streams) and the storage cleanup
+    (docs/architecture.md, "Storage cleanup")."""
     settings = container.settings()
     leases = await resolved(container.sweep_leases())
     objects = await resolved(container.objects())
@@ -420,6 +431,13 @@ async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]
         )
 
     every = settings.cleanup_interval_seconds
+    expire_streams = SweepExpired(
+        streams,  # type: ignore[arg-type]
+        await resolved(container.stream_access()),  # type: ignore[arg-type]
+        container.clock(),
+        grace=timedelta(seconds=settings.expiry_grace_seconds),
+        access_log=await resolved(container.access_log()),  # type: ignore[arg-type]
+    )
     return [
         await resolved(container.pruner()),  # type: ignore[list-item]
         await resolved(container.deleter()),  # type: ignore[list-item]
@@ -439,10 +457,13 @@ async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]
         sweep("forget-done-deletions", cleanup.done_deletions, every),  # type: ignore[attr-defined]
         sweep("forget-gap-evidence", cleanup.gap_evidence, every),  # type: ignore[attr-defined]
         sweep(upload_sweep_name(settings), cleanup.abandoned_uploads, every),  # type: ignore[attr-defined]
+        sweep("expire-streams", expire_streams, settings.expiry_interval_seconds),
     ]
 
 
 async def stop(container: Container) -> None:
     commits = await resolved(container.commits())
     await commits.drain()  # type: ignore[attr-defined]
+    access_log = await resolved(container.access_log())
+    await access_log.close()  # type: ignore[attr-defined]  # a last flush: a graceful stop loses none
     await resolved(container.shutdown_resources())

@@ -87,6 +87,16 @@ def test_the_document_describes_problems_auth_and_media_types(server: ServerProc
     assert runs["after"].get("pattern") == ID_PATTERN or any(
         s.get("pattern") == ID_PATTERN for s in runs["after"].get("oneOf", [])
     )
+    schemas = doc["components"]["schemas"]
+    expiry = schemas["Expiry"]
+    assert expiry["additionalProperties"] is False
+    [idle, _] = expiry["properties"]["idle_seconds"]["anyOf"]
+    assert (idle["minimum"], idle["maximum"]) == (1, 100 * 365 * 86_400)
+    assert expiry["properties"]["expires_at"]["anyOf"][0]["format"] == "date-time"
+    at_most_one = schemas["DefinitionRequest"]["properties"]["expiry"]["not"]
+    assert at_most_one["required"] == ["idle_seconds", "expires_at"]
+    document_expiry = schemas["StreamDocument"]["properties"]["expiry"]
+    assert document_expiry == {"$ref": "#/components/schemas/Expiry"}
 
 
 @pytest.mark.parametrize(

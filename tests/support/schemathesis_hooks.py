@@ -3,8 +3,8 @@
 A generated request that the document calls valid can still be refused for what no schema can
 say: the state it meets (a cursor past the stream's head, bytes that do not match the prepared
 digest or size, an idempotency key used before with another request, a deletion under a legal
-hold, a batch over the
-stream's own unread ceiling) or this deployment (a
+hold, a batch over the stream's own unread ceiling), the clock (an `expires_at` already past)
+or this deployment (a
 stream homed in another region). Those refusals, and only those, are not counted against the
 document."""
 
@@ -35,6 +35,8 @@ INPUT_STREAM_ONLY = "which an input stream cannot deliver"
 # A batch larger than the stream's own unread or total ceiling (a definition may set either to a
 # few bytes) can never be appended to that stream; the document describes an append to any stream.
 NEVER_FITS = ("can never fit the unread ceiling", "can never fit the stream's total ceiling")
+# A definition whose expires_at has passed could only ever answer 404: refused at create.
+ALREADY_PASSED = "has already passed"
 # The service honours `wait` up to 60 s; a bounded run cannot spend that on every read.
 LONGEST_WAIT = 0.2
 
@@ -58,6 +60,8 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
     if operation == "appendRecords" and (
         INPUT_STREAM_ONLY in detail or any(never in detail for never in NEVER_FITS)
     ):
+        return False
+    if operation == "createStream" and ALREADY_PASSED in detail:
         return False
     code = problem.get("code")
     return code not in DEPENDS_ON_STATE | DEPENDS_ON_THE_INTENT.get(operation, frozenset())

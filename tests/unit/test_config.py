@@ -95,6 +95,22 @@ def test_a_pool_smaller_than_its_minimum_is_refused() -> None:
         from_env(POOL_MIN_SIZE="30", POOL_MAX_SIZE="20")
 
 
+def test_expiry_settings_and_a_grace_below_twice_the_flush_is_refused() -> None:
+    defaults = from_env()
+    assert (
+        defaults.access_flush_seconds,
+        defaults.expiry_grace_seconds,
+        defaults.expiry_interval_seconds,
+    ) == (1, 5, 5)
+    given = from_env(
+        ACCESS_FLUSH_SECONDS="0.5", EXPIRY_GRACE_SECONDS="1", EXPIRY_INTERVAL_SECONDS="0.2"
+    )
+    assert (given.access_flush_seconds, given.expiry_grace_seconds) == (0.5, 1)
+    assert given.expiry_interval_seconds == 0.2
+    with pytest.raises(InvalidSetting, match=r"EXPIRY_GRACE_SECONDS=3\.0 is below twice"):
+        from_env(ACCESS_FLUSH_SECONDS="2", EXPIRY_GRACE_SECONDS="3")
+
+
 def cli(*args: str, **settings: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX)}
     env.update({PREFIX + name: value for name, value in settings.items()})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from adapters.memory.access import MemoryStreamAccess
 from adapters.memory.streams import MemoryStreams
 from adapters.objects.memory import MemoryObjectStore
 from application.access import Caller
@@ -11,6 +12,7 @@ from application.definitions import Definitions
 from application.delete_stream import DeleteRun, DeleteStream
 from application.deletions import DeleteBodies
 from application.errors import Forbidden, NotFound
+from application.expiry import AccessLog
 from application.group_commit import GroupCommit
 from application.list_runs import ListRuns
 from application.objects import ObjectStores
@@ -30,7 +32,8 @@ def streams() -> MemoryStreams:
 
 
 def use_cases(streams: MemoryStreams) -> tuple[DeleteStream, DeleteRun]:
-    definitions = Definitions(streams, Deployment("local", "local"))
+    access = AccessLog(MemoryStreamAccess(streams), lambda: NOW)
+    definitions = Definitions(streams, Deployment("local", "local"), access)
     return (
         DeleteStream(definitions, GroupCommit(streams), lambda: NOW),
         DeleteRun(streams, definitions, lambda: NOW),

@@ -6,11 +6,13 @@ import asyncio
 
 import pytest
 
+from adapters.memory.access import MemoryStreamAccess
 from adapters.memory.streams import MemoryStreams
 from application.close_stream import CloseCommand
 from application.definitions import Definitions
 from application.delete_stream import DeleteCommand
 from application.errors import NotFound
+from application.expiry import AccessLog
 from application.live import (
     Idle,
     LiveTails,
@@ -293,7 +295,8 @@ async def test_a_deleted_stream_ends_every_follower_and_a_long_poll(live) -> Non
         return last
 
     followers = [asyncio.ensure_future(last_delivery(c)) for c in (0, 3)]
-    reads = ReadRecords(Definitions(streams, Deployment("local", "local")), streams, wake)
+    access = AccessLog(MemoryStreamAccess(streams), lambda: NOW)
+    reads = ReadRecords(Definitions(streams, Deployment("local", "local"), access), streams, wake)
     poll = asyncio.ensure_future(reads(WRITER, key.run_id, key.stream_id, cursor=3, wait=5))
     await asyncio.sleep(0.05)
     await streams.update(key, [DeleteCommand(NOW)])

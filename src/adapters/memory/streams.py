@@ -92,6 +92,9 @@ class MemoryStreams:
             )
             return self._stream(key, self._rows[key]), True
 
+    def stream_keys(self) -> list[StreamKey]:
+        return list(self._rows)
+
     async def load(self, key: StreamKey) -> Stream | None:
         row = self._rows.get(key)
         return None if row is None else self._stream(key, row)

@@ -31,6 +31,7 @@ ERASED_TABLES: tuple[str, ...] = (
     "retention_jobs",
     "gap_evidence",
     "journal_compaction_jobs",
+    "stream_access",  # expiry's last accesses (migration 0482; also a cascading foreign key)
 )
 
 _OF_THEM = "tenant = $1 AND run_id = $2 AND stream_id = ANY($3::text[])"

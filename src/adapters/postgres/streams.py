@@ -57,6 +57,16 @@ WITH created AS (
 ), scheduled AS (
     INSERT INTO retention_jobs (tenant, run_id, stream_id)
     SELECT tenant, run_id, stream_id FROM created WHERE $8::boolean
+), accessed AS (
+    -- expiry (migration 0482): the creation is the first access
+    INSERT INTO stream_access
+        (tenant, run_id, stream_id, last_access_at, idle_seconds, expires_at, due_at)
+    SELECT tenant, run_id, stream_id, $5, $9::bigint, $10::timestamptz,
+           COALESCE($10::timestamptz, $5 + $9::bigint * interval '1 second')
+    FROM created WHERE $9::bigint IS NOT NULL OR $10::timestamptz IS NOT NULL
+    ON CONFLICT (tenant, run_id, stream_id) DO UPDATE
+    SET last_access_at = excluded.last_access_at, idle_seconds = excluded.idle_seconds,
+        expires_at = excluded.expires_at, due_at = excluded.due_at
 )
 INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
 SELECT tenant, run_id, stream_id, 1, 'stream_created', $7 FROM created
@@ -210,6 +220,8 @@ class PostgresStreams:
             encode_state(stream.state),
             encode_event(event),
             has_retention(definition),
+            definition.expiry.idle_seconds,
+            definition.expiry.expires_at,
         )
         if created:
             return stream, True
