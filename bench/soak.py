@@ -64,6 +64,7 @@ class Table:
     bytes: int  # pg_total_relation_size: heap, indexes, TOAST
     dead: int  # n_dead_tup (statistics, approximate)
     autovacuums: int
+    cold_updates: int = 0  # n_tup_upd - n_tup_hot_upd: updates that needed a new page
 
 
 @dataclass
@@ -153,7 +154,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 _TABLES = """
 SELECT c.relname, pg_total_relation_size(c.oid) AS bytes,
-       coalesce(s.n_dead_tup, 0) AS dead, coalesce(s.autovacuum_count, 0) AS autovacuums
+       coalesce(s.n_dead_tup, 0) AS dead, coalesce(s.autovacuum_count, 0) AS autovacuums,
+       coalesce(s.n_tup_upd - s.n_tup_hot_upd, 0) AS cold_updates
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
@@ -169,7 +171,9 @@ async def sample_tables(conn: asyncpg.Connection) -> tuple[int, dict[str, Table]
         name = row["relname"]
         quoted = '"' + name.replace('"', '""') + '"'
         rows = await conn.fetchval(f"SELECT count(*) FROM public.{quoted}")
-        tables[name] = Table(rows, row["bytes"], row["dead"], row["autovacuums"])
+        tables[name] = Table(
+            rows, row["bytes"], row["dead"], row["autovacuums"], row["cold_updates"]
+        )
     return await conn.fetchval("SELECT pg_database_size(current_database())"), tables
 
 
@@ -350,7 +354,8 @@ def report_phase(phase: Phase, args: argparse.Namespace) -> list[str]:
         + ", ".join(f"{s.seconds:.0f}" for s in shown)
     )
     lines.append(
-        f"    {'table':<20}{head}  |{head}  | {'dead@100%':>10} {'autovac':>7}  rows  size"
+        f"    {'table':<20}{head}  |{head}  | {'dead@100%':>10} {'autovac':>7} {'non-HOT':>8}"
+        + ("  rows  size" if phase.cleanup else "")
     )
     lines.append(f"    {'':<20}{'rows':>11}{'':>{11 * (len(shown) - 1)}}  |{'KiB':>11}")
     mid, end = phase.at(50), phase.at(100)
@@ -368,7 +373,8 @@ def report_phase(phase: Phase, args: argparse.Namespace) -> list[str]:
                 f"  {'PASS' if within(a.bytes, b.bytes) else 'MISS'}"
             )
         lines.append(
-            f"    {name:<20}{rows}  |{sizes}  | {last.dead:>10,} {last.autovacuums:>7}{verdict}"
+            f"    {name:<20}{rows}  |{sizes}  | {last.dead:>10,} {last.autovacuums:>7} "
+            f"{last.cold_updates:>8,}{verdict}"
         )
     lines.append(
         f"    {'database':<20}{'':>{11 * len(shown)}}  |"
