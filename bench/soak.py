@@ -31,7 +31,7 @@ from pathlib import Path
 import asyncpg
 
 from bench import database
-from bench.server import CpuMeter, Server
+from bench.server import CpuMeter, Server, tree_pids
 
 LUA = Path(__file__).with_name("soak.lua")
 RUN_ID = "soak"
@@ -129,7 +129,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--phases",
         default="a,b",
-        help="which phases, in this order: a (cleanup on), b (no workers)",
+        help="which phases, in this order: a (cleanup on), b (no workers); e.g. a,b,b,a to "
+        "even out a drifting host load (the rates are then summed per kind)",
     )
     parser.add_argument(
         "--database-url",
@@ -144,7 +145,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.phase_names = [p.strip() for p in args.phases.split(",") if p.strip()]
     if not args.phase_names or set(args.phase_names) - {"a", "b"}:
-        parser.error("--phases takes a, b or both (comma-separated)")
+        parser.error("--phases takes a and b, comma-separated, each as often as wanted")
     if args.appends < 4 or args.streams < 1 or args.clients < 1 or args.wrk_threads < 1:
         parser.error("--appends, --streams, --clients and --wrk-threads must be positive")
     return args
@@ -181,6 +182,38 @@ async def appended(conn: asyncpg.Connection) -> int:
     return await conn.fetchval(
         "SELECT coalesce(sum(head), 0)::bigint FROM streams WHERE run_id = $1", RUN_ID
     )
+
+
+class ReapingCpuMeter(CpuMeter):
+    """CpuMeter that keeps the CPU of processes that exited in the window: PostgreSQL backends
+    come and go with the server's pool over a soak, and their time moves into the
+    postmaster's cutime/cstime when it reaps them."""
+
+    def _totals(self) -> dict[str, float]:
+        totals = {}
+        for name, root in self.roots.items():
+            total = 0.0
+            for pid in tree_pids(root):
+                try:
+                    text = Path(f"/proc/{pid}/stat").read_text()
+                except OSError:
+                    continue
+                fields = text[text.rindex(")") + 2 :].split()
+                total += sum(int(f) for f in fields[11:15]) / _TICK
+            totals[name] = total
+        return totals
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._c0 = self._totals()
+
+    def stop(self) -> dict[str, float]:
+        c1 = self._totals()
+        wall = time.perf_counter() - self._t0
+        return {name: 100 * (c1[name] - self._c0.get(name, 0.0)) / wall for name in self.roots}
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 # --- one phase ------------------------------------------------------------------------------
@@ -274,10 +307,10 @@ async def drive(
 def run_phase(
     args: argparse.Namespace, name: str, admin_url: str, pg_pid: int | None, tmp: Path
 ) -> Phase:
-    cleanup = name == "a"
+    cleanup = name[0] == "a"
     phase = Phase(
         name,
-        "(a) workers and cleanup on" if cleanup else "(b) serve --no-workers",
+        f"({name}) workers and cleanup on" if cleanup else f"({name}) serve --no-workers",
         cleanup,
         cleanup_settings(args) if cleanup else {},
     )
@@ -314,7 +347,7 @@ def run_phase(
         roots = {"server": server.pid}
         if pg_pid is not None:
             roots["postgres"] = pg_pid
-        asyncio.run(drive(args, phase, url, server, CpuMeter(roots)))
+        asyncio.run(drive(args, phase, url, server, ReapingCpuMeter(roots)))
     finally:
         server.stop()
         if not args.keep:
@@ -353,6 +386,13 @@ def report_phase(phase: Phase, args: argparse.Namespace) -> list[str]:
         + "   appends; seconds: "
         + ", ".join(f"{s.seconds:.0f}" for s in shown)
     )
+    previous = (0, 0.0)
+    quarters = []
+    for s in shown:
+        span = s.seconds - previous[1]
+        quarters.append(f"{(s.appended - previous[0]) / span:,.0f}" if span > 0 else "-")
+        previous = (s.appended, s.seconds)
+    lines.append(f"    {'appends/s between':<20}" + "".join(f"{q:>11}" for q in quarters))
     lines.append(
         f"    {'table':<20}{head}  |{head}  | {'dead@100%':>10} {'autovac':>7} {'non-HOT':>8}"
         + ("  rows  size" if phase.cleanup else "")
@@ -391,6 +431,69 @@ def report_phase(phase: Phase, args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def _steady(phase: Phase) -> tuple[int, float]:
+    """Appends and seconds between the 50% and the 100% samples (after the warm-up)."""
+    mid, end = phase.at(50), phase.at(100)
+    if mid is None or end is None:
+        return 0, 0.0
+    return end.appended - mid.appended, end.seconds - mid.seconds
+
+
+def _rate(phases: list[Phase], steady: bool = False) -> float:
+    parts = [_steady(p) if steady else (p.appended, p.seconds) for p in phases]
+    seconds = sum(t for _, t in parts)
+    return sum(n for n, _ in parts) / seconds if seconds else 0.0
+
+
+def checks_of(phases: list[Phase]) -> list[str]:
+    """The verdicts: each (a) phase's tables flat between 50% and 100%, and the append rate of
+    the (a) phases against the (b) phases (all their appends over all their seconds, so that
+    `--phases a,b,b,a` evens out a host whose load drifts)."""
+    rows: list[tuple[str, str, str, str]] = []
+    cleanup = [p for p in phases if p.cleanup]
+    bare = [p for p in phases if not p.cleanup]
+    for phase in cleanup:
+        mid, end = phase.at(50), phase.at(100)
+        if mid is None or end is None:
+            continue
+        for what, value in (("size", lambda t: t.bytes), ("rows", lambda t: t.rows)):
+            flat = [
+                n
+                for n, t in end.tables.items()
+                if n in mid.tables and within(value(mid.tables[n]), value(t))
+            ]
+            growing = ", ".join(sorted(set(end.tables) - set(flat)))
+            ok = not growing and not phase.error
+            rows.append(
+                (
+                    f"{phase.label} flat 50%->100%, {what}",
+                    f"{len(flat)}/{len(end.tables)}",
+                    "all",
+                    ("PASS" if ok else "MISS") + (f" (not flat: {growing})" if growing else ""),
+                )
+            )
+    if cleanup and bare and _rate(bare):
+        ratio = _rate(cleanup) / _rate(bare)
+        ok = ratio >= RATE_GOAL and not any(p.error for p in phases)
+        rows.append(
+            (
+                "(a)/(b) append rate, cleanup on/off",
+                f"{ratio:.1%}",
+                f">= {RATE_GOAL:.0%}",
+                "PASS" if ok else "MISS",
+            )
+        )
+        if _rate(bare, steady=True):
+            steady = _rate(cleanup, steady=True) / _rate(bare, steady=True)
+            rows.append(("(a)/(b) the same, 50%->100% only", f"{steady:.1%}", "report", "-"))
+    if not rows:
+        return []
+    width = max(38, *(len(r[0]) for r in rows))
+    lines = [f"{'soak target':<{width}} {'measured':>9}  {'target':<7} result"]
+    lines += [f"{a:<{width}} {b:>9}  {c:<7} {d}" for a, b, c, d in rows]
+    return lines
+
+
 def report(phases: list[Phase], args: argparse.Namespace, facts: dict[str, object]) -> str:
     pg = facts.get("postgres", {})
     assert isinstance(pg, dict)
@@ -407,33 +510,7 @@ def report(phases: list[Phase], args: argparse.Namespace, facts: dict[str, objec
     ]
     for phase in phases:
         lines += [*report_phase(phase, args), ""]
-    checks = []
-    by = {p.name: p for p in phases}
-    if (a := by.get("a")) is not None and (mid := a.at(50)) and (end := a.at(100)):
-        flat_rows = [n for n in end.tables if within(mid.tables[n].rows, end.tables[n].rows)]
-        flat_size = [n for n in end.tables if within(mid.tables[n].bytes, end.tables[n].bytes)]
-        total = len(end.tables)
-        grow = ", ".join(sorted(set(end.tables) - set(flat_size))) or "none"
-        checks.append(("(a) tables flat 50%->100%, size", f"{len(flat_size)}/{total}", "all", grow))
-        grow = ", ".join(sorted(set(end.tables) - set(flat_rows))) or "none"
-        checks.append(("(a) tables flat 50%->100%, rows", f"{len(flat_rows)}/{total}", "all", grow))
-    if a is not None and (b := by.get("b")) is not None and b.rate:
-        ratio = a.rate / b.rate
-        checks.append(
-            ("(a)/(b) append rate, cleanup on/off", f"{ratio:.1%}", f">= {RATE_GOAL:.0%}", None)
-        )
-    if checks:
-        lines.append(f"{'soak target':<38} {'measured':>9}  {'target':<7} result")
-        for label, value, target, growing in checks:
-            if growing is None:
-                ok = a.rate / b.rate >= RATE_GOAL and not a.error and not b.error
-                lines.append(f"{label:<38} {value:>9}  {target:<7} {'PASS' if ok else 'MISS'}")
-            else:
-                ok = growing == "none" and not a.error
-                detail = "" if ok else f" (not flat: {growing})"
-                lines.append(
-                    f"{label:<38} {value:>9}  {target:<7} {'PASS' if ok else 'MISS'}{detail}"
-                )
+    lines += checks_of(phases)
     return "\n".join(lines)
 
 
@@ -470,7 +547,13 @@ def main(argv: list[str]) -> int:
         )
     )
     started = time.monotonic()
-    phases = [run_phase(args, name, admin_url, pg_pid, tmp) for name in args.phase_names]
+    names = list(args.phase_names)
+    if len(set(names)) < len(names):  # a,b,b,a: a1, b1, b2, a2
+        seen: dict[str, int] = {}
+        for i, name in enumerate(names):
+            seen[name] = seen.get(name, 0) + 1
+            names[i] = f"{name}{seen[name]}"
+    phases = [run_phase(args, name, admin_url, pg_pid, tmp) for name in names]
     print()
     print(report(phases, args, facts))
     if args.json:
