@@ -3,6 +3,7 @@
     python -m bench [--duration 10]
                     [--only floor,append,noop,bare,batch,copy,fanout,idle,catchup,objects,dispatch]
                     [--profile]
+    python -m bench soak [--appends 2000000] [--streams 100] [--clients 32]   (bench/soak.py)
 
 See docs/benchmarks.md for what each measurement is and the figures measured.
 """
@@ -677,7 +678,12 @@ def report_dispatch(d: dispatch.Dispatch) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["soak"]:
+        from bench import soak
+
+        return soak.main(argv[1:])
+    args = parse_args(argv)
     if args.profile and "append" not in args.selected:
         print("--profile samples the server during `append`; add it to --only", file=sys.stderr)
         return 2

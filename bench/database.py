@@ -65,36 +65,55 @@ def start_database(tmp: Path) -> tuple[str, int]:
     it. Returns the database URL and the postmaster's pid (for CPU accounting)."""
     admin_url = start_embedded(tmp / "pg")
     statements = _preload_pg_stat_statements(tmp / "pg", admin_url)
-    name = f"bench_{os.getpid()}"
-
-    async def prepare() -> str:
-        conn = await asyncpg.connect(admin_url)
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-        parts = urlsplit(admin_url)
-        url = urlunsplit(parts._replace(path="/" + name))
-        conn = await asyncpg.connect(url)
-        try:
-            await migrate(conn)
-            if statements:
-                await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        finally:
-            await conn.close()
-        return url
-
-    url = asyncio.run(prepare())
-    pid = int((tmp / "pg" / "postmaster.pid").read_text().split()[0])
-    return url, pid
+    url = asyncio.run(new_database(admin_url, f"bench_{os.getpid()}", statements=statements))
+    return url, postmaster_pid(tmp / "pg")
 
 
-async def settings(url: str) -> dict[str, str]:
+def postmaster_pid(pgdata: Path) -> int:
+    return int((pgdata / "postmaster.pid").read_text().split()[0])
+
+
+async def new_database(admin_url: str, name: str, *, statements: bool = False) -> str:
+    """Create database `name` on the server of `admin_url`, migrate it, and return its URL."""
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    parts = urlsplit(admin_url)
+    url = urlunsplit(parts._replace(path="/" + name))
+    conn = await asyncpg.connect(url)
+    try:
+        await migrate(conn)
+        if statements:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    finally:
+        await conn.close()
+    return url
+
+
+async def drop_database(admin_url: str, name: str) -> None:
+    conn = await asyncpg.connect(admin_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+async def settings(
+    url: str,
+    names: tuple[str, ...] = (
+        "server_version",
+        "fsync",
+        "synchronous_commit",
+        "wal_sync_method",
+        "shared_buffers",
+    ),
+) -> dict[str, str]:
     conn = await asyncpg.connect(url)
     try:
         rows = await conn.fetch(
-            "SELECT name, setting FROM pg_settings WHERE name = ANY($1::text[])",
-            ["server_version", "fsync", "synchronous_commit", "wal_sync_method", "shared_buffers"],
+            "SELECT name, setting FROM pg_settings WHERE name = ANY($1::text[])", list(names)
         )
         return {r["name"]: r["setting"] for r in rows}
     finally:

@@ -44,7 +44,12 @@ class Server:
         log: Path,
         workers: int = 1,
         extra: tuple[str, ...] = (),
+        *,
+        background_workers: bool = False,
+        settings: dict[str, str] | None = None,
     ) -> None:
+        """`serve --no-workers` unless `background_workers` (the soak runs the pruner and the
+        sweepers in the server process); `settings` are extra DUCTOR_STREAMS_* variables."""
         env = dict(os.environ)
         env.update(
             DUCTOR_STREAMS_DATABASE_URL=url,
@@ -54,6 +59,7 @@ class Server:
             # The live benchmarks hold 1,000 subscriptions of one principal (default cap 1,000).
             DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_PRINCIPAL="100000",
         )
+        env.update(settings or {})
         self._spawn(
             log,
             token,
@@ -64,7 +70,7 @@ class Server:
                 str(port),
                 "--workers",
                 str(workers),
-                "--no-workers",
+                *(() if background_workers else ("--no-workers",)),
                 *extra,
             ],
             env=env,
