@@ -34,6 +34,7 @@ from application.ports import (
     Clock,
     Done,
     Idempotency,
+    RunSummary,
     StreamAccess,
     StreamRepository,
 )
@@ -67,6 +68,10 @@ class AccessLog:
         self.flushed = 0  # statements written, for tests and metrics
 
     # -- knowledge --------------------------------------------------------------------------------
+
+    async def live_runs(self, tenant: str, after: str | None, limit: int) -> list[RunSummary]:
+        """The tenant's runs page, counting only streams that do not answer 404 as expired."""
+        return await self._store.live_runs(tenant, after, limit, self._clock(), self.slack)
 
     def touch(self, key: StreamKey, now: datetime) -> None:
         """A read or write reached the stream at `now` (only streams with an expiry)."""

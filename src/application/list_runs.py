@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from application.access import Caller
+from application.expiry import AccessLog
 from application.ports import RunSummary, StreamRepository
 from domain import errors
 from domain.ids import check_id
@@ -19,8 +20,12 @@ class RunList(msgspec.Struct, frozen=True):
 
 
 class ListRuns:
-    def __init__(self, streams: StreamRepository) -> None:
+    """With an access log, streams that answer 404 as expired (not yet erased by the workers) are
+    not counted, and a run whose streams have all expired is not listed."""
+
+    def __init__(self, streams: StreamRepository, access: AccessLog | None = None) -> None:
         self._streams = streams
+        self._access = access
 
     async def __call__(
         self, caller: Caller, after: str | None = None, limit: int = DEFAULT_LIMIT
@@ -31,7 +36,10 @@ class ListRuns:
         if after is not None:
             check_id("after", after)
         # One more than asked says whether another page follows.
-        runs = await self._streams.list_runs(caller.tenant, after, limit + 1)
+        if self._access is None:
+            runs = await self._streams.list_runs(caller.tenant, after, limit + 1)
+        else:
+            runs = await self._access.live_runs(caller.tenant, after, limit + 1)
         more = len(runs) > limit
         runs = runs[:limit]
         return RunList(runs=runs, next_after=runs[-1].run_id if more else None)

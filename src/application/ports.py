@@ -142,6 +142,13 @@ class StreamAccess(Protocol):
         """At most `limit` streams not under a legal hold whose `expires_at` has passed, or whose
         recorded last access plus `idle_seconds` plus `grace` has, the longest due first."""
 
+    async def live_runs(
+        self, tenant: str, after: str | None, limit: int, now: datetime, slack: timedelta
+    ) -> list[RunSummary]:
+        """`StreamRepository.list_runs` without the streams that answer 404 as expired at `now`
+        (past `expires_at`, or past the recorded last access plus `idle_seconds` plus `slack`,
+        and not under a legal hold): a run whose streams have all expired is not listed."""
+
 
 class StoredRecord(msgspec.Struct, frozen=True):
     sequence: int

@@ -218,7 +218,7 @@ class Container(containers.DeclarativeContainer):
     set_legal_hold = providers.Singleton(SetLegalHold, definitions, commits, clock)
     delete_stream = providers.Singleton(DeleteStream, definitions, commits, clock)
     delete_run = providers.Singleton(DeleteRun, streams, definitions, clock)
-    list_runs = providers.Singleton(ListRuns, streams)
+    list_runs = providers.Singleton(ListRuns, streams, access_log)
     object_stores = providers.Resource(open_object_stores, settings)
     objects = providers.Singleton(Objects, definitions, streams, commits, object_stores, clock)
     delete_bodies = providers.Singleton(

@@ -100,6 +100,13 @@ ALL_404 = dict.fromkeys(
 )
 
 
+async def listed_runs(api, run_id: str) -> dict[str, int]:
+    """What GET /runs shows of this run (the page right after the run ID's prefix)."""
+    page = await api.get("/runs", params={"after": run_id[:-1], "limit": 1000})
+    assert page.status_code == 200, page.text
+    return {r["run_id"]: r["stream_count"] for r in page.json()["runs"] if r["run_id"] == run_id}
+
+
 async def test_reads_on_any_replica_keep_an_idle_stream_alive_then_it_is_404_everywhere(
     expiring: Deployment, run_id: str
 ) -> None:
@@ -126,6 +133,7 @@ async def test_reads_on_any_replica_keep_an_idle_stream_alive_then_it_is_404_eve
         assert (await api_b.get(path)).status_code == 404
         listed = await api_b.get(f"/runs/{run_id}/streams")
         assert [d["stream_id"] for d in listed.json()["streams"]] == ["forever"]
+        assert await listed_runs(api_b, run_id) == {run_id: 1}  # the expired one is not counted
         assert (await api_a.get(f"/runs/{run_id}/streams/forever")).status_code == 200
         await erased_by_the_workers(expiring.url, run_id, "s")
 
@@ -159,6 +167,7 @@ async def test_expires_at_is_404_once_passed(expiring: Deployment, run_id: str) 
             await asyncio.sleep(max(0.0, (at - datetime.now(UTC)).total_seconds()) + 0.1)
             assert await statuses(api, run_id, "s") == ALL_404
             assert (await api.get(f"/runs/{run_id}/streams")).status_code == 404  # its only one
+            assert await listed_runs(api, run_id) == {}  # nor is the run listed
             await subscriber.until_ended()
             assert subscriber.ids == [1] and subscriber.events[-1].event == "deleted"
 

@@ -6,6 +6,7 @@ PostgreSQL run may share its database with other tests."""
 
 from __future__ import annotations
 
+import secrets
 from datetime import timedelta
 
 import msgspec
@@ -76,3 +77,34 @@ class StreamAccessContract:
         assert await candidates(60 + 10) == {dated, idle}
         assert await candidates(100 + 70) == {dated, idle, young}
         assert len(await access.expiry_candidates(NOW + timedelta(days=1), GRACE, 1)) == 1
+
+    async def test_runs_are_listed_without_the_streams_that_answer_404_as_expired(
+        self, ports
+    ) -> None:
+        repo, access = ports
+        tenant = "t-" + secrets.token_hex(4)  # a tenant of its own: the listing is the whole of it
+        mixed, gone, held = (new_key(tenant) for _ in range(3))
+        mixed_forever = mixed._replace(stream_id="forever")
+        await repo.create(mixed, expiring(idle_seconds=60), NOW)
+        await repo.create(mixed_forever, definition(), NOW)
+        await repo.create(gone, expiring(expires_at=NOW + timedelta(seconds=30)), NOW)
+        await repo.create(held, expiring(expires_at=NOW + timedelta(seconds=30)), NOW)
+        await repo.update(held, [LegalHoldCommand(True, "audit", NOW)])
+
+        async def listed(seconds: float, after: str | None = None, limit: int = 10) -> dict:
+            runs = await access.live_runs(
+                tenant, after, limit, NOW + timedelta(seconds=seconds), GRACE
+            )
+            return {r.run_id: r.stream_count for r in runs}
+
+        everything = {mixed.run_id: 2, gone.run_id: 1, held.run_id: 1}
+        assert await listed(29) == everything
+        assert await listed(30) == {mixed.run_id: 2, held.run_id: 1}  # absolute: from the instant
+        assert await listed(69) == {mixed.run_id: 2, held.run_id: 1}  # idle: after the slack
+        assert await listed(70) == {mixed.run_id: 1, held.run_id: 1}
+        assert await access.live_runs(tenant, None, 10, NOW, GRACE) == await repo.list_runs(
+            tenant, None, 10
+        )
+        first = min(everything)
+        assert set(await listed(0, after=first)) == set(everything) - {first}
+        assert len(await listed(0, limit=1)) == 1

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from adapters.memory.streams import MemoryStreams
-from application.ports import AccessRecord
+from application.ports import AccessRecord, RunSummary
 from domain.stream import Stream, StreamKey
 
 
@@ -61,3 +61,27 @@ class MemoryStreamAccess:
                 assert at is not None
                 due.append((at, key))
         return [key for _, key in sorted(due)[:limit]]
+
+    async def live_runs(
+        self, tenant: str, after: str | None, limit: int, now: datetime, slack: timedelta
+    ) -> list[RunSummary]:
+        runs: dict[str, list[datetime]] = {}
+        for key in sorted(self._streams.stream_keys()):
+            if key.tenant != tenant or (after is not None and key.run_id <= after):
+                continue
+            stream = await self._streams.load(key)
+            if stream is None:
+                continue
+            expiry = stream.definition.expiry
+            if (
+                expiry.enabled
+                and not stream.state.legal_hold.enabled
+                and expiry.passed(now, self._last(stream), slack)
+            ):
+                continue
+            assert stream.state.created_at is not None
+            runs.setdefault(key.run_id, []).append(stream.state.created_at)
+        return [
+            RunSummary(run_id=run_id, stream_count=len(times), created_at=min(times))
+            for run_id, times in sorted(runs.items())[:limit]
+        ]

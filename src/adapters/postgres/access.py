@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
-from application.ports import AccessRecord
+from application.ports import AccessRecord, RunSummary
 from domain.stream import StreamKey
 
 _RECORD = """
@@ -50,6 +50,17 @@ ORDER BY a.due_at
 LIMIT $3
 """
 
+# The runs page of PostgresStreams.list_runs, less the streams expired as the routes see them.
+_LIVE_RUNS = """
+SELECT s.run_id, count(*), min(s.created_at)
+FROM streams s
+LEFT JOIN stream_access a USING (tenant, run_id, stream_id)
+WHERE s.tenant = $1 AND s.run_id > $2
+  AND (a.tenant IS NULL OR s.legal_hold
+       OR a.due_at + CASE WHEN a.idle_seconds IS NULL THEN interval '0' ELSE $5::interval END > $4)
+GROUP BY s.run_id ORDER BY s.run_id LIMIT $3
+"""
+
 
 class PostgresStreamAccess:
     def __init__(self, pool: asyncpg.Pool) -> None:
@@ -78,3 +89,9 @@ class PostgresStreamAccess:
     ) -> list[StreamKey]:
         rows = await self._pool.fetch(_CANDIDATES, now, grace, limit)
         return [StreamKey(r[0], r[1], r[2]) for r in rows]
+
+    async def live_runs(
+        self, tenant: str, after: str | None, limit: int, now: datetime, slack: timedelta
+    ) -> list[RunSummary]:
+        rows = await self._pool.fetch(_LIVE_RUNS, tenant, after or "", limit, now, slack)
+        return [RunSummary(run_id=r[0], stream_count=r[1], created_at=r[2]) for r in rows]
