@@ -58,9 +58,12 @@ class ObjectStores:
         return store
 
 
-def object_id_for(key: StreamKey, idempotency_key: str) -> str:
-    """Deterministic, so concurrent prepares with one key meet on one intent under the lock."""
-    digest = hashlib.sha256("\x00".join((*key, idempotency_key)).encode()).hexdigest()
+def object_id_for(key: StreamKey, created_at: datetime, idempotency_key: str) -> str:
+    """Deterministic, so concurrent prepares with one key meet on one intent under the lock; the
+    stream's creation time is part of it, so a stream deleted and created again under the same
+    ID never answers an object ID of the deleted one."""
+    parts = (*key, created_at.isoformat(), idempotency_key)
+    digest = hashlib.sha256("\x00".join(parts).encode()).hexdigest()
     return "obj-" + digest[:32]
 
 
@@ -247,7 +250,10 @@ class Objects:
             )
         definition = await self._definitions.get(key)
         require_writer(caller, definition)
-        object_id = object_id_for(key, request.idempotency_key)
+        created_at = await self._intents.created_at(key)
+        if created_at is None:  # deleted since its definition was read
+            raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+        object_id = object_id_for(key, created_at, request.idempotency_key)
         existing = await self._intents.intent(key, object_id)
         if existing is not None:
             if existing.receipt.principal != caller.principal:

@@ -222,6 +222,10 @@ class ObjectIntents(Protocol):
 
     async def intent(self, key: StreamKey, object_id: str) -> ObjectIntent | None: ...
 
+    async def created_at(self, key: StreamKey) -> datetime | None:
+        """When the stream now under `key` was created (a stream deleted and created again
+        under the same ID is another stream), or None if there is none."""
+
     async def expired_intents(self, now: datetime, limit: int) -> list[tuple[StreamKey, str]]:
         """Open (prepared or uploaded) intents whose expiry has passed."""
 

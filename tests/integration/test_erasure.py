@@ -135,6 +135,35 @@ async def client_append(api: httpx.AsyncClient, run_id: str, key: str) -> httpx.
     )
 
 
+async def test_a_stream_created_again_never_answers_an_object_id_of_the_deleted_one(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    body = b"first body"
+    prepare = {
+        "idempotency_key": "K",
+        "size": len(body),
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "content_type": "application/octet-stream",
+    }
+    await create(api, run_id, "o")
+    first = await api.post(path(run_id, "o", "/objects"), json=prepare)
+    assert first.status_code == 201, first.text
+    old_id = first.json()["object_id"]
+    again = await api.post(path(run_id, "o", "/objects"), json=prepare)
+    assert (again.status_code, again.json()["object_id"]) == (200, old_id)  # still idempotent
+    old = path(run_id, "o", f"/objects/{old_id}")
+    assert (await api.put(old + "/body", content=body)).status_code == 200
+    assert (await api.post(old + "/commit")).status_code == 201
+    assert (await api.delete(path(run_id, "o"))).status_code == 204
+    await create(api, run_id, "o")
+    # The same key, even with other fields, is a new intent under a new ID.
+    renewed = await api.post(path(run_id, "o", "/objects"), json={**prepare, "size": 7})
+    assert renewed.status_code == 201, renewed.text
+    assert renewed.json()["object_id"] != old_id
+    assert_problem(await api.get(old), 404, "not-found")
+    assert_problem(await api.get(old + "/body"), 404, "not-found")
+
+
 async def test_a_subscriber_on_another_replica_hears_the_deletion(
     api: httpx.AsyncClient, api_b: httpx.AsyncClient, run_id: str
 ) -> None:

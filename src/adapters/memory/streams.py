@@ -110,6 +110,10 @@ class MemoryStreams:
         row = self._rows.get(key)
         return None if row is None else decode_definition(row.definition)
 
+    async def created_at(self, key: StreamKey) -> datetime | None:
+        row = self._rows.get(key)
+        return None if row is None else decode_state(row.state).created_at
+
     async def update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
         async with self._locks[key]:
             row = self._rows.get(key)

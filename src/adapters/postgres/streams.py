@@ -277,6 +277,13 @@ class PostgresStreams:
         self._definitions[key] = (row[1], definition)
         return definition
 
+    async def created_at(self, key: StreamKey) -> datetime | None:
+        if (known := self._definitions.get(key)) is not None:
+            return known[0]
+        await self.definition(key)
+        known = self._definitions.get(key)
+        return None if known is None else known[0]
+
     async def update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
         async with self._pool.acquire() as conn, conn.transaction():
             # Never touch the pool while holding the row lock: with every connection waiting
