@@ -22,7 +22,7 @@ from datetime import timedelta
 import aioboto3
 import pytest
 
-from adapters.objects.s3 import PART_SIZE, UPLOADS, S3ObjectStore
+from adapters.objects.s3 import LEGACY_UPLOADS, PART_SIZE, UPLOADS, S3ObjectStore
 from domain.errors import ObjectTooLarge
 from tests.support.object_store_contract import (
     MiB,
@@ -110,14 +110,36 @@ async def bucket(s3_client) -> str:
     return name
 
 
-async def pending_uploads(s3_client, bucket: str) -> list[dict]:
-    answer = await s3_client.list_multipart_uploads(Bucket=bucket, Prefix=UPLOADS)
+async def pending_uploads(s3_client, bucket: str, prefix: str = UPLOADS) -> list[dict]:
+    answer = await s3_client.list_multipart_uploads(Bucket=bucket, Prefix=prefix)
     return answer.get("Uploads", [])
 
 
-async def temporary_objects(s3_client, bucket: str) -> list[dict]:
-    answer = await s3_client.list_objects_v2(Bucket=bucket, Prefix=UPLOADS)
+async def temporary_objects(s3_client, bucket: str, prefix: str = UPLOADS) -> list[dict]:
+    answer = await s3_client.list_objects_v2(Bucket=bucket, Prefix=prefix)
     return answer.get("Contents", [])
+
+
+def temporary_key(prefix: str = UPLOADS) -> str:
+    """Named as the store names its own: start time, random."""
+    return f"{prefix}{int(time.time())}-{secrets.token_hex(12)}"
+
+
+async def abandon_upload(s3_client, bucket: str, key: str) -> None:
+    """What a process killed mid-put leaves: an upload with a part, never completed nor aborted.
+    The part carries the SHA-256 the upload was started with, as the store's own parts do (a
+    strict store such as SeaweedFS refuses a part with another algorithm's checksum)."""
+    started = await s3_client.create_multipart_upload(
+        Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256"
+    )
+    await s3_client.upload_part(
+        Bucket=bucket,
+        Key=key,
+        UploadId=started["UploadId"],
+        PartNumber=1,
+        Body=b"x" * 1024,
+        ChecksumAlgorithm="SHA256",
+    )
 
 
 class TestS3ObjectStore(ObjectStoreContract):
@@ -256,15 +278,8 @@ class TestS3ObjectStore(ObjectStoreContract):
     async def test_a_multipart_upload_started_and_never_completed_is_aborted(
         self, store: S3ObjectStore, s3_client, bucket: str
     ) -> None:
-        # What a process killed mid-put leaves: an upload under .uploads/ with a part, never
-        # completed nor aborted (named like the store names its own: start time, random).
-        key = f"{UPLOADS}{int(time.time())}-{secrets.token_hex(12)}"
-        started = await s3_client.create_multipart_upload(
-            Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256"
-        )
-        await s3_client.upload_part(
-            Bucket=bucket, Key=key, UploadId=started["UploadId"], PartNumber=1, Body=b"x" * 1024
-        )
+        key = temporary_key()
+        await abandon_upload(s3_client, bucket, key)
         assert [u["Key"] for u in await pending_uploads(s3_client, bucket)] == [key]
         assert await store.sweep_incomplete(timedelta(hours=1)) == 0  # young: kept
         assert [u["Key"] for u in await pending_uploads(s3_client, bucket)] == [key]
@@ -274,9 +289,40 @@ class TestS3ObjectStore(ObjectStoreContract):
     async def test_a_temporary_object_left_between_complete_and_copy_is_removed(
         self, store: S3ObjectStore, s3_client, bucket: str
     ) -> None:
-        key = f"{UPLOADS}{int(time.time())}-{secrets.token_hex(12)}"
+        key = temporary_key()
         await s3_client.put_object(Bucket=bucket, Key=key, Body=b"completed, never copied")
         assert await store.sweep_incomplete(timedelta(hours=1)) == 0
         assert [o["Key"] for o in await temporary_objects(s3_client, bucket)] == [key]
         assert await store.sweep_incomplete(timedelta(0)) == 1
         assert await temporary_objects(s3_client, bucket) == []
+
+    async def test_leftovers_under_the_old_temporary_prefix_are_swept_where_listed(
+        self, store: S3ObjectStore, s3_client, bucket: str, s3_endpoint: S3Endpoint
+    ) -> None:
+        # Earlier versions put their temporary keys under `.uploads/`, where SeaweedFS keeps its
+        # own multipart-upload state: it lists the uploads there, but hides the objects.
+        upload, leftover = temporary_key(LEGACY_UPLOADS), temporary_key(LEGACY_UPLOADS)
+        await abandon_upload(s3_client, bucket, upload)
+        await s3_client.put_object(Bucket=bucket, Key=leftover, Body=b"completed, never copied")
+        try:
+            listed = [o["Key"] for o in await temporary_objects(s3_client, bucket, LEGACY_UPLOADS)]
+            assert listed == ([] if s3_endpoint.kind == "seaweedfs" else [leftover])
+            assert leftover not in [k async for k in store.keys("")]
+            assert await store.sweep_incomplete(timedelta(hours=1)) == 0
+            assert await store.sweep_incomplete(timedelta(0)) == 1 + len(listed)
+            assert await pending_uploads(s3_client, bucket, LEGACY_UPLOADS) == []
+            assert await temporary_objects(s3_client, bucket, LEGACY_UPLOADS) == []
+        finally:
+            await s3_client.delete_object(Bucket=bucket, Key=leftover)  # absent is fine
+
+    async def test_the_temporary_prefix_is_listed_by_the_store_and_kept_out_of_keys(
+        self, store: S3ObjectStore, s3_client, bucket: str
+    ) -> None:
+        key = temporary_key()
+        await s3_client.put_object(Bucket=bucket, Key=key, Body=b"completed, never copied")
+        try:
+            assert [o["Key"] for o in await temporary_objects(s3_client, bucket)] == [key]
+            assert [u["Key"] for u in await pending_uploads(s3_client, bucket)] == []
+            assert key not in [k async for k in store.keys("")]
+        finally:
+            await s3_client.delete_object(Bucket=bucket, Key=key)

@@ -1,14 +1,15 @@
 """Object bodies in an S3 bucket (AWS S3, MinIO, or any S3 API), streamed through aioboto3.
 
 A put never holds more than one part (8 MiB) of the body. A body that fits in one part goes by a
-single PutObject; a longer one by a multipart upload to a temporary key under `.uploads/`, then
-a server-side CopyObject onto the final key. The copy is needed because S3 takes an object's
-metadata when the upload starts, before the SHA-256 of the whole body is known; copying also
-keeps the final key atomic (a reader sees the whole previous body or the whole new one, never a
-body without its digest), and an upload that fails or passes `max_size` is aborted without ever
-touching the final key. What a crashed process leaves behind there is collected by the workers
-(`sweep_incomplete`); buckets should also carry a lifecycle rule that aborts incomplete multipart
-uploads (AbortIncompleteMultipartUpload) and expires `.uploads/` after a day, as a belt.
+single PutObject; a longer one by a multipart upload to a temporary key under
+`.ductor-streams-uploads/` (see `UPLOADS`), then a server-side CopyObject onto the final key.
+The copy is needed because S3 takes an object's metadata when the upload starts, before the
+SHA-256 of the whole body is known; copying also keeps the final key atomic (a reader sees the
+whole previous body or the whole new one, never a body without its digest), and an upload that
+fails or passes `max_size` is aborted without ever touching the final key. What a crashed process
+leaves behind there is collected by the workers (`sweep_incomplete`); buckets should also carry a
+lifecycle rule that aborts incomplete multipart uploads (AbortIncompleteMultipartUpload) and
+expires `.ductor-streams-uploads/` after a day, as a belt.
 
 Evidence for `stat`, best first:
 1. S3's own full-object SHA-256 (`ChecksumSHA256` without a part count). We send our digest as
@@ -40,7 +41,15 @@ from domain.errors import ObjectMissing, ObjectTooLarge
 
 PART_SIZE = 8 * 1024 * 1024  # S3's minimum is 5 MiB for every part but the last
 CHUNK_SIZE = 1024 * 1024
-UPLOADS = RESERVED_MARK + "uploads/"
+# The temporary keys of multipart puts. The leading mark keeps them apart from every body's key
+# (no key segment may start with it); the service's name keeps them apart from the store's own
+# internals: SeaweedFS keeps each bucket's multipart-upload state in a folder `.uploads` inside
+# the bucket, so an object put under `.uploads/` there is hidden from ListObjects and is listed as
+# a bogus multipart upload instead. Only this service writes under this prefix.
+UPLOADS = RESERVED_MARK + "ductor-streams-uploads/"
+# Where versions before that put their temporary keys: still swept, where the store shows them.
+LEGACY_UPLOADS = RESERVED_MARK + "uploads/"
+_TEMPORARY = (UPLOADS, LEGACY_UPLOADS)
 _SHA256 = "sha256"  # stored as x-amz-meta-sha256 (hex)
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 
@@ -226,33 +235,45 @@ class S3ObjectStore:
         )
         async for page in pages:
             for item in page.get("Contents", ()):
-                if not item["Key"].startswith(UPLOADS):
+                if not item["Key"].startswith(_TEMPORARY):
                     yield item["Key"]
 
     async def sweep_incomplete(self, older_than: timedelta) -> int:
-        """Abort the multipart uploads under `.uploads/` started more than `older_than` ago,
-        and delete the temporary objects there older than that (a put killed between its
-        upload's completion and the copy). The bucket's lifecycle rule
-        (AbortIncompleteMultipartUpload, and expiring `.uploads/`) is the belt to this."""
-        s3 = self._client
+        """Abort the multipart uploads to temporary keys started more than `older_than` ago, and
+        delete the temporary objects older than that (a put killed between its upload's
+        completion and the copy). Keys under `LEGACY_UPLOADS`, left by earlier versions, are
+        swept too, as far as the store lists them (SeaweedFS lists its multipart uploads there,
+        but hides objects). The bucket's lifecycle rule (AbortIncompleteMultipartUpload, and
+        expiring the temporary prefix) is the belt to this."""
         cutoff = time.time() - older_than.total_seconds()
         removed = 0
+        for prefix in _TEMPORARY:
+            removed += await self._sweep_prefix(prefix, cutoff)
+        return removed
+
+    async def _sweep_prefix(self, prefix: str, cutoff: float) -> int:
+        s3 = self._client
+        removed = 0
+        # Each key is checked against the prefix too: a store's own entries (SeaweedFS lists an
+        # object it keeps under `.uploads/` as an upload with an empty key) are never touched.
         pages = s3.get_paginator("list_multipart_uploads").paginate(
-            Bucket=self._bucket, Prefix=UPLOADS
+            Bucket=self._bucket, Prefix=prefix
         )
         async for page in pages:
             for upload in page.get("Uploads", ()):
-                if _started(upload["Key"], upload["Initiated"]) <= cutoff:
+                key = upload["Key"]
+                if key.startswith(prefix) and _started(key, upload["Initiated"]) <= cutoff:
                     with contextlib.suppress(ClientError):  # finished or aborted meanwhile
                         await s3.abort_multipart_upload(
-                            Bucket=self._bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                            Bucket=self._bucket, Key=key, UploadId=upload["UploadId"]
                         )
                         removed += 1
-        objects = s3.get_paginator("list_objects_v2").paginate(Bucket=self._bucket, Prefix=UPLOADS)
+        objects = s3.get_paginator("list_objects_v2").paginate(Bucket=self._bucket, Prefix=prefix)
         async for page in objects:
             for item in page.get("Contents", ()):
-                if _started(item["Key"], item["LastModified"]) <= cutoff:
-                    await s3.delete_object(Bucket=self._bucket, Key=item["Key"])
+                key = item["Key"]
+                if key.startswith(prefix) and _started(key, item["LastModified"]) <= cutoff:
+                    await s3.delete_object(Bucket=self._bucket, Key=key)
                     removed += 1
         return removed
 
@@ -316,7 +337,8 @@ def _started(key: str, stamped: datetime) -> float:
     """When the upload to temporary `key` started: the time this service put in its name
     (`<unix seconds>-<random>`), else what the store stamped (some S3 APIs stamp no real
     time on multipart uploads)."""
-    started, dash, _ = key.removeprefix(UPLOADS).partition("-")
+    name = key.rpartition("/")[2]
+    started, dash, _ = name.partition("-")
     return float(started) if dash and started.isdigit() else stamped.timestamp()
 
 
