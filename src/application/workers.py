@@ -278,9 +278,12 @@ class SweepLeases(Protocol):
 
     lease_seconds: float
 
-    async def claim(self, name: str) -> int | None:
+    async def claim(self, name: str, interval: float | None = None) -> int | None:
         """Claim `name` when it is due and nobody holds a live lease on it (its row is created
-        on first use, due at once); answer its failed attempts so far, or None."""
+        on first use, due at once); answer its failed attempts so far, or None. On this
+        process's first claim of `name`, a next run scheduled further than `interval` ahead (by
+        a process with a longer interval, or before a restart) is brought in to `interval` from
+        now, so a shortened interval takes effect at once."""
 
     async def renew(self, name: str) -> bool:
         """Extend this worker's lease on `name`; False when it no longer holds it."""
@@ -334,7 +337,7 @@ class LeasedSweep:
         while not stopping.is_set():
             forget_stream()
             try:
-                attempts = await self._leases.claim(self.name)
+                attempts = await self._leases.claim(self.name, self._interval)
             except Exception as error:  # logged once an outage, not once a poll
                 self._outage.failed(error)
                 attempts = None

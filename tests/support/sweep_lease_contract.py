@@ -101,6 +101,16 @@ class SweepLeaseContract:
             await asyncio.sleep(LEASE * 2)
         assert tick.finished == 1  # one run across both: the next is due in 60 s
 
+    async def test_a_restart_with_a_shorter_interval_takes_effect_at_once(self, leases) -> None:
+        name, tick = sweep_name(), Ticks(seconds=0.0)
+        before = LeasedSweep(name, tick, 3600.0, leases("before", LEASE), poll_seconds=0.02)
+        async with running(before):
+            await until(lambda: tick.finished >= 1)  # next due in an hour
+        after = LeasedSweep(name, tick, 0.05, leases("after", LEASE), poll_seconds=0.02)
+        async with running(after):  # the same sweep, restarted with a 0.05 s interval
+            await until(lambda: tick.finished >= 3)
+        assert tick.finished >= 3
+
     async def test_a_failing_sweep_is_retried_with_its_attempts_counted(self, leases) -> None:
         name, tick = sweep_name(), Ticks(seconds=0.0, fail=True)
         sweep = LeasedSweep(

@@ -27,10 +27,10 @@ class _Unreachable(MemorySweepLeases):
         super().__init__()
         self.down = True
 
-    async def claim(self, name: str) -> int | None:
+    async def claim(self, name: str, interval: float | None = None) -> int | None:
         if self.down:
             raise OSError("connection refused")
-        return await super().claim(name)
+        return await super().claim(name, interval)
 
 
 async def test_a_store_out_of_reach_is_logged_once_and_the_sweep_runs_once_it_is_back(

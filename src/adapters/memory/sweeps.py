@@ -29,14 +29,19 @@ class MemorySweepLeases:
         self.table = table or SweepTable()
         self.worker_id = worker_id
         self.lease_seconds = lease_seconds
+        self._known: set[str] = set()
 
     def _held(self, name: str) -> SweepRow | None:
         row = self.table.rows.get(name)
         return row if row is not None and row.claimed_by == self.worker_id else None
 
-    async def claim(self, name: str) -> int | None:
+    async def claim(self, name: str, interval: float | None = None) -> int | None:
         now = time.monotonic()
         row = self.table.rows.setdefault(name, SweepRow(next_attempt_at=now))
+        if name not in self._known:
+            self._known.add(name)
+            if interval is not None:
+                row.next_attempt_at = min(row.next_attempt_at, now + interval)
         if row.next_attempt_at > now or (row.lease_until is not None and row.lease_until >= now):
             return None
         row.claimed_by, row.lease_until = self.worker_id, now + self.lease_seconds

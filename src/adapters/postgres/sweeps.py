@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import asyncpg
 
-_CREATE = "INSERT INTO maintenance_sweeps (name) VALUES ($1) ON CONFLICT (name) DO NOTHING"
+# First use of a name by this process: create its row, or bring a run scheduled further ahead
+# than this process's interval in to it (a restart with a shorter interval takes effect at once).
+_CREATE = """
+INSERT INTO maintenance_sweeps (name) VALUES ($1)
+ON CONFLICT (name) DO UPDATE
+SET next_attempt_at = LEAST(maintenance_sweeps.next_attempt_at, now() + make_interval(secs => $2))
+WHERE $2::float8 IS NOT NULL
+"""
 
 _CLAIM = """
 UPDATE maintenance_sweeps s
@@ -30,9 +37,9 @@ class PostgresSweepLeases:
         self.lease_seconds = lease_seconds
         self._known: set[str] = set()
 
-    async def claim(self, name: str) -> int | None:
+    async def claim(self, name: str, interval: float | None = None) -> int | None:
         if name not in self._known:
-            await self._pool.execute(_CREATE, name)
+            await self._pool.execute(_CREATE, name, interval)
             self._known.add(name)
         return await self._pool.fetchval(_CLAIM, name, self.worker_id, self.lease_seconds)
 
