@@ -8,10 +8,13 @@ import asyncio
 import base64
 import hashlib
 import os
+import socket
+from collections.abc import Iterator
 
 import httpx
+import pytest
 
-from tests.conftest import api_client
+from tests.conftest import SERVER_ENV, api_client
 from tests.integration.test_objects_http import prepare_body, stored_files
 from tests.support.server import ServerProcess
 
@@ -157,3 +160,39 @@ async def test_head_on_an_object_body_does_not_read_the_store(
     ranged = await api.head(f"{object_path}/body", headers={"Range": "bytes=-10"})
     assert ranged.status_code == 206
     assert ranged.headers["content-range"] == "bytes 1014-1023/1024"
+
+
+@pytest.fixture(scope="module")
+def uvicorn_server(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    process = ServerProcess(
+        database_url=database_url,
+        data_dir=tmp_path_factory.mktemp("head-uvicorn"),
+        env=SERVER_ENV,
+        args=["--server", "uvicorn"],
+    ).start()
+    yield process
+    process.stop()
+
+
+@pytest.mark.parametrize("which", ["granian", "uvicorn"])
+def test_a_head_answer_sends_no_body_bytes_on_the_connection(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    """Two requests on one connection, HEAD then GET: the GET's status line follows the HEAD's
+    headers at once (a body byte would stand in between), through both HTTP servers."""
+    process = request.getfixturevalue("server" if which == "granian" else "uvicorn_server")
+    host, port = process.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        ask = "{} /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        connection.sendall((ask.format("HEAD") + ask.format("GET")).encode())
+        received = b""
+        while received.count(b"HTTP/1.1 200") < 2 or not received.endswith(b"}"):
+            chunk = connection.recv(65536)
+            assert chunk, received
+            received += chunk
+    head, rest = received.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200") and b"content-length: 15" in head.lower()
+    assert rest.startswith(b"HTTP/1.1 200"), received
+    assert rest.endswith(b'{"status":"ok"}')

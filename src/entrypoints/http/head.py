@@ -31,8 +31,9 @@ def serve_head(app: Any) -> Any:
         if scope["type"] != "http" or scope["method"] != "HEAD":
             await app(scope, receive, send)
             return
-        scope["method"] = "GET"
-        scope[_HEAD] = True
+        # A copy: the server reads the scope it passed (uvicorn decides from its method whether
+        # the answer carries Content-Length bytes).
+        scope = {**scope, "method": "GET", _HEAD: True}
         ended = False
 
         async def headers_only(message: dict) -> None:
