@@ -26,7 +26,8 @@ class Definitions:
         self, key: StreamKey, *, delivers_data: bool = False, touch: bool = True
     ) -> StreamDefinition:
         """The definition of a stream this deployment serves and that has not expired. The
-        request counts as an access (a read or a write) unless `touch` is False (HEAD)."""
+        request counts as an access (a read or a write) unless `touch` is False or it is
+        handled within `expiry.not_an_access` (HEAD)."""
         definition = await self._streams.definition(key)
         if definition is None:
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")

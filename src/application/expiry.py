@@ -26,7 +26,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
+from contextvars import ContextVar
 from datetime import datetime, timedelta
 
 from application.errors import NotFound
@@ -47,6 +48,21 @@ log = logging.getLogger("ductor_streams.expiry")
 # Streams whose latest access this process remembers, beyond which the oldest are forgotten (a
 # forgotten one costs one query at its next request, nothing more).
 MAX_REMEMBERED = 100_000
+
+# False while handling a request that only asks what an access would answer (HEAD): it is
+# checked like any other (404 once expired) but does not count as an access.
+_counts_as_access: ContextVar[bool] = ContextVar("ductor_counts_as_access", default=True)
+
+
+@contextlib.contextmanager
+def not_an_access() -> Iterator[None]:
+    """Within this block, `AccessLog.check` never touches: the requests it handles (HEAD) do
+    not keep an `idle_seconds` stream alive."""
+    token = _counts_as_access.set(False)
+    try:
+        yield
+    finally:
+        _counts_as_access.reset(token)
 
 
 class AccessLog:
@@ -131,13 +147,14 @@ class AccessLog:
         held: bool | None = None,
         touch: bool = True,
     ) -> None:
-        """404 for an expired stream; otherwise the access counts (unless `touch` is False)."""
+        """404 for an expired stream; otherwise the access counts (unless `touch` is False, or
+        within `not_an_access`)."""
         if not definition.expiry.enabled:
             return
         now = self._clock()
         if await self.expired(key, definition, now, held=held):
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-        if touch:
+        if touch and _counts_as_access.get():
             self.touch(key, now)
             recorded = self._recorded.get(key)
             if recorded is None or now - recorded >= self.slack:

@@ -13,7 +13,8 @@ from application.live import Delivery, LiveTails
 from application.ports import RecordReader
 from application.read_records import check_cursor
 from domain import errors
-from domain.definition import MAX_SEQUENCE
+from domain.definition import MAX_SEQUENCE, StreamDefinition
+from domain.stream import StreamKey
 
 
 class TooManySubscriptions(errors.Backpressure):
@@ -39,16 +40,18 @@ class SubscriptionSlots:
         self._active: dict[tuple[str, str], weakref.WeakSet[Slot]] = {}
 
     def admit(self, caller: Caller) -> Slot:
-        who = (caller.tenant, caller.principal)
-        active = self._active.setdefault(who, weakref.WeakSet())
-        if len(active) >= self._max:
+        self.check(caller)
+        slot = Slot()
+        self._active.setdefault((caller.tenant, caller.principal), weakref.WeakSet()).add(slot)
+        return slot
+
+    def check(self, caller: Caller) -> None:
+        """What `admit` would refuse, without taking a slot."""
+        if len(self._active.get((caller.tenant, caller.principal), ())) >= self._max:
             raise TooManySubscriptions(
                 f"principal {caller.principal!r} already has {self._max} open subscriptions",
                 retry_after=5,
             )
-        slot = Slot()
-        active.add(slot)
-        return slot
 
     def release(self, caller: Caller, slot: Slot) -> None:
         who = (caller.tenant, caller.principal)
@@ -82,19 +85,7 @@ class Subscribe:
     ) -> AsyncGenerator[Delivery, None]:
         """Check everything that can be refused, then hand back the deliveries: an async
         generator the caller must close (`contextlib.aclosing`) to end the subscription."""
-        caller.require("streams:read")
-        if self._tails.ending:
-            raise Stopping("this server is stopping; subscribe again (to another one)")
-        key = caller.key(run_id, stream_id)
-        if not 0 <= cursor <= MAX_SEQUENCE:
-            raise errors.InvalidInput(f"cursor must be 0 to {MAX_SEQUENCE}", field="cursor")
-        definition = await self._definitions.get(key, delivers_data=True)
-        require_reader(caller, definition)
-        found = await self._reader.page(key, cursor, 1)
-        if found is None:
-            raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
-        position, _ = found
-        check_cursor(cursor, position.head, position.earliest)
+        key, definition = await self._checked(caller, run_id, stream_id, cursor)
 
         async def deliveries(slot: Slot) -> AsyncGenerator[Delivery, None]:
             try:
@@ -111,6 +102,30 @@ class Subscribe:
                 self._slots.release(caller, slot)
 
         return deliveries(self._slots.admit(caller))
+
+    async def check(self, caller: Caller, run_id: str, stream_id: str, cursor: int) -> None:
+        """Everything a subscription would be refused for, and nothing more (HEAD): no slot is
+        taken and nothing is followed."""
+        await self._checked(caller, run_id, stream_id, cursor)
+        self._slots.check(caller)
+
+    async def _checked(
+        self, caller: Caller, run_id: str, stream_id: str, cursor: int
+    ) -> tuple[StreamKey, StreamDefinition]:
+        caller.require("streams:read")
+        if self._tails.ending:
+            raise Stopping("this server is stopping; subscribe again (to another one)")
+        key = caller.key(run_id, stream_id)
+        if not 0 <= cursor <= MAX_SEQUENCE:
+            raise errors.InvalidInput(f"cursor must be 0 to {MAX_SEQUENCE}", field="cursor")
+        definition = await self._definitions.get(key, delivers_data=True)
+        require_reader(caller, definition)
+        found = await self._reader.page(key, cursor, 1)
+        if found is None:
+            raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
+        position, _ = found
+        check_cursor(cursor, position.head, position.earliest)
+        return key, definition
 
     def end_all(self) -> None:
         """End every live subscription of this process now (it is stopping)."""

@@ -138,6 +138,33 @@ async def test_reads_on_any_replica_keep_an_idle_stream_alive_then_it_is_404_eve
         await erased_by_the_workers(expiring.url, run_id, "s")
 
 
+async def test_head_is_no_access_an_idle_stream_headed_on_every_route_still_expires(
+    expiring: Deployment, run_id: str
+) -> None:
+    a, b = expiring.servers
+    async with api_client(a) as api_a, api_client(b) as api_b:
+        for stream_id in ("headed", "read"):
+            await create(api_a, run_id, stream_id, expiry={"idle_seconds": 2})
+        routes = ("", "/records", "/subscribe?cursor=0", "/objects/obj-1")
+        started = time.monotonic()
+        headed = []
+        # For twice idle_seconds, 0.4 s apart: HEAD on every GET route of one stream, GET on
+        # the other's document.
+        while time.monotonic() - started < 4:
+            for route in routes:
+                answer = await api_b.head(f"/runs/{run_id}/streams/headed{route}")
+                headed.append(answer.status_code)
+            read = await api_b.get(f"/runs/{run_id}/streams/read")
+            assert read.status_code == 200, read.text
+            await asyncio.sleep(0.4)
+        # Found while alive (the missing object aside), 404 once idle_seconds and twice the
+        # flush interval had passed since the create, HEADs notwithstanding.
+        assert headed[0] == 200 and headed[-4:] == [404] * 4, headed
+        assert (await api_a.get(f"/runs/{run_id}/streams/headed")).status_code == 404
+        assert (await api_a.get(f"/runs/{run_id}/streams/read")).status_code == 200
+        await erased_by_the_workers(expiring.url, run_id, "headed")
+
+
 async def test_an_open_subscription_keeps_the_stream_alive(
     expiring: Deployment, run_id: str
 ) -> None:

@@ -1,5 +1,5 @@
 """A method a path does not serve is 405 problem JSON with `Allow`; OPTIONS lists every method
-of the path (docs/http-api.md "Errors")."""
+of the path, HEAD wherever GET (docs/http-api.md "Errors")."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ from tests.integration.test_http_bad_input import assert_problem
 STREAM = "/runs/r-methods/streams/s"
 # Every API path and the methods it serves, OPTIONS included.
 PATHS = {
-    "/runs": "GET, OPTIONS",
+    "/runs": "GET, HEAD, OPTIONS",
     "/runs/r-methods": "DELETE, OPTIONS",
-    "/runs/r-methods/streams": "GET, OPTIONS, POST",
-    STREAM: "DELETE, GET, OPTIONS",
-    STREAM + "/records": "GET, OPTIONS, POST",
-    STREAM + "/subscribe": "GET, OPTIONS",
+    "/runs/r-methods/streams": "GET, HEAD, OPTIONS, POST",
+    STREAM: "DELETE, GET, HEAD, OPTIONS",
+    STREAM + "/records": "GET, HEAD, OPTIONS, POST",
+    STREAM + "/subscribe": "GET, HEAD, OPTIONS",
     STREAM + "/consumers/c/ack": "OPTIONS, POST",
     STREAM + "/close": "OPTIONS, POST",
     STREAM + "/legal-hold": "OPTIONS, PUT",
     STREAM + "/objects": "OPTIONS, POST",
-    STREAM + "/objects/o": "GET, OPTIONS",
-    STREAM + "/objects/o/body": "GET, OPTIONS, PUT",
+    STREAM + "/objects/o": "GET, HEAD, OPTIONS",
+    STREAM + "/objects/o/body": "GET, HEAD, OPTIONS, PUT",
     STREAM + "/objects/o/commit": "OPTIONS, POST",
     STREAM + "/objects/o/abort": "OPTIONS, POST",
 }
@@ -60,6 +60,6 @@ async def test_delete_on_records_is_405_and_changes_nothing(
     ).status_code == 201
     response = await api.delete(f"/runs/{run_id}/streams/s/records")
     assert_problem(response, 405, ("method-not-allowed",))
-    assert response.headers["allow"] == "GET, OPTIONS, POST"
+    assert response.headers["allow"] == "GET, HEAD, OPTIONS, POST"
     page = (await api.get(f"/runs/{run_id}/streams/s/records")).json()
     assert [r["data"] for r in page["records"]] == [1]

@@ -12,7 +12,7 @@ from dependency_injector import providers
 
 from application.access import Caller
 from application.errors import NotFound
-from application.expiry import SweepExpired
+from application.expiry import SweepExpired, not_an_access
 from domain import errors
 from domain.definition import DefinitionRequest, Expiry, resolve_definition
 from domain.events import StreamDeleted
@@ -248,6 +248,31 @@ async def test_head_does_not_count_as_an_access(app) -> None:
     clock.advance(MARGIN)
     with pytest.raises(NotFound):
         await definitions.get(key, touch=False)
+
+
+async def test_no_read_within_not_an_access_counts(app) -> None:
+    """What the HTTP layer wraps a HEAD in: every read route is checked (404 once expired) but
+    none keeps the stream alive, while the same reads outside it do."""
+    _, s, clock = app
+    await s.create_stream(ALICE, "r", request(stream_id="x", expiry={"idle_seconds": 10}))
+    await s.create_stream(ALICE, "r", request(stream_id="y", expiry={"idle_seconds": 10}))
+
+    async def read(stream_id: str) -> None:
+        await s.get_stream(ALICE, "r", stream_id)
+        await s.read_records(ALICE, "r", stream_id)
+        await s.subscribe.check(ALICE, "r", stream_id, 0)
+        with pytest.raises(NotFound):  # no such object: found only once the stream is
+            await s.objects.describe(ALICE, "r", stream_id, "obj-1")
+
+    for _ in range(4):
+        clock.advance(9)
+        with not_an_access():
+            await read("x")
+        await read("y")
+    clock.advance(MARGIN)
+    with not_an_access():
+        await every_route_is_404(s, "x")
+    await read("y")
 
 
 # -- the access log ------------------------------------------------------------------------------

@@ -9,10 +9,12 @@ import pytest
 
 from application.access import Caller
 from application.errors import Forbidden, NotFound, Unauthenticated
+from application.subscribe import TooManySubscriptions
 from application.tokens import token_hash
 from domain import errors
 from domain.definition import DefinitionRequest
 from domain.records import RecordInput
+from entrypoints.config import Settings
 from entrypoints.container import memory_container, start, stop
 
 ALL = frozenset({"streams:read", "streams:write", "streams:admin"})
@@ -173,3 +175,24 @@ async def test_a_stopping_process_ends_its_subscriptions_and_refuses_new_ones(ap
         await s.subscribe(ALICE, "r", "x", 0)
     assert refused.value.code == "unavailable"
     assert refused.value.retry_after >= 1
+
+
+async def test_checking_a_subscription_takes_no_slot_but_is_refused_at_the_cap() -> None:
+    container = memory_container(Settings(max_subscriptions_per_principal=1))
+    s = await start(container)
+    try:
+        await s.create_stream(ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
+        slots = container.subscription_slots()
+        for _ in range(3):
+            await s.subscribe.check(ALICE, "r", "x", 0)
+        assert slots.count() == 0
+        with pytest.raises(errors.CursorAheadOfHead):
+            await s.subscribe.check(ALICE, "r", "x", 5)  # ahead of the head, as subscribe says
+        subscription = await s.subscribe(ALICE, "r", "x", 0)
+        assert slots.count() == 1
+        with pytest.raises(TooManySubscriptions):
+            await s.subscribe.check(ALICE, "r", "x", 0)
+        await subscription.aclose()
+        await s.subscribe.check(ALICE, "r", "x", 0)
+    finally:
+        await stop(container)

@@ -32,3 +32,19 @@ class JsonAnswer:
             {"type": "http.response.start", "status": self._status, "headers": self._headers}
         )
         await send({"type": "http.response.body", "body": self._body})
+
+
+class HeadersAnswer:
+    """A status and headers, with no body (HEAD on a route whose GET answers an endless one)."""
+
+    __slots__ = ("_headers", "_status")
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self._status = status
+        self._headers = headers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send(
+            {"type": "http.response.start", "status": self._status, "headers": self._headers}
+        )
+        await send({"type": "http.response.body", "body": b""})

@@ -20,6 +20,7 @@ from domain.errors import DomainError
 from entrypoints.config import Settings
 from entrypoints.container import Container, Services, resolved, start, stop, workers
 from entrypoints.http import openapi, problems
+from entrypoints.http.head import serve_head
 from entrypoints.http.methods import list_every_method_in_options
 from entrypoints.http.objects import ObjectsController
 from entrypoints.http.observability import metrics, request_middleware
@@ -116,7 +117,10 @@ def create_app(container: Container) -> Litestar:
             openapi_config=OpenAPIConfig(
                 title="ductor-streams",
                 version="0.1.0",
-                description="Durable, ordered, flow-controlled data streams for workflow runs.",
+                description=(
+                    "Durable, ordered, flow-controlled data streams for workflow runs. "
+                    "HEAD is served wherever GET is: GET's status and headers, no body."
+                ),
                 path="/schema",
                 render_plugins=[JsonRenderPlugin()],
             ),
@@ -127,6 +131,9 @@ def create_app(container: Container) -> Litestar:
         )
     openapi.complete(app, elsewhere={"metrics": METRICS_DOCUMENTED})
     list_every_method_in_options(app)
+    # Around the router and the exception handlers, so that a HEAD is routed as its GET and
+    # answers its problems too (404, 401, 405).
+    app.asgi_handler = serve_head(app.asgi_handler)
     return app
 
 

@@ -13,6 +13,8 @@ from typing import Any
 from litestar import Litestar, Response
 from litestar.routes import HTTPRoute
 
+from entrypoints.http.head import allowed
+
 _DEFAULT_OPTIONS_HANDLER = "options_handler"  # the name of Litestar's generated handler
 
 
@@ -24,7 +26,7 @@ def list_every_method_in_options(app: Litestar) -> None:
         if handler.handler_name == _DEFAULT_OPTIONS_HANDLER:
             # The replacement keeps the generated handler's signature (it takes the scope),
             # which Litestar has already inspected to call it.
-            handler._fn = _answer_options(", ".join(sorted(route.methods)))
+            handler._fn = _answer_options(allowed(route.methods))
 
 
 def _answer_options(allow: str) -> Any:

@@ -15,6 +15,7 @@ from domain.errors import ObjectTooLarge
 from domain.objects import ObjectRequest
 from entrypoints.http import problems
 from entrypoints.http.body import decode_body
+from entrypoints.http.head import is_head
 from entrypoints.http.openapi import Answer, Header, Link, RequestBody, documented
 from entrypoints.http.ranges import NotSatisfiable, Span, byte_span
 from entrypoints.http.streams import (
@@ -231,19 +232,20 @@ class ObjectsController(Controller):
                 headers={"Accept-Ranges": "bytes", "Content-Range": f"bytes */{intent.size}"},
                 size=intent.size,
             )
-        if span is None:
-            chunks = body.read()
-            headers["Content-Length"] = str(intent.size)
-        else:
-            chunks = body.read(span.first, span.length)
-            headers["Content-Length"] = str(span.length)
+        if span is not None:
             headers["Content-Range"] = f"bytes {span.first}-{span.last}/{intent.size}"
+        headers["Content-Length"] = str(intent.size if span is None else span.length)
+        status = 200 if span is None else 206
+        if is_head(request):
+            # Answered from the metadata: the store is not read.
+            return Stream((), status_code=status, media_type=intent.content_type, headers=headers)
+        chunks = body.read() if span is None else body.read(span.first, span.length)
         # The first read happens before the status goes out, so a body missing from the store
         # (or a store out of reach) is a problem answer rather than a cut-off 200.
         first = await anext(chunks, b"")
         return Stream(
             _prepended(first, chunks),
-            status_code=200 if span is None else 206,
+            status_code=status,
             media_type=intent.content_type,
             headers=headers,
         )

@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 from application.log_context import request_id
 from entrypoints.container import resolved
+from entrypoints.http.head import method_of
 
 DB_FIGURES_SECONDS = 5.0
 
@@ -206,9 +207,10 @@ def request_middleware(app: Any) -> Any:
         finally:
             route = scope.get("path_template") or "unmatched"
             seconds = time.perf_counter() - started
-            HOT.observe(scope["method"], route, str(status), seconds)
+            method = method_of(scope)
+            HOT.observe(method, route, str(status), seconds)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("%s %s %d %.1f ms", scope["method"], scope["path"], status, seconds * 1e3)
+                log.debug("%s %s %d %.1f ms", method, scope["path"], status, seconds * 1e3)
             request_id.reset(token)
 
     return middleware

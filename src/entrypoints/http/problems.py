@@ -10,6 +10,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
 from domain.errors import Backpressure, DomainError
+from entrypoints.http.head import allowed, method_of
 from entrypoints.http.observability import HOT
 
 log = logging.getLogger("ductor_streams.http")
@@ -117,14 +118,14 @@ def http_error(request: Request, error: HTTPException) -> Response[bytes]:
     elif status == 405:
         # RFC 9110 §15.5.6: a 405 lists the methods the path serves. The router names them in
         # the exception's headers, in no particular order.
-        allowed = sorted(
-            method.strip()
+        allow = allowed(
+            method
             for name, value in (error.headers or {}).items()
             if name.lower() == "allow"
             for method in value.split(",")
         )
-        headers = {"Allow": ", ".join(allowed)}
-        detail = f"{request.method} is not served here; this path serves {', '.join(allowed)}"
+        headers = {"Allow": allow}
+        detail = f"{method_of(request.scope)} is not served here; this path serves {allow}"
     return problem(code, detail, status=status, headers=headers)
 
 

@@ -27,8 +27,9 @@ from domain.definition import MAX_BATCH_RECORDS, MAX_SEQUENCE, DefinitionRequest
 from domain.errors import InvalidInput
 from domain.ids import ID_PATTERN
 from entrypoints.container import Services
-from entrypoints.http.answers import JsonAnswer
+from entrypoints.http.answers import HeadersAnswer, JsonAnswer
 from entrypoints.http.body import decode_body
+from entrypoints.http.head import is_head
 from entrypoints.http.observability import HOT
 from entrypoints.http.openapi import Answer, Header, Link, documented
 from entrypoints.http.schemas import AckBody, AppendBody, LegalHoldBody
@@ -295,6 +296,10 @@ class StreamsController(Controller):
             if not _SEQUENCE_DIGITS.fullmatch(last_event_id):
                 raise InvalidInput("Last-Event-ID must be a record sequence", field="Last-Event-ID")
             cursor = int(last_event_id)
+        if is_head(request):
+            # What a subscription would answer, and nothing followed: no slot is held.
+            await services.subscribe.check(caller, run_id, stream_id, cursor)
+            return HeadersAnswer(200, SSE_HEADERS)
         subscription = await services.subscribe(caller, run_id, stream_id, cursor)
         return EventStreamResponse(event_stream(subscription), SSE_HEADERS)
 
