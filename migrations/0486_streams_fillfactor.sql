@@ -1,0 +1,12 @@
+-- Migration 486: room on every `streams` page for the next versions of its rows.
+-- A stream row (~1 KB: the definition, the state snapshot, the keys) is rewritten by every group
+-- commit, by hundreds of transactions a second on a busy stream. Such an update stays on its page
+-- (HOT: no index entry, nothing for vacuum to do but prune the page) only when the page has room
+-- for the new version, and PostgreSQL prunes a page's dead versions before it fills only once its
+-- free space drops below max(100% - fillfactor, 10%) of the page: at fillfactor 100 that is
+-- 819 bytes, less than one row version. Whenever something holds back the xmin horizon for a
+-- moment (an ANALYZE, a slow COMMIT), the dead versions cannot be pruned yet and the next
+-- versions go to other pages; with the free space map empty between autovacuum runs that means
+-- new pages. At fillfactor 50, inserts leave half of each page free and pruning starts with 4 KB
+-- still free. It costs twice the heap for stream rows, which are one per stream.
+ALTER TABLE streams SET (fillfactor = 50);
