@@ -40,6 +40,22 @@ def database_url(postgres_admin_url: str) -> Iterator[str]:
     asyncio.run(drop_test_database(postgres_admin_url, name))
 
 
+@pytest.fixture(scope="module")
+def own_database(postgres_admin_url: str) -> Iterator[str]:
+    """A database of the requesting test module's own, for tests that run workers: no other
+    test's workers claim its jobs, and its workers claim no other test's."""
+    url, name = asyncio.run(create_test_database(postgres_admin_url))
+    yield url
+    asyncio.run(drop_test_database(postgres_admin_url, name))
+
+
+@pytest.fixture
+async def own_pool(own_database: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(own_database, min_size=1, max_size=4)
+    yield pool
+    await pool.close()
+
+
 @pytest.fixture(scope="session")
 async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=10)

@@ -9,7 +9,6 @@ import asyncio
 import hashlib
 import os
 import secrets
-from collections.abc import Iterator
 
 import asyncpg
 import httpx
@@ -18,7 +17,6 @@ import pytest
 from adapters.postgres.erasure import ERASED_TABLES
 from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, api_client
 from tests.integration.test_sse import Subscriber, assert_problem, path, wide_client
-from tests.support.postgres import create_test_database, drop_test_database
 from tests.support.server import ServerProcess, WorkerProcess
 
 
@@ -307,14 +305,6 @@ WORKER_ENV = {
     "DUCTOR_STREAMS_WORKER_LEASE_SECONDS": "1",
     "DUCTOR_STREAMS_RETRY_BASE_SECONDS": "0.2",
 }
-
-
-@pytest.fixture(scope="module")
-def own_database(postgres_admin_url: str) -> Iterator[str]:
-    """A database of this module's own: no other test's worker claims its outbox rows."""
-    url, name = asyncio.run(create_test_database(postgres_admin_url))
-    yield url
-    asyncio.run(drop_test_database(postgres_admin_url, name))
 
 
 def stored_bodies(data_dir, run_id: str) -> list[str]:

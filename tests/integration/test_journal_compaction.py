@@ -25,7 +25,6 @@ from domain.state import decode_state
 from domain.stream import Stream, StreamKey
 from tests.conftest import SERVER_ENV, api_client
 from tests.support.builders import NOW, append, definition
-from tests.support.postgres import create_test_database, drop_test_database
 from tests.support.server import ServerProcess, WorkerProcess
 
 EVERY = 10
@@ -39,21 +38,6 @@ WORKER_ENV = {
     "DUCTOR_STREAMS_LOG_LEVEL": "INFO",
 }
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
-
-
-@pytest.fixture(scope="module")
-def own_database(postgres_admin_url: str) -> Iterator[str]:
-    """A database of this module's own: no other test's workers compact here."""
-    url, name = asyncio.run(create_test_database(postgres_admin_url))
-    yield url
-    asyncio.run(drop_test_database(postgres_admin_url, name))
-
-
-@pytest.fixture
-async def own_pool(own_database: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await asyncpg.create_pool(own_database, min_size=1, max_size=4)
-    yield pool
-    await pool.close()
 
 
 @pytest.fixture(scope="module")

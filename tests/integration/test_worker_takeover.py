@@ -7,7 +7,6 @@ import asyncio
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
@@ -17,26 +16,10 @@ from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
 from adapters.postgres.journal import PostgresCompactionJobs
 from application.workers import Job, Worker
 from tests.conftest import SERVER_ENV, api_client
-from tests.support.postgres import create_test_database, drop_test_database
 from tests.support.server import ServerProcess, WorkerProcess
 from tests.support.wait_stub import WaitServiceStub
 
 LEASE = 0.6
-
-
-@pytest.fixture(scope="module")
-def own_database(postgres_admin_url: str) -> Iterator[str]:
-    """A database of this module's own: its workers must not claim other tests' jobs."""
-    url, name = asyncio.run(create_test_database(postgres_admin_url))
-    yield url
-    asyncio.run(drop_test_database(postgres_admin_url, name))
-
-
-@pytest.fixture
-async def own_pool(own_database: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await asyncpg.create_pool(own_database, min_size=1, max_size=4)
-    yield pool
-    await pool.close()
 
 
 async def add_retention_job(pool: asyncpg.Pool, stream_id: str) -> None:

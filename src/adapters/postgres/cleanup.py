@@ -22,6 +22,20 @@ def _not_held(alias: str) -> str:
           AND s.stream_id = {alias}.stream_id AND s.legal_hold)"""
 
 
+def aged_rows(table: str, pick: str, age: str, also: str = "") -> str:
+    """The batch statement for `delete_in_batches`: rows of `table` whose `age` column is older
+    than $1, not of a held stream, oldest first, picked by `pick` (ctid or id)."""
+    return f"""
+DELETE FROM {table} WHERE {pick} = ANY(ARRAY(
+    SELECT t.{pick} FROM {table} t
+    WHERE t.{age} < now() - $1::interval AND t.{age} >= $3 AND {_not_held("t")}
+    ORDER BY t.{age}
+    LIMIT $2
+)){also}
+RETURNING {age}
+"""
+
+
 # Delivery is in order, so a delivered row with a delivered next row is below the stream's
 # highest delivered one, which stays: `delivered_through` is the highest delivered sequence.
 _DELIVERED = f"""
@@ -39,25 +53,8 @@ DELETE FROM input_deliveries WHERE ctid = ANY(ARRAY(
 RETURNING delivered_at
 """
 
-_DONE_DELETIONS = f"""
-DELETE FROM deletion_outbox WHERE id = ANY(ARRAY(
-    SELECT o.id FROM deletion_outbox o
-    WHERE o.done_at < now() - $1::interval AND o.done_at >= $3 AND {_not_held("o")}
-    ORDER BY o.done_at
-    LIMIT $2
-)) AND done_at IS NOT NULL
-RETURNING done_at
-"""
-
-_GAP_EVIDENCE = f"""
-DELETE FROM gap_evidence WHERE id = ANY(ARRAY(
-    SELECT g.id FROM gap_evidence g
-    WHERE g.repaired_at < now() - $1::interval AND g.repaired_at >= $3 AND {_not_held("g")}
-    ORDER BY g.repaired_at
-    LIMIT $2
-))
-RETURNING repaired_at
-"""
+_DONE_DELETIONS = aged_rows("deletion_outbox", "id", "done_at", " AND done_at IS NOT NULL")
+_GAP_EVIDENCE = aged_rows("gap_evidence", "id", "repaired_at")
 
 
 async def delete_in_batches(

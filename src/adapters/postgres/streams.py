@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
+from adapters.postgres.cleanup import aged_rows, delete_in_batches
 from adapters.postgres.erasure import WAKE_CHANNEL, erase
 from adapters.postgres.intents import project_objects, read_expired_intents, read_intent
 from adapters.postgres.journal import read_journal, schedule_compaction
@@ -86,19 +87,7 @@ WHERE {_KEY} AND idempotency_key = ANY($4::text[])
 # A held stream's receipts stay (a hold removes nothing); the hold is read with a plain SELECT,
 # so the sweep never waits for or takes a stream-row lock. Oldest first from $3, where the last
 # batch ended, so held receipts are passed over once per sweep (delete_in_batches).
-_FORGET_RECEIPTS = """
-DELETE FROM append_receipts WHERE ctid = ANY(ARRAY(
-    SELECT r.ctid FROM append_receipts r
-    WHERE r.created_at < now() - $1::interval AND r.created_at >= $3
-      AND NOT EXISTS (
-          SELECT 1 FROM streams s
-          WHERE s.tenant = r.tenant AND s.run_id = r.run_id AND s.stream_id = r.stream_id
-            AND s.legal_hold)
-    ORDER BY r.created_at
-    LIMIT $2
-))
-RETURNING created_at
-"""
+_FORGET_RECEIPTS = aged_rows("append_receipts", "ctid", "created_at")
 
 _OFFSETS = f"""
 SELECT sequence, end_offset FROM stream_records WHERE {_KEY} AND sequence = ANY($4::bigint[])
@@ -366,8 +355,6 @@ class PostgresStreams:
         return await read_intent(self._pool, key, object_id)
 
     async def forget_receipts(self, older_than: timedelta, batch: int = 1000) -> int:
-        from adapters.postgres.cleanup import delete_in_batches  # the cleanup sweeps' batching
-
         return await delete_in_batches(self._pool, _FORGET_RECEIPTS, older_than, batch)
 
     async def expired_intents(self, now: datetime, limit: int) -> list[tuple[StreamKey, str]]:
