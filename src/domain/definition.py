@@ -129,6 +129,21 @@ class Authorization(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return "*" in self.writers or principal in self.writers
 
 
+class Fork(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A stream that inherits a prefix of another: it reads the source's records 1..`through`
+    (without copying them) and its own records from `through + 1` on. The source is named by
+    key and creation time (a source deleted and created again is another stream). `offset` and
+    `sub_offset` are what the creating request asked for, kept so that the same request again
+    is recognised as the same definition."""
+
+    run_id: str
+    stream_id: str
+    source_created_at: datetime
+    through: int
+    offset: int | None = None
+    sub_offset: int = 0
+
+
 class StreamDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     stream_id: str
     direction: Direction
@@ -141,6 +156,11 @@ class StreamDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     authorization: Authorization
     # Last, with a default: definitions stored before expiry existed decode as never expiring.
     expiry: Expiry = msgspec.field(default_factory=Expiry)
+    # The Durable Streams surface (CONTRACT section 4): the media type a stream created through
+    # it carries (None: a native stream), and what it forks. Last, with defaults, so definitions
+    # stored before they existed decode unchanged.
+    content_type: str | None = None
+    fork: Fork | None = None
 
 
 # Documented: the document says "at most one" (resolve_definition refuses both, with its answer).

@@ -98,3 +98,28 @@ class DigestMismatch(DomainError):
 
 class SizeMismatch(DomainError):
     code = "size-mismatch"
+
+
+class StreamGone(DomainError):
+    """The stream was deleted while forks still read its records (the Durable Streams soft
+    delete): it answers 410 until its last fork is gone, and its ID cannot be created again."""
+
+    code = "stream-gone"
+
+
+class ProducerEpochStale(DomainError):
+    """An idempotent producer's epoch is below the stream's: carries `current_epoch`."""
+
+    code = "producer-epoch-stale"
+
+
+class ProducerSequenceGap(DomainError):
+    """An idempotent producer skipped sequences: carries `expected_seq` and `received_seq`."""
+
+    code = "producer-sequence-gap"
+
+
+class WriterSequenceRegression(DomainError):
+    """A `Stream-Seq` not above the last one appended: carries `last_seq`."""
+
+    code = "stream-seq-regression"
