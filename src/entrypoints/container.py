@@ -51,6 +51,7 @@ from application.compaction import CompactJournal
 from application.create_stream import CreateStream
 from application.definitions import Definitions
 from application.delete_stream import DeleteRun, DeleteStream
+from application.durable_reads import DurableReads
 from application.deletions import DeleteBodies
 from application.expiry import AccessLog, SweepExpired
 from application.get_stream import GetStream
@@ -326,6 +327,13 @@ class Container(containers.DeclarativeContainer):
         poll_seconds=settings.provided.worker_poll_seconds,
         retry_base_seconds=settings.provided.retry_base_seconds,
     )
+    durable_reads = providers.Singleton(
+        DurableReads,
+        definitions,
+        streams,
+        tails,
+        heartbeat_seconds=settings.provided.sse_heartbeat_seconds,
+    )
     subscribe = providers.Singleton(
         Subscribe,
         definitions,
@@ -375,6 +383,10 @@ class Services:
     list_runs: ListRuns
     subscribe: Subscribe
     objects: Objects
+    # The Durable Streams surface (entrypoints/durable_streams).
+    durable_reads: DurableReads
+    definitions: Definitions
+    deployment: Deployment
 
     def __init__(self, **built: object) -> None:
         for name in self.__annotations__:
