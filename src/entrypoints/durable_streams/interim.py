@@ -68,6 +68,11 @@ async def create_resolved(
 ) -> tuple[object, bool]:
     create = services.create_stream  # type: ignore[attr-defined]
     key = caller.key(run_id, definition.stream_id)
+    expires_at = definition.expiry.expires_at
+    if expires_at is not None and expires_at <= create._clock():
+        from domain.errors import InvalidInput
+
+        raise InvalidInput("Stream-Expires-At has already passed", field="Stream-Expires-At")
     stream, created = await create._streams.create(key, definition, create._clock())
     if created and definition.expiry.enabled:
         create._access.remember(key, create._clock(), recorded=True)
