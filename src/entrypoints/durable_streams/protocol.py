@@ -196,6 +196,11 @@ async def create(request: Request) -> Answer:
     stream, created = await create_fn(services)(
         caller, run_id, definition, initial=[*inherited, *records], closed=closed
     )
+    if not created and getattr(stream.state, "soft_deleted", False):
+        raise errors.DefinitionConflict(
+            f"stream {stream_id!r} was deleted and its forks still read it: it cannot be created "
+            "again until they are gone"
+        )
     if not created and stream.state.closed != closed:
         raise errors.DefinitionConflict(
             "the stream exists and is "
