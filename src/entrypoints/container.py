@@ -51,8 +51,8 @@ from application.compaction import CompactJournal
 from application.create_stream import CreateStream
 from application.definitions import Definitions
 from application.delete_stream import DeleteRun, DeleteStream
-from application.durable_reads import DurableReads
 from application.deletions import DeleteBodies
+from application.durable_reads import DurableReads
 from application.expiry import AccessLog, SweepExpired
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
