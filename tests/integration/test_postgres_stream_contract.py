@@ -11,6 +11,7 @@ from application.compaction import CompactionJob, CompactJournal
 from domain.stream import StreamKey
 from tests.support.stream_contract import (
     SNAPSHOT_EVERY,
+    ForkContract,
     JournalContract,
     ObjectIntentsContract,
     StreamRepositoryContract,
@@ -19,7 +20,9 @@ from tests.support.stream_contract import (
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
 
 
-class TestPostgresStreams(StreamRepositoryContract, ObjectIntentsContract, JournalContract):
+class TestPostgresStreams(
+    StreamRepositoryContract, ObjectIntentsContract, JournalContract, ForkContract
+):
     @pytest.fixture
     def repo(self, pool: asyncpg.Pool) -> PostgresStreams:
         return PostgresStreams(pool)
