@@ -19,9 +19,9 @@ from application.close_stream import CloseCommand
 from application.delete_stream import DeleteCommand
 from application.errors import NotFound
 from application.expiry import ExpireCommand
-from application.retention import PruneCommand
 from application.objects import AbortCommand, CommitCommand, PrepareCommand, UploadedCommand
 from application.ports import Done, Failed, Replayed
+from application.retention import PruneCommand
 from application.set_legal_hold import LegalHoldCommand
 from domain import errors
 from domain import events as ev
@@ -458,7 +458,7 @@ class ForkContract:
 
     async def source(self, repo, n: int, stream_id: str = "src", key=None) -> Stream:
         key = (key or new_key())._replace(stream_id=stream_id)
-        stream, _ = await repo.create(key, definition(stream_id), NOW)
+        await repo.create(key, definition(stream_id), NOW)
         if n:
             await repo.update(key, [append([rec(i) for i in range(1, n + 1)])])
         return await repo.load(key)
@@ -600,6 +600,7 @@ class ForkContract:
         assert await payloads(repo, c.key) == [rec(1).payload, rec(10).payload]
         assert await payloads(repo, a.key) == [rec(1).payload, rec(2).payload]
         [erased] = await repo.update(c.key, [DeleteCommand(NOW)])
+        assert isinstance(erased.events[0], ev.StreamDeleted)
         assert await repo.page(b.key, 0, 10) is None  # released with its last fork
         position, _ = await repo.page(a.key, 0, 10)  # never deleted: stays as it was
         assert not position.soft_deleted and position.head == 2
@@ -669,7 +670,7 @@ class ForkContract:
         for _ in range(5):
             src = await self.source(repo, 2)
 
-            async def one_fork(n: int) -> Stream | None:
+            async def one_fork(n: int, src: Stream = src) -> Stream | None:
                 key = src.key._replace(stream_id=f"f{n}")
                 try:
                     stream, _ = await repo.create(key, forked(src, f"f{n}", 2), NOW)

@@ -116,7 +116,7 @@ async def test_binary_sub_offset_overshoot_and_empty_source_are_invalid(app) -> 
 
 
 async def test_missing_source_mismatched_type_and_other_tenant(app) -> None:
-    container, s, forks = app
+    container, _, forks = app
     with pytest.raises(NotFound):
         await forks.resolve(ALICE, "r", "nothing", None, 0, None)
     await make(container, "bin", content_type="text/plain")
