@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import msgspec
 import pytest
 
+from application import live
 from application.access import Caller
 from application.errors import NotFound
 from application.forks import Forks
+from application.views import record_view
 from domain import errors
 from domain.definition import DefinitionRequest
 from domain.records import RecordInput, RecordKind
@@ -159,3 +162,27 @@ async def test_a_soft_deleted_source_is_gone_for_every_direct_operation(app) -> 
         await s.read_records(ALICE, "r", "src")
     await s.create_stream(ALICE, "r", native("src"))
     assert (await s.get_stream(ALICE, "r", "src")).state.head == 0
+
+
+async def test_live_readers_of_a_source_end_when_it_is_soft_deleted(app) -> None:
+    container, s, forks = app
+    await s.create_stream(ALICE, "r", native("src"))
+    await s.append_records(ALICE, "r", "src", data(1))
+    fork, _, _ = await forks.resolve(ALICE, "r", "src", None, 0, None)
+    await make(container, "f", fork=fork)
+    subscription = await s.subscribe(ALICE, "r", "src", 0)
+    first = await anext(subscription)
+    assert [r.sequence for r in first.records] == [1]
+    waiting = asyncio.create_task(s.read_records(ALICE, "r", "src", cursor=1, wait=10))
+    await asyncio.sleep(0.05)
+    await s.delete_stream(ALICE, "r", "src")
+    async with asyncio.timeout(5):
+        rest = [d async for d in subscription]
+        with pytest.raises(errors.StreamGone):
+            await waiting
+    assert rest == [live.StreamGone()]
+    # The fork's own subscription follows it, not its source.
+    follower = await s.subscribe(ALICE, "r", "f", 0)
+    delivered = await anext(follower)
+    assert [bytes(r.data) for r in map(record_view, delivered.records)] == [b"1"]
+    await follower.aclose()
