@@ -18,7 +18,7 @@ from application.errors import NotFound
 from application.ports import RecordReader, StreamRepository
 from application.read_records import check_cursor
 from domain import errors
-from domain.definition import Fork
+from domain.definition import Expiry, Fork
 from domain.records import NewRecord, RecordKind
 
 JSON = "application/json"
@@ -110,6 +110,17 @@ class Forks:
             sub_offset=sub_offset,
         )
         return fork, records, source_type
+
+    async def inherited_expiry(
+        self, caller: Caller, source_run_id: str, source_stream_id: str, requested: Expiry
+    ) -> Expiry:
+        """The fork's expiry (PROTOCOL.md §4.2's table): its own when the request sets one,
+        otherwise its source's (the same `idle_seconds`, refreshed independently, or the same
+        `expires_at`); never capped by the source's."""
+        if requested.enabled:
+            return requested
+        key = caller.key(source_run_id, source_stream_id)
+        return (await self._definitions.get(key, touch=False)).expiry
 
     async def _split(self, key, anchor: int, sub_offset: int) -> tuple[int, list[NewRecord]]:
         """`sub_offset` bytes after record `anchor`: the last whole record inherited, and the

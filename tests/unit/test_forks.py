@@ -14,7 +14,7 @@ from application.errors import NotFound
 from application.forks import Forks
 from application.views import record_view
 from domain import errors
-from domain.definition import DefinitionRequest
+from domain.definition import DefinitionRequest, Expiry
 from domain.records import RecordInput, RecordKind
 from domain.stream import StreamKey
 from entrypoints.container import memory_container, start, stop
@@ -46,10 +46,14 @@ def raw(*chunks: bytes) -> list[RecordInput]:
     return [RecordInput(data_base64=base64.b64encode(c).decode()) for c in chunks]
 
 
-async def make(container, stream_id: str, *, content_type=None, fork=None) -> StreamKey:
+async def make(
+    container, stream_id: str, *, content_type=None, fork=None, expiry=None
+) -> StreamKey:
     """A stream as the protocol surface creates one: with its content type, or a fork."""
     key = ALICE.key("r", stream_id)
-    changed = msgspec.structs.replace(definition(stream_id), content_type=content_type, fork=fork)
+    changed = msgspec.structs.replace(
+        definition(stream_id), content_type=content_type, fork=fork, expiry=expiry or Expiry()
+    )
     _, created = await container.streams().create(key, changed, container.clock()())
     assert created
     return key
@@ -186,3 +190,14 @@ async def test_live_readers_of_a_source_end_when_it_is_soft_deleted(app) -> None
     delivered = await anext(follower)
     assert [bytes(r.data) for r in map(record_view, delivered.records)] == [b"1"]
     await follower.aclose()
+
+
+async def test_a_fork_inherits_its_sources_expiry_unless_it_sets_its_own(app) -> None:
+    container, s, forks = app
+    idle = Expiry(idle_seconds=3600)
+    await make(container, "ttl", expiry=idle)
+    assert await forks.inherited_expiry(ALICE, "r", "ttl", Expiry()) == idle
+    own = Expiry(idle_seconds=60)
+    assert await forks.inherited_expiry(ALICE, "r", "ttl", own) == own
+    await s.create_stream(ALICE, "r", native("forever"))
+    assert await forks.inherited_expiry(ALICE, "r", "forever", Expiry()) == Expiry()
