@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import msgspec
@@ -18,7 +18,7 @@ from application.fork_reads import ForkLink, check_fork_source, kept_by_forks, s
 from application.ports import Command, Outcome, Position, RunSummary, StoredRecord
 from application.retention import expired_prefix
 from application.wake import WakeRegistry
-from domain.definition import Fork, StreamDefinition
+from domain.definition import StreamDefinition
 from domain.events import (
     Event,
     ObjectAborted,
@@ -92,25 +92,33 @@ class MemoryStreams:
             row = self._rows.get(key)
             if row is not None:
                 return self._stream(key, row), False
-            if definition.fork is not None:
-                await self._link_fork(key, definition.fork)
-            stream, created = Stream.create(key, definition, now)
-            self._rows[key] = _Row(
-                definition=encode_definition(definition),
-                state=encode_state(stream.state),
-                journal=[encode_event(created)],
-            )
+            async with self._fork_source(key, definition):
+                stream, created = Stream.create(key, definition, now)
+                self._rows[key] = _Row(
+                    definition=encode_definition(definition),
+                    state=encode_state(stream.state),
+                    journal=[encode_event(created)],
+                )
             return self._stream(key, self._rows[key]), True
 
-    async def _link_fork(self, key: StreamKey, fork: Fork) -> None:
-        """Under the source's lock (taken after the fork's: child before parent, as erasure
-        takes them): the very source the fork was resolved against, not soft-deleted, and far
-        enough; then the link that keeps it from being erased while the fork reads it."""
+    @contextlib.asynccontextmanager
+    async def _fork_source(
+        self, key: StreamKey, definition: StreamDefinition
+    ) -> AsyncIterator[None]:
+        """For a fork, around its creation: its source's lock (taken after the fork's: child
+        before parent, as erasure takes them), the re-check that it is the very source the fork
+        was resolved against, not soft-deleted, and far enough; and, once the creation went
+        through (not if it raised), the link that keeps the source from being erased while the
+        fork reads it."""
+        fork = definition.fork
+        if fork is None:
+            yield
+            return
         source = StreamKey(key.tenant, fork.run_id, fork.stream_id)
         async with self._locks[source]:
             row = self._rows.get(source)
-            state = None if row is None else decode_state(row.state)
-            check_fork_source(source, state, fork)
+            check_fork_source(source, None if row is None else decode_state(row.state), fork)
+            yield
             self._forks.setdefault(source, set()).add(key)
 
     def forks_of(self, key: StreamKey) -> set[StreamKey]:
