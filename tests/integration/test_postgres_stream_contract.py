@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import asyncpg
@@ -13,6 +14,7 @@ from adapters.postgres.journal import PostgresJournalCompactor
 from adapters.postgres.streams import PostgresStreams
 from application.compaction import CompactionJob, CompactJournal
 from application.delete_stream import DeleteCommand
+from application.errors import NotFound
 from application.expiry import ExpireCommand
 from domain.definition import Expiry
 from domain.stream import StreamKey
@@ -103,3 +105,38 @@ async def test_a_soft_deleted_source_leaves_the_expiry_sweep_and_its_links_hold_
         )
         == 0
     )
+
+
+async def test_a_fork_waiting_on_its_sources_lock_finds_it_erased_and_leaves_nothing(
+    pool: asyncpg.Pool,
+) -> None:
+    """The interleaving the lock order is for: the source's delete holds its row when the
+    fork's creation reaches it; the delete saw no link (there is none yet) and erases it; the
+    creation then finds no source (404) and rolls back whole."""
+    repo = PostgresStreams(pool)
+    key = new_key()._replace(stream_id="src")
+    await repo.create(key, definition("src"), NOW)
+    await repo.update(key, [append([record()])])
+    source = await repo.load(key)
+    fork_key = key._replace(stream_id="f")
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        await conn.execute(f"SELECT 1 FROM streams WHERE {_KEY} FOR UPDATE", *key)
+        creating = asyncio.create_task(repo.create(fork_key, forked(source, "f", 1), NOW))
+        while not await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock'"
+        ):
+            await asyncio.sleep(0.01)  # the creation is waiting on the source's row
+        assert not await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM stream_forks WHERE tenant = $1 AND source_run_id = $2"
+            " AND source_stream_id = $3)",
+            *key,
+        )
+        await erase(conn, key.tenant, key.run_id, [key.stream_id], "deleted")
+        await transaction.commit()
+    with pytest.raises(NotFound):
+        await creating
+    assert await repo.load(fork_key) is None
+    assert await pool.fetchval(f"SELECT count(*) FROM stream_forks WHERE {_KEY}", *fork_key) == 0
