@@ -124,11 +124,12 @@ async def test_a_fork_waiting_on_its_sources_lock_finds_it_erased_and_leaves_not
         await transaction.start()
         await conn.execute(f"SELECT 1 FROM streams WHERE {_KEY} FOR UPDATE", *key)
         creating = asyncio.create_task(repo.create(fork_key, forked(source, "f", 1), NOW))
-        while not await pool.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock'"
-        ):
-            await asyncio.sleep(0.01)  # the creation is waiting on the source's row
+        async with asyncio.timeout(10):
+            while not await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'"
+            ):
+                await asyncio.sleep(0.01)  # the creation is waiting on the source's row
         assert not await conn.fetchval(
             "SELECT EXISTS (SELECT 1 FROM stream_forks WHERE tenant = $1 AND source_run_id = $2"
             " AND source_stream_id = $3)",
