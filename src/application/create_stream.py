@@ -55,6 +55,11 @@ class CreateStream:
             with contextlib.suppress(NotFound):  # erased meanwhile
                 await self._streams.update(key, [command])
             stream, created = await self._streams.create(key, definition, self._clock())
+        if not created and stream.state.soft_deleted:
+            raise DefinitionConflict(
+                f"stream {definition.stream_id!r} was deleted while forks still read it: its ID "
+                "cannot be created again until the last fork is gone"
+            )
         if not created and stream.definition != definition:
             raise DefinitionConflict(
                 f"stream {definition.stream_id!r} already exists with another definition; "

@@ -166,6 +166,8 @@ class Position(msgspec.Struct, frozen=True):
     # Which incarnation of the stream this is: a stream deleted and created again with the same
     # ID is another stream, told apart by its creation time.
     created_at: datetime | None = None
+    # Deleted while forks still read it: every direct read answers StreamGone (410).
+    soft_deleted: bool = False
 
 
 class RecordReader(Protocol):
@@ -173,7 +175,11 @@ class RecordReader(Protocol):
         self, key: StreamKey, cursor: int, limit: int
     ) -> tuple[Position, list[StoredRecord]] | None:
         """The stream's position and its records with sequence > cursor, ascending, at most
-        `limit` (a keyset page), read from one snapshot; None if there is no such stream."""
+        `limit` (a keyset page), read from one snapshot; None if there is no such stream.
+
+        A fork's page is stitched (`application.fork_reads`): records up to its `through` are
+        its source's (recursively up the chain), later ones its own; its `earliest` is where
+        the source's retention left the inherited prefix, unless its own went further."""
 
     async def expired_through(
         self, key: StreamKey, after: int, cutoff: datetime, limit: int

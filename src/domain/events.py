@@ -92,6 +92,13 @@ class StreamDeleted(Event, frozen=True, tag="stream_deleted"):
     reason: str  # "deleted" (DELETE) or "expired" (expiry)
 
 
+class StreamSoftDeleted(Event, frozen=True, tag="stream_soft_deleted"):
+    """Deleted (or expired) while forks still read its records: it answers 410 from now on and
+    is erased, in the transaction that erases its last fork."""
+
+    reason: str  # "deleted" or "expired"
+
+
 AnyEvent = (
     StreamCreated
     | StreamSnapshotted
@@ -106,6 +113,7 @@ AnyEvent = (
     | ObjectAborted
     | ObjectExpired
     | StreamDeleted
+    | StreamSoftDeleted
 )
 
 _encoder = msgspec.json.Encoder()

@@ -25,7 +25,11 @@ class LegalHold(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class StreamState(msgspec.Struct, forbid_unknown_fields=True):
-    """The snapshot. `earliest` is the lowest retained sequence (head + 1 when none is)."""
+    """The snapshot. `earliest` is the lowest retained sequence (head + 1 when none is).
+
+    A fork (`definition.fork`) starts at `head = earliest - 1 = fork.through`: sequences up to
+    `through` are the source's (read through it, never copied, never counted here), so its
+    totals, credit and retention count only its own records."""
 
     version: int = 0
     created_at: datetime | None = None
@@ -40,6 +44,9 @@ class StreamState(msgspec.Struct, forbid_unknown_fields=True):
     consumers: dict[str, Consumer] = msgspec.field(default_factory=dict)
     objects: dict[str, ObjectIntent] = msgspec.field(default_factory=dict)  # open intents only
     deleted: bool = False  # erased: nothing is decided after it (never stored: the row goes)
+    # Deleted (or expired) while forks still read its records: every direct operation answers
+    # StreamGone; the row and records stay until its last fork is gone (then it is erased).
+    soft_deleted: bool = False
 
 
 _state_encoder = msgspec.json.Encoder()

@@ -42,14 +42,25 @@ class Credit(msgspec.Struct, frozen=True):
 
 
 class Stream:
-    """One stream: its immutable definition and its state, changed only by `apply`."""
+    """One stream: its immutable definition and its state, changed only by `apply`.
 
-    __slots__ = ("definition", "key", "state")
+    `forked` is a fact the port reads under the row lock, not state: whether forks still
+    reference this stream's records (it turns a delete or an expiry into a soft delete)."""
 
-    def __init__(self, key: StreamKey, definition: StreamDefinition, state: StreamState) -> None:
+    __slots__ = ("definition", "forked", "key", "state")
+
+    def __init__(
+        self,
+        key: StreamKey,
+        definition: StreamDefinition,
+        state: StreamState,
+        *,
+        forked: bool = False,
+    ) -> None:
         self.key = key
         self.definition = definition
         self.state = state
+        self.forked = forked
 
     # -- creation -------------------------------------------------------------------------------
 
@@ -103,6 +114,7 @@ class Stream:
     # -- commands (decide) ----------------------------------------------------------------------
 
     def append(self, records: list[NewRecord], now: datetime) -> list[ev.Event]:
+        self.require_live()
         s, limits = self.state, self.definition.limits
         if not 1 <= len(records) <= MAX_BATCH_RECORDS:
             raise errors.InvalidInput(f"a batch holds 1 to {MAX_BATCH_RECORDS} records")
@@ -166,6 +178,7 @@ class Stream:
         self, consumer_id: str, principal: str, sequence: int, offset: int | None, now: datetime
     ) -> list[ev.Event]:
         """`offset` is the cumulative byte offset after record `sequence` (None if not retained)."""
+        self.require_live()
         s = self.state
         existing = s.consumers.get(consumer_id)
         if existing is not None and existing.principal != principal:
@@ -208,11 +221,13 @@ class Stream:
         ]
 
     def close(self, now: datetime) -> list[ev.Event]:
+        self.require_live()
         if self.state.closed:
             return []
         return [ev.StreamClosed(version=self.state.version + 1, at=now)]
 
     def set_legal_hold(self, enabled: bool, reason: str | None, now: datetime) -> list[ev.Event]:
+        self.require_live()
         hold = self.state.legal_hold
         if hold.enabled == enabled and hold.reason == reason:
             return []
@@ -247,14 +262,36 @@ class Stream:
 
     def delete(self, now: datetime, reason: str = "deleted") -> list[ev.Event]:
         """Erase the stream (records, journal, receipts, consumers, intents); refused while a
-        legal hold is on."""
+        legal hold is on. With forks still reading it, soft-delete it instead."""
+        self.require_live()
         if self.state.legal_hold.enabled:
             raise errors.LegalHoldActive(
                 "a legal hold is on: the stream cannot be deleted until it is lifted"
             )
         if self.state.deleted:
             return []
-        return [ev.StreamDeleted(version=self.state.version + 1, at=now, reason=reason)]
+        return [self._gone(now, reason)]
+
+    def _gone(self, now: datetime, reason: str) -> ev.Event:
+        version = self.state.version + 1
+        if self.forked:
+            return ev.StreamSoftDeleted(version=version, at=now, reason=reason)
+        return ev.StreamDeleted(version=version, at=now, reason=reason)
+
+    def release(self, now: datetime) -> list[ev.Event]:
+        """Erase a soft-deleted stream once no fork reads it any more (the cascade of its last
+        fork's erasure); anything else stays."""
+        s = self.state
+        if not s.soft_deleted or s.deleted or self.forked:
+            return []
+        return [ev.StreamDeleted(version=s.version + 1, at=now, reason="released")]
+
+    def require_live(self) -> None:
+        """A soft-deleted stream answers 410 to every direct operation."""
+        if self.state.soft_deleted:
+            raise errors.StreamGone(
+                f"stream {self.key.stream_id!r} was deleted; only its forks still read its records"
+            )
 
     # -- expiry ---------------------------------------------------------------------------------
 
@@ -270,13 +307,15 @@ class Stream:
     ) -> list[ev.Event]:
         """Erase the stream if it is expired (decided under the row lock, so a hold put on
         meanwhile, or an access recorded meanwhile, keeps it)."""
-        if self.state.deleted or not self.expired(now, last_access, grace):
+        s = self.state
+        if s.deleted or s.soft_deleted or not self.expired(now, last_access, grace):
             return []
-        return [ev.StreamDeleted(version=self.state.version + 1, at=now, reason="expired")]
+        return [self._gone(now, "expired")]
 
     # -- object intents ---------------------------------------------------------------------------
 
     def prepare_object(self, intent: ObjectIntent, now: datetime) -> list[ev.Event]:
+        self.require_live()
         if self.state.closed:
             raise errors.StreamClosed("the stream is closed: no object can be prepared")
         existing = self.state.objects.get(intent.object_id)
@@ -295,6 +334,7 @@ class Stream:
         return [ev.ObjectPrepared(version=self.state.version + 1, at=now, intent=intent)]
 
     def _open_object(self, object_id: str) -> ObjectIntent:
+        self.require_live()
         intent = self.state.objects.get(object_id)
         if intent is None:
             raise errors.ObjectStateConflict(f"object {object_id!r} is not open")
@@ -374,6 +414,9 @@ class Stream:
                 return
             case ev.StreamCreated():
                 s.created_at = event.at
+                if (fork := event.definition.fork) is not None:
+                    # The inherited prefix is the source's: nothing of it is held or counted.
+                    s.head, s.earliest = fork.through, fork.through + 1
             case ev.RecordsAppended():
                 items = event.last_sequence - event.first_sequence + 1
                 s.head = event.last_sequence
@@ -406,6 +449,8 @@ class Stream:
                 del s.objects[event.object_id]
             case ev.StreamDeleted():
                 s.deleted = True
+            case ev.StreamSoftDeleted():
+                s.soft_deleted = True
             case _:
                 raise TypeError(f"unknown event {type(event).__name__}")
         s.version = event.version

@@ -11,18 +11,23 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import msgspec
 import pytest
 
 from application.acknowledge import AckCommand
 from application.close_stream import CloseCommand
 from application.delete_stream import DeleteCommand
 from application.errors import NotFound
+from application.expiry import ExpireCommand
 from application.objects import AbortCommand, CommitCommand, PrepareCommand, UploadedCommand
 from application.ports import Done, Failed, Replayed
+from application.retention import PruneCommand
 from application.set_legal_hold import LegalHoldCommand
 from domain import errors
 from domain import events as ev
+from domain.definition import Expiry, Fork, StreamDefinition
 from domain.objects import AuthorizationReceipt, ObjectIntent
+from domain.records import NewRecord
 from domain.stream import Stream
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 
@@ -423,3 +428,266 @@ class ObjectIntentsContract:
         assert sorted(await queued_bodies(repo, key)) == sorted(
             i.storage_key for i in (kept, dropped, late)
         )
+
+
+def forked(source: Stream, stream_id: str, through: int, **changes: object) -> StreamDefinition:
+    """The definition of a fork of `source` through sequence `through`."""
+    fork = Fork(
+        run_id=source.key.run_id,
+        stream_id=source.key.stream_id,
+        source_created_at=source.state.created_at,
+        through=through,
+        offset=through,
+    )
+    return msgspec.structs.replace(definition(stream_id), fork=fork, **changes)
+
+
+async def payloads(repo, key, cursor: int = 0, limit: int = 100) -> list[bytes]:
+    found = await repo.page(key, cursor, limit)
+    assert found is not None
+    return [r.payload for r in found[1]]
+
+
+def rec(n: int) -> NewRecord:
+    return record(b'{"n":%d}' % n)
+
+
+class ForkContract:
+    """Forks: inherited prefixes read through the source chain, reference counting, soft
+    delete and the cascade of erasures, on every adapter."""
+
+    async def source(self, repo, n: int, stream_id: str = "src", key=None) -> Stream:
+        key = (key or new_key())._replace(stream_id=stream_id)
+        await repo.create(key, definition(stream_id), NOW)
+        if n:
+            await repo.update(key, [append([rec(i) for i in range(1, n + 1)])])
+        return await repo.load(key)
+
+    async def fork(self, repo, source: Stream, stream_id: str, through: int, **changes) -> Stream:
+        key = source.key._replace(stream_id=stream_id)
+        stream, created = await repo.create(key, forked(source, stream_id, through, **changes), NOW)
+        assert created
+        return stream
+
+    async def test_a_fork_reads_the_inherited_prefix_then_its_own_records(self, repo) -> None:
+        src = await self.source(repo, 4)
+        fork = await self.fork(repo, src, "f", 2)
+        assert (fork.head, fork.state.total_items) == (2, 0)
+        await repo.update(src.key, [append([rec(5)])])  # after the fork: never in it
+        [done] = await repo.update(fork.key, [append([rec(30), rec(40)])])
+        assert (done.answer.first_sequence, done.answer.last_sequence) == (3, 4)
+        assert done.answer.credit.unread_items == 2  # only its own records count
+        position, records = await repo.page(fork.key, 0, 100)
+        assert (position.head, position.earliest, position.soft_deleted) == (4, 1, False)
+        assert [r.sequence for r in records] == [1, 2, 3, 4]
+        assert [r.payload for r in records] == [
+            rec(1).payload,
+            rec(2).payload,
+            *[rec(n).payload for n in (30, 40)],
+        ]
+        # Pages cross the boundary by keyset, at any cursor and limit.
+        assert await payloads(repo, fork.key, 1, 2) == [rec(2).payload, rec(30).payload]
+        assert await payloads(repo, fork.key, 0, 1) == [rec(1).payload]
+        assert await payloads(repo, fork.key, 2, 10) == [rec(30).payload, rec(40).payload]
+        assert await payloads(repo, fork.key, 4, 10) == []
+        assert await payloads(repo, src.key) == [rec(n).payload for n in range(1, 6)]
+
+    async def test_forks_at_the_start_and_at_the_head(self, repo) -> None:
+        src = await self.source(repo, 3)
+        empty = await self.fork(repo, src, "at-zero", 0)
+        whole = await self.fork(repo, src, "at-head", 3)
+        assert await payloads(repo, empty.key) == []
+        assert (await repo.page(empty.key, 0, 10))[0].head == 0
+        assert await payloads(repo, whole.key) == [rec(n).payload for n in (1, 2, 3)]
+
+    async def test_a_chain_of_forks_reads_through_every_level(self, repo) -> None:
+        a = await self.source(repo, 3, "a")
+        b = await self.fork(repo, a, "b", 2)
+        await repo.update(b.key, [append([rec(20), rec(21)])])  # b: 1 2 20 21
+        b = await repo.load(b.key)
+        c = await self.fork(repo, b, "c", 3)  # c: 1 2 20 | own
+        await repo.update(c.key, [append([rec(30)])])
+        await repo.update(a.key, [append([rec(4)])])
+        assert await payloads(repo, c.key) == [rec(n).payload for n in (1, 2, 20, 30)]
+        assert await payloads(repo, c.key, 1, 2) == [rec(2).payload, rec(20).payload]
+        assert await payloads(repo, b.key) == [rec(n).payload for n in (1, 2, 20, 21)]
+        assert await payloads(repo, a.key) == [rec(n).payload for n in (1, 2, 3, 4)]
+
+    async def test_creating_a_fork_rechecks_its_source_and_a_refused_one_links_nothing(
+        self, repo
+    ) -> None:
+        src = await self.source(repo, 2)
+        with pytest.raises(errors.InvalidInput):
+            await repo.create(src.key._replace(stream_id="far"), forked(src, "far", 3), NOW)
+        stale = msgspec.structs.replace(
+            forked(src, "stale", 1),
+            fork=msgspec.structs.replace(
+                forked(src, "stale", 1).fork, source_created_at=NOW - timedelta(days=1)
+            ),
+        )
+        with pytest.raises(NotFound):  # another incarnation of the source's ID
+            await repo.create(src.key._replace(stream_id="stale"), stale, NOW)
+        missing = msgspec.structs.replace(
+            stale, fork=msgspec.structs.replace(stale.fork, stream_id="nothing-here")
+        )
+        with pytest.raises(NotFound):
+            await repo.create(src.key._replace(stream_id="lost"), missing, NOW)
+        for stream_id in ("far", "stale", "lost"):
+            assert await repo.load(src.key._replace(stream_id=stream_id)) is None
+        # No reference leaked: the source is erased outright, not soft-deleted.
+        [deleted] = await repo.update(src.key, [DeleteCommand(NOW)])
+        assert isinstance(deleted, Done) and isinstance(deleted.events[0], ev.StreamDeleted)
+        assert await repo.page(src.key, 0, 10) is None
+
+    async def test_a_source_with_forks_is_soft_deleted_and_gone_for_direct_use(self, repo) -> None:
+        src = await self.source(repo, 3)
+        fork = await self.fork(repo, src, "f", 2)
+        [deleted] = await repo.update(src.key, [DeleteCommand(NOW)])
+        assert isinstance(deleted, Done)
+        assert [type(e) for e in deleted.events] == [ev.StreamSoftDeleted]
+        position, records = await repo.page(src.key, 0, 10)
+        assert position.soft_deleted and len(records) == 3  # kept for the forks
+        assert (await repo.load(src.key)).state.soft_deleted
+        for command in (append(), DeleteCommand(NOW), CloseCommand(WRITER, NOW)):
+            [refused] = await repo.update(src.key, [command])
+            assert isinstance(refused, Failed) and isinstance(refused.error, errors.StreamGone)
+        again, created = await repo.create(src.key, definition("src"), NOW)
+        assert not created and again.state.soft_deleted  # CreateStream answers 409 for it
+        assert await payloads(repo, fork.key) == [rec(1).payload, rec(2).payload]
+        outcomes = await repo.update(fork.key, [append([rec(9)]), CloseCommand(WRITER, NOW)])
+        assert all(isinstance(o, Done) for o in outcomes)  # the fork lives on its own
+        assert (await repo.page(fork.key, 0, 10))[0].closed
+
+    async def test_a_soft_deleted_source_cannot_be_forked(self, repo) -> None:
+        src = await self.source(repo, 1)
+        await self.fork(repo, src, "f", 1)
+        await repo.update(src.key, [DeleteCommand(NOW)])
+        with pytest.raises(errors.DefinitionConflict):
+            await repo.create(src.key._replace(stream_id="g"), forked(src, "g", 1), NOW)
+
+    async def test_deleting_the_last_fork_erases_its_soft_deleted_source(self, repo) -> None:
+        src = await self.source(repo, 2)
+        f1 = await self.fork(repo, src, "f1", 1)
+        f2 = await self.fork(repo, src, "f2", 2)
+        await repo.update(src.key, [DeleteCommand(NOW)])
+        await repo.update(f1.key, [DeleteCommand(NOW)])
+        assert (await repo.page(src.key, 0, 10))[0].soft_deleted  # f2 still reads it
+        assert await payloads(repo, f2.key) == [rec(1).payload, rec(2).payload]
+        await repo.update(f2.key, [DeleteCommand(NOW)])
+        assert await repo.page(src.key, 0, 10) is None
+        assert await repo.load(src.key) is None
+        stream, created = await repo.create(src.key, definition("src"), NOW)
+        assert created and stream.head == 0  # the ID is free again
+
+    async def test_the_cascade_goes_up_a_chain_of_three(self, repo) -> None:
+        a = await self.source(repo, 2, "a")
+        b = await self.fork(repo, a, "b", 2)
+        c = await self.fork(repo, b, "c", 2)
+        await repo.update(a.key, [DeleteCommand(NOW)])
+        await repo.update(b.key, [DeleteCommand(NOW)])
+        assert await payloads(repo, c.key) == [rec(1).payload, rec(2).payload]
+        await repo.update(c.key, [DeleteCommand(NOW)])
+        for key in (a.key, b.key, c.key):
+            assert await repo.page(key, 0, 10) is None
+
+    async def test_deleting_the_middle_of_a_chain_keeps_what_its_fork_reads(self, repo) -> None:
+        a = await self.source(repo, 2, "a")
+        b = await self.fork(repo, a, "b", 1)
+        await repo.update(b.key, [append([rec(10)])])
+        c = await self.fork(repo, await repo.load(b.key), "c", 2)
+        await repo.update(b.key, [DeleteCommand(NOW)])
+        assert (await repo.page(b.key, 0, 10))[0].soft_deleted
+        assert await payloads(repo, c.key) == [rec(1).payload, rec(10).payload]
+        assert await payloads(repo, a.key) == [rec(1).payload, rec(2).payload]
+        [erased] = await repo.update(c.key, [DeleteCommand(NOW)])
+        assert isinstance(erased.events[0], ev.StreamDeleted)
+        assert await repo.page(b.key, 0, 10) is None  # released with its last fork
+        position, _ = await repo.page(a.key, 0, 10)  # never deleted: stays as it was
+        assert not position.soft_deleted and position.head == 2
+
+    async def test_a_live_source_stays_when_all_its_forks_are_deleted(self, repo) -> None:
+        src = await self.source(repo, 2)
+        for name in ("f1", "f2"):
+            fork = await self.fork(repo, src, name, 1)
+            await repo.update(fork.key, [DeleteCommand(NOW)])
+        [deleted] = await repo.update(src.key, [DeleteCommand(NOW)])  # no fork left: erased
+        assert isinstance(deleted.events[0], ev.StreamDeleted)
+        assert await repo.page(src.key, 0, 10) is None
+
+    async def test_expiry_soft_deletes_a_forked_source_and_a_forks_expiry_releases_it(
+        self, repo
+    ) -> None:
+        key = new_key()._replace(stream_id="src")
+        idle = Expiry(idle_seconds=10)
+        await repo.create(key, msgspec.structs.replace(definition("src"), expiry=idle), NOW)
+        await repo.update(key, [append([rec(1), rec(2)])])
+        src = await repo.load(key)
+        fork = await self.fork(repo, src, "f", 2, expiry=idle)
+        later = NOW + timedelta(minutes=5)
+        [expired] = await repo.update(key, [ExpireCommand(later, NOW, timedelta(0))])
+        assert [type(e) for e in expired.events] == [ev.StreamSoftDeleted]
+        assert (await repo.page(key, 0, 10))[0].soft_deleted
+        [again] = await repo.update(key, [ExpireCommand(later, NOW, timedelta(0))])
+        assert again.events == []  # nothing more until its fork goes
+        assert await payloads(repo, fork.key) == [rec(1).payload, rec(2).payload]
+        [fork_expired] = await repo.update(fork.key, [ExpireCommand(later, NOW, timedelta(0))])
+        assert isinstance(fork_expired.events[0], ev.StreamDeleted)
+        assert await repo.page(fork.key, 0, 10) is None
+        assert await repo.page(key, 0, 10) is None
+
+    async def test_the_sources_retention_applies_to_what_its_forks_inherit(self, repo) -> None:
+        src = await self.source(repo, 4)
+        fork = await self.fork(repo, src, "f", 3)
+        await repo.update(fork.key, [append([rec(40)])])
+        await repo.update(src.key, [PruneCommand(2, "age", NOW)])
+        position, records = await repo.page(fork.key, 0, 10)
+        assert position.earliest == 3
+        assert [r.sequence for r in records] == [3, 4]
+        await repo.update(src.key, [PruneCommand(4, "age", NOW)])  # past the fork point
+        position, records = await repo.page(fork.key, 0, 10)
+        assert position.earliest == 4 and [r.sequence for r in records] == [4]
+
+    async def test_deleting_a_run_soft_deletes_the_sources_forks_outside_it_read(
+        self, repo
+    ) -> None:
+        src = await self.source(repo, 2, "src")
+        inside = await self.fork(repo, src, "inside", 1)
+        outside_key = new_key()._replace(stream_id="outside")
+        await repo.create(outside_key, forked(src, "outside", 2), NOW)
+        only_inside = await self.source(repo, 1, "lonely", key=src.key)
+        await self.fork(repo, only_inside, "lonely-fork", 1)
+        await repo.delete_run(src.key.tenant, src.key.run_id, NOW)
+        assert (await repo.page(src.key, 0, 10))[0].soft_deleted
+        for gone in (inside.key, only_inside.key, src.key._replace(stream_id="lonely-fork")):
+            assert await repo.page(gone, 0, 10) is None
+        assert await payloads(repo, outside_key) == [rec(1).payload, rec(2).payload]
+        await repo.update(outside_key, [DeleteCommand(NOW)])
+        assert await repo.page(src.key, 0, 10) is None
+
+    async def test_concurrent_forks_and_delete_of_the_source_never_lose_a_prefix(
+        self, repo
+    ) -> None:
+        for _ in range(5):
+            src = await self.source(repo, 2)
+
+            async def one_fork(n: int, src: Stream = src) -> Stream | None:
+                key = src.key._replace(stream_id=f"f{n}")
+                try:
+                    stream, _ = await repo.create(key, forked(src, f"f{n}", 2), NOW)
+                except (NotFound, errors.DefinitionConflict):  # erased, or soft-deleted first
+                    return None
+                return stream
+
+            results = await asyncio.gather(
+                *(one_fork(n) for n in range(4)),
+                repo.update(src.key, [DeleteCommand(NOW)]),
+                *(one_fork(n) for n in range(4, 8)),
+            )
+            forks = [f for f in results[:4] + results[5:] if f is not None]
+            found = await repo.page(src.key, 0, 10)
+            if forks:
+                assert found is not None and found[0].soft_deleted
+                for fork in forks:
+                    assert await payloads(repo, fork.key) == [rec(1).payload, rec(2).payload]
+                    await repo.update(fork.key, [DeleteCommand(NOW)])
+            assert await repo.page(src.key, 0, 10) is None

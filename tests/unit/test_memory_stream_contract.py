@@ -8,13 +8,16 @@ from adapters.memory.streams import MemoryStreams
 from domain.stream import StreamKey
 from tests.support.stream_contract import (
     SNAPSHOT_EVERY,
+    ForkContract,
     JournalContract,
     ObjectIntentsContract,
     StreamRepositoryContract,
 )
 
 
-class TestMemoryStreams(StreamRepositoryContract, ObjectIntentsContract, JournalContract):
+class TestMemoryStreams(
+    StreamRepositoryContract, ObjectIntentsContract, JournalContract, ForkContract
+):
     @pytest.fixture
     def repo(self) -> MemoryStreams:
         return MemoryStreams()
