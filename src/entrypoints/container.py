@@ -54,6 +54,7 @@ from application.delete_stream import DeleteRun, DeleteStream
 from application.deletions import DeleteBodies
 from application.durable_reads import DurableReads
 from application.expiry import AccessLog, SweepExpired
+from application.forks import Forks
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
 from application.input_delivery import Dispatch
@@ -327,6 +328,7 @@ class Container(containers.DeclarativeContainer):
         poll_seconds=settings.provided.worker_poll_seconds,
         retry_base_seconds=settings.provided.retry_base_seconds,
     )
+    forks = providers.Singleton(Forks, definitions, streams, streams)
     durable_reads = providers.Singleton(
         DurableReads,
         definitions,
@@ -385,6 +387,7 @@ class Services:
     objects: Objects
     # The Durable Streams surface (entrypoints/durable_streams).
     durable_reads: DurableReads
+    forks: Forks
     definitions: Definitions
     deployment: Deployment
 

@@ -169,25 +169,12 @@ async def create(request: Request) -> Answer:
             if fork_offset is not None
             else None
         )
-        forks = getattr(services, "forks", None)
-        if forks is None:
-            raise errors.InvalidInput("forking is not available on this server")
+        forks = services.forks
         fork, inherited, source_type = await forks.resolve(
             caller, source_run, source_stream, offset, sub_offset, content_type
         )
-        source_type = source_type or wire.JSON
-        if content_type is None:
-            content_type = source_type
-        elif wire.essence(content_type) != wire.essence(source_type):
-            raise errors.DefinitionConflict(
-                f"the fork's Content-Type {content_type!r} differs from its source's "
-                f"{source_type!r}"
-            )
-        if expiry is None:  # the fork inherits the source's expiry (4.2)
-            source = await services.definitions.get(
-                caller.key(source_run, source_stream), touch=False
-            )
-            expiry = source.expiry
+        content_type = content_type or source_type
+        expiry = await forks.inherited_expiry(caller, source_run, source_stream, expiry or Expiry())
     content_type = content_type or wire.DEFAULT_CONTENT_TYPE
     records = wire.records_for(body, content_type, creating=True)
     definition = msgspec.structs.replace(
