@@ -253,6 +253,14 @@ class PostgresStreams:
             )
             if created and definition.fork is not None:
                 await _link_fork(conn, key, definition.fork)
+                # The row's head and earliest columns (what pages read) start where the fork's
+                # state does, at its fork point, not at the columns' defaults (0 and 1).
+                await conn.execute(
+                    f"UPDATE streams SET head = $4, earliest = $5 WHERE {_KEY}",
+                    *key,
+                    stream.state.head,
+                    stream.state.earliest,
+                )
         if created:
             return stream, True
         existing = await self.load(key)
