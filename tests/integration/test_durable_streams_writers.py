@@ -124,8 +124,8 @@ async def test_a_fork_reads_its_source_prefix_and_a_deleted_source_is_gone(
     )
     assert forked.status_code == 201, forked.text
     assert forked.headers["content-type"] == "text/plain"
-    assert forked.headers["stream-next-offset"] == offset(3)
-    at_the_fork_point = await ds.get(f"/{run_id}/fork", params={"offset": offset(3)})
+    assert forked.headers["stream-next-offset"] == offset(1)  # one record: "abc"
+    at_the_fork_point = await ds.get(f"/{run_id}/fork", params={"offset": offset(1)})
     assert (at_the_fork_point.status_code, at_the_fork_point.content) == (200, b"")
     assert at_the_fork_point.headers["stream-up-to-date"] == "true"
     assert (await ds.post(source, content=b"-src", headers=TEXT)).status_code == 204
