@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from application.deciding import SNAPSHOT_EVERY, Receipt, decide_all
+from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.deletions import ERASED_STREAM
 from application.errors import NotFound
-from application.ports import Command, Outcome, Position, RunSummary, StoredRecord
+from application.ports import Command, Failed, Outcome, Position, RunSummary, StoredRecord
 from application.retention import expired_prefix
 from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
@@ -78,19 +78,34 @@ class MemoryStreams:
         return Stream(key, decode_definition(row.definition), decode_state(row.state))
 
     async def create(
-        self, key: StreamKey, definition: StreamDefinition, now: datetime
+        self,
+        key: StreamKey,
+        definition: StreamDefinition,
+        now: datetime,
+        then: Sequence[Command] = (),
     ) -> tuple[Stream, bool]:
         async with self._locks[key]:
             row = self._rows.get(key)
             if row is not None:
                 return self._stream(key, row), False
             stream, created = Stream.create(key, definition, now)
-            self._rows[key] = _Row(
+            row = _Row(
                 definition=encode_definition(definition),
                 state=encode_state(stream.state),
                 journal=[encode_event(created)],
             )
-            return self._stream(key, self._rows[key]), True
+            if then:
+                # Decided on the stream not stored yet: a failure leaves no stream at all.
+                outcomes, changes = decide_all(stream, then, {}, {}, self._snapshot_every)
+                for outcome in outcomes:
+                    if isinstance(outcome, Failed):
+                        raise outcome.error
+                assert not changes.deleted
+                self._write(key, row, stream, changes)
+            self._rows[key] = row
+        if then:
+            self._wake.notify(key)
+        return self._stream(key, row), True
 
     def stream_keys(self) -> list[StreamKey]:
         return list(self._rows)
@@ -133,40 +148,44 @@ class MemoryStreams:
                 [deleted] = [e for e in changes.events if isinstance(e, StreamDeleted)]
                 self._erase(key, deleted.reason)
             elif changes.events:
-                for appended in changes.appended:
-                    for sequence, end_offset, record in appended.numbered():
-                        row.records[sequence] = StoredRecord(
-                            sequence=sequence,
-                            appended_at=appended.at,
-                            kind=record.kind,
-                            content_type=record.content_type,
-                            size=record.size,
-                            payload=record.payload,
-                        )
-                        row.offsets[sequence] = end_offset
-                if stream.definition.direction == "input":
-                    rows = self.deliveries.setdefault(key, {})
-                    for appended in changes.appended:
-                        for sequence in appended.sequences:
-                            rows[sequence] = DeliveryRow()
-                for receipt in changes.receipts:
-                    row.receipts[receipt.key] = receipt
-                    row.receipts_created[receipt.key] = datetime.now(UTC)
-                row.journal.extend(encode_event(e) for e in changes.events)
-                if changes.snapshot is not None:
-                    row.snapshot_at = len(row.journal) - 1
-                if row.snapshot_at and not stream.state.legal_hold.enabled:
-                    # Compaction, inline: what the PostgreSQL adapter's job does later.
-                    del row.journal[: row.snapshot_at]
-                    row.snapshot_at = 0
-                self._project_objects(key, changes.events)
-                row.state = encode_state(stream.state)
-                self._drop_pruned(row, stream.state.earliest)
+                self._write(key, row, stream, changes)
         if changes.deleted:
             self._wake.notify_deleted(key)
         elif changes.events:
             self._wake.notify(key)
         return outcomes
+
+    def _write(self, key: StreamKey, row: _Row, stream: Stream, changes: Changes) -> None:
+        """Store what a transaction's commands caused (under the stream's lock)."""
+        for appended in changes.appended:
+            for sequence, end_offset, record in appended.numbered():
+                row.records[sequence] = StoredRecord(
+                    sequence=sequence,
+                    appended_at=appended.at,
+                    kind=record.kind,
+                    content_type=record.content_type,
+                    size=record.size,
+                    payload=record.payload,
+                )
+                row.offsets[sequence] = end_offset
+        if stream.definition.direction == "input":
+            rows = self.deliveries.setdefault(key, {})
+            for appended in changes.appended:
+                for sequence in appended.sequences:
+                    rows[sequence] = DeliveryRow()
+        for receipt in changes.receipts:
+            row.receipts[receipt.key] = receipt
+            row.receipts_created[receipt.key] = datetime.now(UTC)
+        row.journal.extend(encode_event(e) for e in changes.events)
+        if changes.snapshot is not None:
+            row.snapshot_at = len(row.journal) - 1
+        if row.snapshot_at and not stream.state.legal_hold.enabled:
+            # Compaction, inline: what the PostgreSQL adapter's job does later.
+            del row.journal[: row.snapshot_at]
+            row.snapshot_at = 0
+        self._project_objects(key, changes.events)
+        row.state = encode_state(stream.state)
+        self._drop_pruned(row, stream.state.earliest)
 
     def _erase(self, key: StreamKey, reason: str) -> None:
         """Everything the stream holds goes; the bodies its intents name are queued."""
