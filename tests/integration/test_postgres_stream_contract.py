@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import secrets
+
 import asyncpg
 import pytest
 
 from adapters.postgres.journal import PostgresJournalCompactor
 from adapters.postgres.streams import PostgresStreams
+from adapters.postgres.wake_bus import PostgresWakeBus
 from application.compaction import CompactionJob, CompactJournal
+from application.wake import WakeRegistry
 from domain.stream import StreamKey
 from tests.support.stream_contract import (
     SNAPSHOT_EVERY,
+    DurableStreamsContract,
     JournalContract,
     ObjectIntentsContract,
     StreamRepositoryContract,
@@ -19,10 +24,27 @@ from tests.support.stream_contract import (
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
 
 
-class TestPostgresStreams(StreamRepositoryContract, ObjectIntentsContract, JournalContract):
+class TestPostgresStreams(
+    StreamRepositoryContract, ObjectIntentsContract, JournalContract, DurableStreamsContract
+):
     @pytest.fixture
     def repo(self, pool: asyncpg.Pool) -> PostgresStreams:
         return PostgresStreams(pool)
+
+    @pytest.fixture
+    def reopen(self, pool: asyncpg.Pool):
+        """A new adapter, as a restarted process has: nothing but what the database holds."""
+        return lambda: PostgresStreams(pool)
+
+    @pytest.fixture
+    async def waking_repo(self, pool: asyncpg.Pool, database_url: str):
+        registry = WakeRegistry()
+        bus = PostgresWakeBus(
+            database_url, registry, application_name="ds-test-bus-" + secrets.token_hex(3)
+        )
+        await bus.start()
+        yield PostgresStreams(pool), registry
+        await bus.stop()
 
     @pytest.fixture
     def snapshotting_repo(self, pool: asyncpg.Pool) -> PostgresStreams:
