@@ -16,10 +16,10 @@ from application.ports import Clock, Done, Failed, Idempotency, Replayed
 from application.views import AppendAnswer
 from application.wake import WakeRegistry
 from domain import errors
-from domain.definition import MAX_BATCH_RECORDS, StreamDefinition
+from domain.definition import MAX_BATCH_RECORDS, MAX_INLINE_RECORD_BYTES, StreamDefinition
 from domain.events import Event, RecordsAppended
 from domain.producers import ProducerClaim, check_claim, check_writer_seq
-from domain.records import NewRecord, RecordInput, fingerprint, prepare_records
+from domain.records import NewRecord, RecordInput, RecordKind, fingerprint, prepare_records
 from domain.stream import Stream, StreamKey
 
 _answer_decoder = msgspec.json.Decoder(AppendAnswer)
@@ -189,6 +189,15 @@ class AppendRecords:
             raise errors.InvalidInput(
                 f"an append carries at most {MAX_BATCH_RECORDS} records, not {len(records)}"
             )
+        for index, record in enumerate(records):
+            if record.size > MAX_INLINE_RECORD_BYTES and record.kind != RecordKind.OBJECT:
+                raise errors.RecordTooLarge(
+                    f"records[{index}] is {record.size} bytes; an inline record may be at most "
+                    f"{MAX_INLINE_RECORD_BYTES} bytes",
+                    index=index,
+                    size=record.size,
+                    limit=MAX_INLINE_RECORD_BYTES,
+                )
         if producer is not None:
             check_claim(producer)
         if writer_seq is not None:

@@ -110,6 +110,8 @@ async def test_produce_is_checked_like_a_native_append(app) -> None:
         await produce(ALICE, "r", "x", [])  # nothing, and no close
     with pytest.raises(errors.InvalidInput):
         await produce(ALICE, "r", "x", text(*[b"a"] * 1001))
+    with pytest.raises(errors.RecordTooLarge):  # the caller splits bodies into inline records
+        await produce(ALICE, "r", "x", text(b"a", b"x" * 65_537))
     with pytest.raises(errors.InvalidInput):  # a bad claim is 400 before the stream is looked up
         await produce(ALICE, "r", "nope", text(b"a"), producer=ProducerClaim("", 0, 0))
     with pytest.raises(errors.InvalidInput):
