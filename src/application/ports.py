@@ -63,9 +63,19 @@ class RunSummary(msgspec.Struct, frozen=True):
 
 class StreamRepository(Protocol):
     async def create(
-        self, key: StreamKey, definition: StreamDefinition, now: datetime
+        self,
+        key: StreamKey,
+        definition: StreamDefinition,
+        now: datetime,
+        then: Sequence[Command] = (),
     ) -> tuple[Stream, bool]:
-        """Create the stream, or return the existing one; the flag says whether it is new."""
+        """Create the stream, or return the existing one; the flag says whether it is new.
+
+        The `then` commands (initial records, a close) are decided in order right after
+        `StreamCreated`, in the creation's one transaction, and what they cause is written and
+        announced to live readers as `update` does: nobody ever sees the new stream without it.
+        If one fails, nothing is created and its error is raised. An existing stream is returned
+        as it is: they are not decided on it."""
 
     async def load(self, key: StreamKey) -> Stream | None: ...
 

@@ -17,8 +17,9 @@ from domain import errors
 from domain import events as ev
 from domain.definition import MAX_BATCH_RECORDS, StreamDefinition
 from domain.objects import ObjectIntent
+from domain.producers import MAX_PRODUCERS, ProducerClaim, check_claim, check_writer_seq
 from domain.records import NewRecord
-from domain.state import Consumer, LegalHold, StreamState, copy_state
+from domain.state import Consumer, LegalHold, Producer, StreamState, copy_state
 from domain.state import decode_state as decode_state  # re-exported for the adapters
 from domain.state import encode_state as encode_state
 
@@ -119,7 +120,9 @@ class Stream:
         if not 1 <= len(records) <= MAX_BATCH_RECORDS:
             raise errors.InvalidInput(f"a batch holds 1 to {MAX_BATCH_RECORDS} records")
         if s.closed:
-            raise errors.StreamClosed("the stream is closed: nothing more can be appended")
+            raise errors.StreamClosed(
+                "the stream is closed: nothing more can be appended", head=s.head
+            )
         items, size = len(records), sum(r.size for r in records)
         total_items, total_bytes = limits.max_total_items, limits.max_total_bytes
         if total_items is not None and s.total_items + items > total_items:
@@ -152,6 +155,101 @@ class Stream:
                 bytes=size,
             )
         ]
+
+    def produce(
+        self,
+        records: list[NewRecord],
+        now: datetime,
+        *,
+        producer: ProducerClaim | None = None,
+        writer_seq: str | None = None,
+        close: bool = False,
+    ) -> list[ev.Event]:
+        """A Durable Streams write: append `records` and, with `close`, close the stream, in one
+        decision (no records: close only). No events is a duplicate, which appends nothing: a
+        producer's retry of a claim already accepted, or a close of a closed stream.
+
+        The order of the checks is the protocol's. Closed first: a closed stream refuses (with
+        its head), but to the retry of the claim that closed it and to a close-only request
+        without a claim, which are duplicates. Then the producer's claim, before `Stream-Seq`,
+        so that a retry carrying both is the producer's duplicate, not a sequence regression
+        (the conformance suite's "producer duplicate should return 204 even with Stream-Seq").
+        Then `Stream-Seq`, then credit and quotas exactly as `append`."""
+        s = self.state
+        if not records and not close:
+            raise errors.InvalidInput("an append holds at least one record unless it closes")
+        if producer is not None:
+            check_claim(producer)
+        if writer_seq is not None:
+            check_writer_seq(writer_seq)
+        if s.closed:
+            if producer is None and not records:  # close-only is idempotent
+                return []
+            if producer is not None and producer == s.closed_by:  # the closing request again
+                return []
+            raise errors.StreamClosed(
+                "the stream is closed: nothing more can be appended", head=s.head
+            )
+        if producer is not None and self._is_duplicate(producer):
+            return []
+        # Code point order is the byte order of the UTF-8 encodings: byte-wise lexicographic.
+        if writer_seq is not None and s.writer_seq is not None and writer_seq <= s.writer_seq:
+            raise errors.WriterSequenceRegression(
+                f"Stream-Seq {writer_seq!r} is not above the stream's last, {s.writer_seq!r}",
+                last_seq=s.writer_seq,
+            )
+        events: list[ev.Event] = []
+        if records:
+            [appended] = self.append(records, now)
+            events.append(
+                msgspec.structs.replace(appended, producer=producer, writer_seq=writer_seq)
+            )
+        if close:
+            events.append(
+                ev.StreamClosed(
+                    version=s.version + len(events) + 1,
+                    at=now,
+                    producer=producer,
+                    writer_seq=None if records else writer_seq,
+                )
+            )
+        return events
+
+    def _is_duplicate(self, claim: ProducerClaim) -> bool:
+        """PROTOCOL.md §5.2.1: whether the claim was accepted before; raises if it is refused."""
+        known = self.state.producers.get(claim.producer_id)
+        if known is None:
+            if claim.seq != 0:
+                raise errors.ProducerSequenceGap(
+                    f"producer {claim.producer_id!r} is new to this stream: its first sequence "
+                    f"is 0, not {claim.seq}",
+                    expected_seq=0,
+                    received_seq=claim.seq,
+                )
+            return False
+        if claim.epoch < known.epoch:
+            raise errors.ProducerEpochStale(
+                f"producer {claim.producer_id!r} is at epoch {known.epoch}: epoch {claim.epoch} "
+                "is fenced off",
+                current_epoch=known.epoch,
+            )
+        if claim.epoch > known.epoch:
+            if claim.seq != 0:
+                raise errors.InvalidInput(
+                    f"a new producer epoch starts at sequence 0, not {claim.seq}",
+                    field="producer_seq",
+                )
+            return False
+        if claim.seq <= known.last_seq:
+            return True
+        if claim.seq > known.last_seq + 1:
+            raise errors.ProducerSequenceGap(
+                f"producer {claim.producer_id!r} expects sequence {known.last_seq + 1} in epoch "
+                f"{known.epoch}, not {claim.seq}",
+                expected_seq=known.last_seq + 1,
+                received_seq=claim.seq,
+            )
+        return False
 
     @staticmethod
     def _refuse_total(batch: int, used: int, ceiling: int, unit: str, field: str) -> None:
@@ -422,6 +520,10 @@ class Stream:
                 s.head = event.last_sequence
                 s.total_items += items
                 s.total_bytes += event.bytes
+                if event.producer is not None:
+                    _accept(s, event.producer, event.at)
+                if event.writer_seq is not None:
+                    s.writer_seq = event.writer_seq
             case ev.ConsumerAcknowledged():
                 s.consumers[event.consumer_id] = Consumer(
                     principal=event.principal,
@@ -432,6 +534,11 @@ class Stream:
             case ev.StreamClosed():
                 s.closed = True
                 s.closed_at = event.at
+                if event.producer is not None:
+                    _accept(s, event.producer, event.at)
+                    s.closed_by = event.producer
+                if event.writer_seq is not None:
+                    s.writer_seq = event.writer_seq
             case ev.LegalHoldChanged():
                 s.legal_hold = LegalHold(
                     enabled=event.enabled, reason=event.reason, updated_at=event.at
@@ -454,6 +561,16 @@ class Stream:
             case _:
                 raise TypeError(f"unknown event {type(event).__name__}")
         s.version = event.version
+
+
+def _accept(s: StreamState, claim: ProducerClaim, at: datetime) -> None:
+    """Remember an accepted claim. A new producer past `MAX_PRODUCERS` makes the stream forget
+    the one that wrote least recently (the first of them, in the state's order, on a tie), so
+    replay forgets the same one."""
+    producers = s.producers
+    if claim.producer_id not in producers and len(producers) >= MAX_PRODUCERS:
+        del producers[min(producers, key=lambda p: producers[p].updated_at)]
+    producers[claim.producer_id] = Producer(epoch=claim.epoch, last_seq=claim.seq, updated_at=at)
 
 
 _definition_encoder = msgspec.json.Encoder()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 from datetime import timedelta
 
 import asyncpg
@@ -12,15 +13,18 @@ import pytest
 from adapters.postgres.erasure import erase
 from adapters.postgres.journal import PostgresJournalCompactor
 from adapters.postgres.streams import PostgresStreams
+from adapters.postgres.wake_bus import PostgresWakeBus
 from application.compaction import CompactionJob, CompactJournal
 from application.delete_stream import DeleteCommand
 from application.errors import NotFound
 from application.expiry import ExpireCommand
+from application.wake import WakeRegistry
 from domain.definition import Expiry
 from domain.stream import StreamKey
 from tests.support.builders import NOW, append, definition, new_key, record
 from tests.support.stream_contract import (
     SNAPSHOT_EVERY,
+    DurableStreamsContract,
     ForkContract,
     JournalContract,
     ObjectIntentsContract,
@@ -32,11 +36,30 @@ _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
 
 
 class TestPostgresStreams(
-    StreamRepositoryContract, ObjectIntentsContract, JournalContract, ForkContract
+    StreamRepositoryContract,
+    ObjectIntentsContract,
+    JournalContract,
+    ForkContract,
+    DurableStreamsContract,
 ):
     @pytest.fixture
     def repo(self, pool: asyncpg.Pool) -> PostgresStreams:
         return PostgresStreams(pool)
+
+    @pytest.fixture
+    def reopen(self, pool: asyncpg.Pool):
+        """A new adapter, as a restarted process has: nothing but what the database holds."""
+        return lambda: PostgresStreams(pool)
+
+    @pytest.fixture
+    async def waking_repo(self, pool: asyncpg.Pool, database_url: str):
+        registry = WakeRegistry()
+        bus = PostgresWakeBus(
+            database_url, registry, application_name="ds-test-bus-" + secrets.token_hex(3)
+        )
+        await bus.start()
+        yield PostgresStreams(pool), registry
+        await bus.stop()
 
     @pytest.fixture
     def snapshotting_repo(self, pool: asyncpg.Pool) -> PostgresStreams:

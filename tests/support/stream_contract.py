@@ -9,12 +9,14 @@ compacts inline) and `journal_rows` (how many journal events the adapter stores 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
 
 import msgspec
 import pytest
 
 from application.acknowledge import AckCommand
+from application.append_records import ProduceCommand, Produced
 from application.close_stream import CloseCommand
 from application.delete_stream import DeleteCommand
 from application.errors import NotFound
@@ -27,6 +29,7 @@ from domain import errors
 from domain import events as ev
 from domain.definition import Expiry, Fork, StreamDefinition
 from domain.objects import AuthorizationReceipt, ObjectIntent
+from domain.producers import ProducerClaim
 from domain.records import NewRecord
 from domain.stream import Stream
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
@@ -691,3 +694,268 @@ class ForkContract:
                     assert await payloads(repo, fork.key) == [rec(1).payload, rec(2).payload]
                     await repo.update(fork.key, [DeleteCommand(NOW)])
             assert await repo.page(src.key, 0, 10) is None
+
+
+def produce(
+    records: Sequence[NewRecord] | None = None,
+    producer: ProducerClaim | None = None,
+    writer_seq: str | None = None,
+    close: bool = False,
+) -> ProduceCommand:
+    """A Durable Streams write; `records` defaults to one record (to none when closing)."""
+    if records is None:
+        records = [] if close else [record()]
+    return ProduceCommand(
+        WRITER, list(records), NOW, producer=producer, writer_seq=writer_seq, close=close
+    )
+
+
+def claim(seq: int, epoch: int = 0, producer_id: str = "p") -> ProducerClaim:
+    return ProducerClaim(producer_id=producer_id, epoch=epoch, seq=seq)
+
+
+async def all_payloads(repo, key) -> list[bytes]:
+    _, records = await repo.page(key, 0, 1000)
+    return [r.payload for r in records]
+
+
+class DurableStreamsContract:
+    """The Durable Streams write path: producer claims, `Stream-Seq`, append-and-close, close-only
+    and creation with initial records, decided under the row lock like every other command.
+
+    Needs, besides `repo`: `reopen` (a new adapter on the same storage, keeping nothing in
+    memory: a restarted process) and `waking_repo` (an adapter and the WakeRegistry its commits
+    reach, through the wake bus where there is one)."""
+
+    async def test_every_producer_outcome(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        [first] = await repo.update(key, [produce([record(b"0")], claim(0))])
+        assert isinstance(first, Done)
+        assert first.answer == Produced(
+            head=1, closed=False, duplicate=False, producer_epoch=0, producer_seq=0
+        )
+        await repo.update(key, [produce([record(b"1")], claim(1))])
+        await repo.update(key, [produce([record(b"2")], claim(2))])
+        [duplicate] = await repo.update(key, [produce([record(b"again")], claim(1))])
+        assert duplicate.answer == Produced(
+            head=3, closed=False, duplicate=True, producer_epoch=0, producer_seq=2
+        )
+        [gap] = await repo.update(key, [produce(producer=claim(4))])
+        assert isinstance(gap.error, errors.ProducerSequenceGap)
+        assert gap.error.extra == {"expected_seq": 3, "received_seq": 4}
+        [new_gap] = await repo.update(key, [produce(producer=claim(1, producer_id="q"))])
+        assert new_gap.error.extra == {"expected_seq": 0, "received_seq": 1}
+        [bad_epoch] = await repo.update(key, [produce(producer=claim(3, epoch=1))])
+        assert isinstance(bad_epoch.error, errors.InvalidInput)
+        [bumped] = await repo.update(key, [produce([record(b"e1")], claim(0, epoch=1))])
+        assert (bumped.answer.producer_epoch, bumped.answer.producer_seq) == (1, 0)
+        [stale] = await repo.update(key, [produce(producer=claim(3))])
+        assert isinstance(stale.error, errors.ProducerEpochStale)
+        assert stale.error.extra == {"current_epoch": 1}
+        assert await all_payloads(repo, key) == [b"0", b"1", b"2", b"e1"]
+
+    async def test_claims_in_one_group_are_decided_in_order(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        outcomes = await repo.update(
+            key,
+            [
+                produce([record(b"a0")], claim(0, producer_id="a")),
+                produce([record(b"a1")], claim(1, producer_id="a")),
+                produce([record(b"a0 again")], claim(0, producer_id="a")),
+                produce([record(b"b0")], claim(0, producer_id="b")),
+                produce([record(b"a3")], claim(3, producer_id="a")),
+                produce([record(b"a2")], claim(2, producer_id="a")),
+            ],
+        )
+        kinds = [
+            type(o).__name__ if isinstance(o, Failed) else o.answer.duplicate for o in outcomes
+        ]
+        assert kinds == [False, False, True, False, "Failed", False]
+        assert await all_payloads(repo, key) == [b"a0", b"a1", b"b0", b"a2"]
+
+    async def test_concurrent_producers_and_their_retries_append_each_batch_once(
+        self, repo
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+
+        async def producer(name: str) -> list[bool]:
+            """Each batch sent twice at once (a retry racing its original), in order."""
+            duplicates = []
+            for seq in range(5):
+                command = produce([record(b"%s%d" % (name.encode(), seq))], claim(seq, 0, name))
+                outcomes = await asyncio.gather(
+                    repo.update(key, [command]), repo.update(key, [command])
+                )
+                duplicates += sorted(o[0].answer.duplicate for o in outcomes)
+            return duplicates
+
+        results = await asyncio.gather(*(producer(name) for name in "abcd"))
+        assert all(r == [False, True] * 5 for r in results)
+        stored = await all_payloads(repo, key)
+        expected = [b"%s%d" % (name, seq) for name in (b"a", b"b", b"c", b"d") for seq in range(5)]
+        assert sorted(stored) == expected
+        for name in b"abcd":  # each producer's batches in its own order
+            own = [p for p in stored if p[0] == name]
+            assert own == sorted(own)
+        stream = await repo.load(key)
+        assert {p: v.last_seq for p, v in stream.state.producers.items()} == dict.fromkeys(
+            "abcd", 4
+        )
+
+    async def test_writer_state_survives_a_restart_and_replays_from_the_journal(
+        self, repo, reopen
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [produce(producer=claim(0), writer_seq="001")])
+        await repo.update(key, [produce(producer=claim(0, epoch=2, producer_id="q"))])
+        await repo.update(key, [produce(producer=claim(1), writer_seq="002")])
+        restarted = reopen()
+        [duplicate] = await restarted.update(key, [produce(producer=claim(1))])
+        assert duplicate.answer.duplicate and duplicate.answer.producer_seq == 1
+        [stale] = await restarted.update(key, [produce(producer=claim(1, producer_id="q"))])
+        assert isinstance(stale.error, errors.ProducerEpochStale)
+        [regression] = await restarted.update(key, [produce(writer_seq="002")])
+        assert regression.error.extra == {"last_seq": "002"}
+        stored = await restarted.load(key)
+        assert Stream.replay(key, await restarted.journal(key)).state == stored.state
+        assert (stored.state.writer_seq, stored.head) == ("002", 3)
+
+    async def test_stream_seq_must_increase(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        first, same, lower, higher = await repo.update(
+            key,
+            [
+                produce([record(b"1")], writer_seq="b"),
+                produce([record(b"2")], writer_seq="b"),
+                produce([record(b"3")], writer_seq="a"),
+                produce([record(b"4")], writer_seq="ba"),
+            ],
+        )
+        assert isinstance(first, Done) and isinstance(higher, Done)
+        for refused in (same, lower):
+            assert isinstance(refused.error, errors.WriterSequenceRegression)
+            assert refused.error.extra == {"last_seq": "b"}
+        assert await all_payloads(repo, key) == [b"1", b"4"]
+
+    async def test_append_and_close_is_atomic_and_only_its_claim_is_a_duplicate_after(
+        self, repo
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [produce([record(b"first")])])
+        [closing] = await repo.update(key, [produce([record(b"final")], claim(0), close=True)])
+        assert closing.answer == Produced(
+            head=2, closed=True, duplicate=False, producer_epoch=0, producer_seq=0
+        )
+        position, _ = await repo.page(key, 0, 10)
+        assert position.closed and position.head == 2
+        [retry] = await repo.update(key, [produce([record(b"other")], claim(0), close=True)])
+        assert retry.answer.duplicate and retry.answer.closed and retry.answer.producer_seq == 0
+        for command in (
+            produce([record(b"late")]),
+            produce([record(b"late")], close=True),
+            produce([record(b"late")], claim(1), close=True),
+            produce([record(b"late")], claim(0, producer_id="other")),
+            produce(producer=claim(1), close=True),
+        ):
+            [refused] = await repo.update(key, [command])
+            assert isinstance(refused.error, errors.StreamClosed)
+            assert refused.error.extra == {"head": 2}
+        [native] = await repo.update(key, [append()])
+        assert isinstance(native.error, errors.StreamClosed)
+        assert await all_payloads(repo, key) == [b"first", b"final"]
+
+    async def test_close_only_is_idempotent(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [produce()])
+        first, again = await repo.update(key, [produce(close=True), produce(close=True)])
+        assert first.answer == Produced(
+            head=1, closed=True, duplicate=False, producer_epoch=None, producer_seq=None
+        )
+        assert again.answer == Produced(
+            head=1, closed=True, duplicate=True, producer_epoch=None, producer_seq=None
+        )
+        [later] = await repo.update(key, [produce(close=True)])
+        assert later.answer.duplicate and (await repo.load(key)).state.version == 3
+
+    async def test_close_only_with_a_claim_advances_the_producer_and_is_idempotent(
+        self, repo
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [produce(producer=claim(0))])
+        [closed] = await repo.update(key, [produce(producer=claim(1), close=True)])
+        assert (closed.answer.closed, closed.answer.duplicate, closed.answer.producer_seq) == (
+            True,
+            False,
+            1,
+        )
+        [again] = await repo.update(key, [produce(producer=claim(1), close=True)])
+        assert again.answer.duplicate and again.answer.producer_seq == 1
+        stream = await repo.load(key)
+        assert stream.state.closed_by == claim(1) and stream.state.producers["p"].last_seq == 1
+
+    async def test_a_stream_is_created_with_its_initial_records_and_closure_at_once(
+        self, repo
+    ) -> None:
+        key = new_key()
+        initial = [record(b"%d" % i) for i in range(100)]  # past the PostgreSQL COPY threshold
+        stream, created = await repo.create(key, definition(), NOW, [produce(initial, close=True)])
+        assert created and stream.head == 100 and stream.state.closed
+        assert stream.state.version == 3  # created, appended, closed
+        assert await all_payloads(repo, key) == [r.payload for r in initial]
+        stored = await repo.load(key)
+        assert stored.state == stream.state
+        assert Stream.replay(key, await repo.journal(key)).state == stored.state
+        [ack] = await repo.update(key, [AckCommand(WRITER, "c", 60, NOW)])
+        assert ack.answer.credit.unread_bytes == sum(r.size for r in initial[60:])
+        again, created_again = await repo.create(key, definition(), NOW, [produce(initial)])
+        assert not created_again and again.head == 100  # an existing stream is left as it is
+
+    async def test_a_creation_whose_initial_records_are_refused_creates_nothing(self, repo) -> None:
+        key = new_key()
+        with pytest.raises(errors.InvalidInput):
+            await repo.create(key, definition(max_unread_items=2), NOW, [produce([record()] * 3)])
+        assert await repo.load(key) is None and await repo.page(key, 0, 10) is None
+        stream, created = await repo.create(key, definition(), NOW)
+        assert created and stream.head == 0 and await all_payloads(repo, key) == []
+
+    async def test_concurrent_creations_with_initial_records_append_them_once(self, repo) -> None:
+        key = new_key()
+        results = await asyncio.gather(
+            *(repo.create(key, definition(), NOW, [produce([record(b"x")] * 3)]) for _ in range(8))
+        )
+        assert sorted(created for _, created in results) == [False] * 7 + [True]
+        assert await all_payloads(repo, key) == [b"x"] * 3
+
+    async def test_initial_records_wake_live_readers(self, waking_repo) -> None:
+        repo, registry = waking_repo
+        key = new_key()
+        with registry.listen(key) as listener:
+            await repo.create(key, definition(), NOW, [produce([record()])])
+            assert await listener.wait(5)
+
+    async def test_writer_state_rides_through_snapshots_and_compaction(
+        self, snapshotting_repo, compact
+    ) -> None:
+        repo, key = snapshotting_repo, new_key()
+        await repo.create(key, definition(), NOW)
+        for seq in range(4 * SNAPSHOT_EVERY):
+            await repo.update(key, [produce(producer=claim(seq))])
+            await compact(repo, key)
+        await repo.update(key, [produce(producer=claim(0, producer_id="q"), writer_seq="9")])
+        await compact(repo, key)
+        journal = await repo.journal(key)
+        assert isinstance(journal[0], ev.StreamSnapshotted)
+        stored = await repo.load(key)
+        assert Stream.replay(key, journal).state == stored.state
+        assert stored.state.producers["p"].last_seq == 4 * SNAPSHOT_EVERY - 1
+        assert (stored.state.producers["q"].epoch, stored.state.writer_seq) == (0, "9")
+        [duplicate] = await repo.update(key, [produce(producer=claim(3))])
+        assert duplicate.answer.duplicate

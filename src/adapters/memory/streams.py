@@ -11,11 +11,11 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from application.deciding import SNAPSHOT_EVERY, Receipt, decide_all
+from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.deletions import ERASED_STREAM
 from application.errors import NotFound
 from application.fork_reads import ForkLink, check_fork_source, kept_by_forks, stitch
-from application.ports import Command, Outcome, Position, RunSummary, StoredRecord
+from application.ports import Command, Failed, Outcome, Position, RunSummary, StoredRecord
 from application.retention import expired_prefix
 from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
@@ -86,20 +86,36 @@ class MemoryStreams:
         )
 
     async def create(
-        self, key: StreamKey, definition: StreamDefinition, now: datetime
+        self,
+        key: StreamKey,
+        definition: StreamDefinition,
+        now: datetime,
+        then: Sequence[Command] = (),
     ) -> tuple[Stream, bool]:
         async with self._locks[key]:
             row = self._rows.get(key)
             if row is not None:
                 return self._stream(key, row), False
+            stream, created = Stream.create(key, definition, now)
+            row = _Row(
+                definition=encode_definition(definition),
+                state=encode_state(stream.state),
+                journal=[encode_event(created)],
+            )
             async with self._fork_source(key, definition):
-                stream, created = Stream.create(key, definition, now)
-                self._rows[key] = _Row(
-                    definition=encode_definition(definition),
-                    state=encode_state(stream.state),
-                    journal=[encode_event(created)],
-                )
-            return self._stream(key, self._rows[key]), True
+                if then:
+                    # Decided on the stream not stored yet: a failure leaves no stream at all
+                    # (and, for a fork, no link to its source).
+                    outcomes, changes = decide_all(stream, then, {}, {}, self._snapshot_every)
+                    for outcome in outcomes:
+                        if isinstance(outcome, Failed):
+                            raise outcome.error
+                    assert not changes.deleted
+                    self._write(key, row, stream, changes)
+                self._rows[key] = row
+        if then:
+            self._wake.notify(key)
+        return self._stream(key, row), True
 
     @contextlib.asynccontextmanager
     async def _fork_source(
@@ -167,35 +183,7 @@ class MemoryStreams:
                 [deleted] = [e for e in changes.events if isinstance(e, StreamDeleted)]
                 released = await self._erase_with_sources(key, deleted.reason, deleted.at)
             elif changes.events:
-                for appended in changes.appended:
-                    for sequence, end_offset, record in appended.numbered():
-                        row.records[sequence] = StoredRecord(
-                            sequence=sequence,
-                            appended_at=appended.at,
-                            kind=record.kind,
-                            content_type=record.content_type,
-                            size=record.size,
-                            payload=record.payload,
-                        )
-                        row.offsets[sequence] = end_offset
-                if stream.definition.direction == "input":
-                    rows = self.deliveries.setdefault(key, {})
-                    for appended in changes.appended:
-                        for sequence in appended.sequences:
-                            rows[sequence] = DeliveryRow()
-                for receipt in changes.receipts:
-                    row.receipts[receipt.key] = receipt
-                    row.receipts_created[receipt.key] = datetime.now(UTC)
-                row.journal.extend(encode_event(e) for e in changes.events)
-                if changes.snapshot is not None:
-                    row.snapshot_at = len(row.journal) - 1
-                if row.snapshot_at and not stream.state.legal_hold.enabled:
-                    # Compaction, inline: what the PostgreSQL adapter's job does later.
-                    del row.journal[: row.snapshot_at]
-                    row.snapshot_at = 0
-                self._project_objects(key, changes.events)
-                row.state = encode_state(stream.state)
-                self._drop_pruned(row, stream.state.earliest)
+                self._write(key, row, stream, changes)
         if changes.deleted:
             for erased in (key, *released):
                 self._wake.notify_deleted(erased)
@@ -230,6 +218,38 @@ class MemoryStreams:
                 released.append(source)
                 child = source
         return released
+
+    def _write(self, key: StreamKey, row: _Row, stream: Stream, changes: Changes) -> None:
+        """Store what a transaction's commands caused (under the stream's lock)."""
+        for appended in changes.appended:
+            for sequence, end_offset, record in appended.numbered():
+                row.records[sequence] = StoredRecord(
+                    sequence=sequence,
+                    appended_at=appended.at,
+                    kind=record.kind,
+                    content_type=record.content_type,
+                    size=record.size,
+                    payload=record.payload,
+                )
+                row.offsets[sequence] = end_offset
+        if stream.definition.direction == "input":
+            rows = self.deliveries.setdefault(key, {})
+            for appended in changes.appended:
+                for sequence in appended.sequences:
+                    rows[sequence] = DeliveryRow()
+        for receipt in changes.receipts:
+            row.receipts[receipt.key] = receipt
+            row.receipts_created[receipt.key] = datetime.now(UTC)
+        row.journal.extend(encode_event(e) for e in changes.events)
+        if changes.snapshot is not None:
+            row.snapshot_at = len(row.journal) - 1
+        if row.snapshot_at and not stream.state.legal_hold.enabled:
+            # Compaction, inline: what the PostgreSQL adapter's job does later.
+            del row.journal[: row.snapshot_at]
+            row.snapshot_at = 0
+        self._project_objects(key, changes.events)
+        row.state = encode_state(stream.state)
+        self._drop_pruned(row, stream.state.earliest)
 
     def _erase(self, key: StreamKey, reason: str) -> None:
         """Everything the stream holds goes; the bodies its intents name are queued."""

@@ -22,7 +22,7 @@ from adapters.postgres.journal import read_journal, schedule_compaction
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
 from application.fork_reads import ForkLink, check_fork_source, kept_by_forks, stitch
-from application.ports import Command, Outcome, Position, RunSummary, StoredRecord
+from application.ports import Command, Failed, Outcome, Position, RunSummary, StoredRecord
 from application.retention import expired_prefix, has_retention
 from application.wake import WakeRegistry
 from domain.definition import Fork, StreamDefinition
@@ -236,37 +236,64 @@ class PostgresStreams:
         self._definitions.clear()
 
     async def create(
-        self, key: StreamKey, definition: StreamDefinition, now: datetime
+        self,
+        key: StreamKey,
+        definition: StreamDefinition,
+        now: datetime,
+        then: Sequence[Command] = (),
     ) -> tuple[Stream, bool]:
         stream, event = Stream.create(key, definition, now)
-        async with self._pool.acquire() as conn, conn.transaction():
-            created = await conn.fetchval(
-                _INSERT_STREAM,
-                *key,
-                encode_definition(definition),
-                now,
-                encode_state(stream.state),
-                encode_event(event),
-                has_retention(definition),
-                definition.expiry.idle_seconds,
-                definition.expiry.expires_at,
-            )
-            if created and definition.fork is not None:
-                await _link_fork(conn, key, definition.fork)
-                # The row's head and earliest columns (what pages read) start where the fork's
-                # state does, at its fork point, not at the columns' defaults (0 and 1).
-                await conn.execute(
-                    f"UPDATE streams SET head = $4, earliest = $5 WHERE {_KEY}",
-                    *key,
-                    stream.state.head,
-                    stream.state.earliest,
-                )
+        arguments = (
+            *key,
+            encode_definition(definition),
+            now,
+            encode_state(stream.state),
+            encode_event(event),
+            has_retention(definition),
+            definition.expiry.idle_seconds,
+            definition.expiry.expires_at,
+        )
+        if then or definition.fork is not None:
+            created = await self._create_then(stream, arguments, then)
+        else:
+            created = await self._pool.fetchval(_INSERT_STREAM, *arguments)
         if created:
             return stream, True
         existing = await self.load(key)
         if existing is None:  # deleted meanwhile: the ID is free again
-            return await self.create(key, definition, now)
+            return await self.create(key, definition, now, then)
         return existing, False
+
+    async def _create_then(
+        self, stream: Stream, arguments: tuple[object, ...], then: Sequence[Command]
+    ) -> bool:
+        """Insert the stream row and write what `then` causes in the same transaction. Until it
+        commits nobody else sees the row (a concurrent create of the key waits on the insert),
+        so the commands are decided without a `FOR UPDATE`; the write's NOTIFY wakes readers
+        at the commit, as after `update`. A failing command rolls the creation back."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval(_INSERT_STREAM, *arguments):
+                return False
+            fork = stream.definition.fork
+            if fork is not None:  # the source locked after the fork's row: child before parent
+                await _link_fork(conn, stream.key, fork)
+                # The row's head and earliest columns (what pages read) start where the fork's
+                # state does, at its fork point, not at the columns' defaults (0 and 1).
+                await conn.execute(
+                    f"UPDATE streams SET head = $4, earliest = $5 WHERE {_KEY}",
+                    *stream.key,
+                    stream.state.head,
+                    stream.state.earliest,
+                )
+            if not then:
+                return True
+            outcomes, changes = decide_all(stream, then, {}, {}, self._snapshot_every)
+            for outcome in outcomes:
+                if isinstance(outcome, Failed):
+                    raise outcome.error
+            assert not changes.deleted
+            await self._write(conn, stream.key, stream, changes)
+        return True
 
     async def load(self, key: StreamKey) -> Stream | None:
         row = await self._pool.fetchrow(f"SELECT definition, state FROM streams WHERE {_KEY}", *key)
@@ -361,27 +388,34 @@ class PostgresStreams:
                 await erase(conn, *key[:2], [key.stream_id], deleted.reason)
                 released = await _release_sources(conn, key, stream.definition.fork, deleted.at)
             elif changes.events:
-                rows = _record_rows(key, changes)
-                if len(rows) >= COPY_THRESHOLD:
-                    # Large groups go by COPY (about twice the rate of unnest for 1,000 rows);
-                    # small ones ride in the single write statement below.
-                    await conn.copy_records_to_table(
-                        "stream_records", records=rows, columns=_RECORD_COLUMNS
-                    )
-                    rows = []
-                await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows))
-                if any(isinstance(e, StreamSoftDeleted) for e in changes.events):
-                    await conn.execute(_SOFT_DELETED, *key)
-                pruned = [e for e in changes.events if isinstance(e, RecordsPruned)]
-                if pruned:
-                    await conn.execute(_DELETE_PRUNED, *key, pruned[-1].through_sequence)
-                await project_objects(conn, key, changes.events)
-                if changes.snapshot is not None:
-                    await schedule_compaction(conn, key, changes.snapshot.version)
+                await self._write(conn, key, stream, changes)
         if changes.deleted:
             for erased in (key, *released):
                 self.forget(erased)
         return outcomes
+
+    @staticmethod
+    async def _write(
+        conn: asyncpg.Connection, key: StreamKey, stream: Stream, changes: Changes
+    ) -> None:
+        """Write what a transaction's commands caused, its NOTIFY included."""
+        rows = _record_rows(key, changes)
+        if len(rows) >= COPY_THRESHOLD:
+            # Large groups go by COPY (about twice the rate of unnest for 1,000 rows);
+            # small ones ride in the single write statement below.
+            await conn.copy_records_to_table(
+                "stream_records", records=rows, columns=_RECORD_COLUMNS
+            )
+            rows = []
+        await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows))
+        if any(isinstance(e, StreamSoftDeleted) for e in changes.events):
+            await conn.execute(_SOFT_DELETED, *key)
+        pruned = [e for e in changes.events if isinstance(e, RecordsPruned)]
+        if pruned:
+            await conn.execute(_DELETE_PRUNED, *key, pruned[-1].through_sequence)
+        await project_objects(conn, key, changes.events)
+        if changes.snapshot is not None:
+            await schedule_compaction(conn, key, changes.snapshot.version)
 
     async def delete_run(
         self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None
