@@ -28,7 +28,7 @@ from domain.definition import DefinitionRequest, Expiry, StreamDefinition, resol
 from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordKind
 from entrypoints.container import Services
-from entrypoints.durable_streams import interim, wire
+from entrypoints.durable_streams import wire
 from entrypoints.durable_streams.answers import Answer, problem_answer
 from entrypoints.http.head import is_head
 from entrypoints.sse.asgi import EventStreamResponse
@@ -68,28 +68,6 @@ def where(request: Request) -> tuple[str, str]:
 def stream_content_type(definition: StreamDefinition) -> str:
     """A native stream reads as `application/json`."""
     return definition.content_type or wire.JSON
-
-
-def produce_fn(services: Services) -> Any:
-    produce = getattr(services.append_records, "produce", None)
-    if produce is not None:
-        return produce
-
-    async def fallback(*args: Any, **kwargs: Any) -> Any:
-        return await interim.produce(services, *args, **kwargs)
-
-    return fallback
-
-
-def create_fn(services: Services) -> Any:
-    create = getattr(services.create_stream, "create_resolved", None)
-    if create is not None:
-        return create
-
-    async def fallback(*args: Any, **kwargs: Any) -> Any:
-        return await interim.create_resolved(services, *args, **kwargs)
-
-    return fallback
 
 
 def source_of(path: str) -> tuple[str, str]:
@@ -180,7 +158,7 @@ async def create(request: Request) -> Answer:
     definition = msgspec.structs.replace(
         base, content_type=content_type, fork=fork, expiry=expiry or Expiry()
     )
-    stream, created = await create_fn(services)(
+    stream, created = await services.create_stream.create_resolved(
         caller, run_id, definition, initial=[*inherited, *records], closed=closed
     )
     if not created and getattr(stream.state, "soft_deleted", False):
@@ -272,7 +250,7 @@ async def append(request: Request) -> Answer:
             )
         records = wire.records_for(body, kind, creating=False)
     try:
-        produced = await produce_fn(services)(
+        produced = await services.append_records.produce(
             caller, run_id, stream_id, records, producer=producer, writer_seq=seq, close=close
         )
     except errors.StreamClosed as error:
