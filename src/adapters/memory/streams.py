@@ -203,10 +203,16 @@ class MemoryStreams:
             self._wake.notify_deleted(key)
         return keys
 
-    async def list_runs(self, tenant: str, after: str | None, limit: int) -> list[RunSummary]:
+    async def list_runs(
+        self, tenant: str, after: str | None, limit: int, prefix: str = ""
+    ) -> list[RunSummary]:
         runs: dict[str, list[datetime]] = {}
         for key, row in self._rows.items():
-            if key.tenant == tenant and (after is None or key.run_id > after):
+            if (
+                key.tenant == tenant
+                and (after is None or key.run_id > after)
+                and key.run_id.startswith(prefix)
+            ):
                 created_at = decode_state(row.state).created_at
                 assert created_at is not None
                 runs.setdefault(key.run_id, []).append(created_at)
