@@ -117,7 +117,10 @@
       body.detail || answer.statusText || "",
       body,
     );
-    if (answer.status === 401) askToken(`${problem.title}: ${problem.detail}.`);
+    if (answer.status === 401) {
+      $("who").textContent = "token refused";
+      askToken(`${problem.title}: ${problem.detail}.`);
+    }
     throw problem;
   }
 
