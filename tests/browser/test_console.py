@@ -347,7 +347,7 @@ def test_problems_are_shown_and_401_asks_for_a_token(
     page.get_by_role("textbox", name="Token").fill(BOOTSTRAP_TOKEN)
     page.keyboard.press("Enter")
     page.goto(f"{console_server.base_url}/console#run=nope&stream=nothing")
-    expect(page.locator("#problem")).to_contain_text("not", timeout=WAIT_MS)
+    expect(page.locator("#problem")).to_contain_text("Not found", timeout=WAIT_MS)
     expect(page.locator("#follow-status")).to_contain_text("Stopped", timeout=WAIT_MS)
 
 
