@@ -60,8 +60,10 @@ def console_server(
     """A server of this module's own (the restart test stops and starts it) and a worker, which
     delivers the input streams' records."""
     data = tmp_path_factory.mktemp("console")
-    server = ServerProcess(database_url=own_database, data_dir=data, env=SERVER_ENV).start()
-    worker = WorkerProcess(database_url=own_database, data_dir=data, env=SERVER_ENV).start()
+    # Small pools: these two processes share the PostgreSQL with the session's servers.
+    env = {**SERVER_ENV, "DUCTOR_STREAMS_POOL_MIN_SIZE": "1", "DUCTOR_STREAMS_POOL_MAX_SIZE": "4"}
+    server = ServerProcess(database_url=own_database, data_dir=data, env=env).start()
+    worker = WorkerProcess(database_url=own_database, data_dir=data, env=env).start()
     yield server
     worker.stop()
     server.stop()

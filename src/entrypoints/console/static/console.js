@@ -187,8 +187,12 @@
     clearInterval(refreshTimer);
   }
 
+  let refreshing = null; // the run being read: a slow answer is not asked again on top of itself
+
   async function refreshRun() {
     const run = shownRun;
+    if (refreshing === run) return;
+    refreshing = run;
     try {
       const list = await getJson(`/runs/${enc(run)}/streams`);
       // An input stream's delivery status is in its own document, not in the run's list.
@@ -200,6 +204,8 @@
       $("run-refreshed").textContent = `Last: ${new Date().toLocaleTimeString()}.`;
     } catch (problem) {
       if (run === shownRun) showProblem(problem);
+    } finally {
+      if (refreshing === run) refreshing = null;
     }
   }
 
