@@ -187,6 +187,10 @@ class TokenCache:
             if not held:
                 del self._leases[lease.token_id or ""]
 
+    def held_ids(self) -> list[str]:
+        """The ids of the tokens open connections hold."""
+        return list(self._leases)
+
     def held(self) -> int:
         """How many open connections hold a lease."""
         return sum(len(h) for h in self._leases.values())
