@@ -45,6 +45,8 @@ UNCONFIRMED_TTL_SECONDS = 1.0
 
 # Beyond this many remembered tokens, the cache starts over (a flood of distinct tokens).
 MAX_CACHED = 10_000
+# How many of the latest revocations a cache keeps in mind for leases taken just after them.
+MAX_REVOKED = 1_024
 
 
 def token_hash(token: str) -> bytes:
@@ -160,6 +162,9 @@ class TokenCache:
         self._generation = 0  # moves on every forget: a lookup begun before is not remembered
         self.live = False  # revocations are being heard (set by the wake bus)
         self._leases: dict[str, set[Lease]] = {}  # token id -> the open connections holding it
+        # The latest revocations heard: a connection authenticated just before one, and holding
+        # its lease only just after, ends at once instead of missing it.
+        self._revoked: dict[str, None] = {}
 
     def now(self) -> float:
         return self._clock()
@@ -170,6 +175,8 @@ class TokenCache:
         if caller.token_id is None:
             return lease
         self._leases.setdefault(caller.token_id, set()).add(lease)
+        if caller.token_id in self._revoked:
+            lease.end()
         if caller.token_deadline is not None:
             delay = caller.token_deadline - self._clock()
             if delay <= 0:
@@ -226,6 +233,9 @@ class TokenCache:
         """The token was revoked: forget it, and end every open connection that holds it."""
         self._generation += 1
         self._known.pop(token_id, None)
+        self._revoked[token_id] = None
+        if len(self._revoked) > MAX_REVOKED:
+            del self._revoked[next(iter(self._revoked))]
         for lease in self._leases.pop(token_id, ()):
             lease.end()
 

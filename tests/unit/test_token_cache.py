@@ -217,3 +217,13 @@ async def test_a_caller_not_authenticated_by_a_token_holds_a_lease_that_never_en
     lease = cache.hold(ALICE)
     cache.forget_all()
     assert not lease.ended and cache.held() == 0
+
+
+async def test_a_lease_taken_just_after_its_token_was_revoked_ends_at_once() -> None:
+    store, cache = MemoryTokens(), TokenCache()
+    token = await IssueToken(store)(ALICE)
+    caller = await Authenticate(store, cache)(bearer(token))
+    await RevokeToken(store, cache)(token)  # between the authentication and the lease
+    lease = cache.hold(caller)
+    assert lease.ended
+    cache.release(lease)
