@@ -11,6 +11,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -236,11 +237,21 @@ async def test_a_revocation_missed_by_the_bus_is_forgotten_when_it_reconnects(
         assert await status(replica, token) == 401
 
 
+@pytest.fixture
+def patient_server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server whose protocol long-polls wait 30 s (the shared one's wait 1 s)."""
+    env = {**SERVER_ENV, "DUCTOR_STREAMS_LONG_POLL_SECONDS": "30"}
+    process = ServerProcess(database_url=database_url, data_dir=tmp_path, env=env).start()
+    yield process
+    process.stop()
+
+
 async def test_a_revoked_token_ends_its_open_followers_and_long_polls_on_both_surfaces(
-    server: ServerProcess, database_url: str
+    patient_server: ServerProcess, database_url: str
 ) -> None:
     """Open SSE connections and waiting long-polls of a revoked token end within the 2 s a
     revocation takes (README), and never deliver a record appended after it."""
+    server = patient_server
     run, stream = "rv-" + secrets.token_hex(4), "s"
     reader = create(database_url)  # streams:read in tenant default, like the bootstrap token
     native = f"/api/workflow-streams/runs/{run}/streams/{stream}"
