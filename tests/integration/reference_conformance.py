@@ -11,10 +11,15 @@ tests check that the harness counts what it ran and reports the failures by name
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.integration.test_durable_streams_clients import (
+    python_client_scenario,
+    run_typescript_client,
+)
 from tests.integration.test_durable_streams_conformance import SUBSCRIPTIONS, run_suite
 from tests.support.node import ReferenceServer, VitestReport
 
@@ -50,3 +55,23 @@ def test_the_reference_server_fails_only_its_known_failures(storage: str, tmp_pa
     assert skipped == {r.name for r in suite if r.path[:1] == (SUBSCRIPTIONS,)}
     assert VitestReport.counts(suite)["passed"] >= len(suite) - len(skipped) - len(failed)
     assert report.returncode != 0  # vitest itself reports the failures
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
+    server = ReferenceServer(long_poll_ms=LONG_POLL_SECONDS * 1000).start()
+    yield server
+    server.stop()
+
+
+def test_the_typescript_client_check_passes_against_the_reference_server(
+    reference: ReferenceServer,
+) -> None:
+    run_typescript_client(reference.base_url, "unused")
+
+
+async def test_the_python_client_scenario_passes_against_the_reference_server(
+    reference: ReferenceServer,
+) -> None:
+    steps = await python_client_scenario(reference.base_url, "unused")
+    assert steps[-1] == "delete"
