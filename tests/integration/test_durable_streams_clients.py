@@ -25,7 +25,9 @@ DS_SERVER_ENV = {**SERVER_ENV, "DUCTOR_STREAMS_LONG_POLL_SECONDS": "3"}
 
 
 @pytest.fixture(scope="module")
-def ds_server(own_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def ds_server(
+    own_database: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     process = ServerProcess(
         database_url=own_database, data_dir=tmp_path_factory.mktemp("clients"), env=DS_SERVER_ENV
     ).start()

@@ -27,7 +27,9 @@ DS_SERVER_ENV = {
 
 
 @pytest.fixture(scope="module")
-def ds_server(own_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def ds_server(
+    own_database: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     process = ServerProcess(
         database_url=own_database,
         data_dir=tmp_path_factory.mktemp("conformance"),
@@ -37,7 +39,9 @@ def ds_server(own_database: str, tmp_path_factory: pytest.TempPathFactory) -> It
     process.stop()
 
 
-def run_suite(base_url: str, token: str | None, long_poll_seconds: float, out: Path) -> VitestReport:
+def run_suite(
+    base_url: str, token: str | None, long_poll_seconds: float, out: Path
+) -> VitestReport:
     env = {
         "DS_BASE_URL": base_url,
         "DS_LONG_POLL_TIMEOUT_MS": str(int(long_poll_seconds * 1000)),

@@ -108,7 +108,11 @@ class VitestReport:
         lines = [
             f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
         ]
-        lines += [f"  FAILED {r.name}: {r.failure.splitlines()[0][:300]}" for r in results if r.status == "failed"]
+        lines += [
+            f"  FAILED {r.name}: {r.failure.splitlines()[0][:300]}"
+            for r in results
+            if r.status == "failed"
+        ]
         return "\n".join(lines)
 
 
