@@ -35,6 +35,7 @@ KNOWN_FAILURES = {
 RACY = {"Chunking and Large Payloads > should handle large payload appropriately"}
 
 
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("storage", ["memory", "file"])
 def test_the_reference_server_fails_only_its_known_failures(storage: str, tmp_path: Path) -> None:
     server = ReferenceServer(

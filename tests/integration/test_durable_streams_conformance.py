@@ -69,6 +69,7 @@ def check(report: VitestReport) -> None:
     assert counts["passed"] >= MINIMUM_PASSED, VitestReport.summary(suite)
 
 
+@pytest.mark.timeout(1200)  # the suite runs for minutes (its TTL tests wait out real time)
 def test_the_conformance_suite_passes_against_our_server(
     ds_server: ServerProcess, tmp_path: Path
 ) -> None:

@@ -109,7 +109,7 @@ class VitestReport:
             f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
         ]
         lines += [
-            f"  FAILED {r.name}: {r.failure.splitlines()[0][:300]}"
+            f"  FAILED {r.name}: {(r.failure.splitlines() or [''])[0][:300]}"
             for r in results
             if r.status == "failed"
         ]
