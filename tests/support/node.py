@@ -74,7 +74,7 @@ def ensure_node_packages() -> Path:
 
 
 @dataclass(frozen=True)
-class TestResult:
+class VitestResult:
     file: str
     path: tuple[str, ...]  # the describe blocks, outermost first
     title: str
@@ -88,22 +88,22 @@ class TestResult:
 
 @dataclass
 class VitestReport:
-    results: list[TestResult]
+    results: list[VitestResult]
     returncode: int
     output: str
     seconds: float
 
-    def of(self, file: str) -> list[TestResult]:
+    def of(self, file: str) -> list[VitestResult]:
         return [r for r in self.results if r.file == file]
 
     @staticmethod
-    def counts(results: list[TestResult]) -> Counter[str]:
+    def counts(results: list[VitestResult]) -> Counter[str]:
         return Counter(
             "skipped" if r.status in {"skipped", "pending", "todo"} else r.status for r in results
         )
 
     @staticmethod
-    def summary(results: list[TestResult]) -> str:
+    def summary(results: list[VitestResult]) -> str:
         counts = VitestReport.counts(results)
         lines = [
             f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
@@ -145,7 +145,7 @@ def run_vitest(
         raise RuntimeError(f"vitest wrote no report ({done.returncode}):\n{output[-6000:]}")
     raw = json.loads(report_path.read_text())
     results = [
-        TestResult(
+        VitestResult(
             file=Path(suite["name"]).name,
             path=tuple(test.get("ancestorTitles", ())),
             title=test["title"],
