@@ -10,7 +10,7 @@ from tests.integration.test_durable_streams_conformance import (
     SUBSCRIPTIONS,
     check,
 )
-from tests.support.node import VitestResult, VitestReport
+from tests.support.node import VitestReport, VitestResult
 
 
 def _report(
