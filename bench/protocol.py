@@ -11,7 +11,8 @@ server in memory. Each with the same load generator and client count (wrk, 32 ke
 connections by default), one after the other, in rounds whose order alternates (a b c d, then
 d c b a, ...) so that drift of the shared host falls on all four alike. Then (e): 1,000 followers
 of one stream over `live=sse` through our protocol surface while one client appends 10 records a
-second: delivery latency (the append's send time, carried in the record, to receipt).
+second: delivery latency (the append's send time, carried in the record, to receipt), and
+right after it the same through the native surface, as a yardstick of the host's state.
 
 Targets: (a)/(b) >= 0.90, (a)/(c) >= 3, (e) p99 <= 100 ms. See docs/benchmarks.md.
 """
@@ -125,6 +126,7 @@ class ProtocolBench:
         self.tmp = tmp
         self.rates: dict[str, Rate] = {k: Rate(k) for k in CONFIGS}
         self.fanout: FanoutResult | None = None
+        self.native_fanout: live.Fanout | None = None
         self.facts: dict[str, object] = {}
 
     def run(self) -> None:
@@ -152,6 +154,7 @@ class ProtocolBench:
                 self.appends()
             if "fanout" in self.args.selected:
                 self.fanout = self.fan_out()
+                self.native_fanout = self.fan_out_natively()
         finally:
             for ref in refs:
                 ref.stop()
@@ -326,6 +329,26 @@ class ProtocolBench:
         result.append_max_ms = append_ms[-1] if append_ms else None
         return result
 
+    def fan_out_natively(self) -> live.Fanout:
+        """(e) through the native surface ((5) of `python -m bench`), right after (e): the
+        yardstick of the host's state at the time."""
+        a = self.args
+        self.server.create_stream(RUN_ID, "fanout-native")
+        print(f"(e) natively: {a.followers} SSE subscribers ...", flush=True)
+        return live.fanout(
+            self.server.port,
+            self.token,
+            NATIVE,
+            "fanout-native",
+            subscribers=a.followers,
+            processes=a.follower_processes,
+            rate=a.fanout_rate,
+            duration=a.duration,
+            warmup=a.warmup,
+            counts=lambda: database.statement_counts(self.url),
+            meter=CpuMeter({"server": self.server.pid, "postgres": self.pg_pid}),
+        )
+
 
 def _put(port: int, path: str, content_type: str, token: str | None = None) -> int:
     import http.client
@@ -414,6 +437,16 @@ def report(bench: ProtocolBench) -> str:
             + "/".join(_fmt(f.cpu.get(k), ".0f") for k in ("server", "postgres", "client"))
             + (f"; error {f.error}" if f.error else "")
         )
+        if (n := bench.native_fanout) is not None:
+            lines.append(
+                f"    the same natively ((5): …/subscribe), right after: {n.connected} connected, "
+                f"{n.received:,}/{n.expected:,} deliveries, {n.failed} failed; p50 "
+                f"{_fmt(n.p50_ms, '.1f')} ms, p99 {_fmt(n.p99_ms, '.1f')} ms, max "
+                f"{_fmt(n.max_ms, '.1f')} ms (appends: p50 {_fmt(n.append_p50_ms, '.1f')} ms, "
+                f"max {_fmt(n.append_max_ms, '.1f')} ms); CPU% srv/pg/client "
+                + "/".join(_fmt(n.cpu.get(k), ".0f") for k in ("server", "postgres", "client"))
+                + (f"; error {n.error}" if n.error else "")
+            )
         lines.append("")
         ok = f.p99_ms is not None and f.p99_ms <= 100 and f.received == f.expected > 0
         checks.append(
@@ -443,6 +476,7 @@ def main(argv: list[str]) -> int:
             "facts": bench.facts,
             "rates": {k: {**asdict(v), "per_s": v.per_s} for k, v in bench.rates.items()},
             "fanout": asdict(bench.fanout) if bench.fanout else None,
+            "native_fanout": asdict(bench.native_fanout) if bench.native_fanout else None,
         }
         args.json.write_text(json.dumps(payload, indent=2, default=str))
     print(f"\ntotal {time.monotonic() - started:.0f}s", flush=True)

@@ -55,7 +55,7 @@ def ensure_node_packages() -> Path:
         if _STAMP.exists() and _STAMP.read_text().strip() == wanted:
             return NODE_MODULES
         done = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            [npm, "ci", "--prefer-offline", "--no-audit", "--no-fund", "--loglevel=error"],
             cwd=CONFORMANCE_DIR,
             capture_output=True,
             text=True,
