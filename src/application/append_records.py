@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
+from typing import TypeVar
 
 import msgspec
 
 from application.access import Caller, require_writer
 from application.definitions import Definitions
-from application.group_commit import GroupCommit
+from application.group_commit import GroupCommit, run_one
 from application.ports import Clock, Done, Failed, Idempotency, Replayed
 from application.views import AppendAnswer
 from application.wake import WakeRegistry
 from domain import errors
-from domain.definition import MAX_BATCH_RECORDS, StreamDefinition
+from domain.definition import MAX_BATCH_RECORDS, MAX_INLINE_RECORD_BYTES, StreamDefinition
 from domain.events import Event, RecordsAppended
-from domain.records import NewRecord, RecordInput, fingerprint, prepare_records
+from domain.producers import ProducerClaim, check_claim, check_writer_seq
+from domain.records import NewRecord, RecordInput, RecordKind, fingerprint, prepare_records
 from domain.stream import Stream, StreamKey
 
 _answer_decoder = msgspec.json.Decoder(AppendAnswer)
+_T = TypeVar("_T")
 
 
 class AppendCommand:
@@ -50,6 +53,65 @@ class AppendCommand:
             last_sequence=appended.last_sequence,
             head=stream.head,
             credit=stream.credit(),
+        )
+
+
+class Produced(msgspec.Struct, frozen=True):
+    """What a Durable Streams write did."""
+
+    head: int  # the stream's head after this request (or now, if a duplicate)
+    closed: bool  # the stream is closed after this request
+    duplicate: bool  # a retry of what was already applied: nothing was appended
+    producer_epoch: int | None  # the claim's epoch, echoed
+    producer_seq: int | None  # the highest sequence accepted for (stream, producer, epoch)
+
+
+class ProduceCommand:
+    """A Durable Streams append (and/or close), decided by `Stream.produce` under the row lock.
+    It has no idempotency key: the producer claim, kept in the stream's state, is what makes a
+    retry safe."""
+
+    idempotency: Idempotency | None = None
+    offset_of = None
+
+    def __init__(
+        self,
+        caller: Caller,
+        records: Sequence[NewRecord],
+        now: datetime,
+        *,
+        producer: ProducerClaim | None = None,
+        writer_seq: str | None = None,
+        close: bool = False,
+    ) -> None:
+        self.caller = caller
+        self.records = records
+        self.now = now
+        self.producer = producer
+        self.writer_seq = writer_seq
+        self.close = close
+
+    def decide(self, stream: Stream, offset: int | None) -> list[Event]:
+        require_writer(self.caller, stream.definition)
+        return stream.produce(
+            list(self.records),
+            self.now,
+            producer=self.producer,
+            writer_seq=self.writer_seq,
+            close=self.close,
+        )
+
+    def answer(self, stream: Stream, events: list[Event]) -> Produced:
+        claim, seq = self.producer, None
+        if claim is not None:
+            known = stream.state.producers.get(claim.producer_id)
+            seq = known.last_seq if known is not None and known.epoch == claim.epoch else claim.seq
+        return Produced(
+            head=stream.head,
+            closed=stream.state.closed,
+            duplicate=not events,
+            producer_epoch=None if claim is None else claim.epoch,
+            producer_seq=seq,
         )
 
 
@@ -99,8 +161,65 @@ class AppendRecords:
             Idempotency(idempotency_key, fingerprint(records)) if idempotency_key else None
         )
         if definition.limits.unread_policy == "block":
-            return await self._append_blocking(caller, key, records, idempotency, definition)
+            return await self._blocking(
+                key, definition, lambda: self._append(caller, key, records, idempotency)
+            )
         return await self._append(caller, key, records, idempotency)
+
+    async def produce(
+        self,
+        caller: Caller,
+        run_id: str,
+        stream_id: str,
+        records: Sequence[NewRecord],
+        *,
+        producer: ProducerClaim | None = None,
+        writer_seq: str | None = None,
+        close: bool = False,
+    ) -> Produced:
+        """A Durable Streams append of prepared records: validated, appended and (with `close`)
+        closed in one decision under the row lock, through the group commit like a native
+        append. No records: close only (idempotent). Raises what `Stream.produce` refuses with,
+        `Backpressure` (after waiting, under the `block` policy) included."""
+        caller.require("streams:write")
+        key = caller.key(run_id, stream_id)
+        if not records and not close:
+            raise errors.InvalidInput("an append holds at least one record unless it closes")
+        if len(records) > MAX_BATCH_RECORDS:
+            raise errors.InvalidInput(
+                f"an append carries at most {MAX_BATCH_RECORDS} records, not {len(records)}"
+            )
+        for index, record in enumerate(records):
+            if record.size > MAX_INLINE_RECORD_BYTES and record.kind != RecordKind.OBJECT:
+                raise errors.RecordTooLarge(
+                    f"records[{index}] is {record.size} bytes; an inline record may be at most "
+                    f"{MAX_INLINE_RECORD_BYTES} bytes",
+                    index=index,
+                    size=record.size,
+                    limit=MAX_INLINE_RECORD_BYTES,
+                )
+        if producer is not None:
+            check_claim(producer)
+        if writer_seq is not None:
+            check_writer_seq(writer_seq)
+        definition = await self._definitions.get(key)
+        require_writer(caller, definition)
+
+        async def attempt() -> Produced:
+            command = ProduceCommand(
+                caller,
+                records,
+                self._clock(),
+                producer=producer,
+                writer_seq=writer_seq,
+                close=close,
+            )
+            answer: Produced = await run_one(self._commits, key, command)
+            return answer
+
+        if records and definition.limits.unread_policy == "block":
+            return await self._blocking(key, definition, attempt)
+        return await attempt()
 
     async def _append(
         self,
@@ -119,21 +238,16 @@ class AppendRecords:
                 raise error
         raise AssertionError("unreachable")
 
-    async def _append_blocking(
-        self,
-        caller: Caller,
-        key: StreamKey,
-        records: list[NewRecord],
-        idempotency: Idempotency | None,
-        definition: StreamDefinition,
-    ) -> tuple[AppendAnswer, bool]:
+    async def _blocking(
+        self, key: StreamKey, definition: StreamDefinition, attempt: Callable[[], Awaitable[_T]]
+    ) -> _T:
         """Credit returns only through acknowledgements: on backpressure, wait for a sign that
         the stream changed and try again, until the pinned block timeout."""
         deadline = time.monotonic() + definition.limits.block_timeout_seconds
         with self._wake.listen(key) as listener:
             while True:
                 try:
-                    return await self._append(caller, key, records, idempotency)
+                    return await attempt()
                 except errors.Backpressure:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:

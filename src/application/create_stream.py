@@ -7,15 +7,27 @@ once (from sequence 1), as after the sweep."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from application.access import Caller
+from application.append_records import ProduceCommand
 from application.errors import NotFound
 from application.expiry import AccessLog, ExpireCommand
 from application.placement import Deployment
-from application.ports import Clock, StreamRepository
+from application.ports import Clock, Command, StreamRepository
 from application.views import StreamDocument, stream_document
-from domain.definition import DefinitionRequest, resolve_definition
+from domain.definition import DefinitionRequest, StreamDefinition, resolve_definition
 from domain.errors import DefinitionConflict, InvalidInput
+from domain.records import NewRecord
+from domain.stream import Stream
+
+# The commands a creation decides in its own transaction, made for the instant it happens at.
+_Then = Callable[[datetime], Sequence[Command]]
+
+
+def _nothing(now: datetime) -> Sequence[Command]:
+    return ()
 
 
 class CreateStream:
@@ -35,8 +47,36 @@ class CreateStream:
         definition = resolve_definition(
             request, region=deployment.region, egress_region=deployment.egress_region
         )
+        stream, created = await self._create(caller, run_id, definition, _nothing)
+        return stream_document(stream), created
+
+    async def create_resolved(
+        self,
+        caller: Caller,
+        run_id: str,
+        definition: StreamDefinition,
+        *,
+        initial: Sequence[NewRecord] = (),
+        closed: bool = False,
+    ) -> tuple[Stream, bool]:
+        """Create a stream from a definition already resolved (the Durable Streams surface),
+        with `initial` appended and, if `closed`, closed, all in the creation's transaction.
+        An existing stream with the same definition is answered as it is (`created` False; the
+        caller compares its closure), one with another definition is a conflict."""
+        caller.require("streams:write")
+
+        def then(now: datetime) -> Sequence[Command]:
+            if not initial and not closed:
+                return ()
+            return [ProduceCommand(caller, initial, now, close=closed)]
+
+        return await self._create(caller, run_id, definition, then)
+
+    async def _create(
+        self, caller: Caller, run_id: str, definition: StreamDefinition, then: _Then
+    ) -> tuple[Stream, bool]:
         key = caller.key(run_id, definition.stream_id)  # a bad ID is 400 before placement
-        deployment.require_home(definition)
+        self._deployment.require_home(definition)
         now = self._clock()
         expires_at = definition.expiry.expires_at
         if expires_at is not None and expires_at <= now:
@@ -44,7 +84,7 @@ class CreateStream:
                 f"expiry.expires_at {expires_at.isoformat()} has already passed",
                 field="expiry.expires_at",
             )
-        stream, created = await self._streams.create(key, definition, now)
+        stream, created = await self._streams.create(key, definition, now, then(now))
         if created and definition.expiry.enabled:
             # Its creation is its first access, recorded with it.
             self._access.remember(key, now, recorded=True)
@@ -54,10 +94,16 @@ class CreateStream:
             command = ExpireCommand(now, self._access.known(key), self._access.slack)
             with contextlib.suppress(NotFound):  # erased meanwhile
                 await self._streams.update(key, [command])
-            stream, created = await self._streams.create(key, definition, self._clock())
+            now = self._clock()
+            stream, created = await self._streams.create(key, definition, now, then(now))
+        if not created and stream.state.soft_deleted:
+            raise DefinitionConflict(
+                f"stream {definition.stream_id!r} was deleted while forks still read it: its ID "
+                "cannot be created again until the last fork is gone"
+            )
         if not created and stream.definition != definition:
             raise DefinitionConflict(
                 f"stream {definition.stream_id!r} already exists with another definition; "
                 "definitions are immutable"
             )
-        return stream_document(stream), created
+        return stream, created

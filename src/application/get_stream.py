@@ -31,6 +31,7 @@ class GetStream:
         if stream is None:
             raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
         self._deployment.require_home(stream.definition)
+        stream.require_live()  # soft-deleted: 410
         # The same expiry check as Definitions.get, with the legal hold already at hand.
         await self._access.check(key, stream.definition, held=stream.state.legal_hold.enabled)
         require_reader(caller, stream.definition)

@@ -28,6 +28,7 @@ class ListStreams:
     async def __call__(self, caller: Caller, run_id: str) -> StreamList:
         caller.require("streams:read")
         streams = await self._streams.list_run(caller.tenant, check_id("runID", run_id))
+        streams = [s for s in streams if not s.state.soft_deleted]  # gone but for their forks
         if not streams:
             raise NotFound(f"no run {run_id!r}")
         if any(s.definition.expiry.enabled for s in streams):

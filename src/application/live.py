@@ -212,7 +212,7 @@ class StreamTail:
         if skip_history:
             # A new tail starts at the head: subscribers behind it backfill from the source.
             found = await self._reader.page(self.key, 0, 1)
-            if found is None or not self.same_stream(found[0].created_at):
+            if found is None or found[0].soft_deleted or not self.same_stream(found[0].created_at):
                 self._gone()
                 return
             position, _ = found
@@ -222,7 +222,7 @@ class StreamTail:
         while True:
             found = await self._reader.page(self.key, self.position, PAGE)
             self.reads += 1
-            if found is None or not self.same_stream(found[0].created_at):
+            if found is None or found[0].soft_deleted or not self.same_stream(found[0].created_at):
                 self._gone()
                 return
             position, records = found
@@ -347,7 +347,11 @@ class LiveTails:
                 delivery = tail.after(last)
                 if delivery is None:  # behind the ring: read the source by keyset pages
                     found = await self._reader.page(key, last, PAGE)
-                    if found is None or not tail.same_stream(found[0].created_at):
+                    if (
+                        found is None
+                        or found[0].soft_deleted
+                        or not tail.same_stream(found[0].created_at)
+                    ):
                         yield StreamGone()
                         return
                     position, records = found

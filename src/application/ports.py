@@ -63,9 +63,19 @@ class RunSummary(msgspec.Struct, frozen=True):
 
 class StreamRepository(Protocol):
     async def create(
-        self, key: StreamKey, definition: StreamDefinition, now: datetime
+        self,
+        key: StreamKey,
+        definition: StreamDefinition,
+        now: datetime,
+        then: Sequence[Command] = (),
     ) -> tuple[Stream, bool]:
-        """Create the stream, or return the existing one; the flag says whether it is new."""
+        """Create the stream, or return the existing one; the flag says whether it is new.
+
+        The `then` commands (initial records, a close) are decided in order right after
+        `StreamCreated`, in the creation's one transaction, and what they cause is written and
+        announced to live readers as `update` does: nobody ever sees the new stream without it.
+        If one fails, nothing is created and its error is raised. An existing stream is returned
+        as it is: they are not decided on it."""
 
     async def load(self, key: StreamKey) -> Stream | None: ...
 
@@ -166,6 +176,8 @@ class Position(msgspec.Struct, frozen=True):
     # Which incarnation of the stream this is: a stream deleted and created again with the same
     # ID is another stream, told apart by its creation time.
     created_at: datetime | None = None
+    # Deleted while forks still read it: every direct read answers StreamGone (410).
+    soft_deleted: bool = False
 
 
 class RecordReader(Protocol):
@@ -173,7 +185,11 @@ class RecordReader(Protocol):
         self, key: StreamKey, cursor: int, limit: int
     ) -> tuple[Position, list[StoredRecord]] | None:
         """The stream's position and its records with sequence > cursor, ascending, at most
-        `limit` (a keyset page), read from one snapshot; None if there is no such stream."""
+        `limit` (a keyset page), read from one snapshot; None if there is no such stream.
+
+        A fork's page is stitched (`application.fork_reads`): records up to its `through` are
+        its source's (recursively up the chain), later ones its own; its `earliest` is where
+        the source's retention left the inherited prefix, unless its own went further."""
 
     async def expired_through(
         self, key: StreamKey, after: int, cutoff: datetime, limit: int

@@ -8,7 +8,7 @@ from datetime import datetime
 from application.access import Caller, require_reader
 from application.definitions import Definitions
 from application.errors import NotFound
-from application.ports import RecordReader
+from application.ports import Position, RecordReader
 from application.views import RecordsPage, record_view
 from application.wake import WakeRegistry
 from domain import errors
@@ -74,6 +74,7 @@ class ReadRecords:
         if found is None:
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
         position, records = found
+        require_live(key, position)
         check_cursor(cursor, position.head, position.earliest)
         if not records and not position.closed and wait_more:
             return position.created_at
@@ -83,6 +84,14 @@ class ReadRecords:
             head=position.head,
             earliest=position.earliest,
             closed=position.closed,
+        )
+
+
+def require_live(key: StreamKey, position: Position) -> None:
+    """A soft-deleted stream (deleted while forks read it) answers 410 to direct reads."""
+    if position.soft_deleted:
+        raise errors.StreamGone(
+            f"stream {key.stream_id!r} was deleted; only its forks still read its records"
         )
 
 

@@ -11,7 +11,7 @@ from application.definitions import Definitions
 from application.errors import NotFound
 from application.live import Delivery, LiveTails
 from application.ports import RecordReader
-from application.read_records import check_cursor
+from application.read_records import check_cursor, require_live
 from domain import errors
 from domain.definition import MAX_SEQUENCE, StreamDefinition
 from domain.stream import StreamKey
@@ -124,6 +124,7 @@ class Subscribe:
         if found is None:
             raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
         position, _ = found
+        require_live(key, position)
         check_cursor(cursor, position.head, position.earliest)
         return key, definition
 

@@ -12,6 +12,7 @@ import msgspec
 
 from domain.definition import StreamDefinition
 from domain.objects import ObjectIntent
+from domain.producers import ProducerClaim
 from domain.state import StreamState
 
 
@@ -32,13 +33,19 @@ class StreamSnapshotted(Event, frozen=True, tag="stream_snapshot"):
     state: StreamState
 
 
-class RecordsAppended(Event, frozen=True, tag="records_appended"):
-    """Records `first_sequence..last_sequence`; their bytes follow `first_offset` contiguously."""
+class RecordsAppended(Event, frozen=True, tag="records_appended", omit_defaults=True):
+    """Records `first_sequence..last_sequence`; their bytes follow `first_offset` contiguously.
+
+    A Durable Streams append may carry its producer claim (accepted with it) and its writer
+    sequence (`Stream-Seq`, the stream's last from then on); a native append carries neither,
+    and its journal entry is what it always was."""
 
     first_sequence: int
     last_sequence: int
     first_offset: int
     bytes: int
+    producer: ProducerClaim | None = None
+    writer_seq: str | None = None
 
 
 class ConsumerAcknowledged(Event, frozen=True, tag="consumer_acknowledged"):
@@ -48,8 +55,13 @@ class ConsumerAcknowledged(Event, frozen=True, tag="consumer_acknowledged"):
     offset: int
 
 
-class StreamClosed(Event, frozen=True, tag="stream_closed"):
-    pass
+class StreamClosed(Event, frozen=True, tag="stream_closed", omit_defaults=True):
+    """The stream takes no more records. `producer`: the claim of the request that closed it
+    (accepted with it, if a close-only request; already by its `RecordsAppended` otherwise);
+    `writer_seq`: a close-only request's `Stream-Seq`."""
+
+    producer: ProducerClaim | None = None
+    writer_seq: str | None = None
 
 
 class LegalHoldChanged(Event, frozen=True, tag="legal_hold_changed"):
@@ -92,6 +104,13 @@ class StreamDeleted(Event, frozen=True, tag="stream_deleted"):
     reason: str  # "deleted" (DELETE) or "expired" (expiry)
 
 
+class StreamSoftDeleted(Event, frozen=True, tag="stream_soft_deleted"):
+    """Deleted (or expired) while forks still read its records: it answers 410 from now on and
+    is erased, in the transaction that erases its last fork."""
+
+    reason: str  # "deleted" or "expired"
+
+
 AnyEvent = (
     StreamCreated
     | StreamSnapshotted
@@ -106,6 +125,7 @@ AnyEvent = (
     | ObjectAborted
     | ObjectExpired
     | StreamDeleted
+    | StreamSoftDeleted
 )
 
 _encoder = msgspec.json.Encoder()

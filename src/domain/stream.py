@@ -17,8 +17,9 @@ from domain import errors
 from domain import events as ev
 from domain.definition import MAX_BATCH_RECORDS, StreamDefinition
 from domain.objects import ObjectIntent
+from domain.producers import MAX_PRODUCERS, ProducerClaim, check_claim, check_writer_seq
 from domain.records import NewRecord
-from domain.state import Consumer, LegalHold, StreamState, copy_state
+from domain.state import Consumer, LegalHold, Producer, StreamState, copy_state
 from domain.state import decode_state as decode_state  # re-exported for the adapters
 from domain.state import encode_state as encode_state
 
@@ -42,14 +43,25 @@ class Credit(msgspec.Struct, frozen=True):
 
 
 class Stream:
-    """One stream: its immutable definition and its state, changed only by `apply`."""
+    """One stream: its immutable definition and its state, changed only by `apply`.
 
-    __slots__ = ("definition", "key", "state")
+    `forked` is a fact the port reads under the row lock, not state: whether forks still
+    reference this stream's records (it turns a delete or an expiry into a soft delete)."""
 
-    def __init__(self, key: StreamKey, definition: StreamDefinition, state: StreamState) -> None:
+    __slots__ = ("definition", "forked", "key", "state")
+
+    def __init__(
+        self,
+        key: StreamKey,
+        definition: StreamDefinition,
+        state: StreamState,
+        *,
+        forked: bool = False,
+    ) -> None:
         self.key = key
         self.definition = definition
         self.state = state
+        self.forked = forked
 
     # -- creation -------------------------------------------------------------------------------
 
@@ -103,11 +115,14 @@ class Stream:
     # -- commands (decide) ----------------------------------------------------------------------
 
     def append(self, records: list[NewRecord], now: datetime) -> list[ev.Event]:
+        self.require_live()
         s, limits = self.state, self.definition.limits
         if not 1 <= len(records) <= MAX_BATCH_RECORDS:
             raise errors.InvalidInput(f"a batch holds 1 to {MAX_BATCH_RECORDS} records")
         if s.closed:
-            raise errors.StreamClosed("the stream is closed: nothing more can be appended")
+            raise errors.StreamClosed(
+                "the stream is closed: nothing more can be appended", head=s.head
+            )
         items, size = len(records), sum(r.size for r in records)
         total_items, total_bytes = limits.max_total_items, limits.max_total_bytes
         if total_items is not None and s.total_items + items > total_items:
@@ -141,6 +156,101 @@ class Stream:
             )
         ]
 
+    def produce(
+        self,
+        records: list[NewRecord],
+        now: datetime,
+        *,
+        producer: ProducerClaim | None = None,
+        writer_seq: str | None = None,
+        close: bool = False,
+    ) -> list[ev.Event]:
+        """A Durable Streams write: append `records` and, with `close`, close the stream, in one
+        decision (no records: close only). No events is a duplicate, which appends nothing: a
+        producer's retry of a claim already accepted, or a close of a closed stream.
+
+        The order of the checks is the protocol's. Closed first: a closed stream refuses (with
+        its head), but to the retry of the claim that closed it and to a close-only request
+        without a claim, which are duplicates. Then the producer's claim, before `Stream-Seq`,
+        so that a retry carrying both is the producer's duplicate, not a sequence regression
+        (the conformance suite's "producer duplicate should return 204 even with Stream-Seq").
+        Then `Stream-Seq`, then credit and quotas exactly as `append`."""
+        s = self.state
+        if not records and not close:
+            raise errors.InvalidInput("an append holds at least one record unless it closes")
+        if producer is not None:
+            check_claim(producer)
+        if writer_seq is not None:
+            check_writer_seq(writer_seq)
+        if s.closed:
+            if producer is None and not records:  # close-only is idempotent
+                return []
+            if producer is not None and producer == s.closed_by:  # the closing request again
+                return []
+            raise errors.StreamClosed(
+                "the stream is closed: nothing more can be appended", head=s.head
+            )
+        if producer is not None and self._is_duplicate(producer):
+            return []
+        # Code point order is the byte order of the UTF-8 encodings: byte-wise lexicographic.
+        if writer_seq is not None and s.writer_seq is not None and writer_seq <= s.writer_seq:
+            raise errors.WriterSequenceRegression(
+                f"Stream-Seq {writer_seq!r} is not above the stream's last, {s.writer_seq!r}",
+                last_seq=s.writer_seq,
+            )
+        events: list[ev.Event] = []
+        if records:
+            [appended] = self.append(records, now)
+            events.append(
+                msgspec.structs.replace(appended, producer=producer, writer_seq=writer_seq)
+            )
+        if close:
+            events.append(
+                ev.StreamClosed(
+                    version=s.version + len(events) + 1,
+                    at=now,
+                    producer=producer,
+                    writer_seq=None if records else writer_seq,
+                )
+            )
+        return events
+
+    def _is_duplicate(self, claim: ProducerClaim) -> bool:
+        """PROTOCOL.md §5.2.1: whether the claim was accepted before; raises if it is refused."""
+        known = self.state.producers.get(claim.producer_id)
+        if known is None:
+            if claim.seq != 0:
+                raise errors.ProducerSequenceGap(
+                    f"producer {claim.producer_id!r} is new to this stream: its first sequence "
+                    f"is 0, not {claim.seq}",
+                    expected_seq=0,
+                    received_seq=claim.seq,
+                )
+            return False
+        if claim.epoch < known.epoch:
+            raise errors.ProducerEpochStale(
+                f"producer {claim.producer_id!r} is at epoch {known.epoch}: epoch {claim.epoch} "
+                "is fenced off",
+                current_epoch=known.epoch,
+            )
+        if claim.epoch > known.epoch:
+            if claim.seq != 0:
+                raise errors.InvalidInput(
+                    f"a new producer epoch starts at sequence 0, not {claim.seq}",
+                    field="producer_seq",
+                )
+            return False
+        if claim.seq <= known.last_seq:
+            return True
+        if claim.seq > known.last_seq + 1:
+            raise errors.ProducerSequenceGap(
+                f"producer {claim.producer_id!r} expects sequence {known.last_seq + 1} in epoch "
+                f"{known.epoch}, not {claim.seq}",
+                expected_seq=known.last_seq + 1,
+                received_seq=claim.seq,
+            )
+        return False
+
     @staticmethod
     def _refuse_total(batch: int, used: int, ceiling: int, unit: str, field: str) -> None:
         """A batch bigger than the whole ceiling is the request's fault while room is left (400,
@@ -166,6 +276,7 @@ class Stream:
         self, consumer_id: str, principal: str, sequence: int, offset: int | None, now: datetime
     ) -> list[ev.Event]:
         """`offset` is the cumulative byte offset after record `sequence` (None if not retained)."""
+        self.require_live()
         s = self.state
         existing = s.consumers.get(consumer_id)
         if existing is not None and existing.principal != principal:
@@ -208,11 +319,13 @@ class Stream:
         ]
 
     def close(self, now: datetime) -> list[ev.Event]:
+        self.require_live()
         if self.state.closed:
             return []
         return [ev.StreamClosed(version=self.state.version + 1, at=now)]
 
     def set_legal_hold(self, enabled: bool, reason: str | None, now: datetime) -> list[ev.Event]:
+        self.require_live()
         hold = self.state.legal_hold
         if hold.enabled == enabled and hold.reason == reason:
             return []
@@ -247,14 +360,36 @@ class Stream:
 
     def delete(self, now: datetime, reason: str = "deleted") -> list[ev.Event]:
         """Erase the stream (records, journal, receipts, consumers, intents); refused while a
-        legal hold is on."""
+        legal hold is on. With forks still reading it, soft-delete it instead."""
+        self.require_live()
         if self.state.legal_hold.enabled:
             raise errors.LegalHoldActive(
                 "a legal hold is on: the stream cannot be deleted until it is lifted"
             )
         if self.state.deleted:
             return []
-        return [ev.StreamDeleted(version=self.state.version + 1, at=now, reason=reason)]
+        return [self._gone(now, reason)]
+
+    def _gone(self, now: datetime, reason: str) -> ev.Event:
+        version = self.state.version + 1
+        if self.forked:
+            return ev.StreamSoftDeleted(version=version, at=now, reason=reason)
+        return ev.StreamDeleted(version=version, at=now, reason=reason)
+
+    def release(self, now: datetime) -> list[ev.Event]:
+        """Erase a soft-deleted stream once no fork reads it any more (the cascade of its last
+        fork's erasure); anything else stays."""
+        s = self.state
+        if not s.soft_deleted or s.deleted or self.forked:
+            return []
+        return [ev.StreamDeleted(version=s.version + 1, at=now, reason="released")]
+
+    def require_live(self) -> None:
+        """A soft-deleted stream answers 410 to every direct operation."""
+        if self.state.soft_deleted:
+            raise errors.StreamGone(
+                f"stream {self.key.stream_id!r} was deleted; only its forks still read its records"
+            )
 
     # -- expiry ---------------------------------------------------------------------------------
 
@@ -270,13 +405,15 @@ class Stream:
     ) -> list[ev.Event]:
         """Erase the stream if it is expired (decided under the row lock, so a hold put on
         meanwhile, or an access recorded meanwhile, keeps it)."""
-        if self.state.deleted or not self.expired(now, last_access, grace):
+        s = self.state
+        if s.deleted or s.soft_deleted or not self.expired(now, last_access, grace):
             return []
-        return [ev.StreamDeleted(version=self.state.version + 1, at=now, reason="expired")]
+        return [self._gone(now, "expired")]
 
     # -- object intents ---------------------------------------------------------------------------
 
     def prepare_object(self, intent: ObjectIntent, now: datetime) -> list[ev.Event]:
+        self.require_live()
         if self.state.closed:
             raise errors.StreamClosed("the stream is closed: no object can be prepared")
         existing = self.state.objects.get(intent.object_id)
@@ -295,6 +432,7 @@ class Stream:
         return [ev.ObjectPrepared(version=self.state.version + 1, at=now, intent=intent)]
 
     def _open_object(self, object_id: str) -> ObjectIntent:
+        self.require_live()
         intent = self.state.objects.get(object_id)
         if intent is None:
             raise errors.ObjectStateConflict(f"object {object_id!r} is not open")
@@ -374,11 +512,18 @@ class Stream:
                 return
             case ev.StreamCreated():
                 s.created_at = event.at
+                if (fork := event.definition.fork) is not None:
+                    # The inherited prefix is the source's: nothing of it is held or counted.
+                    s.head, s.earliest = fork.through, fork.through + 1
             case ev.RecordsAppended():
                 items = event.last_sequence - event.first_sequence + 1
                 s.head = event.last_sequence
                 s.total_items += items
                 s.total_bytes += event.bytes
+                if event.producer is not None:
+                    _accept(s, event.producer, event.at)
+                if event.writer_seq is not None:
+                    s.writer_seq = event.writer_seq
             case ev.ConsumerAcknowledged():
                 s.consumers[event.consumer_id] = Consumer(
                     principal=event.principal,
@@ -389,6 +534,11 @@ class Stream:
             case ev.StreamClosed():
                 s.closed = True
                 s.closed_at = event.at
+                if event.producer is not None:
+                    _accept(s, event.producer, event.at)
+                    s.closed_by = event.producer
+                if event.writer_seq is not None:
+                    s.writer_seq = event.writer_seq
             case ev.LegalHoldChanged():
                 s.legal_hold = LegalHold(
                     enabled=event.enabled, reason=event.reason, updated_at=event.at
@@ -406,9 +556,21 @@ class Stream:
                 del s.objects[event.object_id]
             case ev.StreamDeleted():
                 s.deleted = True
+            case ev.StreamSoftDeleted():
+                s.soft_deleted = True
             case _:
                 raise TypeError(f"unknown event {type(event).__name__}")
         s.version = event.version
+
+
+def _accept(s: StreamState, claim: ProducerClaim, at: datetime) -> None:
+    """Remember an accepted claim. A new producer past `MAX_PRODUCERS` makes the stream forget
+    the one that wrote least recently (the first of them, in the state's order, on a tie), so
+    replay forgets the same one."""
+    producers = s.producers
+    if claim.producer_id not in producers and len(producers) >= MAX_PRODUCERS:
+        del producers[min(producers, key=lambda p: producers[p].updated_at)]
+    producers[claim.producer_id] = Producer(epoch=claim.epoch, last_seq=claim.seq, updated_at=at)
 
 
 _definition_encoder = msgspec.json.Encoder()

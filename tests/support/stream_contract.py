@@ -9,20 +9,28 @@ compacts inline) and `journal_rows` (how many journal events the adapter stores 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
 
+import msgspec
 import pytest
 
 from application.acknowledge import AckCommand
+from application.append_records import ProduceCommand, Produced
 from application.close_stream import CloseCommand
 from application.delete_stream import DeleteCommand
 from application.errors import NotFound
+from application.expiry import ExpireCommand
 from application.objects import AbortCommand, CommitCommand, PrepareCommand, UploadedCommand
 from application.ports import Done, Failed, Replayed
+from application.retention import PruneCommand
 from application.set_legal_hold import LegalHoldCommand
 from domain import errors
 from domain import events as ev
+from domain.definition import Expiry, Fork, StreamDefinition
 from domain.objects import AuthorizationReceipt, ObjectIntent
+from domain.producers import ProducerClaim
+from domain.records import NewRecord
 from domain.stream import Stream
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 
@@ -423,3 +431,531 @@ class ObjectIntentsContract:
         assert sorted(await queued_bodies(repo, key)) == sorted(
             i.storage_key for i in (kept, dropped, late)
         )
+
+
+def forked(source: Stream, stream_id: str, through: int, **changes: object) -> StreamDefinition:
+    """The definition of a fork of `source` through sequence `through`."""
+    fork = Fork(
+        run_id=source.key.run_id,
+        stream_id=source.key.stream_id,
+        source_created_at=source.state.created_at,
+        through=through,
+        offset=through,
+    )
+    return msgspec.structs.replace(definition(stream_id), fork=fork, **changes)
+
+
+async def payloads(repo, key, cursor: int = 0, limit: int = 100) -> list[bytes]:
+    found = await repo.page(key, cursor, limit)
+    assert found is not None
+    return [r.payload for r in found[1]]
+
+
+def rec(n: int) -> NewRecord:
+    return record(b'{"n":%d}' % n)
+
+
+class ForkContract:
+    """Forks: inherited prefixes read through the source chain, reference counting, soft
+    delete and the cascade of erasures, on every adapter."""
+
+    async def source(self, repo, n: int, stream_id: str = "src", key=None) -> Stream:
+        key = (key or new_key())._replace(stream_id=stream_id)
+        await repo.create(key, definition(stream_id), NOW)
+        if n:
+            await repo.update(key, [append([rec(i) for i in range(1, n + 1)])])
+        return await repo.load(key)
+
+    async def fork(self, repo, source: Stream, stream_id: str, through: int, **changes) -> Stream:
+        key = source.key._replace(stream_id=stream_id)
+        stream, created = await repo.create(key, forked(source, stream_id, through, **changes), NOW)
+        assert created
+        return stream
+
+    async def test_a_fork_reads_the_inherited_prefix_then_its_own_records(self, repo) -> None:
+        src = await self.source(repo, 4)
+        fork = await self.fork(repo, src, "f", 2)
+        assert (fork.head, fork.state.total_items) == (2, 0)
+        await repo.update(src.key, [append([rec(5)])])  # after the fork: never in it
+        [done] = await repo.update(fork.key, [append([rec(30), rec(40)])])
+        assert (done.answer.first_sequence, done.answer.last_sequence) == (3, 4)
+        assert done.answer.credit.unread_items == 2  # only its own records count
+        position, records = await repo.page(fork.key, 0, 100)
+        assert (position.head, position.earliest, position.soft_deleted) == (4, 1, False)
+        assert [r.sequence for r in records] == [1, 2, 3, 4]
+        assert [r.payload for r in records] == [
+            rec(1).payload,
+            rec(2).payload,
+            *[rec(n).payload for n in (30, 40)],
+        ]
+        # Pages cross the boundary by keyset, at any cursor and limit.
+        assert await payloads(repo, fork.key, 1, 2) == [rec(2).payload, rec(30).payload]
+        assert await payloads(repo, fork.key, 0, 1) == [rec(1).payload]
+        assert await payloads(repo, fork.key, 2, 10) == [rec(30).payload, rec(40).payload]
+        assert await payloads(repo, fork.key, 4, 10) == []
+        assert await payloads(repo, src.key) == [rec(n).payload for n in range(1, 6)]
+
+    async def test_forks_at_the_start_and_at_the_head(self, repo) -> None:
+        src = await self.source(repo, 3)
+        empty = await self.fork(repo, src, "at-zero", 0)
+        whole = await self.fork(repo, src, "at-head", 3)
+        assert await payloads(repo, empty.key) == []
+        assert (await repo.page(empty.key, 0, 10))[0].head == 0
+        assert await payloads(repo, whole.key) == [rec(n).payload for n in (1, 2, 3)]
+
+    async def test_a_chain_of_forks_reads_through_every_level(self, repo) -> None:
+        a = await self.source(repo, 3, "a")
+        b = await self.fork(repo, a, "b", 2)
+        await repo.update(b.key, [append([rec(20), rec(21)])])  # b: 1 2 20 21
+        b = await repo.load(b.key)
+        c = await self.fork(repo, b, "c", 3)  # c: 1 2 20 | own
+        await repo.update(c.key, [append([rec(30)])])
+        await repo.update(a.key, [append([rec(4)])])
+        assert await payloads(repo, c.key) == [rec(n).payload for n in (1, 2, 20, 30)]
+        assert await payloads(repo, c.key, 1, 2) == [rec(2).payload, rec(20).payload]
+        assert await payloads(repo, b.key) == [rec(n).payload for n in (1, 2, 20, 21)]
+        assert await payloads(repo, a.key) == [rec(n).payload for n in (1, 2, 3, 4)]
+
+    async def test_creating_a_fork_rechecks_its_source_and_a_refused_one_links_nothing(
+        self, repo
+    ) -> None:
+        src = await self.source(repo, 2)
+        with pytest.raises(errors.InvalidInput):
+            await repo.create(src.key._replace(stream_id="far"), forked(src, "far", 3), NOW)
+        stale = msgspec.structs.replace(
+            forked(src, "stale", 1),
+            fork=msgspec.structs.replace(
+                forked(src, "stale", 1).fork, source_created_at=NOW - timedelta(days=1)
+            ),
+        )
+        with pytest.raises(NotFound):  # another incarnation of the source's ID
+            await repo.create(src.key._replace(stream_id="stale"), stale, NOW)
+        missing = msgspec.structs.replace(
+            stale, fork=msgspec.structs.replace(stale.fork, stream_id="nothing-here")
+        )
+        with pytest.raises(NotFound):
+            await repo.create(src.key._replace(stream_id="lost"), missing, NOW)
+        for stream_id in ("far", "stale", "lost"):
+            assert await repo.load(src.key._replace(stream_id=stream_id)) is None
+        # No reference leaked: the source is erased outright, not soft-deleted.
+        [deleted] = await repo.update(src.key, [DeleteCommand(NOW)])
+        assert isinstance(deleted, Done) and isinstance(deleted.events[0], ev.StreamDeleted)
+        assert await repo.page(src.key, 0, 10) is None
+
+    async def test_a_source_with_forks_is_soft_deleted_and_gone_for_direct_use(self, repo) -> None:
+        src = await self.source(repo, 3)
+        fork = await self.fork(repo, src, "f", 2)
+        [deleted] = await repo.update(src.key, [DeleteCommand(NOW)])
+        assert isinstance(deleted, Done)
+        assert [type(e) for e in deleted.events] == [ev.StreamSoftDeleted]
+        position, records = await repo.page(src.key, 0, 10)
+        assert position.soft_deleted and len(records) == 3  # kept for the forks
+        assert (await repo.load(src.key)).state.soft_deleted
+        for command in (append(), DeleteCommand(NOW), CloseCommand(WRITER, NOW)):
+            [refused] = await repo.update(src.key, [command])
+            assert isinstance(refused, Failed) and isinstance(refused.error, errors.StreamGone)
+        again, created = await repo.create(src.key, definition("src"), NOW)
+        assert not created and again.state.soft_deleted  # CreateStream answers 409 for it
+        assert await payloads(repo, fork.key) == [rec(1).payload, rec(2).payload]
+        outcomes = await repo.update(fork.key, [append([rec(9)]), CloseCommand(WRITER, NOW)])
+        assert all(isinstance(o, Done) for o in outcomes)  # the fork lives on its own
+        assert (await repo.page(fork.key, 0, 10))[0].closed
+
+    async def test_a_soft_deleted_source_cannot_be_forked(self, repo) -> None:
+        src = await self.source(repo, 1)
+        await self.fork(repo, src, "f", 1)
+        await repo.update(src.key, [DeleteCommand(NOW)])
+        with pytest.raises(errors.DefinitionConflict):
+            await repo.create(src.key._replace(stream_id="g"), forked(src, "g", 1), NOW)
+
+    async def test_deleting_the_last_fork_erases_its_soft_deleted_source(self, repo) -> None:
+        src = await self.source(repo, 2)
+        f1 = await self.fork(repo, src, "f1", 1)
+        f2 = await self.fork(repo, src, "f2", 2)
+        await repo.update(src.key, [DeleteCommand(NOW)])
+        await repo.update(f1.key, [DeleteCommand(NOW)])
+        assert (await repo.page(src.key, 0, 10))[0].soft_deleted  # f2 still reads it
+        assert await payloads(repo, f2.key) == [rec(1).payload, rec(2).payload]
+        await repo.update(f2.key, [DeleteCommand(NOW)])
+        assert await repo.page(src.key, 0, 10) is None
+        assert await repo.load(src.key) is None
+        stream, created = await repo.create(src.key, definition("src"), NOW)
+        assert created and stream.head == 0  # the ID is free again
+
+    async def test_the_cascade_goes_up_a_chain_of_three(self, repo) -> None:
+        a = await self.source(repo, 2, "a")
+        b = await self.fork(repo, a, "b", 2)
+        c = await self.fork(repo, b, "c", 2)
+        await repo.update(a.key, [DeleteCommand(NOW)])
+        await repo.update(b.key, [DeleteCommand(NOW)])
+        assert await payloads(repo, c.key) == [rec(1).payload, rec(2).payload]
+        await repo.update(c.key, [DeleteCommand(NOW)])
+        for key in (a.key, b.key, c.key):
+            assert await repo.page(key, 0, 10) is None
+
+    async def test_deleting_the_middle_of_a_chain_keeps_what_its_fork_reads(self, repo) -> None:
+        a = await self.source(repo, 2, "a")
+        b = await self.fork(repo, a, "b", 1)
+        await repo.update(b.key, [append([rec(10)])])
+        c = await self.fork(repo, await repo.load(b.key), "c", 2)
+        await repo.update(b.key, [DeleteCommand(NOW)])
+        assert (await repo.page(b.key, 0, 10))[0].soft_deleted
+        assert await payloads(repo, c.key) == [rec(1).payload, rec(10).payload]
+        assert await payloads(repo, a.key) == [rec(1).payload, rec(2).payload]
+        [erased] = await repo.update(c.key, [DeleteCommand(NOW)])
+        assert isinstance(erased.events[0], ev.StreamDeleted)
+        assert await repo.page(b.key, 0, 10) is None  # released with its last fork
+        position, _ = await repo.page(a.key, 0, 10)  # never deleted: stays as it was
+        assert not position.soft_deleted and position.head == 2
+
+    async def test_a_live_source_stays_when_all_its_forks_are_deleted(self, repo) -> None:
+        src = await self.source(repo, 2)
+        for name in ("f1", "f2"):
+            fork = await self.fork(repo, src, name, 1)
+            await repo.update(fork.key, [DeleteCommand(NOW)])
+        [deleted] = await repo.update(src.key, [DeleteCommand(NOW)])  # no fork left: erased
+        assert isinstance(deleted.events[0], ev.StreamDeleted)
+        assert await repo.page(src.key, 0, 10) is None
+
+    async def test_expiry_soft_deletes_a_forked_source_and_a_forks_expiry_releases_it(
+        self, repo
+    ) -> None:
+        key = new_key()._replace(stream_id="src")
+        idle = Expiry(idle_seconds=10)
+        await repo.create(key, msgspec.structs.replace(definition("src"), expiry=idle), NOW)
+        await repo.update(key, [append([rec(1), rec(2)])])
+        src = await repo.load(key)
+        fork = await self.fork(repo, src, "f", 2, expiry=idle)
+        later = NOW + timedelta(minutes=5)
+        [expired] = await repo.update(key, [ExpireCommand(later, NOW, timedelta(0))])
+        assert [type(e) for e in expired.events] == [ev.StreamSoftDeleted]
+        assert (await repo.page(key, 0, 10))[0].soft_deleted
+        [again] = await repo.update(key, [ExpireCommand(later, NOW, timedelta(0))])
+        assert again.events == []  # nothing more until its fork goes
+        assert await payloads(repo, fork.key) == [rec(1).payload, rec(2).payload]
+        [fork_expired] = await repo.update(fork.key, [ExpireCommand(later, NOW, timedelta(0))])
+        assert isinstance(fork_expired.events[0], ev.StreamDeleted)
+        assert await repo.page(fork.key, 0, 10) is None
+        assert await repo.page(key, 0, 10) is None
+
+    async def test_the_sources_retention_applies_to_what_its_forks_inherit(self, repo) -> None:
+        src = await self.source(repo, 4)
+        fork = await self.fork(repo, src, "f", 3)
+        await repo.update(fork.key, [append([rec(40)])])
+        await repo.update(src.key, [PruneCommand(2, "age", NOW)])
+        position, records = await repo.page(fork.key, 0, 10)
+        assert position.earliest == 3
+        assert [r.sequence for r in records] == [3, 4]
+        await repo.update(src.key, [PruneCommand(4, "age", NOW)])  # past the fork point
+        position, records = await repo.page(fork.key, 0, 10)
+        assert position.earliest == 4 and [r.sequence for r in records] == [4]
+
+    async def test_deleting_a_run_soft_deletes_the_sources_forks_outside_it_read(
+        self, repo
+    ) -> None:
+        src = await self.source(repo, 2, "src")
+        inside = await self.fork(repo, src, "inside", 1)
+        outside_key = new_key()._replace(stream_id="outside")
+        await repo.create(outside_key, forked(src, "outside", 2), NOW)
+        only_inside = await self.source(repo, 1, "lonely", key=src.key)
+        await self.fork(repo, only_inside, "lonely-fork", 1)
+        await repo.delete_run(src.key.tenant, src.key.run_id, NOW)
+        assert (await repo.page(src.key, 0, 10))[0].soft_deleted
+        for gone in (inside.key, only_inside.key, src.key._replace(stream_id="lonely-fork")):
+            assert await repo.page(gone, 0, 10) is None
+        assert await payloads(repo, outside_key) == [rec(1).payload, rec(2).payload]
+        await repo.update(outside_key, [DeleteCommand(NOW)])
+        assert await repo.page(src.key, 0, 10) is None
+
+    async def test_concurrent_forks_and_delete_of_the_source_never_lose_a_prefix(
+        self, repo
+    ) -> None:
+        for _ in range(5):
+            src = await self.source(repo, 2)
+
+            async def one_fork(n: int, src: Stream = src) -> Stream | None:
+                key = src.key._replace(stream_id=f"f{n}")
+                try:
+                    stream, _ = await repo.create(key, forked(src, f"f{n}", 2), NOW)
+                except (NotFound, errors.DefinitionConflict):  # erased, or soft-deleted first
+                    return None
+                return stream
+
+            results = await asyncio.gather(
+                *(one_fork(n) for n in range(4)),
+                repo.update(src.key, [DeleteCommand(NOW)]),
+                *(one_fork(n) for n in range(4, 8)),
+            )
+            forks = [f for f in results[:4] + results[5:] if f is not None]
+            found = await repo.page(src.key, 0, 10)
+            if forks:
+                assert found is not None and found[0].soft_deleted
+                for fork in forks:
+                    assert await payloads(repo, fork.key) == [rec(1).payload, rec(2).payload]
+                    await repo.update(fork.key, [DeleteCommand(NOW)])
+            assert await repo.page(src.key, 0, 10) is None
+
+
+def produce(
+    records: Sequence[NewRecord] | None = None,
+    producer: ProducerClaim | None = None,
+    writer_seq: str | None = None,
+    close: bool = False,
+) -> ProduceCommand:
+    """A Durable Streams write; `records` defaults to one record (to none when closing)."""
+    if records is None:
+        records = [] if close else [record()]
+    return ProduceCommand(
+        WRITER, list(records), NOW, producer=producer, writer_seq=writer_seq, close=close
+    )
+
+
+def claim(seq: int, epoch: int = 0, producer_id: str = "p") -> ProducerClaim:
+    return ProducerClaim(producer_id=producer_id, epoch=epoch, seq=seq)
+
+
+async def all_payloads(repo, key) -> list[bytes]:
+    _, records = await repo.page(key, 0, 1000)
+    return [r.payload for r in records]
+
+
+class DurableStreamsContract:
+    """The Durable Streams write path: producer claims, `Stream-Seq`, append-and-close, close-only
+    and creation with initial records, decided under the row lock like every other command.
+
+    Needs, besides `repo`: `reopen` (a new adapter on the same storage, keeping nothing in
+    memory: a restarted process) and `waking_repo` (an adapter and the WakeRegistry its commits
+    reach, through the wake bus where there is one)."""
+
+    async def test_every_producer_outcome(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        [first] = await repo.update(key, [produce([record(b"0")], claim(0))])
+        assert isinstance(first, Done)
+        assert first.answer == Produced(
+            head=1, closed=False, duplicate=False, producer_epoch=0, producer_seq=0
+        )
+        await repo.update(key, [produce([record(b"1")], claim(1))])
+        await repo.update(key, [produce([record(b"2")], claim(2))])
+        [duplicate] = await repo.update(key, [produce([record(b"again")], claim(1))])
+        assert duplicate.answer == Produced(
+            head=3, closed=False, duplicate=True, producer_epoch=0, producer_seq=2
+        )
+        [gap] = await repo.update(key, [produce(producer=claim(4))])
+        assert isinstance(gap.error, errors.ProducerSequenceGap)
+        assert gap.error.extra == {"expected_seq": 3, "received_seq": 4}
+        [new_gap] = await repo.update(key, [produce(producer=claim(1, producer_id="q"))])
+        assert new_gap.error.extra == {"expected_seq": 0, "received_seq": 1}
+        [bad_epoch] = await repo.update(key, [produce(producer=claim(3, epoch=1))])
+        assert isinstance(bad_epoch.error, errors.InvalidInput)
+        [bumped] = await repo.update(key, [produce([record(b"e1")], claim(0, epoch=1))])
+        assert (bumped.answer.producer_epoch, bumped.answer.producer_seq) == (1, 0)
+        [stale] = await repo.update(key, [produce(producer=claim(3))])
+        assert isinstance(stale.error, errors.ProducerEpochStale)
+        assert stale.error.extra == {"current_epoch": 1}
+        assert await all_payloads(repo, key) == [b"0", b"1", b"2", b"e1"]
+
+    async def test_claims_in_one_group_are_decided_in_order(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        outcomes = await repo.update(
+            key,
+            [
+                produce([record(b"a0")], claim(0, producer_id="a")),
+                produce([record(b"a1")], claim(1, producer_id="a")),
+                produce([record(b"a0 again")], claim(0, producer_id="a")),
+                produce([record(b"b0")], claim(0, producer_id="b")),
+                produce([record(b"a3")], claim(3, producer_id="a")),
+                produce([record(b"a2")], claim(2, producer_id="a")),
+            ],
+        )
+        kinds = [
+            type(o).__name__ if isinstance(o, Failed) else o.answer.duplicate for o in outcomes
+        ]
+        assert kinds == [False, False, True, False, "Failed", False]
+        assert await all_payloads(repo, key) == [b"a0", b"a1", b"b0", b"a2"]
+
+    async def test_concurrent_producers_and_their_retries_append_each_batch_once(
+        self, repo
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+
+        async def producer(name: str) -> list[bool]:
+            """Each batch sent twice at once (a retry racing its original), in order."""
+            duplicates = []
+            for seq in range(5):
+                command = produce([record(b"%s%d" % (name.encode(), seq))], claim(seq, 0, name))
+                outcomes = await asyncio.gather(
+                    repo.update(key, [command]), repo.update(key, [command])
+                )
+                duplicates += sorted(o[0].answer.duplicate for o in outcomes)
+            return duplicates
+
+        results = await asyncio.gather(*(producer(name) for name in "abcd"))
+        assert all(r == [False, True] * 5 for r in results)
+        stored = await all_payloads(repo, key)
+        expected = [b"%s%d" % (name, seq) for name in (b"a", b"b", b"c", b"d") for seq in range(5)]
+        assert sorted(stored) == expected
+        for name in b"abcd":  # each producer's batches in its own order
+            own = [p for p in stored if p[0] == name]
+            assert own == sorted(own)
+        stream = await repo.load(key)
+        assert {p: v.last_seq for p, v in stream.state.producers.items()} == dict.fromkeys(
+            "abcd", 4
+        )
+
+    async def test_writer_state_survives_a_restart_and_replays_from_the_journal(
+        self, repo, reopen
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [produce(producer=claim(0), writer_seq="001")])
+        await repo.update(key, [produce(producer=claim(0, epoch=2, producer_id="q"))])
+        await repo.update(key, [produce(producer=claim(1), writer_seq="002")])
+        restarted = reopen()
+        [duplicate] = await restarted.update(key, [produce(producer=claim(1))])
+        assert duplicate.answer.duplicate and duplicate.answer.producer_seq == 1
+        [stale] = await restarted.update(key, [produce(producer=claim(1, producer_id="q"))])
+        assert isinstance(stale.error, errors.ProducerEpochStale)
+        [regression] = await restarted.update(key, [produce(writer_seq="002")])
+        assert regression.error.extra == {"last_seq": "002"}
+        stored = await restarted.load(key)
+        assert Stream.replay(key, await restarted.journal(key)).state == stored.state
+        assert (stored.state.writer_seq, stored.head) == ("002", 3)
+
+    async def test_stream_seq_must_increase(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        first, same, lower, higher = await repo.update(
+            key,
+            [
+                produce([record(b"1")], writer_seq="b"),
+                produce([record(b"2")], writer_seq="b"),
+                produce([record(b"3")], writer_seq="a"),
+                produce([record(b"4")], writer_seq="ba"),
+            ],
+        )
+        assert isinstance(first, Done) and isinstance(higher, Done)
+        for refused in (same, lower):
+            assert isinstance(refused.error, errors.WriterSequenceRegression)
+            assert refused.error.extra == {"last_seq": "b"}
+        assert await all_payloads(repo, key) == [b"1", b"4"]
+
+    async def test_append_and_close_is_atomic_and_only_its_claim_is_a_duplicate_after(
+        self, repo
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [produce([record(b"first")])])
+        [closing] = await repo.update(key, [produce([record(b"final")], claim(0), close=True)])
+        assert closing.answer == Produced(
+            head=2, closed=True, duplicate=False, producer_epoch=0, producer_seq=0
+        )
+        position, _ = await repo.page(key, 0, 10)
+        assert position.closed and position.head == 2
+        [retry] = await repo.update(key, [produce([record(b"other")], claim(0), close=True)])
+        assert retry.answer.duplicate and retry.answer.closed and retry.answer.producer_seq == 0
+        for command in (
+            produce([record(b"late")]),
+            produce([record(b"late")], close=True),
+            produce([record(b"late")], claim(1), close=True),
+            produce([record(b"late")], claim(0, producer_id="other")),
+            produce(producer=claim(1), close=True),
+        ):
+            [refused] = await repo.update(key, [command])
+            assert isinstance(refused.error, errors.StreamClosed)
+            assert refused.error.extra == {"head": 2}
+        [native] = await repo.update(key, [append()])
+        assert isinstance(native.error, errors.StreamClosed)
+        assert await all_payloads(repo, key) == [b"first", b"final"]
+
+    async def test_close_only_is_idempotent(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [produce()])
+        first, again = await repo.update(key, [produce(close=True), produce(close=True)])
+        assert first.answer == Produced(
+            head=1, closed=True, duplicate=False, producer_epoch=None, producer_seq=None
+        )
+        assert again.answer == Produced(
+            head=1, closed=True, duplicate=True, producer_epoch=None, producer_seq=None
+        )
+        [later] = await repo.update(key, [produce(close=True)])
+        assert later.answer.duplicate and (await repo.load(key)).state.version == 3
+
+    async def test_close_only_with_a_claim_advances_the_producer_and_is_idempotent(
+        self, repo
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [produce(producer=claim(0))])
+        [closed] = await repo.update(key, [produce(producer=claim(1), close=True)])
+        assert (closed.answer.closed, closed.answer.duplicate, closed.answer.producer_seq) == (
+            True,
+            False,
+            1,
+        )
+        [again] = await repo.update(key, [produce(producer=claim(1), close=True)])
+        assert again.answer.duplicate and again.answer.producer_seq == 1
+        stream = await repo.load(key)
+        assert stream.state.closed_by == claim(1) and stream.state.producers["p"].last_seq == 1
+
+    async def test_a_stream_is_created_with_its_initial_records_and_closure_at_once(
+        self, repo
+    ) -> None:
+        key = new_key()
+        initial = [record(b"%d" % i) for i in range(100)]  # past the PostgreSQL COPY threshold
+        stream, created = await repo.create(key, definition(), NOW, [produce(initial, close=True)])
+        assert created and stream.head == 100 and stream.state.closed
+        assert stream.state.version == 3  # created, appended, closed
+        assert await all_payloads(repo, key) == [r.payload for r in initial]
+        stored = await repo.load(key)
+        assert stored.state == stream.state
+        assert Stream.replay(key, await repo.journal(key)).state == stored.state
+        [ack] = await repo.update(key, [AckCommand(WRITER, "c", 60, NOW)])
+        assert ack.answer.credit.unread_bytes == sum(r.size for r in initial[60:])
+        again, created_again = await repo.create(key, definition(), NOW, [produce(initial)])
+        assert not created_again and again.head == 100  # an existing stream is left as it is
+
+    async def test_a_creation_whose_initial_records_are_refused_creates_nothing(self, repo) -> None:
+        key = new_key()
+        with pytest.raises(errors.InvalidInput):
+            await repo.create(key, definition(max_unread_items=2), NOW, [produce([record()] * 3)])
+        assert await repo.load(key) is None and await repo.page(key, 0, 10) is None
+        stream, created = await repo.create(key, definition(), NOW)
+        assert created and stream.head == 0 and await all_payloads(repo, key) == []
+
+    async def test_concurrent_creations_with_initial_records_append_them_once(self, repo) -> None:
+        key = new_key()
+        results = await asyncio.gather(
+            *(repo.create(key, definition(), NOW, [produce([record(b"x")] * 3)]) for _ in range(8))
+        )
+        assert sorted(created for _, created in results) == [False] * 7 + [True]
+        assert await all_payloads(repo, key) == [b"x"] * 3
+
+    async def test_initial_records_wake_live_readers(self, waking_repo) -> None:
+        repo, registry = waking_repo
+        key = new_key()
+        with registry.listen(key) as listener:
+            await repo.create(key, definition(), NOW, [produce([record()])])
+            assert await listener.wait(5)
+
+    async def test_writer_state_rides_through_snapshots_and_compaction(
+        self, snapshotting_repo, compact
+    ) -> None:
+        repo, key = snapshotting_repo, new_key()
+        await repo.create(key, definition(), NOW)
+        for seq in range(4 * SNAPSHOT_EVERY):
+            await repo.update(key, [produce(producer=claim(seq))])
+            await compact(repo, key)
+        await repo.update(key, [produce(producer=claim(0, producer_id="q"), writer_seq="9")])
+        await compact(repo, key)
+        journal = await repo.journal(key)
+        assert isinstance(journal[0], ev.StreamSnapshotted)
+        stored = await repo.load(key)
+        assert Stream.replay(key, journal).state == stored.state
+        assert stored.state.producers["p"].last_seq == 4 * SNAPSHOT_EVERY - 1
+        assert (stored.state.producers["q"].epoch, stored.state.writer_seq) == (0, "9")
+        [duplicate] = await repo.update(key, [produce(producer=claim(3))])
+        assert duplicate.answer.duplicate

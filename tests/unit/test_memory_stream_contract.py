@@ -5,19 +5,38 @@ from __future__ import annotations
 import pytest
 
 from adapters.memory.streams import MemoryStreams
+from application.wake import WakeRegistry
 from domain.stream import StreamKey
 from tests.support.stream_contract import (
     SNAPSHOT_EVERY,
+    DurableStreamsContract,
+    ForkContract,
     JournalContract,
     ObjectIntentsContract,
     StreamRepositoryContract,
 )
 
 
-class TestMemoryStreams(StreamRepositoryContract, ObjectIntentsContract, JournalContract):
+class TestMemoryStreams(
+    StreamRepositoryContract,
+    ObjectIntentsContract,
+    JournalContract,
+    ForkContract,
+    DurableStreamsContract,
+):
     @pytest.fixture
     def repo(self) -> MemoryStreams:
         return MemoryStreams()
+
+    @pytest.fixture
+    def reopen(self, repo: MemoryStreams):
+        """The memory adapter is its own storage: a restart keeps it."""
+        return lambda: repo
+
+    @pytest.fixture
+    def waking_repo(self) -> tuple[MemoryStreams, WakeRegistry]:
+        registry = WakeRegistry()
+        return MemoryStreams(wake=registry), registry
 
     @pytest.fixture
     def snapshotting_repo(self) -> MemoryStreams:

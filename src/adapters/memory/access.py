@@ -20,7 +20,7 @@ class MemoryStreamAccess:
         self.writes += 1
         for key, at in accesses.items():
             stream = await self._streams.load(key)
-            if stream is None or not stream.definition.expiry.enabled:
+            if not _expiring(stream):
                 continue
             known = self._accessed.get(key)
             if known is None or known < at:
@@ -36,7 +36,7 @@ class MemoryStreamAccess:
 
     async def last_access(self, key: StreamKey) -> AccessRecord | None:
         stream = await self._streams.load(key)
-        if stream is None or not stream.definition.expiry.enabled:
+        if stream is None or not _expiring(stream):
             return None
         return AccessRecord(self._last(stream), stream.state.legal_hold.enabled)
 
@@ -44,7 +44,7 @@ class MemoryStreamAccess:
         return {
             s.key.stream_id: self._last(s)
             for s in await self._streams.list_run(tenant, run_id)
-            if s.definition.expiry.enabled
+            if _expiring(s)
         }
 
     async def expiry_candidates(
@@ -53,7 +53,7 @@ class MemoryStreamAccess:
         due: list[tuple[datetime, StreamKey]] = []
         for key in self._streams.stream_keys():
             stream = await self._streams.load(key)
-            if stream is None or not stream.definition.expiry.enabled:
+            if stream is None or not _expiring(stream):
                 continue
             last = self._last(stream)
             if stream.expired(now, last, grace):
@@ -70,7 +70,7 @@ class MemoryStreamAccess:
             if key.tenant != tenant or (after is not None and key.run_id <= after):
                 continue
             stream = await self._streams.load(key)
-            if stream is None:
+            if stream is None or stream.state.soft_deleted:
                 continue
             expiry = stream.definition.expiry
             if (
@@ -85,3 +85,9 @@ class MemoryStreamAccess:
             RunSummary(run_id=run_id, stream_count=len(times), created_at=min(times))
             for run_id, times in sorted(runs.items())[:limit]
         ]
+
+
+def _expiring(stream: Stream | None) -> bool:
+    """A stream with an expiry still to come: a soft-deleted one has none left (as its
+    `stream_access` row goes in PostgreSQL); only its last fork's erasure erases it."""
+    return stream is not None and stream.definition.expiry.enabled and not stream.state.soft_deleted

@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from application.deciding import SNAPSHOT_EVERY, Receipt, decide_all
+from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.deletions import ERASED_STREAM
 from application.errors import NotFound
-from application.ports import Command, Outcome, Position, RunSummary, StoredRecord
+from application.fork_reads import ForkLink, check_fork_source, kept_by_forks, stitch
+from application.ports import Command, Failed, Outcome, Position, RunSummary, StoredRecord
 from application.retention import expired_prefix
 from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
@@ -71,26 +72,74 @@ class MemoryStreams:
         self.deletions: list[tuple[StreamKey, str, str, str]] = []  # key, region, storage key, why
         self.deliveries: dict[StreamKey, dict[int, DeliveryRow]] = {}
         self._locks: defaultdict[StreamKey, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # The fork links (what `stream_forks` holds in PostgreSQL): source -> its live forks.
+        self._forks: dict[StreamKey, set[StreamKey]] = {}
         self._wake = wake or WakeRegistry()
         self.transactions = 0
 
     def _stream(self, key: StreamKey, row: _Row) -> Stream:
-        return Stream(key, decode_definition(row.definition), decode_state(row.state))
+        return Stream(
+            key,
+            decode_definition(row.definition),
+            decode_state(row.state),
+            forked=bool(self._forks.get(key)),
+        )
 
     async def create(
-        self, key: StreamKey, definition: StreamDefinition, now: datetime
+        self,
+        key: StreamKey,
+        definition: StreamDefinition,
+        now: datetime,
+        then: Sequence[Command] = (),
     ) -> tuple[Stream, bool]:
         async with self._locks[key]:
             row = self._rows.get(key)
             if row is not None:
                 return self._stream(key, row), False
             stream, created = Stream.create(key, definition, now)
-            self._rows[key] = _Row(
+            row = _Row(
                 definition=encode_definition(definition),
                 state=encode_state(stream.state),
                 journal=[encode_event(created)],
             )
-            return self._stream(key, self._rows[key]), True
+            async with self._fork_source(key, definition):
+                if then:
+                    # Decided on the stream not stored yet: a failure leaves no stream at all
+                    # (and, for a fork, no link to its source).
+                    outcomes, changes = decide_all(stream, then, {}, {}, self._snapshot_every)
+                    for outcome in outcomes:
+                        if isinstance(outcome, Failed):
+                            raise outcome.error
+                    assert not changes.deleted
+                    self._write(key, row, stream, changes)
+                self._rows[key] = row
+        if then:
+            self._wake.notify(key)
+        return self._stream(key, row), True
+
+    @contextlib.asynccontextmanager
+    async def _fork_source(
+        self, key: StreamKey, definition: StreamDefinition
+    ) -> AsyncIterator[None]:
+        """For a fork, around its creation: its source's lock (taken after the fork's: child
+        before parent, as erasure takes them), the re-check that it is the very source the fork
+        was resolved against, not soft-deleted, and far enough; and, once the creation went
+        through (not if it raised), the link that keeps the source from being erased while the
+        fork reads it."""
+        fork = definition.fork
+        if fork is None:
+            yield
+            return
+        source = StreamKey(key.tenant, fork.run_id, fork.stream_id)
+        async with self._locks[source]:
+            row = self._rows.get(source)
+            check_fork_source(source, None if row is None else decode_state(row.state), fork)
+            yield
+            self._forks.setdefault(source, set()).add(key)
+
+    def forks_of(self, key: StreamKey) -> set[StreamKey]:
+        """The live forks that reference `key` (for tests)."""
+        return set(self._forks.get(key, ()))
 
     def stream_keys(self) -> list[StreamKey]:
         return list(self._rows)
@@ -129,44 +178,78 @@ class MemoryStreams:
                 stream, commands, dict(row.receipts), offsets, self._snapshot_every
             )
             self.transactions += 1
+            released: list[StreamKey] = []
             if changes.deleted:
                 [deleted] = [e for e in changes.events if isinstance(e, StreamDeleted)]
-                self._erase(key, deleted.reason)
+                released = await self._erase_with_sources(key, deleted.reason, deleted.at)
             elif changes.events:
-                for appended in changes.appended:
-                    for sequence, end_offset, record in appended.numbered():
-                        row.records[sequence] = StoredRecord(
-                            sequence=sequence,
-                            appended_at=appended.at,
-                            kind=record.kind,
-                            content_type=record.content_type,
-                            size=record.size,
-                            payload=record.payload,
-                        )
-                        row.offsets[sequence] = end_offset
-                if stream.definition.direction == "input":
-                    rows = self.deliveries.setdefault(key, {})
-                    for appended in changes.appended:
-                        for sequence in appended.sequences:
-                            rows[sequence] = DeliveryRow()
-                for receipt in changes.receipts:
-                    row.receipts[receipt.key] = receipt
-                    row.receipts_created[receipt.key] = datetime.now(UTC)
-                row.journal.extend(encode_event(e) for e in changes.events)
-                if changes.snapshot is not None:
-                    row.snapshot_at = len(row.journal) - 1
-                if row.snapshot_at and not stream.state.legal_hold.enabled:
-                    # Compaction, inline: what the PostgreSQL adapter's job does later.
-                    del row.journal[: row.snapshot_at]
-                    row.snapshot_at = 0
-                self._project_objects(key, changes.events)
-                row.state = encode_state(stream.state)
-                self._drop_pruned(row, stream.state.earliest)
+                self._write(key, row, stream, changes)
         if changes.deleted:
-            self._wake.notify_deleted(key)
+            for erased in (key, *released):
+                self._wake.notify_deleted(erased)
         elif changes.events:
             self._wake.notify(key)
         return outcomes
+
+    async def _erase_with_sources(
+        self, key: StreamKey, reason: str, now: datetime, locked: frozenset[StreamKey] = frozenset()
+    ) -> list[StreamKey]:
+        """Erase the stream (its row lock held), then, up its fork chain, every soft-deleted
+        source whose last fork that was (the cascade), each under its own lock (but those in
+        `locked`, decided by the caller). Answers the sources erased."""
+        fork = decode_definition(self._rows[key].definition).fork
+        self._erase(key, reason)
+        released = []
+        child = key
+        while fork is not None:
+            source = StreamKey(key.tenant, fork.run_id, fork.stream_id)
+            links = self._forks.get(source, set())
+            links.discard(child)
+            if not links:
+                self._forks.pop(source, None)
+            if source in locked:
+                break
+            async with self._locks[source]:
+                row = self._rows.get(source)
+                if row is None or not self._stream(source, row).release(now):
+                    break
+                fork = decode_definition(row.definition).fork
+                self._erase(source, "deleted")
+                released.append(source)
+                child = source
+        return released
+
+    def _write(self, key: StreamKey, row: _Row, stream: Stream, changes: Changes) -> None:
+        """Store what a transaction's commands caused (under the stream's lock)."""
+        for appended in changes.appended:
+            for sequence, end_offset, record in appended.numbered():
+                row.records[sequence] = StoredRecord(
+                    sequence=sequence,
+                    appended_at=appended.at,
+                    kind=record.kind,
+                    content_type=record.content_type,
+                    size=record.size,
+                    payload=record.payload,
+                )
+                row.offsets[sequence] = end_offset
+        if stream.definition.direction == "input":
+            rows = self.deliveries.setdefault(key, {})
+            for appended in changes.appended:
+                for sequence in appended.sequences:
+                    rows[sequence] = DeliveryRow()
+        for receipt in changes.receipts:
+            row.receipts[receipt.key] = receipt
+            row.receipts_created[receipt.key] = datetime.now(UTC)
+        row.journal.extend(encode_event(e) for e in changes.events)
+        if changes.snapshot is not None:
+            row.snapshot_at = len(row.journal) - 1
+        if row.snapshot_at and not stream.state.legal_hold.enabled:
+            # Compaction, inline: what the PostgreSQL adapter's job does later.
+            del row.journal[: row.snapshot_at]
+            row.snapshot_at = 0
+        self._project_objects(key, changes.events)
+        row.state = encode_state(stream.state)
+        self._drop_pruned(row, stream.state.earliest)
 
     def _erase(self, key: StreamKey, reason: str) -> None:
         """Everything the stream holds goes; the bodies its intents name are queued."""
@@ -192,22 +275,41 @@ class MemoryStreams:
             keys = [k for k in keys if k in self._rows]  # deleted while we waited
             if not keys:
                 raise NotFound(f"no run {run_id!r}")
+            kept = kept_by_forks(keys, {k: self.forks_of(k) for k in keys})
+            soft: list[tuple[StreamKey, Stream, list[Event]]] = []
             for key in keys:
                 stream = self._stream(key, self._rows[key])
                 if check is not None:
                     check(stream)
-                stream.delete(now)
-            for key in keys:
-                self._erase(key, "deleted")
-        for key in keys:
+                if stream.state.soft_deleted:
+                    continue  # erased below unless a fork outside still reads it
+                stream.forked = key in kept
+                soft.append((key, stream, stream.delete(now)))
+            for key, stream, events in soft:
+                if key in kept:  # a soft delete: the journal and the state change
+                    row = self._rows[key]
+                    for event in events:
+                        stream.apply(event)
+                    row.journal.extend(encode_event(e) for e in events)
+                    row.state = encode_state(stream.state)
+            erased = [k for k in keys if k not in kept]
+            released = []
+            for key in erased:
+                released += await self._erase_with_sources(key, "deleted", now, frozenset(keys))
+        for key in (*erased, *released):
             self._wake.notify_deleted(key)
+        for key in kept:
+            self._wake.notify(key)
         return keys
 
     async def list_runs(self, tenant: str, after: str | None, limit: int) -> list[RunSummary]:
         runs: dict[str, list[datetime]] = {}
         for key, row in self._rows.items():
+            state = decode_state(row.state)
             if key.tenant == tenant and (after is None or key.run_id > after):
-                created_at = decode_state(row.state).created_at
+                if state.soft_deleted:
+                    continue
+                created_at = state.created_at
                 assert created_at is not None
                 runs.setdefault(key.run_id, []).append(created_at)
         return [
@@ -295,10 +397,17 @@ class MemoryStreams:
             earliest=state.earliest,
             closed=state.closed,
             created_at=state.created_at,
+            soft_deleted=state.soft_deleted,
         )
         records = [
             row.records[s]
             for s in range(max(cursor + 1, state.earliest), min(state.head, cursor + limit) + 1)
             if s in row.records
         ]
-        return position, records
+        fork = decode_definition(row.definition).fork
+        if fork is None:
+            return position, records
+        link = ForkLink(
+            StreamKey(key.tenant, fork.run_id, fork.stream_id), fork.source_created_at, fork.through
+        )
+        return await stitch((position, records), link, cursor, limit, self.page)

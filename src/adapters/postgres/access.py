@@ -55,7 +55,7 @@ _LIVE_RUNS = """
 SELECT s.run_id, count(*), min(s.created_at)
 FROM streams s
 LEFT JOIN stream_access a USING (tenant, run_id, stream_id)
-WHERE s.tenant = $1 AND s.run_id > $2
+WHERE s.tenant = $1 AND s.run_id > $2 AND NOT s.soft_deleted
   AND (a.tenant IS NULL OR s.legal_hold
        OR a.due_at + CASE WHEN a.idle_seconds IS NULL THEN interval '0' ELSE $5::interval END > $4)
 GROUP BY s.run_id ORDER BY s.run_id LIMIT $3

@@ -32,6 +32,7 @@ ERASED_TABLES: tuple[str, ...] = (
     "gap_evidence",
     "journal_compaction_jobs",
     "stream_access",  # expiry's last accesses (migration 0482; also a cascading foreign key)
+    "stream_forks",  # the stream's own link to its source (migration 0487): its reference goes
 )
 
 _OF_THEM = "tenant = $1 AND run_id = $2 AND stream_id = ANY($3::text[])"

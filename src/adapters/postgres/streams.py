@@ -21,15 +21,17 @@ from adapters.postgres.intents import project_objects, read_expired_intents, rea
 from adapters.postgres.journal import read_journal, schedule_compaction
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
-from application.ports import Command, Outcome, Position, RunSummary, StoredRecord
+from application.fork_reads import ForkLink, check_fork_source, kept_by_forks, stitch
+from application.ports import Command, Failed, Outcome, Position, RunSummary, StoredRecord
 from application.retention import expired_prefix, has_retention
 from application.wake import WakeRegistry
-from domain.definition import StreamDefinition
+from domain.definition import Fork, StreamDefinition
 from domain.events import (
     ConsumerAcknowledged,
     Event,
     RecordsPruned,
     StreamDeleted,
+    StreamSoftDeleted,
     encode_event,
     event_type,
 )
@@ -143,9 +145,12 @@ WHERE {_KEY} AND sequence > $4 ORDER BY sequence LIMIT $5
 """
 
 _PAGE = """
-SELECT s.head, s.earliest, s.closed, s.created_at,
+SELECT s.head, s.earliest, s.closed, s.created_at, s.soft_deleted,
+       f.source_run_id, f.source_stream_id, f.source_created_at, f.through,
        r.sequence, r.appended_at, r.kind, r.content_type, r.size, r.payload
 FROM streams s
+LEFT JOIN stream_forks f
+       ON f.tenant = s.tenant AND f.run_id = s.run_id AND f.stream_id = s.stream_id
 LEFT JOIN LATERAL (
     SELECT sequence, appended_at, kind, content_type, size, payload
     FROM stream_records r
@@ -159,6 +164,39 @@ ORDER BY r.sequence
 """
 
 
+# Forks: the source row is locked after the fork's is inserted (child before parent, the order
+# erasure's cascade takes them in), so a delete of the source either commits first (the fork
+# finds no source: 404) or sees the link (a soft delete).
+_LOCK_SOURCE = f"SELECT state FROM streams WHERE {_KEY} FOR UPDATE"
+
+_LINK = """
+INSERT INTO stream_forks
+    (tenant, run_id, stream_id, source_run_id, source_stream_id, source_created_at, through)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+"""
+
+# A separate statement after the row lock is taken, so its snapshot sees a link committed
+# while the lock was awaited.
+_HAS_FORKS = """
+SELECT EXISTS (SELECT 1 FROM stream_forks
+               WHERE tenant = $1 AND source_run_id = $2 AND source_stream_id = $3)
+"""
+
+_SOFT_DELETED = f"""
+WITH unswept AS (
+    -- nothing is left to expire: only the cascade of its last fork's erasure erases it
+    DELETE FROM stream_access WHERE {_KEY}
+)
+UPDATE streams SET soft_deleted = true WHERE {_KEY}
+"""
+
+_LOCK_RELEASED = f"SELECT definition, state FROM streams WHERE {_KEY} FOR UPDATE"
+
+_RUN_FORKS = """
+SELECT source_stream_id, run_id, stream_id FROM stream_forks
+WHERE tenant = $1 AND source_run_id = $2
+"""
+
 _RUN_LOCK = """
 SELECT stream_id, definition, state FROM streams
 WHERE tenant = $1 AND run_id = $2 ORDER BY stream_id FOR UPDATE
@@ -167,7 +205,7 @@ WHERE tenant = $1 AND run_id = $2 ORDER BY stream_id FOR UPDATE
 # A keyset page over the primary key (tenant, run_id, stream_id): one group per run.
 _RUNS = """
 SELECT run_id, count(*), min(created_at) FROM streams
-WHERE tenant = $1 AND run_id > $2
+WHERE tenant = $1 AND run_id > $2 AND NOT soft_deleted
 GROUP BY run_id ORDER BY run_id LIMIT $3
 """
 
@@ -198,11 +236,14 @@ class PostgresStreams:
         self._definitions.clear()
 
     async def create(
-        self, key: StreamKey, definition: StreamDefinition, now: datetime
+        self,
+        key: StreamKey,
+        definition: StreamDefinition,
+        now: datetime,
+        then: Sequence[Command] = (),
     ) -> tuple[Stream, bool]:
         stream, event = Stream.create(key, definition, now)
-        created = await self._pool.fetchval(
-            _INSERT_STREAM,
+        arguments = (
             *key,
             encode_definition(definition),
             now,
@@ -212,12 +253,39 @@ class PostgresStreams:
             definition.expiry.idle_seconds,
             definition.expiry.expires_at,
         )
+        if then or definition.fork is not None:
+            created = await self._create_then(stream, arguments, then)
+        else:
+            created = await self._pool.fetchval(_INSERT_STREAM, *arguments)
         if created:
             return stream, True
         existing = await self.load(key)
         if existing is None:  # deleted meanwhile: the ID is free again
-            return await self.create(key, definition, now)
+            return await self.create(key, definition, now, then)
         return existing, False
+
+    async def _create_then(
+        self, stream: Stream, arguments: tuple[object, ...], then: Sequence[Command]
+    ) -> bool:
+        """Insert the stream row and write what `then` causes in the same transaction. Until it
+        commits nobody else sees the row (a concurrent create of the key waits on the insert),
+        so the commands are decided without a `FOR UPDATE`; the write's NOTIFY wakes readers
+        at the commit, as after `update`. A failing command rolls the creation back."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval(_INSERT_STREAM, *arguments):
+                return False
+            fork = stream.definition.fork
+            if fork is not None:  # the source locked after the fork's row: child before parent
+                await _link_fork(conn, stream.key, fork)
+            if not then:
+                return True
+            outcomes, changes = decide_all(stream, then, {}, {}, self._snapshot_every)
+            for outcome in outcomes:
+                if isinstance(outcome, Failed):
+                    raise outcome.error
+            assert not changes.deleted
+            await self._write(conn, stream.key, stream, changes)
+        return True
 
     async def load(self, key: StreamKey) -> Stream | None:
         row = await self._pool.fetchrow(f"SELECT definition, state FROM streams WHERE {_KEY}", *key)
@@ -293,33 +361,53 @@ class PostgresStreams:
             offsets: dict[int, int] = {}
             if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
                 offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
+            seen = dict(receipts)
             outcomes, changes = decide_all(
                 stream, commands, receipts, offsets, self._snapshot_every
             )
+            if changes.deleted and await conn.fetchval(_HAS_FORKS, *key):
+                # Forks still read it: decided again knowing that (a soft delete), from the
+                # state as locked. Only a delete or an expiry pays this query.
+                stream = Stream(key, stream.definition, decode_state(row[0]), forked=True)
+                outcomes, changes = decide_all(
+                    stream, commands, seen, offsets, self._snapshot_every
+                )
+            released: list[StreamKey] = []
             if changes.deleted:
                 # Erased with everything it holds; what the group decided before the delete is
                 # erased with it (those requests were answered as if committed just before).
                 [deleted] = [e for e in changes.events if isinstance(e, StreamDeleted)]
                 await erase(conn, *key[:2], [key.stream_id], deleted.reason)
+                released = await _release_sources(conn, key, stream.definition.fork, deleted.at)
             elif changes.events:
-                rows = _record_rows(key, changes)
-                if len(rows) >= COPY_THRESHOLD:
-                    # Large groups go by COPY (about twice the rate of unnest for 1,000 rows);
-                    # small ones ride in the single write statement below.
-                    await conn.copy_records_to_table(
-                        "stream_records", records=rows, columns=_RECORD_COLUMNS
-                    )
-                    rows = []
-                await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows))
-                pruned = [e for e in changes.events if isinstance(e, RecordsPruned)]
-                if pruned:
-                    await conn.execute(_DELETE_PRUNED, *key, pruned[-1].through_sequence)
-                await project_objects(conn, key, changes.events)
-                if changes.snapshot is not None:
-                    await schedule_compaction(conn, key, changes.snapshot.version)
+                await self._write(conn, key, stream, changes)
         if changes.deleted:
-            self.forget(key)
+            for erased in (key, *released):
+                self.forget(erased)
         return outcomes
+
+    @staticmethod
+    async def _write(
+        conn: asyncpg.Connection, key: StreamKey, stream: Stream, changes: Changes
+    ) -> None:
+        """Write what a transaction's commands caused, its NOTIFY included."""
+        rows = _record_rows(key, changes)
+        if len(rows) >= COPY_THRESHOLD:
+            # Large groups go by COPY (about twice the rate of unnest for 1,000 rows);
+            # small ones ride in the single write statement below.
+            await conn.copy_records_to_table(
+                "stream_records", records=rows, columns=_RECORD_COLUMNS
+            )
+            rows = []
+        await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows))
+        if any(isinstance(e, StreamSoftDeleted) for e in changes.events):
+            await conn.execute(_SOFT_DELETED, *key)
+        pruned = [e for e in changes.events if isinstance(e, RecordsPruned)]
+        if pruned:
+            await conn.execute(_DELETE_PRUNED, *key, pruned[-1].through_sequence)
+        await project_objects(conn, key, changes.events)
+        if changes.snapshot is not None:
+            await schedule_compaction(conn, key, changes.snapshot.version)
 
     async def delete_run(
         self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None
@@ -328,16 +416,38 @@ class PostgresStreams:
             rows = await conn.fetch(_RUN_LOCK, tenant, run_id)
             if not rows:
                 raise NotFound(f"no run {run_id!r}")
-            keys = []
-            for r in rows:
-                key, state = StreamKey(tenant, run_id, r[0]), decode_state(r[2])
-                stream = Stream(key, decode_definition(r[1]), state)
+            forks: dict[StreamKey, set[StreamKey]] = {}
+            for source_id, fork_run, fork_id in await conn.fetch(_RUN_FORKS, tenant, run_id):
+                source = StreamKey(tenant, run_id, source_id)
+                forks.setdefault(source, set()).add(StreamKey(tenant, fork_run, fork_id))
+            keys = [StreamKey(tenant, run_id, r[0]) for r in rows]
+            kept = kept_by_forks(keys, forks)
+            streams, soft = [], []
+            for key, r in zip(keys, rows, strict=True):
+                stream = Stream(key, decode_definition(r[1]), decode_state(r[2]))
+                stream.forked = key in kept
                 if check is not None:
                     check(stream)
-                stream.delete(now)  # a legal hold refuses the whole run: nothing is written
-                keys.append(key)
-            await erase(conn, tenant, run_id, [k.stream_id for k in keys], "deleted")
-        for key in keys:
+                if not stream.state.soft_deleted:
+                    # A legal hold refuses the whole run: nothing is written.
+                    events = stream.delete(now)
+                    if key in kept:
+                        soft.append((stream, events))
+                streams.append(stream)
+            for stream, events in soft:  # forks outside the run still read these
+                for event in events:
+                    stream.apply(event)
+                changes = Changes(events=events)
+                await conn.execute(_WRITE, *stream.key, *_write_arguments(stream, changes, []))
+                await conn.execute(_SOFT_DELETED, *stream.key)
+            erased = [s for s in streams if s.key not in kept]
+            await erase(conn, tenant, run_id, [s.key.stream_id for s in erased], "deleted")
+            released: list[StreamKey] = []
+            for stream in erased:
+                released += await _release_sources(
+                    conn, stream.key, stream.definition.fork, now, frozenset(keys)
+                )
+        for key in (*keys, *released):
             self.forget(key)
         return keys
 
@@ -370,20 +480,73 @@ class PostgresStreams:
         if not rows:
             return None
         first = rows[0]
-        position = Position(head=first[0], earliest=first[1], closed=first[2], created_at=first[3])
-        if first[4] is None:
-            return position, []
-        return position, [
-            StoredRecord(
-                sequence=r[4],
-                appended_at=r[5],
-                kind=RecordKind(r[6]),
-                content_type=r[7],
-                size=r[8],
-                payload=r[9],
-            )
-            for r in rows
-        ]
+        position = Position(
+            head=first[0],
+            earliest=first[1],
+            closed=first[2],
+            created_at=first[3],
+            soft_deleted=first[4],
+        )
+        records = (
+            []
+            if first[9] is None
+            else [
+                StoredRecord(
+                    sequence=r[9],
+                    appended_at=r[10],
+                    kind=RecordKind(r[11]),
+                    content_type=r[12],
+                    size=r[13],
+                    payload=r[14],
+                )
+                for r in rows
+            ]
+        )
+        if first[5] is None:
+            return position, records
+        link = ForkLink(StreamKey(key.tenant, first[5], first[6]), first[7], first[8])
+        return await stitch((position, records), link, cursor, limit, self.page)
+
+
+async def _link_fork(conn: asyncpg.Connection, key: StreamKey, fork: Fork) -> None:
+    """In the fork's creating transaction, after its row is inserted: lock the source row and
+    re-check it (the same incarnation, not soft-deleted, far enough), then link the fork to it.
+    Raising rolls the whole creation back: a refused fork leaves no reference behind."""
+    source = StreamKey(key.tenant, fork.run_id, fork.stream_id)
+    payload = await conn.fetchval(_LOCK_SOURCE, *source)
+    check_fork_source(source, None if payload is None else decode_state(payload), fork)
+    await conn.execute(
+        _LINK, *key, fork.run_id, fork.stream_id, fork.source_created_at, fork.through
+    )
+
+
+async def _release_sources(
+    conn: asyncpg.Connection,
+    key: StreamKey,
+    fork: Fork | None,
+    now: datetime,
+    locked: frozenset[StreamKey] = frozenset(),
+) -> list[StreamKey]:
+    """The cascade, in the transaction that erased `key` (whose link `erase` removed): up the
+    fork chain, lock each source (child before parent) and erase it if it is soft-deleted and
+    no fork links to it any more. Sources in `locked` were decided by the caller. Answers the
+    sources erased."""
+    released = []
+    while fork is not None:
+        source = StreamKey(key.tenant, fork.run_id, fork.stream_id)
+        if source in locked:
+            break
+        row = await conn.fetchrow(_LOCK_RELEASED, *source)
+        if row is None:
+            break
+        forked = await conn.fetchval(_HAS_FORKS, *source)
+        stream = Stream(source, decode_definition(row[0]), decode_state(row[1]), forked=forked)
+        if not stream.release(now):
+            break
+        await erase(conn, source.tenant, source.run_id, [source.stream_id], "deleted")
+        released.append(source)
+        fork = stream.definition.fork
+    return released
 
 
 _RECORD_COLUMNS = (
