@@ -178,6 +178,7 @@ class Stream:
         s = self.state
         if not records and not close:
             raise errors.InvalidInput("an append holds at least one record unless it closes")
+        self.require_live()  # soft-deleted: 410 before anything else is looked at
         if producer is not None:
             check_claim(producer)
         if writer_seq is not None:

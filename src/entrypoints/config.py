@@ -65,6 +65,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     expiry_interval_seconds: Positive = 5.0
     expiry_grace_seconds: Positive = 5.0
     retry_base_seconds: Positive = 1.0
+    # The Durable Streams surface (docs/durable-streams.md): how long a live=long-poll read
+    # waits before its 204, and the browser origins allowed to call either surface (CORS).
+    long_poll_seconds: Annotated[float, msgspec.Meta(gt=0, le=300)] = 15.0
+    cors_origins: tuple[str, ...] = ()
 
     @property
     def embedded(self) -> bool:
@@ -83,6 +87,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         given.setdefault("egress_region", given.get("region", "local"))
         regions = given.get("object_regions", given.get("region", "local"))
         given["object_regions"] = [r.strip() for r in regions.split(",") if r.strip()]
+        origins = given.get("cors_origins", "")
+        given["cors_origins"] = [o.strip() for o in origins.split(",") if o.strip()]
         if "log_level" in given:
             given["log_level"] = given["log_level"].upper()
         try:

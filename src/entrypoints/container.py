@@ -52,7 +52,9 @@ from application.create_stream import CreateStream
 from application.definitions import Definitions
 from application.delete_stream import DeleteRun, DeleteStream
 from application.deletions import DeleteBodies
+from application.durable_reads import DurableReads
 from application.expiry import AccessLog, SweepExpired
+from application.forks import Forks
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
 from application.input_delivery import Dispatch
@@ -326,6 +328,14 @@ class Container(containers.DeclarativeContainer):
         poll_seconds=settings.provided.worker_poll_seconds,
         retry_base_seconds=settings.provided.retry_base_seconds,
     )
+    forks = providers.Singleton(Forks, definitions, streams, streams)
+    durable_reads = providers.Singleton(
+        DurableReads,
+        definitions,
+        streams,
+        tails,
+        heartbeat_seconds=settings.provided.sse_heartbeat_seconds,
+    )
     subscribe = providers.Singleton(
         Subscribe,
         definitions,
@@ -375,6 +385,11 @@ class Services:
     list_runs: ListRuns
     subscribe: Subscribe
     objects: Objects
+    # The Durable Streams surface (entrypoints/durable_streams).
+    durable_reads: DurableReads
+    forks: Forks
+    definitions: Definitions
+    deployment: Deployment
 
     def __init__(self, **built: object) -> None:
         for name in self.__annotations__:

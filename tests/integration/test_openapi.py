@@ -47,7 +47,7 @@ def test_the_document_describes_problems_auth_and_media_types(server: ServerProc
     assert problem["properties"]["code"]["enum"] == list(STATUS_OF_CODE)
     assert doc["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
     for op in ops.values():
-        if op["path"].startswith("/api/workflow-streams/"):
+        if op["path"].startswith(("/api/workflow-streams/", "/api/durable-streams/")):
             assert op["security"] == [{"bearer": []}], op["operationId"]
             assert PROBLEM_JSON in op["responses"]["401"]["content"], op["operationId"]
             assert "WWW-Authenticate" in op["responses"]["401"]["headers"]

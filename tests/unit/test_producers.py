@@ -447,3 +447,15 @@ ProducerMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=30, deadline=None, derandomize=True
 )
 TestProducersAgainstModel = ProducerMachine.TestCase
+
+
+def test_a_soft_deleted_stream_refuses_a_durable_streams_write_as_gone() -> None:
+    s = stream()
+    produce(s, b"1", producer=claim(0), close=True)
+    s.forked = True
+    for event in s.delete(NOW):
+        s.apply(event)
+    assert s.state.soft_deleted
+    for options in ({"producer": claim(0), "close": True}, {"close": True}, {}):
+        with pytest.raises(errors.StreamGone):
+            s.produce([] if options.get("close") else [record()], NOW, **options)

@@ -277,6 +277,14 @@ class PostgresStreams:
             fork = stream.definition.fork
             if fork is not None:  # the source locked after the fork's row: child before parent
                 await _link_fork(conn, stream.key, fork)
+                # The row's head and earliest columns (what pages read) start where the fork's
+                # state does, at its fork point, not at the columns' defaults (0 and 1).
+                await conn.execute(
+                    f"UPDATE streams SET head = $4, earliest = $5 WHERE {_KEY}",
+                    *stream.key,
+                    stream.state.head,
+                    stream.state.earliest,
+                )
             if not then:
                 return True
             outcomes, changes = decide_all(stream, then, {}, {}, self._snapshot_every)

@@ -19,6 +19,8 @@ from application.workers import run_workers
 from domain.errors import DomainError
 from entrypoints.config import Settings
 from entrypoints.container import Container, Services, resolved, start, stop, workers
+from entrypoints.durable_streams.browser import browser_headers
+from entrypoints.durable_streams.routes import DurableStreamsController
 from entrypoints.http import openapi, problems
 from entrypoints.http.head import serve_head
 from entrypoints.http.methods import list_every_method_in_options
@@ -80,6 +82,7 @@ def create_app(container: Container) -> Litestar:
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.container = container
+        app.state.long_poll_seconds = container.settings().long_poll_seconds
         app.state.services = await start(container)
         stopping = asyncio.Event()
         background = None
@@ -101,6 +104,7 @@ def create_app(container: Container) -> Litestar:
                 StreamsController,
                 RunsController,
                 ObjectsController,
+                DurableStreamsController,
                 healthz,
                 readyz,
                 metrics,
@@ -134,6 +138,8 @@ def create_app(container: Container) -> Litestar:
     # Around the router and the exception handlers, so that a HEAD is routed as its GET and
     # answers its problems too (404, 401, 405).
     app.asgi_handler = serve_head(app.asgi_handler)
+    # Outermost: security headers on every answer, and CORS preflights answered before routing.
+    app.asgi_handler = browser_headers(app.asgi_handler, container.settings().cors_origins)
     return app
 
 

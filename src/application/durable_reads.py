@@ -1,0 +1,132 @@
+"""Reads for the Durable Streams surface: raw records with the stream's position, a wait for
+the next append, and a live follow.
+
+Waiting and following ride the process's shared tail of the stream (`LiveTails`): however many
+clients long-poll or follow a stream, each append is read from the database once per process,
+and every waiting client is served from that read."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator
+
+import msgspec
+
+from application.access import Caller, require_reader
+from application.definitions import Definitions
+from application.errors import NotFound
+from application.live import (
+    Delivery,
+    LiveTails,
+    Overtaken,
+    RecordsDelivered,
+    StreamEnded,
+    StreamGone,
+)
+from application.ports import Position, RecordReader, StoredRecord
+from application.read_records import check_cursor
+from domain import errors
+from domain.definition import StreamDefinition
+from domain.stream import StreamKey
+
+
+class Page(msgspec.Struct, frozen=True):
+    position: Position
+    records: list[StoredRecord]
+
+
+class Waited(msgspec.Struct, frozen=True):
+    """What a wait for an append ended with: records, or none (timed out, or `closed`)."""
+
+    records: list[StoredRecord]
+    head: int
+    closed: bool
+
+
+def _gone_if_soft_deleted(position: Position) -> None:
+    if getattr(position, "soft_deleted", False):
+        raise errors.StreamGone("the stream was deleted; forks still read what it held")
+
+
+class DurableReads:
+    def __init__(
+        self,
+        definitions: Definitions,
+        reader: RecordReader,
+        tails: LiveTails,
+        heartbeat_seconds: float = 15.0,
+    ) -> None:
+        self._definitions = definitions
+        self._reader = reader
+        self._tails = tails
+        self._heartbeat = heartbeat_seconds
+
+    async def open(
+        self, caller: Caller, run_id: str, stream_id: str
+    ) -> tuple[StreamKey, StreamDefinition]:
+        """The stream a read names, once the caller may read it (counts as an access)."""
+        caller.require("streams:read")
+        key = caller.key(run_id, stream_id)
+        definition = await self._definitions.get(key, delivers_data=True)
+        require_reader(caller, definition)
+        return key, definition
+
+    async def page(self, key: StreamKey, cursor: int | None, limit: int) -> Page:
+        """The records after `cursor` (None: the head, so none), at most `limit`, with the
+        position read in the same snapshot."""
+        found = await self._reader.page(key, cursor or 0, limit if cursor is not None else 1)
+        if found is None:
+            raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+        position, records = found
+        _gone_if_soft_deleted(position)
+        if cursor is None:
+            return Page(position, [])
+        check_cursor(cursor, position.head, position.earliest)
+        return Page(position, records)
+
+    async def wait(self, key: StreamKey, cursor: int, timeout: float) -> Waited:
+        """The first records after `cursor` appended within `timeout` seconds, on the shared
+        tail; or none, at once when the stream is (or becomes) closed at `cursor`."""
+        follow = self._tails.follow(key, cursor, max(self._heartbeat, timeout + 1))
+        head, closed = cursor, False
+        try:
+            async with contextlib.aclosing(follow), asyncio.timeout(timeout):
+                async for delivery in follow:
+                    match delivery:
+                        case RecordsDelivered(records=records):
+                            tail = self._tails.tail(key)
+                            head = tail.head if tail is not None else records[-1].sequence
+                            last = records[-1].sequence
+                            closed = tail is not None and tail.closed and last >= tail.head
+                            return Waited(list(records), max(head, last), closed)
+                        case StreamEnded(head=end):
+                            return Waited([], end, True)
+                        case Overtaken() as gone:
+                            raise errors.CursorExpired(
+                                f"record {gone.requested} was removed by retention",
+                                requested=gone.requested,
+                                earliest=gone.earliest,
+                                latest=gone.latest,
+                                reason=gone.reason,
+                            )
+                        case StreamGone():
+                            raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+        except TimeoutError:
+            pass
+        return Waited([], head, closed)
+
+    def follow(
+        self, key: StreamKey, definition: StreamDefinition, cursor: int
+    ) -> AsyncGenerator[Delivery, None]:
+        """Every record after `cursor`, live (see `LiveTails.follow`); each delivery and
+        heartbeat is an access, so an open follower keeps an idle-expiring stream alive. The
+        caller closes it (`contextlib.aclosing`)."""
+        return self._definitions.access.keep_touching(
+            key, definition, self._tails.follow(key, cursor, self._heartbeat)
+        )
+
+    def live_position(self, key: StreamKey) -> tuple[int, bool] | None:
+        """The head and closure the shared tail last read (None when nobody follows)."""
+        tail = self._tails.tail(key)
+        return None if tail is None else (tail.head, tail.closed)

@@ -1,0 +1,92 @@
+"""Browser-facing headers around the whole application: the security headers of PROTOCOL.md
+12.7 on every answer, and CORS for the origins in DUCTOR_STREAMS_CORS_ORIGINS (both surfaces).
+
+A preflight (`OPTIONS` with `Access-Control-Request-Method`) from an allowed origin is answered
+here, before routing and without a token; it lists `authorization` explicitly (a `*` does not
+cover it). Answers to an allowed origin expose the protocol's headers to its scripts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+SECURITY = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"cross-origin-resource-policy", b"cross-origin"),
+)
+METHODS = b"GET, HEAD, POST, PUT, DELETE, OPTIONS"
+ALLOWED_HEADERS = (
+    "authorization, content-type, if-none-match, idempotency-key, last-event-id, "
+    "stream-ttl, stream-expires-at, stream-closed, stream-seq, stream-forked-from, "
+    "stream-fork-offset, stream-fork-sub-offset, producer-id, producer-epoch, producer-seq"
+)
+EXPOSED = (
+    b"Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, Stream-TTL, "
+    b"Stream-Expires-At, ETag, Location, Retry-After, Producer-Epoch, Producer-Seq, "
+    b"Producer-Expected-Seq, Producer-Received-Seq, stream-sse-data-encoding, Content-Type, "
+    b"Idempotent-Replayed, WWW-Authenticate, Allow, Repr-Digest, Content-Range"
+)
+_TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def _header(scope: dict, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value
+    return None
+
+
+def _requested_headers(value: bytes | None) -> list[str]:
+    """The header names a preflight asks for, when they are plain tokens."""
+    if not value:
+        return []
+    names = [n.strip().lower() for n in value.decode("latin-1").split(",")]
+    return [n for n in names if n and set(n) <= _TOKEN_CHARS]
+
+
+def browser_headers(app: Any, origins: Iterable[str]) -> Any:
+    allowed = frozenset(o.strip().rstrip("/") for o in origins if o.strip())
+    anyone = "*" in allowed
+
+    async def adapter(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        origin = _header(scope, b"origin")
+        cors = origin is not None and (anyone or origin.decode("latin-1") in allowed)
+        if (
+            cors
+            and scope["method"] == "OPTIONS"
+            and _header(scope, b"access-control-request-method") is not None
+        ):
+            asked = _requested_headers(_header(scope, b"access-control-request-headers"))
+            listed = ALLOWED_HEADERS.split(", ")
+            allow = ", ".join([*listed, *(n for n in asked if n not in listed)])
+            headers = [
+                *SECURITY,
+                (b"access-control-allow-origin", origin),
+                (b"access-control-allow-methods", METHODS),
+                (b"access-control-allow-headers", allow.encode()),
+                (b"access-control-max-age", b"600"),
+                (b"vary", b"Origin"),
+                (b"content-length", b"0"),
+            ]
+            await send({"type": "http.response.start", "status": 204, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+        async def with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                present = {k.lower() for k, _ in headers}
+                headers.extend(h for h in SECURITY if h[0] not in present)
+                if cors:
+                    headers.append((b"access-control-allow-origin", origin))
+                    headers.append((b"access-control-expose-headers", EXPOSED))
+                    headers.append((b"vary", b"Origin"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await app(scope, receive, with_headers)
+
+    return adapter

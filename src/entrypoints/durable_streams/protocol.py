@@ -1,0 +1,531 @@
+"""The Durable Streams operations (PROTOCOL.md section 5) translated onto the use cases.
+
+A protocol stream is a native stream (docs/durable-streams.md): `PUT` creates it with the
+protocol's content type and expiry, `POST` appends (and closes), `GET` reads (catch-up,
+long-poll, SSE), `HEAD` answers its metadata, `DELETE` erases it. This module only parses
+what a request says and shapes what the use cases answer."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import msgspec
+from litestar import Request
+
+from application.access import Caller
+from application.durable_reads import Page
+from application.live import Idle, RecordsDelivered, StreamEnded
+from application.ports import StoredRecord
+from application.views import record_view
+from domain import errors
+from domain.definition import DefinitionRequest, Expiry, StreamDefinition, resolve_definition
+from domain.producers import ProducerClaim
+from domain.records import NewRecord, RecordKind
+from entrypoints.container import Services
+from entrypoints.durable_streams import wire
+from entrypoints.durable_streams.answers import Answer, problem_answer
+from entrypoints.http.head import is_head
+from entrypoints.sse.asgi import EventStreamResponse
+
+PREFIX = "/api/durable-streams"
+STREAM_PATH = "/v1/stream"
+DEFAULT_RUN = "default"
+
+# A catch-up read answers at most this many records, and stops adding records past this many
+# bytes (one record is always answered): the client reads on from Stream-Next-Offset.
+PAGE_RECORDS = 500
+PAGE_BYTES = 4 * 1024 * 1024
+# SSE connections end after about this long (10.2), so that clients collapse onto new ones.
+SSE_SECONDS = 60.0
+
+NO_STORE = "no-store"
+AT_THE_TAIL = "no-cache"  # may change with the next append: revalidate (ETag)
+HISTORY = "private, max-age=60, stale-while-revalidate=300"
+TRUE = "true"
+
+_encode = msgspec.json.Encoder().encode
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+async def authenticated(request: Request) -> tuple[Services, Caller]:
+    services: Services = request.app.state.services
+    return services, await services.authenticate(request.headers.get("authorization"))
+
+
+def where(request: Request) -> tuple[str, str]:
+    params = request.path_params
+    return params.get("run_id", DEFAULT_RUN), params["stream_id"]
+
+
+def stream_content_type(definition: StreamDefinition) -> str:
+    """A native stream reads as `application/json`."""
+    return definition.content_type or wire.JSON
+
+
+def source_of(path: str) -> tuple[str, str]:
+    """`Stream-Forked-From`: a stream's path, relative to the mount (`/v1/stream/src`), or
+    below it (`/api/durable-streams/v1/stream/src`), or its whole URL."""
+    text = urlsplit(path.strip()).path if "://" in path else path.strip()
+    if text.startswith(PREFIX + "/"):
+        text = text[len(PREFIX) :]
+    parts = text[len(STREAM_PATH) + 1 :].split("/") if text.startswith(STREAM_PATH + "/") else []
+    if len(parts) == 1:
+        return DEFAULT_RUN, parts[0]
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    raise errors.InvalidInput(
+        f"Stream-Forked-From must be a stream path such as {STREAM_PATH}/<streamID>",
+        field="Stream-Forked-From",
+    )
+
+
+def location_of(request: Request) -> str:
+    url = request.url
+    return f"{url.scheme}://{url.netloc}{url.path}"
+
+
+# -- PUT: create ---------------------------------------------------------------------------------
+
+
+async def create(request: Request) -> Answer:
+    services, caller = await authenticated(request)
+    run_id, stream_id = where(request)
+    caller.require("streams:write")
+    caller.key(run_id, stream_id)  # a bad ID is 400 before anything else
+    headers = request.headers
+    closed = wire.is_true(headers.get("stream-closed"))
+    ttl, expires = headers.get("stream-ttl"), headers.get("stream-expires-at")
+    if ttl is not None and expires is not None:
+        raise errors.InvalidInput(
+            "Stream-TTL and Stream-Expires-At exclude each other: send one", field="Stream-TTL"
+        )
+    expiry: Expiry | None = None
+    if ttl is not None:
+        expiry = Expiry(idle_seconds=wire.ttl_seconds(ttl))
+    elif expires is not None:
+        expiry = Expiry(expires_at=wire.expires_at(expires))
+    forked_from = headers.get("stream-forked-from")
+    fork_offset = headers.get("stream-fork-offset")
+    sub_header = headers.get("stream-fork-sub-offset")
+    if forked_from is None and (fork_offset is not None or sub_header is not None):
+        raise errors.InvalidInput(
+            "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From",
+            field="Stream-Forked-From",
+        )
+    sub_offset = 0
+    if sub_header is not None:
+        sub_offset = wire.decimal(
+            "Stream-Fork-Sub-Offset", sub_header, maximum=wire.MAX_PRODUCER_INTEGER
+        )
+        if sub_offset > 0 and fork_offset is None:
+            raise errors.InvalidInput(
+                "Stream-Fork-Sub-Offset needs Stream-Fork-Offset", field="Stream-Fork-Offset"
+            )
+    given_type = headers.get("content-type")
+    content_type = wire.normalize_content_type(given_type) if given_type else None
+    body = await request.body()
+    deployment = services.deployment
+    base = resolve_definition(
+        DefinitionRequest(direction="output", stream_id=stream_id),
+        region=deployment.region,
+        egress_region=deployment.egress_region,
+    )
+    fork = None
+    inherited: list[NewRecord] = []
+    if forked_from is not None:
+        source_run, source_stream = source_of(forked_from)
+        offset = (
+            wire.parse_offset(fork_offset, field="Stream-Fork-Offset")
+            if fork_offset is not None
+            else None
+        )
+        forks = services.forks
+        fork, inherited, source_type = await forks.resolve(
+            caller, source_run, source_stream, offset, sub_offset, content_type
+        )
+        content_type = content_type or source_type
+        expiry = await forks.inherited_expiry(caller, source_run, source_stream, expiry or Expiry())
+    content_type = content_type or wire.DEFAULT_CONTENT_TYPE
+    records = wire.records_for(body, content_type, creating=True)
+    definition = msgspec.structs.replace(
+        base, content_type=content_type, fork=fork, expiry=expiry or Expiry()
+    )
+    stream, created = await services.create_stream.create_resolved(
+        caller, run_id, definition, initial=[*inherited, *records], closed=closed
+    )
+    if not created and getattr(stream.state, "soft_deleted", False):
+        raise errors.DefinitionConflict(
+            f"stream {stream_id!r} was deleted and its forks still read it: it cannot be created "
+            "again until they are gone"
+        )
+    if not created and stream.state.closed != closed:
+        raise errors.DefinitionConflict(
+            "the stream exists and is "
+            + ("closed" if stream.state.closed else "open")
+            + ": Stream-Closed on this request says otherwise"
+        )
+    answer = {
+        "Content-Type": stream.definition.content_type or wire.JSON,
+        "Stream-Next-Offset": wire.offset_of(stream.head),
+    }
+    if created:
+        answer["Location"] = location_of(request)
+    if stream.state.closed:
+        answer["Stream-Closed"] = TRUE
+    return Answer(201 if created else 200, answer)
+
+
+# -- POST: append, close -------------------------------------------------------------------------
+
+
+def producer_claim(request: Request) -> ProducerClaim | None:
+    headers = request.headers
+    given = [headers.get(name) for name in ("producer-id", "producer-epoch", "producer-seq")]
+    if all(value is None for value in given):
+        return None
+    producer_id, epoch, seq = given
+    if producer_id is None or epoch is None or seq is None:
+        raise errors.InvalidInput(
+            "Producer-Id, Producer-Epoch and Producer-Seq go together: all three or none",
+            field="Producer-Id",
+        )
+    if not producer_id.strip() or not producer_id.isprintable():
+        raise errors.InvalidInput("Producer-Id must be a non-empty string", field="Producer-Id")
+    return ProducerClaim(
+        producer_id=producer_id.strip(),
+        epoch=wire.decimal("Producer-Epoch", epoch, maximum=wire.MAX_PRODUCER_INTEGER),
+        seq=wire.decimal("Producer-Seq", seq, maximum=wire.MAX_PRODUCER_INTEGER),
+    )
+
+
+def writer_seq(request: Request) -> str | None:
+    value = request.headers.get("stream-seq")
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or len(value) > 256 or not value.isprintable():
+        raise errors.InvalidInput(
+            "Stream-Seq must be 1 to 256 printable characters", field="Stream-Seq"
+        )
+    return value
+
+
+async def append(request: Request) -> Answer:
+    services, caller = await authenticated(request)
+    run_id, stream_id = where(request)
+    caller.require("streams:write")
+    key = caller.key(run_id, stream_id)
+    close = wire.is_true(request.headers.get("stream-closed"))
+    producer = producer_claim(request)
+    seq = writer_seq(request)
+    body = await request.body()
+    if not body and not close:
+        raise errors.InvalidInput(
+            "an append needs a body (only a close, Stream-Closed: true, may have none)"
+        )
+    definition = await services.definitions.get(key)
+    records: list[NewRecord] = []
+    if body:
+        given = request.headers.get("content-type")
+        if not given:
+            raise errors.InvalidInput("an append with a body needs its Content-Type")
+        kind = stream_content_type(definition)
+        if wire.essence(wire.normalize_content_type(given)) != wire.essence(kind):
+            position = (await services.durable_reads.page(key, None, 1)).position
+            if position.closed:
+                return closed_answer(
+                    errors.StreamClosed("the stream is closed", head=position.head),
+                    position.head,
+                )
+            raise errors.DefinitionConflict(
+                f"the stream's content type is {kind!r}, not {given[:80]!r}", field="Content-Type"
+            )
+        records = wire.records_for(body, kind, creating=False)
+    try:
+        produced = await services.append_records.produce(
+            caller, run_id, stream_id, records, producer=producer, writer_seq=seq, close=close
+        )
+    except errors.StreamClosed as error:
+        head = error.extra.get("head")
+        if head is None:
+            head = (await services.durable_reads.page(key, None, 1)).position.head
+        return closed_answer(error, head)
+    except errors.ProducerEpochStale as error:
+        return problem_answer(error, {"Producer-Epoch": str(error.extra.get("current_epoch", ""))})
+    except errors.ProducerSequenceGap as error:
+        return problem_answer(
+            error,
+            {
+                "Producer-Expected-Seq": str(error.extra.get("expected_seq", "")),
+                "Producer-Received-Seq": str(error.extra.get("received_seq", "")),
+            },
+        )
+    answer = {"Stream-Next-Offset": wire.offset_of(produced.head)}
+    if produced.closed:
+        answer["Stream-Closed"] = TRUE
+    status = 204
+    if producer is not None:
+        if produced.producer_epoch is not None:
+            answer["Producer-Epoch"] = str(produced.producer_epoch)
+        if produced.producer_seq is not None:
+            answer["Producer-Seq"] = str(produced.producer_seq)
+        status = 200 if records and not produced.duplicate else 204
+    return Answer(status, answer)
+
+
+def closed_answer(error: errors.DomainError, head: int) -> Answer:
+    return problem_answer(
+        error, {"Stream-Closed": TRUE, "Stream-Next-Offset": wire.offset_of(head)}
+    )
+
+
+# -- DELETE --------------------------------------------------------------------------------------
+
+
+async def erase(request: Request) -> None:
+    services, caller = await authenticated(request)
+    run_id, stream_id = where(request)
+    await services.delete_stream(caller, run_id, stream_id)
+
+
+# -- GET / HEAD: read ----------------------------------------------------------------------------
+
+
+class ReadQuery(msgspec.Struct, frozen=True):
+    cursor: int | None  # None: `now`
+    live: str | None
+    client_cursor: str | None
+
+
+def read_query(request: Request) -> ReadQuery:
+    pairs = parse_qsl(
+        request.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
+    )
+    found: dict[str, list[str]] = {}
+    for name, value in pairs:
+        found.setdefault(name, []).append(value)
+    for name in ("offset", "live", "cursor"):
+        if len(found.get(name, ())) > 1:
+            raise errors.InvalidInput(f"{name} may be given once", field=name)
+    offset = found.get("offset", [None])[0]
+    live = found.get("live", [None])[0]
+    if live not in (None, "long-poll", "sse"):
+        raise errors.InvalidInput("live is long-poll or sse", field="live")
+    if live is not None and offset is None:
+        raise errors.InvalidInput(f"live={live} needs an offset", field="offset")
+    cursor = 0 if offset is None else wire.parse_offset(offset)
+    return ReadQuery(cursor, live, found.get("cursor", [None])[0])
+
+
+def trimmed(records: list[StoredRecord]) -> list[StoredRecord]:
+    total = 0
+    for index, record in enumerate(records):
+        total += record.size
+        if total > PAGE_BYTES and index > 0:
+            return records[:index]
+    return records
+
+
+def json_payload(record: StoredRecord) -> bytes:
+    if record.kind == RecordKind.JSON:
+        return record.payload
+    return _encode(record_view(record))  # a native stream's binary or object record
+
+
+def body_of(records: list[StoredRecord], content_type: str) -> bytes:
+    if wire.is_json(content_type):
+        return b"[" + b",".join(json_payload(r) for r in records) + b"]"
+    return b"".join(r.payload for r in records)
+
+
+def etag(page: Page, start: int, end: int, closed: bool) -> str:
+    created = page.position.created_at
+    incarnation = f"{int(created.timestamp() * 1_000_000):x}" if created is not None else "0"
+    return f'"{incarnation}:{start}:{end}{":c" if closed else ""}"'
+
+
+def matches(if_none_match: str | None, tag: str) -> bool:
+    if if_none_match is None:
+        return False
+    given = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return tag in given or "*" in given
+
+
+def metadata(definition: StreamDefinition, head: int, closed: bool) -> dict[str, str]:
+    headers = {
+        "Content-Type": stream_content_type(definition),
+        "Stream-Next-Offset": wire.offset_of(head),
+        "Cache-Control": NO_STORE,
+    }
+    if definition.expiry.idle_seconds is not None:
+        headers["Stream-TTL"] = str(definition.expiry.idle_seconds)
+    if definition.expiry.expires_at is not None:
+        headers["Stream-Expires-At"] = wire.rfc3339(definition.expiry.expires_at)
+    if closed:
+        headers["Stream-Closed"] = TRUE
+    return headers
+
+
+async def read(request: Request) -> Any:
+    services, caller = await authenticated(request)
+    run_id, stream_id = where(request)
+    reads = services.durable_reads
+    if is_head(request):
+        key, definition = await reads.open(caller, run_id, stream_id)
+        position = (await reads.page(key, None, 1)).position
+        return Answer(200, metadata(definition, position.head, position.closed))
+    query = read_query(request)
+    key, definition = await reads.open(caller, run_id, stream_id)
+    content_type = stream_content_type(definition)
+    page = await reads.page(key, query.cursor, PAGE_RECORDS)
+    if query.live == "sse":
+        start = page.position.head if query.cursor is None else query.cursor
+        return sse(services, key, definition, content_type, page, start, query.client_cursor)
+    position = page.position
+    start = position.head if query.cursor is None else query.cursor
+    records = trimmed(page.records)
+    head, closed = position.head, position.closed
+    if query.live == "long-poll" and not records:
+        if not (closed and start >= head):
+            waited = await reads.wait(key, start, request.app.state.long_poll_seconds)
+            records, head, closed = trimmed(waited.records), max(waited.head, start), waited.closed
+        if not records:
+            answer = {"Stream-Next-Offset": wire.offset_of(start), "Stream-Up-To-Date": TRUE}
+            answer["Cache-Control"] = NO_STORE
+            if closed and start >= head:
+                answer["Stream-Closed"] = TRUE
+            else:
+                answer["Stream-Cursor"] = wire.next_cursor(query.client_cursor)
+            return Answer(204, answer)
+    end = records[-1].sequence if records else start
+    up_to_date = end >= head
+    at_the_end = closed and end >= head
+    answer = {"Content-Type": content_type, "Stream-Next-Offset": wire.offset_of(end)}
+    if up_to_date:
+        answer["Stream-Up-To-Date"] = TRUE
+    if at_the_end:
+        answer["Stream-Closed"] = TRUE
+    if query.live == "long-poll" and not at_the_end:
+        answer["Stream-Cursor"] = wire.next_cursor(query.client_cursor)
+    if query.cursor is None:
+        answer["Cache-Control"] = NO_STORE
+    else:
+        tag = etag(page, start, end, at_the_end)
+        answer["ETag"] = tag
+        answer["Cache-Control"] = AT_THE_TAIL if up_to_date else HISTORY
+        if query.live is None and matches(request.headers.get("if-none-match"), tag):
+            return Answer(304, answer)
+    return Answer(200, answer, body_of(records, content_type))
+
+
+# -- SSE -----------------------------------------------------------------------------------------
+
+_LINES = re.compile(r"\r\n|\r|\n")
+
+
+def data_event(records: list[StoredRecord], content_type: str) -> bytes:
+    if wire.is_json(content_type):
+        return b"event: data\ndata:" + body_of(records, content_type) + b"\n\n"
+    payload = b"".join(r.payload for r in records)
+    if not wire.is_text(content_type):
+        return b"event: data\ndata:" + base64.b64encode(payload) + b"\n\n"
+    text = payload.decode("utf-8", errors="replace")
+    lines = b"".join(b"data:" + line.encode() + b"\n" for line in _LINES.split(text))
+    return b"event: data\n" + lines + b"\n"
+
+
+def control_event(end: int, *, up_to_date: bool, closed: bool, client_cursor: str | None) -> bytes:
+    control: dict[str, Any] = {"streamNextOffset": wire.offset_of(end)}
+    if closed:
+        control["streamClosed"] = True
+        control["upToDate"] = True
+    else:
+        control["streamCursor"] = wire.next_cursor(client_cursor)
+        if up_to_date:
+            control["upToDate"] = True
+    return b"event: control\ndata:" + _encode(control) + b"\n\n"
+
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+KEEP_ALIVE = b": keep-alive\n\n"
+
+
+def sse(
+    services: Services,
+    key: Any,
+    definition: StreamDefinition,
+    content_type: str,
+    first: Page,
+    start: int,
+    client_cursor: str | None,
+) -> EventStreamResponse:
+    reads = services.durable_reads
+
+    async def events() -> AsyncIterator[bytes]:
+        deadline = time.monotonic() + SSE_SECONDS
+        page, last = first, start
+        while True:  # catch-up from the source, page by page
+            position, records = page.position, trimmed(page.records)
+            if not records:
+                closed = position.closed and last >= position.head
+                yield control_event(
+                    last, up_to_date=True, closed=closed, client_cursor=client_cursor
+                )
+                if closed:
+                    return
+                break
+            last = records[-1].sequence
+            up_to_date = last >= position.head
+            closed = position.closed and up_to_date
+            yield data_event(records, content_type) + control_event(
+                last, up_to_date=up_to_date, closed=closed, client_cursor=client_cursor
+            )
+            if closed:
+                return
+            if up_to_date:
+                break
+            page = await reads.page(key, last, PAGE_RECORDS)
+        async with contextlib.aclosing(reads.follow(key, definition, last)) as follow:
+            async for delivery in follow:
+                match delivery:
+                    case RecordsDelivered(records=records):
+                        last = records[-1].sequence
+                        live = reads.live_position(key)
+                        head, closed = live if live is not None else (last, False)
+                        closed = closed and last >= head
+                        yield data_event(list(records), content_type) + control_event(
+                            last,
+                            up_to_date=last >= head,
+                            closed=closed,
+                            client_cursor=client_cursor,
+                        )
+                        if closed:
+                            return
+                    case Idle():
+                        yield KEEP_ALIVE
+                    case StreamEnded(head=head):
+                        yield control_event(
+                            max(head, last), up_to_date=True, closed=True, client_cursor=None
+                        )
+                        return
+                    case _:  # retention overtook it, or the stream is gone: the client reconnects
+                        return
+                if time.monotonic() >= deadline:
+                    return
+
+    headers = list(SSE_HEADERS)
+    if not wire.is_text(content_type):
+        headers.append((b"stream-sse-data-encoding", b"base64"))
+    return EventStreamResponse(events(), headers)

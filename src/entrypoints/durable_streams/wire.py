@@ -1,0 +1,210 @@
+"""The Durable Streams wire format: offsets, cursors, content types, header values, bodies.
+
+Pure translation between the protocol's text and the service's values; nothing here reads
+storage. Every malformed value is `InvalidInput` (400), never a 500."""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+import time
+from datetime import UTC, datetime
+
+import msgspec
+
+from domain.definition import (
+    MAX_BATCH_RECORDS,
+    MAX_IDLE_SECONDS,
+    MAX_INLINE_RECORD_BYTES,
+    Redaction,
+)
+from domain.errors import InvalidInput
+from domain.records import NewRecord, RecordInput, RecordKind, prepare_records
+from domain.text import check_media_type
+from entrypoints.http.body import MAX_JSON_DEPTH, nests_deeper_than
+
+# -- offsets -------------------------------------------------------------------------------------
+# The offset of native sequence N (the position after record N) is 16 zeros, "_", N in 16
+# digits: fixed width, so byte-wise order is numeric order. "-1" is the start (N = 0), "now"
+# the head; neither is ever minted.
+_OFFSET = re.compile(r"0{16}_([0-9]{16})")
+START = "-1"
+NOW = "now"
+
+
+def offset_of(sequence: int) -> str:
+    return f"{0:016d}_{sequence:016d}"
+
+
+def parse_offset(value: str, *, field: str = "offset") -> int | None:
+    """The sequence an offset names (None for `now`)."""
+    if value == START:
+        return 0
+    if value == NOW:
+        return None
+    match = _OFFSET.fullmatch(value)
+    if match is None:
+        raise InvalidInput(
+            f"{field} {value[:80]!r} is not an offset this server issued (or -1, or now)",
+            field=field,
+        )
+    return int(match.group(1))
+
+
+# -- cursors (PROTOCOL.md 10.1) ------------------------------------------------------------------
+CURSOR_EPOCH = datetime(2024, 10, 9, tzinfo=UTC).timestamp()
+CURSOR_INTERVAL_SECONDS = 20
+_DIGITS = re.compile(r"[0-9]{1,18}")
+
+
+def next_cursor(client_cursor: str | None, now: float | None = None) -> str:
+    """The interval number now; strictly past the client's cursor when it has caught up (a
+    random jitter of 1 to 3600 seconds, in intervals), so cursors never repeat or go back."""
+    interval = int(
+        ((time.time() if now is None else now) - CURSOR_EPOCH) // CURSOR_INTERVAL_SECONDS
+    )
+    if client_cursor is not None and _DIGITS.fullmatch(client_cursor):
+        theirs = int(client_cursor)
+        if theirs >= interval:
+            jitter_seconds = 1 + secrets.randbelow(3600)
+            interval = theirs + max(1, math.ceil(jitter_seconds / CURSOR_INTERVAL_SECONDS))
+    return str(interval)
+
+
+# -- content types -------------------------------------------------------------------------------
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+JSON = "application/json"
+
+
+def normalize_content_type(value: str, *, field: str = "Content-Type") -> str:
+    """A media type as stored: the type and subtype lower-cased, parameters trimmed (names
+    lower-cased), so that `TEXT/PLAIN` and `text/plain` are one stream configuration."""
+    value = value.strip()
+    check_media_type(field, value)
+    essence, *params = value.split(";")
+    parts = [essence.strip().lower()]
+    for param in params:
+        name, _, val = param.strip().partition("=")
+        parts.append(f"{name.strip().lower()}={val.strip()}")
+    return "; ".join(parts)
+
+
+def essence(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def is_json(content_type: str) -> bool:
+    return essence(content_type) == JSON
+
+
+def is_text(content_type: str) -> bool:
+    """What SSE carries as text: `text/*` and `application/json`; everything else is base64."""
+    kind = essence(content_type)
+    return kind.startswith("text/") or kind == JSON
+
+
+# -- header values -------------------------------------------------------------------------------
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")
+MAX_PRODUCER_INTEGER = 2**53 - 1
+
+
+def is_true(value: str | None) -> bool:
+    """`Stream-Closed`: present only when exactly `true`, in any case (4.1); anything else is
+    as if absent."""
+    return value is not None and value.strip().lower() == "true"
+
+
+def decimal(name: str, value: str, *, maximum: int) -> int:
+    """A non-negative decimal integer: no sign, leading zero, point or exponent."""
+    text = value.strip()
+    if _DECIMAL.fullmatch(text) is None or int(text) > maximum:
+        raise InvalidInput(
+            f"{name} must be a non-negative decimal integer up to {maximum} (no sign, leading "
+            f"zeros, decimal point or exponent), not {value[:40]!r}",
+            field=name,
+        )
+    return int(text)
+
+
+def ttl_seconds(value: str) -> int:
+    seconds = decimal("Stream-TTL", value, maximum=MAX_IDLE_SECONDS)
+    if seconds < 1:
+        raise InvalidInput("Stream-TTL must be at least 1 second", field="Stream-TTL")
+    return seconds
+
+
+_datetime = msgspec.json.Decoder(datetime)
+
+
+def expires_at(value: str) -> datetime:
+    """An RFC 3339 timestamp with its offset (`Z` or `+hh:mm`), as UTC."""
+    text = value.strip()
+    try:
+        parsed = _datetime.decode(msgspec.json.encode(text))
+    except msgspec.ValidationError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None or "T" not in text.upper():
+        raise InvalidInput(
+            f"Stream-Expires-At must be an RFC 3339 timestamp with a timezone, not {value[:60]!r}",
+            field="Stream-Expires-At",
+        )
+    return parsed.astimezone(UTC)
+
+
+def rfc3339(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+# -- bodies --------------------------------------------------------------------------------------
+_raw_items = msgspec.json.Decoder(list[msgspec.Raw])
+_raw = msgspec.json.Decoder(msgspec.Raw)
+
+
+def json_messages(body: bytes, *, allow_empty_array: bool) -> list[RecordInput]:
+    """A JSON-mode body as its messages: one value, or the elements of a top-level array
+    (flattened one level, 9.1.2). Must be valid UTF-8 JSON nesting at most MAX_JSON_DEPTH."""
+    if not body.isascii():
+        try:
+            body.decode()
+        except UnicodeDecodeError as error:
+            raise InvalidInput(f"the body is not valid UTF-8 (byte {error.start})") from None
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and nests_deeper_than(
+        body, MAX_JSON_DEPTH
+    ):
+        raise InvalidInput(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
+    stripped = body.strip()
+    try:
+        if stripped.startswith(b"["):
+            items = _raw_items.decode(stripped)
+        else:
+            items = [_raw.decode(stripped)]
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise InvalidInput(f"the body is not valid JSON: {error}") from None
+    if not items and not allow_empty_array:
+        raise InvalidInput("an empty JSON array appends nothing: send at least one message")
+    if len(items) > MAX_BATCH_RECORDS:
+        raise InvalidInput(f"one request carries at most {MAX_BATCH_RECORDS} messages")
+    return [RecordInput(data=item) for item in items]
+
+
+def json_records(body: bytes, *, allow_empty_array: bool) -> list[NewRecord]:
+    """JSON messages as native JSON records (compact, size-checked: 413 over 64 KiB each)."""
+    return prepare_records(json_messages(body, allow_empty_array=allow_empty_array), Redaction())
+
+
+def byte_records(body: bytes, content_type: str) -> list[NewRecord]:
+    """Bytes as records of at most the inline limit each, in order (one atomic batch)."""
+    step = MAX_INLINE_RECORD_BYTES
+    chunks = [body[i : i + step] for i in range(0, len(body), step)]
+    if len(chunks) > MAX_BATCH_RECORDS:
+        raise InvalidInput("the body is larger than one request may append")
+    return [NewRecord(RecordKind.BINARY, content_type, chunk, len(chunk)) for chunk in chunks]
+
+
+def records_for(body: bytes, content_type: str, *, creating: bool) -> list[NewRecord]:
+    if not body:
+        return []
+    if is_json(content_type):
+        return json_records(body, allow_empty_array=creating)
+    return byte_records(body, content_type)

@@ -1,0 +1,346 @@
+"""The Durable Streams surface end to end: a real server process on PostgreSQL, driven over
+HTTP both through the protocol (/api/durable-streams) and the native API
+(/api/workflow-streams): one stream, two surfaces (docs/durable-streams.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import BOOTSTRAP_TOKEN, Tokens
+from tests.integration.test_http_records import assert_problem
+from tests.support.server import ServerProcess, WorkerProcess
+
+OFFSET_0 = "0000000000000000_0000000000000000"
+
+
+def offset(n: int) -> str:
+    return f"{0:016d}_{n:016d}"
+
+
+def ds_client(server: ServerProcess, token: str = BOOTSTRAP_TOKEN) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=server.base_url + "/api/durable-streams/v1/stream",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+
+
+@pytest.fixture
+async def ds(server: ServerProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with ds_client(server) as client:
+        yield client
+
+
+async def test_create_append_read_head_delete_round_trip(
+    ds: httpx.AsyncClient, run_id: str
+) -> None:
+    url = f"/{run_id}/notes"
+    created = await ds.put(url, content=b"hello ", headers={"Content-Type": "text/plain"})
+    assert created.status_code == 201, created.text
+    assert created.headers["content-type"] == "text/plain"
+    assert created.headers["stream-next-offset"] == offset(1)
+    assert created.headers["location"].endswith(f"/api/durable-streams/v1/stream{url}")
+    assert created.headers["x-content-type-options"] == "nosniff"
+    again = await ds.put(url, headers={"Content-Type": "TEXT/PLAIN"})
+    assert again.status_code == 200
+    assert_problem(await ds.put(url, headers={"Content-Type": "text/html"}), 409, None)
+    appended = await ds.post(url, content=b"world", headers={"Content-Type": "text/plain"})
+    assert appended.status_code == 204, appended.text
+    assert appended.headers["stream-next-offset"] == offset(2)
+    read = await ds.get(url)
+    assert (read.status_code, read.content) == (200, b"hello world")
+    assert read.headers["stream-up-to-date"] == "true"
+    assert "stream-closed" not in read.headers
+    tag = read.headers["etag"]
+    assert (await ds.get(url, headers={"If-None-Match": tag})).status_code == 304
+    later = await ds.get(url, params={"offset": offset(1)})
+    assert later.content == b"world"
+    head = await ds.head(url)
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["stream-next-offset"] == offset(2)
+    assert head.headers["cache-control"] == "no-store"
+    closed = await ds.post(url, headers={"Stream-Closed": "true"})
+    assert closed.status_code == 204 and closed.headers["stream-closed"] == "true"
+    tail = await ds.get(url, params={"offset": offset(2)})
+    assert (tail.content, tail.headers["stream-closed"]) == (b"", "true")
+    assert (await ds.get(url, headers={"If-None-Match": tag})).status_code == 200  # closure
+    refused = await ds.post(url, content=b"more", headers={"Content-Type": "text/plain"})
+    assert_problem(refused, 409, "stream-closed")
+    assert refused.headers["stream-closed"] == "true"
+    assert refused.headers["stream-next-offset"] == offset(2)
+    assert (await ds.delete(url)).status_code == 204
+    assert_problem(await ds.get(url), 404, "not-found")
+    assert (await ds.put(url, headers={"Content-Type": "text/plain"})).status_code == 201
+
+
+async def test_the_default_run_is_the_native_run_named_default(
+    ds: httpx.AsyncClient, api: httpx.AsyncClient, run_id: str
+) -> None:
+    stream = f"in-default-{run_id}"
+    assert (await ds.put(f"/{stream}", headers={"Content-Type": "text/plain"})).status_code == 201
+    document = (await api.get(f"/runs/default/streams/{stream}")).json()
+    assert (document["run_id"], document["state"]["head"]) == ("default", 0)
+    assert (await ds.delete(f"/{stream}")).status_code == 204
+
+
+async def test_json_mode_flattens_one_level_and_reads_natively_as_records(
+    ds: httpx.AsyncClient, api: httpx.AsyncClient, run_id: str
+) -> None:
+    url = f"/{run_id}/events"
+    json_type = {"Content-Type": "application/json"}
+    assert (await ds.put(url, content=b"[]", headers=json_type)).status_code == 201
+    assert (await ds.get(url)).json() == []
+    ok = await ds.post(url, content=b'[{"a": 1}, [2, 3]]', headers=json_type)
+    assert ok.status_code == 204 and ok.headers["stream-next-offset"] == offset(2)
+    assert (await ds.post(url, content=b'"three"', headers=json_type)).status_code == 204
+    assert_problem(await ds.post(url, content=b"[]", headers=json_type), 400, "invalid-input")
+    assert_problem(await ds.post(url, content=b"{nope", headers=json_type), 400, "invalid-input")
+    read = await ds.get(url)
+    assert read.headers["content-type"] == "application/json"
+    assert read.json() == [{"a": 1}, [2, 3], "three"]
+    native = (await api.get(f"/runs/{run_id}/streams/events/records")).json()
+    assert [r["data"] for r in native["records"]] == [{"a": 1}, [2, 3], "three"]
+    assert native["head"] == 3
+
+
+async def test_a_native_json_stream_reads_and_appends_through_the_protocol(
+    ds: httpx.AsyncClient, api: httpx.AsyncClient, run_id: str
+) -> None:
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "native", "direction": "output"}
+    )
+    assert created.status_code == 201, created.text
+    body = {"records": [{"data": {"n": 1}}, {"data_base64": "AAE=", "content_type": "x/y"}]}
+    assert (await api.post(f"/runs/{run_id}/streams/native/records", json=body)).status_code == 201
+    read = await ds.get(f"/{run_id}/native")
+    assert read.headers["content-type"] == "application/json"
+    first, second = read.json()
+    assert first == {"n": 1}
+    assert (second["sequence"], second["data_base64"]) == (2, "AAE=")
+    appended = await ds.post(
+        f"/{run_id}/native", content=b'{"n": 3}', headers={"Content-Type": "application/json"}
+    )
+    assert appended.status_code == 204, appended.text
+    native = (await api.get(f"/runs/{run_id}/streams/native/records?cursor=2")).json()
+    assert native["records"][0]["data"] == {"n": 3}
+    wrong = await ds.post(f"/{run_id}/native", content=b"x", headers={"Content-Type": "text/plain"})
+    assert_problem(wrong, 409, None)
+
+
+async def test_bytes_are_binary_records_natively_split_at_the_inline_limit(
+    ds: httpx.AsyncClient, api: httpx.AsyncClient, run_id: str
+) -> None:
+    url = f"/{run_id}/bytes"
+    data = bytes(range(256)) * 300  # 76,800 bytes: two records
+    assert (await ds.put(url, headers={"Content-Type": "application/x-thing"})).status_code == 201
+    appended = await ds.post(url, content=data, headers={"Content-Type": "application/x-thing"})
+    assert appended.headers["stream-next-offset"] == offset(2)
+    native = (await api.get(f"/runs/{run_id}/streams/bytes/records")).json()
+    records = native["records"]
+    assert [r["size"] for r in records] == [65_536, len(data) - 65_536]
+    assert {r["content_type"] for r in records} == {"application/x-thing"}
+    assert b"".join(base64.b64decode(r["data_base64"]) for r in records) == data
+    assert (await ds.get(url)).content == data
+
+
+async def test_credit_backpressure_is_429_with_retry_after(
+    ds: httpx.AsyncClient, api: httpx.AsyncClient, run_id: str
+) -> None:
+    created = await api.post(
+        f"/runs/{run_id}/streams",
+        json={"stream_id": "tight", "direction": "output", "limits": {"max_unread_items": 2}},
+    )
+    assert created.status_code == 201
+    json_type = {"Content-Type": "application/json"}
+    assert (
+        await ds.post(f"/{run_id}/tight", content=b"[1, 2]", headers=json_type)
+    ).status_code == 204
+    refused = await ds.post(f"/{run_id}/tight", content=b"3", headers=json_type)
+    assert_problem(refused, 429, "backpressure")
+    assert int(refused.headers["retry-after"]) >= 1
+    ack = await api.post(f"/runs/{run_id}/streams/tight/consumers/c/ack", json={"sequence": 2})
+    assert ack.status_code == 200
+    assert (await ds.post(f"/{run_id}/tight", content=b"3", headers=json_type)).status_code == 204
+
+
+async def test_a_legal_hold_blocks_delete(
+    ds: httpx.AsyncClient, api: httpx.AsyncClient, run_id: str
+) -> None:
+    assert (
+        await ds.put(f"/{run_id}/held", headers={"Content-Type": "text/plain"})
+    ).status_code == 201
+    hold = await api.put(
+        f"/runs/{run_id}/streams/held/legal-hold", json={"enabled": True, "reason": "case"}
+    )
+    assert hold.status_code == 200
+    assert_problem(await ds.delete(f"/{run_id}/held"), 409, "legal-hold-active")
+    assert (await ds.head(f"/{run_id}/held")).status_code == 200
+
+
+async def test_tenancy_and_scopes(server: ServerProcess, tokens: Tokens, run_id: str) -> None:
+    async with ds_client(server) as ds:
+        assert (await ds.put(f"/{run_id}/mine", content=b"x")).status_code == 201
+    other = await tokens.create(tenant="other-tenant")
+    reader = await tokens.create(scopes=("streams:read",))
+    writer = await tokens.create(scopes=("streams:write",))
+    async with ds_client(server, other) as ds:
+        assert_problem(await ds.get(f"/{run_id}/mine"), 404, "not-found")
+        assert_problem(await ds.post(f"/{run_id}/mine", content=b"y"), 404, "not-found")
+        assert_problem(await ds.delete(f"/{run_id}/mine"), 404, "not-found")
+    async with ds_client(server, reader) as ds:
+        assert (await ds.get(f"/{run_id}/mine")).content == b"x"
+        assert_problem(await ds.put(f"/{run_id}/new"), 403, "forbidden")
+        posted = await ds.post(
+            f"/{run_id}/mine", content=b"y", headers={"Content-Type": "application/octet-stream"}
+        )
+        assert_problem(posted, 403, "forbidden")
+    async with ds_client(server, writer) as ds:
+        assert_problem(await ds.get(f"/{run_id}/mine"), 403, "forbidden")
+        assert_problem(await ds.delete(f"/{run_id}/mine"), 403, "forbidden")
+    async with ds_client(server, "nope") as ds:
+        unknown = await ds.get(f"/{run_id}/mine")
+        assert_problem(unknown, 401, "unauthenticated")
+        assert unknown.headers["x-content-type-options"] == "nosniff"
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "body", "query"),
+    [
+        ("PUT", {"Stream-TTL": "01"}, b"", {}),
+        ("PUT", {"Stream-TTL": "1e3"}, b"", {}),
+        ("PUT", {"Stream-TTL": "60", "Stream-Expires-At": "2099-01-01T00:00:00Z"}, b"", {}),
+        ("PUT", {"Stream-Expires-At": "tomorrow"}, b"", {}),
+        ("PUT", {"Content-Type": "not a type"}, b"", {}),
+        ("PUT", {"Content-Type": "application/json"}, b"[1,", {}),
+        ("PUT", {"Stream-Fork-Sub-Offset": "0"}, b"", {}),
+        ("POST", {"Content-Type": "application/octet-stream"}, b"", {}),
+        ("POST", {}, b"data", {}),
+        ("POST", {"Producer-Id": "p", "Producer-Epoch": "0"}, b"x", {}),
+        ("POST", {"Producer-Id": "p", "Producer-Epoch": "-1", "Producer-Seq": "0"}, b"x", {}),
+        ("GET", {}, b"", {"offset": "0,1"}),
+        ("GET", {}, b"", {"offset": ""}),
+        ("GET", {}, b"", {"offset": "../x"}),
+        ("GET", {}, b"", {"offset": "9999999999999999_0000000000000000"}),
+        ("GET", {}, b"", {"live": "long-poll"}),
+        ("GET", {}, b"", {"offset": "-1", "live": "forever"}),
+    ],
+)
+async def test_malformed_requests_are_400_problems_and_change_nothing(
+    ds: httpx.AsyncClient,
+    run_id: str,
+    method: str,
+    headers: dict[str, str],
+    body: bytes,
+    query: dict[str, str],
+) -> None:
+    existing = f"/{run_id}/target"
+    assert (await ds.put(existing, content=b"kept")).status_code == 201
+    url = existing if method != "PUT" else f"/{run_id}/fresh"
+    answer = await ds.request(method, url, headers=headers, content=body, params=query)
+    assert_problem(answer, 400, None)
+    assert (await ds.get(existing)).content == b"kept"
+    if method == "PUT":
+        assert (await ds.head(url)).status_code == 404
+
+
+async def test_bad_ids_and_paths_are_4xx_problems(ds: httpx.AsyncClient) -> None:
+    for path in ("/-lead", "/a/b/c", "/" + "a" * 129, "/sp%20ace"):
+        answer = await ds.get(path)
+        assert answer.status_code in (400, 404), (path, answer.text)
+        assert answer.headers["content-type"].startswith("application/problem+json")
+
+
+async def test_long_poll_wakes_on_append_and_times_out_with_204(
+    ds: httpx.AsyncClient, run_id: str
+) -> None:
+    url = f"/{run_id}/live"
+    assert (await ds.put(url, headers={"Content-Type": "text/plain"})).status_code == 201
+    waiting = [
+        asyncio.create_task(ds.get(url, params={"offset": offset(0), "live": "long-poll"}))
+        for _ in range(5)
+    ]
+    await asyncio.sleep(0.3)
+    assert not any(task.done() for task in waiting)
+    await ds.post(url, content=b"ping", headers={"Content-Type": "text/plain"})
+    for answer in await asyncio.gather(*waiting):
+        assert (answer.status_code, answer.content) == (200, b"ping")
+        assert answer.headers["stream-next-offset"] == offset(1)
+        assert answer.headers["stream-cursor"].isdigit()
+    timed_out = await ds.get(url, params={"offset": offset(1), "live": "long-poll"})
+    assert timed_out.status_code == 204
+    assert timed_out.headers["stream-up-to-date"] == "true"
+    assert timed_out.headers["stream-next-offset"] == offset(1)
+    await ds.post(url, headers={"Stream-Closed": "true"})
+    at_end = await ds.get(url, params={"offset": offset(1), "live": "long-poll"})
+    assert (at_end.status_code, at_end.headers["stream-closed"]) == (204, "true")
+
+
+async def test_sse_delivers_history_then_live_data_then_closure(
+    ds: httpx.AsyncClient, run_id: str
+) -> None:
+    url = f"/{run_id}/sse"
+    assert (
+        await ds.put(url, content=b"\x00\x01", headers={"Content-Type": "x/bin"})
+    ).status_code == 201
+    events: list[tuple[str, str]] = []
+    async with ds.stream("GET", url, params={"offset": "-1", "live": "sse"}) as answer:
+        assert answer.headers["content-type"] == "text/event-stream"
+        assert answer.headers["stream-sse-data-encoding"] == "base64"
+        kind = None
+        async for line in answer.aiter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data:") and kind is not None:
+                events.append((kind, line[5:]))
+                if kind == "control" and len(events) == 2:
+                    await ds.post(
+                        url,
+                        content=b"\x02",
+                        headers={"Content-Type": "x/bin", "Stream-Closed": "true"},
+                    )
+                if kind == "control" and json.loads(line[5:]).get("streamClosed"):
+                    break
+    data = b"".join(base64.b64decode(payload) for kind, payload in events if kind == "data")
+    assert data == b"\x00\x01\x02"
+    controls = [json.loads(payload) for kind, payload in events if kind == "control"]
+    assert controls[0] == {**controls[0], "streamNextOffset": offset(1), "upToDate": True}
+    assert controls[-1]["streamClosed"] is True and "streamCursor" not in controls[-1]
+
+
+WORKER_ENV = {
+    "DUCTOR_STREAMS_WORKER_POLL_SECONDS": "0.1",
+    "DUCTOR_STREAMS_PRUNE_INTERVAL_SECONDS": "0.2",
+    "DUCTOR_STREAMS_WORKER_LEASE_SECONDS": "2",
+}
+
+
+@pytest.fixture(scope="module")
+def worker(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    process = WorkerProcess(
+        database_url=database_url, data_dir=tmp_path_factory.mktemp("ds-worker"), env=WORKER_ENV
+    ).start()
+    yield process
+    process.stop()
+
+
+async def test_an_offset_before_retention_is_410(
+    ds: httpx.AsyncClient, api: httpx.AsyncClient, run_id: str, worker: WorkerProcess
+) -> None:
+    created = await api.post(
+        f"/runs/{run_id}/streams",
+        json={"stream_id": "kept", "direction": "output", "retention": {"max_records": 2}},
+    )
+    assert created.status_code == 201
+    body = {"records": [{"data": n} for n in range(5)]}
+    assert (await api.post(f"/runs/{run_id}/streams/kept/records", json=body)).status_code == 201
+    async with asyncio.timeout(15):
+        while (await api.get(f"/runs/{run_id}/streams/kept")).json()["state"]["earliest"] != 4:
+            await asyncio.sleep(0.1)
+    assert_problem(await ds.get(f"/{run_id}/kept", params={"offset": "-1"}), 410, "cursor-expired")
+    assert (await ds.get(f"/{run_id}/kept", params={"offset": offset(3)})).json() == [3, 4]

@@ -1,0 +1,81 @@
+"""Browser access to both surfaces: CORS for the configured origins, the security headers on
+every answer (a server process of its own, with DUCTOR_STREAMS_CORS_ORIGINS set)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV
+from tests.support.server import ServerProcess
+
+ORIGIN = "https://app.example.com"
+
+
+@pytest.fixture(scope="module")
+def browser_server(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    process = ServerProcess(
+        database_url=database_url,
+        data_dir=tmp_path_factory.mktemp("browser-server"),
+        env={**SERVER_ENV, "DUCTOR_STREAMS_CORS_ORIGINS": f"https://other.example, {ORIGIN}"},
+    ).start()
+    yield process
+    process.stop()
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/api/durable-streams/v1/stream/r/s", "/api/workflow-streams/runs/r/streams/s/records"],
+)
+def test_a_preflight_from_an_allowed_origin_needs_no_token(
+    browser_server: ServerProcess, path: str
+) -> None:
+    answer = httpx.options(
+        browser_server.base_url + path,
+        headers={
+            "Origin": ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type, x-custom",
+        },
+    )
+    assert answer.status_code == 204, answer.text
+    assert answer.headers["access-control-allow-origin"] == ORIGIN
+    allowed = [h.strip() for h in answer.headers["access-control-allow-headers"].split(",")]
+    assert {"authorization", "content-type", "if-none-match", "producer-id", "x-custom"} <= set(
+        allowed
+    )
+    assert "POST" in answer.headers["access-control-allow-methods"]
+    assert answer.headers["x-content-type-options"] == "nosniff"
+
+
+def test_answers_to_an_allowed_origin_expose_the_protocol_headers(
+    browser_server: ServerProcess,
+) -> None:
+    url = browser_server.base_url + "/api/durable-streams/v1/stream/browser-run/exposed"
+    auth = {"Authorization": f"Bearer {BOOTSTRAP_TOKEN}", "Origin": ORIGIN}
+    created = httpx.put(url, headers={**auth, "Content-Type": "text/plain"}, content=b"hi")
+    assert created.status_code == 201, created.text
+    read = httpx.get(url, headers=auth)
+    assert read.headers["access-control-allow-origin"] == ORIGIN
+    exposed = {h.strip().lower() for h in read.headers["access-control-expose-headers"].split(",")}
+    assert {"stream-next-offset", "stream-cursor", "stream-up-to-date", "stream-closed"} <= exposed
+    assert {"etag", "producer-epoch", "stream-sse-data-encoding", "retry-after"} <= exposed
+    assert read.headers["cross-origin-resource-policy"] == "cross-origin"
+
+
+def test_another_origin_gets_no_cors_headers(browser_server: ServerProcess) -> None:
+    url = browser_server.base_url + "/api/durable-streams/v1/stream/browser-run/exposed"
+    preflight = httpx.options(
+        url, headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "GET"}
+    )
+    assert "access-control-allow-origin" not in preflight.headers
+    read = httpx.get(
+        url,
+        headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}", "Origin": "https://evil.example"},
+    )
+    assert "access-control-allow-origin" not in read.headers
+    assert read.headers["x-content-type-options"] == "nosniff"

@@ -1,0 +1,144 @@
+"""Durable Streams writers and forks end to end: idempotent producers, Stream-Seq, append and
+close, forks and soft delete, through the protocol and seen through the native API."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.integration.test_durable_streams import ds, offset  # noqa: F401  (a fixture)
+from tests.integration.test_http_records import assert_problem
+
+TEXT = {"Content-Type": "text/plain"}
+
+
+def producer(epoch: int, seq: int, name: str = "p") -> dict[str, str]:
+    return {"Producer-Id": name, "Producer-Epoch": str(epoch), "Producer-Seq": str(seq)}
+
+
+async def test_an_idempotent_producer_appends_each_batch_once(
+    ds: httpx.AsyncClient,  # noqa: F811
+    api: httpx.AsyncClient,
+    run_id: str,
+) -> None:
+    url = f"/{run_id}/produced"
+    assert (await ds.put(url, headers=TEXT)).status_code == 201
+    first = await ds.post(url, content=b"a", headers={**TEXT, **producer(0, 0)})
+    assert first.status_code == 200, first.text
+    assert (first.headers["producer-epoch"], first.headers["producer-seq"]) == ("0", "0")
+    retry = await ds.post(url, content=b"a", headers={**TEXT, **producer(0, 0)})
+    assert retry.status_code == 204 and retry.headers["producer-seq"] == "0"
+    gap = await ds.post(url, content=b"c", headers={**TEXT, **producer(0, 2)})
+    assert_problem(gap, 409, "producer-sequence-gap")
+    assert (gap.headers["producer-expected-seq"], gap.headers["producer-received-seq"]) == (
+        "1",
+        "2",
+    )
+    assert (await ds.post(url, content=b"b", headers={**TEXT, **producer(1, 0)})).status_code == 200
+    stale = await ds.post(url, content=b"z", headers={**TEXT, **producer(0, 1)})
+    assert_problem(stale, 403, "producer-epoch-stale")
+    assert stale.headers["producer-epoch"] == "1"
+    assert_problem(
+        await ds.post(url, content=b"z", headers={**TEXT, **producer(2, 5)}), 400, "invalid-input"
+    )
+    assert (await ds.get(url)).content == b"ab"
+    native = (await api.get(f"/runs/{run_id}/streams/produced")).json()
+    assert native["state"]["head"] == 2
+
+
+async def test_stream_seq_is_per_stream_and_byte_wise(
+    ds: httpx.AsyncClient,  # noqa: F811
+    run_id: str,
+) -> None:
+    url = f"/{run_id}/seq"
+    assert (await ds.put(url, headers=TEXT)).status_code == 201
+    assert (
+        await ds.post(url, content=b"1", headers={**TEXT, "Stream-Seq": "09"})
+    ).status_code == 204
+    assert (
+        await ds.post(url, content=b"2", headers={**TEXT, "Stream-Seq": "10"})
+    ).status_code == 204
+    regression = await ds.post(url, content=b"3", headers={**TEXT, "Stream-Seq": "9"})  # "9" > "10"
+    assert regression.status_code == 204
+    refused = await ds.post(url, content=b"4", headers={**TEXT, "Stream-Seq": "10"})
+    assert_problem(refused, 409, "stream-seq-regression")
+    assert (await ds.get(url)).content == b"123"
+
+
+async def test_a_producer_sees_native_backpressure_as_429(
+    ds: httpx.AsyncClient,  # noqa: F811
+    api: httpx.AsyncClient,
+    run_id: str,
+) -> None:
+    created = await api.post(
+        f"/runs/{run_id}/streams",
+        json={"stream_id": "tight", "direction": "output", "limits": {"max_unread_items": 1}},
+    )
+    assert created.status_code == 201
+    json_type = {"Content-Type": "application/json"}
+    ok = await ds.post(f"/{run_id}/tight", content=b"1", headers={**json_type, **producer(0, 0)})
+    assert ok.status_code == 200, ok.text
+    refused = await ds.post(
+        f"/{run_id}/tight", content=b"2", headers={**json_type, **producer(0, 1)}
+    )
+    assert_problem(refused, 429, "backpressure")
+    assert int(refused.headers["retry-after"]) >= 1
+    await api.post(f"/runs/{run_id}/streams/tight/consumers/c/ack", json={"sequence": 1})
+    retried = await ds.post(
+        f"/{run_id}/tight", content=b"2", headers={**json_type, **producer(0, 1)}
+    )
+    assert retried.status_code == 200, retried.text  # the refused batch was not applied
+
+
+async def test_create_closed_with_a_body_and_append_and_close(
+    ds: httpx.AsyncClient,  # noqa: F811
+    api: httpx.AsyncClient,
+    run_id: str,
+) -> None:
+    done = await ds.put(
+        f"/{run_id}/done", content=b"all", headers={**TEXT, "Stream-Closed": "true"}
+    )
+    assert done.status_code == 201 and done.headers["stream-closed"] == "true"
+    assert (await api.get(f"/runs/{run_id}/streams/done")).json()["state"]["closed"] is True
+    assert_problem(await ds.put(f"/{run_id}/done", headers=TEXT), 409, "definition-conflict")
+    again = await ds.put(f"/{run_id}/done", headers={**TEXT, "Stream-Closed": "TRUE"})
+    assert again.status_code == 200
+    assert (await ds.put(f"/{run_id}/last", headers=TEXT)).status_code == 201
+    final = await ds.post(
+        f"/{run_id}/last", content=b"bye", headers={**TEXT, "Stream-Closed": "true"}
+    )
+    assert final.status_code == 204 and final.headers["stream-closed"] == "true"
+    read = await ds.get(f"/{run_id}/last")
+    assert (read.content, read.headers["stream-closed"]) == (b"bye", "true")
+
+
+async def test_a_fork_reads_its_source_prefix_and_a_deleted_source_is_gone(
+    ds: httpx.AsyncClient,  # noqa: F811
+    api: httpx.AsyncClient,
+    run_id: str,
+) -> None:
+    source = f"/{run_id}/source"
+    assert (await ds.put(source, content=b"abc", headers=TEXT)).status_code == 201
+    forked = await ds.put(
+        f"/{run_id}/fork",
+        headers={"Stream-Forked-From": f"/v1/stream{source}", "Stream-TTL": "3600"},
+    )
+    assert forked.status_code == 201, forked.text
+    assert forked.headers["content-type"] == "text/plain"
+    assert forked.headers["stream-next-offset"] == offset(1)  # one record: "abc"
+    at_the_fork_point = await ds.get(f"/{run_id}/fork", params={"offset": offset(1)})
+    assert (at_the_fork_point.status_code, at_the_fork_point.content) == (200, b"")
+    assert at_the_fork_point.headers["stream-up-to-date"] == "true"
+    assert (await ds.post(source, content=b"-src", headers=TEXT)).status_code == 204
+    assert (await ds.post(f"/{run_id}/fork", content=b"-fork", headers=TEXT)).status_code == 204
+    assert (await ds.get(f"/{run_id}/fork")).content == b"abc-fork"
+    assert (await ds.head(f"/{run_id}/fork")).headers["stream-ttl"] == "3600"
+    assert (await ds.delete(source)).status_code == 204
+    assert_problem(await ds.get(source), 410, "stream-gone")
+    assert_problem(await api.get(f"/runs/{run_id}/streams/source/records"), 410, "stream-gone")
+    assert_problem(await ds.put(source, headers=TEXT), 409, None)
+    assert (await ds.get(f"/{run_id}/fork")).content == b"abc-fork"
+    assert (await ds.delete(f"/{run_id}/fork")).status_code == 204
+    missing = await ds.put(
+        f"/{run_id}/fork2", headers={"Stream-Forked-From": f"/v1/stream/{run_id}/nothing"}
+    )
+    assert_problem(missing, 404, "not-found")

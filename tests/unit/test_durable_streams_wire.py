@@ -1,0 +1,100 @@
+"""The Durable Streams wire format: offsets, cursors, header values and JSON-mode bodies."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from domain.errors import InvalidInput, RecordTooLarge
+from domain.records import RecordKind
+from entrypoints.durable_streams import wire
+
+
+def test_offsets_are_fixed_width_and_sort_as_the_stream() -> None:
+    offsets = [wire.offset_of(n) for n in (0, 1, 9, 10, 99, 12345)]
+    assert offsets == sorted(offsets)
+    assert offsets[0] == "0000000000000000_0000000000000000"
+    assert [wire.parse_offset(o) for o in offsets] == [0, 1, 9, 10, 99, 12345]
+    assert wire.parse_offset("-1") == 0
+    assert wire.parse_offset("now") is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["", " ", "0,1", "../x", "a/..", "1", "0000000000000001_0000000000000000", "x\n", "-2", "NOW"],
+)
+def test_anything_else_is_not_an_offset(bad: str) -> None:
+    with pytest.raises(InvalidInput):
+        wire.parse_offset(bad)
+
+
+def test_a_cursor_is_the_interval_and_moves_past_an_echoed_one() -> None:
+    now = wire.CURSOR_EPOCH + 20 * 1000 + 5
+    assert wire.next_cursor(None, now) == "1000"
+    assert wire.next_cursor("999", now) == "1000"
+    for _ in range(50):
+        assert int(wire.next_cursor("1000", now)) > 1000
+        assert int(wire.next_cursor("5000", now)) > 5000
+    assert wire.next_cursor("junk", now) == "1000"
+
+
+@pytest.mark.parametrize("good", ["0", "1", "3600"])
+def test_decimal_takes_plain_integers(good: str) -> None:
+    assert wire.decimal("X", good, maximum=10**6) == int(good)
+
+
+@pytest.mark.parametrize("bad", ["", "+1", "01", "1.0", "1e3", "-1", "abc", "0x10", "9" * 30])
+def test_decimal_refuses_the_rest(bad: str) -> None:
+    with pytest.raises(InvalidInput):
+        wire.decimal("X", bad, maximum=10**6)
+
+
+def test_ttl_and_expires_at() -> None:
+    assert wire.ttl_seconds("60") == 60
+    with pytest.raises(InvalidInput):
+        wire.ttl_seconds("0")
+    at = wire.expires_at("2030-01-02T03:04:05+02:00")
+    assert at == datetime(2030, 1, 2, 1, 4, 5, tzinfo=UTC)
+    assert wire.rfc3339(at) == "2030-01-02T01:04:05Z"
+    for bad in ("not-a-timestamp", "2030-01-02", "2030-01-02T03:04:05"):
+        with pytest.raises(InvalidInput):
+            wire.expires_at(bad)
+
+
+def test_stream_closed_is_exactly_true_in_any_case() -> None:
+    assert wire.is_true("true") and wire.is_true("TRUE") and wire.is_true(" True ")
+    assert not any(wire.is_true(v) for v in (None, "", "false", "yes", "1"))
+
+
+def test_content_types_normalize_and_classify() -> None:
+    assert wire.normalize_content_type("TEXT/Plain") == "text/plain"
+    assert wire.normalize_content_type("application/JSON ;Charset=utf-8") == (
+        "application/json; charset=utf-8"
+    )
+    assert wire.is_json("application/json; charset=utf-8")
+    assert wire.is_text("text/csv") and wire.is_text("application/json")
+    assert not wire.is_text("application/octet-stream")
+    with pytest.raises(InvalidInput):
+        wire.normalize_content_type("not a type")
+
+
+def test_json_mode_flattens_exactly_one_level() -> None:
+    def messages(body: bytes) -> list[bytes]:
+        return [r.payload for r in wire.json_records(body, allow_empty_array=False)]
+
+    assert messages(b'{"a": 1}') == [b'{"a":1}']
+    assert messages(b"[1, [2, 3], [[4]]]") == [b"1", b"[2,3]", b"[[4]]"]
+    assert wire.json_records(b" [ ] ", allow_empty_array=True) == []
+    for bad in (b"[]", b"{x}", b"[1,", b"\xff", b"[" * 65 + b"]" * 65):
+        with pytest.raises(InvalidInput):
+            wire.json_records(bad, allow_empty_array=False)
+    with pytest.raises(RecordTooLarge):
+        wire.json_records(b'"' + b"x" * 70_000 + b'"', allow_empty_array=False)
+
+
+def test_bytes_split_at_the_inline_limit() -> None:
+    records = wire.byte_records(bytes(150_000), "x/y")
+    assert [r.size for r in records] == [65_536, 65_536, 18_928]
+    assert {(r.kind, r.content_type) for r in records} == {(RecordKind.BINARY, "x/y")}
+    assert wire.records_for(b"", "x/y", creating=True) == []
