@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -45,6 +46,36 @@ def _ensure_environment() -> None:
     pip = [_bin("python"), "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "install", "-e", f"{ROOT}[test]"], check=True, cwd=ROOT)
     STAMP.write_text(wanted)
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+BROWSER_TESTS = ROOT / "tests" / "browser"
+
+
+def _ensure_chromium(pytest_args: list[str]) -> None:
+    """The browser tests drive Debian's Chromium (playwright never downloads a browser): when
+    it is missing, install it as root through apt; otherwise stop with what to do. Skipped when
+    the pytest arguments name only paths outside tests/browser."""
+    named = [(ROOT / a.split("::")[0]).resolve() for a in pytest_args if not a.startswith("-")]
+    paths = [p for p in named if p.exists()]
+    related = {BROWSER_TESTS, *BROWSER_TESTS.parents}  # the folder, or one that holds it
+    if paths and not any(p in related or BROWSER_TESTS in p.parents for p in paths):
+        return
+    if CHROMIUM.exists():
+        return
+    if os.name == "posix" and os.geteuid() == 0 and shutil.which("apt-get"):
+        print(
+            "installing chromium for the browser tests (apt-get) ...", file=sys.stderr, flush=True
+        )
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update"], check=True, env=env)
+        subprocess.run(["apt-get", "install", "-y", "chromium"], check=True, env=env)
+        if CHROMIUM.exists():
+            return
+    sys.exit(
+        f"the browser tests need Chromium at {CHROMIUM}; install it as root: "
+        "apt-get update && apt-get install -y chromium"
+    )
 
 
 def _environment() -> dict[str, str]:
@@ -85,6 +116,7 @@ def main(args: list[str]) -> int:
         ):
             if code := _exec(step):
                 return code
+        _ensure_chromium(rest)
         return _exec([_bin("python"), "-m", "pytest", *rest])
     if command == "bench":
         return _become([_bin("python"), "-m", "bench", *rest])

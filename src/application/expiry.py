@@ -85,9 +85,11 @@ class AccessLog:
 
     # -- knowledge --------------------------------------------------------------------------------
 
-    async def live_runs(self, tenant: str, after: str | None, limit: int) -> list[RunSummary]:
+    async def live_runs(
+        self, tenant: str, after: str | None, limit: int, prefix: str = ""
+    ) -> list[RunSummary]:
         """The tenant's runs page, counting only streams that do not answer 404 as expired."""
-        return await self._store.live_runs(tenant, after, limit, self._clock(), self.slack)
+        return await self._store.live_runs(tenant, after, limit, self._clock(), self.slack, prefix)
 
     def touch(self, key: StreamKey, now: datetime) -> None:
         """A read or write reached the stream at `now` (only streams with an expiry)."""

@@ -1,4 +1,5 @@
-"""List the caller's tenant's runs (streams:read): a keyset page in ascending run_id."""
+"""List the caller's tenant's runs (streams:read): a keyset page in ascending run_id, optionally
+only those whose run_id starts with a prefix."""
 
 from __future__ import annotations
 
@@ -28,18 +29,24 @@ class ListRuns:
         self._access = access
 
     async def __call__(
-        self, caller: Caller, after: str | None = None, limit: int = DEFAULT_LIMIT
+        self,
+        caller: Caller,
+        after: str | None = None,
+        limit: int = DEFAULT_LIMIT,
+        prefix: str = "",
     ) -> RunList:
         caller.require("streams:read")
         if not 1 <= limit <= MAX_LIMIT:
             raise errors.InvalidInput(f"limit must be 1 to {MAX_LIMIT}", field="limit")
         if after is not None:
             check_id("after", after)
+        if prefix:
+            check_id("prefix", prefix)  # the start of a run ID is an ID itself
         # One more than asked says whether another page follows.
         if self._access is None:
-            runs = await self._streams.list_runs(caller.tenant, after, limit + 1)
+            runs = await self._streams.list_runs(caller.tenant, after, limit + 1, prefix)
         else:
-            runs = await self._access.live_runs(caller.tenant, after, limit + 1)
+            runs = await self._access.live_runs(caller.tenant, after, limit + 1, prefix)
         more = len(runs) > limit
         runs = runs[:limit]
         return RunList(runs=runs, next_after=runs[-1].run_id if more else None)

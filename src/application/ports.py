@@ -101,8 +101,11 @@ class StreamRepository(Protocol):
         none: a legal hold on any is `LegalHoldActive`. Raises NotFound when the run has no
         stream. Answers the erased keys."""
 
-    async def list_runs(self, tenant: str, after: str | None, limit: int) -> list[RunSummary]:
-        """The tenant's runs with run_id > `after`, ascending, at most `limit`."""
+    async def list_runs(
+        self, tenant: str, after: str | None, limit: int, prefix: str = ""
+    ) -> list[RunSummary]:
+        """The tenant's runs with run_id > `after` (and starting with `prefix`), ascending, at most
+        `limit`."""
 
 
 class AppendReceipts(Protocol):
@@ -153,7 +156,13 @@ class StreamAccess(Protocol):
         recorded last access plus `idle_seconds` plus `grace` has, the longest due first."""
 
     async def live_runs(
-        self, tenant: str, after: str | None, limit: int, now: datetime, slack: timedelta
+        self,
+        tenant: str,
+        after: str | None,
+        limit: int,
+        now: datetime,
+        slack: timedelta,
+        prefix: str = "",
     ) -> list[RunSummary]:
         """`StreamRepository.list_runs` without the streams that answer 404 as expired at `now`
         (past `expires_at`, or past the recorded last access plus `idle_seconds` plus `slack`,

@@ -38,6 +38,17 @@ class InputDeliveryStatus(msgspec.Struct, frozen=True):
     last_error: str | None
 
 
+class OpenObjectView(msgspec.Struct, frozen=True):
+    """An object intent not yet committed, aborted or expired."""
+
+    object_id: str
+    state: str  # prepared or uploaded
+    size: int
+    content_type: str
+    created_at: datetime
+    expires_at: datetime
+
+
 class StreamStateView(msgspec.Struct, frozen=True, omit_defaults=True):
     head: int
     earliest: int
@@ -48,6 +59,7 @@ class StreamStateView(msgspec.Struct, frozen=True, omit_defaults=True):
     total_bytes: int
     consumers: list[ConsumerView]
     credit: Credit
+    open_objects: list[OpenObjectView]
     input_delivery: InputDeliveryStatus | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -102,6 +114,17 @@ def stream_document(
                 for cid, c in sorted(s.consumers.items())
             ],
             credit=stream.credit(),
+            open_objects=[
+                OpenObjectView(
+                    object_id=i.object_id,
+                    state=i.state,
+                    size=i.size,
+                    content_type=i.content_type,
+                    created_at=i.created_at,
+                    expires_at=i.expires_at,
+                )
+                for i in sorted(s.objects.values(), key=lambda i: (i.created_at, i.object_id))
+            ],
             input_delivery=input_delivery,
         ),
     )

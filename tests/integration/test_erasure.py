@@ -287,8 +287,19 @@ async def test_runs_are_listed_by_pages_within_the_tenant(
         assert short["next_after"] == "run-03"
         assert [r["run_id"] for r in (await page())["runs"]] == runs  # default limit 100
         assert (await page(limit=1000))["next_after"] is None
-        for bad in ({"limit": 0}, {"limit": 1001}, {"limit": "x"}, {"after": "no/such id"}):
+        for bad in (
+            {"limit": 0},
+            {"limit": 1001},
+            {"limit": "x"},
+            {"after": "no/such id"},
+            {"prefix": "no/such"},
+        ):
             assert_problem(await mine.get("/runs", params=bad), 400, "invalid-input")
+        by_prefix = await page(prefix="run-0", limit=2, after="run-01")
+        assert [r["run_id"] for r in by_prefix["runs"]] == runs[2:4]
+        assert by_prefix["next_after"] == "run-03"
+        assert [r["run_id"] for r in (await page(prefix="run-04"))["runs"]] == ["run-04"]
+        assert (await page(prefix="run-9"))["runs"] == []  # the other tenant's run-99-…
         assert (await mine.delete("/runs/run-02")).status_code == 204
         left = [r["run_id"] for r in (await page())["runs"]]
         assert left == ["run-00", "run-01", "run-03", "run-04"]

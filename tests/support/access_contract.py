@@ -105,6 +105,15 @@ class StreamAccessContract:
         assert await access.live_runs(tenant, None, 10, NOW, GRACE) == await repo.list_runs(
             tenant, None, 10
         )
+        assert await access.live_runs(
+            tenant, None, 10, NOW, GRACE, prefix=gone.run_id
+        ) == await repo.list_runs(tenant, None, 10, gone.run_id)
+        assert [
+            r.run_id
+            for r in await access.live_runs(
+                tenant, None, 10, NOW + timedelta(seconds=30), GRACE, prefix=gone.run_id
+            )
+        ] == []
         first = min(everything)
         assert set(await listed(0, after=first)) == set(everything) - {first}
         assert len(await listed(0, limit=1)) == 1

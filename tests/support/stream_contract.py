@@ -278,6 +278,22 @@ class StreamRepositoryContract:
         assert [(r.run_id, r.stream_count) for r in rest] == [("r-c", 3)]
         assert await repo.list_runs(tenant, "r-c", 2) == []
 
+    async def test_runs_are_listed_by_prefix(self, repo) -> None:
+        tenant = "tenant-" + new_key().run_id
+        for run_id in ("ab", "a_c", "abc", "abd", "ac", "b"):
+            await repo.create(new_key(tenant)._replace(run_id=run_id), definition(), NOW)
+        await repo.create(new_key("another-" + tenant)._replace(run_id="abx"), definition(), NOW)
+
+        async def listed(prefix: str, after: str | None = None, limit: int = 10) -> list[str]:
+            return [r.run_id for r in await repo.list_runs(tenant, after, limit, prefix)]
+
+        assert await listed("ab") == ["ab", "abc", "abd"]
+        assert await listed("ab", after="ab", limit=1) == ["abc"]
+        assert await listed("ab", after="abc") == ["abd"]
+        assert await listed("a_") == ["a_c"]  # `_` is no wildcard
+        assert await listed("abcd") == []
+        assert set(await listed("")) == {"a_c", "ab", "abc", "abd", "ac", "b"}
+
 
 async def queued_bodies(repo, key) -> list[str]:
     """The storage keys on the deletion outbox for this stream, from either adapter."""

@@ -94,6 +94,12 @@ async def test_runs_are_listed_with_next_after_only_when_more_follow(streams) ->
             await list_runs(READER, limit=limit)
     with pytest.raises(errors.InvalidInput):
         await list_runs(READER, after="no such/id")
+    page = await list_runs(READER, prefix="b")
+    assert [r.run_id for r in page.runs] == ["b"] and page.next_after is None
+    page = await list_runs(READER, prefix="a", limit=1)  # not t2's a0
+    assert [r.run_id for r in page.runs] == ["a"] and page.next_after is None
+    with pytest.raises(errors.InvalidInput):
+        await list_runs(READER, prefix="no such/prefix")
     with pytest.raises(Forbidden):
         await list_runs(Caller(tenant="t1", principal="w", scopes=frozenset()), limit=2)
 

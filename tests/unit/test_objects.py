@@ -171,3 +171,32 @@ async def test_expires_at_is_the_open_intents_deadline_and_null_once_it_is_settl
     other, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request(key="k2"))
     aborted = await s.objects.abort(ALICE, "r", "s", other.object_id)
     assert aborted.state == "aborted" and aborted.expires_at is None
+
+
+async def test_the_stream_document_lists_the_open_intents_oldest_first(app) -> None:
+    _, s = app
+
+    async def open_objects() -> list[tuple[str, str]]:
+        document = await s.get_stream(ALICE, "r", "s")
+        return [(o.object_id, o.state) for o in document.state.open_objects]
+
+    assert await open_objects() == []
+    first, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request(key="a"))
+    second, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request(key="b"))
+    third, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request(key="c"))
+    await s.objects.upload(ALICE, "r", "s", second.object_id, chunks(BODY))
+    assert await open_objects() == [
+        (first.object_id, "prepared"),
+        (second.object_id, "uploaded"),
+        (third.object_id, "prepared"),
+    ]
+    document = await s.get_stream(ALICE, "r", "s")
+    view = document.state.open_objects[0]
+    assert (view.size, view.content_type, view.expires_at) == (
+        len(BODY),
+        "application/pdf",
+        first.expires_at,
+    )
+    await s.objects.commit(ALICE, "r", "s", second.object_id)
+    await s.objects.abort(ALICE, "r", "s", first.object_id)
+    assert await open_objects() == [(third.object_id, "prepared")]

@@ -63,11 +63,21 @@ class MemoryStreamAccess:
         return [key for _, key in sorted(due)[:limit]]
 
     async def live_runs(
-        self, tenant: str, after: str | None, limit: int, now: datetime, slack: timedelta
+        self,
+        tenant: str,
+        after: str | None,
+        limit: int,
+        now: datetime,
+        slack: timedelta,
+        prefix: str = "",
     ) -> list[RunSummary]:
         runs: dict[str, list[datetime]] = {}
         for key in sorted(self._streams.stream_keys()):
-            if key.tenant != tenant or (after is not None and key.run_id <= after):
+            if (
+                key.tenant != tenant
+                or (after is not None and key.run_id <= after)
+                or not key.run_id.startswith(prefix)
+            ):
                 continue
             stream = await self._streams.load(key)
             if stream is None or stream.state.soft_deleted:

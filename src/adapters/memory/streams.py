@@ -302,11 +302,17 @@ class MemoryStreams:
             self._wake.notify(key)
         return keys
 
-    async def list_runs(self, tenant: str, after: str | None, limit: int) -> list[RunSummary]:
+    async def list_runs(
+        self, tenant: str, after: str | None, limit: int, prefix: str = ""
+    ) -> list[RunSummary]:
         runs: dict[str, list[datetime]] = {}
         for key, row in self._rows.items():
             state = decode_state(row.state)
-            if key.tenant == tenant and (after is None or key.run_id > after):
+            if (
+                key.tenant == tenant
+                and (after is None or key.run_id > after)
+                and key.run_id.startswith(prefix)
+            ):
                 if state.soft_deleted:
                     continue
                 created_at = state.created_at

@@ -56,6 +56,7 @@ SELECT s.run_id, count(*), min(s.created_at)
 FROM streams s
 LEFT JOIN stream_access a USING (tenant, run_id, stream_id)
 WHERE s.tenant = $1 AND s.run_id > $2 AND NOT s.soft_deleted
+  AND s.run_id >= $6 AND starts_with(s.run_id, $6)
   AND (a.tenant IS NULL OR s.legal_hold
        OR a.due_at + CASE WHEN a.idle_seconds IS NULL THEN interval '0' ELSE $5::interval END > $4)
 GROUP BY s.run_id ORDER BY s.run_id LIMIT $3
@@ -91,7 +92,13 @@ class PostgresStreamAccess:
         return [StreamKey(r[0], r[1], r[2]) for r in rows]
 
     async def live_runs(
-        self, tenant: str, after: str | None, limit: int, now: datetime, slack: timedelta
+        self,
+        tenant: str,
+        after: str | None,
+        limit: int,
+        now: datetime,
+        slack: timedelta,
+        prefix: str = "",
     ) -> list[RunSummary]:
-        rows = await self._pool.fetch(_LIVE_RUNS, tenant, after or "", limit, now, slack)
+        rows = await self._pool.fetch(_LIVE_RUNS, tenant, after or "", limit, now, slack, prefix)
         return [RunSummary(run_id=r[0], stream_count=r[1], created_at=r[2]) for r in rows]

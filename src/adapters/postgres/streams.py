@@ -202,10 +202,13 @@ SELECT stream_id, definition, state FROM streams
 WHERE tenant = $1 AND run_id = $2 ORDER BY stream_id FOR UPDATE
 """
 
-# A keyset page over the primary key (tenant, run_id, stream_id): one group per run.
+# A keyset page over the primary key (tenant, run_id, stream_id): one group per run. A prefix
+# starts the range at itself (run_id >= prefix keeps it an index range) and ends it at the first
+# run_id that does not start with it.
 _RUNS = """
 SELECT run_id, count(*), min(created_at) FROM streams
 WHERE tenant = $1 AND run_id > $2 AND NOT soft_deleted
+  AND run_id >= $4 AND starts_with(run_id, $4)
 GROUP BY run_id ORDER BY run_id LIMIT $3
 """
 
@@ -459,8 +462,10 @@ class PostgresStreams:
             self.forget(key)
         return keys
 
-    async def list_runs(self, tenant: str, after: str | None, limit: int) -> list[RunSummary]:
-        rows = await self._pool.fetch(_RUNS, tenant, after or "", limit)
+    async def list_runs(
+        self, tenant: str, after: str | None, limit: int, prefix: str = ""
+    ) -> list[RunSummary]:
+        rows = await self._pool.fetch(_RUNS, tenant, after or "", limit, prefix)
         return [RunSummary(run_id=r[0], stream_count=r[1], created_at=r[2]) for r in rows]
 
     async def expired_through(

@@ -18,6 +18,7 @@ from litestar.openapi.plugins import JsonRenderPlugin
 from application.workers import run_workers
 from domain.errors import DomainError
 from entrypoints.config import Settings
+from entrypoints.console.route import ROUTES as CONSOLE_ROUTES
 from entrypoints.container import Container, Services, resolved, start, stop, workers
 from entrypoints.durable_streams.browser import browser_headers
 from entrypoints.durable_streams.routes import DurableStreamsController
@@ -108,6 +109,7 @@ def create_app(container: Container) -> Litestar:
                 healthz,
                 readyz,
                 metrics,
+                *CONSOLE_ROUTES,  # outside the API prefix: the page needs no token to load
             ],
             middleware=[request_middleware],
             lifespan=[lifespan],

@@ -397,9 +397,16 @@ class RunsController(Controller):
                 pattern=ID_PATTERN,
             ),
         ] = None,
+        prefix: Annotated[
+            str | None,
+            Parameter(
+                description="only the runs whose run_id starts with this",
+                pattern=ID_PATTERN,
+            ),
+        ] = None,
     ) -> RunList:
         services, caller = await authenticated(request)
-        return await services.list_runs(caller, after, limit)
+        return await services.list_runs(caller, after, limit, prefix or "")
 
     @delete(
         "/{run_id:str}",

@@ -1,0 +1,54 @@
+"""`GET /console` (the page) and `GET /console/{file}` (its script and style sheet)."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from litestar import Response, get
+from litestar.exceptions import NotFoundException
+
+_STATIC = resources.files(__package__) / "static"
+_MEDIA_TYPES = {
+    "console.js": "text/javascript; charset=utf-8",
+    "console.css": "text/css; charset=utf-8",
+}
+# Only this origin: the page's own script and style, and fetches to the API beside it. Object
+# bodies are downloaded by the script (with the token) and handed to the browser as a blob.
+CONTENT_SECURITY_POLICY = "; ".join(
+    (
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "connect-src 'self'",
+        "img-src 'self'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    )
+)
+HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+def _file(name: str) -> bytes:
+    return (_STATIC / name).read_bytes()
+
+
+@get("/console", include_in_schema=False, sync_to_thread=False)
+def console_page() -> Response[bytes]:
+    return Response(_file("index.html"), media_type="text/html; charset=utf-8", headers=HEADERS)
+
+
+@get("/console/{name:str}", include_in_schema=False, sync_to_thread=False)
+def console_file(name: str) -> Response[bytes]:
+    media_type = _MEDIA_TYPES.get(name)
+    if media_type is None:
+        raise NotFoundException(f"the console has no file {name!r}")
+    return Response(_file(name), media_type=media_type, headers=HEADERS)
+
+
+ROUTES = [console_page, console_file]

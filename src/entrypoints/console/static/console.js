@@ -1,0 +1,560 @@
+// The ductor-streams console. Everything it shows comes from the public HTTP API below
+// /api/workflow-streams, read with the Bearer header like any other client.
+//
+//   token     kept in this tab's sessionStorage (never a cookie, never the URL query); also
+//             taken from the fragment, #token=…&run=…, which is then removed from the address
+//   api()     every request, and the problem+json answer of every error
+//   runs      GET /runs, by prefix, a page at a time
+//   run       GET /runs/{run}/streams every REFRESH_MS: each stream's state
+//   follow    the live view of one stream: SSE read through fetch streaming (EventSource cannot
+//             send a Bearer header), resumed with the last sequence after any cut
+"use strict";
+
+(() => {
+  const API = "/api/workflow-streams";
+  const TOKEN_KEY = "ductor-streams-token";
+  const KEEP = 500; // records kept in the follow view: a page open for hours stays bounded
+  const REFRESH_MS = 2000;
+  const RUNS_PAGE = 50;
+  const $ = (id) => document.getElementById(id);
+  const enc = encodeURIComponent;
+
+  // -- DOM helpers (text only: nothing from the API is ever parsed as HTML) -------------------
+
+  function h(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+      else if (name === "class") node.className = value;
+      else node.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function bytes(n) {
+    if (n === null || n === undefined) return "no limit";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    let v = n;
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i += 1; }
+    return `${i === 0 ? v : v.toFixed(v < 10 ? 1 : 0)} ${units[i]}`;
+  }
+
+  const DATE = new Intl.DateTimeFormat(undefined, { dateStyle: "short", timeStyle: "medium" });
+
+  function when(iso) {
+    if (!iso) return "—";
+    return h("time", { datetime: iso, title: iso }, DATE.format(new Date(iso)));
+  }
+
+  function seconds(s) {
+    if (s === null || s === undefined) return null;
+    if (s % 86400 === 0) return `${s / 86400} d`;
+    if (s % 3600 === 0) return `${s / 3600} h`;
+    if (s % 60 === 0) return `${s / 60} min`;
+    return `${s} s`;
+  }
+
+  // -- token ---------------------------------------------------------------------------------
+
+  const token = () => sessionStorage.getItem(TOKEN_KEY);
+
+  function askToken(why) {
+    const dialog = $("token-dialog");
+    $("token-why").textContent = why
+      ? `${why} Give a bearer token (streams:read); it stays in this tab only, never in a cookie or the address.`
+      : "Give a bearer token (streams:read); it stays in this tab only, never in a cookie or the address.";
+    if (dialog.open) return; // asked already: what is being typed stays
+    $("token-input").value = "";
+    dialog.showModal();
+    $("token-input").focus();
+  }
+
+  function showWho() {
+    $("who").textContent = token() ? "token set for this tab" : "no token";
+  }
+
+  // -- the API and its problems --------------------------------------------------------------
+
+  class Problem extends Error {
+    constructor(status, title, detail, body) {
+      super(`${title}: ${detail}`);
+      this.status = status;
+      this.title = title;
+      this.detail = detail;
+      this.body = body || {};
+    }
+  }
+
+  async function api(path, { headers = {}, signal } = {}) {
+    const t = token();
+    if (!t) {
+      askToken("");
+      throw new Problem(401, "A token is needed", "Give a bearer token to read the API.");
+    }
+    let answer;
+    try {
+      answer = await fetch(API + path, {
+        headers: { ...headers, Authorization: `Bearer ${t}` },
+        signal,
+        cache: "no-store",
+      });
+    } catch (error) {
+      if (error.name === "AbortError") throw error;
+      throw new Problem(0, "The service cannot be reached", String(error.message || error));
+    }
+    if (answer.ok) return answer;
+    let body = {};
+    try { body = await answer.json(); } catch { /* not problem JSON: the status says it */ }
+    const problem = new Problem(
+      answer.status,
+      body.title || `HTTP ${answer.status}`,
+      body.detail || answer.statusText || "",
+      body,
+    );
+    if (answer.status === 401) {
+      $("who").textContent = "token refused";
+      askToken(`${problem.title}: ${problem.detail}.`);
+    }
+    throw problem;
+  }
+
+  const getJson = async (path) => (await api(path)).json();
+
+  function showProblem(problem) {
+    const box = $("problem");
+    box.replaceChildren(
+      h("strong", {}, problem.title || "Error"),
+      problem.detail || String(problem.message || problem),
+    );
+    box.hidden = false;
+  }
+
+  function clearProblem() {
+    $("problem").hidden = true;
+  }
+
+  // -- runs ----------------------------------------------------------------------------------
+
+  let runsAfter = null;
+
+  async function loadRuns(more) {
+    const rows = $("runs-table").tBodies[0];
+    if (!more) { rows.replaceChildren(); runsAfter = null; }
+    const query = new URLSearchParams({ limit: String(RUNS_PAGE) });
+    const prefix = $("runs-prefix").value.trim();
+    if (prefix) query.set("prefix", prefix);
+    if (runsAfter) query.set("after", runsAfter);
+    try {
+      const page = await getJson(`/runs?${query}`);
+      clearProblem();
+      for (const run of page.runs) {
+        rows.append(h("tr", { "data-run": run.run_id },
+          h("td", {}, h("a", { href: `#run=${enc(run.run_id)}` }, run.run_id)),
+          h("td", {}, run.stream_count),
+          h("td", {}, when(run.created_at))));
+      }
+      runsAfter = page.next_after;
+      $("runs-more").hidden = !runsAfter;
+      $("runs-empty").hidden = rows.children.length > 0;
+    } catch (problem) {
+      showProblem(problem);
+    }
+  }
+
+  // -- one run: its streams, refreshed -------------------------------------------------------
+
+  let shownRun = null;
+  let refreshTimer = null;
+
+  function showRun(run) {
+    if (shownRun === run) return;
+    shownRun = run;
+    clearInterval(refreshTimer);
+    $("run-title").textContent = `Run ${run}`;
+    $("streams").replaceChildren();
+    refreshRun();
+    refreshTimer = setInterval(() => { if (!document.hidden) refreshRun(); }, REFRESH_MS);
+  }
+
+  function leaveRun() {
+    shownRun = null;
+    clearInterval(refreshTimer);
+  }
+
+  let refreshing = null; // the run being read: a slow answer is not asked again on top of itself
+
+  async function refreshRun() {
+    const run = shownRun;
+    if (refreshing === run) return;
+    refreshing = run;
+    try {
+      const list = await getJson(`/runs/${enc(run)}/streams`);
+      // An input stream's delivery status is in its own document, not in the run's list.
+      const streams = await Promise.all(list.streams.map((s) => (s.direction === "input"
+        ? getJson(`/runs/${enc(run)}/streams/${enc(s.stream_id)}`) : s)));
+      if (run !== shownRun) return;
+      clearProblem();
+      renderStreams(run, streams);
+      $("run-refreshed").textContent = `Last: ${new Date().toLocaleTimeString()}.`;
+    } catch (problem) {
+      if (run === shownRun) showProblem(problem);
+    } finally {
+      if (refreshing === run) refreshing = null;
+    }
+  }
+
+  function renderStreams(run, streams) {
+    const box = $("streams");
+    const cards = new Map([...box.children].map((card) => [card.dataset.stream, card]));
+    for (const stream of streams) {
+      let card = cards.get(stream.stream_id);
+      cards.delete(stream.stream_id);
+      if (!card) {
+        // The heading and its button stay put across refreshes: keyboard focus is kept.
+        const title = h("h3", {}, h("span", {}, stream.stream_id),
+          h("button", {
+            type: "button",
+            "aria-label": `Follow stream ${stream.stream_id}`,
+            onclick: () => {
+              const head = Number(card.dataset.head);
+              location.hash = `run=${enc(run)}&stream=${enc(stream.stream_id)}&from=${Math.max(0, head - 100)}`;
+            },
+          }, "Follow"));
+        card = h("article", { class: "stream", "data-stream": stream.stream_id }, title, h("div"));
+        box.append(card);
+      }
+      card.dataset.head = stream.state.head;
+      card.lastChild.replaceWith(streamDetails(stream));
+    }
+    for (const gone of cards.values()) gone.remove();
+    if (!streams.length) box.replaceChildren(h("p", {}, "This run has no streams."));
+  }
+
+  function field(name, label, ...value) {
+    return [h("dt", {}, label), h("dd", { "data-field": name }, ...value)];
+  }
+
+  function creditBar(name, unread, max, show) {
+    return field(name, name === "items" ? "Unread items" : "Unread bytes",
+      h("meter", { min: 0, max, value: unread, "aria-label": `${name} unread of ceiling` }),
+      ` ${show(unread)} of ${show(max)}`);
+  }
+
+  function streamDetails(stream) {
+    const { state, limits, retention, expiry, placement } = stream;
+    const hold = state.legal_hold;
+    const tags = h("p", {},
+      h("span", { class: "tag" }, stream.direction), " ",
+      h("span", { class: "tag" }, stream.content_class), " ",
+      h("span", { class: `tag ${state.closed ? "closed" : "open"}` }, state.closed ? "closed" : "open"), " ",
+      hold.enabled ? h("span", { class: "tag hold" }, "legal hold") : null);
+    const keep = [
+      retention.max_age_seconds !== null ? `at most ${seconds(retention.max_age_seconds)} old` : null,
+      retention.max_records !== null ? `the last ${retention.max_records} records` : null,
+    ].filter(Boolean).join(", ") || "everything";
+    const expires = expiry.idle_seconds !== null
+      ? `after ${seconds(expiry.idle_seconds)} without reads or writes`
+      : expiry.expires_at ? ["at ", when(expiry.expires_at)] : "never";
+    const list = h("dl", {},
+      field("head", "Head", state.head),
+      field("earliest", "Earliest", state.earliest),
+      field("closed", "Closed", state.closed ? ["yes, ", when(state.closed_at)] : "no"),
+      field("legal-hold", "Legal hold", hold.enabled
+        ? [`on: ${hold.reason || "(no reason)"}, since `, when(hold.updated_at)]
+        : "off"),
+      field("totals", "Total", `${state.total_items} records, ${bytes(state.total_bytes)}`),
+      creditBar("items", state.credit.unread_items, state.credit.max_unread_items, String),
+      creditBar("bytes", state.credit.unread_bytes, state.credit.max_unread_bytes, bytes),
+      field("policy", "When full", limits.unread_policy === "block"
+        ? `block up to ${limits.block_timeout_seconds} s` : "reject (429)"),
+      field("retention", "Retention", `keep ${keep}`),
+      field("expiry", "Expiry", expires),
+      field("placement", "Placement",
+        `home ${placement.metadata_home}`,
+        placement.metadata_replicas.length ? `, replicas ${placement.metadata_replicas.join(" ")}` : "",
+        `, objects in ${placement.object_regions.join(" ")}, egress ${placement.client_egress_regions.join(" ")}, logs ${placement.log_region}`),
+      state.input_delivery ? field("input-delivery", "Input delivery",
+        `delivered through ${state.input_delivery.delivered_through}, ${state.input_delivery.pending} pending`,
+        state.input_delivery.last_error
+          ? h("span", { class: "bad" }, `, last error: ${state.input_delivery.last_error}`)
+          : "") : null);
+    return h("div", {}, tags, list,
+      table("Consumers", ["Consumer", "Acked", "Lag"], state.consumers.map((c) =>
+        h("tr", { "data-consumer": c.consumer_id },
+          h("td", {}, c.consumer_id), h("td", {}, c.acked_sequence),
+          h("td", { "data-lag": "" }, state.head - c.acked_sequence)))),
+      table("Open objects", ["Object", "State", "Size", "Upload by"], (state.open_objects || []).map((o) =>
+        h("tr", { "data-object": o.object_id },
+          h("td", { class: "mono", title: o.object_id }, `${o.object_id.slice(0, 16)}…`),
+          h("td", {}, o.state),
+          h("td", {}, bytes(o.size)), h("td", {}, when(o.expires_at))))));
+  }
+
+  function table(caption, heads, rows) {
+    if (!rows.length) return h("p", {}, `${caption}: none.`);
+    return h("table", {}, h("caption", { class: "hint" }, caption),
+      h("thead", {}, h("tr", {}, heads.map((x) => h("th", { scope: "col" }, x)))),
+      h("tbody", {}, rows));
+  }
+
+  // -- follow: the live view of one stream ---------------------------------------------------
+
+  const follow = {
+    run: null,
+    stream: null,
+    last: 0, // the last sequence shown: every (re)connection asks for what follows it
+    generation: 0, // bumped by start and stop: a superseded loop ends at its next step
+    controller: null,
+    active: false,
+    from: 0, // where this view started
+    reconnects: 0,
+    gaps: 0,
+
+    start(run, stream, cursor) {
+      this.stop();
+      Object.assign(this, { run, stream, from: cursor, last: cursor, reconnects: 0, gaps: 0 });
+      this.active = true;
+      $("follow-title").textContent = `Follow ${stream}`;
+      $("follow-from").value = String(cursor);
+      $("records").replaceChildren();
+      this.loop(this.generation);
+    },
+
+    stop() {
+      this.active = false;
+      this.generation += 1;
+      if (this.controller) this.controller.abort();
+      this.controller = null;
+    },
+
+    status(text, live) {
+      const line = $("follow-status");
+      line.textContent = `${text} Last sequence shown: ${this.last}. Reconnects: ${this.reconnects}. Gaps: ${this.gaps}.`;
+      line.className = live ? "live" : "down";
+    },
+
+    async loop(generation) {
+      let delay = 250;
+      while (generation === this.generation) {
+        this.controller = new AbortController();
+        let ended = null;
+        try {
+          const answer = await api(
+            `/runs/${enc(this.run)}/streams/${enc(this.stream)}/subscribe?cursor=${this.last}`,
+            { headers: { Accept: "text/event-stream", "Last-Event-ID": String(this.last) },
+              signal: this.controller.signal });
+          this.status("Live.", true);
+          delay = 250;
+          ended = await this.read(answer.body, generation);
+        } catch (error) {
+          if (generation !== this.generation) return;
+          // A refusal that retrying cannot mend (no token, no such stream, cursor expired):
+          // say so and stop. Anything else (a restart, a dropped connection, 503) is retried.
+          if (error instanceof Problem && error.status >= 400 && error.status < 500
+              && error.status !== 429) {
+            showProblem(error);
+            this.active = false;
+            this.status(`Stopped: ${error.title}.`, false);
+            return;
+          }
+        }
+        if (generation !== this.generation) return;
+        if (ended) {
+          this.active = false;
+          this.status(ended, false);
+          return;
+        }
+        this.reconnects += 1;
+        this.status("Connection lost; reconnecting…", false);
+        await new Promise((resolve) => { setTimeout(resolve, delay); });
+        delay = Math.min(delay * 2, 4000);
+      }
+    },
+
+    // Reads `text/event-stream` from the response body; answers how the stream ended (closed,
+    // gone, deleted) or null when the connection was cut.
+    async read(body, generation) {
+      const reader = body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      let event = {};
+      try {
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done || generation !== this.generation) return null;
+          buffer += decoder.decode(value, { stream: true });
+          const lines = buffer.split("\n");
+          buffer = lines.pop(); // an incomplete line waits for the next chunk
+          const batch = []; // this chunk's records, rendered together
+          let ended = null;
+          for (let line of lines) {
+            if (line.endsWith("\r")) line = line.slice(0, -1);
+            if (line === "") {
+              ended = this.dispatch(event, batch);
+              event = {};
+              if (ended) break;
+            } else if (!line.startsWith(":")) { // a comment line is a heartbeat
+              const colon = line.indexOf(":");
+              const name = colon < 0 ? line : line.slice(0, colon);
+              let text = colon < 0 ? "" : line.slice(colon + 1);
+              if (text.startsWith(" ")) text = text.slice(1);
+              if (name === "data") event.data = event.data === undefined ? text : `${event.data}\n${text}`;
+              else if (name === "event" || name === "id") event[name] = text;
+            }
+          }
+          if (batch.length) {
+            showRecords(this.run, this.stream, batch);
+            this.status("Live.", true);
+          }
+          if (ended) return ended;
+        }
+      } finally {
+        reader.cancel().catch(() => {});
+      }
+    },
+
+    dispatch(event, batch) {
+      if (event.event === "record") {
+        const sequence = Number(event.id);
+        if (!(sequence > this.last)) return null; // already shown: never twice
+        if (sequence !== this.last + 1) this.gaps += 1;
+        this.last = sequence;
+        batch.push(JSON.parse(event.data));
+        if (batch.length > KEEP) batch.shift(); // would leave the view at once
+        return null;
+      }
+      if (event.event === "closed") return `The stream is closed; every record was shown (head ${JSON.parse(event.data).head}).`;
+      if (event.event === "deleted") return "The stream was deleted.";
+      if (event.event === "gone") {
+        const gone = JSON.parse(event.data);
+        showProblem({ title: "Retention overtook this view", detail: `the earliest record now is ${gone.earliest}; follow again from ${gone.earliest - 1}` });
+        return "Stopped: retention removed records not yet shown.";
+      }
+      return null;
+    },
+  };
+
+  function showRecords(run, stream, records) {
+    const list = $("records");
+    const atBottom = list.scrollTop + list.clientHeight >= list.scrollHeight - 8;
+    const items = document.createDocumentFragment();
+    for (const record of records) {
+      items.append(h("li", { "data-seq": record.sequence },
+        h("div", { class: "meta" }, h("strong", {}, `#${record.sequence}`), h("br"),
+          when(record.appended_at), h("br"), `${record.content_type}, ${bytes(record.size)}`),
+        recordBody(run, stream, record)));
+    }
+    list.append(items);
+    for (let extra = list.children.length - KEEP; extra > 0; extra -= 1) list.firstElementChild.remove();
+    if (atBottom) list.scrollTop = list.scrollHeight;
+  }
+
+  const TEXTUAL = /^text\/|[/+]json\b|^application\/(xml|x-ndjson|javascript)\b/;
+
+  function recordBody(run, stream, record) {
+    if ("data" in record) return h("pre", { class: "json" }, JSON.stringify(record.data, null, 2));
+    if ("object" in record) {
+      const o = record.object;
+      const path = `/runs/${enc(run)}/streams/${enc(stream)}/objects/${enc(o.object_id)}/body`;
+      return h("div", { class: "object" }, `object ${o.object_id}, ${o.content_type}, ${bytes(o.size)} `,
+        h("a", { href: API + path, download: o.object_id, onclick: (e) => { e.preventDefault(); download(path, o); } },
+          "Download body"));
+    }
+    const raw = atob(record.data_base64);
+    const octets = Uint8Array.from(raw, (c) => c.charCodeAt(0));
+    if (TEXTUAL.test(record.content_type)) {
+      try {
+        return h("pre", { class: "text" }, new TextDecoder("utf-8", { fatal: true }).decode(octets));
+      } catch { /* not UTF-8 after all: shown as bytes */ }
+    }
+    const shown = [...octets.subarray(0, 1024)].map((b) => b.toString(16).padStart(2, "0"));
+    const lines = [];
+    for (let i = 0; i < shown.length; i += 16) lines.push(shown.slice(i, i + 16).join(" "));
+    if (octets.length > 1024) lines.push(`… ${octets.length - 1024} more bytes`);
+    return h("pre", { class: "hex" }, lines.join("\n"));
+  }
+
+  async function download(path, object) {
+    try {
+      const blob = await (await api(path)).blob();
+      const url = URL.createObjectURL(blob);
+      const link = h("a", { href: url, download: object.object_id, hidden: true });
+      document.body.append(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60_000);
+    } catch (problem) {
+      showProblem(problem);
+    }
+  }
+
+  // -- where we are: the fragment ------------------------------------------------------------
+
+  function route() {
+    const params = new URLSearchParams(location.hash.slice(1));
+    if (params.has("token")) {
+      // Taken into this tab's storage and out of the address (and its history).
+      sessionStorage.setItem(TOKEN_KEY, params.get("token"));
+      params.delete("token");
+      history.replaceState(null, "", `${location.pathname}${location.search}#${params}`);
+      showWho();
+    }
+    const run = params.get("run");
+    const stream = params.get("stream");
+    $("runs-view").hidden = Boolean(run);
+    $("run-view").hidden = !run;
+    $("follow-view").hidden = !(run && stream);
+    if (!run) {
+      leaveRun();
+      follow.stop();
+      loadRuns(false);
+      return;
+    }
+    showRun(run);
+    if (!stream) { follow.stop(); return; }
+    const from = Math.max(0, Number.parseInt(params.get("from") || "0", 10) || 0);
+    if (!follow.active || follow.run !== run || follow.stream !== stream || follow.from !== from) {
+      follow.start(run, stream, from);
+    }
+  }
+
+  function restart() {
+    // A new token: everything is read again with it.
+    shownRun = null;
+    follow.run = null;
+    route();
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("follow-keep").textContent = String(KEEP);
+    $("token-form").addEventListener("submit", () => {
+      const value = $("token-input").value.trim();
+      if (!value) return;
+      sessionStorage.setItem(TOKEN_KEY, value);
+      showWho();
+      clearProblem();
+      restart();
+    });
+    $("change-token").addEventListener("click", () => askToken(""));
+    $("runs-search").addEventListener("submit", (e) => { e.preventDefault(); loadRuns(false); });
+    $("runs-more").addEventListener("click", () => loadRuns(true));
+    $("follow-form").addEventListener("submit", (e) => {
+      e.preventDefault();
+      const from = Math.max(0, Number.parseInt($("follow-from").value, 10) || 0);
+      follow.start(follow.run, follow.stream, from);
+      const params = new URLSearchParams(location.hash.slice(1));
+      params.set("from", String(from));
+      history.replaceState(null, "", `#${params}`);
+    });
+    $("follow-stop").addEventListener("click", () => { follow.stop(); follow.status("Stopped.", false); });
+    window.addEventListener("hashchange", route);
+    showWho();
+    route();
+  });
+})();
