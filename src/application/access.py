@@ -20,6 +20,10 @@ class Caller(msgspec.Struct, frozen=True):
     tenant: str
     principal: str
     scopes: frozenset[str]
+    # Which token authenticated this caller (its public id) and when it expires on this
+    # process's monotonic clock: an open connection ends when that token is revoked or expires.
+    token_id: str | None = None
+    token_deadline: float | None = None
 
     def require(self, scope: Scope) -> None:
         if scope not in self.scopes:

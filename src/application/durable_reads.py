@@ -15,17 +15,19 @@ import msgspec
 
 from application.access import Caller, require_reader
 from application.definitions import Definitions
-from application.errors import NotFound
+from application.errors import NotFound, Unauthenticated
 from application.live import (
     Delivery,
     LiveTails,
     Overtaken,
     RecordsDelivered,
+    Revoked,
     StreamEnded,
     StreamGone,
 )
 from application.ports import Position, RecordReader, StoredRecord
 from application.read_records import check_cursor
+from application.tokens import Lease, TokenCache
 from domain import errors
 from domain.definition import StreamDefinition
 from domain.stream import StreamKey
@@ -56,11 +58,14 @@ class DurableReads:
         reader: RecordReader,
         tails: LiveTails,
         heartbeat_seconds: float = 15.0,
+        tokens: TokenCache | None = None,
     ) -> None:
         self._definitions = definitions
         self._reader = reader
         self._tails = tails
         self._heartbeat = heartbeat_seconds
+        # A wait or a follow ends once the token it was opened with is revoked or expires.
+        self._tokens = tokens or TokenCache()
 
     async def open(
         self, caller: Caller, run_id: str, stream_id: str
@@ -85,10 +90,18 @@ class DurableReads:
         check_cursor(cursor, position.head, position.earliest)
         return Page(position, records)
 
-    async def wait(self, key: StreamKey, cursor: int, timeout: float) -> Waited:
+    async def wait(self, key: StreamKey, cursor: int, timeout: float, *, caller: Caller) -> Waited:
         """The first records after `cursor` appended within `timeout` seconds, on the shared
-        tail; or none, at once when the stream is (or becomes) closed at `cursor`."""
-        follow = self._tails.follow(key, cursor, max(self._heartbeat, timeout + 1))
+        tail; or none, at once when the stream is (or becomes) closed at `cursor`. Refused
+        (401) as soon as `caller`'s token is revoked or expires meanwhile."""
+        lease = self._tokens.hold(caller)
+        try:
+            return await self._wait(key, cursor, timeout, lease)
+        finally:
+            self._tokens.release(lease)
+
+    async def _wait(self, key: StreamKey, cursor: int, timeout: float, lease: Lease) -> Waited:
+        follow = self._tails.follow(key, cursor, max(self._heartbeat, timeout + 1), lease)
         head, closed = cursor, False
         try:
             async with contextlib.aclosing(follow), asyncio.timeout(timeout):
@@ -112,19 +125,30 @@ class DurableReads:
                             )
                         case StreamGone():
                             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+                        case Revoked():
+                            raise Unauthenticated("unknown, revoked or expired token")
         except TimeoutError:
             pass
         return Waited([], head, closed)
 
-    def follow(
-        self, key: StreamKey, definition: StreamDefinition, cursor: int
+    async def follow(
+        self, key: StreamKey, definition: StreamDefinition, cursor: int, *, caller: Caller
     ) -> AsyncGenerator[Delivery, None]:
         """Every record after `cursor`, live (see `LiveTails.follow`); each delivery and
-        heartbeat is an access, so an open follower keeps an idle-expiring stream alive. The
-        caller closes it (`contextlib.aclosing`)."""
-        return self._definitions.access.keep_touching(
-            key, definition, self._tails.follow(key, cursor, self._heartbeat)
-        )
+        heartbeat is an access, so an open follower keeps an idle-expiring stream alive. It
+        ends with `Revoked` once `caller`'s token is revoked or expires. The caller closes it
+        (`contextlib.aclosing`)."""
+        lease = self._tokens.hold(caller)
+        try:
+            async with contextlib.aclosing(
+                self._definitions.access.keep_touching(
+                    key, definition, self._tails.follow(key, cursor, self._heartbeat, lease)
+                )
+            ) as follow:
+                async for delivery in follow:
+                    yield delivery
+        finally:
+            self._tokens.release(lease)
 
     def live_position(self, key: StreamKey) -> tuple[int, bool] | None:
         """The head and closure the shared tail last read (None when nobody follows)."""

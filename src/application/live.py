@@ -20,6 +20,7 @@ from datetime import datetime
 import msgspec
 
 from application.ports import RecordReader, StoredRecord
+from application.tokens import Lease
 from application.wake import WakeRegistry
 from domain.stream import StreamKey
 
@@ -80,7 +81,11 @@ class StreamGone(msgspec.Struct, frozen=True):
     """The stream was deleted: nothing more comes, whatever was not delivered yet."""
 
 
-Delivery = RecordsDelivered | Idle | StreamEnded | Overtaken | StreamGone
+class Revoked(msgspec.Struct, frozen=True):
+    """The token this follower was admitted with was revoked or expired: nothing more comes."""
+
+
+Delivery = RecordsDelivered | Idle | StreamEnded | Overtaken | StreamGone | Revoked
 
 
 class Signal:
@@ -329,18 +334,24 @@ class LiveTails:
                 await tail.stop()  # also a deleted tail a newer one replaced
 
     async def follow(
-        self, key: StreamKey, cursor: int, heartbeat_seconds: float
+        self, key: StreamKey, cursor: int, heartbeat_seconds: float, lease: Lease | None = None
     ) -> AsyncIterator[Delivery]:
         """Every record with sequence > cursor, ascending, without gaps or duplicates; `Idle`
         while nothing happens; then `StreamEnded` once closed and delivered, or `Overtaken`, or
-        `StreamGone` once the stream is deleted."""
+        `StreamGone` once the stream is deleted, or `Revoked` once `lease` ends (its token was
+        revoked or expired: checked before each delivery, and its end wakes the follower)."""
         async with self.joined(key) as tail:
+            if lease is not None:
+                lease.on_end(tail.wake_followers)
             tail.beat_every(heartbeat_seconds)
             await tail.ready.wait()
             last = cursor
             spoke = tail.ticks  # the tick of this follower's last word
             while not self.ending:
                 changed = tail.changed  # taken before looking, so no change is missed
+                if lease is not None and lease.ended:
+                    yield Revoked()
+                    return
                 if tail.deleted:
                     yield StreamGone()
                     return
@@ -366,6 +377,8 @@ class LiveTails:
                 if records := delivery.records:
                     if records[0].sequence != last + 1:
                         continue  # the ring moved on meanwhile: reread from the source
+                    if lease is not None and lease.ended:
+                        continue  # revoked while reading: said at the top, nothing delivered
                     last = records[-1].sequence
                     spoke = tail.ticks
                     yield delivery

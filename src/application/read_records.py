@@ -7,10 +7,11 @@ from datetime import datetime
 
 from application.access import Caller, require_reader
 from application.definitions import Definitions
-from application.errors import NotFound
+from application.errors import NotFound, Unauthenticated
 from application.ports import Position, RecordReader
+from application.tokens import Lease, TokenCache
 from application.views import RecordsPage, record_view
-from application.wake import WakeRegistry
+from application.wake import Listener, WakeRegistry
 from domain import errors
 from domain.definition import MAX_SEQUENCE
 from domain.stream import StreamKey
@@ -20,8 +21,16 @@ MAX_WAIT_SECONDS = 60
 
 
 class ReadRecords:
-    def __init__(self, definitions: Definitions, reader: RecordReader, wake: WakeRegistry) -> None:
+    def __init__(
+        self,
+        definitions: Definitions,
+        reader: RecordReader,
+        wake: WakeRegistry,
+        tokens: TokenCache | None = None,
+    ) -> None:
         self._definitions = definitions
+        # A waiting read is refused (401) once its token is revoked or expires meanwhile.
+        self._tokens = tokens or TokenCache()
         self._reader = reader
         self._wake = wake
 
@@ -50,20 +59,40 @@ class ReadRecords:
         deadline = time.monotonic() + wait
         # Listen before reading, so an append committed between the read and the wait still
         # wakes this reader.
-        with self._wake.listen(key) as listener:
-            created_at = None
-            while True:
-                if listener.deleted:
-                    raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-                remaining = deadline - time.monotonic()
-                page = await self._page(key, cursor, limit, wait_more=remaining > 0)
-                if isinstance(page, RecordsPage):
-                    return page
-                if created_at is not None and page != created_at:
-                    # Deleted while waiting, and created again since: another stream.
-                    raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-                created_at = page
-                await listener.wait(remaining)
+        lease = self._tokens.hold(caller)
+        try:
+            with self._wake.listen(key) as listener:
+                lease.on_end(listener.wake)
+                return await self._wait(key, cursor, limit, deadline, listener, lease)
+        finally:
+            self._tokens.release(lease)
+
+    async def _wait(
+        self,
+        key: StreamKey,
+        cursor: int,
+        limit: int,
+        deadline: float,
+        listener: Listener,
+        lease: Lease,
+    ) -> RecordsPage:
+        created_at = None
+        while True:
+            if lease.ended:
+                raise Unauthenticated("unknown, revoked or expired token")
+            if listener.deleted:
+                raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+            remaining = deadline - time.monotonic()
+            page = await self._page(key, cursor, limit, wait_more=remaining > 0)
+            if lease.ended:
+                raise Unauthenticated("unknown, revoked or expired token")
+            if isinstance(page, RecordsPage):
+                return page
+            if created_at is not None and page != created_at:
+                # Deleted while waiting, and created again since: another stream.
+                raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+            created_at = page
+            await listener.wait(remaining)
 
     async def _page(
         self, key: StreamKey, cursor: int, limit: int, *, wait_more: bool

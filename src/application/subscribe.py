@@ -12,6 +12,7 @@ from application.errors import NotFound
 from application.live import Delivery, LiveTails
 from application.ports import RecordReader
 from application.read_records import check_cursor, require_live
+from application.tokens import TokenCache
 from domain import errors
 from domain.definition import MAX_SEQUENCE, StreamDefinition
 from domain.stream import StreamKey
@@ -73,12 +74,15 @@ class Subscribe:
         tails: LiveTails,
         slots: SubscriptionSlots,
         heartbeat_seconds: float = 15.0,
+        tokens: TokenCache | None = None,
     ) -> None:
         self._definitions = definitions
         self._reader = reader
         self._tails = tails
         self._slots = slots
         self._heartbeat = heartbeat_seconds
+        # The subscription ends (`Revoked`) once its token is revoked or expires.
+        self._tokens = tokens or TokenCache()
 
     async def __call__(
         self, caller: Caller, run_id: str, stream_id: str, cursor: int
@@ -88,17 +92,18 @@ class Subscribe:
         key, definition = await self._checked(caller, run_id, stream_id, cursor)
 
         async def deliveries(slot: Slot) -> AsyncGenerator[Delivery, None]:
+            lease = self._tokens.hold(caller)
             try:
                 # Each delivery and heartbeat is an access: an open subscription keeps an
                 # idle-expiring stream alive.
+                follow = self._tails.follow(key, cursor, self._heartbeat, lease)
                 async with contextlib.aclosing(
-                    self._definitions.access.keep_touching(
-                        key, definition, self._tails.follow(key, cursor, self._heartbeat)
-                    )
+                    self._definitions.access.keep_touching(key, definition, follow)
                 ) as follow:
                     async for delivery in follow:
                         yield delivery
             finally:
+                self._tokens.release(lease)
                 self._slots.release(caller, slot)
 
         return deliveries(self._slots.admit(caller))

@@ -8,15 +8,23 @@ query per request. A revocation reaches the other processes as a notification: t
 hands it to `TokenCache.forget`, and forgets the whole cache whenever it (re)connects, since a
 notification may have been missed meanwhile. While the bus is not listening, a remembered token
 is trusted for at most `UNCONFIRMED_TTL_SECONDS`, so a revocation still takes effect everywhere
-within 2 seconds."""
+within 2 seconds.
+
+A connection that stays open (an SSE follower, a long-poll) holds a `Lease` on its token from
+the cache: when the token is forgotten as revoked, or reaches its expiry, each of its leases
+ends and wakes its connection, which then ends too. Nothing is looked up per delivery: a
+follower only reads its lease's `ended` flag."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 import secrets
 import time
 from collections.abc import Callable
+
+import msgspec
 
 from application.access import SCOPES, Caller
 from application.errors import NotFound, Unauthenticated
@@ -37,6 +45,8 @@ UNCONFIRMED_TTL_SECONDS = 1.0
 
 # Beyond this many remembered tokens, the cache starts over (a flood of distinct tokens).
 MAX_CACHED = 10_000
+# How many of the latest revocations a cache keeps in mind for leases taken just after them.
+MAX_REVOKED = 1_024
 
 
 def token_hash(token: str) -> bytes:
@@ -107,6 +117,33 @@ class ListTokens:
         return await self._tokens.list(tenant)
 
 
+class Lease:
+    """An open connection's hold on the token it was admitted with. `ended` turns true once the
+    token is revoked or expires; `on_end` names what wakes the connection then."""
+
+    __slots__ = ("_timer", "_wake", "ended", "token_id")
+
+    def __init__(self, token_id: str | None) -> None:
+        self.token_id = token_id
+        self.ended = False
+        self._wake: Callable[[], None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def on_end(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+        if self.ended:
+            wake()
+
+    def end(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._wake is not None:
+            self._wake()
+
+
 class TokenCache:
     """Tokens this process resolved, by id: trusted for `ttl_seconds` (never past the token's
     expiry) while revocations are heard, and for at most `UNCONFIRMED_TTL_SECONDS` otherwise."""
@@ -124,6 +161,46 @@ class TokenCache:
         self._known: dict[str, tuple[bytes, Caller, float, float]] = {}
         self._generation = 0  # moves on every forget: a lookup begun before is not remembered
         self.live = False  # revocations are being heard (set by the wake bus)
+        self._leases: dict[str, set[Lease]] = {}  # token id -> the open connections holding it
+        # The latest revocations heard: a connection authenticated just before one, and holding
+        # its lease only just after, ends at once instead of missing it.
+        self._revoked: dict[str, None] = {}
+
+    def now(self) -> float:
+        return self._clock()
+
+    def hold(self, caller: Caller) -> Lease:
+        """A lease for a connection that stays open on `caller`'s token; `release` it."""
+        lease = Lease(caller.token_id)
+        if caller.token_id is None:
+            return lease
+        self._leases.setdefault(caller.token_id, set()).add(lease)
+        if caller.token_id in self._revoked:
+            lease.end()
+        if caller.token_deadline is not None:
+            delay = caller.token_deadline - self._clock()
+            if delay <= 0:
+                lease.end()
+            else:
+                lease._timer = asyncio.get_running_loop().call_later(delay, lease.end)
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        if lease._timer is not None:
+            lease._timer.cancel()
+        held = self._leases.get(lease.token_id or "")
+        if held is not None:
+            held.discard(lease)
+            if not held:
+                del self._leases[lease.token_id or ""]
+
+    def held_ids(self) -> list[str]:
+        """The ids of the tokens open connections hold."""
+        return list(self._leases)
+
+    def held(self) -> int:
+        """How many open connections hold a lease."""
+        return sum(len(h) for h in self._leases.values())
 
     @property
     def generation(self) -> int:
@@ -153,8 +230,14 @@ class TokenCache:
         self._known[token_id(digest)] = (digest, caller, now, now + ttl)
 
     def forget(self, token_id: str) -> None:
+        """The token was revoked: forget it, and end every open connection that holds it."""
         self._generation += 1
         self._known.pop(token_id, None)
+        self._revoked[token_id] = None
+        if len(self._revoked) > MAX_REVOKED:
+            del self._revoked[next(iter(self._revoked))]
+        for lease in self._leases.pop(token_id, ()):
+            lease.end()
 
     def forget_all(self) -> None:
         self._generation += 1
@@ -192,5 +275,11 @@ class Authenticate:
         found = await self._tokens.find(digest)
         if found is None:
             raise Unauthenticated("unknown, revoked or expired token")
-        self._cache.remember(digest, found.caller, found.expires_in_seconds, generation)
-        return found.caller
+        expires_in = found.expires_in_seconds
+        caller = msgspec.structs.replace(
+            found.caller,
+            token_id=token_id(digest),
+            token_deadline=None if expires_in is None else self._cache.now() + expires_in,
+        )
+        self._cache.remember(digest, caller, expires_in, generation)
+        return caller

@@ -214,7 +214,9 @@ class Container(containers.DeclarativeContainer):
     create_stream = providers.Singleton(CreateStream, streams, clock, deployment, access_log)
     list_streams = providers.Singleton(ListStreams, streams, deployment, access_log, stream_access)
     append_records = providers.Singleton(AppendRecords, definitions, commits, wake, clock)
-    read_records = providers.Singleton(ReadRecords, definitions, streams, wake)  # reads pages too
+    read_records = providers.Singleton(
+        ReadRecords, definitions, streams, wake, token_cache
+    )  # reads pages too
     acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
     close_stream = providers.Singleton(CloseStream, definitions, commits, clock)
     set_legal_hold = providers.Singleton(SetLegalHold, definitions, commits, clock)
@@ -335,6 +337,7 @@ class Container(containers.DeclarativeContainer):
         streams,
         tails,
         heartbeat_seconds=settings.provided.sse_heartbeat_seconds,
+        tokens=token_cache,
     )
     subscribe = providers.Singleton(
         Subscribe,
@@ -343,6 +346,7 @@ class Container(containers.DeclarativeContainer):
         tails,
         subscription_slots,
         heartbeat_seconds=settings.provided.sse_heartbeat_seconds,
+        tokens=token_cache,
     )
 
 

@@ -327,3 +327,41 @@ def test_every_line_the_service_logs_is_one_json_object(
     assert any(line.get("stream_id") == "s" and line.get("run_id") == run_id for line in lines)
     assert any("pruned" in line["msg"] for line in lines), lines  # a worker's line
     assert "experimental" not in out + err
+
+
+def start_serving(env: dict[str, str], port: int) -> subprocess.Popen[str]:
+    process = serve(env, "--port", str(port))
+    deadline = time.monotonic() + 90
+    while not ready(port):
+        if process.poll() is not None:
+            pytest.fail(f"serve exited:\n{process.communicate()}")
+        assert time.monotonic() < deadline, "serve did not become ready"
+        time.sleep(0.2)
+    return process
+
+
+def test_a_server_that_reuses_the_postgresql_a_killed_one_left_stops_it_on_sigterm(
+    embedded_dir: Path,
+) -> None:
+    """`kill -9` leaves the embedded PostgreSQL running (nothing could stop it); the next
+    `serve` of that data directory takes it over, so its own SIGTERM stops it."""
+    port = free_port()
+    env = service_env(embedded_dir)
+    first = start_serving(env, port)
+    second = None
+    try:
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+        assert any("postgres" in p.name() for p in processes_of(embedded_dir))  # it survived
+        second = start_serving(env, port)
+        second.send_signal(signal.SIGTERM)
+        second.wait(30)
+        deadline = time.monotonic() + 30
+        while (left := processes_of(embedded_dir, port)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, [p.info["cmdline"] for p in left]
+        assert not (embedded_dir / "pg" / "postmaster.pid").exists()
+    finally:
+        for process in (first, second):
+            if process is not None:
+                with_group_gone(process, embedded_dir, port)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import httpx
 import pytest
 
 from application.tokens import token_hash, token_id
-from tests.conftest import SERVER_ENV, Tokens
+from tests.conftest import SERVER_ENV, Tokens, api_client
 from tests.support.server import ServerProcess
 
 CLI = str(Path(sys.executable).parent / "ductor-streams")
@@ -234,3 +235,84 @@ async def test_a_revocation_missed_by_the_bus_is_forgotten_when_it_reconnects(
                 await asyncio.sleep(0.05)
     for replica in (server, server_b):
         assert await status(replica, token) == 401
+
+
+@pytest.fixture
+def patient_server(database_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server whose protocol long-polls wait 30 s (the shared one's wait 1 s)."""
+    env = {**SERVER_ENV, "DUCTOR_STREAMS_LONG_POLL_SECONDS": "30"}
+    process = ServerProcess(database_url=database_url, data_dir=tmp_path, env=env).start()
+    yield process
+    process.stop()
+
+
+async def test_a_revoked_token_ends_its_open_followers_and_long_polls_on_both_surfaces(
+    patient_server: ServerProcess, database_url: str
+) -> None:
+    """Open SSE connections and waiting long-polls of a revoked token end within the 2 s a
+    revocation takes (README), and never deliver a record appended after it."""
+    server = patient_server
+    run, stream = "rv-" + secrets.token_hex(4), "s"
+    reader = create(database_url)  # streams:read in tenant default, like the bootstrap token
+    native = f"/api/workflow-streams/runs/{run}/streams/{stream}"
+    protocol = f"/api/durable-streams/v1/stream/{run}/{stream}"
+    auth = {"Authorization": f"Bearer {reader}"}
+    async with (
+        api_client(server) as api,
+        httpx.AsyncClient(base_url=server.base_url, headers=auth, timeout=30) as client,
+    ):
+        created = await api.post(
+            f"/runs/{run}/streams", json={"stream_id": stream, "direction": "output"}
+        )
+        assert created.status_code == 201, created.text
+        appended = await api.post(
+            f"/runs/{run}/streams/{stream}/records", json={"records": [{"data": {"n": 1}}]}
+        )
+        assert appended.status_code == 201, appended.text
+
+        async def follow(url: str, seen: list[str], first: asyncio.Event) -> None:
+            async with client.stream("GET", url) as answer:
+                assert answer.status_code == 200
+                async for line in answer.aiter_lines():
+                    seen.append(line)
+                    if '"n":1' in line:
+                        first.set()
+
+        native_seen: list[str] = []
+        protocol_seen: list[str] = []
+        native_first, protocol_first = asyncio.Event(), asyncio.Event()
+        followers = [
+            asyncio.create_task(follow(native + "/subscribe?cursor=0", native_seen, native_first)),
+            asyncio.create_task(
+                follow(protocol + "?offset=-1&live=sse", protocol_seen, protocol_first)
+            ),
+        ]
+        async with asyncio.timeout(10):
+            await native_first.wait()
+            await protocol_first.wait()
+        long_polls = [
+            asyncio.create_task(client.get(native + "/records?cursor=1&wait=30")),
+            asyncio.create_task(
+                client.get(protocol + f"?offset={'0' * 16}_{1:016d}&live=long-poll")
+            ),
+        ]
+        await asyncio.sleep(0.3)  # both are waiting now
+        assert not any(t.done() for t in [*followers, *long_polls])
+
+        revoked = time.monotonic()
+        done = revoke(database_url, reader)
+        assert done.returncode == 0, done.stderr
+        # Once new requests are refused, the revocation has reached the server...
+        await until_refused([server], reader, within=2.0)
+        # ...so what is appended now must reach none of the revoked token's connections.
+        appended = await api.post(
+            f"/runs/{run}/streams/{stream}/records", json={"records": [{"data": {"n": 2}}]}
+        )
+        assert appended.status_code == 201, appended.text
+        async with asyncio.timeout(2.0 + 3.0 - (time.monotonic() - revoked)):
+            await asyncio.gather(*followers)
+            polled = await asyncio.gather(*long_polls)
+        assert [answer.status_code for answer in polled] == [401, 401]
+        assert "event: revoked" in native_seen, native_seen
+        for seen in (native_seen, protocol_seen):
+            assert not any('"n":2' in line for line in seen), seen

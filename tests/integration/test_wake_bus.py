@@ -9,9 +9,12 @@ import asyncpg
 import pytest
 
 from adapters.postgres.streams import PostgresStreams
+from adapters.postgres.tokens import PostgresTokens
 from adapters.postgres.wake_bus import PostgresWakeBus
+from application.access import SCOPES, Caller
 from application.delete_stream import DeleteCommand
 from application.live import LiveTails, RecordsDelivered, StreamGone
+from application.tokens import TokenCache, token_hash, token_id
 from application.wake import WakeRegistry
 from tests.support.builders import NOW, append, definition, new_key
 
@@ -123,3 +126,39 @@ async def test_a_lost_deleted_notification_is_noticed_by_the_head_check(
     await streams.update(key, [DeleteCommand(NOW)])
     assert await asyncio.wait_for(waiting, 5) == StreamGone()
     await follow.aclose()
+
+
+async def test_a_revocation_missed_while_disconnected_ends_the_open_connections_on_reconnect(
+    pool: asyncpg.Pool, database_url: str
+) -> None:
+    cache = TokenCache()
+    bus = PostgresWakeBus(
+        database_url,
+        WakeRegistry(),
+        head_check_seconds=0.3,
+        application_name="ds-test-bus-" + secrets.token_hex(3),
+        tokens=cache,
+    )
+    await bus.start()
+    try:
+        doomed, kept = ("dst_" + secrets.token_hex(8) for _ in range(2))
+        leases = {}
+        for token in (doomed, kept):
+            caller = Caller("t1", "p", frozenset(SCOPES), token_id=token_id(token_hash(token)))
+            await PostgresTokens(pool).put(token_hash(token), caller)
+            leases[token] = cache.hold(caller)
+        # Revoked without the notification, as if it went to a bus that was not connected.
+        await pool.execute(
+            "UPDATE api_tokens SET revoked_at = now() WHERE token_id = $1",
+            token_id(token_hash(doomed)),
+        )
+        await pool.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            bus._application_name,
+        )
+        async with asyncio.timeout(10):
+            while not leases[doomed].ended:
+                await asyncio.sleep(0.05)
+        assert not leases[kept].ended
+    finally:
+        await bus.stop()

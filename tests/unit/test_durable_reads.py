@@ -57,7 +57,10 @@ async def pages_read_for_one_append(services: Services, stream_id: str, waiters:
     await create(services, stream_id)
     key, _ = await services.durable_reads.open(CALLER, "r", stream_id)
     counter = CountingPages(services.durable_reads._reader)  # type: ignore[attr-defined]
-    waits = [asyncio.create_task(services.durable_reads.wait(key, 0, 10)) for _ in range(waiters)]
+    waits = [
+        asyncio.create_task(services.durable_reads.wait(key, 0, 10, caller=CALLER))
+        for _ in range(waiters)
+    ]
     while (tail := services.durable_reads._tails.tail(key)) is None or tail.subscribers < waiters:  # type: ignore[attr-defined]
         await asyncio.sleep(0.01)
     await tail.ready.wait()
@@ -77,7 +80,7 @@ async def test_waiting_readers_share_one_read_per_append(services: Services) -> 
 async def test_a_wait_ends_at_once_when_the_stream_closes(services: Services) -> None:
     await create(services, "closing")
     key, _ = await services.durable_reads.open(CALLER, "r", "closing")
-    waiting = asyncio.create_task(services.durable_reads.wait(key, 0, 10))
+    waiting = asyncio.create_task(services.durable_reads.wait(key, 0, 10, caller=CALLER))
     await asyncio.sleep(0.05)
     await services.append_records.produce(CALLER, "r", "closing", [], close=True)
     waited = await asyncio.wait_for(waiting, 5)
@@ -87,5 +90,5 @@ async def test_a_wait_ends_at_once_when_the_stream_closes(services: Services) ->
 async def test_a_wait_times_out_empty(services: Services) -> None:
     await create(services, "quiet")
     key, _ = await services.durable_reads.open(CALLER, "r", "quiet")
-    waited = await services.durable_reads.wait(key, 0, 0.05)
+    waited = await services.durable_reads.wait(key, 0, 0.05, caller=CALLER)
     assert (waited.records, waited.closed) == ([], False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from adapters.memory.access import MemoryStreamAccess
@@ -11,19 +12,21 @@ from adapters.memory.streams import MemoryStreams
 from application.close_stream import CloseCommand
 from application.definitions import Definitions
 from application.delete_stream import DeleteCommand
-from application.errors import NotFound
+from application.errors import NotFound, Unauthenticated
 from application.expiry import AccessLog
 from application.live import (
     Idle,
     LiveTails,
     Overtaken,
     RecordsDelivered,
+    Revoked,
     Signal,
     StreamEnded,
     StreamGone,
 )
 from application.placement import Deployment
 from application.read_records import ReadRecords
+from application.tokens import TokenCache
 from application.wake import WakeRegistry
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 
@@ -331,3 +334,51 @@ async def test_a_stream_created_again_gets_a_new_tail_while_the_old_one_winds_do
     assert await anext(old_follow) == StreamGone()
     await old_follow.aclose()
     assert old._ticker is not None and old._ticker.cancelled()  # stopped, though replaced
+
+
+async def test_a_revoked_token_ends_its_followers_and_long_poll_before_the_next_record(
+    live,
+) -> None:
+    streams, tails, wake = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append()])
+    cache = TokenCache()
+    doomed = msgspec.structs.replace(WRITER, token_id="tok_doomed")
+    kept = msgspec.structs.replace(WRITER, token_id="tok_kept")
+
+    async def deliveries(caller) -> list[object]:
+        lease = cache.hold(caller)
+        seen = []
+        try:
+            async with asyncio.timeout(5):
+                async for delivery in tails.follow(key, 0, 60.0, lease):
+                    seen.append(delivery)
+                    if isinstance(delivery, Revoked) or (
+                        isinstance(delivery, RecordsDelivered)
+                        and delivery.records[-1].sequence == 2
+                    ):
+                        return seen
+        finally:
+            cache.release(lease)
+        return seen
+
+    followers = [asyncio.ensure_future(deliveries(c)) for c in (doomed, doomed, kept)]
+    access = AccessLog(MemoryStreamAccess(streams), lambda: NOW)
+    definitions = Definitions(streams, Deployment("local", "local"), access)
+    reads = ReadRecords(definitions, streams, wake, cache)
+    poll = asyncio.ensure_future(reads(doomed, key.run_id, key.stream_id, cursor=1, wait=30))
+    await asyncio.sleep(0.05)
+    assert not poll.done()
+    cache.forget("tok_doomed")  # as the wake bus does when it hears the revocation
+    with pytest.raises(Unauthenticated):
+        async with asyncio.timeout(1):
+            await poll
+    await asyncio.sleep(0.01)
+    await streams.update(key, [append()])
+    first, second, other = [await f for f in followers]
+    for revoked in (first, second):
+        assert [type(d) for d in revoked] == [RecordsDelivered, Revoked]
+        assert revoked[0].records[-1].sequence == 1
+    assert [d.records[-1].sequence for d in other] == [1, 2]
+    assert cache.held() == 0

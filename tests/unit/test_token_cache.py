@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from adapters.memory.tokens import MemoryTokens
-from application.access import SCOPES
+from application.access import SCOPES, Caller
 from application.errors import Unauthenticated
 from application.ports import FoundToken
 from application.tokens import (
@@ -23,6 +24,11 @@ from application.tokens import (
 )
 
 ALICE = make_caller("acme", "alice", list(SCOPES))
+
+
+def who(caller: Caller) -> Caller:
+    """The caller without the token that authenticated it."""
+    return msgspec.structs.replace(caller, token_id=None, token_deadline=None)
 
 
 class Counting(MemoryTokens):
@@ -66,12 +72,12 @@ def bearer(token: str) -> str:
 async def test_two_authentications_within_the_ttl_make_one_store_lookup(store, clock) -> None:
     token = await IssueToken(store)(ALICE)
     authenticate = Authenticate(store, live_cache(clock))
-    assert await authenticate(bearer(token)) == ALICE
+    assert who(await authenticate(bearer(token))) == ALICE
     clock.now += 9.5
-    assert await authenticate(bearer(token)) == ALICE
+    assert who(await authenticate(bearer(token))) == ALICE
     assert store.lookups == 1
     clock.now += 1
-    assert await authenticate(bearer(token)) == ALICE
+    assert who(await authenticate(bearer(token))) == ALICE
     assert store.lookups == 2
 
 
@@ -82,11 +88,11 @@ async def test_a_forgotten_token_is_looked_up_again_and_refused(store, clock) ->
     await authenticate(bearer(token))
     await authenticate(bearer(other))
     await store.revoke(token_id(token_hash(token)))  # in another process: only the bus tells
-    assert await authenticate(bearer(token)) == ALICE  # still remembered here
+    assert who(await authenticate(bearer(token))) == ALICE  # still remembered here
     cache.forget(token_id(token_hash(token)))  # what the wake bus does on the notification
     with pytest.raises(Unauthenticated):
         await authenticate(bearer(token))
-    assert await authenticate(bearer(other)) == ALICE
+    assert who(await authenticate(bearer(other))) == ALICE
     assert store.lookups == 3  # the other token was still served from the cache
 
 
@@ -163,7 +169,7 @@ async def test_a_lookup_overtaken_by_a_revocation_is_not_remembered(store, clock
     await store.revoke(token_id(token_hash(token)))
     cache.forget(token_id(token_hash(token)))  # its notification arrives meanwhile
     finish.set()
-    assert await lookup == ALICE  # that answer was already on its way
+    assert who(await lookup) == ALICE  # that answer was already on its way
     with pytest.raises(Unauthenticated):  # but it was not remembered
         await authenticate(bearer(token))
 
@@ -174,3 +180,50 @@ async def test_a_zero_ttl_remembers_nothing(store, clock) -> None:
     await authenticate(bearer(token))
     await authenticate(bearer(token))
     assert store.lookups == 2
+
+
+async def test_revoking_a_token_ends_the_leases_of_its_open_connections_and_no_others() -> None:
+    store, cache = MemoryTokens(), TokenCache()
+    authenticate = Authenticate(store, cache)
+    doomed, kept = await IssueToken(store)(ALICE), await IssueToken(store)(ALICE)
+    doomed_caller = await authenticate(bearer(doomed))
+    assert doomed_caller.token_id == token_id(token_hash(doomed))
+    woken: list[str] = []
+    leases = [cache.hold(doomed_caller), cache.hold(await authenticate(bearer(kept)))]
+    leases[0].on_end(lambda: woken.append("doomed"))
+    leases[1].on_end(lambda: woken.append("kept"))
+    await RevokeToken(store, cache)(doomed)
+    assert [lease.ended for lease in leases] == [True, False]
+    assert woken == ["doomed"]
+    for lease in leases:
+        cache.release(lease)
+    assert cache.held() == 0
+
+
+async def test_a_lease_ends_when_its_token_expires() -> None:
+    store, cache = MemoryTokens(), TokenCache()
+    token = await IssueToken(store)(ALICE, expires_in_seconds=1)
+    lease = cache.hold(await Authenticate(store, cache)(bearer(token)))
+    ended = asyncio.Event()
+    lease.on_end(ended.set)
+    assert not lease.ended
+    async with asyncio.timeout(3):
+        await ended.wait()
+    cache.release(lease)
+
+
+async def test_a_caller_not_authenticated_by_a_token_holds_a_lease_that_never_ends() -> None:
+    cache = TokenCache()
+    lease = cache.hold(ALICE)
+    cache.forget_all()
+    assert not lease.ended and cache.held() == 0
+
+
+async def test_a_lease_taken_just_after_its_token_was_revoked_ends_at_once() -> None:
+    store, cache = MemoryTokens(), TokenCache()
+    token = await IssueToken(store)(ALICE)
+    caller = await Authenticate(store, cache)(bearer(token))
+    await RevokeToken(store, cache)(token)  # between the authentication and the lease
+    lease = cache.hold(caller)
+    assert lease.ended
+    cache.release(lease)

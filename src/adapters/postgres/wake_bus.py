@@ -9,7 +9,8 @@ Two repairs keep a lost notification from costing more than latency:
   following and wakes those that moved without a notification; if that notification still has
   not arrived by the next check, it is written down as gap evidence;
 * when the LISTEN connection drops, it reconnects, wakes every followed stream (whatever was
-  committed meanwhile is reread) and writes evidence for those that moved.
+  committed meanwhile is reread) and writes evidence for those that moved; and it asks which of
+  the tokens open connections hold were revoked meanwhile, and ends those connections.
 
 A followed stream the check no longer finds was deleted: its listeners hear that as if notified
 (one created again since is woken, and its readers see another creation time), and a reconnect
@@ -31,7 +32,7 @@ import asyncpg
 
 from adapters.postgres.erasure import DELETED
 from adapters.postgres.streams import WAKE_CHANNEL
-from adapters.postgres.tokens import TOKENS_CHANNEL
+from adapters.postgres.tokens import STILL_VALID, TOKENS_CHANNEL
 from application.tokens import TokenCache
 from application.wake import WakeRegistry
 from domain.stream import StreamKey
@@ -151,6 +152,7 @@ class PostgresWakeBus:
                 if self._tokens is not None:
                     await conn.add_listener(TOKENS_CHANNEL, self._on_token_revoked)
                     self._tokens.listening()
+                    await self._recheck_held_tokens(conn)
                 self.connected.set()
                 backoff = RECONNECT_FIRST_SECONDS
                 if not first:
@@ -172,6 +174,16 @@ class PostgresWakeBus:
                 if self._tokens is not None:
                     self._tokens.not_listening()
                 conn.terminate()
+
+    async def _recheck_held_tokens(self, conn: asyncpg.Connection) -> None:
+        """End the open connections of tokens revoked while no revocation was heard (the
+        notification went to a connection that was gone): one query per (re)connection."""
+        assert self._tokens is not None
+        held = self._tokens.held_ids()
+        if held:
+            valid = {row[0] for row in await conn.fetch(STILL_VALID, held)}
+            for token_id in set(held) - valid:
+                self._tokens.forget(token_id)
 
     def _forget(self, key: StreamKey) -> None:
         self._notified.pop(key, None)

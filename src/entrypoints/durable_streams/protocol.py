@@ -367,14 +367,18 @@ async def read(request: Request) -> Any:
     page = await reads.page(key, query.cursor, PAGE_RECORDS)
     if query.live == "sse":
         start = page.position.head if query.cursor is None else query.cursor
-        return sse(services, key, definition, content_type, page, start, query.client_cursor)
+        return sse(
+            services, caller, key, definition, content_type, page, start, query.client_cursor
+        )
     position = page.position
     start = position.head if query.cursor is None else query.cursor
     records = trimmed(page.records)
     head, closed = position.head, position.closed
     if query.live == "long-poll" and not records:
         if not (closed and start >= head):
-            waited = await reads.wait(key, start, request.app.state.long_poll_seconds)
+            waited = await reads.wait(
+                key, start, request.app.state.long_poll_seconds, caller=caller
+            )
             records, head, closed = trimmed(waited.records), max(waited.head, start), waited.closed
         if not records:
             answer = {"Stream-Next-Offset": wire.offset_of(start), "Stream-Up-To-Date": TRUE}
@@ -443,6 +447,7 @@ KEEP_ALIVE = b": keep-alive\n\n"
 
 def sse(
     services: Services,
+    caller: Caller,
     key: Any,
     definition: StreamDefinition,
     content_type: str,
@@ -476,7 +481,9 @@ def sse(
             if up_to_date:
                 break
             page = await reads.page(key, last, PAGE_RECORDS)
-        async with contextlib.aclosing(reads.follow(key, definition, last)) as follow:
+        async with contextlib.aclosing(
+            reads.follow(key, definition, last, caller=caller)
+        ) as follow:
             async for delivery in follow:
                 match delivery:
                     case RecordsDelivered(records=records):

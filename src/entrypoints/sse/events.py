@@ -13,6 +13,7 @@ from application.live import (
     Idle,
     Overtaken,
     RecordsDelivered,
+    Revoked,
     StreamEnded,
     StreamGone,
 )
@@ -24,6 +25,7 @@ _encode = msgspec.json.Encoder().encode
 OPENING = b": subscribed\n\n"
 HEARTBEAT = b": keep-alive\n\n"
 DELETED = b"event: deleted\ndata: {}\n\n"
+REVOKED = b"event: revoked\ndata: {}\n\n"
 RECORD = b"id: %d\nevent: record\ndata: %s\n\n"
 
 
@@ -52,4 +54,7 @@ async def event_stream(deliveries: AsyncGenerator[Delivery, None]) -> AsyncItera
                     return
                 case StreamGone():
                     yield DELETED
+                    return
+                case Revoked():  # the token was revoked or expired: a reconnect gets 401
+                    yield REVOKED
                     return
