@@ -4,6 +4,8 @@
                     [--only floor,append,noop,bare,batch,copy,fanout,idle,catchup,objects,dispatch]
                     [--profile]
     python -m bench soak [--appends 2000000] [--streams 100] [--clients 32]   (bench/soak.py)
+    python -m bench protocol [--duration 10] [--rounds 2] [--only appends,fanout]
+                                          (bench/protocol.py: the Durable Streams surface)
 
 See docs/benchmarks.md for what each measurement is and the figures measured.
 """
@@ -683,6 +685,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import soak
 
         return soak.main(argv[1:])
+    if argv[:1] == ["protocol"]:
+        from bench import protocol
+
+        return protocol.main(argv[1:])
     args = parse_args(argv)
     if args.profile and "append" not in args.selected:
         print("--profile samples the server during `append`; add it to --only", file=sys.stderr)

@@ -27,7 +27,7 @@ def _request(port: int, method: str, path: str, token: str, body: bytes | None =
         f"Host: 127.0.0.1:{port}",
         f"Authorization: Bearer {token}",
     ]
-    if "/subscribe" in path:
+    if "/subscribe" in path or "live=sse" in path:
         lines.append("Accept: text/event-stream")
     if body is not None:
         lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
@@ -41,6 +41,7 @@ class Http:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
         self.chunked = False
+        self.headers: dict[bytes, bytes] = {}  # of the last answer, names in lower case
 
     @classmethod
     async def open(cls, port: int) -> Http:
@@ -52,12 +53,14 @@ class Http:
         self.writer.write(request)
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
-        length = None
+        length = 0 if status in (204, 304) else None  # no body, whatever the headers say
         self.chunked = False
+        self.headers: dict[bytes, bytes] = {}
         for line in head.split(b"\r\n")[1:]:
             name, _, value = line.partition(b":")
             name = name.strip().lower()
-            if name == b"content-length":
+            self.headers[name] = value.strip()
+            if name == b"content-length" and length is None:
                 length = int(value)
             elif name == b"transfer-encoding" and b"chunked" in value.lower():
                 self.chunked = True
@@ -116,6 +119,7 @@ def _subscriber_process(
     last: multiprocessing.sharedctypes.Synchronized,
     out: multiprocessing.Queue,
     hard_seconds: float,
+    protocol: bool = False,
 ) -> None:
     raise_fd_limit()
     try:
@@ -126,7 +130,9 @@ def _subscriber_process(
         pass
     cpu0 = time.process_time()
     result = asyncio.run(
-        _subscribers(port, path, token, connections, ready, stop, last, hard_seconds)
+        _subscribers(
+            port, path, token, connections, ready, stop, last, hard_seconds, protocol=protocol
+        )
     )
     out.put((*result, time.process_time() - cpu0))
 
@@ -151,6 +157,8 @@ class _Sse(asyncio.Protocol):
         self.received = 0
         self.seen = 0
 
+    SUBSCRIBED = b": subscribed"  # the native subscription's first comment
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         transport.write(self.request)  # type: ignore[attr-defined]
@@ -172,11 +180,15 @@ class _Sse(asyncio.Protocol):
             self.buf = buf
             return
         complete, self.buf = buf[:end], buf[end + 2 :]
-        if not self.subscribed.done() and b": subscribed" in complete:
+        if not self.subscribed.done() and self.SUBSCRIBED in complete:
             self.subscribed.set_result(None)
         for sent in _SEND_TIME.findall(complete):
             self.latencies.append((now - float(sent)) * 1000)
             self.received += 1
+        self.note_seen(complete)
+
+    def note_seen(self, complete: bytes) -> None:
+        """`seen`: the sequence of the last event id in these complete events."""
         if (at := complete.rfind(b"\nid: ")) >= 0 or complete.startswith(b"id: "):
             at = at + 1 if at >= 0 else 0
             self.seen = int(complete[at + 4 : complete.index(b"\n", at)])
@@ -188,6 +200,21 @@ class _Sse(asyncio.Protocol):
             self.closed.set_result(None)
 
 
+_NEXT_OFFSET = re.compile(rb'"streamNextOffset":"\d+_(\d+)"')
+
+
+class _ProtocolSse(_Sse):
+    """A Durable Streams `live=sse` read of our protocol surface: live from its first `event:
+    control` (the catch-up is done), `seen` the native sequence in the last control event's
+    `streamNextOffset` (`0000000000000000_` + the sequence)."""
+
+    SUBSCRIBED = b"event: control"
+
+    def note_seen(self, complete: bytes) -> None:
+        if found := _NEXT_OFFSET.findall(complete):
+            self.seen = int(found[-1])
+
+
 async def _subscribers(
     port: int,
     path: str,
@@ -197,6 +224,7 @@ async def _subscribers(
     stop: multiprocessing.synchronize.Event,
     last: multiprocessing.sharedctypes.Synchronized,
     hard_seconds: float,
+    protocol: bool = False,
 ) -> tuple[list[float], int, int]:
     """Hold `connections` subscriptions; for each record whose data has `"w":1` (appended inside
     the measured window), note receipt time - the send time in the data. Returns (latencies in
@@ -207,13 +235,15 @@ async def _subscribers(
     request = _request(port, "GET", path, token)
     gate = asyncio.Semaphore(50)  # connect in waves, not 500 SYNs at once
 
+    kind = _ProtocolSse if protocol else _Sse
+
     async def connect() -> _Sse:
         async with gate:
-            _, protocol = await loop.create_connection(
-                lambda: _Sse(request, latencies), "127.0.0.1", port
+            _, sse = await loop.create_connection(
+                lambda: kind(request, latencies), "127.0.0.1", port
             )
-            await asyncio.wait_for(asyncio.shield(protocol.subscribed), 30)
-            return protocol
+            await asyncio.wait_for(asyncio.shield(sse.subscribed), 30)
+            return sse
 
     opened = await asyncio.gather(*(connect() for _ in range(connections)), return_exceptions=True)
     subs = [o for o in opened if isinstance(o, _Sse)]
@@ -241,8 +271,17 @@ class Subscribers:
     """`connections` SSE subscriptions to `path`, spread over `processes` client processes."""
 
     def __init__(
-        self, port: int, path: str, token: str, connections: int, processes: int, hard: float
+        self,
+        port: int,
+        path: str,
+        token: str,
+        connections: int,
+        processes: int,
+        hard: float,
+        *,
+        protocol: bool = False,
     ) -> None:
+        """`protocol`: `path` is a Durable Streams `live=sse` read, not a native subscribe."""
         processes = max(1, min(processes, connections))
         self.ready: multiprocessing.Queue = multiprocessing.Queue()
         self.out: multiprocessing.Queue = multiprocessing.Queue()
@@ -264,6 +303,7 @@ class Subscribers:
                     self.last,
                     self.out,
                     hard,
+                    protocol,
                 ),
                 daemon=True,
             )

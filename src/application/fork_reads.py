@@ -6,10 +6,14 @@ the source's own `page` stitches in turn), those after it from the fork. Both ad
 here, in their `RecordReader.page`, so every reader (native reads, long-poll waits, the live
 tails, the protocol) gets it without knowing forks exist.
 
-Retention: the source's retention applies to the inherited records (the source owns them), so
-a fork's `earliest` is the source's where that lies within the prefix; a read below it is
-`cursor-expired` like any other. A fork's own retention going past `through` hides the whole
-prefix.
+Retention: a fork pins the prefix it inherits. The source's retention never prunes a record
+that a fork referencing it (live, or soft-deleted and kept for forks of its own) inherits: the
+port reads the highest `through` of the source's links under the source's row lock, the lock a
+fork's creation takes too, and `Stream.prune` keeps everything from the source's `earliest`
+while that reaches it. A fork's `earliest` is still the source's where that lies within the
+prefix (records retention took before the fork was created are not brought back); a read below
+it is `cursor-expired` like any other. A fork's own retention going past `through` hides the
+whole prefix.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Retention: the pruner's use case. Records go from the front only, in bounded chunks, under
-the stream-row lock, and never while a legal hold is on."""
+the stream-row lock, never while a legal hold is on, and never one that a fork of the stream
+inherits (`Stream.prune`: the port reads the fork links under the same lock)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,10 @@ class PruneRetention:
                 return self._interval
             case Failed(error=error):
                 raise error
+            case Done(events=[]):
+                # Nothing went: another pruner was first, or forks still read these records
+                # (a fork pins the prefix it inherits; decided under the row lock).
+                return self._interval
             case Done():
                 log.info("retention pruned records %d to %d", after + 1, through)
         return 0.0 if through - after >= CHUNK else self._interval

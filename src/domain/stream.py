@@ -45,10 +45,12 @@ class Credit(msgspec.Struct, frozen=True):
 class Stream:
     """One stream: its immutable definition and its state, changed only by `apply`.
 
-    `forked` is a fact the port reads under the row lock, not state: whether forks still
-    reference this stream's records (it turns a delete or an expiry into a soft delete)."""
+    `forked` and `pinned_through` are facts the port reads under the row lock, not state:
+    whether forks still reference this stream's records (it turns a delete or an expiry into a
+    soft delete), and the highest sequence one of them inherits (0: none), which retention
+    never prunes."""
 
-    __slots__ = ("definition", "forked", "key", "state")
+    __slots__ = ("definition", "forked", "key", "pinned_through", "state")
 
     def __init__(
         self,
@@ -57,11 +59,13 @@ class Stream:
         state: StreamState,
         *,
         forked: bool = False,
+        pinned_through: int = 0,
     ) -> None:
         self.key = key
         self.definition = definition
         self.state = state
         self.forked = forked
+        self.pinned_through = pinned_through
 
     # -- creation -------------------------------------------------------------------------------
 
@@ -339,13 +343,18 @@ class Stream:
     def prune(
         self, through_sequence: int, pruned_bytes: int, reason: str, now: datetime
     ) -> list[ev.Event]:
-        """Drop every record up to `through_sequence`; refused while a legal hold is on."""
+        """Drop every record up to `through_sequence`; refused while a legal hold is on.
+
+        A fork pins the prefix it inherits: nothing is pruned while a fork (live, or
+        soft-deleted and kept for its own forks) reads a retained record, that is while
+        `pinned_through` reaches `earliest`. Records go from the front only, so the first
+        record a fork needs stops the whole prune; the stream keeps its `earliest`."""
         s = self.state
         if s.legal_hold.enabled:
             raise errors.LegalHoldActive("a legal hold prevents pruning")
         if through_sequence > s.head:
             raise errors.InvalidInput("cannot prune past the head")
-        if through_sequence < s.earliest:
+        if through_sequence < s.earliest or self.pinned_through >= s.earliest:
             return []
         if not s.pruned_bytes <= pruned_bytes <= s.total_bytes:
             raise errors.InvalidInput("pruned_bytes must lie between the pruned and total offsets")

@@ -142,3 +142,29 @@ async def test_a_fork_reads_its_source_prefix_and_a_deleted_source_is_gone(
         f"/{run_id}/fork2", headers={"Stream-Forked-From": f"/v1/stream/{run_id}/nothing"}
     )
     assert_problem(missing, 404, "not-found")
+
+
+async def test_a_fork_names_a_source_path_on_this_server_and_an_offset_it_issued(
+    ds: httpx.AsyncClient,  # noqa: F811
+    run_id: str,
+) -> None:
+    source = f"/{run_id}/b1"
+    assert (await ds.put(source, content=b"abc", headers=TEXT)).status_code == 201
+    refused = [
+        ({"Stream-Forked-From": f"http://evil.example/api/durable-streams/v1/stream{source}"}),
+        ({"Stream-Forked-From": f"/api/durable-streams/v1/stream{source}"}),
+        ({"Stream-Forked-From": f"/v1/stream/{run_id}/../b1"}),
+        ({"Stream-Forked-From": f"/v1/stream/{run_id}%2Fb1"}),
+        ({"Stream-Forked-From": f"/v1/stream{source}", "Stream-Fork-Offset": "now"}),
+    ]
+    for headers in refused:
+        answer = await ds.put(f"/{run_id}/fk", headers=headers)
+        assert_problem(answer, 400, "invalid-input")
+        assert_problem(await ds.get(f"/{run_id}/fk"), 404, "not-found")  # nothing created
+    start = await ds.put(
+        f"/{run_id}/fk",
+        headers={"Stream-Forked-From": f"/v1/stream{source}", "Stream-Fork-Offset": "-1"},
+    )
+    assert start.status_code == 201, start.text
+    assert start.headers["stream-next-offset"] == offset(0)  # forked at the start: nothing
+    assert (await ds.get(f"/{run_id}/fk")).content == b""

@@ -10,7 +10,8 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.support.server import WorkerProcess
+from tests.integration.test_durable_streams import ds_client
+from tests.support.server import ServerProcess, WorkerProcess
 
 WORKER_ENV = {
     "DUCTOR_STREAMS_WORKER_POLL_SECONDS": "0.1",
@@ -109,6 +110,42 @@ async def test_a_legal_hold_stops_pruning_and_lifting_it_resumes(
     assert (await api.get(f"{path}/records", params={"cursor": 0})).status_code == 200
     await api.put(f"{path}/legal-hold", json={"enabled": False})
     await earliest_becomes(api, path, 5)
+
+
+async def test_retention_keeps_what_a_fork_inherits_even_when_the_fork_is_held(
+    api: httpx.AsyncClient, server: ServerProcess, worker: WorkerProcess, run_id: str
+) -> None:
+    path = await create(api, run_id, "src", max_records=1)
+    # Held while the fork is made, so that the worker cannot prune before the fork exists.
+    assert (await api.put(f"{path}/legal-hold", json={"enabled": True})).status_code == 200
+    await append(api, path, 2)
+    fork = f"/{run_id}/fk"
+    async with ds_client(server) as ds:
+        forked = await ds.put(
+            fork,
+            headers={
+                "Stream-Forked-From": f"/v1/stream/{run_id}/src",
+                "Stream-Fork-Offset": "0000000000000000_0000000000000002",
+            },
+        )
+        assert forked.status_code == 201, forked.text
+        hold = await api.put(
+            f"/runs/{run_id}/streams/fk/legal-hold", json={"enabled": True, "reason": "case"}
+        )
+        assert hold.status_code == 200
+        assert (await api.put(f"{path}/legal-hold", json={"enabled": False})).status_code == 200
+        await append(api, path, 2)
+        await asyncio.sleep(1.5)  # several prune intervals
+        read = await ds.get(fork, params={"offset": "-1"})
+        assert read.status_code == 200, read.text
+        assert read.json() == [0, 1]
+        assert (await api.get(path)).json()["state"]["earliest"] == 1  # the fork pins 1..2
+        page = (await api.get(f"{path}/records", params={"cursor": 0})).json()
+        assert [r["data"] for r in page["records"]] == [0, 1, 0, 1]
+        lifted = await api.put(f"/runs/{run_id}/streams/fk/legal-hold", json={"enabled": False})
+        assert lifted.status_code == 200
+        assert (await ds.delete(fork)).status_code == 204
+    await earliest_becomes(api, path, 4)  # its last fork gone, retention goes on
 
 
 @pytest.mark.slow

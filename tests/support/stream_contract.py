@@ -654,17 +654,80 @@ class ForkContract:
         assert await repo.page(fork.key, 0, 10) is None
         assert await repo.page(key, 0, 10) is None
 
-    async def test_the_sources_retention_applies_to_what_its_forks_inherit(self, repo) -> None:
+    async def test_a_fork_pins_the_prefix_it_inherits_against_its_sources_retention(
+        self, repo
+    ) -> None:
         src = await self.source(repo, 4)
-        fork = await self.fork(repo, src, "f", 3)
+        fork = await self.fork(repo, src, "f", 2)
+        await repo.update(fork.key, [LegalHoldCommand(True, "case", NOW)])  # changes nothing
         await repo.update(fork.key, [append([rec(40)])])
-        await repo.update(src.key, [PruneCommand(2, "age", NOW)])
+        [kept] = await repo.update(src.key, [PruneCommand(3, "retention", NOW)])
+        assert isinstance(kept, Done) and kept.events == []  # the fork reads 1..2: nothing goes
+        position, records = await repo.page(src.key, 0, 10)
+        assert position.earliest == 1 and [r.sequence for r in records] == [1, 2, 3, 4]
         position, records = await repo.page(fork.key, 0, 10)
-        assert position.earliest == 3
-        assert [r.sequence for r in records] == [3, 4]
-        await repo.update(src.key, [PruneCommand(4, "age", NOW)])  # past the fork point
-        position, records = await repo.page(fork.key, 0, 10)
-        assert position.earliest == 4 and [r.sequence for r in records] == [4]
+        assert (position.head, position.earliest) == (3, 1)
+        assert [r.payload for r in records] == [rec(1).payload, rec(2).payload, rec(40).payload]
+        assert (await repo.load(src.key)).state.earliest == 1
+        # Decided again under the lock, the group's other commands stand.
+        outcomes = await repo.update(src.key, [append([rec(5)]), PruneCommand(4, "age", NOW)])
+        assert [type(o) for o in outcomes] == [Done, Done] and outcomes[1].events == []
+        assert (await repo.load(src.key)).state.head == 5
+        await repo.update(fork.key, [LegalHoldCommand(False, None, NOW)])
+        await repo.update(fork.key, [DeleteCommand(NOW)])  # no fork left: retention resumes
+        [pruned] = await repo.update(src.key, [PruneCommand(4, "retention", NOW)])
+        assert [type(e) for e in pruned.events] == [ev.RecordsPruned]
+        position, records = await repo.page(src.key, 0, 10)
+        assert position.earliest == 5 and [r.sequence for r in records] == [5]
+
+    async def test_every_fork_pins_its_prefix_soft_deleted_or_down_a_chain(self, repo) -> None:
+        a = await self.source(repo, 3, "a")
+        b = await self.fork(repo, a, "b", 1)
+        await repo.update(b.key, [append([rec(20), rec(30)])])
+        c = await self.fork(repo, await repo.load(b.key), "c", 3)
+        await repo.update(b.key, [DeleteCommand(NOW)])  # soft-deleted: c still reads it
+        for key in (a.key, b.key):
+            [kept] = await repo.update(key, [PruneCommand(3, "retention", NOW)])
+            assert isinstance(kept, Done) and kept.events == []
+        position, records = await repo.page(c.key, 0, 10)
+        assert position.earliest == 1
+        assert [r.payload for r in records] == [rec(n).payload for n in (1, 20, 30)]
+        # A fork whose prefix retention had already taken before it was created pins nothing.
+        lone = await self.source(repo, 4, "lone")
+        await repo.update(lone.key, [PruneCommand(2, "retention", NOW)])
+        late = await self.fork(repo, await repo.load(lone.key), "late", 1)
+        [pruned] = await repo.update(lone.key, [PruneCommand(3, "retention", NOW)])
+        assert [type(e) for e in pruned.events] == [ev.RecordsPruned]
+        assert (await repo.page(late.key, 0, 10))[0].earliest == 2  # nothing of 1..1 is left
+
+    async def test_a_fork_created_while_its_source_is_pruned_never_loses_its_prefix(
+        self, repo
+    ) -> None:
+        for _ in range(5):
+            src = await self.source(repo, 4)
+
+            async def one_fork(n: int, src: Stream = src) -> Stream:
+                key = src.key._replace(stream_id=f"f{n}")
+                stream, _ = await repo.create(key, forked(src, f"f{n}", 3), NOW)
+                return stream
+
+            results = await asyncio.gather(
+                *(one_fork(n) for n in range(3)),
+                repo.update(src.key, [PruneCommand(2, "retention", NOW)]),
+                *(one_fork(n) for n in range(3, 6)),
+            )
+            forks = [f for f in results if isinstance(f, Stream)]
+            assert len(forks) == 6
+            # Whichever came first, each fork reads every record the source kept of its prefix,
+            # and no later prune takes one of them.
+            earliest = (await repo.load(src.key)).state.earliest
+            assert earliest in (1, 3)
+            await repo.update(src.key, [PruneCommand(4, "retention", NOW)])
+            assert (await repo.load(src.key)).state.earliest == earliest
+            for fork in forks:
+                position, records = await repo.page(fork.key, 0, 10)
+                assert position.earliest == earliest
+                assert [r.sequence for r in records] == list(range(earliest, 4))
 
     async def test_deleting_a_run_soft_deletes_the_sources_forks_outside_it_read(
         self, repo

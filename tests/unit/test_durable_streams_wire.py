@@ -151,3 +151,49 @@ def test_json_records_follow_the_stream_definitions_preparation_rules() -> None:
 )
 def test_quoted_and_unquoted_parameters_are_one_content_type(a: str, b: str) -> None:
     assert wire.normalize_content_type(a) == wire.normalize_content_type(b)
+
+
+def test_a_fork_offset_is_one_the_server_issued_or_the_start() -> None:
+    assert wire.parse_fork_offset(wire.offset_of(7)) == 7
+    assert wire.parse_fork_offset("-1") == 0  # the start: the fork inherits nothing
+    for bad in ("now", "NOW", "", "7", "0000000000000001_0000000000000000"):
+        with pytest.raises(InvalidInput) as refused:
+            wire.parse_fork_offset(bad)
+        assert refused.value.extra["field"] == "Stream-Fork-Offset"
+
+
+def test_a_fork_source_is_a_stream_path_relative_to_the_mount() -> None:
+    assert wire.fork_source("/v1/stream/b1") == ("default", "b1")
+    assert wire.fork_source("/v1/stream/run-1/b1") == ("run-1", "b1")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "http://evil.example/api/durable-streams/v1/stream/b1",
+        "https://localhost/v1/stream/b1",
+        "//evil.example/v1/stream/b1",
+        "/api/durable-streams/v1/stream/b1",
+        "v1/stream/b1",
+        "/v1/stream/",
+        "/v1/stream",
+        "/v1/stream/a/b/c",
+        "/v1/stream/../b1",
+        "/v1/stream/run/..",
+        "/v1/stream/./b1",
+        "/v1/stream//b1",
+        "/v1/stream/run%2Fb1",
+        "/v1/stream/run%2fb1",
+        "/v1/stream/b%31",
+        "/v1/stream/b1?x=1",
+        "/v1/stream/b1#f",
+        "/v1/stream/b1/",
+        "/v1/stream\\b1",
+        " /v1/stream/b1",
+        "/V1/stream/b1",
+    ],
+)
+def test_anything_else_is_not_a_fork_source(bad: str) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        wire.fork_source(bad)
+    assert refused.value.extra["field"] == "Stream-Forked-From"

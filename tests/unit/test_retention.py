@@ -9,10 +9,11 @@ import pytest
 
 from adapters.memory.deliveries import MemoryInputDeliveries
 from adapters.memory.streams import MemoryStreams
+from application.delete_stream import DeleteCommand
 from application.group_commit import GroupCommit
 from application.retention import CHUNK, PruneRetention
 from application.set_legal_hold import LegalHoldCommand
-from domain.definition import Retention
+from domain.definition import Fork, Retention
 from tests.support.builders import NOW, append, definition, new_key, record
 
 
@@ -91,3 +92,27 @@ async def test_a_stream_without_retention_needs_no_job(setup) -> None:
     streams, prune, _ = setup
     key = await create(streams)
     assert await prune(key) is None
+
+
+async def test_retention_keeps_what_a_fork_inherits_and_resumes_once_it_is_gone(setup) -> None:
+    streams, prune, _ = setup
+    key = await create(streams, max_records=1)
+    for _ in range(CHUNK // 1000 + 1):
+        await streams.update(key, [append([record(b"x") for _ in range(1000)])])
+    source = await streams.load(key)
+    link = Fork(
+        run_id=key.run_id,
+        stream_id=key.stream_id,
+        source_created_at=source.state.created_at,
+        through=2,
+        offset=2,
+    )
+    fork = key._replace(stream_id="fork")
+    await streams.create(fork, msgspec.structs.replace(definition(), fork=link), NOW)
+    assert await prune(key) == 7  # nothing pruned: not at once again (no busy loop)
+    assert (await streams.load(key)).state.earliest == 1
+    _, records = await streams.page(fork, 0, 10)
+    assert [r.sequence for r in records] == [1, 2]
+    await streams.update(fork, [DeleteCommand(NOW)])
+    assert await prune(key) == 0.0  # a whole chunk: come back at once
+    assert (await streams.load(key)).state.earliest == CHUNK + 1

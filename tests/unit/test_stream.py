@@ -191,6 +191,26 @@ def test_pruning_moves_earliest_and_is_refused_under_a_legal_hold() -> None:
         s.prune(3, 6, "retention", NOW)
 
 
+def test_records_a_fork_inherits_are_never_pruned() -> None:
+    s = appended(stream(), b"11", b"22", b"33")
+    s.pinned_through = 1  # a fork reads record 1: pruning from the front cannot start
+    assert s.prune(2, 4, "retention", NOW) == []
+    assert s.state.earliest == 1
+    for e in s.set_legal_hold(True, None, NOW):
+        s.apply(e)
+    with pytest.raises(errors.LegalHoldActive):  # the hold is still what it says
+        s.prune(2, 4, "retention", NOW)
+    for e in s.set_legal_hold(False, None, NOW):
+        s.apply(e)
+    s.pinned_through = 0  # its last fork is gone
+    for e in s.prune(2, 4, "retention", NOW):
+        s.apply(e)
+    assert s.state.earliest == 3
+    s.pinned_through = 2  # a fork whose prefix was already pruned holds nothing back
+    [event] = s.prune(3, 6, "retention", NOW)
+    assert isinstance(event, ev.RecordsPruned) and event.through_sequence == 3
+
+
 def test_an_ack_of_a_pruned_record_counts_from_the_pruned_offset() -> None:
     s = appended(stream(), b"11", b"22", b"33")
     for e in s.prune(2, 4, "retention", NOW):

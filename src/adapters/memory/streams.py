@@ -72,17 +72,21 @@ class MemoryStreams:
         self.deletions: list[tuple[StreamKey, str, str, str]] = []  # key, region, storage key, why
         self.deliveries: dict[StreamKey, dict[int, DeliveryRow]] = {}
         self._locks: defaultdict[StreamKey, asyncio.Lock] = defaultdict(asyncio.Lock)
-        # The fork links (what `stream_forks` holds in PostgreSQL): source -> its live forks.
-        self._forks: dict[StreamKey, set[StreamKey]] = {}
+        # The fork links (what `stream_forks` holds in PostgreSQL): source -> each fork that
+        # references it (live, or soft-deleted and kept) -> the last sequence it inherits.
+        self._forks: dict[StreamKey, dict[StreamKey, int]] = {}
         self._wake = wake or WakeRegistry()
         self.transactions = 0
 
     def _stream(self, key: StreamKey, row: _Row) -> Stream:
+        """The stream with the facts its forks' links give (read under its lock by `update`)."""
+        links = self._forks.get(key, {})
         return Stream(
             key,
             decode_definition(row.definition),
             decode_state(row.state),
-            forked=bool(self._forks.get(key)),
+            forked=bool(links),
+            pinned_through=max(links.values(), default=0),
         )
 
     async def create(
@@ -135,7 +139,7 @@ class MemoryStreams:
             row = self._rows.get(source)
             check_fork_source(source, None if row is None else decode_state(row.state), fork)
             yield
-            self._forks.setdefault(source, set()).add(key)
+            self._forks.setdefault(source, {})[key] = fork.through
 
     def forks_of(self, key: StreamKey) -> set[StreamKey]:
         """The live forks that reference `key` (for tests)."""
@@ -203,8 +207,8 @@ class MemoryStreams:
         child = key
         while fork is not None:
             source = StreamKey(key.tenant, fork.run_id, fork.stream_id)
-            links = self._forks.get(source, set())
-            links.discard(child)
+            links = self._forks.get(source, {})
+            links.pop(child, None)
             if not links:
                 self._forks.pop(source, None)
             if source in locked:

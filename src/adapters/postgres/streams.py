@@ -175,8 +175,13 @@ INSERT INTO stream_forks
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 """
 
-# A separate statement after the row lock is taken, so its snapshot sees a link committed
-# while the lock was awaited.
+# Separate statements after the row lock is taken, so their snapshots see a link committed
+# while the lock was awaited (a fork's creation locks its source's row before it links).
+_FORK_FACTS = """
+SELECT count(*) > 0, COALESCE(max(through), 0) FROM stream_forks
+WHERE tenant = $1 AND source_run_id = $2 AND source_stream_id = $3
+"""
+
 _HAS_FORKS = """
 SELECT EXISTS (SELECT 1 FROM stream_forks
                WHERE tenant = $1 AND source_run_id = $2 AND source_stream_id = $3)
@@ -376,13 +381,22 @@ class PostgresStreams:
             outcomes, changes = decide_all(
                 stream, commands, receipts, offsets, self._snapshot_every
             )
-            if changes.deleted and await conn.fetchval(_HAS_FORKS, *key):
-                # Forks still read it: decided again knowing that (a soft delete), from the
-                # state as locked. Only a delete or an expiry pays this query.
-                stream = Stream(key, stream.definition, decode_state(row[0]), forked=True)
-                outcomes, changes = decide_all(
-                    stream, commands, seen, offsets, self._snapshot_every
-                )
+            if changes.deleted or any(isinstance(e, RecordsPruned) for e in changes.events):
+                forked, pinned_through = await conn.fetchrow(_FORK_FACTS, *key)
+                if forked:
+                    # Forks still read it: decided again knowing that (a delete is a soft
+                    # delete; retention keeps what they inherit), from the state as locked.
+                    # Only a delete, an expiry or a prune pays this query.
+                    stream = Stream(
+                        key,
+                        stream.definition,
+                        decode_state(row[0]),
+                        forked=True,
+                        pinned_through=pinned_through,
+                    )
+                    outcomes, changes = decide_all(
+                        stream, commands, seen, offsets, self._snapshot_every
+                    )
             released: list[StreamKey] = []
             if changes.deleted:
                 # Erased with everything it holds; what the group decided before the delete is

@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 import msgspec
 from litestar import Request
@@ -99,23 +99,6 @@ def stream_content_type(definition: StreamDefinition) -> str:
     return definition.content_type or wire.JSON
 
 
-def source_of(path: str) -> tuple[str, str]:
-    """`Stream-Forked-From`: a stream's path, relative to the mount (`/v1/stream/src`), or
-    below it (`/api/durable-streams/v1/stream/src`), or its whole URL."""
-    text = urlsplit(path.strip()).path if "://" in path else path.strip()
-    if text.startswith(PREFIX + "/"):
-        text = text[len(PREFIX) :]
-    parts = text[len(STREAM_PATH) + 1 :].split("/") if text.startswith(STREAM_PATH + "/") else []
-    if len(parts) == 1:
-        return DEFAULT_RUN, parts[0]
-    if len(parts) == 2:
-        return parts[0], parts[1]
-    raise errors.InvalidInput(
-        f"Stream-Forked-From must be a stream path such as {STREAM_PATH}/<streamID>",
-        field="Stream-Forked-From",
-    )
-
-
 def location_of(request: Request, run_id: str, stream_id: str) -> str:
     """The stream's URL. Its authority is the server's own address (the socket it answered
     on), never the client's Host header: a Location must not carry what a client made up."""
@@ -180,12 +163,8 @@ async def create(request: Request) -> Answer:
     fork = None
     inherited: list[NewRecord] = []
     if forked_from is not None:
-        source_run, source_stream = source_of(forked_from)
-        offset = (
-            wire.parse_offset(fork_offset, field="Stream-Fork-Offset")
-            if fork_offset is not None
-            else None
-        )
+        source_run, source_stream = wire.fork_source(forked_from, DEFAULT_RUN)
+        offset = wire.parse_fork_offset(fork_offset) if fork_offset is not None else None
         forks = services.forks
         fork, inherited, source_type = await forks.resolve(
             caller, source_run, source_stream, offset, sub_offset, content_type

@@ -20,6 +20,7 @@ from domain.definition import (
     Redaction,
 )
 from domain.errors import InvalidInput
+from domain.ids import ID_PATTERN
 from domain.records import NewRecord, RecordInput, RecordKind, prepare_records
 from domain.text import check_media_type
 from entrypoints.http.body import MAX_JSON_DEPTH, nests_deeper_than
@@ -50,6 +51,44 @@ def parse_offset(value: str, *, field: str = "offset") -> int | None:
             field=field,
         )
     return int(match.group(1))
+
+
+def parse_fork_offset(value: str) -> int:
+    """`Stream-Fork-Offset`: an offset the server returned (PROTOCOL.md section 8: a fork
+    offset is one previously returned), or `-1`, the start (a fork that inherits nothing). `now`
+    names no fixed point: to fork at the head, leave the header out."""
+    field = "Stream-Fork-Offset"
+    if value == NOW:
+        raise InvalidInput(
+            "Stream-Fork-Offset must be an offset the server returned (or -1): `now` is not "
+            "one; leave the header out to fork at the source's head",
+            field=field,
+        )
+    offset = parse_offset(value, field=field)
+    assert offset is not None
+    return offset
+
+
+# -- fork sources ----------------------------------------------------------------------------------
+# `Stream-Forked-From` is the path of a stream on this server, relative to the mount
+# (`/v1/stream/src` names `/api/durable-streams/v1/stream/src`): one or two IDs after
+# `/v1/stream/`, nothing else. A scheme or host, the mount's own prefix, `.` or `..` segments,
+# percent-encoding, a query or a fragment are refused, never resolved.
+_ID_TEXT = ID_PATTERN.removeprefix("^").removesuffix("$")  # never `.` or `..`, never `%`
+_FORK_SOURCE = re.compile(rf"/v1/stream/(?:({_ID_TEXT})/)?({_ID_TEXT})")
+
+
+def fork_source(value: str, default_run: str = "default") -> tuple[str, str]:
+    """(run ID, stream ID) of the stream `Stream-Forked-From` names."""
+    match = _FORK_SOURCE.fullmatch(value)
+    if match is None:
+        raise InvalidInput(
+            f"Stream-Forked-From {value[:200]!r} is not a stream path on this server: it must "
+            "be /v1/stream/<streamID> or /v1/stream/<runID>/<streamID>",
+            field="Stream-Forked-From",
+        )
+    run_id, stream_id = match.groups()
+    return run_id or default_run, stream_id
 
 
 # -- cursors (PROTOCOL.md 10.1) ------------------------------------------------------------------
