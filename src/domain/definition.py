@@ -248,7 +248,12 @@ def resolve_definition(
             "expiry takes idle_seconds or expires_at, not both", field="expiry.expires_at"
         )
     if expiry.expires_at is not None:  # one instant, one spelling: the document shows it in UTC
-        expiry = Expiry(expires_at=expiry.expires_at.astimezone(UTC))
+        try:
+            expiry = Expiry(expires_at=expiry.expires_at.astimezone(UTC))
+        except OverflowError:  # 9999-12-31T23:59:59-14:00 is past year 9999 in UTC
+            raise InvalidInput(
+                "expiry.expires_at is outside years 1 to 9999 in UTC", field="expiry.expires_at"
+            ) from None
     return StreamDefinition(
         stream_id=stream_id,
         direction=request.direction,

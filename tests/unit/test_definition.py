@@ -56,3 +56,12 @@ def test_invalid_definitions_are_refused(body: bytes) -> None:
 def test_types_and_unknown_fields_are_checked_by_decoding(body: bytes) -> None:
     with pytest.raises(msgspec.ValidationError):
         resolve(body)
+
+
+@pytest.mark.parametrize(
+    "at", ["9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-00:01"]
+)
+def test_an_expiry_beyond_the_calendar_in_utc_is_invalid_input(at: str) -> None:
+    body = msgspec.json.encode({"direction": "output", "expiry": {"expires_at": at}})
+    with pytest.raises(errors.InvalidInput):
+        resolve(body)

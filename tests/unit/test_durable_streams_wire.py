@@ -100,6 +100,59 @@ def test_bytes_split_at_the_inline_limit() -> None:
     assert wire.records_for(b"", "x/y", creating=True) == []
 
 
+@pytest.mark.parametrize(
+    "client", ["99999999999999999999999", "1" * 5000, "000123456789012345678901", str(10**18)]
+)
+def test_a_cursor_at_or_past_the_interval_gets_a_greater_one_however_long(client: str) -> None:
+    now = wire.CURSOR_EPOCH + 1000 * wire.CURSOR_INTERVAL_SECONDS
+    answered = wire.next_cursor(client, now)
+    assert answered.isdigit() and len(answered) <= len(client.lstrip("0")) + 1
+    assert int(answered) > int(client) if len(client) < 4000 else len(answered) >= len(client)
+    if len(client) >= 4000:  # beyond what int() parses: compared as digit strings
+        assert (len(answered), answered) > (len(client), client)
+
+
+@pytest.mark.parametrize("junk", ["-5", "1e9", "12a", " ", "٣"])
+def test_a_cursor_that_is_no_decimal_number_gets_the_current_interval(junk: str) -> None:
+    now = wire.CURSOR_EPOCH + 1000 * wire.CURSOR_INTERVAL_SECONDS
+    assert wire.next_cursor(junk, now) == "1000"
+
+
+@pytest.mark.parametrize(
+    "value", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-00:01", "9999-12-31T23:59:59-14:00"]
+)
+def test_an_expiry_beyond_the_calendar_in_utc_is_invalid_input(value: str) -> None:
+    with pytest.raises(InvalidInput):
+        wire.expires_at(value)
+
+
+def test_json_records_follow_the_stream_definitions_preparation_rules() -> None:
+    from domain.definition import Redaction
+
+    redacted = wire.records_for(
+        b'[{"secret":"pw2","k":1}]',
+        "application/json",
+        creating=False,
+        redaction=Redaction(json_pointers=("/secret",)),
+    )
+    assert [r.payload for r in redacted] == [b'{"secret":"[REDACTED]","k":1}']
+    body = b'{"a":"x\\u0000y"}'
+    assert wire.records_for(body, "application/json", creating=False)[0].payload == body
+    with pytest.raises(InvalidInput):
+        wire.records_for(body, "application/json", creating=False, input_stream=True)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ('application/json; charset="utf-8"', "application/json; charset=utf-8"),
+        ("text/plain;CHARSET=utf-8", 'text/plain; charset="utf-8"'),
+    ],
+)
+def test_quoted_and_unquoted_parameters_are_one_content_type(a: str, b: str) -> None:
+    assert wire.normalize_content_type(a) == wire.normalize_content_type(b)
+
+
 def test_a_fork_offset_is_one_the_server_issued_or_the_start() -> None:
     assert wire.parse_fork_offset(wire.offset_of(7)) == 7
     assert wire.parse_fork_offset("-1") == 0  # the start: the fork inherits nothing

@@ -60,6 +60,35 @@ async def authenticated(request: Request) -> tuple[Services, Caller]:
     return services, await services.authenticate(request.headers.get("authorization"))
 
 
+# Headers that say one thing: given twice, which one counts is ambiguous (400, not first-wins).
+SINGLE = frozenset(
+    {
+        "content-type",
+        "stream-ttl",
+        "stream-expires-at",
+        "stream-closed",
+        "stream-seq",
+        "producer-id",
+        "producer-epoch",
+        "producer-seq",
+    }
+)
+
+
+def header(request: Request, name: str) -> str | None:
+    """A protocol header's value: at most once, and ASCII (obs-text bytes would be stored or
+    answered as mojibake): otherwise 400."""
+    values = request.headers.getall(name, [])
+    if not values:
+        return None
+    if len(values) > 1 and name in SINGLE:
+        raise errors.InvalidInput(f"{name} may be given once", field=name)
+    value = values[0]
+    if not value.isascii():
+        raise errors.InvalidInput(f"{name} must be ASCII text", field=name)
+    return value
+
+
 def where(request: Request) -> tuple[str, str]:
     params = request.path_params
     return params.get("run_id", DEFAULT_RUN), params["stream_id"]
@@ -70,9 +99,19 @@ def stream_content_type(definition: StreamDefinition) -> str:
     return definition.content_type or wire.JSON
 
 
-def location_of(request: Request) -> str:
-    url = request.url
-    return f"{url.scheme}://{url.netloc}{url.path}"
+def location_of(request: Request, run_id: str, stream_id: str) -> str:
+    """The stream's URL. Its authority is the server's own address (the socket it answered
+    on), never the client's Host header: a Location must not carry what a client made up."""
+    path = f"{PREFIX}{STREAM_PATH}/"
+    path += f"{run_id}/{stream_id}" if "run_id" in request.path_params else stream_id
+    server = request.scope.get("server")
+    if not server or server[0] is None:
+        return path
+    host, port = server
+    host = f"[{host}]" if ":" in host else host
+    scheme = request.scope.get("scheme", "http")
+    default = {"http": 80, "https": 443}.get(scheme)
+    return f"{scheme}://{host}{'' if port in (None, default) else f':{port}'}{path}"
 
 
 # -- PUT: create ---------------------------------------------------------------------------------
@@ -84,8 +123,8 @@ async def create(request: Request) -> Answer:
     caller.require("streams:write")
     caller.key(run_id, stream_id)  # a bad ID is 400 before anything else
     headers = request.headers
-    closed = wire.is_true(headers.get("stream-closed"))
-    ttl, expires = headers.get("stream-ttl"), headers.get("stream-expires-at")
+    closed = wire.is_true(header(request, "stream-closed"))
+    ttl, expires = header(request, "stream-ttl"), header(request, "stream-expires-at")
     if ttl is not None and expires is not None:
         raise errors.InvalidInput(
             "Stream-TTL and Stream-Expires-At exclude each other: send one", field="Stream-TTL"
@@ -112,7 +151,7 @@ async def create(request: Request) -> Answer:
             raise errors.InvalidInput(
                 "Stream-Fork-Sub-Offset needs Stream-Fork-Offset", field="Stream-Fork-Offset"
             )
-    given_type = headers.get("content-type")
+    given_type = header(request, "content-type")
     content_type = wire.normalize_content_type(given_type) if given_type else None
     body = await request.body()
     deployment = services.deployment
@@ -132,8 +171,11 @@ async def create(request: Request) -> Answer:
         )
         content_type = content_type or source_type
         expiry = await forks.inherited_expiry(caller, source_run, source_stream, expiry or Expiry())
+        # What the source redacts, its fork redacts too: it reads the same records.
+        source = await services.definitions.get(caller.key(source_run, source_stream))
+        base = msgspec.structs.replace(base, redaction=source.redaction)
     content_type = content_type or wire.DEFAULT_CONTENT_TYPE
-    records = wire.records_for(body, content_type, creating=True)
+    records = wire.records_for(body, content_type, creating=True, redaction=base.redaction)
     definition = msgspec.structs.replace(
         base, content_type=content_type, fork=fork, expiry=expiry or Expiry()
     )
@@ -156,7 +198,7 @@ async def create(request: Request) -> Answer:
         "Stream-Next-Offset": wire.offset_of(stream.head),
     }
     if created:
-        answer["Location"] = location_of(request)
+        answer["Location"] = location_of(request, run_id, stream_id)
     if stream.state.closed:
         answer["Stream-Closed"] = TRUE
     return Answer(201 if created else 200, answer)
@@ -166,8 +208,7 @@ async def create(request: Request) -> Answer:
 
 
 def producer_claim(request: Request) -> ProducerClaim | None:
-    headers = request.headers
-    given = [headers.get(name) for name in ("producer-id", "producer-epoch", "producer-seq")]
+    given = [header(request, name) for name in ("producer-id", "producer-epoch", "producer-seq")]
     if all(value is None for value in given):
         return None
     producer_id, epoch, seq = given
@@ -186,7 +227,7 @@ def producer_claim(request: Request) -> ProducerClaim | None:
 
 
 def writer_seq(request: Request) -> str | None:
-    value = request.headers.get("stream-seq")
+    value = header(request, "stream-seq")
     if value is None:
         return None
     value = value.strip()
@@ -202,7 +243,7 @@ async def append(request: Request) -> Answer:
     run_id, stream_id = where(request)
     caller.require("streams:write")
     key = caller.key(run_id, stream_id)
-    close = wire.is_true(request.headers.get("stream-closed"))
+    close = wire.is_true(header(request, "stream-closed"))
     producer = producer_claim(request)
     seq = writer_seq(request)
     body = await request.body()
@@ -213,7 +254,7 @@ async def append(request: Request) -> Answer:
     definition = await services.definitions.get(key)
     records: list[NewRecord] = []
     if body:
-        given = request.headers.get("content-type")
+        given = header(request, "content-type")
         if not given:
             raise errors.InvalidInput("an append with a body needs its Content-Type")
         kind = stream_content_type(definition)
@@ -227,7 +268,13 @@ async def append(request: Request) -> Answer:
             raise errors.DefinitionConflict(
                 f"the stream's content type is {kind!r}, not {given[:80]!r}", field="Content-Type"
             )
-        records = wire.records_for(body, kind, creating=False)
+        records = wire.records_for(
+            body,
+            kind,
+            creating=False,
+            redaction=definition.redaction,
+            input_stream=definition.direction == "input",
+        )
     try:
         produced = await services.append_records.produce(
             caller, run_id, stream_id, records, producer=producer, writer_seq=seq, close=close

@@ -94,7 +94,11 @@ def fork_source(value: str, default_run: str = "default") -> tuple[str, str]:
 # -- cursors (PROTOCOL.md 10.1) ------------------------------------------------------------------
 CURSOR_EPOCH = datetime(2024, 10, 9, tzinfo=UTC).timestamp()
 CURSOR_INTERVAL_SECONDS = 20
-_DIGITS = re.compile(r"[0-9]{1,18}")
+_DIGITS = re.compile(r"[0-9]+")
+# A cursor up to this many digits is compared as a number; a longer one (no interval this
+# server issues comes near it) is only ever ahead of the interval, and gets a greater one of its
+# length + 1 ("1" and as many zeros): strictly greater, and bounded by what the client sent.
+_SHORT_CURSOR_DIGITS = 18
 
 
 def next_cursor(client_cursor: str | None, now: float | None = None) -> str:
@@ -103,8 +107,11 @@ def next_cursor(client_cursor: str | None, now: float | None = None) -> str:
     interval = int(
         ((time.time() if now is None else now) - CURSOR_EPOCH) // CURSOR_INTERVAL_SECONDS
     )
-    if client_cursor is not None and _DIGITS.fullmatch(client_cursor):
-        theirs = int(client_cursor)
+    if client_cursor is not None and client_cursor.isascii() and _DIGITS.fullmatch(client_cursor):
+        digits = client_cursor.lstrip("0") or "0"
+        if len(digits) > _SHORT_CURSOR_DIGITS:
+            return "1" + "0" * len(digits)
+        theirs = int(digits)
         if theirs >= interval:
             jitter_seconds = 1 + secrets.randbelow(3600)
             interval = theirs + max(1, math.ceil(jitter_seconds / CURSOR_INTERVAL_SECONDS))
@@ -116,6 +123,9 @@ DEFAULT_CONTENT_TYPE = "application/octet-stream"
 JSON = "application/json"
 
 
+_QUOTED_TOKEN = re.compile(r'"[!#$%&\'*+.^_`|~0-9A-Za-z-]+"')
+
+
 def normalize_content_type(value: str, *, field: str = "Content-Type") -> str:
     """A media type as stored: the type and subtype lower-cased, parameters trimmed (names
     lower-cased), so that `TEXT/PLAIN` and `text/plain` are one stream configuration."""
@@ -125,7 +135,10 @@ def normalize_content_type(value: str, *, field: str = "Content-Type") -> str:
     parts = [essence.strip().lower()]
     for param in params:
         name, _, val = param.strip().partition("=")
-        parts.append(f"{name.strip().lower()}={val.strip()}")
+        val = val.strip()
+        if _QUOTED_TOKEN.fullmatch(val):  # `"utf-8"` and `utf-8` are one value (RFC 9110 5.6.6)
+            val = val[1:-1]
+        parts.append(f"{name.strip().lower()}={val}")
     return "; ".join(parts)
 
 
@@ -188,7 +201,13 @@ def expires_at(value: str) -> datetime:
             f"Stream-Expires-At must be an RFC 3339 timestamp with a timezone, not {value[:60]!r}",
             field="Stream-Expires-At",
         )
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+14:00 is before year 1 in UTC
+        raise InvalidInput(
+            f"Stream-Expires-At {value[:60]!r} is outside years 1 to 9999 in UTC",
+            field="Stream-Expires-At",
+        ) from None
 
 
 def rfc3339(at: datetime) -> str:
@@ -198,6 +217,7 @@ def rfc3339(at: datetime) -> str:
 # -- bodies --------------------------------------------------------------------------------------
 _raw_items = msgspec.json.Decoder(list[msgspec.Raw])
 _raw = msgspec.json.Decoder(msgspec.Raw)
+_NO_REDACTION = Redaction()
 
 
 def json_messages(body: bytes, *, allow_empty_array: bool) -> list[RecordInput]:
@@ -227,9 +247,21 @@ def json_messages(body: bytes, *, allow_empty_array: bool) -> list[RecordInput]:
     return [RecordInput(data=item) for item in items]
 
 
-def json_records(body: bytes, *, allow_empty_array: bool) -> list[NewRecord]:
-    """JSON messages as native JSON records (compact, size-checked: 413 over 64 KiB each)."""
-    return prepare_records(json_messages(body, allow_empty_array=allow_empty_array), Redaction())
+def json_records(
+    body: bytes,
+    *,
+    allow_empty_array: bool,
+    redaction: Redaction = _NO_REDACTION,
+    input_stream: bool = False,
+) -> list[NewRecord]:
+    """JSON messages as native JSON records, prepared by the native append's rules for the
+    stream's definition: compact, redacted, size-checked (413 over 64 KiB each), and for an
+    input stream without U+0000 (its delivery could not carry it)."""
+    return prepare_records(
+        json_messages(body, allow_empty_array=allow_empty_array),
+        redaction,
+        json_text_without_nul=input_stream,
+    )
 
 
 def byte_records(body: bytes, content_type: str) -> list[NewRecord]:
@@ -241,9 +273,18 @@ def byte_records(body: bytes, content_type: str) -> list[NewRecord]:
     return [NewRecord(RecordKind.BINARY, content_type, chunk, len(chunk)) for chunk in chunks]
 
 
-def records_for(body: bytes, content_type: str, *, creating: bool) -> list[NewRecord]:
+def records_for(
+    body: bytes,
+    content_type: str,
+    *,
+    creating: bool,
+    redaction: Redaction = _NO_REDACTION,
+    input_stream: bool = False,
+) -> list[NewRecord]:
     if not body:
         return []
     if is_json(content_type):
-        return json_records(body, allow_empty_array=creating)
+        return json_records(
+            body, allow_empty_array=creating, redaction=redaction, input_stream=input_stream
+        )
     return byte_records(body, content_type)

@@ -29,6 +29,7 @@ from entrypoints.http.objects import ObjectsController
 from entrypoints.http.observability import metrics, request_middleware
 from entrypoints.http.openapi import Answer, documented
 from entrypoints.http.outages import outage_handlers
+from entrypoints.http.request_checks import check_request
 from entrypoints.http.streams import RunsController, StreamsController
 from entrypoints.lean_imports import without_optional_integrations
 from entrypoints.logs import configure_logging
@@ -112,6 +113,7 @@ def create_app(container: Container) -> Litestar:
                 *CONSOLE_ROUTES,  # outside the API prefix: the page needs no token to load
             ],
             middleware=[request_middleware],
+            guards=[check_request],
             lifespan=[lifespan],
             exception_handlers={
                 DomainError: problems.domain_error,

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 
 from domain.errors import Backpressure, DomainError
 from entrypoints.http.head import allowed, method_of
@@ -94,7 +94,18 @@ def domain_error(_: Request, error: DomainError) -> Response[bytes]:
     return problem(error.code, error.detail, headers=headers or None, **error.extra)
 
 
+# What Litestar raises (as a 500) when the request body ends before it is complete: the client
+# half-closed or disconnected short of its Content-Length, or sent a malformed chunked body.
+_BODY_CUT_SHORT = "client disconnected prematurely"
+
+
 def http_error(request: Request, error: HTTPException) -> Response[bytes]:
+    if isinstance(error, InternalServerException) and error.detail == _BODY_CUT_SHORT:
+        return problem(
+            "invalid-input",
+            "the request body ended before it was complete (shorter than its Content-Length, "
+            "or malformed chunked encoding): nothing was done",
+        )
     status = error.status_code
     code = {
         400: "invalid-input",
