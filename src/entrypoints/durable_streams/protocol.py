@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -461,6 +462,17 @@ async def read(request: Request) -> Any:
 _LINES = re.compile(r"\r\n|\r|\n")
 
 
+@functools.lru_cache(maxsize=256)  # content types are callers' strings: bounded
+def data_encoder(content_type: str) -> Callable[[list[StoredRecord]], bytes]:
+    """The data-event encoder of one content type, always the same function object, so that
+    `RecordsDelivered.encoded_as` memoizes the event across the followers of a delivery."""
+
+    def encode(records: list[StoredRecord]) -> bytes:
+        return data_event(list(records), content_type)
+
+    return encode
+
+
 def data_event(records: list[StoredRecord], content_type: str) -> bytes:
     if wire.is_json(content_type):
         return b"event: data\ndata:" + body_of(records, content_type) + b"\n\n"
@@ -538,7 +550,10 @@ def sse(
                         live = reads.live_position(key)
                         head, closed = live if live is not None else (last, False)
                         closed = closed and last >= head
-                        yield data_event(list(records), content_type) + control_event(
+                        # One delivery is shared by every follower of the stream: its data event
+                        # is encoded once for all of them (the encoder is one function object
+                        # per content type), and only the small control event is per follower.
+                        yield delivery.encoded_as(data_encoder(content_type)) + control_event(
                             last,
                             up_to_date=last >= head,
                             closed=closed,
