@@ -373,8 +373,13 @@ def test_the_page_is_served_with_a_strict_policy_and_no_token(
 def test_a_page_following_100_records_a_second_stays_bounded(
     page: Page, console_server: ServerProcess, api: httpx.Client, artefacts: Path
 ) -> None:
-    """A minute at 100 records/s (10 every 100 ms): the view keeps its last 500 records and the
-    page's JavaScript heap (after a collection) stays flat; commit-to-page latency measured."""
+    """100 records/s (10 every 100 ms) for SOAK_SECONDS (20 s in the suite; the figures of the
+    closing note were taken with DUCTOR_STREAMS_CONSOLE_SOAK_SECONDS=60): the view keeps its
+    last 500 records and the page's JavaScript heap (after a collection) stays flat from the
+    first 10 s (when the view is full) to the end; commit-to-page latency measured."""
+    seconds = int(os.environ.get("DUCTOR_STREAMS_CONSOLE_SOAK_SECONDS", "20"))
+    ticks = 10 * max(seconds, 20)
+    total = 10 * ticks
     run = "busy-" + secrets.token_hex(3)
     path = f"/runs/{run}/streams/s"
     created(
@@ -403,7 +408,7 @@ def test_a_page_following_100_records_a_second_stays_bounded(
     answered_at: dict[int, float] = {}
     heap = []
     start = time.monotonic()
-    for tick in range(600):  # 60 s
+    for tick in range(ticks):
         sent = time.time() * 1000
         answer = append(
             api, path, *({"data": {"tick": tick, "n": n, "text": "x" * 80}} for n in range(10))
@@ -416,7 +421,7 @@ def test_a_page_following_100_records_a_second_stays_bounded(
         delay = start + (tick + 1) * 0.1 - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-    expect(page.locator('#records li[data-seq="6000"]')).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator(f'#records li[data-seq="{total}"]')).to_be_visible(timeout=WAIT_MS)
     shown = page.evaluate("window.__shown")
     latencies = sorted(at - sent_at[int(sequence)] for sequence, at in shown.items())
     after_answer = sorted(at - answered_at[int(sequence)] for sequence, at in shown.items())
@@ -441,7 +446,7 @@ def test_a_page_following_100_records_a_second_stays_bounded(
     (artefacts / "memory-100-per-second.json").write_text(json.dumps(figures, indent=2))
     print(figures)
     assert figures["records_in_view"] == 500
-    assert page.evaluate(SHOWN_SEQUENCES) == list(range(5501, 6001))
+    assert page.evaluate(SHOWN_SEQUENCES) == list(range(total - 499, total + 1))
     # Bounded: after a collection, the heap at the end is the heap after the first 10 s (by
     # then the view is full) within 0.5 MiB; keeping the 5,500 records that left the view would
     # be more than 2 MiB. The elements are those of 500 records and the page around them.
