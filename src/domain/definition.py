@@ -156,7 +156,7 @@ class StreamDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     authorization: Authorization
     # Last, with a default: definitions stored before expiry existed decode as never expiring.
     expiry: Expiry = msgspec.field(default_factory=Expiry)
-    # The Durable Streams surface (CONTRACT section 4): the media type a stream created through
+    # The Durable Streams surface (docs/durable-streams.md): the media type a stream created through
     # it carries (None: a native stream), and what it forks. Last, with defaults, so definitions
     # stored before they existed decode unchanged.
     content_type: str | None = None

@@ -1,5 +1,5 @@
 """Token lifecycle through the real `ductor-streams token …` CLI and two real server replicas
-on one PostgreSQL (CONTRACT §3 "Tokens"): a revoked or expired token answers 401 on every
+on one PostgreSQL (docs/http-api.md, tokens): a revoked or expired token answers 401 on every
 replica within 2 seconds, while the per-process cache keeps serving the others."""
 
 from __future__ import annotations
