@@ -89,6 +89,47 @@ async def test_every_answer_carries_a_request_id_and_keeps_the_callers(
     assert len(set(fresh)) == 3 and all(fresh)
 
 
+async def test_the_append_route_answers_as_every_route_does(
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """The append route is served in front of the router (entrypoints/http/hot.py): its answers,
+    good and bad, carry what every other route's do: the request id (the caller's or a new
+    one), the security headers, problem+json with the application's own headers."""
+    body = {"stream_id": "hot", "direction": "output"}
+    assert (await api.post(f"/runs/{run_id}/streams", json=body)).status_code == 201
+    path = f"/runs/{run_id}/streams/hot/records"
+    ok = await api.post(path, json={"records": [{"data": 1}]}, headers={"X-Request-ID": "t-1"})
+    assert ok.status_code == 201 and ok.headers["x-request-id"] == "t-1"
+    assert ok.headers["x-content-type-options"] == "nosniff"
+    assert ok.headers["content-type"] == "application/json"
+    fresh = [
+        (await api.post(path, json={"records": [{"data": 2}]})).headers["x-request-id"]
+        for _ in range(2)
+    ]
+    assert len(set(fresh)) == 2 and all(fresh)
+    async with httpx.AsyncClient(base_url=server.base_url + "/api/workflow-streams") as plain:
+        anonymous = await plain.post(path, json={"records": [{"data": 3}]})
+    assert anonymous.status_code == 401
+    assert anonymous.headers["content-type"] == "application/problem+json"
+    assert anonymous.headers["www-authenticate"].startswith("Bearer")
+    assert anonymous.headers["x-request-id"] and anonymous.json()["code"] == "unauthenticated"
+    assert anonymous.headers["x-content-type-options"] == "nosniff"
+    bad = await api.post(path, content=b"{", headers={"X-Request-ID": "t-2"})
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid-input"
+    assert bad.headers["x-request-id"] == "t-2"
+    encoded = await api.post(
+        path, json={"records": [{"data": 4}]}, headers={"Content-Encoding": "gzip"}
+    )
+    assert encoded.status_code == 415 and encoded.json()["code"] == "unsupported-media-type"
+    missing = await api.post(f"/runs/{run_id}/streams/nope/records", json={"records": [{}]})
+    assert missing.status_code == 404 and missing.json()["code"] == "not-found"
+    # Paths the router alone knows keep its answers: a trailing slash, another method.
+    assert (await api.post(path + "/", json={"records": [{"data": 5}]})).status_code == 201
+    assert (await api.put(path, json={"records": [{"data": 6}]})).status_code == 405
+    page = (await api.get(f"{path}?cursor=0")).json()
+    assert [r["data"] for r in page["records"]] == [1, 2, 2, 5]
+
+
 async def test_health_and_readiness_need_no_token(server: ServerProcess) -> None:
     async with httpx.AsyncClient(base_url=server.base_url) as plain:
         assert (await plain.get("/healthz")).json() == {"status": "ok"}

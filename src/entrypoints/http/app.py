@@ -24,6 +24,7 @@ from entrypoints.durable_streams.browser import browser_headers
 from entrypoints.durable_streams.routes import DurableStreamsController
 from entrypoints.http import openapi, problems
 from entrypoints.http.head import serve_head
+from entrypoints.http.hot import hot_routes
 from entrypoints.http.methods import list_every_method_in_options
 from entrypoints.http.objects import ObjectsController
 from entrypoints.http.observability import metrics, request_middleware
@@ -142,6 +143,8 @@ def create_app(container: Container) -> Litestar:
     # Around the router and the exception handlers, so that a HEAD is routed as its GET and
     # answers its problems too (404, 401, 405).
     app.asgi_handler = serve_head(app.asgi_handler)
+    # In front of the router: the single-record append, Litestar's layers done once (hot.py).
+    app.asgi_handler = hot_routes(app, app.asgi_handler, MAX_REQUEST_BYTES)
     # Outermost: security headers on every answer, and CORS preflights answered before routing.
     app.asgi_handler = browser_headers(app.asgi_handler, container.settings().cors_origins)
     return app

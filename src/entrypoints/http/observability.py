@@ -109,6 +109,13 @@ HOT = HotPath()
 REGISTRY.register(HOT)  # type: ignore[arg-type]
 _ids = itertools.count(1)
 _ID_PREFIX = secrets.token_hex(6)
+
+
+def new_request_id() -> str:
+    """An id for a request that brought none: this process's prefix and a counter."""
+    return f"{_ID_PREFIX}-{next(_ids):x}"
+
+
 SUBSCRIBERS = Gauge(
     "ductor_streams_active_subscriptions", "Open live subscriptions", registry=REGISTRY
 )
@@ -166,7 +173,7 @@ def request_middleware(app: Any) -> Any:
                 has_body = True
             elif name == b"connection" and value.lower() == b"close":
                 closing = True
-        rid = rid or f"{_ID_PREFIX}-{next(_ids):x}"
+        rid = rid or new_request_id()
         token = request_id.set(rid)
         status = 500
         started = time.perf_counter()

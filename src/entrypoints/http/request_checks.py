@@ -33,9 +33,17 @@ def _codings(value: bytes) -> list[bytes]:
 
 async def check_request(connection: Any, _: Any) -> None:
     scope = connection.scope
+    if check_scope(scope) and scope["method"] == "OPTIONS":
+        services = connection.app.state.services
+        await services.authenticate(connection.headers.get("authorization"))
+
+
+def check_scope(scope: Any) -> bool:
+    """The checks that need only the request's scope (raising the problem); answers whether the
+    request is on the Durable Streams surface's stream paths."""
     raw = scope.get("raw_path") or scope["path"].encode("latin-1", "replace")
     if not raw.startswith(API):
-        return
+        return False
     if b"%2f" in raw.lower():
         raise InvalidInput("an ID may not contain '/' (an encoded %2F in the path)", field="path")
     method = scope["method"]
@@ -53,6 +61,4 @@ async def check_request(connection: Any, _: Any) -> None:
                     f"Transfer-Encoding {value[:40].decode('latin-1')!r} is not accepted: only "
                     "chunked"
                 )
-    elif method == "OPTIONS" and raw.startswith(STREAMS):
-        services = connection.app.state.services
-        await services.authenticate(connection.headers.get("authorization"))
+    return raw.startswith(STREAMS)
