@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import http.client
 import json
 import os
 import secrets
@@ -25,6 +26,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from tests.support.node import ReferenceServer, ensure_node_packages
+
 from bench import database, dispatch, live, load, objects, profile
 from bench.database import Measurement
 from bench.server import BareServer, CpuMeter, Server, raise_fd_limit, tree_cpu, tree_memory
@@ -32,6 +35,8 @@ from bench.server import BareServer, CpuMeter, Server, raise_fd_limit, tree_cpu,
 NAMES = (
     "floor",
     "append",
+    "reffile",  # the Durable Streams reference server (npm), file-backed, then in memory
+    "refmemory",
     "noop",
     "bare",  # (3b): the framework alone, the floor (2) and (3) stand on
     "batch",
@@ -58,6 +63,23 @@ def _record(i: int, size: int = 100) -> dict[str, object]:
 
 def _compact(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
+
+
+class _Reference:
+    """What `Bench._http` needs of a server: its port and pid."""
+
+    def __init__(self, port: int, pid: int) -> None:
+        self.port = port
+        self.pid = pid
+
+
+def _put_stream(port: int, path: str) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("PUT", path, headers={"Content-Type": "application/json"})
+        return connection.getresponse().status
+    finally:
+        connection.close()
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -218,6 +240,7 @@ class Bench:
         records_per_request: int,
         profile_it: bool = False,
         server: Server | None = None,
+        roots: dict[str, int] | None = None,
     ) -> Measurement:
         a = self.args
         server = server or self.server
@@ -241,7 +264,7 @@ class Bench:
         if profile_it:
             raw = self.tmp / "profile.txt"
             spy = profile.start(self.server.pid, a.duration, raw, native=a.profile_native)
-        meter = self._meter(server)
+        meter = CpuMeter(roots) if roots is not None else self._meter(server)
         meter.start()
         outcome = go(a.duration)
         cpu = meter.stop()
@@ -288,6 +311,38 @@ class Bench:
         )
         self._group_note(result, "single", 1)
         return result
+
+    def _reference(self, name: str, label: str, data_dir: Path | None) -> Measurement:
+        """(2)'s record, one per request, to the protocol's reference server (npm
+        @durable-streams/server), started here for this window and stopped after it."""
+        ensure_node_packages()
+        ref = ReferenceServer(data_dir=data_dir, log_path=self.tmp / f"{name}.log").start()
+        try:
+            status = _put_stream(ref.port, "/v1/stream/single")
+            if status not in (200, 201):
+                raise RuntimeError(f"creating the reference server's stream: {status}")
+            reference = _Reference(ref.port, ref.pid)
+            return self._http(
+                name,
+                label,
+                "POST",
+                "/v1/stream/single",
+                _compact(_record(0)),
+                self.args.clients,
+                1,
+                server=reference,  # type: ignore[arg-type]
+                roots={"server": ref.pid},
+            )
+        finally:
+            ref.stop()
+
+    def reffile(self) -> Measurement:
+        return self._reference(
+            "reffile", "(2f) reference server, file-backed", self.tmp / "reference-data"
+        )
+
+    def refmemory(self) -> Measurement:
+        return self._reference("refmemory", "(2m) reference server, in memory", None)
 
     def noop(self) -> Measurement:
         return self._http(
@@ -476,6 +531,8 @@ def report(bench: Bench) -> str:
             "-" if k not in m.cpu else f"{m.cpu[k]:.0f}" for k in ("server", "postgres", "client")
         )
         records = "-" if name in ("noop", "bare") else f"{m.records_per_s:,.0f}"
+        if name in ("reffile", "refmemory"):
+            cpu = f"{m.cpu.get('server', 0):.0f}/-/{m.cpu.get('client', 0):.0f}"
         lines.append(
             f"{m.label:<40} {m.ops_per_s:>9,.0f} {records:>10} "
             f"{_fmt(m.p50_ms, '.2f'):>7} {_fmt(m.p99_ms, '.2f'):>7} {m.errors:>4}  "
@@ -485,10 +542,21 @@ def report(bench: Bench) -> str:
     checks = []
     if "append" in r and "floor" in r and r["floor"].ops_per_s:
         ratio = r["append"].ops_per_s / r["floor"].ops_per_s
-        checks.append(("(2)/(1) HTTP append vs naive floor", f"{ratio:.2f}x", ">= 4x", ratio >= 4))
+        # Reported, not a target: the naive floor is bound by fsync, (2) by the CPU, and the two
+        # scale differently from machine to machine (docs/benchmarks.md).
+        checks.append(("(2)/(1) HTTP append vs naive floor", f"{ratio:.2f}x", "report", None))
     if "append" in r and "noop" in r and r["noop"].ops_per_s:
         ratio = r["append"].ops_per_s / r["noop"].ops_per_s
         checks.append(("(2)/(3) HTTP append vs no-op", f"{ratio:.1%}", ">= 50%", ratio >= 0.5))
+    if "append" in r and r["append"].p99_ms is not None:
+        p99 = r["append"].p99_ms
+        checks.append(("(2) p99 latency", f"{p99:.1f} ms", "<= 25 ms", p99 <= 25))
+    if "append" in r and "reffile" in r and r["reffile"].ops_per_s:
+        ratio = r["append"].ops_per_s / r["reffile"].ops_per_s
+        checks.append(("(2)/(2f) vs reference, file-backed", f"{ratio:.2f}x", ">= 4x", ratio >= 4))
+    if "append" in r and "refmemory" in r and r["refmemory"].ops_per_s:
+        ratio = r["append"].ops_per_s / r["refmemory"].ops_per_s
+        checks.append(("(2)/(2m) vs reference, in memory", f"{ratio:.1%}", ">= 25%", ratio >= 0.25))
     if "bare" in r and "noop" in r and r["noop"].ops_per_s:
         ratio = r["bare"].ops_per_s / r["noop"].ops_per_s
         checks.append(("(3b)/(3) POST floor vs no-op", f"{ratio:.1%}", "report", None))
