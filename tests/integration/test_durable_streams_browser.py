@@ -79,3 +79,30 @@ def test_another_origin_gets_no_cors_headers(browser_server: ServerProcess) -> N
     )
     assert "access-control-allow-origin" not in read.headers
     assert read.headers["x-content-type-options"] == "nosniff"
+
+
+@pytest.mark.parametrize("origin", [ORIGIN, "https://evil.example"])
+def test_the_native_append_answers_an_allowed_origin_and_no_other(
+    browser_server: ServerProcess, origin: str
+) -> None:
+    """The append route is answered in front of the router: the same browser headers, on an
+    append and on a refusal."""
+    base = browser_server.base_url + "/api/workflow-streams/runs/browser-run/streams"
+    auth = {"Authorization": f"Bearer {BOOTSTRAP_TOKEN}", "Origin": origin}
+    created = httpx.post(
+        base, headers=auth, json={"stream_id": f"native-{len(origin)}", "direction": "output"}
+    )
+    assert created.status_code == 201, created.text
+    url = f"{base}/native-{len(origin)}/records"
+    appended = httpx.post(url, headers=auth, json={"records": [{"data": 1}]})
+    refused = httpx.post(url, headers={"Origin": origin}, json={"records": [{"data": 1}]})
+    assert (appended.status_code, refused.status_code) == (201, 401)
+    for answer in (appended, refused):
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["cross-origin-resource-policy"] == "cross-origin"
+        if origin == ORIGIN:
+            assert answer.headers["access-control-allow-origin"] == ORIGIN
+            assert "www-authenticate" in answer.headers["access-control-expose-headers"].lower()
+            assert answer.headers["vary"] == "Origin"
+        else:
+            assert "access-control-allow-origin" not in answer.headers

@@ -44,16 +44,37 @@ def _requested_headers(value: bytes | None) -> list[str]:
     return [n for n in names if n and set(n) <= _TOKEN_CHARS]
 
 
-def browser_headers(app: Any, origins: Iterable[str]) -> Any:
+def allowed_origin(origins: Iterable[str]) -> Any:
+    """Whether a request's Origin may read answers: a function of the header's value."""
     allowed = frozenset(o.strip().rstrip("/") for o in origins if o.strip())
     anyone = "*" in allowed
+    return lambda origin: anyone or origin.decode("latin-1") in allowed
+
+
+def answer_headers(scope: dict, cors: Any) -> list[tuple[bytes, bytes]]:
+    """What `browser_headers` adds to an answer that sets none of them itself (an app in front
+    of it that answers alone adds these): the security headers, and CORS for an allowed
+    origin."""
+    origin = _header(scope, b"origin")
+    if origin is None or not cors(origin):
+        return list(SECURITY)
+    return [
+        *SECURITY,
+        (b"access-control-allow-origin", origin),
+        (b"access-control-expose-headers", EXPOSED),
+        (b"vary", b"Origin"),
+    ]
+
+
+def browser_headers(app: Any, origins: Iterable[str]) -> Any:
+    permitted = allowed_origin(origins)
 
     async def adapter(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
         origin = _header(scope, b"origin")
-        cors = origin is not None and (anyone or origin.decode("latin-1") in allowed)
+        cors = origin is not None and permitted(origin)
         if (
             cors
             and scope["method"] == "OPTIONS"

@@ -10,6 +10,7 @@ unaffected: they are raised, and answered by the application's exception handler
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -22,7 +23,7 @@ _JSON = (b"content-type", b"application/json")
 class JsonAnswer:
     __slots__ = ("_body", "_headers", "_status")
 
-    def __init__(self, value: Any, status: int, headers: tuple[tuple[bytes, bytes], ...] = ()):
+    def __init__(self, value: Any, status: int, headers: Sequence[tuple[bytes, bytes]] = ()):
         self._body = _encode(value)
         self._status = status
         self._headers = [_JSON, (b"content-length", b"%d" % len(self._body)), *headers]

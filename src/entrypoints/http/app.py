@@ -143,10 +143,11 @@ def create_app(container: Container) -> Litestar:
     # Around the router and the exception handlers, so that a HEAD is routed as its GET and
     # answers its problems too (404, 401, 405).
     app.asgi_handler = serve_head(app.asgi_handler)
-    # In front of the router: the single-record append, Litestar's layers done once (hot.py).
-    app.asgi_handler = hot_routes(app, app.asgi_handler, MAX_REQUEST_BYTES)
-    # Outermost: security headers on every answer, and CORS preflights answered before routing.
-    app.asgi_handler = browser_headers(app.asgi_handler, container.settings().cors_origins)
+    origins = container.settings().cors_origins
+    # Security headers on every answer, and CORS preflights answered before routing.
+    app.asgi_handler = browser_headers(app.asgi_handler, origins)
+    # Outermost: the append route, Litestar's layers and these headers done once (hot.py).
+    app.asgi_handler = hot_routes(app, app.asgi_handler, MAX_REQUEST_BYTES, origins)
     return app
 
 
