@@ -1,6 +1,7 @@
-"""The framework's floor for an append, for (3b): the same route, body and answer as
-`POST …/records`, through the same middleware, ASGI server and event loop as `ductor-streams
-serve`, and nothing else: no authentication, no records prepared, nothing stored.
+"""The framework's floor for an append, for (3b): `POST …/records` through the same front as
+`ductor-streams serve` (entrypoints/http/hot.py: request checks, request id, metric, body
+limit, JSON decoding, browser headers, answer), the same ASGI server and event loop, and
+nothing else: authentication and the append are stubs that answer at once, nothing is stored.
 
 Run by the bench as `python -m bench.bare_app PORT`.
 """
@@ -13,34 +14,34 @@ import sys
 
 from granian.constants import HTTPModes, Interfaces
 from granian.server.embed import Server
-from litestar import Litestar, Request, get, post
-from litestar.types import ASGIApp
+from litestar import Litestar, get
 
+from application.views import AppendAnswer
+from domain.stream import Credit
 from entrypoints.cli import GRANIAN_OPTIONS, fast_loop
-from entrypoints.http.answers import JsonAnswer
-from entrypoints.http.app import tune_collector
-from entrypoints.http.body import decode_body
+from entrypoints.http.app import MAX_REQUEST_BYTES, tune_collector
+from entrypoints.http.hot import hot_routes
 from entrypoints.http.observability import request_middleware
-from entrypoints.http.schemas import AppendBody
 from entrypoints.lean_imports import without_optional_integrations
 
-_ANSWER = {
-    "first_sequence": 1,
-    "last_sequence": 1,
-    "head": 1,
-    "credit": {
-        "unread_items": 1,
-        "unread_bytes": 100,
-        "max_unread_items": 10_000,
-        "max_unread_bytes": 67_108_864,
-    },
-}
+_ANSWER = AppendAnswer(
+    first_sequence=1,
+    last_sequence=1,
+    head=1,
+    credit=Credit(
+        unread_items=1, unread_bytes=100, max_unread_items=10_000, max_unread_bytes=67_108_864
+    ),
+)
 
 
-@post("/api/workflow-streams/runs/{run_id:str}/streams/{stream_id:str}/records")
-async def append(request: Request) -> ASGIApp:
-    await decode_body(request, AppendBody)
-    return JsonAnswer(_ANSWER, 201)
+class _Services:
+    """What the front calls, answering at once."""
+
+    async def authenticate(self, authorization: str | None) -> object:
+        return None
+
+    async def append_records(self, *args: object) -> tuple[AppendAnswer, bool]:
+        return _ANSWER, False
 
 
 @get("/readyz")
@@ -50,7 +51,9 @@ async def readyz() -> dict[str, str]:
 
 def main(port: int) -> None:
     with without_optional_integrations("pydantic", "attrs", "attr"):
-        app = Litestar([append, readyz], middleware=[request_middleware])
+        app = Litestar([readyz], middleware=[request_middleware])
+    app.state.services = _Services()
+    app.asgi_handler = hot_routes(app, app.asgi_handler, MAX_REQUEST_BYTES, ())
     tune_collector()
 
     async def serve() -> None:
