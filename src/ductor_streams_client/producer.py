@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 __all__ = ["Producer", "ProducerClosed", "SyncProducer"]
 
 
+def _wait_of(error: Backpressure) -> float:
+    """What the service asked to wait (1 s, its usual, when it did not say)."""
+    return 1.0 if error.retry_after is None else error.retry_after
+
+
 class ProducerClosed(RuntimeError):
     """`send` after `close()`."""
 
@@ -87,7 +92,7 @@ class _Common:
 
     def _gave_up(self, started: float, now: float, error: Backpressure) -> bool:
         limit = self.backpressure_timeout
-        return limit is not None and now + (error.retry_after or 1.0) - started > limit
+        return limit is not None and now + _wait_of(error) - started > limit
 
 
 class Producer(_Common):
@@ -206,7 +211,7 @@ class Producer(_Common):
                 now = time.monotonic()
                 if self._gave_up(started, now, error):
                     raise
-                await asyncio.sleep(error.retry_after or 1.0)
+                await asyncio.sleep(_wait_of(error))
 
 
 class SyncProducer(_Common):
@@ -324,4 +329,4 @@ class SyncProducer(_Common):
                 now = time.monotonic()
                 if self._gave_up(started, now, error):
                     raise
-                time.sleep(error.retry_after or 1.0)
+                time.sleep(_wait_of(error))
