@@ -667,3 +667,13 @@ def test_sync_follow_is_a_plain_generator() -> None:
         assert isinstance(items, Iterator)
         with contextlib.closing(items):
             assert next(items).sequence == 1  # type: ignore[union-attr]
+
+
+def test_the_package_is_marked_typed_and_packaged_so() -> None:
+    import tomllib
+    from pathlib import Path
+
+    package = Path(client_lib.__file__).parent
+    assert (package / "py.typed").is_file()
+    config = tomllib.loads((package.parents[1] / "pyproject.toml").read_text())
+    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["*"]
