@@ -1,18 +1,171 @@
 """The Python client of ductor-streams: durable, ordered data streams over HTTP and SSE.
 
 ```python
-from ductor_streams_client import StreamsClient, StreamsError
+from ductor_streams_client import Record, StreamsClient
 
 async with StreamsClient("http://127.0.0.1:8080", token) as client:
-    await client.create_stream("run-1", stream_id="tokens")
-    await client.append("run-1", "tokens", [{"text": "hello"}])
-    async for record in client.follow("run-1", "tokens"):
-        print(record["sequence"], record.get("data"))
+    await client.create_stream("run-1", "tokens")
+    answer = await client.append("run-1", "tokens", [{"text": "hello"}])
+    async for item in client.follow("run-1", "tokens"):
+        if isinstance(item, Record):
+            print(item.sequence, item.data)
 ```
 
-It talks HTTP only and imports nothing of the service."""
+`SyncStreamsClient` has the same methods without asyncio. Answers are frozen msgspec Structs
+(`StreamDocument`, `AppendAnswer`, `RecordsPage`, `Record`, ...); every error is a
+`StreamsError`, of the subclass of its problem `code` (`NotFound`, `Backpressure`,
+`CursorExpired`, ...). It talks HTTP only and imports nothing of the service."""
 
-from ductor_streams_client.client import API_PREFIX, Progress, RetryPolicy, StreamsClient
-from ductor_streams_client.errors import StreamsError
+from ductor_streams_client._core import API_PREFIX, Progress, RetryPolicy
+from ductor_streams_client.client import StreamsClient
+from ductor_streams_client.errors import (
+    CLASS_OF_CODE,
+    AckAheadOfHead,
+    AckRegression,
+    Backpressure,
+    ContentClassForbidden,
+    CrossScopeAck,
+    CursorAheadOfHead,
+    CursorExpired,
+    DefinitionConflict,
+    DigestMismatch,
+    EgressRegionDenied,
+    Forbidden,
+    IdempotencyKeyReused,
+    InternalError,
+    InvalidInput,
+    LegalHoldActive,
+    MethodNotAllowed,
+    Misdirected,
+    NotFound,
+    ObjectStateConflict,
+    ObjectTooLarge,
+    ProducerEpochStale,
+    ProducerSequenceGap,
+    QuotaExhausted,
+    RangeNotSatisfiable,
+    RecordTooLarge,
+    RequestTooLarge,
+    SizeMismatch,
+    StreamClosed,
+    StreamGone,
+    StreamsConnectionError,
+    StreamSeqRegression,
+    StreamsError,
+    TooManySubscriptions,
+    Unauthenticated,
+    Unavailable,
+    UnexpectedAnswer,
+    UnsupportedMediaType,
+)
+from ductor_streams_client.models import (
+    AckAnswer,
+    AppendAnswer,
+    Authorization,
+    Closed,
+    CommitAnswer,
+    Consumer,
+    Credit,
+    Deleted,
+    Event,
+    Expiry,
+    FollowItem,
+    Gone,
+    InputDelivery,
+    LegalHold,
+    Limits,
+    ObjectIntent,
+    ObjectRef,
+    OpenObject,
+    Placement,
+    Record,
+    RecordsPage,
+    Redaction,
+    Retention,
+    Revoked,
+    RunsPage,
+    RunSummary,
+    StreamDocument,
+    StreamList,
+    StreamState,
+)
+from ductor_streams_client.producer import Producer, ProducerClosed, SyncProducer
+from ductor_streams_client.sync import SyncStreamsClient
 
-__all__ = ["API_PREFIX", "Progress", "RetryPolicy", "StreamsClient", "StreamsError"]
+__all__ = [
+    "API_PREFIX",
+    "CLASS_OF_CODE",
+    "AckAheadOfHead",
+    "AckAnswer",
+    "AckRegression",
+    "AppendAnswer",
+    "Authorization",
+    "Backpressure",
+    "Closed",
+    "CommitAnswer",
+    "Consumer",
+    "ContentClassForbidden",
+    "Credit",
+    "CrossScopeAck",
+    "CursorAheadOfHead",
+    "CursorExpired",
+    "DefinitionConflict",
+    "Deleted",
+    "DigestMismatch",
+    "EgressRegionDenied",
+    "Event",
+    "Expiry",
+    "FollowItem",
+    "Forbidden",
+    "Gone",
+    "IdempotencyKeyReused",
+    "InputDelivery",
+    "InternalError",
+    "InvalidInput",
+    "LegalHold",
+    "LegalHoldActive",
+    "Limits",
+    "MethodNotAllowed",
+    "Misdirected",
+    "NotFound",
+    "ObjectIntent",
+    "ObjectRef",
+    "ObjectStateConflict",
+    "ObjectTooLarge",
+    "OpenObject",
+    "Placement",
+    "Producer",
+    "ProducerClosed",
+    "ProducerEpochStale",
+    "ProducerSequenceGap",
+    "Progress",
+    "QuotaExhausted",
+    "RangeNotSatisfiable",
+    "Record",
+    "RecordTooLarge",
+    "RecordsPage",
+    "Redaction",
+    "RequestTooLarge",
+    "Retention",
+    "RetryPolicy",
+    "Revoked",
+    "RunSummary",
+    "RunsPage",
+    "SizeMismatch",
+    "StreamClosed",
+    "StreamDocument",
+    "StreamGone",
+    "StreamList",
+    "StreamSeqRegression",
+    "StreamState",
+    "StreamsClient",
+    "StreamsConnectionError",
+    "StreamsError",
+    "SyncProducer",
+    "SyncStreamsClient",
+    "TooManySubscriptions",
+    "Unauthenticated",
+    "Unavailable",
+    "UnexpectedAnswer",
+    "UnsupportedMediaType",
+]

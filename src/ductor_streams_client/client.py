@@ -1,124 +1,69 @@
-"""`StreamsClient`: an async client of the ductor-streams HTTP API (docs/http-api.md).
+"""`StreamsClient`: the asyncio client of the ductor-streams HTTP API.
 
-It speaks HTTP only. Every call that changes state is safe to retry: appends and object
-prepares carry an idempotency key (generated when the caller gives none, and reused on every
-retry of that call), create/ack/close/commit are idempotent on the server. Retries happen on
-connection errors, 502/503/504 and 429 (honouring `Retry-After`), bounded both in attempts and
-in total time; every other error answer raises `StreamsError` at once."""
+Each method builds its request and reads its answer in the sans-IO core (`_core`), which
+`SyncStreamsClient` shares; this module only sends and sleeps. Every call that changes state is
+safe to retry, and retried by the one policy (`RetryPolicy`): appends and object prepares carry
+an idempotency key (generated when the caller gives none, reused by every retry of that call),
+create (with a `stream_id`), ack, close, commit, abort and the deletes are idempotent."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
-import json
 import os
-import random
-import time
-import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote
+from typing import Any, TypeVar
 
 import httpx
 
-from ductor_streams_client._sse import events
+from ductor_streams_client import _core as core
+from ductor_streams_client import models
+from ductor_streams_client._core import API_PREFIX, CHUNK, Progress, RetryPolicy
 from ductor_streams_client.errors import StreamsError
+from ductor_streams_client.producer import Producer
 
-API_PREFIX = "/api/workflow-streams"
-RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
-# Errors where the request may be sent again; not UnsupportedProtocol / LocalProtocolError.
-RETRYABLE_TRANSPORT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
-CHUNK = 256 * 1024
-USER_AGENT = "ductor-streams-client/0.1"
+__all__ = ["API_PREFIX", "Progress", "RetryPolicy", "StreamsClient"]
 
-Progress = Callable[[int, int], None]
-"""Called as `progress(bytes_sent, total_bytes)` while an object body uploads."""
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How a single call retries: at most `attempts` tries within `total_seconds`, sleeping
-    `Retry-After` when the service sends one, else exponential backoff from `base_delay` capped
-    at `max_delay` (with jitter)."""
-
-    attempts: int = 8
-    total_seconds: float = 60.0
-    base_delay: float = 0.2
-    max_delay: float = 5.0
-
-    def backoff(self, attempt: int) -> float:
-        delay = min(self.max_delay, self.base_delay * (2 ** max(0, attempt - 1)))
-        return delay * random.uniform(0.5, 1.0)
-
-
-def _segment(value: str) -> str:
-    return quote(str(value), safe="._:-~")
-
-
-def _record(value: Any, content_type: str) -> dict[str, Any]:
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {
-            "data_base64": base64.b64encode(bytes(value)).decode("ascii"),
-            "content_type": content_type,
-        }
-    return {"data": value}
-
-
-def _new_key() -> str:
-    return str(uuid.uuid4())
-
-
-def _digest_of_file(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as file:
-        while chunk := file.read(1024 * 1024):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
+T = TypeVar("T")
 
 
 class StreamsClient:
-    """An async client of one ductor-streams deployment.
+    """An asyncio client of one ductor-streams deployment.
 
     ```python
     async with StreamsClient("http://127.0.0.1:8080", token) as client:
-        await client.create_stream("run-1", stream_id="tokens", direction="output")
+        await client.create_stream("run-1", "tokens")
         await client.append("run-1", "tokens", [{"text": "hi"}])
-        async for record in client.follow("run-1", "tokens"):
+        async for item in client.follow("run-1", "tokens"):
             ...
     ```
 
     `base_url` is the deployment's root (a trailing `/api/workflow-streams` is accepted too).
-    `timeout` bounds each HTTP exchange (connect, write, and a read that is not a long poll);
-    `idle_timeout` is how long a subscription may stay silent (the service sends a heartbeat at
-    least every 15 s) before it counts as broken and reconnects."""
+    `token` is sent as `Authorization: Bearer` (None: send none, e.g. when `http_client`
+    already does). `timeout` bounds each HTTP exchange (seconds or an `httpx.Timeout`; a long
+    poll's read gets its `wait` on top); `idle_timeout` is how long a subscription may stay
+    silent (the service sends a heartbeat at least every 15 s) before it counts as broken and
+    reconnects. `retry` is the retry policy of every call. `http_client` is an
+    `httpx.AsyncClient` of yours to send through (its limits, proxies, event hooks...); the
+    client does not close it. `transport` (without `http_client`) is the transport of the
+    `httpx.AsyncClient` made here."""
 
     def __init__(
         self,
         base_url: str,
-        token: str,
+        token: str | None = None,
         *,
-        timeout: float = 30.0,
+        timeout: float | httpx.Timeout = 30.0,
         idle_timeout: float = 45.0,
         retry: RetryPolicy | None = None,
+        http_client: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        root = base_url.rstrip("/")
-        root = root.removesuffix(API_PREFIX)
-        self.base_url = root
-        self._timeout = timeout
-        self._idle_timeout = idle_timeout
-        self._retry = retry or RetryPolicy()
-        self._http = httpx.AsyncClient(
-            base_url=root,
-            headers={"Authorization": f"Bearer {token}", "User-Agent": USER_AGENT},
-            timeout=httpx.Timeout(timeout),
-            transport=transport,
-        )
+        self._s = core.Settings(base_url, token, timeout, idle_timeout, retry)
+        self.base_url = self._s.base_url
+        self.retry = self._s.retry
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.AsyncClient(transport=transport)
 
     async def __aenter__(self) -> StreamsClient:
         return self
@@ -127,114 +72,147 @@ class StreamsClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        """Close the HTTP client, unless it was given (`http_client=`)."""
+        if self._owns_http:
+            await self._http.aclose()
 
-    # -- plumbing ---------------------------------------------------------------------------------
+    # -- the driver -------------------------------------------------------------------------------
 
-    @staticmethod
-    def _path(run_id: str, stream_id: str | None = None, tail: str = "") -> str:
-        path = f"{API_PREFIX}/runs/{_segment(run_id)}/streams"
-        if stream_id is not None:
-            path += "/" + _segment(stream_id)
-        return path + tail
+    def _request(self, call: core.Call) -> httpx.Request:
+        return self._http.build_request(
+            call.method,
+            self._s.url(call.path),
+            params=call.params,
+            headers=call.request_headers(self._s.headers),
+            content=self._content(call),
+            timeout=self._s.timeout_of(call),
+        )
 
-    async def _request(
-        self,
-        method: str,
-        url: str,
-        *,
-        json_body: Any = None,
-        params: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-        content: Callable[[], Any] | None = None,
-        timeout: httpx.Timeout | float | None = None,
-        attempts: int | None = None,
-    ) -> httpx.Response:
-        """Send, retrying what is retryable; the answer when it is a success, else raise.
-        `content` builds a fresh body for each attempt (a stream can be replayed only so)."""
-        policy = self._retry
-        attempts = attempts or policy.attempts
-        deadline = time.monotonic() + policy.total_seconds
-        attempt = 0
+    def _content(self, call: core.Call) -> Any:
+        if call.upload is not None:
+            return _chunks(call.upload)
+        return call.body
+
+    async def _send(self, call: core.Call) -> Any:
+        """One call, retried by the policy: its decoded answer (an open response for a
+        `stream` call: close it), or its `StreamsError`."""
+        exchange = self._s.exchange(call)
         while True:
-            attempt += 1
+            request = self._request(call)
+            exchange.attempt()
             try:
-                response = await self._http.request(
-                    method,
-                    url,
-                    json=json_body,
-                    params=params,
-                    headers=headers,
-                    content=content() if content is not None else None,
-                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )
-            except RETRYABLE_TRANSPORT as error:
-                failure = StreamsError.from_transport(error, self.base_url)
-                delay = policy.backoff(attempt)
+                response = await self._http.send(request, stream=True)
             except httpx.TransportError as error:
-                raise StreamsError.from_transport(error, self.base_url) from error
+                step = exchange.failed(error)
             else:
-                if response.status_code < 400:
+                if call.stream and response.status_code < 400:
                     return response
-                failure = StreamsError.from_response(response)
-                if response.status_code not in RETRYABLE_STATUSES:
-                    raise failure
-                delay = (
-                    failure.retry_after
-                    if failure.retry_after is not None
-                    else policy.backoff(attempt)
-                )
-            if attempt >= attempts or time.monotonic() + delay > deadline:
-                raise failure
-            await asyncio.sleep(delay)
+                try:
+                    await response.aread()
+                except httpx.TransportError as error:
+                    step = exchange.failed(error)
+                else:
+                    step = exchange.answered(response)
+                finally:
+                    await response.aclose()
+            if not isinstance(step, core.Retry):
+                return step
+            await asyncio.sleep(step.delay)
 
-    async def _json(self, method: str, url: str, **kwargs: Any) -> Any:
-        return (await self._request(method, url, **kwargs)).json()
+    async def _run(self, flow: core.Flow[T]) -> T:
+        try:
+            call = next(flow)
+            while True:
+                try:
+                    result = await self._send(call)
+                except StreamsError as error:
+                    call = flow.throw(error)
+                else:
+                    call = flow.send(result)
+        except StopIteration as stop:
+            return stop.value
 
-    # -- streams ----------------------------------------------------------------------------------
+    # -- runs and streams -------------------------------------------------------------------------
 
-    async def create_stream(self, run_id: str, **definition: Any) -> dict[str, Any]:
-        """Create a stream definition (`stream_id`, `direction`, `content_class`, `limits`, ...;
-        docs/http-api.md "Stream definition"); `direction` defaults to `output`. Returns the stream
-        document, whether it was created now (201) or already existed identically (200)."""
-        definition.setdefault("direction", "output")
-        return await self._json("POST", self._path(run_id), json_body=definition)
+    async def create_stream(
+        self,
+        run_id: str,
+        stream_id: str | None = None,
+        *,
+        direction: str = "output",
+        content_class: str | None = None,
+        schema: Any = None,
+        limits: models.Limits | dict[str, Any] | None = None,
+        retention: models.Retention | dict[str, Any] | None = None,
+        redaction: models.Redaction | dict[str, Any] | None = None,
+        placement: models.Placement | dict[str, Any] | None = None,
+        authorization: models.Authorization | dict[str, Any] | None = None,
+        expiry: models.Expiry | dict[str, Any] | None = None,
+    ) -> models.StreamDocument:
+        """Create a stream (the service makes up an ID when `stream_id` is None). The same ID
+        with an identical definition again answers the stream as it is; another definition is
+        `DefinitionConflict`. Left-out settings take the service's defaults."""
+        settings = {
+            "content_class": content_class,
+            "schema": schema,
+            "limits": limits,
+            "retention": retention,
+            "redaction": redaction,
+            "placement": placement,
+            "authorization": authorization,
+            "expiry": expiry,
+        }
+        return await self._run(core.create_stream(run_id, stream_id, direction, settings))
 
-    async def get_stream(self, run_id: str, stream_id: str) -> dict[str, Any]:
-        """The stream document: the definition plus `run_id`, `created_at` and `state`."""
-        return await self._json("GET", self._path(run_id, stream_id))
+    async def get_stream(self, run_id: str, stream_id: str) -> models.StreamDocument:
+        """The stream document: its definition, `run_id`, `created_at` and `state`."""
+        return await self._run(core.get_stream(run_id, stream_id))
 
-    async def list_streams(self, run_id: str) -> Any:
-        """The run's streams, as the service answers them."""
-        return await self._json("GET", self._path(run_id))
+    async def list_streams(self, run_id: str) -> models.StreamList:
+        """The run's streams that the caller may read (`NotFound` when it has none)."""
+        return await self._run(core.list_streams(run_id))
 
-    async def close(self, run_id: str, stream_id: str) -> dict[str, Any]:
-        """Close the stream (a no-op when already closed); returns the stream document."""
-        return await self._json("POST", self._path(run_id, stream_id, "/close"))
+    async def close_stream(self, run_id: str, stream_id: str) -> models.StreamDocument:
+        """Close the stream (a no-op when already closed); answers the stream document."""
+        return await self._run(core.close(run_id, stream_id))
+
+    async def close(self, run_id: str, stream_id: str) -> models.StreamDocument:
+        """The same as `close_stream` (the name of earlier versions)."""
+        return await self.close_stream(run_id, stream_id)
 
     async def set_legal_hold(
         self, run_id: str, stream_id: str, enabled: bool, reason: str | None = None
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {"enabled": enabled}
-        if reason is not None:
-            body["reason"] = reason
-        return await self._json("PUT", self._path(run_id, stream_id, "/legal-hold"), json_body=body)
+    ) -> models.LegalHold:
+        """Set or lift the legal hold (needs `streams:admin`)."""
+        return await self._run(core.set_legal_hold(run_id, stream_id, enabled, reason))
 
     async def delete_stream(self, run_id: str, stream_id: str) -> None:
-        """Erase the stream (409 `legal-hold-active` while a hold is on). A retry after a lost
-        answer may find it gone already: not-found then means it was deleted."""
-        await self._request("DELETE", self._path(run_id, stream_id))
+        """Erase the stream (`LegalHoldActive` while a hold is on; needs `streams:admin`)."""
+        await self._run(core.delete_stream(run_id, stream_id))
 
     async def delete_run(self, run_id: str) -> None:
         """Erase every stream of the run, all or nothing."""
-        await self._request("DELETE", f"{API_PREFIX}/runs/{_segment(run_id)}")
+        await self._run(core.delete_run(run_id))
 
-    async def list_runs(self, after: str | None = None, limit: int = 100) -> dict[str, Any]:
-        """One page of the tenant's runs: `{"runs": [...], "next_after"}` (null at the end)."""
-        params: dict[str, Any] = {"limit": limit}
-        if after is not None:
-            params["after"] = after
-        return await self._json("GET", f"{API_PREFIX}/runs", params=params)
+    async def list_runs(
+        self, *, prefix: str | None = None, after: str | None = None, limit: int = 100
+    ) -> models.RunsPage:
+        """One page of the tenant's runs, ascending by ID: those after `after`, whose ID starts
+        with `prefix`, at most `limit` (1 to 1,000). `page.next_after` is the next `after`."""
+        return await self._run(core.list_runs(prefix, after, limit))
+
+    async def iter_runs(
+        self, *, prefix: str | None = None, page_size: int = 100
+    ) -> AsyncIterator[models.RunSummary]:
+        """Every run of the tenant (whose ID starts with `prefix`), page after page."""
+        after = None
+        while True:
+            page = await self.list_runs(prefix=prefix, after=after, limit=page_size)
+            for run in page.runs:
+                yield run
+            if page.next_after is None:
+                return
+            after = page.next_after
 
     # -- records ----------------------------------------------------------------------------------
 
@@ -242,48 +220,33 @@ class StreamsClient:
         self,
         run_id: str,
         stream_id: str,
-        records: list[Any],
+        records: Iterable[Any],
         *,
         idempotency_key: str | None = None,
-        content_type: str = "application/octet-stream",
-    ) -> dict[str, Any]:
-        """Append one atomic batch. Each item is a JSON value (stored as `data`) or bytes (stored
-        as `data_base64` with `content_type`). Every call carries an `Idempotency-Key` (a fresh
-        UUID unless given) that all its retries reuse, so a retry never appends twice. Returns
-        `{"first_sequence", "last_sequence", "head", "credit"}`."""
-        key = idempotency_key or _new_key()
-        body = {"records": [_record(r, content_type) for r in records]}
-        return await self._json(
-            "POST",
-            self._path(run_id, stream_id, "/records"),
-            json_body=body,
-            headers={"Idempotency-Key": key},
+        content_type: str | None = None,
+    ) -> models.AppendAnswer:
+        """Append one atomic batch (1 to 1,000 records). Each item is a JSON value (stored as
+        `data`) or bytes (`data_base64`). `content_type` applies to every record (default
+        `application/json` for JSON, `application/octet-stream` for bytes). The call carries an
+        `Idempotency-Key` (a fresh UUID unless given) that all its retries reuse, so a retry
+        never appends twice."""
+        return await self._run(
+            core.append(run_id, stream_id, records, idempotency_key, content_type)
         )
 
     async def read(
         self, run_id: str, stream_id: str, cursor: int = 0, limit: int = 100, wait: float = 0
-    ) -> dict[str, Any]:
-        """One page of records with `sequence > cursor`: `{"records", "next_cursor", "head",
-        "earliest", "closed"}`. With `wait` (0-60 s) and nothing past the cursor, long-polls."""
-        params: dict[str, Any] = {"cursor": cursor, "limit": limit}
-        if wait:
-            params["wait"] = wait
-        return await self._json(
-            "GET",
-            self._path(run_id, stream_id, "/records"),
-            params=params,
-            timeout=httpx.Timeout(self._timeout, read=self._timeout + float(wait)),
-        )
+    ) -> models.RecordsPage:
+        """One page of records with `sequence > cursor`. With `wait` (0-60 s) and nothing past
+        the cursor, waits that long for an append (a long poll)."""
+        return await self._run(core.read(run_id, stream_id, cursor, limit, wait))
 
     async def ack(
         self, run_id: str, stream_id: str, consumer_id: str, sequence: int
-    ) -> dict[str, Any]:
-        """Acknowledge `consumer_id` through `sequence` (acks only advance; equal is a no-op)."""
-        return await self._json(
-            "POST",
-            self._path(run_id, stream_id, f"/consumers/{_segment(consumer_id)}/ack"),
-            json_body={"sequence": sequence},
-        )
+    ) -> models.AckAnswer:
+        """Acknowledge `consumer_id` through `sequence` (acks only advance; equal is a no-op),
+        freeing credit for the writers."""
+        return await self._run(core.ack(run_id, stream_id, consumer_id, sequence))
 
     async def follow(
         self,
@@ -291,101 +254,94 @@ class StreamsClient:
         stream_id: str,
         cursor: int = 0,
         *,
+        events: bool = True,
         give_up_after: float | None = 300.0,
         on_reconnect: Callable[[StreamsError, float], None] | None = None,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Every record with `sequence > cursor`, live, in order, each exactly once.
+    ) -> AsyncIterator[models.FollowItem]:
+        """Every record with `sequence > cursor`, live, in order, each exactly once; then the
+        final event: `Closed` (closed and all delivered), `Gone` (retention overtook the
+        follower), `Deleted` or `Revoked`, after which the iteration ends.
 
-        Subscribes over SSE and, on any disconnect (network, idle timeout, server restart, a
-        response that ends without `closed`), reconnects from the last delivered sequence with
-        `Last-Event-ID`, with capped exponential backoff (429/503 honour `Retry-After`). Ends
-        when the stream is closed and fully delivered. Raises `StreamsError`: 410
-        `cursor-expired` when retention overtook the cursor (`gone`, with `requested`,
-        `earliest`, `latest`), any other 4xx problem at once, and `connection-error` after
-        `give_up_after` seconds without a working connection (None: never give up); before
-        the first connection ever succeeds, the retry policy's `total_seconds` bounds it.
+        With `events=False` only records are yielded: `Closed` just ends the iteration, and the
+        others raise `CursorExpired`, `NotFound` and `Unauthenticated`.
+
+        Subscribes over SSE and, on any disconnect (network, idle timeout, server restart),
+        reconnects from the last delivered sequence with `Last-Event-ID`, backing off by the
+        retry policy (429/503 honour `Retry-After`). Refusals raise at once (`NotFound`,
+        `CursorAheadOfHead`, `CursorExpired`, ...); `StreamsConnectionError` after
+        `give_up_after` seconds without a working connection (None: never give up), or, before
+        the first connection ever succeeds, after the policy's `total_seconds`.
         `on_reconnect(failure, delay)` is told of each disconnect before the pause.
 
         Use it under `contextlib.aclosing(...)` when you may stop early, so the connection is
         released at once."""
-        last = cursor
-        url = self._path(run_id, stream_id, "/subscribe")
-        timeout = httpx.Timeout(self._timeout, read=self._idle_timeout)
-        policy = self._retry
-        failing_since: float | None = None
-        connected = False
-        attempt = 0
+        follower = core.Follower(
+            run_id,
+            stream_id,
+            cursor,
+            policy=self.retry,
+            where=self.base_url,
+            give_up_after=give_up_after,
+            on_reconnect=on_reconnect,
+            events=events,
+            read_timeout=self._s.idle_timeout,
+        )
         while True:
-            headers = {"Accept": "text/event-stream", "Last-Event-ID": str(last)}
-            failure: StreamsError
-            delay: float | None = None
+            call = follower.call()
             try:
-                async with self._http.stream(
-                    "GET", url, params={"cursor": last}, headers=headers, timeout=timeout
-                ) as response:
+                response = await self._http.send(self._request(call), stream=True)
+            except httpx.TransportError as error:
+                follower.lost(error)
+            else:
+                try:
                     if response.status_code >= 400:
                         await response.aread()
-                        failure = StreamsError.from_response(response)
-                        if response.status_code not in RETRYABLE_STATUSES:
-                            raise failure
-                        delay = failure.retry_after
+                        follower.refused(response)
                     else:
-                        media_type = response.headers.get("content-type", "")
-                        if not media_type.startswith("text/event-stream"):
-                            raise StreamsError(
-                                response.status_code,
-                                "unexpected-answer",
-                                f"subscribe answered {media_type or 'no content type'}, "
-                                "not text/event-stream",
-                            )
-                        failing_since, connected = None, True
-                        async for event in events(response):
-                            if event.event == "record":
-                                record = json.loads(event.data)
-                                sequence = int(record["sequence"])
-                                if sequence <= last:
-                                    continue  # never deliver twice, whatever the wire does
-                                last = sequence
-                                attempt = 0
-                                yield record
-                            elif event.event == "closed":
+                        follower.opened(response)
+                        async for line in response.aiter_lines():
+                            item = follower.line(line)
+                            if item is not None:
+                                yield item
+                            if follower.done:
                                 return
-                            elif event.event == "deleted":
-                                raise StreamsError(
-                                    404,
-                                    "not-found",
-                                    f"stream {stream_id!r} was deleted",
-                                    {"status": 404, "code": "not-found"},
-                                )
-                            elif event.event == "gone":
-                                fields = json.loads(event.data or "{}")
-                                raise StreamsError(
-                                    410,
-                                    "cursor-expired",
-                                    f"retention removed record {fields.get('requested')}; "
-                                    f"the earliest retained is {fields.get('earliest')}",
-                                    {"status": 410, "code": "cursor-expired", **fields},
-                                )
-                        failure = StreamsError(
-                            0,
-                            "connection-error",
-                            "the subscription ended before the stream closed",
-                        )
-            except RETRYABLE_TRANSPORT as error:
-                failure = StreamsError.from_transport(error, self.base_url)
-            except httpx.TransportError as error:
-                raise StreamsError.from_transport(error, self.base_url) from error
-            attempt += 1
-            now = time.monotonic()
-            failing_since = failing_since if failing_since is not None else now
-            if delay is None:
-                delay = policy.backoff(attempt)
-            limit = give_up_after if connected else policy.total_seconds
-            if limit is not None and now + delay - failing_since > limit:
-                raise failure
-            if on_reconnect is not None:
-                on_reconnect(failure, delay)
-            await asyncio.sleep(delay)
+                        follower.ended()
+                except httpx.TransportError as error:
+                    follower.lost(error)
+                finally:
+                    await response.aclose()
+            await asyncio.sleep(follower.pause())
+
+    def producer(
+        self,
+        run_id: str,
+        stream_id: str,
+        *,
+        max_batch_records: int = 1000,
+        max_batch_bytes: int = 1024 * 1024,
+        linger: float = 0.005,
+        max_buffered_records: int = 10_000,
+        content_type: str | None = None,
+        backpressure_timeout: float | None = 300.0,
+    ) -> Producer:
+        """A `Producer` that batches `send(value)`s into appends in the background (see
+        `Producer`). Use it as `async with client.producer(...) as producer:`."""
+        return Producer(
+            self,
+            run_id,
+            stream_id,
+            max_batch_records=max_batch_records,
+            max_batch_bytes=max_batch_bytes,
+            linger=linger,
+            max_buffered_records=max_buffered_records,
+            content_type=content_type,
+            backpressure_timeout=backpressure_timeout,
+        )
+
+    async def _append_encoded(
+        self, run_id: str, stream_id: str, body: bytes, key: str
+    ) -> models.AppendAnswer:
+        return await self._run(core.append_encoded(run_id, stream_id, body, key))
 
     # -- objects ----------------------------------------------------------------------------------
 
@@ -402,161 +358,84 @@ class StreamsClient:
         schema: Any = None,
         expires_in_seconds: int | None = None,
         progress: Progress | None = None,
-    ) -> dict[str, Any]:
-        """Store an object and append the record that carries it: prepare, streamed PUT of the
-        body, commit. `source` is a file path, bytes, or an async iterable of bytes (then `size`
-        and `sha256` (hex) are required, and the upload cannot be retried). For a file they are
-        computed by reading it once in chunks; it is read again, in chunks, to upload. Returns
-        the commit answer `{"sequence", "object_id"}`. Safe to call again with the same
+    ) -> models.CommitAnswer:
+        """Store an object (up to 32 MiB) and append the record that carries it: prepare,
+        streamed upload, commit. `source` is a file path, bytes, or an async iterable of bytes
+        (then `size` and `sha256` (hex) are required, and the upload is not retried: it cannot
+        be read twice). For a file they are computed by reading it once; it is read again, in
+        chunks, to upload (and again on a retry). Safe to call again with the same
         `idempotency_key`: it resumes (or replays) the same object."""
-        replayable = True
-        if isinstance(source, bytes | bytearray | memoryview):
-            data = bytes(source)
-            if size is None:
-                size = len(data)
-            if sha256 is None:
-                sha256 = hashlib.sha256(data).hexdigest()
-
-            async def chunks() -> AsyncIterator[bytes]:
-                for start in range(0, len(data), CHUNK):
-                    yield data[start : start + CHUNK]
-
-            body_factory: Callable[[], AsyncIterable[bytes]] = chunks
-        elif isinstance(source, str | os.PathLike):
-            path = Path(source)
-            if size is None or sha256 is None:
-                size, sha256 = await asyncio.to_thread(_digest_of_file, path)
-
-            async def file_chunks() -> AsyncIterator[bytes]:
-                with path.open("rb") as file:  # noqa: ASYNC230 - chunked reads via a thread
-                    while chunk := await asyncio.to_thread(file.read, CHUNK):
-                        yield chunk
-
-            body_factory = file_chunks
+        if isinstance(source, str | os.PathLike) and (size is None or sha256 is None):
+            body = await asyncio.to_thread(
+                core.object_source, source, size, sha256, iterable=AsyncIterable
+            )
         else:
-            if size is None or sha256 is None:
-                raise ValueError("an async-iterator source needs size= and sha256=")
-            stream = source
-            replayable = False
+            body = core.object_source(source, size, sha256, iterable=AsyncIterable)
+        flow = core.put_object(
+            run_id,
+            stream_id,
+            body,
+            content_type=content_type,
+            idempotency_key=idempotency_key,
+            schema=schema,
+            expires_in_seconds=expires_in_seconds,
+            progress=progress,
+        )
+        return await self._run(flow)
 
-            def once() -> AsyncIterable[bytes]:
-                return stream
-
-            body_factory = once
-        assert size is not None and sha256 is not None
-
-        prepare: dict[str, Any] = {
-            "idempotency_key": idempotency_key or _new_key(),
-            "size": size,
-            "sha256": sha256.lower(),
-            "content_type": content_type,
-        }
-        if schema is not None:
-            prepare["schema"] = schema
-        if expires_in_seconds is not None:
-            prepare["expires_in_seconds"] = expires_in_seconds
-        objects = self._path(run_id, stream_id, "/objects")
-        intent = await self._json("POST", objects, json_body=prepare)
-        object_id = intent["object_id"]
-        object_path = f"{objects}/{_segment(object_id)}"
-
-        if intent.get("state") == "prepared":
-            upload = intent.get("upload") or {}
-            url = str(httpx.URL(self.base_url).join(upload.get("url") or object_path + "/body"))
-            total = size
-
-            def counted() -> AsyncIterator[bytes]:
-                async def gen() -> AsyncIterator[bytes]:
-                    sent = 0
-                    if progress:
-                        progress(0, total)
-                    async for chunk in body_factory():
-                        sent += len(chunk)
-                        yield chunk
-                        if progress:
-                            progress(sent, total)
-
-                return gen()
-
-            try:
-                await self._request(
-                    "PUT",
-                    url,
-                    content=counted,
-                    headers={"Content-Type": content_type, "Content-Length": str(size)},
-                    attempts=None if replayable else 1,
-                )
-            except StreamsError as error:
-                # An earlier attempt may have landed although its answer was lost.
-                if error.code != "object-state-conflict":
-                    raise
-                state = (await self._json("GET", object_path)).get("state")
-                if state not in ("uploaded", "committed"):
-                    raise
-        return await self._json("POST", object_path + "/commit")
-
-    async def get_object(self, run_id: str, stream_id: str, object_id: str) -> dict[str, Any]:
+    async def get_object(self, run_id: str, stream_id: str, object_id: str) -> models.ObjectIntent:
         """An object's metadata and state."""
-        path = self._path(run_id, stream_id, f"/objects/{_segment(object_id)}")
-        return await self._json("GET", path)
+        return await self._run(core.get_object(run_id, stream_id, object_id))
 
-    async def abort_object(self, run_id: str, stream_id: str, object_id: str) -> dict[str, Any]:
-        path = self._path(run_id, stream_id, f"/objects/{_segment(object_id)}/abort")
-        return await self._json("POST", path)
+    async def abort_object(
+        self, run_id: str, stream_id: str, object_id: str
+    ) -> models.ObjectIntent:
+        """Abort an object not yet committed (aborting again changes nothing)."""
+        return await self._run(core.abort_object(run_id, stream_id, object_id))
 
     async def get_object_body(
         self, run_id: str, stream_id: str, object_id: str, *, chunk_size: int = CHUNK
     ) -> AsyncIterator[bytes]:
         """A committed object's body, streamed in chunks. The SHA-256 announced in
-        `Repr-Digest` is checked at the end: a mismatch raises `StreamsError` (`digest-mismatch`)
-        after the last chunk. Opening the download is retried like any read."""
-        path = self._path(run_id, stream_id, f"/objects/{_segment(object_id)}/body")
-        policy = self._retry
-        deadline = time.monotonic() + policy.total_seconds
-        attempt = 0
-        started = False
-        while True:
-            attempt += 1
-            try:
-                async with self._http.stream("GET", path) as response:
-                    if response.status_code >= 400:
-                        await response.aread()
-                        failure = StreamsError.from_response(response)
-                        if response.status_code not in RETRYABLE_STATUSES:
-                            raise failure
-                        delay = failure.retry_after or policy.backoff(attempt)
-                    else:
-                        expected = _repr_digest(response.headers.get("repr-digest"))
-                        digest = hashlib.sha256()
-                        async for chunk in response.aiter_bytes(chunk_size):
-                            digest.update(chunk)
-                            started = True
-                            yield chunk
-                        if expected is not None and digest.digest() != expected:
-                            raise StreamsError(
-                                response.status_code,
-                                "digest-mismatch",
-                                "the downloaded body does not match its Repr-Digest",
-                            )
-                        return
-            except RETRYABLE_TRANSPORT as error:
-                if started:  # bytes were delivered: a retry would repeat them
-                    raise StreamsError.from_transport(error, self.base_url) from error
-                failure = StreamsError.from_transport(error, self.base_url)
-                delay = policy.backoff(attempt)
-            if attempt >= policy.attempts or time.monotonic() + delay > deadline:
-                raise failure
-            await asyncio.sleep(delay)
+        `Repr-Digest` is checked at the end: a mismatch raises `DigestMismatch` after the last
+        chunk. Opening the download is retried like any read; a break once bytes have been
+        delivered raises `StreamsConnectionError` (a retry would repeat them)."""
+        response: httpx.Response = await self._send(
+            core.get_object_body(run_id, stream_id, object_id)
+        )
+        try:
+            check = core.BodyCheck(response)
+            async for chunk in response.aiter_bytes(chunk_size):
+                yield check.feed(chunk)
+            check.finish()
+        except httpx.TransportError as error:
+            raise StreamsError.from_transport(error, self.base_url) from error
+        finally:
+            await response.aclose()
 
 
-def _repr_digest(header: str | None) -> bytes | None:
-    if not header:
-        return None
-    for part in header.split(","):
-        name, _, value = part.strip().partition("=")
-        if name.strip().lower() == "sha-256" and value.startswith(":") and value.endswith(":"):
-            try:
-                return base64.b64decode(value[1:-1])
-            except ValueError:
-                return None
-    return None
+async def _chunks(upload: core.Upload) -> AsyncIterator[bytes]:
+    """An upload's body as the async client sends it (file reads in a thread)."""
+    if isinstance(upload.source, bytes):
+        for chunk in upload.sync_chunks():
+            yield chunk
+        return
+    sent = 0
+    if upload.progress:
+        upload.progress(0, upload.size)
+    if isinstance(upload.source, Path):
+        file = await asyncio.to_thread(upload.source.open, "rb")
+        try:
+            while chunk := await asyncio.to_thread(file.read, CHUNK):
+                sent += len(chunk)
+                yield chunk
+                if upload.progress:
+                    upload.progress(sent, upload.size)
+        finally:
+            file.close()
+        return
+    async for chunk in upload.source:
+        sent += len(chunk)
+        yield chunk
+        if upload.progress:
+            upload.progress(sent, upload.size)

@@ -20,7 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ductor_streams_client import StreamsClient, StreamsError
+import msgspec
+
+from ductor_streams_client import Record, StreamsClient, StreamsError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_ENV = "DUCTOR_STREAMS_URL"
@@ -171,7 +173,24 @@ def _run(args: argparse.Namespace, main: Any) -> int:
 
 
 def _print_json(value: Any) -> None:
+    """One line of JSON; an answer (a msgspec Struct) as the service sent it."""
+    if isinstance(value, msgspec.Struct):
+        value = msgspec.to_builtins(value)
     print(json.dumps(value, separators=(",", ":"), ensure_ascii=False), flush=True)
+
+
+_FIELD_OF_KIND = {"json": "data", "bytes": "data_base64", "object": "object"}
+
+
+def _record_json(record: Record) -> dict[str, Any]:
+    """A record as the service sends it: only the one of `data`, `data_base64` or `object`
+    that it carries."""
+    value: dict[str, Any] = msgspec.to_builtins(record)
+    keep = _FIELD_OF_KIND[record.kind]
+    for name in _FIELD_OF_KIND.values():
+        if name != keep:
+            value.pop(name, None)
+    return value
 
 
 # -- tail -----------------------------------------------------------------------------------------
@@ -191,11 +210,16 @@ async def _tail(args: argparse.Namespace) -> None:
         outage = True
 
     async with _client(args) as client:
-        records = client.follow(args.run, args.stream, args.cursor, on_reconnect=reconnecting)
+        # events=False: the end of a closed stream ends the loop; a deleted stream, records
+        # removed by retention or a revoked token raise, and exit 1 with one line.
+        records = client.follow(
+            args.run, args.stream, args.cursor, events=False, on_reconnect=reconnecting
+        )
         async with contextlib.aclosing(records):
             async for record in records:
                 outage = False
-                _print_json(record)
+                assert isinstance(record, Record)
+                _print_json(_record_json(record))
 
 
 # -- append ---------------------------------------------------------------------------------------

@@ -21,7 +21,26 @@ from typing import Any
 import httpx
 import pytest
 
-from ductor_streams_client import RetryPolicy, StreamsClient, StreamsError
+from ductor_streams_client import (
+    AckAnswer,
+    AppendAnswer,
+    Closed,
+    CommitAnswer,
+    CursorAheadOfHead,
+    Deleted,
+    IdempotencyKeyReused,
+    NotFound,
+    ObjectIntent,
+    Record,
+    RecordsPage,
+    RetryPolicy,
+    RunsPage,
+    StreamDocument,
+    StreamList,
+    StreamsClient,
+    StreamsError,
+    Unauthenticated,
+)
 from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV
 from tests.support.server import ServerProcess
 
@@ -64,9 +83,9 @@ async def client(server: ServerProcess) -> AsyncIterator[StreamsClient]:
         yield client
 
 
-async def collect(records: AsyncIterator[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
-    async with asyncio.timeout(timeout), contextlib.aclosing(records):
-        return [record async for record in records]
+async def collect(items: AsyncIterator[Any], timeout: float) -> list[Any]:
+    async with asyncio.timeout(timeout), contextlib.aclosing(items):
+        return [item async for item in items]
 
 
 # -- the library ----------------------------------------------------------------------------------
@@ -76,30 +95,38 @@ async def test_the_full_flow(server: ServerProcess, run_id: str, tmp_path: Path)
     transport = Recording()
     async with StreamsClient(server.base_url, BOOTSTRAP_TOKEN, transport=transport) as client:
         document = await client.create_stream(run_id, stream_id="s")
-        assert document["stream_id"] == "s" and document["state"]["head"] == 0
+        assert isinstance(document, StreamDocument)
+        assert document.stream_id == "s" and document.state.head == 0
+        assert document.limits.max_unread_items == 10_000 and document.direction == "output"
         again = await client.create_stream(run_id, stream_id="s")  # identical: 200, same doc
-        assert again["stream_id"] == "s"
-        assert (await client.get_stream(run_id, "s"))["run_id"] == run_id
-        assert "s" in json.dumps(await client.list_streams(run_id))
+        assert again == document
+        assert (await client.get_stream(run_id, "s")).run_id == run_id
+        listed = await client.list_streams(run_id)
+        assert isinstance(listed, StreamList) and [d.stream_id for d in listed.streams] == ["s"]
 
         answer = await client.append(run_id, "s", [{"n": 1}, "two", b"\x00\x01raw"])
-        assert (answer["first_sequence"], answer["last_sequence"]) == (1, 3)
+        assert isinstance(answer, AppendAnswer)
+        assert (answer.first_sequence, answer.last_sequence, answer.head) == (1, 3, 3)
+        assert answer.credit.unread_items == 3
         [(request, status, _)] = transport.requests("POST", "/records")
         assert status == 201 and request.headers.get("idempotency-key")
 
         page = await client.read(run_id, "s", cursor=1, limit=10)
-        assert [r["sequence"] for r in page["records"]] == [2, 3]
-        assert page["records"][0]["data"] == "two"
-        assert page["records"][1]["data_base64"] == "AAFyYXc="
-        assert page["next_cursor"] == 3 and page["closed"] is False
+        assert isinstance(page, RecordsPage)
+        assert [r.sequence for r in page.records] == [2, 3]
+        assert page.records[0].data == "two" and page.records[0].kind == "json"
+        assert page.records[1].kind == "bytes" and page.records[1].bytes == b"\x00\x01raw"
+        assert page.records[1].data_base64 == "AAFyYXc="
+        assert page.next_cursor == 3 and page.closed is False
 
         waited = time.monotonic()
         empty = await client.read(run_id, "s", cursor=3, wait=0.5)
-        assert empty["records"] == [] and time.monotonic() - waited >= 0.4
+        assert empty.records == () and time.monotonic() - waited >= 0.4
 
         ack = await client.ack(run_id, "s", "reader", 2)
-        assert ack["acked_sequence"] == 2
-        assert (await client.ack(run_id, "s", "reader", 2))["acked_sequence"] == 2  # no-op
+        assert isinstance(ack, AckAnswer) and ack.acked_sequence == 2
+        assert ack.credit.unread_items == 1
+        assert (await client.ack(run_id, "s", "reader", 2)).acked_sequence == 2  # no-op
 
         file = tmp_path / "body.bin"
         file.write_bytes(BODY)
@@ -111,47 +138,54 @@ async def test_the_full_flow(server: ServerProcess, run_id: str, tmp_path: Path)
             content_type="application/x-test",
             progress=lambda sent, total: seen.append((sent, total)),
         )
-        assert committed["sequence"] == 4
+        assert isinstance(committed, CommitAnswer) and committed.sequence == 4
         assert seen[-1] == (len(BODY), len(BODY))
         [(upload, _, _)] = transport.requests("PUT", "/body")
         assert upload.headers["content-length"] == str(len(BODY))
-        meta = await client.get_object(run_id, "s", committed["object_id"])
-        assert meta["state"] == "committed"
-        assert meta["sha256"] == hashlib.sha256(BODY).hexdigest()
-        body = b"".join(
-            [c async for c in client.get_object_body(run_id, "s", committed["object_id"])]
-        )
+        meta = await client.get_object(run_id, "s", committed.object_id)
+        assert isinstance(meta, ObjectIntent) and meta.state == "committed"
+        assert meta.sha256 == hashlib.sha256(BODY).hexdigest() and meta.sequence == 4
+        body = b"".join([c async for c in client.get_object_body(run_id, "s", committed.object_id)])
         assert body == BODY
 
         follower = asyncio.create_task(collect(client.follow(run_id, "s"), timeout=20))
         await asyncio.sleep(0.3)
         await client.append(run_id, "s", [{"n": 5}])
-        closed = await client.close(run_id, "s")
-        assert closed["state"]["closed"] is True
-        records = await follower
-        assert [r["sequence"] for r in records] == [1, 2, 3, 4, 5]
-        assert records[3]["object"]["object_id"] == committed["object_id"]
-        assert records[4]["data"] == {"n": 5}
+        closed = await client.close_stream(run_id, "s")
+        assert closed.state.closed is True and closed.state.closed_at is not None
+        *records, end = await follower
+        assert all(isinstance(r, Record) for r in records)
+        assert [r.sequence for r in records] == [1, 2, 3, 4, 5]
+        assert records[3].kind == "object" and records[3].object is not None
+        assert records[3].object.object_id == committed.object_id
+        assert records[3].object.size == len(BODY)
+        assert records[4].data == {"n": 5}
+        assert end == Closed(head=5)
 
 
 async def test_problems_raise_streams_error(client: StreamsClient, run_id: str) -> None:
-    with pytest.raises(StreamsError) as caught:
+    with pytest.raises(NotFound) as caught:
         await client.get_stream(run_id, "nope")
     error = caught.value
+    assert isinstance(error, StreamsError)
     assert (error.status, error.code) == (404, "not-found")
     assert error.detail and error.problem["code"] == "not-found"
     assert str(error).startswith("404 not-found: ")
 
     await client.create_stream(run_id, stream_id="s")
-    with pytest.raises(StreamsError) as caught:
+    with pytest.raises(CursorAheadOfHead) as ahead:
         await collect(client.follow(run_id, "s", cursor=5), timeout=10)
-    assert (caught.value.status, caught.value.code) == (400, "cursor-ahead-of-head")
-    with pytest.raises(StreamsError) as caught:
+    assert (ahead.value.status, ahead.value.code, ahead.value.head) == (
+        400,
+        "cursor-ahead-of-head",
+        0,
+    )
+    with pytest.raises(NotFound) as missing:
         await collect(client.follow(run_id, "missing"), timeout=10)
-    assert caught.value.status == 404
+    assert missing.value.status == 404
 
     async with StreamsClient(client.base_url, "wrong-token") as stranger:
-        with pytest.raises(StreamsError) as caught:
+        with pytest.raises(Unauthenticated) as caught:
             await stranger.list_streams(run_id)
     assert (caught.value.status, caught.value.code) == (401, "unauthenticated")
 
@@ -171,19 +205,19 @@ async def test_an_append_retried_with_its_key_is_not_duplicated(
         assert [status for _, status, _ in appends] == [201, 200, 200]
         keys = {request.headers["idempotency-key"] for request, _, _ in appends}
         assert len(keys) == 1  # every retry reused the generated key
-        assert (answer["first_sequence"], answer["last_sequence"]) == (1, 2)
+        assert (answer.first_sequence, answer.last_sequence) == (1, 2)
 
         # An explicit key: a second call with it replays, a new call appends anew.
         first = await client.append(run_id, "s", ["x"], idempotency_key="k-1")
         replay = await client.append(run_id, "s", ["x"], idempotency_key="k-1")
-        assert first == replay and first["first_sequence"] == 3
-        with pytest.raises(StreamsError) as caught:
+        assert first == replay and first.first_sequence == 3
+        with pytest.raises(IdempotencyKeyReused) as caught:
             await client.append(run_id, "s", ["other"], idempotency_key="k-1")
         assert (caught.value.status, caught.value.code) == (422, "idempotency-key-reused")
 
         page = await client.read(run_id, "s")
-        assert [r["data"] for r in page["records"]] == [{"n": 1}, {"n": 2}, "x"]
-        assert (await client.get_stream(run_id, "s"))["state"]["head"] == 3
+        assert [r.data for r in page.records] == [{"n": 1}, {"n": 2}, "x"]
+        assert (await client.get_stream(run_id, "s")).state.head == 3
 
 
 async def test_backpressure_is_retried_honouring_retry_after(
@@ -203,7 +237,7 @@ async def test_backpressure_is_retried_honouring_retry_after(
         async with asyncio.timeout(20):
             answer = await client.append(run_id, "s", ["second"])
         acked_at = await acker
-        assert answer["first_sequence"] == 2
+        assert answer.first_sequence == 2
         appends = transport.requests("POST", "/records")[1:]
         statuses = [status for _, status, _ in appends]
         assert statuses[0] == 429 and statuses[-1] == 201, statuses
@@ -228,7 +262,7 @@ async def test_follow_reconnects_across_a_server_restart(
             await client.create_stream(run_id, stream_id="s")
             await client.append(run_id, "s", [{"n": n} for n in range(1, 6)])
             reconnects: list[str] = []
-            delivered: list[dict[str, Any]] = []
+            delivered: list[Any] = []
             got_five = asyncio.Event()
 
             async def follow() -> None:
@@ -236,8 +270,8 @@ async def test_follow_reconnects_across_a_server_restart(
                     run_id, "s", on_reconnect=lambda failure, _: reconnects.append(failure.code)
                 )
                 async with contextlib.aclosing(records):
-                    async for record in records:
-                        delivered.append(record)
+                    async for item in records:
+                        delivered.append(item)
                         if len(delivered) == 5:
                             got_five.set()
 
@@ -254,13 +288,15 @@ async def test_follow_reconnects_across_a_server_restart(
             await client.append(run_id, "s", [{"n": n} for n in range(6, 11)])
             await asyncio.sleep(0.5)
             await client.append(run_id, "s", [{"n": 11}])
-            await client.close(run_id, "s")
+            await client.close_stream(run_id, "s")
             async with asyncio.timeout(30):
                 await follower
 
         assert reconnects, "the follower never saw the disconnect"
-        assert [r["sequence"] for r in delivered] == list(range(1, 12))
-        assert [r["data"]["n"] for r in delivered] == list(range(1, 12))
+        *records, end = delivered
+        assert [r.sequence for r in records] == list(range(1, 12))
+        assert [r.data["n"] for r in records] == list(range(1, 12))
+        assert end == Closed(head=11)
     finally:
         first.stop()
         if restarted is not None:
@@ -352,6 +388,8 @@ def test_cli_tail_prints_one_json_per_line_until_closed(
     records = [json.loads(line) for line in lines]
     assert [r["sequence"] for r in records] == [2, 3]
     assert [r["data"] for r in records] == [{"n": 2}, {"n": 3}]
+    # each line is the record as the service sends it, typed results or not
+    assert set(records[0]) == {"sequence", "appended_at", "size", "content_type", "data"}
 
 
 def test_cli_put_object_prints_the_commit_answer(
@@ -430,15 +468,22 @@ async def test_deletion_and_run_listing_through_the_library(
     await client.create_stream(run_id, stream_id="t")
     await client.append(run_id, "s", ["one"])
     page = await client.list_runs(after=run_id[:-1], limit=1000)
-    assert run_id in [r["run_id"] for r in page["runs"]]
-    records = client.follow(run_id, "s")
-    following = asyncio.ensure_future(collect(records, timeout=10))
+    assert isinstance(page, RunsPage)
+    [mine] = [r for r in page.runs if r.run_id == run_id]
+    assert mine.stream_count == 2
+    by_prefix = await client.list_runs(prefix=run_id)
+    assert [r.run_id for r in by_prefix.runs] == [run_id] and by_prefix.next_after is None
+    assert [r.run_id async for r in client.iter_runs(prefix=run_id, page_size=1)] == [run_id]
+    following = asyncio.ensure_future(collect(client.follow(run_id, "s"), timeout=10))
+    raising = asyncio.ensure_future(collect(client.follow(run_id, "s", events=False), 10))
     await asyncio.sleep(0.5)
     await client.delete_stream(run_id, "s")
-    with pytest.raises(StreamsError) as deleted:
-        await following
+    *records, end = await following
+    assert [r.data for r in records] == ["one"] and end == Deleted()
+    with pytest.raises(NotFound) as deleted:
+        await raising
     assert (deleted.value.status, deleted.value.code) == (404, "not-found")
     await client.delete_run(run_id)
-    with pytest.raises(StreamsError) as gone:
+    with pytest.raises(NotFound) as gone:
         await client.get_stream(run_id, "t")
     assert gone.value.status == 404

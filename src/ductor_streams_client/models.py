@@ -1,0 +1,355 @@
+"""What the service answers, as frozen msgspec Structs.
+
+They mirror the service's answer schemas (its OpenAPI document, `GET /schema/openapi.json`,
+names them `StreamDocument`, `AppendAnswer`, `RecordsPage`, ...); a test checks every field the
+document declares against these, so the two cannot drift apart unnoticed. Unknown fields in an
+answer are ignored, so a newer service does not break an older client.
+
+Everything is immutable and hashable where its fields are; `msgspec.to_builtins(value)` turns any
+of them back into plain JSON-ready Python values."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "AckAnswer",
+    "AppendAnswer",
+    "Authorization",
+    "Closed",
+    "CommitAnswer",
+    "Consumer",
+    "Credit",
+    "Deleted",
+    "Event",
+    "Expiry",
+    "FollowItem",
+    "Gone",
+    "InputDelivery",
+    "LegalHold",
+    "Limits",
+    "ObjectIntent",
+    "ObjectRef",
+    "OpenObject",
+    "Placement",
+    "Record",
+    "RecordsPage",
+    "Redaction",
+    "Retention",
+    "Revoked",
+    "RunSummary",
+    "RunsPage",
+    "StreamDocument",
+    "StreamList",
+    "StreamState",
+]
+
+
+class _Answer(msgspec.Struct, frozen=True, kw_only=True):
+    """A part of an answer (frozen, unknown fields ignored)."""
+
+
+class _Setting(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A part of a stream definition: what the document answers, and what `create_stream`
+    takes. Fields left at their defaults are not sent, so the service fills its own in."""
+
+
+# -- the stream definition ---------------------------------------------------------------------
+
+
+class Limits(_Setting):
+    """The stream's unread ceiling (credit) and total ceiling. `unread_policy` is `reject`
+    (429 at once) or `block` (wait up to `block_timeout_seconds` for acknowledgements)."""
+
+    max_unread_items: int = 10_000
+    max_unread_bytes: int = 67_108_864
+    max_total_items: int | None = None
+    max_total_bytes: int | None = None
+    unread_policy: Literal["reject", "block"] = "reject"
+    block_timeout_seconds: int | float = 30
+
+
+class Retention(_Setting):
+    """Records older than `max_age_seconds`, or beyond the newest `max_records`, are removed by
+    the service's workers (None: kept)."""
+
+    max_age_seconds: int | None = None
+    max_records: int | None = None
+
+
+class Redaction(_Setting):
+    """RFC 6901 pointers whose values are replaced by `"[REDACTED]"` before storing."""
+
+    json_pointers: tuple[str, ...] = ()
+
+
+class Placement(_Answer):
+    """Where the stream's data may live and go (regions)."""
+
+    metadata_home: str
+    metadata_replicas: tuple[str, ...]
+    object_regions: tuple[str, ...]
+    client_egress_regions: tuple[str, ...]
+    log_region: str
+
+
+class Authorization(_Setting):
+    """The principals that may read and write the stream (`"*"`: all of the tenant)."""
+
+    readers: tuple[str, ...] = ("*",)
+    writers: tuple[str, ...] = ("*",)
+
+
+class Expiry(_Setting):
+    """When the stream expires: `idle_seconds` after its last access (sliding), or at
+    `expires_at` (absolute). At most one is set; neither means never."""
+
+    idle_seconds: int | None = None
+    expires_at: datetime | None = None
+
+
+# -- the stream document -------------------------------------------------------------------------
+
+
+class Credit(_Answer):
+    """What is unread against the unread ceiling (computed under the stream's lock)."""
+
+    unread_items: int
+    unread_bytes: int
+    max_unread_items: int
+    max_unread_bytes: int
+
+    @property
+    def items_left(self) -> int:
+        """How many more records fit before an append answers 429."""
+        return max(0, self.max_unread_items - self.unread_items)
+
+
+class Consumer(_Answer):
+    """A consumer and the sequence it acknowledged through."""
+
+    consumer_id: str
+    acked_sequence: int
+
+
+class LegalHold(_Answer):
+    """The stream's legal hold: while `enabled`, nothing of the stream is removed or deleted."""
+
+    enabled: bool
+    reason: str | None
+    updated_at: datetime | None
+
+
+class OpenObject(_Answer):
+    """An object intent not yet committed, aborted or expired (state `prepared`/`uploaded`)."""
+
+    object_id: str
+    state: str
+    size: int
+    content_type: str
+    created_at: datetime
+    expires_at: datetime
+
+
+class InputDelivery(_Answer):
+    """An input stream's delivery to the workflow wait service."""
+
+    delivered_through: int
+    pending: int
+    last_error: str | None
+
+
+class StreamState(_Answer):
+    """The stream's state: `head` (last sequence, 0 when empty), `earliest` (lowest retained),
+    `closed`, the legal hold, totals, consumers, credit and open object intents."""
+
+    head: int
+    earliest: int
+    closed: bool
+    closed_at: datetime | None
+    legal_hold: LegalHold
+    total_items: int
+    total_bytes: int
+    consumers: tuple[Consumer, ...]
+    credit: Credit
+    open_objects: tuple[OpenObject, ...]
+    input_delivery: InputDelivery | None = None
+
+
+class StreamDocument(_Answer):
+    """A stream: its definition as stored (defaults filled in), `run_id`, `created_at`, `state`."""
+
+    stream_id: str
+    run_id: str
+    direction: Literal["output", "input"]
+    content_class: str
+    schema: Any
+    limits: Limits
+    retention: Retention
+    redaction: Redaction
+    placement: Placement
+    authorization: Authorization
+    expiry: Expiry
+    created_at: datetime
+    state: StreamState
+
+
+class StreamList(_Answer):
+    """A run's streams that the caller may read."""
+
+    streams: tuple[StreamDocument, ...]
+
+
+class RunSummary(_Answer):
+    """A run of the tenant: its streams' count and when its oldest stream was created."""
+
+    run_id: str
+    stream_count: int
+    created_at: datetime
+
+
+class RunsPage(_Answer):
+    """One page of runs, ascending by `run_id`; `next_after` is the `after` of the next page
+    (None: this is the last)."""
+
+    runs: tuple[RunSummary, ...]
+    next_after: str | None
+
+
+# -- records ---------------------------------------------------------------------------------------
+
+
+class AppendAnswer(_Answer):
+    """An append's sequences (`first_sequence` to `last_sequence`), the head after it and the
+    credit left. A replay of an idempotent retry answers the first append's answer."""
+
+    first_sequence: int
+    last_sequence: int
+    head: int
+    credit: Credit
+
+
+class AckAnswer(_Answer):
+    """A consumer's acknowledgement and the stream's credit after it."""
+
+    consumer_id: str
+    acked_sequence: int
+    credit: Credit
+
+
+class ObjectRef(_Answer):
+    """The object a record carries (download it with `get_object_body`)."""
+
+    object_id: str
+    size: int
+    sha256: str
+    content_type: str
+    schema: Any = None
+
+
+class Record(_Answer):
+    """One record. Exactly one of three kinds (`kind`):
+
+    - `"json"`: `data` is the decoded JSON value;
+    - `"bytes"`: `bytes` is the raw bytes (`data_base64` on the wire);
+    - `"object"`: `object` is the `ObjectRef` of a committed object.
+
+    `size` is the stored byte length; `content_type` the record's media type."""
+
+    sequence: int
+    appended_at: datetime
+    size: int
+    content_type: str
+    data: Any = None
+    data_base64: str | None = None
+    object: ObjectRef | None = None
+
+    @property
+    def kind(self) -> Literal["json", "bytes", "object"]:
+        if self.object is not None:
+            return "object"
+        if self.data_base64 is not None:
+            return "bytes"
+        return "json"
+
+    @property
+    def bytes(self) -> bytes | None:
+        """The raw bytes of a binary record (None for a JSON or object record)."""
+        if self.data_base64 is None:
+            return None
+        return base64.b64decode(self.data_base64)
+
+
+class RecordsPage(_Answer):
+    """Records with `sequence > cursor`, ascending. Pass `next_cursor` as the next cursor."""
+
+    records: tuple[Record, ...]
+    next_cursor: int
+    head: int
+    earliest: int
+    closed: bool
+
+
+# -- objects ---------------------------------------------------------------------------------------
+
+
+class ObjectIntent(_Answer):
+    """An object and its state (`prepared`, `uploaded`, `committed`, `aborted`, `expired`).
+    `expires_at` is the upload-and-commit deadline while open; `sequence` the record's once
+    committed; `upload` (`{"method", "url"}`) is set in a prepare answer only."""
+
+    object_id: str
+    state: str
+    size: int
+    sha256: str
+    content_type: str
+    schema: Any
+    expires_at: datetime | None
+    created_at: datetime
+    sequence: int | None
+    upload: dict[str, str] | None = None
+
+
+class CommitAnswer(_Answer):
+    """A committed object: the sequence of the record that carries it."""
+
+    sequence: int
+    object_id: str
+
+
+# -- follow() events -------------------------------------------------------------------------------
+
+
+class Closed(_Answer):
+    """The stream is closed and every record through `head` was delivered: the end."""
+
+    head: int
+
+
+class Gone(_Answer):
+    """Retention removed records this follower had not received (`requested` onwards): the
+    follow ends. `earliest` is the lowest still retained, `latest` the head."""
+
+    requested: int
+    earliest: int
+    latest: int
+    reason: str = "retention"
+
+
+class Deleted(_Answer):
+    """The stream was deleted (or expired and was erased): the follow ends."""
+
+
+class Revoked(_Answer):
+    """The follower's token was revoked or expired: the follow ends."""
+
+
+Event = Closed | Gone | Deleted | Revoked
+"""A follow's final event: one of them ends every follow that does not fail."""
+
+FollowItem = Record | Event
+"""What `follow()` yields: records, then (unless it fails) one final `Event`."""

@@ -1,0 +1,679 @@
+"""The client's sans-IO core through both drivers, over `httpx.MockTransport`: errors by code,
+retry decisions, Retry-After, jitter, typed answers and follow()'s events and resumption."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+import ductor_streams_client as client_lib
+from ductor_streams_client import (
+    CLASS_OF_CODE,
+    AppendAnswer,
+    Backpressure,
+    Closed,
+    CursorExpired,
+    Deleted,
+    Gone,
+    InvalidInput,
+    NotFound,
+    Record,
+    RetryPolicy,
+    Revoked,
+    StreamsClient,
+    StreamsConnectionError,
+    StreamsError,
+    SyncStreamsClient,
+    Unavailable,
+)
+from ductor_streams_client._core import Call, Exchange, Retry
+from ductor_streams_client.errors import parse_retry_after
+from entrypoints.http.problems import STATUS_OF_CODE
+
+BASE = "http://streams.test"
+FAST = RetryPolicy(attempts=5, total_seconds=30, base_delay=0.001, max_delay=0.002)
+CREDIT = {"unread_items": 1, "unread_bytes": 9, "max_unread_items": 10, "max_unread_bytes": 99}
+APPENDED = {"first_sequence": 1, "last_sequence": 1, "head": 1, "credit": CREDIT}
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def problem(code: str, status: int | None = None, **extra: Any) -> httpx.Response:
+    status = status or STATUS_OF_CODE.get(code, 400)
+    body = {"type": "x", "title": code, "status": status, "detail": f"{code}!", "code": code}
+    headers = {"Retry-After": "0"} if status in (429, 503) else {}
+    return httpx.Response(status, json={**body, **extra}, headers=headers)
+
+
+class Driver:
+    """Runs one client method through the async or the sync client, over one mock handler."""
+
+    def __init__(self, kind: str, handler: Handler, policy: RetryPolicy = FAST) -> None:
+        self.kind = kind
+        self.requests: list[httpx.Request] = []
+
+        def recording(request: httpx.Request) -> httpx.Response:
+            request.read()
+            self.requests.append(request)
+            return handler(request)
+
+        self.handler = recording
+        self.policy = policy
+
+    def __call__(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self.kind == "sync":
+            with SyncStreamsClient(
+                BASE, "tok", retry=self.policy, transport=httpx.MockTransport(self.handler)
+            ) as sync:
+                result = getattr(sync, method)(*args, **kwargs)
+                return list(result) if isinstance(result, Iterator) else result
+
+        async def go() -> Any:
+            async with StreamsClient(
+                BASE, "tok", retry=self.policy, transport=httpx.MockTransport(self.handler)
+            ) as client:
+                result = getattr(client, method)(*args, **kwargs)
+                if hasattr(result, "__aiter__"):
+                    return [item async for item in result]
+                return await result
+
+        import asyncio
+
+        return asyncio.run(go())
+
+
+@pytest.fixture(params=["async", "sync"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def test_every_contract_code_has_its_own_class() -> None:
+    for code in STATUS_OF_CODE:
+        kind = CLASS_OF_CODE[code]
+        assert kind is not StreamsError and issubclass(kind, StreamsError), code
+        assert kind.code_of_class == code
+        assert getattr(client_lib, kind.__name__) is kind  # exported
+    assert len(set(CLASS_OF_CODE.values())) == len(CLASS_OF_CODE)
+
+
+@pytest.mark.parametrize("code", list(STATUS_OF_CODE))
+def test_a_problem_raises_the_class_of_its_code(kind: str, code: str) -> None:
+    drive = Driver(kind, lambda _: problem(code), RetryPolicy.none())
+    with pytest.raises(StreamsError) as caught:
+        drive("get_stream", "r", "s")
+    error = caught.value
+    assert type(error) is CLASS_OF_CODE[code]
+    assert (error.status, error.code, error.detail) == (STATUS_OF_CODE[code], code, f"{code}!")
+    assert error.problem["code"] == code
+    assert str(error) == f"{error.status} {code}: {code}!"
+
+
+def test_an_unknown_code_or_a_body_that_is_no_problem_is_the_base_class(kind: str) -> None:
+    drive = Driver(kind, lambda _: problem("brand-new-code", 418), RetryPolicy.none())
+    with pytest.raises(StreamsError) as caught:
+        drive("get_stream", "r", "s")
+    assert type(caught.value) is StreamsError and caught.value.code == "brand-new-code"
+
+    drive = Driver(kind, lambda _: httpx.Response(500, text="boom"), RetryPolicy.none())
+    with pytest.raises(StreamsError) as caught:
+        drive("get_stream", "r", "s")
+    assert type(caught.value) is StreamsError
+    assert (caught.value.code, caught.value.detail) == ("http-500", "boom")
+
+
+def test_the_extra_fields_of_a_code_are_attributes(kind: str) -> None:
+    expired = problem("cursor-expired", requested=3, earliest=7, latest=9, reason="retention")
+    with pytest.raises(CursorExpired) as caught:
+        Driver(kind, lambda _: expired)("read", "r", "s", cursor=2)
+    error = caught.value
+    assert (error.requested, error.earliest, error.latest, error.reason) == (
+        3,
+        7,
+        9,
+        "retention",
+    )
+    bad = problem("invalid-input", field="limit")
+    with pytest.raises(InvalidInput) as invalid:
+        Driver(kind, lambda _: bad)("read", "r", "s")
+    assert invalid.value.field == "limit"
+
+
+def test_errors_survive_pickling() -> None:
+    import pickle
+
+    error = CLASS_OF_CODE["backpressure"](429, "backpressure", "full", {"a": 1}, retry_after=2.0)
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is Backpressure and again.retry_after == 2.0 and again.problem == {"a": 1}
+
+
+def test_connection_refused_is_a_connection_error_after_the_retries(kind: str) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    drive = Driver(kind, refuse)
+    with pytest.raises(StreamsConnectionError) as caught:
+        drive("get_stream", "r", "s")
+    assert (caught.value.status, caught.value.code) == (0, "connection-error")
+    assert len(drive.requests) == FAST.attempts
+
+
+# -- retry decisions -------------------------------------------------------------------------------
+
+
+def sequence_of(*answers: httpx.Response | type[Exception]) -> Handler:
+    """A handler that answers these in turn (an exception class is raised), then the last."""
+    queue = list(answers)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        answer = queue.pop(0) if len(queue) > 1 else queue[0]
+        if isinstance(answer, type):
+            raise answer("simulated", request=request)
+        return answer
+
+    return handler
+
+
+def test_nothing_done_answers_are_retried_then_succeed(kind: str) -> None:
+    ok = httpx.Response(201, json=APPENDED)
+    drive = Driver(kind, sequence_of(problem("unavailable"), problem("backpressure"), ok))
+    answer = drive("append", "r", "s", [{"n": 1}])
+    assert isinstance(answer, AppendAnswer) and answer.credit.max_unread_items == 10
+    assert len(drive.requests) == 3
+    keys = {r.headers["idempotency-key"] for r in drive.requests}
+    assert len(keys) == 1  # every retry reused the call's key
+
+
+def test_a_lost_answer_is_retried_only_when_repeating_is_harmless(kind: str) -> None:
+    ok = httpx.Response(201, json=APPENDED)
+    # An append always carries an idempotency key: retried after a reset.
+    drive = Driver(kind, sequence_of(httpx.ReadError, ok))
+    drive("append", "r", "s", ["x"], idempotency_key="mine")
+    assert [r.headers["idempotency-key"] for r in drive.requests] == ["mine", "mine"]
+    # A create without a stream ID would make a second stream: not retried after a reset ...
+    drive = Driver(kind, sequence_of(httpx.ReadError, ok))
+    with pytest.raises(StreamsConnectionError):
+        drive("create_stream", "r")
+    assert len(drive.requests) == 1
+    # ... nor after a 502 (the gateway may have passed it on); with an ID it is.
+    drive = Driver(kind, sequence_of(httpx.Response(502), ok))
+    with pytest.raises(StreamsError) as caught:
+        drive("create_stream", "r")
+    assert caught.value.status == 502 and len(drive.requests) == 1
+    drive = Driver(kind, sequence_of(httpx.Response(502), httpx.ReadError, document_answer()))
+    assert drive("create_stream", "r", "s").stream_id == "s"
+    assert len(drive.requests) == 3
+    # A connection that never opened sent nothing: retried whatever the call.
+    drive = Driver(kind, sequence_of(httpx.ConnectError, document_answer()))
+    drive("create_stream", "r")
+    assert len(drive.requests) == 2
+
+
+def test_refusals_are_not_retried(kind: str) -> None:
+    drive = Driver(kind, lambda _: problem("stream-closed"))
+    with pytest.raises(client_lib.StreamClosed):
+        drive("append", "r", "s", ["x"])
+    assert len(drive.requests) == 1
+
+
+def test_attempts_and_total_time_bound_the_retries(kind: str) -> None:
+    drive = Driver(kind, lambda _: problem("unavailable"), RetryPolicy(attempts=3, base_delay=0))
+    with pytest.raises(Unavailable):
+        drive("get_stream", "r", "s")
+    assert len(drive.requests) == 3
+
+    def far(_: httpx.Request) -> httpx.Response:
+        answer = problem("backpressure")
+        answer.headers["Retry-After"] = "120"
+        return answer
+
+    drive = Driver(kind, far, RetryPolicy(attempts=10, total_seconds=5))
+    with pytest.raises(Backpressure) as caught:
+        drive("append", "r", "s", ["x"])
+    assert caught.value.retry_after == 120 and len(drive.requests) == 1  # gave up at once
+
+
+def test_a_delete_retried_after_a_lost_answer_that_finds_nothing_succeeded(kind: str) -> None:
+    drive = Driver(kind, sequence_of(httpx.ReadError, problem("not-found")))
+    assert drive("delete_stream", "r", "s") is None
+    assert [r.method for r in drive.requests] == ["DELETE", "DELETE"]
+    drive = Driver(kind, lambda _: problem("not-found"))
+    with pytest.raises(NotFound):  # the first try finding nothing is a real 404
+        drive("delete_run", "r")
+
+
+def test_exchange_steps_with_an_injected_clock() -> None:
+    now = [0.0]
+    call = Call("GET", "/x")
+    exchange = Exchange(
+        call,
+        RetryPolicy(attempts=10, total_seconds=10, base_delay=1, max_delay=4),
+        BASE,
+        clock=lambda: now[0],
+        rng=random.Random(7),
+    )
+    request = httpx.Request("GET", BASE + "/x")
+    delays = []
+    for _ in range(4):
+        exchange.attempt()
+        step = exchange.failed(httpx.ConnectError("refused", request=request))
+        assert isinstance(step, Retry)
+        delays.append(step.delay)
+        now[0] += step.delay
+    assert all(0 <= d <= cap for d, cap in zip(delays, (1, 2, 4, 4), strict=True))
+    now[0] = 9.99
+    exchange.attempt()
+    with pytest.raises(StreamsConnectionError):  # any delay would end past total_seconds
+        while True:
+            step = exchange.failed(httpx.ConnectError("refused", request=request))
+            now[0] += step.delay
+            exchange.attempt()
+
+
+# -- Retry-After and jitter ------------------------------------------------------------------------
+
+
+def test_retry_after_in_seconds_or_as_an_http_date() -> None:
+    now = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("3", now) == 3.0
+    assert parse_retry_after(" 0 ", now) == 0.0
+    assert parse_retry_after("Sun, 01 Mar 2026 12:00:30 GMT", now) == 30.0
+    assert parse_retry_after("Sun, 01 Mar 2026 11:00:00 GMT", now) == 0.0  # past: at once
+    for bad in (None, "", "soon", "-1", "1.5", "²"):
+        assert parse_retry_after(bad, now) is None
+
+
+def test_an_http_date_retry_after_is_honoured(kind: str) -> None:
+    later = httpx.Response(503, json={"code": "unavailable", "detail": "x"})
+    later.headers["Retry-After"] = "Thu, 01 Jan 1970 00:00:00 GMT"  # in the past: retry now
+    drive = Driver(kind, sequence_of(later, document_answer()))
+    assert drive("get_stream", "r", "s").stream_id == "s"
+    assert len(drive.requests) == 2
+
+
+def test_full_jitter_stays_within_the_exponential_cap() -> None:
+    policy = RetryPolicy(base_delay=0.1, max_delay=2.0)
+    rng = random.Random(1)
+    assert [policy.cap(n) for n in range(1, 8)] == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]
+    for retry in range(1, 12):
+        samples = [policy.backoff(retry, rng) for _ in range(500)]
+        assert all(0.0 <= s <= policy.cap(retry) for s in samples)
+        # full jitter: spread over the whole range, not clustered at the cap
+        assert min(samples) < policy.cap(retry) * 0.1 and max(samples) > policy.cap(retry) * 0.9
+
+
+def test_a_policy_refuses_nonsense() -> None:
+    with pytest.raises(ValueError):
+        RetryPolicy(attempts=0)
+    with pytest.raises(ValueError):
+        RetryPolicy(base_delay=-1)
+    assert RetryPolicy.none().attempts == 1
+
+
+# -- typed answers ---------------------------------------------------------------------------------
+
+
+def document_answer(stream_id: str = "s") -> httpx.Response:
+    return httpx.Response(
+        200,
+        json={
+            "stream_id": stream_id,
+            "run_id": "r",
+            "direction": "output",
+            "content_class": "application_data",
+            "schema": None,
+            "limits": {
+                "max_unread_items": 10,
+                "max_unread_bytes": 99,
+                "max_total_items": None,
+                "max_total_bytes": None,
+                "unread_policy": "reject",
+                "block_timeout_seconds": 0.5,
+            },
+            "retention": {"max_age_seconds": None, "max_records": 5},
+            "redaction": {"json_pointers": ["/secret"]},
+            "placement": {
+                "metadata_home": "local",
+                "metadata_replicas": [],
+                "object_regions": ["local"],
+                "client_egress_regions": ["local"],
+                "log_region": "local",
+            },
+            "authorization": {"readers": ["*"], "writers": ["me"]},
+            "expiry": {"idle_seconds": 60, "expires_at": None},
+            "created_at": "2026-12-01T10:00:00Z",
+            "state": {
+                "head": 0,
+                "earliest": 1,
+                "closed": False,
+                "closed_at": None,
+                "legal_hold": {"enabled": False, "reason": None, "updated_at": None},
+                "total_items": 0,
+                "total_bytes": 0,
+                "consumers": [{"consumer_id": "ui", "acked_sequence": 0}],
+                "credit": CREDIT,
+                "open_objects": [],
+                "future_field": "ignored",
+            },
+        },
+    )
+
+
+def test_answers_are_frozen_typed_structs(kind: str) -> None:
+    document = Driver(kind, lambda _: document_answer())("get_stream", "r", "s")
+    assert document.limits.block_timeout_seconds == 0.5
+    assert document.retention.max_records == 5 and document.expiry.idle_seconds == 60
+    assert document.authorization.writers == ("me",)
+    assert document.state.consumers[0].consumer_id == "ui"
+    assert document.state.input_delivery is None
+    assert document.created_at == datetime(2026, 12, 1, 10, tzinfo=UTC)
+    with pytest.raises(AttributeError):
+        document.stream_id = "other"  # type: ignore[misc]
+    plain = msgspec.to_builtins(document)
+    assert plain["created_at"] == "2026-12-01T10:00:00Z" and plain["state"]["head"] == 0
+
+
+def test_an_answer_of_the_wrong_shape_is_an_unexpected_answer(kind: str) -> None:
+    drive = Driver(kind, lambda _: httpx.Response(200, json={"stream_id": 5}))
+    with pytest.raises(client_lib.UnexpectedAnswer):
+        drive("get_stream", "r", "s")
+
+
+def test_create_sends_only_what_was_given(kind: str) -> None:
+    drive = Driver(kind, lambda _: document_answer())
+    drive(
+        "create_stream",
+        "r",
+        "s",
+        limits=client_lib.Limits(max_unread_items=10),
+        expiry={"idle_seconds": 60},
+    )
+    body = json.loads(drive.requests[0].content)
+    assert body == {
+        "direction": "output",
+        "stream_id": "s",
+        "limits": {"max_unread_items": 10},
+        "expiry": {"idle_seconds": 60},
+    }
+    assert drive.requests[0].headers["authorization"] == "Bearer tok"
+
+
+def test_records_have_data_bytes_or_object() -> None:
+    page = msgspec.json.decode(
+        json.dumps(
+            {
+                "records": [
+                    {
+                        "sequence": 1,
+                        "appended_at": "2026-01-01T00:00:00Z",
+                        "size": 4,
+                        "content_type": "application/json",
+                        "data": None,
+                    },
+                    {
+                        "sequence": 2,
+                        "appended_at": "2026-01-01T00:00:00Z",
+                        "size": 3,
+                        "content_type": "application/octet-stream",
+                        "data_base64": "AAFy",
+                    },
+                    {
+                        "sequence": 3,
+                        "appended_at": "2026-01-01T00:00:00Z",
+                        "size": 9,
+                        "content_type": "image/png",
+                        "object": {
+                            "object_id": "obj-1",
+                            "size": 9,
+                            "sha256": "ab",
+                            "content_type": "image/png",
+                            "schema": None,
+                        },
+                    },
+                ],
+                "next_cursor": 3,
+                "head": 3,
+                "earliest": 1,
+                "closed": False,
+            }
+        ),
+        type=client_lib.RecordsPage,
+    )
+    json_record, binary, carried = page.records
+    assert (json_record.kind, json_record.data, json_record.bytes) == ("json", None, None)
+    assert (binary.kind, binary.bytes) == ("bytes", b"\x00\x01r")
+    assert carried.kind == "object" and carried.object is not None
+    assert carried.object.object_id == "obj-1" and carried.bytes is None
+
+
+def test_http_client_of_the_caller_is_used_and_left_open() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return document_answer()
+
+    with httpx.Client(transport=httpx.MockTransport(handler), headers={"X-Mine": "1"}) as mine:
+        with SyncStreamsClient(BASE + "/api/workflow-streams", "tok", http_client=mine) as c:
+            c.get_stream("r", "s")
+        assert not mine.is_closed
+        assert seen[0].headers["x-mine"] == "1"
+        assert str(seen[0].url) == BASE + "/api/workflow-streams/runs/r/streams/s"
+
+    async def go() -> None:
+        transport = httpx.MockTransport(handler)
+        async with httpx.AsyncClient(transport=transport) as mine:
+            async with StreamsClient(BASE, None, http_client=mine) as c:
+                await c.get_stream("r", "s")
+            assert not mine.is_closed
+        assert "authorization" not in seen[-1].headers  # token=None sends none
+
+    import asyncio
+
+    asyncio.run(go())
+
+
+def test_put_object_retries_a_replayable_body_but_not_a_stream(kind: str) -> None:
+    body = b"x" * 300_000
+    intent = {
+        "object_id": "obj-1",
+        "state": "prepared",
+        "size": len(body),
+        "sha256": "00",
+        "content_type": "application/octet-stream",
+        "schema": None,
+        "expires_at": None,
+        "created_at": "2026-01-01T00:00:00Z",
+        "sequence": None,
+        "upload": {
+            "method": "PUT",
+            "url": "/api/workflow-streams/runs/r/streams/s/objects/obj-1/body",
+        },
+    }
+    uploads: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/objects"):
+            return httpx.Response(201, json=intent)
+        if request.url.path.endswith("/body"):
+            uploads.append(request.content)
+            if len(uploads) == 1:
+                return problem("unavailable")
+            return httpx.Response(200, json={**intent, "state": "uploaded", "upload": None})
+        return httpx.Response(201, json={"sequence": 7, "object_id": "obj-1"})
+
+    drive = Driver(kind, handler)
+    progress: list[tuple[int, int]] = []
+    answer = drive(
+        "put_object", "r", "s", body, progress=lambda sent, total: progress.append((sent, total))
+    )
+    assert (answer.sequence, answer.object_id) == (7, "obj-1")
+    assert uploads == [body, body]  # the retry sent the whole body again
+    assert progress[-1] == (len(body), len(body))
+
+    uploads.clear()
+    if kind == "sync":
+        chunks: Any = iter([body])
+    else:
+
+        async def agen() -> Any:
+            yield body
+
+        chunks = agen()
+    with pytest.raises(Unavailable):
+        drive("put_object", "r", "s", chunks, size=len(body), sha256="00")
+    assert len(uploads) == 1  # read once: never sent again
+
+
+def test_put_object_whose_lost_upload_landed_goes_on_to_commit(kind: str) -> None:
+    intent = {
+        "object_id": "obj-1",
+        "state": "prepared",
+        "size": 1,
+        "sha256": "00",
+        "content_type": "application/octet-stream",
+        "schema": None,
+        "expires_at": None,
+        "created_at": "2026-01-01T00:00:00Z",
+        "sequence": None,
+        "upload": None,
+    }
+    puts = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/objects"):
+            return httpx.Response(201, json=intent)
+        if request.method == "PUT":
+            puts.append(1)
+            if len(puts) == 1:
+                raise httpx.ReadError("lost", request=request)
+            return problem("object-state-conflict")
+        if request.method == "GET":
+            return httpx.Response(200, json={**intent, "state": "uploaded"})
+        return httpx.Response(201, json={"sequence": 1, "object_id": "obj-1"})
+
+    drive = Driver(kind, handler)
+    assert drive("put_object", "r", "s", b"x").sequence == 1
+    assert [r.method for r in drive.requests] == ["POST", "PUT", "PUT", "GET", "POST"]
+
+
+# -- follow ----------------------------------------------------------------------------------------
+
+
+def record_event(sequence: int, data: Any) -> str:
+    record = {
+        "sequence": sequence,
+        "appended_at": "2026-01-01T00:00:00Z",
+        "size": 1,
+        "content_type": "application/json",
+        "data": data,
+    }
+    return f"id: {sequence}\nevent: record\ndata: {json.dumps(record)}\n\n"
+
+
+def sse(*events: str) -> httpx.Response:
+    return httpx.Response(
+        200,
+        headers={"content-type": "text/event-stream; charset=utf-8"},
+        content=(": subscribed\n\n" + "".join(events)).encode(),
+    )
+
+
+def test_follow_yields_typed_records_resumes_and_ends_with_the_event(kind: str) -> None:
+    answers = iter(
+        [
+            sse(record_event(1, "a"), record_event(2, "b")),  # ends short: reconnect
+            problem("unavailable"),  # a stopping server: retried
+            sse(
+                record_event(2, "b"),
+                ": keep-alive\n\n",
+                record_event(3, "c"),
+                'event: closed\ndata: {"head": 3}\n\n',
+            ),
+        ]
+    )
+    drive = Driver(kind, lambda _: next(answers))
+    reconnects: list[str] = []
+    items = drive(
+        "follow", "r", "s", on_reconnect=lambda failure, _: reconnects.append(failure.code)
+    )
+    assert [type(i) for i in items] == [Record, Record, Record, Closed]
+    assert [i.data for i in items[:3]] == ["a", "b", "c"]  # the repeated 2 is not delivered
+    assert items[-1] == Closed(head=3)
+    assert reconnects == ["connection-error", "unavailable"]
+    resumed = [r.headers["last-event-id"] for r in drive.requests]
+    assert resumed == ["0", "2", "2"]
+    assert drive.requests[1].url.params["cursor"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("event", "data", "final", "raised"),
+    [
+        (
+            "gone",
+            '{"requested": 2, "earliest": 5, "latest": 9, "reason": "retention"}',
+            Gone(requested=2, earliest=5, latest=9),
+            CursorExpired,
+        ),
+        ("deleted", "{}", Deleted(), NotFound),
+        ("revoked", "{}", Revoked(), client_lib.Unauthenticated),
+    ],
+)
+def test_follow_final_events(kind: str, event: str, data: str, final: Any, raised: type) -> None:
+    def handler(_: httpx.Request) -> httpx.Response:
+        return sse(record_event(1, "a"), f"event: {event}\ndata: {data}\n\n", record_event(2, "x"))
+
+    items = Driver(kind, handler)("follow", "r", "s")
+    assert items[-1] == final and len(items) == 2
+    with pytest.raises(raised) as caught:
+        Driver(kind, handler)("follow", "r", "s", events=False)
+    if raised is CursorExpired:
+        assert (caught.value.requested, caught.value.earliest, caught.value.latest) == (2, 5, 9)
+
+
+def test_follow_refusals_raise_at_once(kind: str) -> None:
+    drive = Driver(kind, lambda _: problem("cursor-ahead-of-head", cursor=5, head=0))
+    with pytest.raises(client_lib.CursorAheadOfHead):
+        drive("follow", "r", "s", cursor=5)
+    assert len(drive.requests) == 1
+    drive = Driver(kind, lambda _: httpx.Response(200, json={}))
+    with pytest.raises(client_lib.UnexpectedAnswer):
+        drive("follow", "r", "s")
+
+
+def test_follow_gives_up_before_ever_connecting_after_the_policy_total(kind: str) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    policy = RetryPolicy(total_seconds=0.05, base_delay=0.01, max_delay=0.01)
+    with pytest.raises(StreamsConnectionError):
+        Driver(kind, refuse, policy)("follow", "r", "s")
+
+
+def test_sync_follow_is_a_plain_generator() -> None:
+    with SyncStreamsClient(
+        BASE, "t", transport=httpx.MockTransport(lambda _: sse(record_event(1, 1)))
+    ) as c:
+        items = c.follow("r", "s")
+        assert isinstance(items, Iterator)
+        with contextlib.closing(items):
+            assert next(items).sequence == 1  # type: ignore[union-attr]
+
+
+def test_the_package_is_marked_typed_and_packaged_so() -> None:
+    import tomllib
+    from pathlib import Path
+
+    package = Path(client_lib.__file__).parent
+    assert (package / "py.typed").is_file()
+    config = tomllib.loads((package.parents[1] / "pyproject.toml").read_text())
+    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["*"]
