@@ -136,6 +136,10 @@ class Producer(_Common):
             self._wake.set()
         if self._task is None:
             self._task = loop.create_task(self._flusher(), name="ductor-streams-producer")
+        if batcher.full():
+            # A full batch is handed over now, even to a sender that never awaits anything
+            # else: the flusher runs once the sender yields.
+            await asyncio.sleep(0)
 
     async def flush(self) -> None:
         """Append everything sent so far; raises the producer's first error."""

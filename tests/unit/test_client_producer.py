@@ -132,6 +132,22 @@ async def test_one_request_per_batch_in_order_each_with_its_key() -> None:
     assert producer.last_answer is not None and producer.last_answer.head == 500
 
 
+async def test_a_sender_that_never_yields_still_hands_over_each_full_batch() -> None:
+    """A tight loop of sends (nothing else awaited) gives the flusher each full batch as it
+    fills, rather than buffering everything until the loop ends."""
+    service = Service()
+    async with (
+        async_client(service) as client,
+        client.producer(
+            "r", "s", max_batch_records=10, linger=60, max_buffered_records=1_000
+        ) as producer,
+    ):
+        for n in range(100):
+            await producer.send({"n": n})
+        assert producer.batches >= 5, producer.batches
+    assert [r["n"] for r in service.stored] == list(range(100))
+
+
 async def test_linger_sends_a_partial_batch_and_flush_waits_for_it() -> None:
     service = Service()
     async with async_client(service) as client:
@@ -157,7 +173,10 @@ async def test_backpressure_is_waited_out_with_the_same_key_and_no_duplicates() 
     keys = [key for key, _ in service.requests]
     first_batch = keys[0]
     assert keys[:6] == [first_batch] * 6  # five 429s, then it went in, on one key
-    assert len(set(keys)) == 3  # three batches of ten, whatever the retries
+    # One key per batch, whatever the retries: each distinct batch (of at most ten) has its own.
+    batches = {key: tuple(records) for key, records in service.requests}
+    assert len(set(keys)) == len(batches) >= 3
+    assert all(len(records) <= 10 for records in batches.values())
 
 
 async def test_a_full_buffer_holds_send_back_until_the_service_takes_more() -> None:
