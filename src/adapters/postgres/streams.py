@@ -10,8 +10,9 @@ transaction, so a listener can never be woken before the records it will reread 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 
 import asyncpg
 
@@ -144,23 +145,30 @@ SELECT sequence, appended_at FROM stream_records
 WHERE {_KEY} AND sequence > $4 ORDER BY sequence LIMIT $5
 """
 
+# The stream's position (and fork link) once, in the first row, then one row per record: the
+# position's columns repeated on every record row cost asyncpg a decode each (created_at a
+# datetime) per record. One statement, one snapshot; the CTE is evaluated once.
 _PAGE = """
-SELECT s.head, s.earliest, s.closed, s.created_at, s.soft_deleted,
-       f.source_run_id, f.source_stream_id, f.source_created_at, f.through,
+WITH s AS (
+    SELECT s.head, s.earliest, s.closed, s.created_at, s.soft_deleted,
+           f.source_run_id, f.source_stream_id, f.source_created_at, f.through
+    FROM streams s
+    LEFT JOIN stream_forks f
+           ON f.tenant = s.tenant AND f.run_id = s.run_id AND f.stream_id = s.stream_id
+    WHERE s.tenant = $1 AND s.run_id = $2 AND s.stream_id = $3
+)
+SELECT s.*, NULL::bigint, NULL::bytea, NULL::int2, NULL::text, NULL::int4, NULL::bytea FROM s
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        r.sequence, timestamptz_send(r.appended_at), r.kind, r.content_type, r.size, r.payload
-FROM streams s
-LEFT JOIN stream_forks f
-       ON f.tenant = s.tenant AND f.run_id = s.run_id AND f.stream_id = s.stream_id
-LEFT JOIN LATERAL (
+FROM s CROSS JOIN LATERAL (
     SELECT sequence, appended_at, kind, content_type, size, payload
     FROM stream_records r
-    WHERE r.tenant = s.tenant AND r.run_id = s.run_id AND r.stream_id = s.stream_id
+    WHERE r.tenant = $1 AND r.run_id = $2 AND r.stream_id = $3
       AND r.sequence > $4 AND r.sequence <= s.head
     ORDER BY r.sequence
     LIMIT $5
-) r ON true
-WHERE s.tenant = $1 AND s.run_id = $2 AND s.stream_id = $3
-ORDER BY r.sequence
+) r
 """
 # A page's appended_at arrives as timestamptz_send's 8 bytes (microseconds since 2000-01-01 UTC)
 # and is decoded once per distinct value: the records of one append share theirs, and decoding
@@ -513,6 +521,10 @@ class PostgresStreams:
         if not rows:
             return None
         first = rows[0]
+        body: Iterable[asyncpg.Record] = islice(rows, 1, None)
+        if first[9] is not None:  # UNION ALL promises no order; PostgreSQL keeps it, but if not:
+            first = next(r for r in rows if r[9] is None)
+            body = sorted((r for r in rows if r[9] is not None), key=lambda r: r[9])
         position = Position(
             head=first[0],
             earliest=first[1],
@@ -521,9 +533,9 @@ class PostgresStreams:
             soft_deleted=first[4],
         )
         records: list[StoredRecord] = []
-        if first[9] is not None:
+        if len(rows) > 1:
             times, kinds, add = self._times, _KINDS, records.append
-            for r in rows:
+            for r in body:
                 at = times.get(raw := r[10])
                 if at is None:
                     at = _timestamptz(raw)
