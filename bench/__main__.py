@@ -20,6 +20,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -110,6 +111,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "per sample",
     )
     parser.add_argument(
+        "--profile-catchup",
+        action="store_true",
+        help="sample the server with py-spy during (7a) and (7b) and print their hot spots "
+        "(with --profile-native: native frames too; the figures of that run are perturbed)",
+    )
+    parser.add_argument(
         "--server-workers", type=int, default=1, help="server processes (serve --workers)"
     )
     parser.add_argument(
@@ -168,6 +175,7 @@ class Bench:
         self.results: dict[str, Measurement] = {}
         self.facts: dict[str, object] = {}
         self.profile_summary: str | None = None
+        self.catchup_profiles: dict[str, str] = {}
         self.live: dict[str, object] = {}
 
     def run(self) -> None:
@@ -454,7 +462,29 @@ class Bench:
             fill_clients=self.args.batch_clients,
             timeout=300,
             meter=self._meter(),
+            floor=lambda result, meter: live.read_floor(
+                self.url, database.TENANT, RUN_ID, "catchup", result.records, 300, result, meter
+            ),
+            spy=self._catchup_spy if self.args.profile_catchup else None,
         )
+
+    def _catchup_spy(self, name: str):
+        """py-spy on the server while catch-up reader `name` runs; the stop function ends it
+        (SIGINT: py-spy writes what it sampled) and keeps its summary."""
+        raw = self.tmp / f"profile-{name}.txt"
+        spy = profile.start(self.server.pid, 600, raw, native=self.args.profile_native)
+        time.sleep(1)  # py-spy attaches before the reader starts
+
+        def stop() -> None:
+            spy.send_signal(signal.SIGINT)
+            _, err = spy.communicate(timeout=60)
+            if not raw.exists():
+                print(f"py-spy failed: {err.decode()[-2000:]}", file=sys.stderr)
+                return
+            self.catchup_profiles[name] = profile.summarise(raw)
+            shutil.copy(raw, Path(tempfile.gettempdir()) / f"ductor-bench-profile-{name}.txt")
+
+        return stop
 
     # -- objects (8) and input dispatch (9) ------------------------------------------------------
 
@@ -664,12 +694,43 @@ def report_live(bench: Bench) -> list[str]:
             f"{c.page_requests:,} GETs, {c.page_seconds:.1f}s = {c.page_rate:,.0f} rec/s, CPU% "
             f"{_cpu(c.page_cpu)}" + (f"; error {c.error}" if c.error else "")
         )
+        if c.floor_records:
+            lines.append(
+                f"(7f) floor (raw asyncpg, 1 connection, keyset pages of 1,000 encoded as the "
+                f"answer's JSON by msgspec): {c.floor_records:,} records in {c.floor_seconds:.1f}s"
+                f" = {c.floor_rate:,.0f} rec/s ({c.floor_bytes / max(1, c.floor_records):.0f} "
+                f"B/record), CPU% srv/pg/floor {_cpu(c.floor_cpu)}; its first page "
+                + (
+                    "is byte for byte (7b)'s first answer"
+                    if c.floor_matches
+                    else "DIFFERS from (7b)'s first answer"
+                )
+            )
+        per = [
+            f"{label} {us:.1f} us"
+            for label, us in (
+                ("(7a)", c.cpu_per_record_us("sse")),
+                ("(7b)", c.cpu_per_record_us("page")),
+                ("(7f)", c.cpu_per_record_us("floor", "client")),
+            )
+            if us is not None
+        ]
+        if per:
+            lines.append("    CPU per record (server; the floor's own process): " + ", ".join(per))
         for label, rate, count in (
             ("(7a) SSE catch-up records/s", c.sse_rate, c.sse_records),
             ("(7b) paginated GET records/s", c.page_rate, c.page_records),
         ):
             ok = rate >= 200_000 and count == c.records
             checks.append((label, f"{rate:,.0f}", ">= 200,000", ok))
+        for label, rate, count in (
+            ("(7a)/(7f) SSE catch-up vs floor", c.sse_rate, c.sse_records),
+            ("(7b)/(7f) paginated GET vs floor", c.page_rate, c.page_records),
+        ):
+            if c.floor_rate:
+                ratio = rate / c.floor_rate
+                ok = ratio >= 0.5 and count == c.records == c.floor_records
+                checks.append((label, f"{ratio:.1%}", ">= 50%", ok))
     if (o := bench.live.get("objects")) is not None:
         lines += report_objects(o, checks)
     for d in bench.live.get("dispatch", []):
@@ -776,6 +837,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\npy-spy profile of the server during (2) (% of sampled server CPU):")
         print(bench.profile_summary)
         print(f"(raw collapsed stacks: {Path(tempfile.gettempdir()) / 'ductor-bench-profile.txt'})")
+    for name, summary in bench.catchup_profiles.items():
+        label = {"sse": "(7a) SSE catch-up", "page": "(7b) pages of 1,000"}[name]
+        print(f"\npy-spy profile of the server during {label} (% of sampled server CPU):")
+        print(summary)
+        raw = Path(tempfile.gettempdir()) / f"ductor-bench-profile-{name}.txt"
+        print(f"(raw collapsed stacks: {raw})")
     if args.json:
         payload = {
             "facts": bench.facts,

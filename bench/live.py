@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import msgspec
 
@@ -563,6 +564,16 @@ class Catchup:
     page_seconds: float = 0.0
     page_requests: int = 0
     page_cpu: dict[str, float] = field(default_factory=dict)
+    # (7f) the floor: raw asyncpg reading the same records by keyset pages and encoding each
+    # page as the GET answer's JSON (its CPU is the bench process's, as "client").
+    floor_records: int = 0
+    floor_seconds: float = 0.0
+    floor_bytes: int = 0
+    floor_cpu: dict[str, float] = field(default_factory=dict)
+    # The first page's bytes, from the server's GET and from the floor: they must be equal.
+    first_page: bytes = b""
+    first_floor_page: bytes = b""
+    floor_matches: bool | None = None
     error: str = ""
 
     @property
@@ -577,11 +588,102 @@ class Catchup:
     def page_rate(self) -> float:
         return self.page_records / self.page_seconds if self.page_seconds else 0.0
 
+    @property
+    def floor_rate(self) -> float:
+        return self.floor_records / self.floor_seconds if self.floor_seconds else 0.0
+
+    def cpu_per_record_us(self, name: str, process: str = "server") -> float | None:
+        """CPU microseconds per record of `process` in reader `name` (sse, page, floor)."""
+        count = getattr(self, f"{name}_records")
+        cpu = getattr(self, f"{name}_cpu").get(process)
+        if not count or cpu is None:
+            return None
+        return cpu / 100 * getattr(self, f"{name}_seconds") / count * 1e6
+
 
 class _Page(msgspec.Struct):
     records: list[msgspec.Raw]
     next_cursor: int
     head: int
+
+
+# --- (7f) the floor: raw asyncpg and msgspec, no server ------------------------------------------
+
+_FLOOR_PAGE = """
+SELECT sequence, appended_at, content_type, size, payload FROM stream_records
+WHERE tenant = $1 AND run_id = $2 AND stream_id = $3 AND sequence > $4
+ORDER BY sequence LIMIT $5
+"""
+
+
+class _FloorRecord(msgspec.Struct):
+    """A JSON record as the GET records answer has it (application.views.RecordView)."""
+
+    sequence: int
+    appended_at: datetime
+    size: int
+    content_type: str
+    data: msgspec.Raw
+
+
+class _FloorPage(msgspec.Struct):
+    records: list[_FloorRecord]
+    next_cursor: int
+    head: int
+    earliest: int
+    closed: bool
+
+
+async def read_floor(
+    url: str,
+    tenant: str,
+    run_id: str,
+    stream: str,
+    records: int,
+    timeout: float,
+    result: Catchup,
+    meter: object,
+) -> None:
+    """The cheapest honest Python way to produce the bytes of (7b)'s answers: one asyncpg
+    connection reading keyset pages of 1,000 from the same table, each page encoded as the
+    GET answer's JSON by msgspec into a reused buffer. Measured from the first read to the
+    last, with the connection open (its backend's CPU is counted before it exits)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        head, earliest, closed = await conn.fetchrow(
+            "SELECT head, earliest, closed FROM streams "
+            "WHERE tenant = $1 AND run_id = $2 AND stream_id = $3",
+            tenant,
+            run_id,
+            stream,
+        )
+        statement = await conn.prepare(_FLOOR_PAGE)
+        encoder = msgspec.json.Encoder()
+        buffer = bytearray()
+        Raw, Record = msgspec.Raw, _FloorRecord
+        cursor = 0
+        deadline = time.monotonic() + timeout
+        meter.start()  # type: ignore[attr-defined]
+        cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        while cursor < records and time.monotonic() < deadline:
+            rows = await statement.fetch(tenant, run_id, stream, cursor, 1000)
+            if not rows:
+                break
+            page = [Record(r[0], r[1], r[3], r[2], Raw(r[4])) for r in rows]
+            cursor = page[-1].sequence
+            encoder.encode_into(_FloorPage(page, cursor, head, earliest, closed), buffer)
+            if not result.first_floor_page:
+                result.first_floor_page = bytes(buffer)
+            result.floor_records += len(page)
+            result.floor_bytes += len(buffer)
+        result.floor_seconds = time.perf_counter() - t0
+        result.floor_cpu = meter.stop()  # type: ignore[attr-defined]
+        result.floor_cpu["client"] = 100 * (time.process_time() - cpu0) / result.floor_seconds
+    finally:
+        await conn.close()
 
 
 async def fill(port: int, token: str, path: str, body: bytes, batches: int, clients: int) -> None:
@@ -616,7 +718,12 @@ def catchup(
     fill_clients: int,
     timeout: float,
     meter: object,
+    floor: Callable[[Catchup, object], Awaitable[None]] | None = None,
+    spy: Callable[[str], Callable[[], None]] | None = None,
 ) -> Catchup:
+    """`floor(result, meter)`: reads the same records without the server, for (7f), and
+    measures itself (`floor_seconds`, `floor_cpu`). `spy(name)`:
+    starts sampling the server for reader `name` (sse, page) and answers how to stop it."""
     result = Catchup(records)
     started = time.monotonic()
     try:
@@ -669,6 +776,8 @@ def catchup(
                 if status != 200:
                     raise RuntimeError(f"read answered {status}: {answer[:200]!r}")
                 page = decode(answer)
+                if not result.first_page:
+                    result.first_page = answer
                 if not page.records:
                     break
                 result.page_records += len(page.records)
@@ -678,6 +787,7 @@ def catchup(
             http.close()
 
     for name, reader in (("sse", sse), ("page", pages)):
+        stop_spy = spy(name) if spy is not None else None
         meter.start()
         cpu0 = time.process_time()
         t0 = time.perf_counter()
@@ -687,7 +797,16 @@ def catchup(
             result.error += f"{name}: {error!r} "
         seconds = time.perf_counter() - t0
         cpu = meter.stop()
+        if stop_spy is not None:
+            stop_spy()
         cpu["client"] = 100 * (time.process_time() - cpu0) / seconds
         setattr(result, f"{name}_seconds", seconds)
         setattr(result, f"{name}_cpu", cpu)
+    if floor is not None:
+        try:
+            asyncio.run(floor(result, meter))
+        except Exception as error:
+            result.error += f"floor: {error!r} "
+        result.floor_matches = result.first_page == result.first_floor_page
+        result.first_page = result.first_floor_page = b""  # not for the JSON report
     return result

@@ -10,7 +10,7 @@ from application.definitions import Definitions
 from application.errors import NotFound, Unauthenticated
 from application.ports import Position, RecordReader
 from application.tokens import Lease, TokenCache
-from application.views import RecordsPage, record_view
+from application.views import RecordsPage, StoredPage
 from application.wake import Listener, WakeRegistry
 from domain import errors
 from domain.definition import MAX_SEQUENCE
@@ -43,6 +43,20 @@ class ReadRecords:
         limit: int = 100,
         wait: float = 0,
     ) -> RecordsPage:
+        page = await self.stored(caller, run_id, stream_id, cursor, limit, wait)
+        return page.view()
+
+    async def stored(
+        self,
+        caller: Caller,
+        run_id: str,
+        stream_id: str,
+        cursor: int = 0,
+        limit: int = 100,
+        wait: float = 0,
+    ) -> StoredPage:
+        """What `__call__` answers, its records as read (`StoredPage.json()` encodes it
+        without building a view per record)."""
         caller.require("streams:read")
         key = caller.key(run_id, stream_id)
         if not 0 <= cursor <= MAX_SEQUENCE:
@@ -54,7 +68,7 @@ class ReadRecords:
         require_reader(caller, await self._definitions.get(key, delivers_data=True))
         if wait <= 0:
             page = await self._page(key, cursor, limit, wait_more=False)
-            assert isinstance(page, RecordsPage)
+            assert isinstance(page, StoredPage)
             return page
         deadline = time.monotonic() + wait
         # Listen before reading, so an append committed between the read and the wait still
@@ -75,7 +89,7 @@ class ReadRecords:
         deadline: float,
         listener: Listener,
         lease: Lease,
-    ) -> RecordsPage:
+    ) -> StoredPage:
         created_at = None
         while True:
             if lease.ended:
@@ -86,7 +100,7 @@ class ReadRecords:
             page = await self._page(key, cursor, limit, wait_more=remaining > 0)
             if lease.ended:
                 raise Unauthenticated("unknown, revoked or expired token")
-            if isinstance(page, RecordsPage):
+            if isinstance(page, StoredPage):
                 return page
             if created_at is not None and page != created_at:
                 # Deleted while waiting, and created again since: another stream.
@@ -96,7 +110,7 @@ class ReadRecords:
 
     async def _page(
         self, key: StreamKey, cursor: int, limit: int, *, wait_more: bool
-    ) -> RecordsPage | datetime | None:
+    ) -> StoredPage | datetime | None:
         """The page after `cursor`, or, when it is empty and the caller may wait for more, the
         stream's creation time (which stream of this key it is)."""
         found = await self._reader.page(key, cursor, limit)
@@ -107,8 +121,8 @@ class ReadRecords:
         check_cursor(cursor, position.head, position.earliest)
         if not records and not position.closed and wait_more:
             return position.created_at
-        return RecordsPage(
-            records=[record_view(r) for r in records],
+        return StoredPage(
+            records=records,
             next_cursor=records[-1].sequence if records else cursor,
             head=position.head,
             earliest=position.earliest,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import base64
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -189,3 +190,114 @@ class RecordsPage(msgspec.Struct, frozen=True):
     head: int
     earliest: int
     closed: bool
+
+
+# --- the records' JSON, fast ---------------------------------------------------------------------
+#
+# A catch-up encodes a million records: building a RecordView per record and encoding each cost
+# more than reading them (docs/architecture.md, "Catch-up reads"). `RecordsEncoder` writes the
+# bytes msgspec writes for `record_view(record)` (tests/unit/test_record_json.py holds it to
+# that) with one bytes template per kind, and encodes each distinct appended_at (the records of
+# one append share theirs) and content type once.
+
+_encode = msgspec.json.Encoder().encode
+_FIELDS = b'{"sequence":%d,"appended_at":%s,"size":%d,"content_type":%s,'
+_BY_KIND = {
+    RecordKind.JSON: b'"data":%s}',
+    RecordKind.BINARY: b'"data_base64":"%s"}',
+    RecordKind.OBJECT: b'"object":%s}',
+}
+_CACHED = 4_096  # distinct appended_at (content types) kept before the memo starts again
+_times: dict[datetime, bytes] = {}
+_types: dict[str, bytes] = {}
+
+
+def _time_json(at: datetime) -> bytes:
+    if at.tzinfo is not UTC:  # equal datetimes in other zones encode differently: not memoized
+        return _encode(at)
+    if len(_times) >= _CACHED:
+        _times.clear()
+    encoded = _times[at] = _encode(at)
+    return encoded
+
+
+def _type_json(content_type: str) -> bytes:
+    if len(_types) >= _CACHED:
+        _types.clear()
+    encoded = _types[content_type] = _encode(content_type)
+    return encoded
+
+
+class RecordsEncoder:
+    """Each record as `before` + its RecordView's JSON + `after`; `before` may start with one
+    `%d`, the record's sequence (`with_sequence`), as an SSE event's id does."""
+
+    __slots__ = ("_binary", "_json", "_object", "_with_sequence")
+
+    def __init__(self, before: bytes = b"", after: bytes = b"", *, with_sequence: bool = False):
+        def template(kind: RecordKind) -> bytes:
+            return before + _FIELDS + _BY_KIND[kind] + after.replace(b"%", b"%%")
+
+        self._json = template(RecordKind.JSON)
+        self._binary = template(RecordKind.BINARY)
+        self._object = template(RecordKind.OBJECT)
+        self._with_sequence = with_sequence
+
+    def __call__(self, records: Sequence[StoredRecord]) -> list[bytes]:
+        out: list[bytes] = []
+        add = out.append
+        times, types, UTC_ = _times, _types, UTC
+        json_kind, binary_kind = RecordKind.JSON, RecordKind.BINARY  # == : a plain int matches
+        with_sequence = self._with_sequence
+        for r in records:
+            at = r.appended_at
+            t = times.get(at) if at.tzinfo is UTC_ else None
+            if t is None:
+                t = _time_json(at)
+            ct = types.get(r.content_type)
+            if ct is None:
+                ct = _type_json(r.content_type)
+            kind, payload = r.kind, r.payload
+            if kind == json_kind:
+                template = self._json
+            elif kind == binary_kind:
+                template, payload = self._binary, base64.b64encode(payload)
+            else:
+                template = self._object
+            if with_sequence:
+                add(template % (r.sequence, r.sequence, t, r.size, ct, payload))
+            else:
+                add(template % (r.sequence, t, r.size, ct, payload))
+        return out
+
+
+records_json = RecordsEncoder()
+_PAGE_TAIL = b'],"next_cursor":%d,"head":%d,"earliest":%d,"closed":%s}'
+
+
+class StoredPage(msgspec.Struct, frozen=True):
+    """A page as read, before its records become views: `view()` is the RecordsPage, `json()`
+    the bytes msgspec writes for it, written without building the views."""
+
+    records: list[StoredRecord]
+    next_cursor: int
+    head: int
+    earliest: int
+    closed: bool
+
+    def view(self) -> RecordsPage:
+        return RecordsPage(
+            records=[record_view(r) for r in self.records],
+            next_cursor=self.next_cursor,
+            head=self.head,
+            earliest=self.earliest,
+            closed=self.closed,
+        )
+
+    def json(self) -> bytes:
+        return (
+            b'{"records":['
+            + b",".join(records_json(self.records))
+            + _PAGE_TAIL
+            % (self.next_cursor, self.head, self.earliest, b"true" if self.closed else b"false")
+        )

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import msgspec
 import pytest
 
 from application.acknowledge import AckCommand
-from application.append_records import ProduceCommand, Produced
+from application.append_records import AppendCommand, ProduceCommand, Produced
 from application.close_stream import CloseCommand
 from application.delete_stream import DeleteCommand
 from application.errors import NotFound
@@ -30,7 +30,7 @@ from domain import events as ev
 from domain.definition import Expiry, Fork, StreamDefinition
 from domain.objects import AuthorizationReceipt, ObjectIntent
 from domain.producers import ProducerClaim
-from domain.records import NewRecord
+from domain.records import NewRecord, RecordKind
 from domain.stream import Stream
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 
@@ -85,6 +85,25 @@ class StreamRepositoryContract:
         assert [r.sequence for r in records] == [4, 5, 6, 7]
         _, records = await repo.page(key, 10, 4)
         assert records == []
+
+    async def test_a_page_reads_each_records_time_and_kind_as_appended(self, repo) -> None:
+        """The PostgreSQL adapter decodes appended_at from its binary form, once per distinct
+        value, and kinds by lookup: they must read as the datetimes and kinds appended."""
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        times = [NOW, NOW + timedelta(microseconds=1), NOW + timedelta(days=400, seconds=1.5)]
+        kinds = [RecordKind.JSON, RecordKind.BINARY, RecordKind.JSON]
+        for at, kind in zip(times, kinds, strict=True):
+            content_type = "application/json" if kind == RecordKind.JSON else "image/png"
+            made = NewRecord(kind, content_type, b"[1]", 3)
+            command = AppendCommand(WRITER, [made, made], None, at)
+            [done] = await repo.update(key, [command])
+            assert isinstance(done, Done)
+        _, records = await repo.page(key, 0, 100)
+        assert [(r.appended_at, r.kind) for r in records] == [
+            (at, kind) for at, kind in zip(times, kinds, strict=True) for _ in range(2)
+        ]
+        assert all(r.appended_at.tzinfo is UTC and type(r.kind) is RecordKind for r in records)
 
     async def test_one_failing_command_leaves_the_others_in_its_group_untouched(self, repo) -> None:
         key = new_key()

@@ -10,8 +10,9 @@ transaction, so a listener can never be woken before the records it will reread 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from itertools import islice
 
 import asyncpg
 
@@ -144,24 +145,36 @@ SELECT sequence, appended_at FROM stream_records
 WHERE {_KEY} AND sequence > $4 ORDER BY sequence LIMIT $5
 """
 
+# The stream's position (and fork link) once, in the first row, then one row per record: the
+# position's columns repeated on every record row cost asyncpg a decode each (created_at a
+# datetime) per record. One statement, one snapshot; the CTE is evaluated once.
 _PAGE = """
-SELECT s.head, s.earliest, s.closed, s.created_at, s.soft_deleted,
-       f.source_run_id, f.source_stream_id, f.source_created_at, f.through,
-       r.sequence, r.appended_at, r.kind, r.content_type, r.size, r.payload
-FROM streams s
-LEFT JOIN stream_forks f
-       ON f.tenant = s.tenant AND f.run_id = s.run_id AND f.stream_id = s.stream_id
-LEFT JOIN LATERAL (
+WITH s AS (
+    SELECT s.head, s.earliest, s.closed, s.created_at, s.soft_deleted,
+           f.source_run_id, f.source_stream_id, f.source_created_at, f.through
+    FROM streams s
+    LEFT JOIN stream_forks f
+           ON f.tenant = s.tenant AND f.run_id = s.run_id AND f.stream_id = s.stream_id
+    WHERE s.tenant = $1 AND s.run_id = $2 AND s.stream_id = $3
+)
+SELECT s.*, NULL::bigint, NULL::bytea, NULL::int2, NULL::text, NULL::int4, NULL::bytea FROM s
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       r.sequence, timestamptz_send(r.appended_at), r.kind, r.content_type, r.size, r.payload
+FROM s CROSS JOIN LATERAL (
     SELECT sequence, appended_at, kind, content_type, size, payload
     FROM stream_records r
-    WHERE r.tenant = s.tenant AND r.run_id = s.run_id AND r.stream_id = s.stream_id
+    WHERE r.tenant = $1 AND r.run_id = $2 AND r.stream_id = $3
       AND r.sequence > $4 AND r.sequence <= s.head
     ORDER BY r.sequence
     LIMIT $5
-) r ON true
-WHERE s.tenant = $1 AND s.run_id = $2 AND s.stream_id = $3
-ORDER BY r.sequence
+) r
 """
+# A page's appended_at arrives as timestamptz_send's 8 bytes (microseconds since 2000-01-01 UTC)
+# and is decoded once per distinct value: the records of one append share theirs, and decoding
+# every row's into a datetime was a tenth of a catch-up's CPU (docs/architecture.md).
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_KINDS = tuple(RecordKind)  # RecordKind(n) per row cost more than the rest of the row
 
 
 # Forks: the source row is locked after the fork's is inserted (child before parent, the order
@@ -231,6 +244,7 @@ class PostgresStreams:
         # deleted and created again under the same key is another stream, so an entry is used
         # only where that time is known to match, or until the deleted notification drops it.
         self._definitions: dict[StreamKey, tuple[datetime, StreamDefinition]] = {}
+        self._times: dict[bytes, datetime] = {}  # page(): appended_at by its timestamptz_send
         if wake is not None:  # the wake bus hears deletions on every replica
             wake.on_deleted(self.forget)
             wake.on_missed(self.forget_all)
@@ -507,6 +521,10 @@ class PostgresStreams:
         if not rows:
             return None
         first = rows[0]
+        body: Iterable[asyncpg.Record] = islice(rows, 1, None)
+        if first[9] is not None:  # UNION ALL promises no order; PostgreSQL keeps it, but if not:
+            first = next(r for r in rows if r[9] is None)
+            body = sorted((r for r in rows if r[9] is not None), key=lambda r: r[9])
         position = Position(
             head=first[0],
             earliest=first[1],
@@ -514,25 +532,32 @@ class PostgresStreams:
             created_at=first[3],
             soft_deleted=first[4],
         )
-        records = (
-            []
-            if first[9] is None
-            else [
-                StoredRecord(
-                    sequence=r[9],
-                    appended_at=r[10],
-                    kind=RecordKind(r[11]),
-                    content_type=r[12],
-                    size=r[13],
-                    payload=r[14],
-                )
-                for r in rows
-            ]
-        )
+        records: list[StoredRecord] = []
+        if len(rows) > 1:
+            times, kinds, add = self._times, _KINDS, records.append
+            for r in body:
+                at = times.get(raw := r[10])
+                if at is None:
+                    at = _timestamptz(raw)
+                    if len(times) >= 4096:
+                        times.clear()
+                    times[raw] = at
+                add(StoredRecord(r[9], at, kinds[r[11]], r[12], r[13], r[14]))
         if first[5] is None:
             return position, records
         link = ForkLink(StreamKey(key.tenant, first[5], first[6]), first[7], first[8])
         return await stitch((position, records), link, cursor, limit, self.page)
+
+
+def _timestamptz(raw: bytes) -> datetime:
+    """What asyncpg decodes a timestamptz to, from its binary form (its infinities included:
+    the naive extremes)."""
+    micros = int.from_bytes(raw, "big", signed=True)
+    if micros == 0x7FFF_FFFF_FFFF_FFFF:
+        return datetime.max
+    if micros == -0x8000_0000_0000_0000:
+        return datetime.min
+    return _PG_EPOCH + timedelta(microseconds=micros)
 
 
 async def _link_fork(conn: asyncpg.Connection, key: StreamKey, fork: Fork) -> None:

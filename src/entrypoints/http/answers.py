@@ -35,6 +35,17 @@ class JsonAnswer:
         await send({"type": "http.response.body", "body": self._body})
 
 
+class EncodedJsonAnswer(JsonAnswer):
+    """A JsonAnswer whose body is already JSON bytes (a page of records, `StoredPage.json`)."""
+
+    __slots__ = ()
+
+    def __init__(self, body: bytes, status: int = 200) -> None:
+        self._body = body
+        self._status = status
+        self._headers = [_JSON, (b"content-length", b"%d" % len(body))]
+
+
 class HeadersAnswer:
     """A status and headers, with no body (HEAD on a route whose GET answers an endless one)."""
 

@@ -18,7 +18,7 @@ from application.live import (
     StreamGone,
 )
 from application.ports import StoredRecord
-from application.views import record_view
+from application.views import RecordsEncoder
 
 _encode = msgspec.json.Encoder().encode
 
@@ -26,11 +26,13 @@ OPENING = b": subscribed\n\n"
 HEARTBEAT = b": keep-alive\n\n"
 DELETED = b"event: deleted\ndata: {}\n\n"
 REVOKED = b"event: revoked\ndata: {}\n\n"
-RECORD = b"id: %d\nevent: record\ndata: %s\n\n"
+# Each record's event written by one bytes template (its RecordView's JSON as the data), not a
+# view and an encoding per record (docs/architecture.md "Catch-up reads").
+_record_events = RecordsEncoder(b"id: %d\nevent: record\ndata: ", b"\n\n", with_sequence=True)
 
 
 def records_frame(records: list[StoredRecord]) -> bytes:
-    return b"".join(RECORD % (r.sequence, _encode(record_view(r))) for r in records)
+    return b"".join(_record_events(records))
 
 
 async def event_stream(deliveries: AsyncGenerator[Delivery, None]) -> AsyncIterator[bytes]:
