@@ -535,6 +535,7 @@ class PostgresStreams:
         records: list[StoredRecord] = []
         if len(rows) > 1:
             times, kinds, add = self._times, _KINDS, records.append
+            previous, ordered = -1, True
             for r in body:
                 at = times.get(raw := r[10])
                 if at is None:
@@ -542,7 +543,12 @@ class PostgresStreams:
                     if len(times) >= 4096:
                         times.clear()
                     times[raw] = at
-                add(StoredRecord(r[9], at, kinds[r[11]], r[12], r[13], r[14]))
+                if r[9] <= previous:
+                    ordered = False
+                previous = r[9]
+                add(StoredRecord(previous, at, kinds[r[11]], r[12], r[13], r[14]))
+            if not ordered:  # the lateral's order reaches the outer query in every plan seen
+                records.sort(key=lambda record: record.sequence)
         if first[5] is None:
             return position, records
         link = ForkLink(StreamKey(key.tenant, first[5], first[6]), first[7], first[8])
