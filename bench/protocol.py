@@ -33,7 +33,7 @@ from pathlib import Path
 import msgspec
 from tests.support.node import ReferenceServer, ensure_node_packages
 
-from bench import database, live, load
+from bench import database, live, load, profile
 from bench.server import CpuMeter, Server, raise_fd_limit
 
 RUN_ID = "bench"
@@ -109,6 +109,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fanout-rate", type=float, default=10.0, help="appends/s in (e)")
     parser.add_argument(
         "--only", action="append", default=[], metavar="NAME", help="appends, fanout"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample the server with py-spy during (a)'s first round and print its hot spots",
     )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -224,10 +229,18 @@ class ProtocolBench:
 
         if a.warmup > 0:
             go(a.warmup)
+        spy = None
+        if a.profile and config == "a" and not self.rates[config].per_round:
+            raw = self.tmp / "profile.txt"
+            spy = profile.start(self.server.pid, a.duration, raw)
         meter = CpuMeter(self._roots(config))
         meter.start()
         outcome = go(a.duration)
         cpu = meter.stop()
+        if spy is not None:
+            spy.communicate(timeout=60)
+            if spy.returncode == 0:
+                self.facts["profile of (a)"] = profile.summarise(raw)
         cpu["client"] = outcome.client_cpu
         rate = self.rates[config]
         rate.requests += outcome.requests
@@ -457,6 +470,12 @@ def report(bench: ProtocolBench) -> str:
         for label, value, target, ok in checks:
             verdict = "-" if ok is None else "PASS" if ok else "MISS"
             lines.append(f"{label:<38} {value:>10}  {target:<10} {verdict}")
+    if "profile of (a)" in bench.facts:
+        lines += [
+            "",
+            "py-spy profile of the server during (a):",
+            str(bench.facts["profile of (a)"]),
+        ]
     return "\n".join(lines)
 
 

@@ -106,3 +106,30 @@ def test_the_native_append_answers_an_allowed_origin_and_no_other(
             assert answer.headers["vary"] == "Origin"
         else:
             assert "access-control-allow-origin" not in answer.headers
+
+
+@pytest.mark.parametrize("origin", [ORIGIN, "https://evil.example"])
+def test_a_protocol_append_answers_an_allowed_origin_and_no_other(
+    browser_server: ServerProcess, origin: str
+) -> None:
+    """A protocol POST is answered in front of the router too: the same browser headers on an
+    append, a protocol refusal (409 on a closed stream) and an authentication failure."""
+    url = f"{browser_server.base_url}/api/durable-streams/v1/stream/browser-run/p{len(origin)}"
+    auth = {"Authorization": f"Bearer {BOOTSTRAP_TOKEN}", "Origin": origin}
+    text = {"Content-Type": "text/plain"}
+    assert httpx.put(url, headers={**auth, **text}).status_code == 201
+    appended = httpx.post(url, headers={**auth, **text}, content=b"a")
+    closing = httpx.post(url, headers={**auth, **text, "Stream-Closed": "true"}, content=b"b")
+    refused = httpx.post(url, headers={**auth, **text}, content=b"c")
+    anonymous = httpx.post(url, headers={"Origin": origin, **text}, content=b"d")
+    statuses = [a.status_code for a in (appended, closing, refused, anonymous)]
+    assert statuses == [204, 204, 409, 401]
+    assert refused.headers["stream-closed"] == "true"
+    for answer in (appended, closing, refused, anonymous):
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["x-request-id"]
+        if origin == ORIGIN:
+            assert answer.headers["access-control-allow-origin"] == ORIGIN
+            assert "stream-next-offset" in answer.headers["access-control-expose-headers"].lower()
+        else:
+            assert "access-control-allow-origin" not in answer.headers

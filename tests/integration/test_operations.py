@@ -130,6 +130,46 @@ async def test_the_append_route_answers_as_every_route_does(
     assert [r["data"] for r in page["records"]] == [1, 2, 2, 5]
 
 
+async def test_appends_answered_in_front_of_the_router_are_timed_under_the_routers_templates(
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """The metric's route label of a front-served POST is the template Litestar records for a
+    GET of the same path (which the router serves), on both surfaces."""
+    ds = f"{server.base_url}/api/durable-streams/v1/stream"
+    auth = {"Authorization": api.headers["authorization"]}
+    async with httpx.AsyncClient() as plain:
+        for url in (f"{ds}/{run_id}/m2", f"{ds}/{run_id}-m2"):
+            created = await plain.put(url, headers={**auth, "Content-Type": "text/plain"})
+            assert created.status_code == 201, created.text
+            posted = await plain.post(
+                url, headers={**auth, "Content-Type": "text/plain"}, content=b"x"
+            )
+            assert posted.status_code == 204, posted.text
+            assert (await plain.get(url, headers=auth, params={"offset": "-1"})).status_code == 200
+        native = f"/runs/{run_id}/streams/m3"
+        body = {"stream_id": "m3", "direction": "output"}
+        assert (await api.post(f"/runs/{run_id}/streams", json=body)).status_code == 201
+        assert (
+            await api.post(native + "/records", json={"records": [{"data": 1}]})
+        ).status_code == 201
+        assert (await api.get(native + "/records")).status_code == 200
+        text = (await plain.get(f"{server.base_url}/metrics")).text
+    lines = [line for line in text.splitlines() if "request_duration_seconds_count" in line]
+
+    def routes(method: str, status: str) -> set[str]:
+        return {
+            line.split('route="', 1)[1].split('"', 1)[0]
+            for line in lines
+            if f'method="{method}"' in line and f'status="{status}"' in line
+        }
+
+    ds_routes = {r for r in routes("GET", "200") if r.startswith("/api/durable-streams/")}
+    assert len(ds_routes) == 2
+    assert ds_routes <= routes("POST", "204")
+    native_route = "/api/workflow-streams/runs/{run_id}/streams/{stream_id}/records"
+    assert native_route in routes("GET", "200") and native_route in routes("POST", "201")
+
+
 async def test_health_and_readiness_need_no_token(server: ServerProcess) -> None:
     async with httpx.AsyncClient(base_url=server.base_url) as plain:
         assert (await plain.get("/healthz")).json() == {"status": "ok"}

@@ -15,17 +15,20 @@ _encode = msgspec.json.Encoder().encode
 
 
 class Answer:
-    __slots__ = ("body", "headers", "status")
+    __slots__ = ("body", "extra", "headers", "status")
 
     def __init__(self, status: int, headers: dict[str, str], body: bytes = b"") -> None:
         self.status = status
         self.headers = headers
         self.body = body
+        # Encoded headers added as they are (the append front's request id and browser headers).
+        self.extra: list[tuple[bytes, bytes]] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         headers = [
             (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()
         ]
+        headers += self.extra
         if self.status not in (204, 304):
             headers.append((b"content-length", b"%d" % len(self.body)))
         await send({"type": "http.response.start", "status": self.status, "headers": headers})

@@ -1,4 +1,6 @@
-"""The hottest route, served in front of the router: a POST of records to one stream.
+"""The hottest routes, served in front of the router: a POST of records to one stream, on the
+native surface (`POST …/runs/{run_id}/streams/{stream_id}/records`) and on the Durable Streams
+one (`POST /api/durable-streams/v1/stream/{streamID}` and `…/{runID}/{streamID}`).
 
 A single-record append is the request every agent streaming tokens makes. Through Litestar it
 passed the exception middleware twice, the router, the request-id middleware, the guard (which
@@ -6,16 +8,16 @@ copies the connection), the handler's parameter machinery and `Request.body` (wh
 scope): about 30% of the server's CPU per append when profiled (bench (2), py-spy). Here the same
 work is done once, by the same functions:
 
-- only a request whose path is exactly the route's template with two non-empty IDs and whose
-  method is `POST` is taken; anything else (HEAD, a trailing slash, `//`, another method, a
-  WebSocket) goes to Litestar unchanged, so every edge case keeps the router's answer;
+- only a `POST` whose path is exactly one of the routes' templates with non-empty IDs is taken;
+  anything else (HEAD, a trailing slash, `//`, another method, a WebSocket) goes to Litestar
+  unchanged, so every edge case keeps the router's answer;
 - the request checks of `request_checks.py` (encoded `%2F`, content and transfer codings), the
   request id, the latency metric (under the route's own template) and the body size limit of
   the application (`413`, closing the connection, as `request_middleware` does);
-- the handler is `StreamsController.append_records`' body, through the same use case;
+- the handler is the route handler's body: `StreamsController.append_records`' through the same
+  use case, and `protocol.append` itself for the Durable Streams routes;
 - every failure is answered by the application's own exception handlers (the same problem
-  answers, headers and logs), chosen the way Litestar chooses them.
-
+  answers, headers and logs), chosen the way Litestar chooses them;
 - the security and CORS headers `browser_headers` adds to every other answer.
 
 Measured with bench (2) against (3), the no-op through Litestar, in one run: 27.9% -> 51.5%
@@ -38,6 +40,7 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.middleware._internal.exceptions.middleware import get_exception_handler
 
 from application.log_context import request_id
+from entrypoints.durable_streams import protocol
 from entrypoints.durable_streams.browser import allowed_origin, answer_headers
 from entrypoints.http import observability
 from entrypoints.http.answers import JsonAnswer
@@ -48,9 +51,13 @@ from entrypoints.http.schemas import AppendBody
 
 log = logging.getLogger("ductor_streams.http")
 
-# What Litestar's router records as `path_template` for the route (the metric's `route` label).
+# What Litestar's router records as `path_template` for each route (the metric's `route` label).
 ROUTE = "/api/workflow-streams/runs/{run_id}/streams/{stream_id}/records"
 _APPEND = re.compile(r"/api/workflow-streams/runs/([^/]+)/streams/([^/]+)/records")
+_DS = protocol.PREFIX + protocol.STREAM_PATH
+DS_ROUTE_ONE = _DS + "/{stream_id}"
+DS_ROUTE_IN_RUN = _DS + "/{run_id}/{stream_id}"
+_DS_APPEND = re.compile(re.escape(_DS) + r"/([^/]+)(?:/([^/]+))?")
 _REPLAYED = ((b"idempotent-replayed", b"true"),)
 _RID = b"x-request-id"
 _CUT_SHORT = "client disconnected prematurely"  # Litestar's words, which problems.py maps
@@ -65,13 +72,70 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
 
     async def front(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            match = _APPEND.fullmatch(scope["path"])
+            path = scope["path"]
+            match = _APPEND.fullmatch(path)
             if match is not None:
-                await _append(scope, receive, send, match[1], match[2])
+                await _serve(scope, receive, send, ROUTE, _native, match[1], match[2])
+                return
+            match = _DS_APPEND.fullmatch(path)
+            if match is not None:
+                if match[2] is None:
+                    await _serve(scope, receive, send, DS_ROUTE_ONE, _protocol, None, match[1])
+                else:
+                    await _serve(scope, receive, send, DS_ROUTE_IN_RUN, _protocol, *match.groups())
                 return
         await router(scope, receive, send)
 
-    async def _append(scope: dict, receive: Any, send: Any, run_id: str, stream_id: str) -> None:
+    async def _native(
+        scope: dict,
+        body: bytes,
+        run_id: str,
+        stream_id: str,
+        authorization: str | None,
+        idempotency_key: str | None,
+        extra: list[tuple[bytes, bytes]],
+    ) -> tuple[Any, int]:
+        """`StreamsController.append_records`."""
+        records = decode_json(body, AppendBody).records
+        services = app.state.services
+        caller = await services.authenticate(authorization)
+        answer, replayed = await services.append_records(
+            caller, run_id, stream_id, records, idempotency_key
+        )
+        if replayed:
+            return JsonAnswer(answer, 200, (*_REPLAYED, *extra)), 200
+        HOT.appends += 1
+        HOT.records += answer.last_sequence - answer.first_sequence + 1
+        return JsonAnswer(answer, 201, extra), 201
+
+    async def _protocol(
+        scope: dict,
+        body: bytes,
+        run_id: str | None,
+        stream_id: str,
+        authorization: str | None,
+        idempotency_key: str | None,
+        extra: list[tuple[bytes, bytes]],
+    ) -> tuple[Any, int]:
+        """`DurableStreamsController.append_one` and `append_in_run`."""
+        params = (
+            {"stream_id": stream_id}
+            if run_id is None
+            else {"run_id": run_id, "stream_id": stream_id}
+        )
+        answer = await protocol.append(_Request(app, scope, params, body))  # type: ignore[arg-type]
+        answer.extra = extra
+        return answer, answer.status
+
+    async def _serve(
+        scope: dict,
+        receive: Any,
+        send: Any,
+        route: str,
+        handle: Any,
+        run_id: str | None,
+        stream_id: str,
+    ) -> None:
         started = time.perf_counter()
         rid = authorization = idempotency_key = None
         declared: int | None = None
@@ -115,22 +179,12 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                     elif message["type"] == "http.disconnect":
                         body_done = True
                         raise InternalServerException(_CUT_SHORT)
-                body = decode_json(chunks[0] if len(chunks) == 1 else b"".join(chunks), AppendBody)
-                services = app.state.services
-                caller = await services.authenticate(authorization)
-                answer, replayed = await services.append_records(
-                    caller, run_id, stream_id, body.records, idempotency_key
-                )
+                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 extra = answer_headers(scope, cors)
                 extra.append((_RID, rid.encode()))
-                if replayed:
-                    response: Any = JsonAnswer(answer, 200, (*_REPLAYED, *extra))
-                    status = 200
-                else:
-                    HOT.appends += 1
-                    HOT.records += answer.last_sequence - answer.first_sequence + 1
-                    response = JsonAnswer(answer, 201, extra)
-                    status = 201
+                response, status = await handle(
+                    scope, body, run_id, stream_id, authorization, idempotency_key, extra
+                )
             except Exception as error:
                 response, status = _problem(scope, receive, error)
                 for name, value in answer_headers(scope, cors):
@@ -149,7 +203,7 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                 await _drain(receive, observability.DRAIN_LIMIT, None)
         finally:
             seconds = time.perf_counter() - started
-            HOT.observe("POST", ROUTE, str(status), seconds)
+            HOT.observe("POST", route, str(status), seconds)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s %s %d %.1f ms", "POST", scope["path"], status, seconds * 1e3)
             request_id.reset(token)
@@ -165,6 +219,53 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         return response.to_asgi_response(app=None, request=request), response.status_code
 
     return front
+
+
+class _Headers:
+    """The two lookups `protocol.append` makes of a request's headers, as Litestar's Headers
+    answers them (names are lower case in ASGI; values are latin-1), by a scan of the few there
+    are rather than building a case-insensitive multidict per request."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self._raw = raw
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        wanted = name.lower().encode("latin-1")
+        for key, value in self._raw:
+            if key == wanted:
+                return value.decode("latin-1")
+        return default
+
+    def getall(self, name: str, default: list[str] | None = None) -> list[str]:
+        wanted = name.lower().encode("latin-1")
+        found = [value.decode("latin-1") for key, value in self._raw if key == wanted]
+        if found:
+            return found
+        if default is None:
+            raise KeyError(name)
+        return default
+
+
+class _Request:
+    """What `protocol.append` reads of a Litestar Request: the app, the scope, the path
+    parameters, the headers and the body (already read)."""
+
+    __slots__ = ("_body", "app", "path_params", "scope")
+
+    def __init__(self, app: Litestar, scope: dict, params: dict[str, str], body: bytes) -> None:
+        self.app = app
+        self.scope = scope
+        self.path_params = params
+        self._body = body
+
+    @property
+    def headers(self) -> _Headers:
+        return _Headers(self.scope["headers"])
+
+    async def body(self) -> bytes:
+        return self._body
 
 
 async def _drain(receive: Any, limit: int, seconds: float | None) -> None:
