@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -203,7 +203,7 @@ class StreamsClient:
 
     async def iter_runs(
         self, *, prefix: str | None = None, page_size: int = 100
-    ) -> AsyncIterator[models.RunSummary]:
+    ) -> AsyncGenerator[models.RunSummary, None]:
         """Every run of the tenant (whose ID starts with `prefix`), page after page."""
         after = None
         while True:
@@ -257,7 +257,7 @@ class StreamsClient:
         events: bool = True,
         give_up_after: float | None = 300.0,
         on_reconnect: Callable[[StreamsError, float], None] | None = None,
-    ) -> AsyncIterator[models.FollowItem]:
+    ) -> AsyncGenerator[models.FollowItem, None]:
         """Every record with `sequence > cursor`, live, in order, each exactly once; then the
         final event: `Closed` (closed and all delivered), `Gone` (retention overtook the
         follower), `Deleted` or `Revoked`, after which the iteration ends.
@@ -395,7 +395,7 @@ class StreamsClient:
 
     async def get_object_body(
         self, run_id: str, stream_id: str, object_id: str, *, chunk_size: int = CHUNK
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """A committed object's body, streamed in chunks. The SHA-256 announced in
         `Repr-Digest` is checked at the end: a mismatch raises `DigestMismatch` after the last
         chunk. Opening the download is retried like any read; a break once bytes have been

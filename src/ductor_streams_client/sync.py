@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, TypeVar
 
 import httpx
@@ -180,7 +180,7 @@ class SyncStreamsClient:
 
     def iter_runs(
         self, *, prefix: str | None = None, page_size: int = 100
-    ) -> Iterator[models.RunSummary]:
+    ) -> Generator[models.RunSummary, None, None]:
         """Every run of the tenant (whose ID starts with `prefix`), page after page."""
         after = None
         while True:
@@ -223,7 +223,7 @@ class SyncStreamsClient:
         events: bool = True,
         give_up_after: float | None = 300.0,
         on_reconnect: Callable[[StreamsError, float], None] | None = None,
-    ) -> Iterator[models.FollowItem]:
+    ) -> Generator[models.FollowItem, None, None]:
         """Every record after `cursor`, live, then the final event; see
         `StreamsClient.follow`. A plain generator: `close()` it (or use
         `contextlib.closing`) when you stop early."""
@@ -335,7 +335,7 @@ class SyncStreamsClient:
 
     def get_object_body(
         self, run_id: str, stream_id: str, object_id: str, *, chunk_size: int = CHUNK
-    ) -> Iterator[bytes]:
+    ) -> Generator[bytes, None, None]:
         """A committed object's body in chunks, checked against `Repr-Digest` at the end."""
         response: httpx.Response = self._send(core.get_object_body(run_id, stream_id, object_id))
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import typing
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -677,3 +678,18 @@ def test_the_package_is_marked_typed_and_packaged_so() -> None:
     assert (package / "py.typed").is_file()
     config = tomllib.loads((package.parents[1] / "pyproject.toml").read_text())
     assert "py.typed" in config["tool"]["setuptools"]["package-data"]["*"]
+
+
+# -- what a stranger's program meets ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["follow", "iter_runs", "get_object_body"])
+def test_the_streaming_methods_are_typed_as_closable_generators(method: str) -> None:
+    # docs/client.md wraps follow() in contextlib.aclosing (closing, for the sync client): a
+    # return type of AsyncIterator / Iterator has no aclose / close, so mypy refuses that.
+    from collections.abc import AsyncGenerator, Generator
+
+    asynchronous = typing.get_type_hints(getattr(StreamsClient, method))["return"]
+    assert typing.get_origin(asynchronous) is AsyncGenerator
+    blocking = typing.get_type_hints(getattr(SyncStreamsClient, method))["return"]
+    assert typing.get_origin(blocking) is Generator
