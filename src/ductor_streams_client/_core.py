@@ -198,6 +198,19 @@ class Call:
             ) from error
 
 
+def undecodable(
+    call: Call, response: httpx.Response, error: httpx.DecodingError
+) -> UnexpectedAnswer:
+    """The error of an answer whose body cannot even be decoded (a `Content-Encoding` it does
+    not hold to, typically from a proxy): not transient, so never retried."""
+    encoding = response.headers.get("content-encoding") or "its content encoding"
+    return UnexpectedAnswer(
+        response.status_code,
+        "unexpected-answer",
+        f"{call.method} {call.path} answered a body that cannot be decoded ({encoding}): {error}",
+    )
+
+
 def may_retry(call: Call, failure: StreamsError, error: Exception | None = None) -> bool:
     """Whether `call` may be sent again after `failure` (the transport `error` when no answer
     arrived)."""
@@ -739,6 +752,7 @@ class Follower:
         self.failing_since: float | None = None
         self.retries = 0
         self._failure: StreamsError | None = None
+        self._status = 200
         self._decoder = SseDecoder()
 
     def call(self) -> Call:
@@ -766,6 +780,7 @@ class Follower:
                 "unexpected-answer",
                 f"subscribe answered {media_type or 'no content type'}, not text/event-stream",
             )
+        self._status = response.status_code
         self.connected = True
         self.failing_since = None
 
@@ -773,17 +788,30 @@ class Follower:
         event = self._decoder.feed(text)
         if event is None:
             return None
-        if event.event == "record":
-            record = _record_decoder.decode(event.data)
+        kind = _EVENT_TYPES.get(event.event)
+        if event.event != "record" and kind is None:
+            return None  # an event this client does not know: ignored
+        try:
+            item = (
+                _record_decoder.decode(event.data)
+                if kind is None
+                else msgspec.json.decode(event.data or "{}", type=kind)
+            )
+        except (msgspec.ValidationError, msgspec.DecodeError) as error:
+            raise UnexpectedAnswer(
+                self._status,
+                "unexpected-answer",
+                f"GET {self.path} (subscribe) sent a {event.event!r} event this client cannot "
+                f"read: {error}",
+            ) from error
+        if isinstance(item, models.Record):
+            record = item
             if record.sequence <= self.last:
                 return None  # never deliver twice, whatever the wire does
             self.last = record.sequence
             self.retries = 0
             return record
-        kind = _EVENT_TYPES.get(event.event)
-        if kind is None:
-            return None  # an event this client does not know: ignored
-        final = msgspec.json.decode(event.data or "{}", type=kind)
+        final = item
         self.done = True
         if self.events:
             return final

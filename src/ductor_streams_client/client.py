@@ -111,6 +111,8 @@ class StreamsClient:
                     await response.aread()
                 except httpx.TransportError as error:
                     step = exchange.failed(error)
+                except httpx.DecodingError as error:
+                    raise core.undecodable(call, response, error) from error
                 else:
                     step = exchange.answered(response)
                 finally:
@@ -308,6 +310,8 @@ class StreamsClient:
                         follower.ended()
                 except httpx.TransportError as error:
                     follower.lost(error)
+                except httpx.DecodingError as error:
+                    raise core.undecodable(call, response, error) from error
                 finally:
                     await response.aclose()
             await asyncio.sleep(follower.pause())
@@ -400,9 +404,8 @@ class StreamsClient:
         `Repr-Digest` is checked at the end: a mismatch raises `DigestMismatch` after the last
         chunk. Opening the download is retried like any read; a break once bytes have been
         delivered raises `StreamsConnectionError` (a retry would repeat them)."""
-        response: httpx.Response = await self._send(
-            core.get_object_body(run_id, stream_id, object_id)
-        )
+        call = core.get_object_body(run_id, stream_id, object_id)
+        response: httpx.Response = await self._send(call)
         try:
             check = core.BodyCheck(response)
             async for chunk in response.aiter_bytes(chunk_size):
@@ -410,6 +413,8 @@ class StreamsClient:
             check.finish()
         except httpx.TransportError as error:
             raise StreamsError.from_transport(error, self.base_url) from error
+        except httpx.DecodingError as error:
+            raise core.undecodable(call, response, error) from error
         finally:
             await response.aclose()
 

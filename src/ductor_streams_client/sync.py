@@ -95,6 +95,8 @@ class SyncStreamsClient:
                     response.read()
                 except httpx.TransportError as error:
                     step = exchange.failed(error)
+                except httpx.DecodingError as error:
+                    raise core.undecodable(call, response, error) from error
                 else:
                     step = exchange.answered(response)
                 finally:
@@ -260,6 +262,8 @@ class SyncStreamsClient:
                         follower.ended()
                 except httpx.TransportError as error:
                     follower.lost(error)
+                except httpx.DecodingError as error:
+                    raise core.undecodable(call, response, error) from error
                 finally:
                     response.close()
             time.sleep(follower.pause())
@@ -337,7 +341,8 @@ class SyncStreamsClient:
         self, run_id: str, stream_id: str, object_id: str, *, chunk_size: int = CHUNK
     ) -> Generator[bytes, None, None]:
         """A committed object's body in chunks, checked against `Repr-Digest` at the end."""
-        response: httpx.Response = self._send(core.get_object_body(run_id, stream_id, object_id))
+        call = core.get_object_body(run_id, stream_id, object_id)
+        response: httpx.Response = self._send(call)
         try:
             check = core.BodyCheck(response)
             for chunk in response.iter_bytes(chunk_size):
@@ -345,5 +350,7 @@ class SyncStreamsClient:
             check.finish()
         except httpx.TransportError as error:
             raise StreamsError.from_transport(error, self.base_url) from error
+        except httpx.DecodingError as error:
+            raise core.undecodable(call, response, error) from error
         finally:
             response.close()

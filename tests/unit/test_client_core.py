@@ -693,3 +693,48 @@ def test_the_streaming_methods_are_typed_as_closable_generators(method: str) -> 
     assert typing.get_origin(asynchronous) is AsyncGenerator
     blocking = typing.get_type_hints(getattr(SyncStreamsClient, method))["return"]
     assert typing.get_origin(blocking) is Generator
+
+
+def garbled(content_type: str = "application/json", status: int = 200) -> Handler:
+    """A proxy that says gzip and sends something else."""
+    headers = {"content-type": content_type, "content-encoding": "gzip"}
+    # A stream, not content=: httpx decodes content= at once, a real answer as it is read.
+    return lambda _: httpx.Response(
+        status, headers=headers, stream=httpx.ByteStream(b"not gzip at all")
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "args", "content_type", "status"),
+    [
+        ("get_stream", ("r", "s"), "application/json", 200),
+        ("get_stream", ("r", "s"), "application/problem+json", 404),
+        ("get_object_body", ("r", "s", "o"), "application/octet-stream", 200),
+        ("follow", ("r", "s"), "text/event-stream", 200),
+    ],
+)
+def test_a_body_that_cannot_be_decoded_is_an_unexpected_answer(
+    kind: str, method: str, args: tuple[str, ...], content_type: str, status: int
+) -> None:
+    drive = Driver(kind, garbled(content_type, status))
+    with pytest.raises(client_lib.UnexpectedAnswer) as caught:
+        drive(method, *args)
+    assert caught.value.status == status
+    assert "decod" in caught.value.detail
+    assert len(drive.requests) == 1  # nothing transient about it: not retried
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        "event: record\ndata: {not json\n\n",
+        'event: record\ndata: {"sequence": "one"}\n\n',
+        "event: closed\ndata: {}\n\n",
+        'event: gone\ndata: {"requested": 1}\n\n',
+    ],
+)
+def test_a_follow_event_of_the_wrong_shape_is_an_unexpected_answer(kind: str, event: str) -> None:
+    drive = Driver(kind, lambda _: sse(record_event(1, "a"), event))
+    with pytest.raises(client_lib.UnexpectedAnswer) as caught:
+        drive("follow", "r", "s")
+    assert caught.value.code == "unexpected-answer" and "subscribe" in caught.value.detail
