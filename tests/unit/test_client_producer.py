@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
+import warnings
 from typing import Any
 
 import httpx
@@ -292,3 +295,76 @@ def test_sync_producer_surfaces_the_first_error() -> None:
             producer.send("y")
         with pytest.raises(StreamClosed):
             producer.close()
+
+
+# -- a producer nobody closed ------------------------------------------------------------------
+
+
+EXITING = """
+import json, sys
+import httpx
+from ductor_streams_client import SyncStreamsClient
+
+def handler(request):
+    records = [r["data"] for r in json.loads(request.content)["records"]]
+    if sys.argv[1] == "refuse":
+        return httpx.Response(409, json={"code": "stream-closed", "detail": "closed"})
+    print("appended", records, flush=True)
+    credit = {"unread_items": 0, "unread_bytes": 0, "max_unread_items": 9, "max_unread_bytes": 9}
+    answer = {"first_sequence": 1, "last_sequence": 3, "head": 3, "credit": credit}
+    return httpx.Response(201, json=answer)
+
+client = SyncStreamsClient("http://streams.test", "t", transport=httpx.MockTransport(handler))
+producer = client.producer("r", "s", linger=3600)
+for n in range(3):
+    producer.send(n)
+print("leaving", flush=True)
+"""
+
+
+def test_the_sync_producer_appends_what_it_buffered_when_the_interpreter_exits() -> None:
+    # Its flusher is a daemon thread: without a hook the interpreter would stop it in silence,
+    # and what it buffered (a long linger, or a program that never flushed) would be lost.
+    done = subprocess.run(
+        [sys.executable, "-c", EXITING, "accept"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["leaving", "appended [0, 1, 2]"]
+    assert done.stderr == ""
+
+
+def test_an_error_of_that_last_append_is_printed_not_swallowed() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", EXITING, "refuse"], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.splitlines() == ["leaving"]
+    assert "StreamClosed" in done.stderr and "409 stream-closed: closed" in done.stderr
+
+
+def test_an_async_producer_whose_loop_stops_before_it_closed_warns_what_it_drops() -> None:
+    service = Service()
+
+    async def forgetful() -> None:
+        producer = async_client(service).producer("r", "s", linger=3600)
+        await producer.send(1)
+        await producer.send(2)
+
+    with pytest.warns(RuntimeWarning, match=r"2 records .*not appended"):
+        asyncio.run(forgetful())
+    assert service.stored == []
+
+
+def test_a_closed_async_producer_does_not_warn() -> None:
+    service = Service()
+
+    async def tidy() -> None:
+        async with async_client(service).producer("r", "s", linger=3600) as producer:
+            await producer.send(1)
+        async with async_client(service).producer("r", "s", linger=3600) as dropped:
+            await dropped.send(2)
+            await dropped.aclose_quietly()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        asyncio.run(tidy())
+    assert service.stored == [1]
