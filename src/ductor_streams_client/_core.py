@@ -150,7 +150,8 @@ class Call:
     `idempotent`: repeating it after a lost answer does no harm (GET, PUT, DELETE; a POST only
     when the service dedupes it, e.g. by an idempotency key). Answers that say nothing was done
     (429, 503) and connections that never opened are retried whatever it is. `done_on_retry`:
-    codes that, on a retry only, mean an earlier try succeeded (a DELETE that finds nothing).
+    codes that, on a retry after a try that may have been applied (its answer lost, or a 502 /
+    504), mean that it was (a DELETE that finds nothing).
     `answer`: the type the body decodes to (None: no body); `stream`: hand the open response
     to the driver instead."""
 
@@ -256,6 +257,9 @@ class Exchange:
         self.rng = rng
         self.tries = 0
         self.started = clock()
+        # An earlier try may have been applied (its answer was lost, or a gateway's 502/504
+        # stood in for it); only then does a `done_on_retry` code mean it was.
+        self.maybe_applied = False
 
     def attempt(self) -> None:
         """Count a try (drivers call it just before sending)."""
@@ -267,7 +271,7 @@ class Exchange:
                 return response
             return self.call.decode(response)
         failure = StreamsError.from_response(response)
-        if self.tries > 1 and failure.code in self.call.done_on_retry:
+        if self.maybe_applied and failure.code in self.call.done_on_retry:
             return None
         return self._again(failure, None)
 
@@ -286,6 +290,8 @@ class Exchange:
             delay = self.policy.backoff(self.tries, self.rng)
         if self.clock() + delay - self.started > self.policy.total_seconds:
             raise failure from error
+        if not isinstance(error, NOT_SENT) and failure.status not in NOTHING_DONE:
+            self.maybe_applied = True
         return Retry(delay)
 
 

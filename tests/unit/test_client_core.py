@@ -252,6 +252,19 @@ def test_a_delete_retried_after_a_lost_answer_that_finds_nothing_succeeded(kind:
         drive("delete_run", "r")
 
 
+@pytest.mark.parametrize("first", ["unavailable", "refused"])
+def test_a_delete_that_finds_nothing_after_tries_that_did_nothing_is_a_real_404(
+    kind: str, first: str
+) -> None:
+    # A 503 (or a connection that never opened) says the first try did nothing: the 404 of
+    # the retry is the stream never having been there, not the delete having worked.
+    did_nothing = problem("unavailable") if first == "unavailable" else httpx.ConnectError
+    drive = Driver(kind, sequence_of(did_nothing, problem("not-found")))
+    with pytest.raises(NotFound):
+        drive("delete_stream", "r", "s")
+    assert len(drive.requests) == 2
+
+
 def test_exchange_steps_with_an_injected_clock() -> None:
     now = [0.0]
     call = Call("GET", "/x")
