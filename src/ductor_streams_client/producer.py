@@ -260,6 +260,7 @@ class SyncProducer(_Common):
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._dropping = False  # close_quietly: the batch in flight is given up too
 
     def __enter__(self) -> SyncProducer:
         return self
@@ -312,6 +313,7 @@ class SyncProducer(_Common):
         """Stop without flushing: what is buffered is dropped."""
         self._closed = True
         with self._lock:
+            self._dropping = True
             self._batcher.drop()
         self._stop()
 
@@ -341,6 +343,8 @@ class SyncProducer(_Common):
                             break
                         self._lock.wait(delay)
                 answer = self._append(batch)
+                if answer is None:
+                    return  # dropped while waiting out backpressure
                 with self._lock:
                     self._done(batch, answer)
                     self._lock.notify_all()
@@ -349,7 +353,8 @@ class SyncProducer(_Common):
                 self._error = error
                 self._lock.notify_all()
 
-    def _append(self, batch: core.Batch) -> models.AppendAnswer:
+    def _append(self, batch: core.Batch) -> models.AppendAnswer | None:
+        """The batch appended, or None when `close_quietly` gave it up during a wait."""
         body = batch.body()
         started = time.monotonic()
         while True:
@@ -359,7 +364,9 @@ class SyncProducer(_Common):
                 now = time.monotonic()
                 if self._gave_up(started, now, error):
                     raise
-                time.sleep(_wait_of(error))
+                with self._lock:  # a wait that close_quietly cuts short
+                    if self._lock.wait_for(lambda: self._dropping, _wait_of(error)):
+                        return None
 
 
 _open_sync_producers: weakref.WeakSet[SyncProducer] = weakref.WeakSet()

@@ -15,10 +15,12 @@ import httpx
 import pytest
 
 from ductor_streams_client import (
+    Producer,
     ProducerClosed,
     RetryPolicy,
     StreamClosed,
     StreamsClient,
+    SyncProducer,
     SyncStreamsClient,
 )
 from ductor_streams_client._core import Batcher, encode_record
@@ -295,6 +297,46 @@ def test_sync_producer_surfaces_the_first_error() -> None:
             producer.send("y")
         with pytest.raises(StreamClosed):
             producer.close()
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_leaving_the_block_by_an_exception_does_not_wait_out_backpressure(kind: str) -> None:
+    # The stream pushes back (429, Retry-After: 5) and the program fails meanwhile: dropping the
+    # buffer must not sit out the wait and send the batch again (up to backpressure_timeout).
+    refused = threading.Event()
+    requests: list[str] = []
+
+    def full(request: httpx.Request) -> httpx.Response:
+        requests.append(request.headers["idempotency-key"])
+        refused.set()
+        answer = {"code": "backpressure", "detail": "full", "status": 429}
+        return httpx.Response(429, json=answer, headers={"Retry-After": "5"})
+
+    patient = {"backpressure_timeout": 6.0}  # a second try would come 5 s on, then give up
+    producer: Producer | SyncProducer
+
+    if kind == "sync":
+        client = sync_client(full, RetryPolicy.none())
+        with pytest.raises(KeyError), client.producer("r", "s", linger=0, **patient) as producer:
+            producer.send(1)
+            refused.wait()
+            raise KeyError("the program failed")
+        client.close()
+    else:
+
+        async def go() -> Producer:
+            async with async_client(full, RetryPolicy.none()) as client:
+                with pytest.raises(KeyError):
+                    async with client.producer("r", "s", linger=0, **patient) as producer:
+                        await producer.send(1)
+                        while not refused.is_set():
+                            await asyncio.sleep(0.001)
+                        raise KeyError("the program failed")
+            return producer
+
+        producer = asyncio.run(go())
+    assert len(requests) == 1  # returned without trying again
+    assert producer.appended == 0 and producer.unsent == 1
 
 
 # -- a producer nobody closed ------------------------------------------------------------------
