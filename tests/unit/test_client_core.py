@@ -751,3 +751,16 @@ def test_a_follow_event_of_the_wrong_shape_is_an_unexpected_answer(kind: str, ev
     with pytest.raises(client_lib.UnexpectedAnswer) as caught:
         drive("follow", "r", "s")
     assert caught.value.code == "unexpected-answer" and "subscribe" in caught.value.detail
+
+
+def test_an_html_error_page_of_a_proxy_is_named_for_what_it_is(kind: str) -> None:
+    page = "<html><head><title>502 Bad Gateway</title></head><body><h1>502</h1>nginx</body></html>"
+    gateway = httpx.Response(502, text=page, headers={"content-type": "text/html"})
+    drive = Driver(kind, lambda _: gateway, RetryPolicy.none())
+    with pytest.raises(StreamsError) as caught:
+        drive("get_stream", "r", "s")
+    error = caught.value
+    assert type(error) is StreamsError and (error.status, error.code) == (502, "http-502")
+    assert "<" not in str(error) and "Bad Gateway" in str(error)
+    assert "HTML page" in error.detail
+    assert error.problem["text"] == page  # kept, for whoever debugs the proxy
