@@ -354,7 +354,15 @@ class Settings:
         self.idle_timeout = idle_timeout
         self.retry = retry or RetryPolicy()
         self.headers = {"User-Agent": USER_AGENT}
+        # Surrounding whitespace is never part of a token: a token file's newline (`serve`
+        # writes the development token with one) would otherwise make every header illegal.
+        token = token.strip() if token else None
         if token:
+            if not all(" " < char <= "~" for char in token):
+                raise ValueError(
+                    "token holds a character no Bearer token has (a space, a control "
+                    "character or non-ASCII)"
+                )
             self.headers["Authorization"] = f"Bearer {token}"
 
     def url(self, path: str) -> str:

@@ -764,3 +764,30 @@ def test_an_html_error_page_of_a_proxy_is_named_for_what_it_is(kind: str) -> Non
     assert "<" not in str(error) and "Bad Gateway" in str(error)
     assert "HTML page" in error.detail
     assert error.problem["text"] == page  # kept, for whoever debugs the proxy
+
+
+def test_a_token_read_from_a_file_with_its_newline_is_sent_without_it(kind: str) -> None:
+    # `serve` writes .ductor-streams/dev-token with a newline; Path.read_text() keeps it, and
+    # the header then failed every call as "cannot reach" a server that was there.
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["authorization"])
+        return httpx.Response(200, json={"runs": [], "next_after": None})
+
+    transport = httpx.MockTransport(handler)
+    if kind == "sync":
+        with SyncStreamsClient(BASE, " tok-1\n", transport=transport) as sync:
+            sync.list_runs()
+    else:
+
+        async def go() -> None:
+            async with StreamsClient(BASE, "tok-1\n", transport=transport) as client:
+                await client.list_runs()
+
+        import asyncio
+
+        asyncio.run(go())
+    assert seen == ["Bearer tok-1"]
+    with pytest.raises(ValueError, match="token"):
+        SyncStreamsClient(BASE, "tok\nen") if kind == "sync" else StreamsClient(BASE, "tok\x00")
