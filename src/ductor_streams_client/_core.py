@@ -43,6 +43,7 @@ USER_AGENT = "ductor-streams-client/0.2"
 CHUNK = 256 * 1024
 MAX_BATCH_RECORDS = 1_000  # the service's per-append ceiling
 MAX_REQUEST_BYTES = 8 * 1024 * 1024  # its JSON body ceiling
+MAX_INLINE_RECORD_BYTES = 65_536  # its ceiling of one record's stored bytes (larger: an object)
 
 # Answers that say the service did nothing and will take the request later.
 NOTHING_DONE = frozenset({429, 503})
@@ -328,6 +329,14 @@ def encode_record(value: Any, content_type: str | None = None) -> bytes:
     if content_type:
         return _encode({"data": value, "content_type": content_type})
     return b'{"data":' + _encode(value) + b"}"
+
+
+def stored_size(value: Any) -> int:
+    """The bytes the service stores for a record of `value`: the bytes themselves, or the
+    compact JSON of the value (before any redaction)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return len(bytes(value))
+    return len(_encode(value))
 
 
 def append_body(parts: Iterable[bytes]) -> bytes:

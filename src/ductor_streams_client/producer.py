@@ -99,7 +99,16 @@ class _Common:
             raise self._error
         if self._closed:
             raise ProducerClosed("the producer is closed")
-        return core.encode_record(value, self.content_type)
+        part = core.encode_record(value, self.content_type)
+        # Refused here, not by the service: its 413 would fail the whole batch, and the producer.
+        if len(part) > core.MAX_INLINE_RECORD_BYTES:  # only then can the record be too large
+            size = core.stored_size(value)
+            if size > core.MAX_INLINE_RECORD_BYTES:
+                raise ValueError(
+                    f"a record of {size} bytes is over the service's inline limit "
+                    f"({core.MAX_INLINE_RECORD_BYTES}); send it as an object (put_object)"
+                )
+        return part
 
     def _done(self, batch: core.Batch, answer: models.AppendAnswer) -> None:
         self.appended += batch.count

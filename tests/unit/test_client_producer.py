@@ -42,7 +42,9 @@ class Service:
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         key = request.headers["idempotency-key"]
-        records = [r["data"] for r in json.loads(request.content)["records"]]
+        records = [
+            r.get("data", r.get("data_base64")) for r in json.loads(request.content)["records"]
+        ]
         with self.lock:
             self.requests.append((key, records))
             if self.fail_with:
@@ -337,6 +339,40 @@ def test_leaving_the_block_by_an_exception_does_not_wait_out_backpressure(kind: 
         producer = asyncio.run(go())
     assert len(requests) == 1  # returned without trying again
     assert producer.appended == 0 and producer.unsent == 1
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_a_record_over_the_inline_limit_is_refused_by_send_not_by_its_whole_batch(
+    kind: str,
+) -> None:
+    # The service refuses a record over 65,536 bytes (413 record-too-large) and with it the
+    # whole append: the other records of the batch, and the producer, would go down with it.
+    service = Service()
+    big_json = {"text": "x" * 65_536}
+    big_bytes = b"x" * 65_537
+    fits = b"x" * 65_536  # exactly the limit: its base64 is longer, but it is stored as is
+    if kind == "sync":
+        with sync_client(service) as client, client.producer("r", "s", linger=10) as producer:
+            producer.send(1)
+            for value in (big_json, big_bytes):
+                with pytest.raises(ValueError, match="inline limit"):
+                    producer.send(value)
+            producer.send(fits)
+            producer.send(2)
+    else:
+
+        async def go() -> None:
+            client = async_client(service)
+            async with client, client.producer("r", "s", linger=10) as producer:
+                await producer.send(1)
+                for value in (big_json, big_bytes):
+                    with pytest.raises(ValueError, match="inline limit"):
+                        await producer.send(value)
+                await producer.send(fits)
+                await producer.send(2)
+
+        asyncio.run(go())
+    assert service.stored[0] == 1 and service.stored[2] == 2 and len(service.stored) == 3
 
 
 # -- a producer nobody closed ------------------------------------------------------------------
