@@ -30,6 +30,7 @@ from ductor_streams_client.errors import (
     DigestMismatch,
     NotFound,
     ObjectStateConflict,
+    SizeMismatch,
     StreamsConnectionError,
     StreamsError,
     Unauthenticated,
@@ -121,15 +122,39 @@ class Upload:
     def replayable(self) -> bool:
         return isinstance(self.source, bytes | Path)
 
+    def count(self, sent: int, chunk: bytes) -> int:
+        """`sent` plus the chunk about to go, which may not pass the declared size (it is the
+        Content-Length: the HTTP layer would fail on its own terms)."""
+        sent += len(chunk)
+        if sent > self.size:
+            raise SizeMismatch(
+                0,
+                "size-mismatch",
+                f"the body comes to more than the {self.size} bytes given as its size "
+                f"({sent} so far); nothing was stored",
+            )
+        return sent
+
+    def check_end(self, sent: int) -> None:
+        """After the last chunk: the body may not fall short of its declared size either."""
+        if sent != self.size:
+            raise SizeMismatch(
+                0,
+                "size-mismatch",
+                f"the body comes to {sent} bytes, not the {self.size} given as its size; "
+                "nothing was stored",
+            )
+
     def sync_chunks(self) -> Iterable[bytes]:
         sent = 0
         if self.progress:
             self.progress(0, self.size)
         for chunk in self._sync_source():
-            sent += len(chunk)
+            sent = self.count(sent, chunk)
             yield chunk
             if self.progress:
                 self.progress(sent, self.size)
+        self.check_end(sent)
 
     def _sync_source(self) -> Iterable[bytes]:
         if isinstance(self.source, bytes):

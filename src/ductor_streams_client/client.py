@@ -432,15 +432,16 @@ async def _chunks(upload: core.Upload) -> AsyncIterator[bytes]:
         file = await asyncio.to_thread(upload.source.open, "rb")
         try:
             while chunk := await asyncio.to_thread(file.read, CHUNK):
-                sent += len(chunk)
+                sent = upload.count(sent, chunk)
                 yield chunk
                 if upload.progress:
                     upload.progress(sent, upload.size)
         finally:
             file.close()
-        return
-    async for chunk in upload.source:
-        sent += len(chunk)
-        yield chunk
-        if upload.progress:
-            upload.progress(sent, upload.size)
+    else:
+        async for chunk in upload.source:
+            sent = upload.count(sent, chunk)
+            yield chunk
+            if upload.progress:
+                upload.progress(sent, upload.size)
+    upload.check_end(sent)
