@@ -531,6 +531,10 @@ def append(
     idempotency_key: str | None,
     content_type: str | None,
 ) -> Flow[models.AppendAnswer]:
+    if idempotency_key and not (
+        len(idempotency_key) <= 255 and all(" " <= char <= "~" for char in idempotency_key)
+    ):
+        raise ValueError("an idempotency_key is 1 to 255 printable ASCII characters")
     parts = [encode_record(r, content_type) for r in records]
     if not parts:
         raise ValueError("an append needs at least one record")

@@ -791,3 +791,16 @@ def test_a_token_read_from_a_file_with_its_newline_is_sent_without_it(kind: str)
     assert seen == ["Bearer tok-1"]
     with pytest.raises(ValueError, match="token"):
         SyncStreamsClient(BASE, "tok\nen") if kind == "sync" else StreamsClient(BASE, "tok\x00")
+
+
+@pytest.mark.parametrize("key", ["line\nbreak", "clé", "k" * 256])
+def test_an_idempotency_key_no_header_can_carry_is_refused_before_sending(
+    kind: str, key: str
+) -> None:
+    # A newline made an illegal header, reported as "cannot reach" the server; a non-ASCII
+    # key raised UnicodeEncodeError from inside httpx.
+    drive = Driver(kind, lambda _: httpx.Response(201, json=APPENDED))
+    with pytest.raises(ValueError, match="idempotency_key"):
+        drive("append", "r", "s", [1], idempotency_key=key)
+    assert drive.requests == []
+    assert drive("append", "r", "s", [1], idempotency_key="k" * 255).head == 1
