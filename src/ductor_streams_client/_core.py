@@ -30,6 +30,7 @@ from ductor_streams_client.errors import (
     DigestMismatch,
     NotFound,
     ObjectStateConflict,
+    SizeMismatch,
     StreamsConnectionError,
     StreamsError,
     Unauthenticated,
@@ -43,6 +44,7 @@ USER_AGENT = "ductor-streams-client/0.2"
 CHUNK = 256 * 1024
 MAX_BATCH_RECORDS = 1_000  # the service's per-append ceiling
 MAX_REQUEST_BYTES = 8 * 1024 * 1024  # its JSON body ceiling
+MAX_INLINE_RECORD_BYTES = 65_536  # its ceiling of one record's stored bytes (larger: an object)
 
 # Answers that say the service did nothing and will take the request later.
 NOTHING_DONE = frozenset({429, 503})
@@ -120,15 +122,39 @@ class Upload:
     def replayable(self) -> bool:
         return isinstance(self.source, bytes | Path)
 
+    def count(self, sent: int, chunk: bytes) -> int:
+        """`sent` plus the chunk about to go, which may not pass the declared size (it is the
+        Content-Length: the HTTP layer would fail on its own terms)."""
+        sent += len(chunk)
+        if sent > self.size:
+            raise SizeMismatch(
+                0,
+                "size-mismatch",
+                f"the body comes to more than the {self.size} bytes given as its size "
+                f"({sent} so far); nothing was stored",
+            )
+        return sent
+
+    def check_end(self, sent: int) -> None:
+        """After the last chunk: the body may not fall short of its declared size either."""
+        if sent != self.size:
+            raise SizeMismatch(
+                0,
+                "size-mismatch",
+                f"the body comes to {sent} bytes, not the {self.size} given as its size; "
+                "nothing was stored",
+            )
+
     def sync_chunks(self) -> Iterable[bytes]:
         sent = 0
         if self.progress:
             self.progress(0, self.size)
         for chunk in self._sync_source():
-            sent += len(chunk)
+            sent = self.count(sent, chunk)
             yield chunk
             if self.progress:
                 self.progress(sent, self.size)
+        self.check_end(sent)
 
     def _sync_source(self) -> Iterable[bytes]:
         if isinstance(self.source, bytes):
@@ -150,7 +176,8 @@ class Call:
     `idempotent`: repeating it after a lost answer does no harm (GET, PUT, DELETE; a POST only
     when the service dedupes it, e.g. by an idempotency key). Answers that say nothing was done
     (429, 503) and connections that never opened are retried whatever it is. `done_on_retry`:
-    codes that, on a retry only, mean an earlier try succeeded (a DELETE that finds nothing).
+    codes that, on a retry after a try that may have been applied (its answer lost, or a 502 /
+    504), mean that it was (a DELETE that finds nothing).
     `answer`: the type the body decodes to (None: no body); `stream`: hand the open response
     to the driver instead."""
 
@@ -198,6 +225,19 @@ class Call:
             ) from error
 
 
+def undecodable(
+    call: Call, response: httpx.Response, error: httpx.DecodingError
+) -> UnexpectedAnswer:
+    """The error of an answer whose body cannot even be decoded (a `Content-Encoding` it does
+    not hold to, typically from a proxy): not transient, so never retried."""
+    encoding = response.headers.get("content-encoding") or "its content encoding"
+    return UnexpectedAnswer(
+        response.status_code,
+        "unexpected-answer",
+        f"{call.method} {call.path} answered a body that cannot be decoded ({encoding}): {error}",
+    )
+
+
 def may_retry(call: Call, failure: StreamsError, error: Exception | None = None) -> bool:
     """Whether `call` may be sent again after `failure` (the transport `error` when no answer
     arrived)."""
@@ -243,6 +283,9 @@ class Exchange:
         self.rng = rng
         self.tries = 0
         self.started = clock()
+        # An earlier try may have been applied (its answer was lost, or a gateway's 502/504
+        # stood in for it); only then does a `done_on_retry` code mean it was.
+        self.maybe_applied = False
 
     def attempt(self) -> None:
         """Count a try (drivers call it just before sending)."""
@@ -254,7 +297,7 @@ class Exchange:
                 return response
             return self.call.decode(response)
         failure = StreamsError.from_response(response)
-        if self.tries > 1 and failure.code in self.call.done_on_retry:
+        if self.maybe_applied and failure.code in self.call.done_on_retry:
             return None
         return self._again(failure, None)
 
@@ -273,6 +316,8 @@ class Exchange:
             delay = self.policy.backoff(self.tries, self.rng)
         if self.clock() + delay - self.started > self.policy.total_seconds:
             raise failure from error
+        if not isinstance(error, NOT_SENT) and failure.status not in NOTHING_DONE:
+            self.maybe_applied = True
         return Retry(delay)
 
 
@@ -311,6 +356,14 @@ def encode_record(value: Any, content_type: str | None = None) -> bytes:
     return b'{"data":' + _encode(value) + b"}"
 
 
+def stored_size(value: Any) -> int:
+    """The bytes the service stores for a record of `value`: the bytes themselves, or the
+    compact JSON of the value (before any redaction)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return len(bytes(value))
+    return len(_encode(value))
+
+
 def append_body(parts: Iterable[bytes]) -> bytes:
     return b'{"records":[' + b",".join(parts) + b"]}"
 
@@ -335,7 +388,15 @@ class Settings:
         self.idle_timeout = idle_timeout
         self.retry = retry or RetryPolicy()
         self.headers = {"User-Agent": USER_AGENT}
+        # Surrounding whitespace is never part of a token: a token file's newline (`serve`
+        # writes the development token with one) would otherwise make every header illegal.
+        token = token.strip() if token else None
         if token:
+            if not all(" " < char <= "~" for char in token):
+                raise ValueError(
+                    "token holds a character no Bearer token has (a space, a control "
+                    "character or non-ASCII)"
+                )
             self.headers["Authorization"] = f"Bearer {token}"
 
     def url(self, path: str) -> str:
@@ -470,6 +531,10 @@ def append(
     idempotency_key: str | None,
     content_type: str | None,
 ) -> Flow[models.AppendAnswer]:
+    if idempotency_key and not (
+        len(idempotency_key) <= 255 and all(" " <= char <= "~" for char in idempotency_key)
+    ):
+        raise ValueError("an idempotency_key is 1 to 255 printable ASCII characters")
     parts = [encode_record(r, content_type) for r in records]
     if not parts:
         raise ValueError("an append needs at least one record")
@@ -739,6 +804,7 @@ class Follower:
         self.failing_since: float | None = None
         self.retries = 0
         self._failure: StreamsError | None = None
+        self._status = 200
         self._decoder = SseDecoder()
 
     def call(self) -> Call:
@@ -766,6 +832,7 @@ class Follower:
                 "unexpected-answer",
                 f"subscribe answered {media_type or 'no content type'}, not text/event-stream",
             )
+        self._status = response.status_code
         self.connected = True
         self.failing_since = None
 
@@ -773,17 +840,30 @@ class Follower:
         event = self._decoder.feed(text)
         if event is None:
             return None
-        if event.event == "record":
-            record = _record_decoder.decode(event.data)
+        kind = _EVENT_TYPES.get(event.event)
+        if event.event != "record" and kind is None:
+            return None  # an event this client does not know: ignored
+        try:
+            item = (
+                _record_decoder.decode(event.data)
+                if kind is None
+                else msgspec.json.decode(event.data or "{}", type=kind)
+            )
+        except (msgspec.ValidationError, msgspec.DecodeError) as error:
+            raise UnexpectedAnswer(
+                self._status,
+                "unexpected-answer",
+                f"GET {self.path} (subscribe) sent a {event.event!r} event this client cannot "
+                f"read: {error}",
+            ) from error
+        if isinstance(item, models.Record):
+            record = item
             if record.sequence <= self.last:
                 return None  # never deliver twice, whatever the wire does
             self.last = record.sequence
             self.retries = 0
             return record
-        kind = _EVENT_TYPES.get(event.event)
-        if kind is None:
-            return None  # an event this client does not know: ignored
-        final = msgspec.json.decode(event.data or "{}", type=kind)
+        final = item
         self.done = True
         if self.events:
             return final

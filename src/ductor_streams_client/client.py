@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -111,6 +111,8 @@ class StreamsClient:
                     await response.aread()
                 except httpx.TransportError as error:
                     step = exchange.failed(error)
+                except httpx.DecodingError as error:
+                    raise core.undecodable(call, response, error) from error
                 else:
                     step = exchange.answered(response)
                 finally:
@@ -203,7 +205,7 @@ class StreamsClient:
 
     async def iter_runs(
         self, *, prefix: str | None = None, page_size: int = 100
-    ) -> AsyncIterator[models.RunSummary]:
+    ) -> AsyncGenerator[models.RunSummary, None]:
         """Every run of the tenant (whose ID starts with `prefix`), page after page."""
         after = None
         while True:
@@ -257,7 +259,7 @@ class StreamsClient:
         events: bool = True,
         give_up_after: float | None = 300.0,
         on_reconnect: Callable[[StreamsError, float], None] | None = None,
-    ) -> AsyncIterator[models.FollowItem]:
+    ) -> AsyncGenerator[models.FollowItem, None]:
         """Every record with `sequence > cursor`, live, in order, each exactly once; then the
         final event: `Closed` (closed and all delivered), `Gone` (retention overtook the
         follower), `Deleted` or `Revoked`, after which the iteration ends.
@@ -308,6 +310,8 @@ class StreamsClient:
                         follower.ended()
                 except httpx.TransportError as error:
                     follower.lost(error)
+                except httpx.DecodingError as error:
+                    raise core.undecodable(call, response, error) from error
                 finally:
                     await response.aclose()
             await asyncio.sleep(follower.pause())
@@ -395,14 +399,13 @@ class StreamsClient:
 
     async def get_object_body(
         self, run_id: str, stream_id: str, object_id: str, *, chunk_size: int = CHUNK
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """A committed object's body, streamed in chunks. The SHA-256 announced in
         `Repr-Digest` is checked at the end: a mismatch raises `DigestMismatch` after the last
         chunk. Opening the download is retried like any read; a break once bytes have been
         delivered raises `StreamsConnectionError` (a retry would repeat them)."""
-        response: httpx.Response = await self._send(
-            core.get_object_body(run_id, stream_id, object_id)
-        )
+        call = core.get_object_body(run_id, stream_id, object_id)
+        response: httpx.Response = await self._send(call)
         try:
             check = core.BodyCheck(response)
             async for chunk in response.aiter_bytes(chunk_size):
@@ -410,6 +413,8 @@ class StreamsClient:
             check.finish()
         except httpx.TransportError as error:
             raise StreamsError.from_transport(error, self.base_url) from error
+        except httpx.DecodingError as error:
+            raise core.undecodable(call, response, error) from error
         finally:
             await response.aclose()
 
@@ -427,15 +432,16 @@ async def _chunks(upload: core.Upload) -> AsyncIterator[bytes]:
         file = await asyncio.to_thread(upload.source.open, "rb")
         try:
             while chunk := await asyncio.to_thread(file.read, CHUNK):
-                sent += len(chunk)
+                sent = upload.count(sent, chunk)
                 yield chunk
                 if upload.progress:
                     upload.progress(sent, upload.size)
         finally:
             file.close()
-        return
-    async for chunk in upload.source:
-        sent += len(chunk)
-        yield chunk
-        if upload.progress:
-            upload.progress(sent, upload.size)
+    else:
+        async for chunk in upload.source:
+            sent = upload.count(sent, chunk)
+            yield chunk
+            if upload.progress:
+                upload.progress(sent, upload.size)
+    upload.check_end(sent)

@@ -68,10 +68,18 @@ class StreamsError(Exception):
             body = None
         if not isinstance(body, dict):
             text = response.text.strip()
+            detail = text[:500] or response.reason_phrase
+            if "html" in response.headers.get("content-type", "").lower():
+                # A proxy's or gateway's error page, not the service: say so, not the markup.
+                detail = (
+                    f"{response.reason_phrase or 'an error'}: an HTML page, not a problem of "
+                    "the service (a proxy or gateway answered)"
+                )
             body = {
                 "status": response.status_code,
                 "code": f"http-{response.status_code}",
-                "detail": text[:500] or response.reason_phrase,
+                "detail": detail,
+                "text": text[:2000],
             }
         return error_for(
             response.status_code,

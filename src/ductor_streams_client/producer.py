@@ -12,13 +12,22 @@ flight at a time, so records land in the order they were sent. When the stream p
 
 The first error of an append (anything but backpressure within its timeout, after the client's
 own retries) stops the producer: it is raised by the next `send`, `flush` or `close`, and the
-records not appended yet stay unsent (`unsent`)."""
+records not appended yet stay unsent (`unsent`).
+
+A producer should be closed (`close()`, or leaving its `with` / `async with` block). One that
+is not: a `SyncProducer` still open when the interpreter exits is closed then (an `atexit`
+hook: what it buffers is appended, and an error is printed rather than lost with its daemon
+thread); a `Producer` whose event loop stops first cannot append any more, and says how many
+records it drops in a `RuntimeWarning`."""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import threading
 import time
+import warnings
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from ductor_streams_client import _core as core
@@ -35,6 +44,13 @@ __all__ = ["Producer", "ProducerClosed", "SyncProducer"]
 def _wait_of(error: Backpressure) -> float:
     """What the service asked to wait (1 s, its usual, when it did not say)."""
     return 1.0 if error.retry_after is None else error.retry_after
+
+
+def _not_closed(producer: _Common) -> str:
+    return (
+        f"the producer of stream {producer.stream_id!r} of run {producer.run_id!r} was not "
+        f"closed: {producer.unsent} records sent to it were not appended"
+    )
 
 
 class ProducerClosed(RuntimeError):
@@ -83,7 +99,16 @@ class _Common:
             raise self._error
         if self._closed:
             raise ProducerClosed("the producer is closed")
-        return core.encode_record(value, self.content_type)
+        part = core.encode_record(value, self.content_type)
+        # Refused here, not by the service: its 413 would fail the whole batch, and the producer.
+        if len(part) > core.MAX_INLINE_RECORD_BYTES:  # only then can the record be too large
+            size = core.stored_size(value)
+            if size > core.MAX_INLINE_RECORD_BYTES:
+                raise ValueError(
+                    f"a record of {size} bytes is over the service's inline limit "
+                    f"({core.MAX_INLINE_RECORD_BYTES}); send it as an object (put_object)"
+                )
+        return part
 
     def _done(self, batch: core.Batch, answer: models.AppendAnswer) -> None:
         self.appended += batch.count
@@ -136,6 +161,7 @@ class Producer(_Common):
             self._wake.set()
         if self._task is None:
             self._task = loop.create_task(self._flusher(), name="ductor-streams-producer")
+            self._task.add_done_callback(self._flusher_ended)
         if batcher.full():
             # A full batch is handed over now, even to a sender that never awaits anything
             # else: the flusher runs once the sender yields.
@@ -178,6 +204,13 @@ class Producer(_Common):
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise
+
+    def _flusher_ended(self, task: asyncio.Task[None]) -> None:
+        # Cancelled while not closed: its event loop is stopping (asyncio.run cancels what is
+        # left) and what is buffered will never be appended. Say so rather than lose it quietly.
+        if task.cancelled() and not self._closed and self.unsent:
+            message = _not_closed(self) + " before its event loop stopped"
+            warnings.warn(message, RuntimeWarning, stacklevel=1)  # no caller to point at
 
     async def _flusher(self) -> None:
         batcher = self._batcher
@@ -236,6 +269,7 @@ class SyncProducer(_Common):
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._dropping = False  # close_quietly: the batch in flight is given up too
 
     def __enter__(self) -> SyncProducer:
         return self
@@ -263,6 +297,7 @@ class SyncProducer(_Common):
                     target=self._flusher, name="ductor-streams-producer", daemon=True
                 )
                 self._thread.start()
+                _open_sync_producers.add(self)
 
     def flush(self) -> None:
         """Append everything sent so far (blocks); raises the producer's first error."""
@@ -287,6 +322,7 @@ class SyncProducer(_Common):
         """Stop without flushing: what is buffered is dropped."""
         self._closed = True
         with self._lock:
+            self._dropping = True
             self._batcher.drop()
         self._stop()
 
@@ -295,6 +331,7 @@ class SyncProducer(_Common):
             self._stopping = True
             self._lock.notify_all()
             thread, self._thread = self._thread, None
+        _open_sync_producers.discard(self)
         if thread is not None:
             thread.join()
 
@@ -315,6 +352,8 @@ class SyncProducer(_Common):
                             break
                         self._lock.wait(delay)
                 answer = self._append(batch)
+                if answer is None:
+                    return  # dropped while waiting out backpressure
                 with self._lock:
                     self._done(batch, answer)
                     self._lock.notify_all()
@@ -323,7 +362,8 @@ class SyncProducer(_Common):
                 self._error = error
                 self._lock.notify_all()
 
-    def _append(self, batch: core.Batch) -> models.AppendAnswer:
+    def _append(self, batch: core.Batch) -> models.AppendAnswer | None:
+        """The batch appended, or None when `close_quietly` gave it up during a wait."""
         body = batch.body()
         started = time.monotonic()
         while True:
@@ -333,4 +373,24 @@ class SyncProducer(_Common):
                 now = time.monotonic()
                 if self._gave_up(started, now, error):
                     raise
-                time.sleep(_wait_of(error))
+                with self._lock:  # a wait that close_quietly cuts short
+                    if self._lock.wait_for(lambda: self._dropping, _wait_of(error)):
+                        return None
+
+
+_open_sync_producers: weakref.WeakSet[SyncProducer] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close every sync producer still open when the interpreter exits (its daemon flusher
+    still runs while `atexit` hooks do): what they buffer is appended, as `close()` would. The
+    first error is raised, which `atexit` prints on stderr."""
+    first: Exception | None = None
+    for producer in list(_open_sync_producers):
+        try:
+            producer.close()
+        except Exception as error:
+            first = first or error
+    if first is not None:
+        raise first

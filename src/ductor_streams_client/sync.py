@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any, TypeVar
 
 import httpx
@@ -95,6 +95,8 @@ class SyncStreamsClient:
                     response.read()
                 except httpx.TransportError as error:
                     step = exchange.failed(error)
+                except httpx.DecodingError as error:
+                    raise core.undecodable(call, response, error) from error
                 else:
                     step = exchange.answered(response)
                 finally:
@@ -180,7 +182,7 @@ class SyncStreamsClient:
 
     def iter_runs(
         self, *, prefix: str | None = None, page_size: int = 100
-    ) -> Iterator[models.RunSummary]:
+    ) -> Generator[models.RunSummary, None, None]:
         """Every run of the tenant (whose ID starts with `prefix`), page after page."""
         after = None
         while True:
@@ -223,7 +225,7 @@ class SyncStreamsClient:
         events: bool = True,
         give_up_after: float | None = 300.0,
         on_reconnect: Callable[[StreamsError, float], None] | None = None,
-    ) -> Iterator[models.FollowItem]:
+    ) -> Generator[models.FollowItem, None, None]:
         """Every record after `cursor`, live, then the final event; see
         `StreamsClient.follow`. A plain generator: `close()` it (or use
         `contextlib.closing`) when you stop early."""
@@ -260,6 +262,8 @@ class SyncStreamsClient:
                         follower.ended()
                 except httpx.TransportError as error:
                     follower.lost(error)
+                except httpx.DecodingError as error:
+                    raise core.undecodable(call, response, error) from error
                 finally:
                     response.close()
             time.sleep(follower.pause())
@@ -335,9 +339,10 @@ class SyncStreamsClient:
 
     def get_object_body(
         self, run_id: str, stream_id: str, object_id: str, *, chunk_size: int = CHUNK
-    ) -> Iterator[bytes]:
+    ) -> Generator[bytes, None, None]:
         """A committed object's body in chunks, checked against `Repr-Digest` at the end."""
-        response: httpx.Response = self._send(core.get_object_body(run_id, stream_id, object_id))
+        call = core.get_object_body(run_id, stream_id, object_id)
+        response: httpx.Response = self._send(call)
         try:
             check = core.BodyCheck(response)
             for chunk in response.iter_bytes(chunk_size):
@@ -345,5 +350,7 @@ class SyncStreamsClient:
             check.finish()
         except httpx.TransportError as error:
             raise StreamsError.from_transport(error, self.base_url) from error
+        except httpx.DecodingError as error:
+            raise core.undecodable(call, response, error) from error
         finally:
             response.close()

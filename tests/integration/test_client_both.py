@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from ductor_streams_client import (
     Retention,
     RetryPolicy,
     RunsPage,
+    SizeMismatch,
     StreamClosed,
     StreamDocument,
     StreamList,
@@ -348,3 +349,30 @@ def test_the_sync_producer_gets_everything_in_through_a_429_storm(
         stored = client.read(run_id, "s", limit=1000)
     assert transport.statuses.count(429) >= 3, "no storm: the test would prove nothing"
     assert [r.data for r in stored.records] == list(range(40))
+
+
+@pytest.mark.parametrize("chunks", [[b"abc", b"def"], [b"ab"]], ids=["too-many", "too-few"])
+def test_chunks_that_do_not_add_up_to_their_size_raise_size_mismatch(
+    server: ServerProcess, run_id: str, chunks: list[bytes]
+) -> None:
+    # The declared size is the Content-Length: chunks past it or short of it made the HTTP
+    # layer (h11) raise its own LocalProtocolError, no StreamsError at all.
+    digest = hashlib.sha256(b"".join(chunks)).hexdigest()
+    with SyncStreamsClient(server.base_url, BOOTSTRAP_TOKEN, retry=QUICK) as client:
+        client.create_stream(run_id, "s")
+        with pytest.raises(SizeMismatch) as caught:
+            client.put_object(run_id, "s", iter(chunks), size=4, sha256=digest)
+        assert "4" in caught.value.detail
+        (open_object,) = client.get_stream(run_id, "s").state.open_objects
+        assert open_object.state == "prepared"  # nothing landed: abort it, or try again
+
+    async def chunked() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    async def go() -> None:
+        async with StreamsClient(server.base_url, BOOTSTRAP_TOKEN, retry=QUICK) as client:
+            with pytest.raises(SizeMismatch):
+                await client.put_object(run_id, "s", chunked(), size=4, sha256=digest)
+
+    asyncio.run(go())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import typing
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -249,6 +250,19 @@ def test_a_delete_retried_after_a_lost_answer_that_finds_nothing_succeeded(kind:
     drive = Driver(kind, lambda _: problem("not-found"))
     with pytest.raises(NotFound):  # the first try finding nothing is a real 404
         drive("delete_run", "r")
+
+
+@pytest.mark.parametrize("first", ["unavailable", "refused"])
+def test_a_delete_that_finds_nothing_after_tries_that_did_nothing_is_a_real_404(
+    kind: str, first: str
+) -> None:
+    # A 503 (or a connection that never opened) says the first try did nothing: the 404 of
+    # the retry is the stream never having been there, not the delete having worked.
+    did_nothing = problem("unavailable") if first == "unavailable" else httpx.ConnectError
+    drive = Driver(kind, sequence_of(did_nothing, problem("not-found")))
+    with pytest.raises(NotFound):
+        drive("delete_stream", "r", "s")
+    assert len(drive.requests) == 2
 
 
 def test_exchange_steps_with_an_injected_clock() -> None:
@@ -677,3 +691,116 @@ def test_the_package_is_marked_typed_and_packaged_so() -> None:
     assert (package / "py.typed").is_file()
     config = tomllib.loads((package.parents[1] / "pyproject.toml").read_text())
     assert "py.typed" in config["tool"]["setuptools"]["package-data"]["*"]
+
+
+# -- what a stranger's program meets ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["follow", "iter_runs", "get_object_body"])
+def test_the_streaming_methods_are_typed_as_closable_generators(method: str) -> None:
+    # docs/client.md wraps follow() in contextlib.aclosing (closing, for the sync client): a
+    # return type of AsyncIterator / Iterator has no aclose / close, so mypy refuses that.
+    from collections.abc import AsyncGenerator, Generator
+
+    asynchronous = typing.get_type_hints(getattr(StreamsClient, method))["return"]
+    assert typing.get_origin(asynchronous) is AsyncGenerator
+    blocking = typing.get_type_hints(getattr(SyncStreamsClient, method))["return"]
+    assert typing.get_origin(blocking) is Generator
+
+
+def garbled(content_type: str = "application/json", status: int = 200) -> Handler:
+    """A proxy that says gzip and sends something else."""
+    headers = {"content-type": content_type, "content-encoding": "gzip"}
+    # A stream, not content=: httpx decodes content= at once, a real answer as it is read.
+    return lambda _: httpx.Response(
+        status, headers=headers, stream=httpx.ByteStream(b"not gzip at all")
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "args", "content_type", "status"),
+    [
+        ("get_stream", ("r", "s"), "application/json", 200),
+        ("get_stream", ("r", "s"), "application/problem+json", 404),
+        ("get_object_body", ("r", "s", "o"), "application/octet-stream", 200),
+        ("follow", ("r", "s"), "text/event-stream", 200),
+    ],
+)
+def test_a_body_that_cannot_be_decoded_is_an_unexpected_answer(
+    kind: str, method: str, args: tuple[str, ...], content_type: str, status: int
+) -> None:
+    drive = Driver(kind, garbled(content_type, status))
+    with pytest.raises(client_lib.UnexpectedAnswer) as caught:
+        drive(method, *args)
+    assert caught.value.status == status
+    assert "decod" in caught.value.detail
+    assert len(drive.requests) == 1  # nothing transient about it: not retried
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        "event: record\ndata: {not json\n\n",
+        'event: record\ndata: {"sequence": "one"}\n\n',
+        "event: closed\ndata: {}\n\n",
+        'event: gone\ndata: {"requested": 1}\n\n',
+    ],
+)
+def test_a_follow_event_of_the_wrong_shape_is_an_unexpected_answer(kind: str, event: str) -> None:
+    drive = Driver(kind, lambda _: sse(record_event(1, "a"), event))
+    with pytest.raises(client_lib.UnexpectedAnswer) as caught:
+        drive("follow", "r", "s")
+    assert caught.value.code == "unexpected-answer" and "subscribe" in caught.value.detail
+
+
+def test_an_html_error_page_of_a_proxy_is_named_for_what_it_is(kind: str) -> None:
+    page = "<html><head><title>502 Bad Gateway</title></head><body><h1>502</h1>nginx</body></html>"
+    gateway = httpx.Response(502, text=page, headers={"content-type": "text/html"})
+    drive = Driver(kind, lambda _: gateway, RetryPolicy.none())
+    with pytest.raises(StreamsError) as caught:
+        drive("get_stream", "r", "s")
+    error = caught.value
+    assert type(error) is StreamsError and (error.status, error.code) == (502, "http-502")
+    assert "<" not in str(error) and "Bad Gateway" in str(error)
+    assert "HTML page" in error.detail
+    assert error.problem["text"] == page  # kept, for whoever debugs the proxy
+
+
+def test_a_token_read_from_a_file_with_its_newline_is_sent_without_it(kind: str) -> None:
+    # `serve` writes .ductor-streams/dev-token with a newline; Path.read_text() keeps it, and
+    # the header then failed every call as "cannot reach" a server that was there.
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["authorization"])
+        return httpx.Response(200, json={"runs": [], "next_after": None})
+
+    transport = httpx.MockTransport(handler)
+    if kind == "sync":
+        with SyncStreamsClient(BASE, " tok-1\n", transport=transport) as sync:
+            sync.list_runs()
+    else:
+
+        async def go() -> None:
+            async with StreamsClient(BASE, "tok-1\n", transport=transport) as client:
+                await client.list_runs()
+
+        import asyncio
+
+        asyncio.run(go())
+    assert seen == ["Bearer tok-1"]
+    with pytest.raises(ValueError, match="token"):
+        SyncStreamsClient(BASE, "tok\nen") if kind == "sync" else StreamsClient(BASE, "tok\x00")
+
+
+@pytest.mark.parametrize("key", ["line\nbreak", "clé", "k" * 256])
+def test_an_idempotency_key_no_header_can_carry_is_refused_before_sending(
+    kind: str, key: str
+) -> None:
+    # A newline made an illegal header, reported as "cannot reach" the server; a non-ASCII
+    # key raised UnicodeEncodeError from inside httpx.
+    drive = Driver(kind, lambda _: httpx.Response(201, json=APPENDED))
+    with pytest.raises(ValueError, match="idempotency_key"):
+        drive("append", "r", "s", [1], idempotency_key=key)
+    assert drive.requests == []
+    assert drive("append", "r", "s", [1], idempotency_key="k" * 255).head == 1

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
+import warnings
 from typing import Any
 
 import httpx
 import pytest
 
 from ductor_streams_client import (
+    Producer,
     ProducerClosed,
     RetryPolicy,
     StreamClosed,
     StreamsClient,
+    SyncProducer,
     SyncStreamsClient,
 )
 from ductor_streams_client._core import Batcher, encode_record
@@ -37,7 +42,9 @@ class Service:
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         key = request.headers["idempotency-key"]
-        records = [r["data"] for r in json.loads(request.content)["records"]]
+        records = [
+            r.get("data", r.get("data_base64")) for r in json.loads(request.content)["records"]
+        ]
         with self.lock:
             self.requests.append((key, records))
             if self.fail_with:
@@ -292,3 +299,150 @@ def test_sync_producer_surfaces_the_first_error() -> None:
             producer.send("y")
         with pytest.raises(StreamClosed):
             producer.close()
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_leaving_the_block_by_an_exception_does_not_wait_out_backpressure(kind: str) -> None:
+    # The stream pushes back (429, Retry-After: 5) and the program fails meanwhile: dropping the
+    # buffer must not sit out the wait and send the batch again (up to backpressure_timeout).
+    refused = threading.Event()
+    requests: list[str] = []
+
+    def full(request: httpx.Request) -> httpx.Response:
+        requests.append(request.headers["idempotency-key"])
+        refused.set()
+        answer = {"code": "backpressure", "detail": "full", "status": 429}
+        return httpx.Response(429, json=answer, headers={"Retry-After": "5"})
+
+    patient = {"backpressure_timeout": 6.0}  # a second try would come 5 s on, then give up
+    producer: Producer | SyncProducer
+
+    if kind == "sync":
+        client = sync_client(full, RetryPolicy.none())
+        with pytest.raises(KeyError), client.producer("r", "s", linger=0, **patient) as producer:
+            producer.send(1)
+            refused.wait()
+            raise KeyError("the program failed")
+        client.close()
+    else:
+
+        async def go() -> Producer:
+            async with async_client(full, RetryPolicy.none()) as client:
+                with pytest.raises(KeyError):
+                    async with client.producer("r", "s", linger=0, **patient) as producer:
+                        await producer.send(1)
+                        while not refused.is_set():
+                            await asyncio.sleep(0.001)
+                        raise KeyError("the program failed")
+            return producer
+
+        producer = asyncio.run(go())
+    assert len(requests) == 1  # returned without trying again
+    assert producer.appended == 0 and producer.unsent == 1
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_a_record_over_the_inline_limit_is_refused_by_send_not_by_its_whole_batch(
+    kind: str,
+) -> None:
+    # The service refuses a record over 65,536 bytes (413 record-too-large) and with it the
+    # whole append: the other records of the batch, and the producer, would go down with it.
+    service = Service()
+    big_json = {"text": "x" * 65_536}
+    big_bytes = b"x" * 65_537
+    fits = b"x" * 65_536  # exactly the limit: its base64 is longer, but it is stored as is
+    if kind == "sync":
+        with sync_client(service) as client, client.producer("r", "s", linger=10) as producer:
+            producer.send(1)
+            for value in (big_json, big_bytes):
+                with pytest.raises(ValueError, match="inline limit"):
+                    producer.send(value)
+            producer.send(fits)
+            producer.send(2)
+    else:
+
+        async def go() -> None:
+            client = async_client(service)
+            async with client, client.producer("r", "s", linger=10) as producer:
+                await producer.send(1)
+                for value in (big_json, big_bytes):
+                    with pytest.raises(ValueError, match="inline limit"):
+                        await producer.send(value)
+                await producer.send(fits)
+                await producer.send(2)
+
+        asyncio.run(go())
+    assert service.stored[0] == 1 and service.stored[2] == 2 and len(service.stored) == 3
+
+
+# -- a producer nobody closed ------------------------------------------------------------------
+
+
+EXITING = """
+import json, sys
+import httpx
+from ductor_streams_client import SyncStreamsClient
+
+def handler(request):
+    records = [r["data"] for r in json.loads(request.content)["records"]]
+    if sys.argv[1] == "refuse":
+        return httpx.Response(409, json={"code": "stream-closed", "detail": "closed"})
+    print("appended", records, flush=True)
+    credit = {"unread_items": 0, "unread_bytes": 0, "max_unread_items": 9, "max_unread_bytes": 9}
+    answer = {"first_sequence": 1, "last_sequence": 3, "head": 3, "credit": credit}
+    return httpx.Response(201, json=answer)
+
+client = SyncStreamsClient("http://streams.test", "t", transport=httpx.MockTransport(handler))
+producer = client.producer("r", "s", linger=3600)
+for n in range(3):
+    producer.send(n)
+print("leaving", flush=True)
+"""
+
+
+def test_the_sync_producer_appends_what_it_buffered_when_the_interpreter_exits() -> None:
+    # Its flusher is a daemon thread: without a hook the interpreter would stop it in silence,
+    # and what it buffered (a long linger, or a program that never flushed) would be lost.
+    done = subprocess.run(
+        [sys.executable, "-c", EXITING, "accept"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["leaving", "appended [0, 1, 2]"]
+    assert done.stderr == ""
+
+
+def test_an_error_of_that_last_append_is_printed_not_swallowed() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", EXITING, "refuse"], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.splitlines() == ["leaving"]
+    assert "StreamClosed" in done.stderr and "409 stream-closed: closed" in done.stderr
+
+
+def test_an_async_producer_whose_loop_stops_before_it_closed_warns_what_it_drops() -> None:
+    service = Service()
+
+    async def forgetful() -> None:
+        producer = async_client(service).producer("r", "s", linger=3600)
+        await producer.send(1)
+        await producer.send(2)
+
+    with pytest.warns(RuntimeWarning, match=r"2 records .*not appended"):
+        asyncio.run(forgetful())
+    assert service.stored == []
+
+
+def test_a_closed_async_producer_does_not_warn() -> None:
+    service = Service()
+
+    async def tidy() -> None:
+        async with async_client(service).producer("r", "s", linger=3600) as producer:
+            await producer.send(1)
+        async with async_client(service).producer("r", "s", linger=3600) as dropped:
+            await dropped.send(2)
+            await dropped.aclose_quietly()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        asyncio.run(tidy())
+    assert service.stored == [1]
