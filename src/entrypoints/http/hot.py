@@ -223,26 +223,29 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
 
 class _Headers:
     """The two lookups `protocol.append` makes of a request's headers, as Litestar's Headers
-    answers them (names are lower case in ASGI; values are latin-1), by a scan of the few there
-    are rather than building a case-insensitive multidict per request."""
+    answers them (names are lower case in ASGI, values latin-1; `get` the first of a repeated
+    header), from one pass over the few there are rather than a case-insensitive multidict."""
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_by_name",)
 
     def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
-        self._raw = raw
+        by_name: dict[bytes, list[bytes]] = {}
+        for key, value in raw:
+            values = by_name.get(key)
+            if values is None:
+                by_name[key] = [value]
+            else:
+                values.append(value)
+        self._by_name = by_name
 
     def get(self, name: str, default: str | None = None) -> str | None:
-        wanted = name.lower().encode("latin-1")
-        for key, value in self._raw:
-            if key == wanted:
-                return value.decode("latin-1")
-        return default
+        values = self._by_name.get(name.lower().encode("latin-1"))
+        return default if values is None else values[0].decode("latin-1")
 
     def getall(self, name: str, default: list[str] | None = None) -> list[str]:
-        wanted = name.lower().encode("latin-1")
-        found = [value.decode("latin-1") for key, value in self._raw if key == wanted]
-        if found:
-            return found
+        values = self._by_name.get(name.lower().encode("latin-1"))
+        if values is not None:
+            return [value.decode("latin-1") for value in values]
         if default is None:
             raise KeyError(name)
         return default
@@ -252,17 +255,20 @@ class _Request:
     """What `protocol.append` reads of a Litestar Request: the app, the scope, the path
     parameters, the headers and the body (already read)."""
 
-    __slots__ = ("_body", "app", "path_params", "scope")
+    __slots__ = ("_body", "_headers", "app", "path_params", "scope")
 
     def __init__(self, app: Litestar, scope: dict, params: dict[str, str], body: bytes) -> None:
         self.app = app
         self.scope = scope
         self.path_params = params
         self._body = body
+        self._headers: _Headers | None = None
 
     @property
     def headers(self) -> _Headers:
-        return _Headers(self.scope["headers"])
+        if self._headers is None:
+            self._headers = _Headers(self.scope["headers"])
+        return self._headers
 
     async def body(self) -> bytes:
         return self._body
