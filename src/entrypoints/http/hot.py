@@ -97,6 +97,10 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         try:
             try:
                 check_scope(scope)
+                # In the route's order: the token before the body (a refused caller's body is
+                # never read, and is answered 401 whatever it holds or however large it is).
+                services = app.state.services
+                caller = await services.authenticate(authorization)
                 if declared is not None and declared > max_body:
                     raise RequestEntityTooLarge
                 chunks: list[bytes] = []
@@ -116,8 +120,6 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                         body_done = True
                         raise InternalServerException(_CUT_SHORT)
                 body = decode_json(chunks[0] if len(chunks) == 1 else b"".join(chunks), AppendBody)
-                services = app.state.services
-                caller = await services.authenticate(authorization)
                 answer, replayed = await services.append_records(
                     caller, run_id, stream_id, body.records, idempotency_key
                 )

@@ -1,0 +1,115 @@
+"""The append route as the front in hot.py answers it, sent as raw bytes: each answer must be
+the one the Litestar route gave (the route's order of checks, its headers byte for byte)."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+
+from tests.conftest import BOOTSTRAP_TOKEN
+from tests.support.server import ServerProcess
+
+AUTH = f"Authorization: Bearer {BOOTSTRAP_TOKEN}\r\n"
+BODY = b'{"records":[{"data":1}]}'
+MIB = 1024 * 1024
+
+
+def records_path(run_id: str, stream_id: str = "s") -> str:
+    return f"/api/workflow-streams/runs/{run_id}/streams/{stream_id}/records"
+
+
+def read_answer(connection: socket.socket) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """One answer off the connection (head, then a body of its Content-Length), leaving the
+    connection open: the status, the raw header fields in order, the body."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = connection.recv(65_536)
+        assert chunk, f"closed before an answer: {received!r}"
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    fields = [(n.strip().lower(), v.strip()) for n, _, v in (f.partition(b":") for f in lines[1:])]
+    length = int(dict(fields).get(b"content-length", b"0"))
+    while len(body) < length:
+        chunk = connection.recv(65_536)
+        assert chunk, f"closed inside the body: {body!r}"
+        body += chunk
+    return int(lines[0].split()[1]), fields, body
+
+
+def exchange(server: ServerProcess, request: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        connection.sendall(request)
+        status, fields, body = read_answer(connection)
+    return status, dict(fields), body
+
+
+def post(path: str, headers: str, body: bytes = b"", *, length: int | None = None) -> bytes:
+    declared = len(body) if length is None else length
+    head = f"POST {path} HTTP/1.1\r\nHost: t\r\n{headers}Content-Length: {declared}\r\n\r\n"
+    return head.encode("latin-1") + body
+
+
+@pytest.fixture
+async def stream(api: httpx.AsyncClient, run_id: str) -> str:
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "s", "direction": "output"}
+    )
+    assert created.status_code == 201, created.text
+    return records_path(run_id)
+
+
+# -- the token is checked before the body is read -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "credentials", ["", "Authorization: Bearer dst_no_such_token\r\n"], ids=["none", "unknown"]
+)
+@pytest.mark.parametrize(
+    "body",
+    [b"{", b"", b'{"records":[]}', b'{"records":[{"data":"\xff"}]}'],
+    ids=["malformed", "empty", "invalid", "not-utf8"],
+)
+def test_an_unauthenticated_append_is_401_whatever_its_body(
+    server: ServerProcess, stream: str, credentials: str, body: bytes
+) -> None:
+    status, headers, answer = exchange(server, post(stream, credentials, body))
+    assert status == 401, answer
+    assert b'"code":"unauthenticated"' in answer
+    assert headers[b"www-authenticate"] == b'Bearer realm="ductor-streams"'
+    assert b"connection" not in headers
+
+
+def test_an_unauthenticated_append_declaring_a_body_over_the_limit_is_401_not_413(
+    server: ServerProcess, stream: str
+) -> None:
+    # Expect: 100-continue, so the body is never sent: the answer comes from the headers alone.
+    request = post(stream, "Expect: 100-continue\r\n", length=9 * MIB)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        connection.sendall(request)
+        status, fields, answer = read_answer(connection)
+    assert status == 401, answer
+    # A 401 keeps the connection (only a 413 before the body is read closes it).
+    assert (b"connection", b"close") not in fields
+
+
+def test_an_unauthenticated_append_cut_short_is_401(server: ServerProcess, stream: str) -> None:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        connection.sendall(post(stream, "", BODY, length=len(BODY) + 50))
+        connection.shutdown(socket.SHUT_WR)
+        status, _, answer = read_answer(connection)
+    assert status == 401, answer
+
+
+def test_an_authenticated_append_declaring_a_body_over_the_limit_is_413_and_closes(
+    server: ServerProcess, stream: str
+) -> None:
+    request = post(stream, AUTH + "Expect: 100-continue\r\n", length=9 * MIB)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        connection.sendall(request)
+        status, fields, answer = read_answer(connection)
+    assert status == 413, answer
+    assert b'"code":"request-too-large"' in answer
+    assert (b"connection", b"close") in fields
