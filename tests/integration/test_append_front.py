@@ -113,3 +113,23 @@ def test_an_authenticated_append_declaring_a_body_over_the_limit_is_413_and_clos
     assert status == 413, answer
     assert b'"code":"request-too-large"' in answer
     assert (b"connection", b"close") in fields
+
+
+# -- X-Request-ID -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("request_id", [b"plain-id", b"caf\xe9-\xff"], ids=["ascii", "latin-1"])
+def test_the_request_id_is_echoed_alike_on_every_answer(
+    server: ServerProcess, stream: str, request_id: bytes
+) -> None:
+    """The same bytes as Litestar's routes echo (request_middleware), whether the append
+    succeeds or fails."""
+    rid = b"X-Request-ID: " + request_id + b"\r\n"
+    reference = b"GET /healthz HTTP/1.1\r\nHost: t\r\n" + rid + b"\r\n"
+    _, healthz, _ = exchange(server, reference)
+    echoed = healthz[b"x-request-id"]
+    appended, ok, _ = exchange(server, post(stream, AUTH + rid.decode("latin-1"), BODY))
+    refused, problem, _ = exchange(server, post(stream, rid.decode("latin-1"), BODY))
+    malformed, invalid, _ = exchange(server, post(stream, AUTH + rid.decode("latin-1"), b"{"))
+    assert (appended, refused, malformed) == (201, 401, 400)
+    assert ok[b"x-request-id"] == problem[b"x-request-id"] == invalid[b"x-request-id"] == echoed

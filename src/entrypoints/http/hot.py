@@ -135,11 +135,12 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                     status = 201
             except Exception as error:
                 response, status = _problem(scope, receive, error)
-                for name, value in answer_headers(scope, cors):
-                    response.headers.add(name.decode(), value.decode("latin-1"))
-                response.headers.add("x-request-id", rid)
+                # Raw, as on an answer that succeeded: the id as request_middleware encodes it.
+                raw = response.headers.headers
+                raw.extend(answer_headers(scope, cors))
+                raw.append((_RID, rid.encode()))
                 if status == 413 and not body_done:
-                    response.headers.add("connection", "close")
+                    raw.append((b"connection", b"close"))
             await response(scope, receive, send)
             if body_done or closing:
                 return
