@@ -111,6 +111,9 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                         if piece:
                             received += len(piece)
                             if received > max_body:
+                                # Read to its end already (uvicorn hands over what it has):
+                                # then the connection is kept, as request_middleware keeps it.
+                                body_done = not message.get("more_body", False)
                                 raise RequestEntityTooLarge
                             chunks.append(piece)
                         if not message.get("more_body", False):
