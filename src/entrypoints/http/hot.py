@@ -39,6 +39,7 @@ from litestar.exceptions import InternalServerException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.middleware._internal.exceptions.middleware import get_exception_handler
 
+from application.access import Caller
 from application.log_context import request_id
 from entrypoints.durable_streams import protocol
 from entrypoints.durable_streams.browser import allowed_origin, answer_headers
@@ -91,15 +92,13 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         body: bytes,
         run_id: str,
         stream_id: str,
-        authorization: str | None,
+        caller: Caller,
         idempotency_key: str | None,
         extra: list[tuple[bytes, bytes]],
     ) -> tuple[Any, int]:
         """`StreamsController.append_records`."""
         records = decode_json(body, AppendBody).records
-        services = app.state.services
-        caller = await services.authenticate(authorization)
-        answer, replayed = await services.append_records(
+        answer, replayed = await app.state.services.append_records(
             caller, run_id, stream_id, records, idempotency_key
         )
         if replayed:
@@ -113,11 +112,12 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         body: bytes,
         run_id: str | None,
         stream_id: str,
-        authorization: str | None,
+        caller: Caller,
         idempotency_key: str | None,
         extra: list[tuple[bytes, bytes]],
     ) -> tuple[Any, int]:
-        """`DurableStreamsController.append_one` and `append_in_run`."""
+        """`DurableStreamsController.append_one` and `append_in_run` (which authenticate again:
+        the token cache answers)."""
         params = (
             {"stream_id": stream_id}
             if run_id is None
@@ -161,6 +161,9 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         try:
             try:
                 check_scope(scope)
+                # In the route's order: the token before the body (a refused caller's body is
+                # never read, and is answered 401 whatever it holds or however large it is).
+                caller = await app.state.services.authenticate(authorization)
                 if declared is not None and declared > max_body:
                     raise RequestEntityTooLarge
                 chunks: list[bytes] = []
@@ -171,6 +174,9 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                         if piece:
                             received += len(piece)
                             if received > max_body:
+                                # Read to its end already (uvicorn hands over what it has):
+                                # then the connection is kept, as request_middleware keeps it.
+                                body_done = not message.get("more_body", False)
                                 raise RequestEntityTooLarge
                             chunks.append(piece)
                         if not message.get("more_body", False):
@@ -183,15 +189,16 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                 extra = answer_headers(scope, cors)
                 extra.append((_RID, rid.encode()))
                 response, status = await handle(
-                    scope, body, run_id, stream_id, authorization, idempotency_key, extra
+                    scope, body, run_id, stream_id, caller, idempotency_key, extra
                 )
             except Exception as error:
                 response, status = _problem(scope, receive, error)
-                for name, value in answer_headers(scope, cors):
-                    response.headers.add(name.decode(), value.decode("latin-1"))
-                response.headers.add("x-request-id", rid)
+                # Raw, as on an answer that succeeded: the id as request_middleware encodes it.
+                raw = response.headers.headers
+                raw.extend(answer_headers(scope, cors))
+                raw.append((_RID, rid.encode()))
                 if status == 413 and not body_done:
-                    response.headers.add("connection", "close")
+                    raw.append((b"connection", b"close"))
             await response(scope, receive, send)
             if body_done or closing:
                 return
