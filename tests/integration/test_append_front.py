@@ -83,6 +83,22 @@ def test_an_unauthenticated_append_is_401_whatever_its_body(
     assert b"connection" not in headers
 
 
+@pytest.mark.parametrize("length", [None, 9 * MIB], ids=["malformed", "over-the-limit"])
+def test_an_unauthenticated_protocol_append_is_401_before_its_body(
+    server: ServerProcess, run_id: str, length: int | None
+) -> None:
+    """The Durable Streams append is answered by the front too, in its route's order."""
+    path = f"/api/durable-streams/v1/stream/{run_id}/p"
+    headers = "Content-Type: application/json\r\nExpect: 100-continue\r\n"
+    status, fields, answer = exchange(
+        server, post(path, headers, b"[" if length is None else b"", length=length)
+    )
+    assert status == 401, answer
+    assert b'"code":"unauthenticated"' in answer
+    assert fields[b"www-authenticate"] == b'Bearer realm="ductor-streams"'
+    assert b"connection" not in fields
+
+
 def test_an_unauthenticated_append_declaring_a_body_over_the_limit_is_401_not_413(
     server: ServerProcess, stream: str
 ) -> None:
