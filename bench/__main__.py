@@ -105,6 +105,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "(the figures of that run are perturbed)",
     )
     parser.add_argument(
+        "--profile-batch",
+        action="store_true",
+        help="sample the server with py-spy during (4) instead (the figures of that run are "
+        "perturbed)",
+    )
+    parser.add_argument(
         "--profile-native",
         action="store_true",
         help="with --profile: include native (C, Cython, Rust) frames; pauses the server "
@@ -386,6 +392,7 @@ class Bench:
             body,
             self.args.batch_clients,
             BATCH,
+            profile_it=self.args.profile_batch,
         )
         self._group_note(result, "batch", BATCH)
         return result
@@ -822,6 +829,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile and "append" not in args.selected:
         print("--profile samples the server during `append`; add it to --only", file=sys.stderr)
         return 2
+    if args.profile_batch and (args.profile or "batch" not in args.selected):
+        print("--profile-batch samples the server during `batch` alone", file=sys.stderr)
+        return 2
     raise_fd_limit()  # the SSE client processes inherit it
     tmp = Path(tempfile.mkdtemp(prefix="ductor-bench-"))
     if not args.keep:
@@ -834,7 +844,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report(bench))
     if bench.profile_summary:
-        print("\npy-spy profile of the server during (2) (% of sampled server CPU):")
+        which = "(4)" if bench.args.profile_batch else "(2)"
+        print(f"\npy-spy profile of the server during {which} (% of sampled server CPU):")
         print(bench.profile_summary)
         print(f"(raw collapsed stacks: {Path(tempfile.gettempdir()) / 'ductor-bench-profile.txt'})")
     for name, summary in bench.catchup_profiles.items():

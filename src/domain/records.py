@@ -6,7 +6,6 @@ import base64
 import binascii
 import hashlib
 import math
-import re
 from enum import IntEnum
 from typing import Any
 
@@ -53,9 +52,10 @@ def _finite(text: str) -> float:
 
 # Redaction decodes and re-encodes; the hook makes an overflowing number its own 400.
 _json_decode = msgspec.json.Decoder(float_hook=_finite).decode
-# Only a number with a three-digit exponent or 210+ digits in a row (a 2-digit exponent adds at
-# most 99 to the 309 a double's range allows) can overflow a double: anything else skips decoding.
-_MAYBE_OVERFLOWING = re.compile(rb"[eE]\+?[0-9]{3}|[0-9]{210}").search
+# Every JSON record is decoded once, to find a number that overflows a double. A regular
+# expression used to pick the records that might (a three-digit exponent, or 210 digits in a
+# row), but searching for it cost more than decoding: 2.8 vs 0.4 µs for a 100-byte record, 2.2
+# ms vs 31 µs for 60 KB (timeit), and it was half of a batched append's server CPU (py-spy).
 _json_encode = msgspec.json.Encoder().encode
 
 
@@ -76,7 +76,7 @@ def prepare_records(
     prepared: list[NewRecord] = []
     add = prepared.append
     unset, compact, json_kind = msgspec.UNSET, _compact, RecordKind.JSON
-    maybe_overflowing = _MAYBE_OVERFLOWING
+    check_finite = _check_finite
     for index, item in enumerate(inputs):
         data, content_type = item.data, item.content_type
         if data is not unset and item.data_base64 is unset:
@@ -84,8 +84,7 @@ def prepare_records(
                 payload = _json_encode(redact(_decode(index, data), pointers))
             else:
                 payload = compact(data, indent=-1)
-                if maybe_overflowing(payload):
-                    _check_finite(index, payload)
+                check_finite(index, payload)
             kind, default = json_kind, "application/json"
             if json_text_without_nul and has_escaped_nul(payload):
                 raise InvalidInput(
