@@ -4,6 +4,7 @@ the one the Litestar route gave (the route's order of checks, its headers byte f
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -197,3 +198,40 @@ async def test_a_body_over_the_limit_read_to_its_end_keeps_the_connection(
         connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
         status, _, answer = read_answer(connection)
         assert (status, answer) == (200, b'{"status":"ok"}')
+
+
+# -- the body is read to its Content-Length ------------------------------------------------------
+
+
+def test_a_body_in_pieces_is_read_whole_and_pipelined_appends_each_answered(
+    server: ServerProcess, stream: str
+) -> None:
+    """The front stops reading at the Content-Length's last byte (it does not wait for the
+    server's closing message): a body that arrives in pieces is still read whole, and requests
+    pipelined on one connection are each answered, in order."""
+    body = b'{"records":[{"data":"first"},{"data":"second"}]}'
+    head = post(stream, AUTH, length=len(body))
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
+        connection.sendall(head + body[:10])
+        time.sleep(0.3)  # the rest in a later segment
+        connection.sendall(body[10:])
+        status, _, answer = read_answer(connection)
+        assert status == 201, answer
+        pipelined = b"".join(post(stream, AUTH, b'{"records":[{"data":%d}]}' % n) for n in range(3))
+        connection.sendall(pipelined)
+        reader = connection.makefile("rb")
+        statuses = []
+        for _ in range(3):  # each answer: its status line, its fields, its Content-Length body
+            statuses.append(int(reader.readline().split()[1]))
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            reader.read(length)
+    assert statuses == [201, 201, 201]
+    page = httpx.get(
+        f"{server.base_url}{stream}?cursor=0",
+        headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"},
+    ).json()
+    assert [r["data"] for r in page["records"]] == ["first", "second", 0, 1, 2]

@@ -139,6 +139,7 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         started = time.perf_counter()
         rid = authorization = idempotency_key = None
         declared: int | None = None
+        lengths = 0
         closing = False
         for name, value in scope["headers"]:  # the first of each, as Headers.get
             if name == b"authorization":
@@ -149,6 +150,7 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                     idempotency_key = value.decode("latin-1")
             elif name == b"content-length":
                 declared = int(value) if value.isdigit() else None
+                lengths += 1
             elif name == b"x-request-id":
                 rid = value.decode("latin-1")[:128]
             elif name == b"connection" and value.lower() == b"close":
@@ -179,7 +181,11 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                                 body_done = not message.get("more_body", False)
                                 raise RequestEntityTooLarge
                             chunks.append(piece)
-                        if not message.get("more_body", False):
+                        if not message.get("more_body", False) or (
+                            received == declared and lengths == 1
+                        ):
+                            # All the one Content-Length said: the server's closing message (an
+                            # empty one, from granian) is not waited for, a receive saved.
                             body_done = True
                             break
                     elif message["type"] == "http.disconnect":
