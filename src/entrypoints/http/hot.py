@@ -65,7 +65,7 @@ _CUT_SHORT = "client disconnected prematurely"  # Litestar's words, which proble
 
 
 def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]) -> Any:
-    """An ASGI app that answers the append route itself and hands the rest to `router`. It is
+    """An ASGI app that answers the append routes itself and hands the rest to `router`. It is
     the outermost layer: what `browser_headers` (inside it) adds to every answer, it adds to
     its own."""
     handlers = app.exception_handlers
