@@ -170,6 +170,20 @@ async def test_appends_answered_in_front_of_the_router_are_timed_under_the_route
     assert native_route in routes("GET", "200") and native_route in routes("POST", "201")
 
 
+async def test_the_console_is_served_with_one_charset_per_content_type(
+    server: ServerProcess,
+) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url) as plain:
+        for path, kind in (
+            ("/console", "text/html"),
+            ("/console/console.js", "text/javascript"),
+            ("/console/console.css", "text/css"),
+        ):
+            answer = await plain.get(path)
+            assert answer.status_code == 200, path
+            assert answer.headers["content-type"] == f"{kind}; charset=utf-8", path
+
+
 async def test_health_and_readiness_need_no_token(server: ServerProcess) -> None:
     async with httpx.AsyncClient(base_url=server.base_url) as plain:
         assert (await plain.get("/healthz")).json() == {"status": "ok"}
