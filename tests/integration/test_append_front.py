@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, api_client
+from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, Tokens, api_client
 from tests.support.server import ServerProcess
 
 AUTH = f"Authorization: Bearer {BOOTSTRAP_TOKEN}\r\n"
@@ -98,6 +98,35 @@ def test_an_unauthenticated_protocol_append_is_401_before_its_body(
     assert b'"code":"unauthenticated"' in answer
     assert fields[b"www-authenticate"] == b'Bearer realm="ductor-streams"'
     assert b"connection" not in fields
+
+
+@pytest.mark.parametrize(
+    ("scopes", "headers", "code"),
+    [
+        (("streams:read",), "", "forbidden"),
+        (("streams:read", "streams:write"), "Producer-Id: p\r\n", "invalid-input"),
+        (("streams:read", "streams:write"), "Stream-Seq: \r\n", "invalid-input"),
+    ],
+    ids=["read-only-token", "half-a-producer-claim", "empty-stream-seq"],
+)
+async def test_a_protocol_append_refused_by_its_head_is_answered_before_its_body(
+    server: ServerProcess,
+    tokens: Tokens,
+    run_id: str,
+    scopes: tuple[str, ...],
+    headers: str,
+    code: str,
+) -> None:
+    """The protocol append's own checks of its head (scope, producer and Stream-Seq headers)
+    answer before the body is read, as its route did: with Expect: 100-continue the body is
+    never sent, and the answer still comes."""
+    token = await tokens.create(scopes=scopes)
+    path = f"/api/durable-streams/v1/stream/{run_id}/p"
+    head = f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+    request = post(path, head + headers + "Expect: 100-continue\r\n", length=1000)
+    status, _, answer = exchange(server, request)
+    assert status in (400, 403), answer
+    assert f'"code":"{code}"'.encode() in answer
 
 
 def test_an_unauthenticated_append_declaring_a_body_over_the_limit_is_401_not_413(

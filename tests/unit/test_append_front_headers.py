@@ -29,3 +29,34 @@ def test_get_and_getall_answer_as_litestars_headers(name: str) -> None:
             theirs.getall(name)
         with pytest.raises(KeyError):
             ours.getall(name)
+
+
+def test_the_front_picks_each_errors_handler_as_litestar_does() -> None:
+    """The front's choice of exception handler (hot._handler_of) against Litestar's own, on
+    the application's handlers, for every family of error an append can meet."""
+    import asyncpg
+    from litestar.exceptions import InternalServerException, NotFoundException
+    from litestar.exceptions.http_exceptions import RequestEntityTooLarge
+    from litestar.middleware._internal.exceptions.middleware import get_exception_handler
+
+    from domain.errors import Backpressure, InvalidInput, StreamClosed
+    from entrypoints.container import memory_container
+    from entrypoints.http.app import create_app
+    from entrypoints.http.hot import _handler_of
+
+    handlers = create_app(memory_container()).exception_handlers
+    errors = [
+        InvalidInput("x"),
+        Backpressure("x"),
+        StreamClosed("x"),
+        RequestEntityTooLarge(),
+        InternalServerException("client disconnected prematurely"),
+        NotFoundException(),
+        asyncpg.PostgresConnectionError("x"),
+        ConnectionResetError(),
+        TimeoutError(),
+        ValueError("x"),
+        KeyError("x"),
+    ]
+    for error in errors:
+        assert _handler_of(handlers, error) is get_exception_handler(handlers, error), error

@@ -13,7 +13,7 @@ import functools
 import re
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 import msgspec
@@ -28,6 +28,7 @@ from domain import errors
 from domain.definition import DefinitionRequest, Expiry, StreamDefinition, resolve_definition
 from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordKind
+from domain.stream import StreamKey
 from entrypoints.container import Services
 from entrypoints.durable_streams import wire
 from entrypoints.durable_streams.answers import Answer, problem_answer
@@ -239,15 +240,46 @@ def writer_seq(request: Request) -> str | None:
     return value
 
 
+class AppendHead(NamedTuple):
+    """What an append's head decided before its body is read."""
+
+    services: Services
+    caller: Caller
+    run_id: str
+    stream_id: str
+    key: StreamKey
+    close: bool
+    producer: ProducerClaim | None
+    seq: str | None
+
+
 async def append(request: Request) -> Answer:
+    head = await append_head(request)
+    return await append_body(request, head, await request.body())
+
+
+async def append_head(request: Request) -> AppendHead:
+    """The checks of an append that need only its head (token, scope, ID, protocol headers),
+    made before its body is read: a refused append's body never is."""
     services, caller = await authenticated(request)
     run_id, stream_id = where(request)
     caller.require("streams:write")
     key = caller.key(run_id, stream_id)
     close = wire.is_true(header(request, "stream-closed"))
-    producer = producer_claim(request)
-    seq = writer_seq(request)
-    body = await request.body()
+    return AppendHead(
+        services,
+        caller,
+        run_id,
+        stream_id,
+        key,
+        close,
+        producer_claim(request),
+        writer_seq(request),
+    )
+
+
+async def append_body(request: Request, head: AppendHead, body: bytes) -> Answer:
+    services, caller, run_id, stream_id, key, close, producer, seq = head
     if not body and not close:
         raise errors.InvalidInput(
             "an append needs a body (only a close, Stream-Closed: true, may have none)"

@@ -35,9 +35,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from litestar import Litestar, Request
-from litestar.exceptions import InternalServerException
+from litestar.exceptions import HTTPException, InternalServerException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
-from litestar.middleware._internal.exceptions.middleware import get_exception_handler
 
 from application.access import Caller
 from application.log_context import request_id
@@ -76,30 +75,34 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
             path = scope["path"]
             match = _APPEND.fullmatch(path)
             if match is not None:
-                await _serve(scope, receive, send, ROUTE, _native, match[1], match[2])
+                await _serve(scope, receive, send, ROUTE, None, _native, match.groups())
                 return
             match = _DS_APPEND.fullmatch(path)
             if match is not None:
-                if match[2] is None:
-                    await _serve(scope, receive, send, DS_ROUTE_ONE, _protocol, None, match[1])
-                else:
-                    await _serve(scope, receive, send, DS_ROUTE_IN_RUN, _protocol, *match.groups())
+                run_id, stream_id = match.groups()
+                route = DS_ROUTE_ONE if stream_id is None else DS_ROUTE_IN_RUN
+                params = (
+                    {"stream_id": run_id}
+                    if stream_id is None
+                    else {"run_id": run_id, "stream_id": stream_id}
+                )
+                await _serve(scope, receive, send, route, _protocol_head, _protocol, params)
                 return
         await router(scope, receive, send)
 
     async def _native(
-        scope: dict,
+        head: None,
         body: bytes,
-        run_id: str,
-        stream_id: str,
+        where: tuple[str, str],
         caller: Caller,
         idempotency_key: str | None,
         extra: list[tuple[bytes, bytes]],
     ) -> tuple[Any, int]:
-        """`StreamsController.append_records`."""
+        """`StreamsController.append_records` (which decodes the body before the use case
+        checks the caller's scope: so does this)."""
         records = decode_json(body, AppendBody).records
         answer, replayed = await app.state.services.append_records(
-            caller, run_id, stream_id, records, idempotency_key
+            caller, *where, records, idempotency_key
         )
         if replayed:
             return JsonAnswer(answer, 200, (*_REPLAYED, *extra)), 200
@@ -107,23 +110,23 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         HOT.records += answer.last_sequence - answer.first_sequence + 1
         return JsonAnswer(answer, 201, extra), 201
 
+    async def _protocol_head(scope: dict, params: dict[str, str]) -> Any:
+        """`protocol.append`'s checks of the head (it authenticates again: the token cache
+        answers), before the body is read, in the route's order."""
+        request = _Request(app, scope, params)
+        return request, await protocol.append_head(request)  # type: ignore[arg-type]
+
     async def _protocol(
-        scope: dict,
+        head: Any,
         body: bytes,
-        run_id: str | None,
-        stream_id: str,
+        where: dict[str, str],
         caller: Caller,
         idempotency_key: str | None,
         extra: list[tuple[bytes, bytes]],
     ) -> tuple[Any, int]:
-        """`DurableStreamsController.append_one` and `append_in_run` (which authenticate again:
-        the token cache answers)."""
-        params = (
-            {"stream_id": stream_id}
-            if run_id is None
-            else {"run_id": run_id, "stream_id": stream_id}
-        )
-        answer = await protocol.append(_Request(app, scope, params, body))  # type: ignore[arg-type]
+        """The rest of `DurableStreamsController.append_one` and `append_in_run`."""
+        request, decided = head
+        answer = await protocol.append_body(request, decided, body)
         answer.extra = extra
         return answer, answer.status
 
@@ -132,10 +135,12 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         receive: Any,
         send: Any,
         route: str,
+        before: Any,
         handle: Any,
-        run_id: str | None,
-        stream_id: str,
+        where: Any,
     ) -> None:
+        """One append: `before(scope, where)` (if any) checks its head once the caller is known,
+        then the body is read and `handle(head, body, where, caller, key, headers)` answers."""
         started = time.perf_counter()
         rid = authorization = idempotency_key = None
         declared: int | None = None
@@ -151,6 +156,8 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
             elif name == b"content-length":
                 declared = int(value) if value.isdigit() else None
                 lengths += 1
+            elif name == b"transfer-encoding":
+                lengths += 2  # chunked framing: the Content-Length (if any) does not count
             elif name == b"x-request-id":
                 rid = value.decode("latin-1")[:128]
             elif name == b"connection" and value.lower() == b"close":
@@ -166,6 +173,7 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                 # In the route's order: the token before the body (a refused caller's body is
                 # never read, and is answered 401 whatever it holds or however large it is).
                 caller = await app.state.services.authenticate(authorization)
+                head = None if before is None else await before(scope, where)
                 if declared is not None and declared > max_body:
                     raise RequestEntityTooLarge
                 chunks: list[bytes] = []
@@ -184,8 +192,9 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                         if not message.get("more_body", False) or (
                             received == declared and lengths == 1
                         ):
-                            # All the one Content-Length said: the server's closing message (an
-                            # empty one, from granian) is not waited for, a receive saved.
+                            # All the one Content-Length said (and no Transfer-Encoding): the
+                            # server's closing message (an empty one, from granian) is not
+                            # waited for, a receive saved.
                             body_done = True
                             break
                     elif message["type"] == "http.disconnect":
@@ -194,9 +203,7 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 extra = answer_headers(scope, cors)
                 extra.append((_RID, rid.encode()))
-                response, status = await handle(
-                    scope, body, run_id, stream_id, caller, idempotency_key, extra
-                )
+                response, status = await handle(head, body, where, caller, idempotency_key, extra)
             except Exception as error:
                 response, status = _problem(scope, receive, error)
                 # Raw, as on an answer that succeeded: the id as request_middleware encodes it.
@@ -222,9 +229,7 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
             request_id.reset(token)
 
     def _problem(scope: dict, receive: Any, error: Exception) -> tuple[Any, int]:
-        handler = get_exception_handler(handlers, error)
-        if handler is None:  # never: Exception itself is handled
-            raise error
+        handler = _handler_of(handlers, error)
         request: Request = Request(
             {**scope, "app": app, "litestar_app": app, "path_params": {}}, receive
         )
@@ -232,6 +237,18 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         return response.to_asgi_response(app=None, request=request), response.status_code
 
     return front
+
+
+def _handler_of(handlers: Any, error: Exception) -> Any:
+    """The application's handler for `error`, chosen as Litestar chooses it: an HTTPException's
+    status code first, then the first class of the error's MRO with a handler (`Exception`
+    has one, so there always is one)."""
+    if isinstance(error, HTTPException) and (by_status := handlers.get(error.status_code)):
+        return by_status
+    for kind in type(error).__mro__:
+        if kind in handlers:
+            return handlers[kind]
+    raise error  # never: Exception itself is handled
 
 
 class _Headers:
@@ -266,15 +283,14 @@ class _Headers:
 
 class _Request:
     """What `protocol.append` reads of a Litestar Request: the app, the scope, the path
-    parameters, the headers and the body (already read)."""
+    parameters and the headers (the body is handed to `protocol.append_body`)."""
 
-    __slots__ = ("_body", "_headers", "app", "path_params", "scope")
+    __slots__ = ("_headers", "app", "path_params", "scope")
 
-    def __init__(self, app: Litestar, scope: dict, params: dict[str, str], body: bytes) -> None:
+    def __init__(self, app: Litestar, scope: dict, params: dict[str, str]) -> None:
         self.app = app
         self.scope = scope
         self.path_params = params
-        self._body = body
         self._headers: _Headers | None = None
 
     @property
@@ -282,9 +298,6 @@ class _Request:
         if self._headers is None:
             self._headers = _Headers(self.scope["headers"])
         return self._headers
-
-    async def body(self) -> bytes:
-        return self._body
 
 
 async def _drain(receive: Any, limit: int, seconds: float | None) -> None:
