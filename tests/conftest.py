@@ -109,6 +109,21 @@ def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture(scope="session")
+def uvicorn_server(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """A server process like `server`, under `serve --server uvicorn`."""
+    process = ServerProcess(
+        database_url=database_url,
+        data_dir=tmp_path_factory.mktemp("server-uvicorn"),
+        env=SERVER_ENV,
+        args=["--server", "uvicorn"],
+    ).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
 def s3_server(
     database_url: str,
     tmp_path_factory: pytest.TempPathFactory,

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, Tokens, api_client
+from tests.conftest import BOOTSTRAP_TOKEN, Tokens, api_client
 from tests.support.server import ServerProcess
 
 AUTH = f"Authorization: Bearer {BOOTSTRAP_TOKEN}\r\n"
@@ -183,20 +182,6 @@ def test_the_request_id_is_echoed_alike_on_every_answer(
 
 
 # -- a body over the limit -------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def uvicorn_server(
-    database_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    process = ServerProcess(
-        database_url=database_url,
-        data_dir=tmp_path_factory.mktemp("front-uvicorn"),
-        env=SERVER_ENV,
-        args=["--server", "uvicorn"],
-    ).start()
-    yield process
-    process.stop()
 
 
 async def test_a_body_over_the_limit_read_to_its_end_keeps_the_connection(

@@ -9,12 +9,11 @@ import base64
 import hashlib
 import os
 import socket
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.conftest import SERVER_ENV, api_client
+from tests.conftest import api_client
 from tests.integration.test_objects_http import prepare_body, stored_files
 from tests.support.server import ServerProcess
 
@@ -160,20 +159,6 @@ async def test_head_on_an_object_body_does_not_read_the_store(
     ranged = await api.head(f"{object_path}/body", headers={"Range": "bytes=-10"})
     assert ranged.status_code == 206
     assert ranged.headers["content-range"] == "bytes 1014-1023/1024"
-
-
-@pytest.fixture(scope="module")
-def uvicorn_server(
-    database_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerProcess]:
-    process = ServerProcess(
-        database_url=database_url,
-        data_dir=tmp_path_factory.mktemp("head-uvicorn"),
-        env=SERVER_ENV,
-        args=["--server", "uvicorn"],
-    ).start()
-    yield process
-    process.stop()
 
 
 @pytest.mark.parametrize("which", ["granian", "uvicorn"])
