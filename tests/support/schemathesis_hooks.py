@@ -1,11 +1,11 @@
 """Schemathesis hooks for tests/integration/test_openapi.py (loaded through schemathesis.toml).
 
 A generated request that the document calls valid can still be refused for what no schema can
-say: the state it meets (a cursor past the stream's head, bytes that do not match the prepared
-digest or size, an idempotency key used before with another request, a deletion under a legal
-hold, a batch over the stream's own unread ceiling), the clock (an `expires_at` already past)
-or this deployment (a
-stream homed in another region). Those refusals, and only those, are not counted against the
+say: the state it meets (a cursor past the stream's head or behind its retention, a stream
+deleted under its forks, bytes that do not match the prepared digest or size, an idempotency
+key used before with another request, a deletion under a legal hold, a batch over the stream's
+own unread ceiling), the clock (an `expires_at` already past) or this deployment (a stream
+homed in another region). Those refusals, and only those, are not counted against the
 document."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from schemathesis.specs.openapi.checks import RejectedPositiveData
 DEPENDS_ON_STATE = frozenset(
     {
         "cursor-ahead-of-head",
+        "cursor-expired",  # a cursor behind what retention removed from the stream it names
+        "stream-gone",  # a stream deleted while forks still read it
         "ack-ahead-of-head",
         "digest-mismatch",
         "size-mismatch",
