@@ -258,10 +258,14 @@ async def append(request: Request) -> Answer:
     return await append_body(request, head, await request.body())
 
 
-async def append_head(request: Request) -> AppendHead:
+async def append_head(request: Request, caller: Caller | None = None) -> AppendHead:
     """The checks of an append that need only its head (token, scope, ID, protocol headers),
-    made before its body is read: a refused append's body never is."""
-    services, caller = await authenticated(request)
+    made before its body is read: a refused append's body never is. `caller` is the request's,
+    when it was authenticated already."""
+    if caller is None:
+        services, caller = await authenticated(request)
+    else:
+        services = request.app.state.services
     run_id, stream_id = where(request)
     caller.require("streams:write")
     key = caller.key(run_id, stream_id)

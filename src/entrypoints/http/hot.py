@@ -110,11 +110,11 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         HOT.records += answer.last_sequence - answer.first_sequence + 1
         return JsonAnswer(answer, 201, extra), 201
 
-    async def _protocol_head(scope: dict, params: dict[str, str]) -> Any:
-        """`protocol.append`'s checks of the head (it authenticates again: the token cache
-        answers), before the body is read, in the route's order."""
+    async def _protocol_head(scope: dict, params: dict[str, str], caller: Caller) -> Any:
+        """`protocol.append`'s checks of the head, before the body is read, in the route's
+        order."""
         request = _Request(app, scope, params)
-        return request, await protocol.append_head(request)  # type: ignore[arg-type]
+        return request, await protocol.append_head(request, caller)  # type: ignore[arg-type]
 
     async def _protocol(
         head: Any,
@@ -139,8 +139,9 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         handle: Any,
         where: Any,
     ) -> None:
-        """One append: `before(scope, where)` (if any) checks its head once the caller is known,
-        then the body is read and `handle(head, body, where, caller, key, headers)` answers."""
+        """One append: `before(scope, where, caller)` (if any) checks its head once the caller
+        is known, then the body is read and `handle(head, body, where, caller, key, headers)`
+        answers."""
         started = time.perf_counter()
         rid = authorization = idempotency_key = None
         declared: int | None = None
@@ -173,7 +174,7 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                 # In the route's order: the token before the body (a refused caller's body is
                 # never read, and is answered 401 whatever it holds or however large it is).
                 caller = await app.state.services.authenticate(authorization)
-                head = None if before is None else await before(scope, where)
+                head = None if before is None else await before(scope, where, caller)
                 if declared is not None and declared > max_body:
                     raise RequestEntityTooLarge
                 chunks: list[bytes] = []
