@@ -283,12 +283,7 @@ class Bench:
         outcome = go(a.duration)
         cpu = meter.stop()
         if spy is not None:
-            _, err = spy.communicate(timeout=60)
-            if spy.returncode != 0:
-                print(f"py-spy failed: {err.decode()[-2000:]}", file=sys.stderr)
-            else:
-                self.profile_summary = profile.summarise(raw)
-                shutil.copy(raw, Path(tempfile.gettempdir()) / "ductor-bench-profile.txt")
+            self.profile_summary = profile.finish(spy, raw, "ductor-bench-profile.txt")
         cpu["client"] = outcome.client_cpu
         result = Measurement(
             name,
@@ -484,12 +479,9 @@ class Bench:
 
         def stop() -> None:
             spy.send_signal(signal.SIGINT)
-            _, err = spy.communicate(timeout=60)
-            if not raw.exists():
-                print(f"py-spy failed: {err.decode()[-2000:]}", file=sys.stderr)
-                return
-            self.catchup_profiles[name] = profile.summarise(raw)
-            shutil.copy(raw, Path(tempfile.gettempdir()) / f"ductor-bench-profile-{name}.txt")
+            summary = profile.finish(spy, raw, f"ductor-bench-profile-{name}.txt")
+            if summary is not None:
+                self.catchup_profiles[name] = summary
 
         return stop
 

@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -46,6 +47,19 @@ def start(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+
+
+def finish(spy: subprocess.Popen[bytes], raw: Path, keep_as: str | None = None) -> str | None:
+    """Wait for py-spy (started by `start`), then summarise what it sampled into `raw`; None,
+    with py-spy's words on stderr, when it sampled nothing. With `keep_as`, the raw stacks are
+    also copied to that name in the temporary directory."""
+    _, err = spy.communicate(timeout=60)
+    if not raw.exists() or not raw.stat().st_size:
+        print(f"py-spy failed: {err.decode()[-2000:]}", file=sys.stderr)
+        return None
+    if keep_as is not None:
+        shutil.copy(raw, Path(tempfile.gettempdir()) / keep_as)
+    return summarise(raw)
 
 
 def _short(frame: str) -> str:

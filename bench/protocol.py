@@ -237,10 +237,8 @@ class ProtocolBench:
         meter.start()
         outcome = go(a.duration)
         cpu = meter.stop()
-        if spy is not None:
-            spy.communicate(timeout=60)
-            if spy.returncode == 0:
-                self.facts["profile of (a)"] = profile.summarise(raw)
+        if spy is not None and (summary := profile.finish(spy, raw)) is not None:
+            self.facts["profile of (a)"] = summary
         cpu["client"] = outcome.client_cpu
         rate = self.rates[config]
         rate.requests += outcome.requests
