@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import msgspec
 
@@ -422,8 +423,42 @@ def fanout(
         result.error = "subscribers not ready after 90 s"
         return result
     path = f"{prefix}/{stream}/records"
-    pad = "x" * 40
 
+    def body_of(data: dict) -> bytes:
+        return msgspec.json.encode({"records": [{"data": data}]})
+
+    def last_of(http: Http, answer: bytes) -> int:
+        return msgspec.json.decode(answer)["last_sequence"]
+
+    return append_and_deliver(
+        port, token, path, subs, result,
+        body_of=body_of, ok=(201,), last_of=last_of,
+        rate=rate, duration=duration, warmup=warmup, meter=meter, counts=counts,
+    )  # fmt: skip
+
+
+def append_and_deliver(
+    port: int,
+    token: str,
+    path: str,
+    subs: Subscribers,
+    result: Any,
+    *,
+    body_of: Callable[[dict], bytes],
+    ok: tuple[int, ...],
+    last_of: Callable[[Http, bytes], int],
+    rate: float,
+    duration: float,
+    warmup: float,
+    meter: Any,
+    counts: Callable[[], Awaitable[tuple[dict | None, int]]] | None = None,
+) -> Any:
+    """The appender of a fan-out, and its figures: one record `rate` times a second to `path`
+    (`body_of` makes the request from the record, `ok` are its good statuses and `last_of`
+    reads the position after it), for `warmup`, then `duration` seconds measured; then the
+    `subs` (ready) report what they received. Fills and answers `result` (a `Fanout`, or one
+    with its delivery fields); with `counts`, the statements of the window too."""
+    pad = "x" * 40
     append_ms: list[float] = []
 
     async def drive() -> int:
@@ -434,14 +469,13 @@ def fanout(
             async def post(window: int) -> None:
                 nonlocal last
                 sent = time.time()
-                data = {"t": sent, "w": window, "pad": pad}
-                body = msgspec.json.encode({"records": [{"data": data}]})
+                body = body_of({"t": sent, "w": window, "pad": pad})
                 status, answer = await http.call(_request(port, "POST", path, token, body))
-                if status != 201:
+                if status not in ok:
                     raise RuntimeError(f"append answered {status}: {answer[:200]!r}")
                 if window:
                     append_ms.append((time.time() - sent) * 1000)
-                last = msgspec.json.decode(answer)["last_sequence"]
+                last = last_of(http, answer)
 
             async def paced(seconds: float, window: int) -> int:
                 started, n = time.monotonic(), 0
@@ -453,17 +487,19 @@ def fanout(
 
             await paced(warmup, 0)
             await asyncio.sleep(0.5)
-            before = await counts()
+            before = await counts() if counts is not None else None
             meter.start()
             t0 = time.monotonic()
             result.appends = await paced(duration, 1)
             result.seconds = time.monotonic() - t0
             result.cpu = meter.stop()
-            await asyncio.sleep(1.5)  # deliveries done, backends' statistics flushed
-            after = await counts()
+            if counts is not None:
+                await asyncio.sleep(1.5)  # deliveries done, backends' statistics flushed
+                after = await counts()
         finally:
             http.close()
-        _count_statements(result, before, after)
+        if counts is not None:
+            _count_statements(result, before, after)
         return last
 
     try:

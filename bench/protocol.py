@@ -280,65 +280,15 @@ class ProtocolBench:
             result.error = f"followers not ready: {error!r}"
             return result
         meter = CpuMeter({"server": self.server.pid, "postgres": self.pg_pid})
-        append_ms: list[float] = []
-        port, token, rate = self.server.port, self.token, a.fanout_rate
 
-        async def drive() -> int:
-            http = await live.Http.open(port)
-            last = 0
-            pad = "x" * 40
-            try:
+        def last_of(http: live.Http, answer: bytes) -> int:
+            return int(http.headers.get(b"stream-next-offset", b"").rsplit(b"_", 1)[-1])
 
-                async def post(window: int) -> None:
-                    nonlocal last
-                    sent = time.time()
-                    body = msgspec.json.encode({"t": sent, "w": window, "pad": pad})
-                    status, answer = await http.call(
-                        live._request(port, "POST", stream, token, body)
-                    )
-                    if status not in (200, 204):
-                        raise RuntimeError(f"append answered {status}: {answer[:200]!r}")
-                    if window:
-                        append_ms.append((time.time() - sent) * 1000)
-                    offset = http.headers.get(b"stream-next-offset", b"")
-                    last = int(offset.rsplit(b"_", 1)[-1])
-
-                async def paced(seconds: float, window: int) -> int:
-                    started, n = time.monotonic(), 0
-                    while (due := started + n / rate) < started + seconds:
-                        await asyncio.sleep(max(0.0, due - time.monotonic()))
-                        await post(window)
-                        n += 1
-                    return n
-
-                await paced(a.warmup, 0)
-                await asyncio.sleep(0.5)
-                meter.start()
-                t0 = time.monotonic()
-                result.appends = await paced(a.duration, 1)
-                result.seconds = time.monotonic() - t0
-                result.cpu = meter.stop()
-            finally:
-                http.close()
-            return last
-
-        try:
-            last = asyncio.run(drive())
-        except Exception as error:
-            subs.finish(0, timeout=15)
-            result.error = repr(error)
-            return result
-        latencies, result.received, failed, client_cpu = subs.finish(last)
-        result.failed += failed
-        result.cpu["client"] = 100 * client_cpu / max(result.seconds, 1e-9)
-        result.expected = result.appends * result.connected
-        latencies.sort()
-        result.p50_ms, result.p99_ms = live._pct(latencies, 50), live._pct(latencies, 99)
-        result.max_ms = latencies[-1] if latencies else None
-        append_ms.sort()
-        result.append_p50_ms = live._pct(append_ms, 50)
-        result.append_max_ms = append_ms[-1] if append_ms else None
-        return result
+        return live.append_and_deliver(
+            self.server.port, self.token, stream, subs, result,
+            body_of=msgspec.json.encode, ok=(200, 204), last_of=last_of,
+            rate=a.fanout_rate, duration=a.duration, warmup=a.warmup, meter=meter,
+        )  # fmt: skip
 
     def fan_out_natively(self) -> live.Fanout:
         """(e) through the native surface ((5) of `python -m bench`), right after (e): the
