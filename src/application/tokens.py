@@ -34,18 +34,21 @@ from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 
-from application.access import SCOPES, Caller
+from application.access import SCOPES, Caller, Scope
 from application.errors import Forbidden, NotFound, Unauthenticated
 from application.ports import TokenRecord, TokenStore
 
 if TYPE_CHECKING:
     from application.jwts import JwtCallers
+from domain.definition import Principal
 from domain.errors import InvalidInput
-from domain.ids import check_id
+from domain.ids import ID_PATTERN, check_id
+from domain.text import check_text
 
 TOKEN_PREFIX = "dst_"
 TOKEN_ID_PREFIX = "tok_"
-TOKEN_ID = re.compile(r"^tok_[0-9a-f]{16}$")
+TOKEN_ID_PATTERN = r"^tok_[0-9a-f]{16}$"
+TOKEN_ID = re.compile(TOKEN_ID_PATTERN)
 
 # The longest `--expires-in`: ten years.
 MAX_EXPIRES_IN_SECONDS = 10 * 365 * 86400
@@ -159,14 +162,22 @@ class ListTokens:
         return await self._tokens.list(tenant)
 
 
+RunId = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
+
+
 class TokenRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What `POST /tokens` takes. `principal` defaults to the caller's; `runs` to the caller's
-    runs (every run, for a caller that is not restricted)."""
+    runs (every run, for a caller that is not restricted). `expires_in_seconds` is documented
+    with the default cap; the configured one decides."""
 
-    scopes: Annotated[list[str], msgspec.Meta(min_length=1, max_length=len(SCOPES))]
-    expires_in_seconds: Annotated[int, msgspec.Meta(ge=1)]
-    principal: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
-    runs: Annotated[list[str], msgspec.Meta(min_length=1, max_length=MAX_TOKEN_RUNS)] | None = None
+    scopes: Annotated[list[Scope], msgspec.Meta(min_length=1)]
+    expires_in_seconds: Annotated[
+        int, msgspec.Meta(ge=1, extra_json_schema={"maximum": DEFAULT_MAX_TOKEN_SECONDS})
+    ]
+    principal: Principal | None = None
+    runs: Annotated[list[RunId], msgspec.Meta(min_length=1, max_length=MAX_TOKEN_RUNS)] | None = (
+        None
+    )
 
 
 class TokenView(msgspec.Struct, frozen=True):
@@ -257,10 +268,12 @@ class MintToken:
                 runs = caller.runs
             elif not runs <= caller.runs:
                 raise Forbidden("a token cannot be given a run its minter is not restricted to")
-        principal = caller.principal if request.principal is None else request.principal
+        principal = caller.principal
+        if request.principal is not None:
+            principal = check_text("principal", request.principal)
         minted = Caller(
             tenant=caller.tenant,
-            principal=check_principal(principal),
+            principal=principal,
             scopes=scopes,
             runs=runs,
         )

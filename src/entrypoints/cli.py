@@ -575,8 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print one tab-separated line per token, revoked and expired ones included, "
         "by tenant then creation: id, tenant, principal, scopes (comma-separated), created, "
         "expires ('-': never), revoked ('-': not revoked), state (active, expired or "
-        "revoked) and runs (comma-separated; '-': every run). Times are RFC 3339 in UTC. Never "
-        "prints a token or its hash.",
+        "revoked), and for a token restricted to runs, its runs (comma-separated). Times are RFC "
+        "3339 in UTC. Never prints a token or its hash.",
     )
     listing.add_argument("--tenant", help="only this tenant's tokens (default: every tenant)")
     _server_option(listing)

@@ -376,21 +376,13 @@ def token_line(
     revoked: str,
     state: str,
 ) -> str:
-    """One line of `token list`: tab-separated, runs last ('-': every run of the tenant)."""
-    shown_runs = "-" if runs is None else ",".join(sorted(runs))
-    return "\t".join(
-        (
-            token_id,
-            tenant,
-            principal,
-            ",".join(sorted(scopes)),
-            created,
-            expires,
-            revoked,
-            state,
-            shown_runs,
-        )
-    )
+    """One line of `token list`, tab-separated; a token restricted to runs has a ninth field,
+    its runs (comma-separated)."""
+    fields = [token_id, tenant, principal, ",".join(sorted(scopes)), created, expires, revoked]
+    fields.append(state)
+    if runs is not None:
+        fields.append(",".join(sorted(runs)))
+    return "\t".join(fields)
 
 
 def _rfc3339(moment: Any) -> str:

@@ -192,6 +192,10 @@ async def test_a_minted_token_expires(api: httpx.AsyncClient, run_id: str) -> No
         await asyncio.sleep(0.2)
 
 
-@pytest.mark.parametrize("token_id", ["tok_0000000000000000", "nothing", "tok_XYZ"])
-async def test_revoking_an_unknown_token_is_404(api: httpx.AsyncClient, token_id: str) -> None:
-    assert_problem(await api.delete(f"/tokens/{token_id}"), 404, "not-found")
+async def test_revoking_an_unknown_token_is_404(api: httpx.AsyncClient) -> None:
+    assert_problem(await api.delete("/tokens/tok_0000000000000000"), 404, "not-found")
+
+
+@pytest.mark.parametrize("token_id", ["nothing", "tok_XYZ", "tok_00000000000000001"])
+async def test_revoking_what_is_not_a_token_id_is_400(api: httpx.AsyncClient, token_id) -> None:
+    assert_problem(await api.delete(f"/tokens/{token_id}"), 400, "invalid-input")

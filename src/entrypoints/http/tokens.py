@@ -8,7 +8,7 @@ from typing import Annotated
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import Parameter
 
-from application.tokens import MintedToken, TokenList, TokenRequest
+from application.tokens import TOKEN_ID_PATTERN, MintedToken, TokenList, TokenRequest
 from entrypoints.http.body import decode_body
 from entrypoints.http.openapi import Answer, documented
 from entrypoints.http.streams import API_PREFIX, EVERY_ROUTE, WITH_A_BODY, authenticated
@@ -60,7 +60,9 @@ class TokensController(Controller):
     async def revoke_token(
         self,
         request: Request,
-        token_id: Annotated[str, Parameter(description="the token's id (`tok_…`), as listed")],
+        token_id: Annotated[
+            str, Parameter(description="the token's id, as listed", pattern=TOKEN_ID_PATTERN)
+        ],
     ) -> None:
         services, caller = await authenticated(request)
         await services.tenant_tokens.revoke(caller, token_id)
