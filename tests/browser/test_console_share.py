@@ -69,9 +69,7 @@ def test_a_minted_link_opens_one_run_read_only_for_someone_else(
         token = fragment["token"][0]
         assert token != BOOTSTRAP_TOKEN
         # What the link's token is: read-only, this run only, ten minutes.
-        minted = next(
-            t for t in api.get("/tokens").json()["tokens"] if t["runs"] == [shared]
-        )
+        minted = next(t for t in api.get("/tokens").json()["tokens"] if t["runs"] == [shared])
         assert minted["scopes"] == ["streams:read"]
 
     # Someone else: a fresh context with nothing but the link.
