@@ -29,7 +29,7 @@ class ListStreams:
         caller.require("streams:read")
         streams = await self._streams.list_run(caller.tenant, caller.run(run_id))
         streams = [s for s in streams if not s.state.soft_deleted]  # gone but for their forks
-        if caller.runs is not None:  # forks of streams in runs the caller cannot see are not
+        if caller.runs is not None:  # a fork that reads a run the caller cannot see: not there
             streams = [
                 s
                 for s in streams

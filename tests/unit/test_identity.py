@@ -181,3 +181,38 @@ async def test_a_connection_admitted_with_a_jwt_ends_when_the_jwt_expires() -> N
     assert lease.ended
     cache.release(lease)
     assert cache.held() == 0
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"JWT_JWKS_URL": "https://idp.example/jwks.json"},
+        {"JWT_JWKS_URL": "https://idp.example/jwks.json", "JWT_ISSUER": "https://idp.example"},
+        {"JWT_ISSUER": "i", "JWT_AUDIENCE": "a"},
+        {"JWT_JWKS_URL": "file:///etc/jwks.json", "JWT_ISSUER": "i", "JWT_AUDIENCE": "a"},
+        {"MAX_TOKEN_SECONDS": "0"},
+        {"JWT_JWKS_TIMEOUT_SECONDS": "61"},
+    ],
+)
+def test_identity_settings_that_cannot_work_stop_the_process(given: dict[str, str]) -> None:
+    from entrypoints.config import InvalidSetting, Settings
+
+    with pytest.raises(InvalidSetting):
+        Settings.from_env({f"DUCTOR_STREAMS_{k}": v for k, v in given.items()})
+
+
+def test_identity_settings() -> None:
+    from entrypoints.config import Settings
+
+    settings = Settings.from_env(
+        {
+            "DUCTOR_STREAMS_JWT_JWKS_URL": "https://idp.example/jwks.json",
+            "DUCTOR_STREAMS_JWT_ISSUER": "https://idp.example",
+            "DUCTOR_STREAMS_JWT_AUDIENCE": "streams",
+            "DUCTOR_STREAMS_MAX_TOKEN_SECONDS": "600",
+        }
+    )
+    assert settings.accepts_jwts and settings.max_token_seconds == 600
+    assert settings.jwt_tenant_claim == "tenant" and settings.jwt_jwks_refetch_seconds == 30
+    assert not Settings.from_env({}).accepts_jwts
+    assert Settings.from_env({}).max_token_seconds == 86_400
