@@ -24,7 +24,6 @@ with without_optional_integrations(
     # werkzeug) that was 13 MB of every server process (docs/benchmarks.md, (6)).
     from dependency_injector import containers, providers
 
-from adapters.jwks import JwksVerifier
 from adapters.memory.access import MemoryStreamAccess
 from adapters.memory.cleanup import MemoryCleanup
 from adapters.memory.deliveries import MemoryInputDeliveries
@@ -186,6 +185,9 @@ def jwt_callers(settings: Settings) -> JwtCallers | None:
     """The identity provider's JWTs, when one is configured."""
     if not settings.accepts_jwts:
         return None
+    # Imported only then: PyJWT and cryptography cost every server process a few MB.
+    from adapters.jwks import JwksVerifier
+
     assert settings.jwt_jwks_url and settings.jwt_issuer and settings.jwt_audience
     verifier = JwksVerifier(
         settings.jwt_jwks_url,
