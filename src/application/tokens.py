@@ -30,16 +30,14 @@ import secrets
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import msgspec
 
 from application.access import SCOPES, Caller, Scope
 from application.errors import Forbidden, NotFound, Unauthenticated
+from application.jwts import JwtCallers
 from application.ports import TokenRecord, TokenStore
-
-if TYPE_CHECKING:
-    from application.jwts import JwtCallers
 from domain.definition import Principal
 from domain.errors import InvalidInput
 from domain.ids import ID_PATTERN, check_id

@@ -127,6 +127,8 @@ class IdentityProvider:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        # A client that gave up on a slow answer (the point of `delay`) is no error here.
+        self._server.handle_error = lambda request, address: None  # type: ignore[method-assign]
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/jwks.json"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
