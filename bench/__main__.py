@@ -1,7 +1,8 @@
 """`python -m bench` (or `python3 dev.py bench`): run the benchmarks and print the table.
 
     python -m bench [--duration 10]
-                    [--only floor,append,noop,bare,batch,copy,fanout,idle,catchup,objects,dispatch]
+                    [--only floor,append,jwt,noop,bare,batch,copy,fanout,idle,catchup,objects,
+                            dispatch]
                     [--profile]
     python -m bench soak [--appends 2000000] [--streams 100] [--clients 32]   (bench/soak.py)
     python -m bench protocol [--duration 10] [--rounds 2] [--only appends,fanout]
@@ -27,6 +28,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from tests.support.identity_provider import IdentityProvider, Key, claims
 from tests.support.node import ReferenceServer, ensure_node_packages
 
 from bench import database, dispatch, live, load, objects, profile
@@ -36,6 +38,7 @@ from bench.server import BareServer, CpuMeter, Server, raise_fd_limit, tree_cpu,
 NAMES = (
     "floor",
     "append",
+    "jwt",  # (2j): (2) with a JWT from an identity provider as the Bearer token
     "reffile",  # the Durable Streams reference server (npm), file-backed, then in memory
     "refmemory",
     "noop",
@@ -194,6 +197,12 @@ class Bench:
             f"wrk ({load.wrk_path()})" if load.wrk_path() else "python asyncio (wrk missing)"
         )
         self.token = secrets.token_urlsafe(24)
+        settings = {}
+        if "jwt" in args.selected:
+            # (2j): a JWKS on loopback, served from this process, and the server trusting it.
+            self.identity = IdentityProvider().start()
+            self.identity.published = [Key("ES256")]
+            settings = self.identity.env()
         self.server = Server(
             self.url,
             self.token,
@@ -201,6 +210,7 @@ class Bench:
             self.tmp / "server.log",
             workers=args.server_workers,
             extra=tuple(args.serve_arg),
+            settings=settings,
         )
         try:
             self.server.wait_ready()
@@ -221,6 +231,8 @@ class Bench:
                     self.results[name] = getattr(self, name)()
         finally:
             self.server.stop()
+            if "jwt" in args.selected:
+                self.identity.stop()
 
     # -- measurements ------------------------------------------------------------------------
 
@@ -255,6 +267,7 @@ class Bench:
         profile_it: bool = False,
         server: Server | None = None,
         roots: dict[str, int] | None = None,
+        token: str | None = None,
     ) -> Measurement:
         a = self.args
         server = server or self.server
@@ -265,7 +278,7 @@ class Bench:
                 method,
                 path,
                 body=body,
-                token=self.token,
+                token=token or self.token,
                 connections=clients,
                 duration=duration,
                 threads=a.wrk_threads,
@@ -320,6 +333,23 @@ class Bench:
         )
         self._group_note(result, "single", 1)
         return result
+
+    def jwt(self) -> Measurement:
+        """(2)'s request with a JWT (ES256, tenant default, all scopes) instead of the opaque
+        token: verified once, then remembered until it expires."""
+        key = self.identity.published[0]
+        token = key.sign(claims(tenant="default", lifetime=3600))
+        body = _compact({"records": [{"data": _record(0)}]})
+        return self._http(
+            "jwt",
+            "(2j) HTTP append with a JWT",
+            "POST",
+            f"{PREFIX}/single/records",
+            body,
+            self.args.clients,
+            1,
+            token=token,
+        )
 
     def _reference(self, name: str, label: str, data_dir: Path | None) -> Measurement:
         """(2)'s record, one per request, to the protocol's reference server (npm
@@ -577,6 +607,11 @@ def report(bench: Bench) -> str:
     if "append" in r and "noop" in r and r["noop"].ops_per_s:
         ratio = r["append"].ops_per_s / r["noop"].ops_per_s
         checks.append(("(2)/(3) HTTP append vs no-op", f"{ratio:.1%}", ">= 50%", ratio >= 0.5))
+    if "append" in r and "jwt" in r and r["append"].ops_per_s:
+        ratio = r["jwt"].ops_per_s / r["append"].ops_per_s
+        checks.append(
+            ("(2j)/(2) JWT vs opaque token append", f"{ratio:.1%}", ">= 95%", ratio >= 0.95)
+        )
     if "append" in r and r["append"].p99_ms is not None:
         p99 = r["append"].p99_ms
         checks.append(("(2) p99 latency", f"{p99:.1f} ms", "<= 25 ms", p99 <= 25))

@@ -55,6 +55,6 @@ class Acknowledge:
         check_id("consumerID", consumer_id)
         if not 0 <= sequence <= MAX_SEQUENCE:
             raise errors.InvalidInput(f"sequence must be 0 to {MAX_SEQUENCE}", field="sequence")
-        require_reader(caller, await self._definitions.get(key))
+        require_reader(caller, await self._definitions.get(key, runs=caller.runs))
         command = AckCommand(caller, consumer_id, sequence, self._clock())
         return await run_one(self._commits, key, command)

@@ -152,7 +152,7 @@ class AppendRecords:
             raise errors.InvalidInput(
                 f"an append carries 1 to {MAX_BATCH_RECORDS} records, not {len(inputs)}"
             )
-        definition = await self._definitions.get(key)
+        definition = await self._definitions.get(key, runs=caller.runs)
         require_writer(caller, definition)
         records = prepare_records(
             inputs, definition.redaction, json_text_without_nul=definition.direction == "input"
@@ -202,7 +202,7 @@ class AppendRecords:
             check_claim(producer)
         if writer_seq is not None:
             check_writer_seq(writer_seq)
-        definition = await self._definitions.get(key)
+        definition = await self._definitions.get(key, runs=caller.runs)
         require_writer(caller, definition)
 
         async def attempt() -> Produced:

@@ -39,5 +39,5 @@ class CloseStream:
     async def __call__(self, caller: Caller, run_id: str, stream_id: str) -> StreamDocument:
         caller.require("streams:write")
         key = caller.key(run_id, stream_id)
-        require_writer(caller, await self._definitions.get(key))
+        require_writer(caller, await self._definitions.get(key, runs=caller.runs))
         return await run_one(self._commits, key, CloseCommand(caller, self._clock()))

@@ -15,7 +15,6 @@ from application.errors import NotFound
 from application.group_commit import GroupCommit, run_one
 from application.ports import Clock, Idempotency, StreamRepository
 from domain.events import Event
-from domain.ids import check_id
 from domain.stream import Stream
 
 
@@ -43,7 +42,7 @@ class DeleteStream:
     async def __call__(self, caller: Caller, run_id: str, stream_id: str) -> None:
         caller.require("streams:admin")
         key = caller.key(run_id, stream_id)
-        await self._definitions.get(key)  # not found, or homed in another region
+        await self._definitions.get(key, runs=caller.runs)  # not found, or homed in another region
         await run_one(self._commits, key, DeleteCommand(self._clock()))
 
 
@@ -58,7 +57,7 @@ class DeleteRun:
 
     async def __call__(self, caller: Caller, run_id: str) -> None:
         caller.require("streams:admin")
-        check_id("runID", run_id)
+        caller.run(run_id)
         deployment = self._definitions.deployment
 
         def served_here(stream: Stream) -> None:

@@ -73,7 +73,7 @@ class DurableReads:
         """The stream a read names, once the caller may read it (counts as an access)."""
         caller.require("streams:read")
         key = caller.key(run_id, stream_id)
-        definition = await self._definitions.get(key, delivers_data=True)
+        definition = await self._definitions.get(key, delivers_data=True, runs=caller.runs)
         require_reader(caller, definition)
         return key, definition
 

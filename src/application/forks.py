@@ -57,7 +57,7 @@ class Forks:
         CursorExpired (410)."""
         caller.require("streams:read")
         key = caller.key(source_run_id, source_stream_id)
-        definition = await self._definitions.get(key, delivers_data=True)
+        definition = await self._definitions.get(key, delivers_data=True, runs=caller.runs)
         require_reader(caller, definition)
         source = await self._streams.load(key)
         if source is None:
@@ -120,7 +120,7 @@ class Forks:
         if requested.enabled:
             return requested
         key = caller.key(source_run_id, source_stream_id)
-        return (await self._definitions.get(key, touch=False)).expiry
+        return (await self._definitions.get(key, touch=False, runs=caller.runs)).expiry
 
     async def _split(self, key, anchor: int, sub_offset: int) -> tuple[int, list[NewRecord]]:
         """`sub_offset` bytes after record `anchor`: the last whole record inherited, and the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from application.access import Caller, require_reader
+from application.definitions import sources_within
 from application.errors import NotFound
 from application.expiry import AccessLog
 from application.input_delivery import InputDeliveries
@@ -28,7 +29,10 @@ class GetStream:
         caller.require("streams:read")
         key = caller.key(run_id, stream_id)
         stream = await self._streams.load(key)
-        if stream is None:
+        if stream is None or (
+            caller.runs is not None
+            and not await sources_within(self._streams, key, stream.definition, caller.runs)
+        ):
             raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
         self._deployment.require_home(stream.definition)
         stream.require_live()  # soft-deleted: 410

@@ -43,10 +43,34 @@ class ListRuns:
         if prefix:
             check_id("prefix", prefix)  # the start of a run ID is an ID itself
         # One more than asked says whether another page follows.
-        if self._access is None:
-            runs = await self._streams.list_runs(caller.tenant, after, limit + 1, prefix)
+        if caller.runs is not None:
+            runs = await self._only(caller, after, limit + 1, prefix)
         else:
-            runs = await self._access.live_runs(caller.tenant, after, limit + 1, prefix)
+            runs = await self._page(caller.tenant, after, limit + 1, prefix)
         more = len(runs) > limit
         runs = runs[:limit]
         return RunList(runs=runs, next_after=runs[-1].run_id if more else None)
+
+    async def _page(
+        self, tenant: str, after: str | None, limit: int, prefix: str
+    ) -> list[RunSummary]:
+        if self._access is None:
+            return await self._streams.list_runs(tenant, after, limit, prefix)
+        return await self._access.live_runs(tenant, after, limit, prefix)
+
+    async def _only(
+        self, caller: Caller, after: str | None, limit: int, prefix: str
+    ) -> list[RunSummary]:
+        """A caller restricted to some runs lists those of them that exist: each is the first
+        run of the page that starts with its own ID (no shorter ID starts with it)."""
+        assert caller.runs is not None
+        found: list[RunSummary] = []
+        for run_id in sorted(caller.runs):
+            if (after is not None and run_id <= after) or not run_id.startswith(prefix):
+                continue
+            page = await self._page(caller.tenant, None, 1, run_id)
+            if page and page[0].run_id == run_id:
+                found.append(page[0])
+                if len(found) >= limit:
+                    break
+        return found

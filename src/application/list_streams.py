@@ -4,12 +4,12 @@ Listing is not an access: it keeps no stream alive."""
 from __future__ import annotations
 
 from application.access import Caller
+from application.definitions import sources_within
 from application.errors import NotFound
 from application.expiry import AccessLog
 from application.placement import Deployment
 from application.ports import StreamAccess, StreamRepository
 from application.views import StreamList, stream_document
-from domain.ids import check_id
 
 
 class ListStreams:
@@ -27,8 +27,19 @@ class ListStreams:
 
     async def __call__(self, caller: Caller, run_id: str) -> StreamList:
         caller.require("streams:read")
-        streams = await self._streams.list_run(caller.tenant, check_id("runID", run_id))
+        streams = await self._streams.list_run(caller.tenant, caller.run(run_id))
         streams = [s for s in streams if not s.state.soft_deleted]  # gone but for their forks
+        if caller.runs is not None:  # a fork that reads a run the caller cannot see: not there
+            streams = [
+                s
+                for s in streams
+                if await sources_within(
+                    self._streams,
+                    caller.key(run_id, s.definition.stream_id),
+                    s.definition,
+                    caller.runs,
+                )
+            ]
         if not streams:
             raise NotFound(f"no run {run_id!r}")
         if any(s.definition.expiry.enabled for s in streams):

@@ -231,7 +231,7 @@ class Objects:
         """Upload, commit and abort belong to the principal of the authorization receipt."""
         caller.require("streams:write")
         key = caller.key(run_id, stream_id)
-        await self._definitions.get(key)
+        await self._definitions.get(key, runs=caller.runs)
         intent = await self._intent(key, object_id)
         if intent.receipt.principal != caller.principal:
             raise Forbidden("only the principal that prepared this object may change it")
@@ -248,7 +248,7 @@ class Objects:
                 size=request.size,
                 limit=MAX_OBJECT_BYTES,
             )
-        definition = await self._definitions.get(key)
+        definition = await self._definitions.get(key, runs=caller.runs)
         require_writer(caller, definition)
         created_at = await self._intents.created_at(key)
         if created_at is None:  # deleted since its definition was read
@@ -360,7 +360,7 @@ class Objects:
     ) -> ObjectView:
         caller.require("streams:read")
         key = caller.key(run_id, stream_id)
-        require_reader(caller, await self._definitions.get(key))
+        require_reader(caller, await self._definitions.get(key, runs=caller.runs))
         return object_view(await self._intent(key, object_id))
 
     async def download(
@@ -368,7 +368,9 @@ class Objects:
     ) -> ObjectBody:
         caller.require("streams:read")
         key = caller.key(run_id, stream_id)
-        require_reader(caller, await self._definitions.get(key, delivers_data=True))
+        require_reader(
+            caller, await self._definitions.get(key, delivers_data=True, runs=caller.runs)
+        )
         intent = await self._intent(key, object_id)
         if intent.state != "committed":
             raise errors.ObjectStateConflict(

@@ -231,8 +231,9 @@ class TokenStore(Protocol):
 
     async def put(
         self, token_hash: bytes, caller: Caller, expires_in_seconds: int | None = None
-    ) -> None:
-        """Store (or replace) the token with this hash. A revoked token stays revoked."""
+    ) -> datetime | None:
+        """Store (or replace) the token with this hash, for `caller` (its tenant, principal,
+        scopes and runs); answer when it expires. A revoked token stays revoked."""
 
     async def revoke(self, token_id: str) -> bool:
         """Revoke the token with this id (again, if it already is) and tell every process that
@@ -240,6 +241,17 @@ class TokenStore(Protocol):
 
     async def list(self, tenant: str | None = None) -> list[TokenRecord]:
         """Every token (revoked and expired ones too), by tenant then creation."""
+
+    async def get(self, token_id: str) -> TokenRecord | None:
+        """The token with this id (revoked or expired too), or None."""
+
+
+class JwtVerifier(Protocol):
+    async def verify(self, token: str) -> Mapping[str, Any]:
+        """The claims of a JWT whose signature verifies with one of the identity provider's
+        keys, by an allowed algorithm, and whose `exp` (required), `nbf`, `iat`, `iss` and
+        `aud` hold. Raises `Unauthenticated` for anything else, the provider's key set being
+        out of reach included."""
 
 
 class ObjectIntents(Protocol):

@@ -65,7 +65,9 @@ class ReadRecords:
             raise errors.InvalidInput(f"limit must be 1 to {MAX_LIMIT}", field="limit")
         if not 0 <= wait <= MAX_WAIT_SECONDS:
             raise errors.InvalidInput(f"wait must be 0 to {MAX_WAIT_SECONDS} seconds", field="wait")
-        require_reader(caller, await self._definitions.get(key, delivers_data=True))
+        require_reader(
+            caller, await self._definitions.get(key, delivers_data=True, runs=caller.runs)
+        )
         if wait <= 0:
             page = await self._page(key, cursor, limit, wait_more=False)
             assert isinstance(page, StoredPage)

@@ -48,6 +48,6 @@ class SetLegalHold:
             raise errors.InvalidInput("reason is at most 1,000 characters", field="reason")
         if reason is not None:
             check_text("reason", reason)
-        await self._definitions.get(key)
+        await self._definitions.get(key, runs=caller.runs)
         command = LegalHoldCommand(enabled, reason, self._clock())
         return await run_one(self._commits, key, command)

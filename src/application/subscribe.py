@@ -123,7 +123,7 @@ class Subscribe:
         key = caller.key(run_id, stream_id)
         if not 0 <= cursor <= MAX_SEQUENCE:
             raise errors.InvalidInput(f"cursor must be 0 to {MAX_SEQUENCE}", field="cursor")
-        definition = await self._definitions.get(key, delivers_data=True)
+        definition = await self._definitions.get(key, delivers_data=True, runs=caller.runs)
         require_reader(caller, definition)
         found = await self._reader.page(key, cursor, 1)
         if found is None:

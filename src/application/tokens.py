@@ -13,7 +13,13 @@ within 2 seconds.
 A connection that stays open (an SSE follower, a long-poll) holds a `Lease` on its token from
 the cache: when the token is forgotten as revoked, or reaches its expiry, each of its leases
 ends and wakes its connection, which then ends too. Nothing is looked up per delivery: a
-follower only reads its lease's `ended` flag."""
+follower only reads its lease's `ended` flag.
+
+Tokens are also minted over HTTP (`MintToken`): always in the minting caller's tenant, never
+with a scope, a run or a life the minter does not have itself, always expiring. A token may be
+restricted to some runs (`Caller.runs`). And a Bearer value that is a JWT, when an identity
+provider is configured, is verified instead (`application.jwts`); its result is remembered
+until the JWT expires."""
 
 from __future__ import annotations
 
@@ -23,18 +29,24 @@ import re
 import secrets
 import time
 from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated
 
 import msgspec
 
-from application.access import SCOPES, Caller
-from application.errors import NotFound, Unauthenticated
+from application.access import SCOPES, Caller, Scope
+from application.errors import Forbidden, NotFound, Unauthenticated
+from application.jwts import JwtCallers
 from application.ports import TokenRecord, TokenStore
+from domain.definition import Principal
 from domain.errors import InvalidInput
-from domain.ids import check_id
+from domain.ids import ID_PATTERN, check_id
+from domain.text import check_text
 
 TOKEN_PREFIX = "dst_"
 TOKEN_ID_PREFIX = "tok_"
-TOKEN_ID = re.compile(r"^tok_[0-9a-f]{16}$")
+TOKEN_ID_PATTERN = r"^tok_[0-9a-f]{16}$"
+TOKEN_ID = re.compile(TOKEN_ID_PATTERN)
 
 # The longest `--expires-in`: ten years.
 MAX_EXPIRES_IN_SECONDS = 10 * 365 * 86400
@@ -42,6 +54,16 @@ MAX_EXPIRES_IN_SECONDS = 10 * 365 * 86400
 # How long a remembered token is trusted while revocations are not being heard (the wake bus is
 # disconnected, or there is none): below the 2 seconds a revocation may take to be felt.
 UNCONFIRMED_TTL_SECONDS = 1.0
+
+# The default (and the operator's cap, `DUCTOR_STREAMS_MAX_TOKEN_SECONDS`) of a minted token's
+# life: a day. A token minted over HTTP always expires.
+DEFAULT_MAX_TOKEN_SECONDS = 86_400
+# How many runs a token may be restricted to: a run-restricted token is for a few runs (a
+# browser following one); listing its runs costs a lookup per run.
+MAX_TOKEN_RUNS = 100
+# A Bearer value longer than this is no token of ours, nor a JWT worth verifying: refused
+# before it is hashed or parsed.
+MAX_TOKEN_CHARS = 8_192
 
 # Beyond this many remembered tokens, the cache starts over (a flood of distinct tokens).
 MAX_CACHED = 10_000
@@ -58,14 +80,35 @@ def token_id(digest: bytes) -> str:
     return TOKEN_ID_PREFIX + digest[:8].hex()
 
 
-def make_caller(tenant: str, principal: str, scopes: list[str] | tuple[str, ...]) -> Caller:
-    check_id("tenant", tenant)
+def check_principal(principal: str) -> str:
     if not 1 <= len(principal) <= 256 or not principal.isprintable():
-        raise InvalidInput("a principal is 1 to 256 printable characters")
+        raise InvalidInput("a principal is 1 to 256 printable characters", field="principal")
+    return principal
+
+
+def check_runs(runs: list[str] | tuple[str, ...] | None) -> frozenset[str] | None:
+    """The runs a token is restricted to (None: every run of its tenant)."""
+    if runs is None:
+        return None
+    if not 1 <= len(runs) <= MAX_TOKEN_RUNS:
+        raise InvalidInput(f"runs lists 1 to {MAX_TOKEN_RUNS} run IDs", field="runs")
+    return frozenset(check_id("runID", run) for run in runs)
+
+
+def make_caller(
+    tenant: str,
+    principal: str,
+    scopes: list[str] | tuple[str, ...],
+    runs: list[str] | tuple[str, ...] | None = None,
+) -> Caller:
+    check_id("tenant", tenant)
+    check_principal(principal)
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown or not scopes:
         raise InvalidInput(f"scopes must be some of {', '.join(SCOPES)}; got {unknown or 'none'}")
-    return Caller(tenant=tenant, principal=principal, scopes=frozenset(scopes))
+    return Caller(
+        tenant=tenant, principal=principal, scopes=frozenset(scopes), runs=check_runs(runs)
+    )
 
 
 def check_expires_in(seconds: int | None) -> None:
@@ -115,6 +158,159 @@ class ListTokens:
         if tenant is not None:
             check_id("tenant", tenant)
         return await self._tokens.list(tenant)
+
+
+RunId = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
+
+
+class TokenRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What `POST /tokens` takes. `principal` defaults to the caller's; `runs` to the caller's
+    runs (every run, for a caller that is not restricted). `expires_in_seconds` is documented
+    with the default cap; the configured one decides."""
+
+    scopes: Annotated[list[Scope], msgspec.Meta(min_length=1)]
+    expires_in_seconds: Annotated[
+        int, msgspec.Meta(ge=1, extra_json_schema={"maximum": DEFAULT_MAX_TOKEN_SECONDS})
+    ]
+    principal: Principal | None = None
+    runs: Annotated[list[RunId], msgspec.Meta(min_length=1, max_length=MAX_TOKEN_RUNS)] | None = (
+        None
+    )
+
+
+class TokenView(msgspec.Struct, frozen=True):
+    """A token as listed: never the token or its hash."""
+
+    id: str
+    tenant: str
+    principal: str
+    scopes: list[str]
+    runs: list[str] | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class MintedToken(msgspec.Struct, frozen=True):
+    """The answer to a mint: the only time the token itself is shown."""
+
+    token: str
+    id: str
+    tenant: str
+    principal: str
+    scopes: list[str]
+    runs: list[str] | None
+    expires_at: datetime | None
+
+
+class TokenList(msgspec.Struct, frozen=True):
+    tokens: list[TokenView]
+
+
+def token_view(record: TokenRecord) -> TokenView:
+    runs = record.caller.runs
+    return TokenView(
+        id=record.token_id,
+        tenant=record.caller.tenant,
+        principal=record.caller.principal,
+        scopes=sorted(record.caller.scopes),
+        runs=None if runs is None else sorted(runs),
+        created_at=record.created_at,
+        expires_at=record.expires_at,
+        revoked_at=record.revoked_at,
+    )
+
+
+def _within(caller: Caller, record: TokenRecord) -> bool:
+    """Whether a token is the caller's to see: in its tenant and, for a run-restricted caller,
+    restricted to some of its runs (a token that sees more would tell of other runs)."""
+    if record.caller.tenant != caller.tenant:
+        return False
+    if caller.runs is None:
+        return True
+    return record.caller.runs is not None and record.caller.runs <= caller.runs
+
+
+class MintToken:
+    """`POST /tokens` (streams:admin): a token never wider than its minter, in scope, runs or
+    life. `clock` is the monotonic clock a caller's `token_deadline` is on."""
+
+    def __init__(
+        self,
+        tokens: TokenStore,
+        max_seconds: int = DEFAULT_MAX_TOKEN_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._tokens = tokens
+        self._max = max_seconds
+        self._clock = clock
+
+    async def __call__(self, caller: Caller, request: TokenRequest) -> MintedToken:
+        caller.require("streams:admin")
+        unknown = sorted(set(request.scopes) - set(SCOPES))
+        if unknown:
+            raise InvalidInput(f"scopes must be some of {', '.join(SCOPES)}", field="scopes")
+        scopes = frozenset(request.scopes)
+        if not scopes <= caller.scopes:
+            raise Forbidden("a token cannot be given a scope its minter does not have")
+        seconds = request.expires_in_seconds
+        if not 1 <= seconds <= self._max:
+            raise InvalidInput(
+                f"expires_in_seconds is 1 to {self._max}", field="expires_in_seconds"
+            )
+        if caller.token_deadline is not None and seconds > caller.token_deadline - self._clock():
+            raise Forbidden("a token cannot outlive the token that mints it")
+        runs = check_runs(request.runs)
+        if caller.runs is not None:
+            if runs is None:
+                runs = caller.runs
+            elif not runs <= caller.runs:
+                raise Forbidden("a token cannot be given a run its minter is not restricted to")
+        principal = caller.principal
+        if request.principal is not None:
+            principal = check_text("principal", request.principal)
+        minted = Caller(
+            tenant=caller.tenant,
+            principal=principal,
+            scopes=scopes,
+            runs=runs,
+        )
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        digest = token_hash(token)
+        expires_at = await self._tokens.put(digest, minted, seconds)
+        return MintedToken(
+            token=token,
+            id=token_id(digest),
+            tenant=minted.tenant,
+            principal=minted.principal,
+            scopes=sorted(scopes),
+            runs=None if runs is None else sorted(runs),
+            expires_at=expires_at,
+        )
+
+
+class TenantTokens:
+    """`GET /tokens` and `DELETE /tokens/{id}` (streams:admin): the caller's tenant's tokens
+    (for a run-restricted caller, only those restricted to some of its runs); any other is not
+    found."""
+
+    def __init__(self, tokens: TokenStore, cache: TokenCache | None = None) -> None:
+        self._tokens = tokens
+        self._cache = cache
+
+    async def list(self, caller: Caller) -> TokenList:
+        caller.require("streams:admin")
+        records = await self._tokens.list(caller.tenant)
+        return TokenList(tokens=[token_view(r) for r in records if _within(caller, r)])
+
+    async def revoke(self, caller: Caller, token_id: str) -> None:
+        caller.require("streams:admin")
+        record = await self._tokens.get(token_id) if TOKEN_ID.match(token_id) else None
+        if record is None or not _within(caller, record):
+            raise NotFound(f"no token {token_id[:40]!r}")
+        await self._tokens.revoke(token_id)
+        if self._cache is not None:
+            self._cache.forget(token_id)
 
 
 class Lease:
@@ -172,11 +368,14 @@ class TokenCache:
     def hold(self, caller: Caller) -> Lease:
         """A lease for a connection that stays open on `caller`'s token; `release` it."""
         lease = Lease(caller.token_id)
-        if caller.token_id is None:
-            return lease
+        if caller.token_id is None:  # a JWT: it cannot be revoked, but it expires
+            return self._until_deadline(caller, lease)
         self._leases.setdefault(caller.token_id, set()).add(lease)
         if caller.token_id in self._revoked:
             lease.end()
+        return self._until_deadline(caller, lease)
+
+    def _until_deadline(self, caller: Caller, lease: Lease) -> Lease:
         if caller.token_deadline is not None:
             delay = caller.token_deadline - self._clock()
             if delay <= 0:
@@ -254,11 +453,15 @@ class TokenCache:
 
 
 class Authenticate:
-    """Resolve a bearer token, through the process's TokenCache."""
+    """Resolve a bearer token, through the process's TokenCache; a JWT, when an identity
+    provider is configured, through `jwts`."""
 
-    def __init__(self, tokens: TokenStore, cache: TokenCache) -> None:
+    def __init__(
+        self, tokens: TokenStore, cache: TokenCache, jwts: JwtCallers | None = None
+    ) -> None:
         self._tokens = tokens
         self._cache = cache
+        self._jwts = jwts
 
     async def __call__(self, authorization: str | None) -> Caller:
         if not authorization:
@@ -267,6 +470,10 @@ class Authenticate:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             raise Unauthenticated("the Authorization header must be `Bearer <token>`")
+        if len(token) > MAX_TOKEN_CHARS:
+            raise Unauthenticated("unknown, revoked or expired token")
+        if self._jwts is not None and self._jwts.is_jwt(token):
+            return await self._jwts(token)
         digest = token_hash(token)
         caller = self._cache.get(digest)
         if caller is not None:

@@ -74,6 +74,7 @@ from ductor_streams_client.models import (
     InputDelivery,
     LegalHold,
     Limits,
+    MintedToken,
     ObjectIntent,
     ObjectRef,
     OpenObject,
@@ -88,6 +89,8 @@ from ductor_streams_client.models import (
     StreamDocument,
     StreamList,
     StreamState,
+    TokenInfo,
+    TokenList,
 )
 from ductor_streams_client.producer import Producer, ProducerClosed, SyncProducer
 from ductor_streams_client.sync import SyncStreamsClient
@@ -126,6 +129,7 @@ __all__ = [
     "LegalHoldActive",
     "Limits",
     "MethodNotAllowed",
+    "MintedToken",
     "Misdirected",
     "NotFound",
     "ObjectIntent",
@@ -163,6 +167,8 @@ __all__ = [
     "StreamsError",
     "SyncProducer",
     "SyncStreamsClient",
+    "TokenInfo",
+    "TokenList",
     "TooManySubscriptions",
     "Unauthenticated",
     "Unavailable",

@@ -510,6 +510,34 @@ def list_runs(prefix: str | None, after: str | None, limit: int) -> Flow[models.
     return one(Call("GET", f"{API_PREFIX}/runs", models.RunsPage, params=params))
 
 
+def mint_token(
+    scopes: Iterable[str],
+    expires_in_seconds: int,
+    principal: str | None,
+    runs: Iterable[str] | None,
+) -> Flow[models.MintedToken]:
+    body: dict[str, Any] = {"scopes": list(scopes), "expires_in_seconds": expires_in_seconds}
+    if principal is not None:
+        body["principal"] = principal
+    if runs is not None:
+        body["runs"] = list(runs)
+    # Not retried after a lost answer: a repeat would mint a second token (the first one
+    # unseen, but working until it expires).
+    return one(
+        Call(
+            "POST", f"{API_PREFIX}/tokens", models.MintedToken, body=_encode(body), idempotent=False
+        )
+    )
+
+
+def list_tokens() -> Flow[models.TokenList]:
+    return one(Call("GET", f"{API_PREFIX}/tokens", models.TokenList))
+
+
+def revoke_token(token_id: str) -> Flow[None]:
+    return one(Call("DELETE", f"{API_PREFIX}/tokens/{segment(token_id)}"))
+
+
 def append_encoded(
     run_id: str, stream_id: str, body: bytes, idempotency_key: str
 ) -> Flow[models.AppendAnswer]:

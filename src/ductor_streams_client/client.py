@@ -216,6 +216,31 @@ class StreamsClient:
                 return
             after = page.next_after
 
+    # -- tokens -----------------------------------------------------------------------------------
+
+    async def mint_token(
+        self,
+        *,
+        scopes: Iterable[str],
+        expires_in_seconds: int,
+        principal: str | None = None,
+        runs: Iterable[str] | None = None,
+    ) -> models.MintedToken:
+        """Mint a token in this client's tenant (needs streams:admin): never more `scopes` than
+        this client's token has, expiring in `expires_in_seconds` (at most the service's cap,
+        and never after this client's own token), optionally restricted to `runs` (within this
+        client's runs if it is restricted itself). The answer's `token` is shown this once.
+        Not retried after a lost answer (a repeat would mint a second token)."""
+        return await self._run(core.mint_token(scopes, expires_in_seconds, principal, runs))
+
+    async def list_tokens(self) -> models.TokenList:
+        """The tenant's tokens (revoked and expired ones too), never a token itself."""
+        return await self._run(core.list_tokens())
+
+    async def revoke_token(self, token_id: str) -> None:
+        """Revoke a token by its id: refused everywhere within 2 seconds."""
+        await self._run(core.revoke_token(token_id))
+
     # -- records ----------------------------------------------------------------------------------
 
     async def append(

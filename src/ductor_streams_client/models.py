@@ -220,6 +220,38 @@ class RunsPage(_Answer):
     next_after: str | None
 
 
+# -- tokens ----------------------------------------------------------------------------------------
+
+
+class MintedToken(_Answer):
+    """A token just minted: `token` is shown this once (the service keeps only its hash)."""
+
+    token: str
+    id: str
+    tenant: str
+    principal: str
+    scopes: tuple[str, ...]
+    runs: tuple[str, ...] | None
+    expires_at: datetime | None
+
+
+class TokenInfo(_Answer):
+    """A token of the tenant as listed: never the token itself."""
+
+    id: str
+    tenant: str
+    principal: str
+    scopes: tuple[str, ...]
+    runs: tuple[str, ...] | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenList(_Answer):
+    tokens: tuple[TokenInfo, ...]
+
+
 # -- records ---------------------------------------------------------------------------------------
 
 

@@ -362,8 +362,12 @@ async def _on_tokens(url: str, use: Callable[[PostgresTokens], Awaitable[T]]) ->
 
 
 def cmd_token_create(args: argparse.Namespace, settings: Settings) -> int:
+    if args.server:
+        return client_cli.cmd_token_mint(args)
+    if args.tenant is None:
+        raise CommandError("--tenant is required (unless --server mints in the caller's tenant)")
     try:
-        caller = make_caller(args.tenant, args.principal, args.scope)
+        caller = make_caller(args.tenant, args.principal or "cli", args.scope, args.run)
     except DomainError as error:
         raise CommandError(error.detail) from None
     url = _database_url(settings)
@@ -388,21 +392,22 @@ def _token_line(record: TokenRecord, now: datetime) -> str:
         state = "expired"
     else:
         state = "active"
-    return "\t".join(
-        (
-            record.token_id,
-            record.caller.tenant,
-            record.caller.principal,
-            ",".join(sorted(record.caller.scopes)),
-            _rfc3339(record.created_at),
-            _rfc3339(record.expires_at),
-            _rfc3339(record.revoked_at),
-            state,
-        )
+    return client_cli.token_line(
+        record.token_id,
+        record.caller.tenant,
+        record.caller.principal,
+        record.caller.scopes,
+        record.caller.runs,
+        _rfc3339(record.created_at),
+        _rfc3339(record.expires_at),
+        _rfc3339(record.revoked_at),
+        state,
     )
 
 
 def cmd_token_list(args: argparse.Namespace, settings: Settings) -> int:
+    if args.server:
+        return client_cli.cmd_token_list_server(args)
     url = _database_url(settings)
     try:
         records = asyncio.run(_on_tokens(url, lambda tokens: ListTokens(tokens)(args.tenant)))
@@ -415,6 +420,8 @@ def cmd_token_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_token_revoke(args: argparse.Namespace, settings: Settings) -> int:
+    if args.server:
+        return client_cli.cmd_token_revoke_server(args)
     url = _database_url(settings)
     try:
         revoked = asyncio.run(_on_tokens(url, lambda tokens: RevokeToken(tokens)(args.token)))
@@ -422,6 +429,21 @@ def cmd_token_revoke(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError(error.detail, exit_code=1) from None
     print(f"revoked {revoked}", file=sys.stderr)
     return 0
+
+
+def _server_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server",
+        action="store_true",
+        help=f"through a running server's token routes ({client_cli.URL_ENV}, with the token "
+        f"{client_cli.TOKEN_ENV}, which decides the tenant) instead of the database",
+    )
+    parser.add_argument("--url", help=f"with --server: the server (overrides {client_cli.URL_ENV})")
+    parser.add_argument(
+        "--token",
+        dest="bearer",
+        help=f"with --server: the bearer token (overrides {client_cli.TOKEN_ENV})",
+    )
 
 
 def _expires_in(text: str) -> int:
@@ -517,9 +539,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="create a token and print it alone on stdout",
         description="Create an API token and print it alone on stdout.",
     )
-    create.add_argument("--tenant", required=True, help="the tenant the token belongs to")
     create.add_argument(
-        "--principal", default="cli", help="who the token speaks for (default: %(default)s)"
+        "--tenant", help="the tenant the token belongs to (required without --server)"
+    )
+    create.add_argument(
+        "--principal",
+        help="who the token speaks for (default: cli; with --server, the caller's principal)",
     )
     create.add_argument(
         "--scope",
@@ -533,18 +558,28 @@ def build_parser() -> argparse.ArgumentParser:
         type=_expires_in,
         metavar="SECONDS",
         help=f"the token stops working this many seconds from now (1 to "
-        f"{MAX_EXPIRES_IN_SECONDS}; default: it does not expire)",
+        f"{MAX_EXPIRES_IN_SECONDS}; default: it does not expire; required with --server)",
     )
+    create.add_argument(
+        "--run",
+        action="append",
+        metavar="RUN",
+        help="restrict the token to this run (repeat for several; default: every run of the "
+        "tenant): every other run is not found (404) to it",
+    )
+    _server_option(create)
     create.set_defaults(func=cmd_token_create)
     listing = token_sub.add_parser(
         "list",
         help="list tokens (never the tokens themselves)",
         description="Print one tab-separated line per token, revoked and expired ones included, "
         "by tenant then creation: id, tenant, principal, scopes (comma-separated), created, "
-        "expires ('-': never), revoked ('-': not revoked), and state (active, expired or "
-        "revoked). Times are RFC 3339 in UTC. Never prints a token or its hash.",
+        "expires ('-': never), revoked ('-': not revoked), state (active, expired or "
+        "revoked), and for a token restricted to runs, its runs (comma-separated). Times are RFC "
+        "3339 in UTC. Never prints a token or its hash.",
     )
     listing.add_argument("--tenant", help="only this tenant's tokens (default: every tenant)")
+    _server_option(listing)
     listing.set_defaults(func=cmd_token_list)
     revoke = token_sub.add_parser(
         "revoke",
@@ -554,6 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
         "token again is fine; an unknown one exits 1.",
     )
     revoke.add_argument("token", metavar="TOKEN_OR_ID", help="the token, or its id (tok_…)")
+    _server_option(revoke)
     revoke.set_defaults(func=cmd_token_revoke)
     server_commands = {
         cmd_serve,

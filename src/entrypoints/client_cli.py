@@ -9,14 +9,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import mimetypes
 import os
+import re
 import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +131,9 @@ def register(subparsers: Any) -> None:
 
 
 def _token(args: argparse.Namespace) -> str:
-    token = args.token or os.environ.get(TOKEN_ENV, "").strip()
+    # The token commands take their --token as `bearer` (`token revoke` has a TOKEN argument).
+    given = args.bearer if "bearer" in vars(args) else args.token
+    token = given or os.environ.get(TOKEN_ENV, "").strip()
     if token:
         return token
     candidates = [Path(".ductor-streams") / "dev-token"]
@@ -352,3 +357,101 @@ async def _put_object(args: argparse.Namespace) -> None:
             progress=progress,
         )
     _print_json(answer)
+
+
+# -- token --server -------------------------------------------------------------------------------
+# `ductor-streams token create|list|revoke --server`: the same operations through a running
+# server's token routes, with the caller's own token (which decides the tenant, and bounds the
+# scopes, runs and life of what it mints). Without --server they work on the database directly.
+
+
+def token_line(
+    token_id: str,
+    tenant: str,
+    principal: str,
+    scopes: Any,
+    runs: Any,
+    created: str,
+    expires: str,
+    revoked: str,
+    state: str,
+) -> str:
+    """One line of `token list`, tab-separated; a token restricted to runs has a ninth field,
+    its runs (comma-separated)."""
+    fields = [token_id, tenant, principal, ",".join(sorted(scopes)), created, expires, revoked]
+    fields.append(state)
+    if runs is not None:
+        fields.append(",".join(sorted(runs)))
+    return "\t".join(fields)
+
+
+def _rfc3339(moment: Any) -> str:
+    if moment is None:
+        return "-"
+    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def cmd_token_mint(args: argparse.Namespace) -> int:
+    return _run(args, _token_mint)
+
+
+async def _token_mint(args: argparse.Namespace) -> None:
+    if args.tenant is not None:
+        raise UsageError("--server mints in the tenant of the token it uses: drop --tenant")
+    if args.expires_in is None:
+        raise UsageError("--server needs --expires-in: a token minted over HTTP always expires")
+    async with _client(args) as client:
+        minted = await client.mint_token(
+            scopes=args.scope,
+            expires_in_seconds=args.expires_in,
+            principal=args.principal,
+            runs=args.run,
+        )
+    print(minted.token)
+
+
+def cmd_token_list_server(args: argparse.Namespace) -> int:
+    return _run(args, _token_list)
+
+
+async def _token_list(args: argparse.Namespace) -> None:
+    if args.tenant is not None:
+        raise UsageError("--server lists the tenant of the token it uses: drop --tenant")
+    async with _client(args) as client:
+        listed = await client.list_tokens()
+    now = datetime.now(UTC)
+    for t in listed.tokens:
+        if t.revoked_at is not None:
+            state = "revoked"
+        elif t.expires_at is not None and t.expires_at <= now:
+            state = "expired"
+        else:
+            state = "active"
+        print(
+            token_line(
+                t.id,
+                t.tenant,
+                t.principal,
+                t.scopes,
+                t.runs,
+                _rfc3339(t.created_at),
+                _rfc3339(t.expires_at),
+                _rfc3339(t.revoked_at),
+                state,
+            )
+        )
+
+
+def cmd_token_revoke_server(args: argparse.Namespace) -> int:
+    return _run(args, _token_revoke)
+
+
+async def _token_revoke(args: argparse.Namespace) -> None:
+    named = args.token
+    if re.fullmatch(r"tok_[0-9a-f]{16}", named):
+        token_id = named
+    else:  # the token itself: its id is derived from its hash, as the service derives it
+        token_id = "tok_" + hashlib.sha256(named.encode()).digest()[:8].hex()
+    async with _client(args) as client:
+        await client.revoke_token(token_id)
+    print(f"revoked {token_id}", file=sys.stderr)

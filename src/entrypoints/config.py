@@ -69,6 +69,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # waits before its 204, and the browser origins allowed to call either surface (CORS).
     long_poll_seconds: Annotated[float, msgspec.Meta(gt=0, le=300)] = 15.0
     cors_origins: tuple[str, ...] = ()
+    # Identity (docs/configuration.md, "Tokens"): the longest life of a token minted over HTTP,
+    # and the identity provider whose JWTs are accepted as Bearer tokens (all three of URL,
+    # issuer and audience, or none).
+    max_token_seconds: Count = 86_400
+    jwt_jwks_url: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_tenant_claim: Annotated[str, msgspec.Meta(min_length=1)] = "tenant"
+    jwt_jwks_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
+    jwt_jwks_refetch_seconds: Positive = 30.0
+    jwt_jwks_refresh_seconds: Positive = 300.0
 
     @property
     def embedded(self) -> bool:
@@ -106,7 +117,19 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                 f"{PREFIX}ACCESS_FLUSH_SECONDS={settings.access_flush_seconds}: accesses lost in "
                 "a crash could get a stream in use erased"
             )
+        jwt = (settings.jwt_jwks_url, settings.jwt_issuer, settings.jwt_audience)
+        if any(jwt) and not all(jwt):
+            raise InvalidSetting(
+                f"{PREFIX}JWT_JWKS_URL, {PREFIX}JWT_ISSUER and {PREFIX}JWT_AUDIENCE are set "
+                "together (JWTs are accepted) or not at all"
+            )
+        if settings.jwt_jwks_url and not settings.jwt_jwks_url.startswith(("https://", "http://")):
+            raise InvalidSetting(f"{PREFIX}JWT_JWKS_URL must be an http(s) URL")
         return settings
+
+    @property
+    def accepts_jwts(self) -> bool:
+        return self.jwt_jwks_url is not None
 
 
 def _decode(type_: type, value: Any) -> Any:

@@ -58,6 +58,7 @@ from application.forks import Forks
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
 from application.input_delivery import Dispatch
+from application.jwts import JwtCallers
 from application.list_runs import ListRuns
 from application.list_streams import ListStreams
 from application.live import LiveTails
@@ -67,7 +68,7 @@ from application.read_records import ReadRecords
 from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe, SubscriptionSlots
-from application.tokens import Authenticate, IssueToken, TokenCache
+from application.tokens import Authenticate, IssueToken, MintToken, TenantTokens, TokenCache
 from application.wake import WakeRegistry
 from application.workers import LeasedSweep, Periodic, Worker
 from entrypoints.config import Settings
@@ -180,6 +181,25 @@ async def open_wait_service(
         await service.close()
 
 
+def jwt_callers(settings: Settings) -> JwtCallers | None:
+    """The identity provider's JWTs, when one is configured."""
+    if not settings.accepts_jwts:
+        return None
+    # Imported only then: PyJWT and cryptography cost every server process a few MB.
+    from adapters.jwks import JwksVerifier
+
+    assert settings.jwt_jwks_url and settings.jwt_issuer and settings.jwt_audience
+    verifier = JwksVerifier(
+        settings.jwt_jwks_url,
+        settings.jwt_issuer,
+        settings.jwt_audience,
+        fetch_timeout_seconds=settings.jwt_jwks_timeout_seconds,
+        refetch_seconds=settings.jwt_jwks_refetch_seconds,
+        refresh_seconds=settings.jwt_jwks_refresh_seconds,
+    )
+    return JwtCallers(verifier, settings.jwt_tenant_claim)
+
+
 class Container(containers.DeclarativeContainer):
     settings = providers.Dependency(instance_of=Settings)
     clock = providers.Object(utc_now)
@@ -209,8 +229,11 @@ class Container(containers.DeclarativeContainer):
     definitions = providers.Singleton(Definitions, streams, deployment, access_log)
     commits = providers.Singleton(GroupCommit, streams)
 
-    authenticate = providers.Singleton(Authenticate, tokens, token_cache)
+    jwt_callers = providers.Singleton(jwt_callers, settings)
+    authenticate = providers.Singleton(Authenticate, tokens, token_cache, jwt_callers)
     issue_token = providers.Singleton(IssueToken, tokens)
+    mint_token = providers.Singleton(MintToken, tokens, settings.provided.max_token_seconds)
+    tenant_tokens = providers.Singleton(TenantTokens, tokens, token_cache)
     create_stream = providers.Singleton(CreateStream, streams, clock, deployment, access_log)
     list_streams = providers.Singleton(ListStreams, streams, deployment, access_log, stream_access)
     append_records = providers.Singleton(AppendRecords, definitions, commits, wake, clock)
@@ -376,6 +399,8 @@ class Services:
     request only reads an attribute)."""
 
     authenticate: Authenticate
+    mint_token: MintToken
+    tenant_tokens: TenantTokens
     create_stream: CreateStream
     get_stream: GetStream
     list_streams: ListStreams

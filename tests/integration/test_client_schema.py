@@ -37,6 +37,9 @@ SHARED: dict[str, type[msgspec.Struct]] = {
     "CommitAnswer": models.CommitAnswer,
     "RunList": models.RunsPage,
     "RunSummary": models.RunSummary,
+    "MintedToken": models.MintedToken,
+    "TokenView": models.TokenInfo,
+    "TokenList": models.TokenList,
 }
 # Fields the server's schema leaves open (any JSON) that the client reads as a documented shape.
 NARROWED = {
@@ -61,6 +64,8 @@ ANSWERS = {
     "abortObject": "ObjectView",
     "commitObject": "CommitAnswer",
     "listRuns": "RunList",
+    "mintToken": "MintedToken",
+    "listTokens": "TokenList",
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from application.tokens import TOKEN_ID_PATTERN
 from domain.ids import ID_PATTERN
 from entrypoints.http.problems import PROBLEM_JSON, STATUS_OF_CODE
 from tests.conftest import BOOTSTRAP_TOKEN
@@ -55,8 +56,10 @@ def test_the_document_describes_problems_auth_and_media_types(server: ServerProc
                 if int(status) >= 400:
                     assert list(answer["content"]) == [PROBLEM_JSON], (op["operationId"], status)
             for parameter in op.get("parameters", ()):
-                if parameter["in"] == "path":
+                if parameter["in"] == "path" and op["operationId"] != "revokeToken":
                     assert parameter["schema"]["pattern"] == ID_PATTERN
+                elif parameter["in"] == "path":  # a token's id: tok_ and 16 hex digits
+                    assert parameter["schema"]["pattern"] == TOKEN_ID_PATTERN
         else:
             assert op["security"] == []
     assert list(ops["subscribe"]["responses"]["200"]["content"]) == ["text/event-stream"]

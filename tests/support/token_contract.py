@@ -87,3 +87,20 @@ class TokenStoreContract:
         assert all(r.caller.tenant == mine for r in records)
         everyone = {r.caller.tenant for r in await store.list()}
         assert {mine, theirs} <= everyone
+
+    async def test_a_token_restricted_to_runs_keeps_them_and_is_found_by_id(self, store) -> None:
+        who = Caller(
+            tenant=tenant(), principal="p", scopes=frozenset(SCOPES), runs=frozenset({"r1", "r2"})
+        )
+        token = await IssueToken(store)(who, expires_in_seconds=60)
+        found = await store.find(token_hash(token))
+        assert found is not None and found.caller == who
+        record = await store.get(token_id(token_hash(token)))
+        assert record is not None and record.caller == who and record.expires_at is not None
+        assert (await store.list(who.tenant))[0].caller.runs == frozenset({"r1", "r2"})
+        assert await store.get("tok_0000000000000000") is None
+
+    async def test_put_answers_when_the_token_expires(self, store) -> None:
+        expires_at = await store.put(token_hash("x" + secrets.token_hex(8)), caller(tenant()), 60)
+        assert expires_at is not None
+        assert await store.put(token_hash("y" + secrets.token_hex(8)), caller(tenant())) is None

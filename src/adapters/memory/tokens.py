@@ -41,7 +41,7 @@ class MemoryTokens:
 
     async def put(
         self, token_hash: bytes, caller: Caller, expires_in_seconds: int | None = None
-    ) -> None:
+    ) -> datetime | None:
         now = self._clock()
         expires_at = None
         if expires_in_seconds is not None:
@@ -52,6 +52,7 @@ class MemoryTokens:
             self._ids[token_id(token_hash)] = token_hash
         else:  # replaced, but a revoked token stays revoked
             row.caller, row.expires_at = caller, expires_at
+        return expires_at
 
     async def revoke(self, token_id: str) -> bool:
         digest = self._ids.get(token_id)
@@ -60,6 +61,19 @@ class MemoryTokens:
         row = self._tokens[digest]
         row.revoked_at = row.revoked_at or self._clock()
         return True
+
+    async def get(self, token_id: str) -> TokenRecord | None:
+        digest = self._ids.get(token_id)
+        if digest is None:
+            return None
+        row = self._tokens[digest]
+        return TokenRecord(
+            token_id=token_id,
+            caller=row.caller,
+            created_at=row.created_at,
+            expires_at=row.expires_at,
+            revoked_at=row.revoked_at,
+        )
 
     async def list(self, tenant: str | None = None) -> list[TokenRecord]:
         records = [

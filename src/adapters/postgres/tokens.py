@@ -4,6 +4,8 @@ database's clock (now()), and a revocation notifies every process's wake bus on
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
 
 from application.access import Caller
@@ -12,17 +14,18 @@ from application.ports import FoundToken, TokenRecord
 TOKENS_CHANNEL = "ductor_streams_tokens"
 
 _FIND = """
-SELECT tenant, principal, scopes, extract(epoch FROM expires_at - now())::float8
+SELECT tenant, principal, scopes, extract(epoch FROM expires_at - now())::float8, runs
 FROM api_tokens
 WHERE token_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
 """
 
 _PUT = """
-INSERT INTO api_tokens (token_hash, tenant, principal, scopes, expires_at)
-VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5::bigint))
+INSERT INTO api_tokens (token_hash, tenant, principal, scopes, expires_at, runs)
+VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5::bigint), $6)
 ON CONFLICT (token_hash) DO UPDATE
 SET tenant = excluded.tenant, principal = excluded.principal, scopes = excluded.scopes,
-    expires_at = excluded.expires_at
+    expires_at = excluded.expires_at, runs = excluded.runs
+RETURNING expires_at
 """
 
 # One statement, so the notification is sent only if (and when) the revocation commits.
@@ -43,12 +46,31 @@ WHERE token_id = ANY($1::text[]) AND revoked_at IS NULL
   AND (expires_at IS NULL OR expires_at > now())
 """
 
-_LIST = """
-SELECT token_id, tenant, principal, scopes, created_at, expires_at, revoked_at
+_COLUMNS = "token_id, tenant, principal, scopes, created_at, expires_at, revoked_at, runs"
+
+_LIST = f"""
+SELECT {_COLUMNS}
 FROM api_tokens
 WHERE $1::text IS NULL OR tenant = $1
 ORDER BY tenant, created_at, token_id
 """
+
+_GET = f"SELECT {_COLUMNS} FROM api_tokens WHERE token_id = $1"
+
+
+def _record(row: asyncpg.Record) -> TokenRecord:
+    return TokenRecord(
+        token_id=row[0],
+        caller=Caller(
+            tenant=row[1],
+            principal=row[2],
+            scopes=frozenset(row[3]),
+            runs=None if row[7] is None else frozenset(row[7]),
+        ),
+        created_at=row[4],
+        expires_at=row[5],
+        revoked_at=row[6],
+    )
 
 
 class PostgresTokens:
@@ -59,32 +81,33 @@ class PostgresTokens:
         row = await self._pool.fetchrow(_FIND, token_hash)
         if row is None:
             return None
-        caller = Caller(tenant=row[0], principal=row[1], scopes=frozenset(row[2]))
+        caller = Caller(
+            tenant=row[0],
+            principal=row[1],
+            scopes=frozenset(row[2]),
+            runs=None if row[4] is None else frozenset(row[4]),
+        )
         return FoundToken(caller=caller, expires_in_seconds=row[3])
 
     async def put(
         self, token_hash: bytes, caller: Caller, expires_in_seconds: int | None = None
-    ) -> None:
-        await self._pool.execute(
+    ) -> datetime | None:
+        return await self._pool.fetchval(
             _PUT,
             token_hash,
             caller.tenant,
             caller.principal,
             sorted(caller.scopes),
             expires_in_seconds,
+            None if caller.runs is None else sorted(caller.runs),
         )
 
     async def revoke(self, token_id: str) -> bool:
         return bool(await self._pool.fetch(_REVOKE, token_id))
 
     async def list(self, tenant: str | None = None) -> list[TokenRecord]:
-        return [
-            TokenRecord(
-                token_id=row[0],
-                caller=Caller(tenant=row[1], principal=row[2], scopes=frozenset(row[3])),
-                created_at=row[4],
-                expires_at=row[5],
-                revoked_at=row[6],
-            )
-            for row in await self._pool.fetch(_LIST, tenant)
-        ]
+        return [_record(row) for row in await self._pool.fetch(_LIST, tenant)]
+
+    async def get(self, token_id: str) -> TokenRecord | None:
+        row = await self._pool.fetchrow(_GET, token_id)
+        return None if row is None else _record(row)

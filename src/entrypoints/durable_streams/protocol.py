@@ -174,7 +174,9 @@ async def create(request: Request) -> Answer:
         content_type = content_type or source_type
         expiry = await forks.inherited_expiry(caller, source_run, source_stream, expiry or Expiry())
         # What the source redacts, its fork redacts too: it reads the same records.
-        source = await services.definitions.get(caller.key(source_run, source_stream))
+        source = await services.definitions.get(
+            caller.key(source_run, source_stream), runs=caller.runs
+        )
         base = msgspec.structs.replace(base, redaction=source.redaction)
     content_type = content_type or wire.DEFAULT_CONTENT_TYPE
     records = wire.records_for(body, content_type, creating=True, redaction=base.redaction)
@@ -288,7 +290,7 @@ async def append_body(request: Request, head: AppendHead, body: bytes) -> Answer
         raise errors.InvalidInput(
             "an append needs a body (only a close, Stream-Closed: true, may have none)"
         )
-    definition = await services.definitions.get(key)
+    definition = await services.definitions.get(key, runs=caller.runs)
     records: list[NewRecord] = []
     if body:
         given = header(request, "content-type")

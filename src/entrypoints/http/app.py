@@ -32,6 +32,7 @@ from entrypoints.http.openapi import Answer, documented
 from entrypoints.http.outages import outage_handlers
 from entrypoints.http.request_checks import check_request
 from entrypoints.http.streams import RunsController, StreamsController
+from entrypoints.http.tokens import TokensController
 from entrypoints.lean_imports import without_optional_integrations
 from entrypoints.logs import configure_logging
 
@@ -107,6 +108,7 @@ def create_app(container: Container) -> Litestar:
                 StreamsController,
                 RunsController,
                 ObjectsController,
+                TokensController,
                 DurableStreamsController,
                 healthz,
                 readyz,

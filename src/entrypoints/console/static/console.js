@@ -8,6 +8,8 @@
 //   run       GET /runs/{run}/streams every REFRESH_MS: each stream's state
 //   follow    the live view of one stream: SSE read through fetch streaming (EventSource cannot
 //             send a Bearer header), resumed with the last sequence after any cut
+//   share     POST /tokens: a read-only token for the shown run only, expiring in minutes, and
+//             the link #token=…&run=… that opens the run with it (needs streams:admin)
 "use strict";
 
 (() => {
@@ -91,7 +93,7 @@
     }
   }
 
-  async function api(path, { headers = {}, signal } = {}) {
+  async function api(path, { method = "GET", body, headers = {}, signal } = {}) {
     const t = token();
     if (!t) {
       askToken("");
@@ -100,6 +102,8 @@
     let answer;
     try {
       answer = await fetch(API + path, {
+        method,
+        body,
         headers: { ...headers, Authorization: `Bearer ${t}` },
         signal,
         cache: "no-store",
@@ -109,13 +113,13 @@
       throw new Problem(0, "The service cannot be reached", String(error.message || error));
     }
     if (answer.ok) return answer;
-    let body = {};
-    try { body = await answer.json(); } catch { /* not problem JSON: the status says it */ }
+    let problemBody = {};
+    try { problemBody = await answer.json(); } catch { /* not problem JSON: the status says it */ }
     const problem = new Problem(
       answer.status,
-      body.title || `HTTP ${answer.status}`,
-      body.detail || answer.statusText || "",
-      body,
+      problemBody.title || `HTTP ${answer.status}`,
+      problemBody.detail || answer.statusText || "",
+      problemBody,
     );
     if (answer.status === 401) {
       $("who").textContent = "token refused";
@@ -175,6 +179,7 @@
   function showRun(run) {
     if (shownRun === run) return;
     shownRun = run;
+    resetShare();
     clearInterval(refreshTimer);
     $("run-title").textContent = `Run ${run}`;
     $("streams").replaceChildren();
@@ -494,6 +499,52 @@
     }
   }
 
+  // -- share: a read-only link to the shown run ----------------------------------------------
+
+  function resetShare() {
+    $("share-link").hidden = true;
+    $("share-link").value = "";
+    $("share-copy").hidden = true;
+    $("share-status").textContent = "";
+  }
+
+  async function share(run) {
+    const minutes = Math.min(1440, Math.max(1, Number.parseInt($("share-minutes").value, 10) || 10));
+    $("share-status").textContent = "Making a link…";
+    try {
+      const answer = await api("/tokens", {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({
+          scopes: ["streams:read"], expires_in_seconds: minutes * 60, runs: [run],
+        }),
+      });
+      const minted = await answer.json();
+      if (run !== shownRun) return;
+      const link = `${location.origin}${location.pathname}#token=${enc(minted.token)}&run=${enc(run)}`;
+      $("share-link").value = link;
+      $("share-link").hidden = false;
+      $("share-copy").hidden = false;
+      $("share-status").replaceChildren(
+        `Anyone with this link can read run ${run} until `, when(minted.expires_at), ", and nothing else.");
+      clearProblem();
+    } catch (problem) {
+      $("share-status").textContent = "";
+      showProblem(problem);
+    }
+  }
+
+  async function copyLink() {
+    const input = $("share-link");
+    try {
+      await navigator.clipboard.writeText(input.value);
+    } catch {
+      input.select(); // no clipboard permission: the link is selected for a manual copy
+      document.execCommand("copy");
+    }
+    $("share-status").textContent = "Link copied.";
+  }
+
   // -- where we are: the fragment ------------------------------------------------------------
 
   function route() {
@@ -552,6 +603,8 @@
       params.set("from", String(from));
       history.replaceState(null, "", `#${params}`);
     });
+    $("share-form").addEventListener("submit", (e) => { e.preventDefault(); share(shownRun); });
+    $("share-copy").addEventListener("click", copyLink);
     $("follow-stop").addEventListener("click", () => { follow.stop(); follow.status("Stopped.", false); });
     window.addEventListener("hashchange", route);
     showWho();

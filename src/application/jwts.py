@@ -1,0 +1,127 @@
+"""Tokens from an identity provider: a Bearer value that is a JWT, verified by a `JwtVerifier`
+(signature against the provider's JWKS, algorithm, `exp`/`nbf`/`iat`, `iss`, `aud`), then its
+claims mapped onto a caller:
+
+- `sub` is the principal (1 to 256 printable characters);
+- the tenant claim (`DUCTOR_STREAMS_JWT_TENANT_CLAIM`, default `tenant`) the tenant, a string
+  that is a valid ID;
+- `scope` (space-separated) or `scp` (a list, or space-separated) the scopes: those of ours it
+  names (an identity provider's others, `openid` and the like, are ignored; none of ours
+  leaves a caller that is refused every route with 403);
+- `runs`, optional, a list of run IDs the caller is restricted to, as a minted token's.
+
+Anything else about a JWT that does not hold is 401, with a reason that names no tenant and no
+run. A verified JWT is remembered, by its exact text, until it expires (its `exp` plus the
+leeway the verification allowed): the append path pays one dictionary lookup per request. A
+JWT cannot be revoked; an open connection admitted with one ends when it expires."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from application.access import SCOPES, Caller
+from application.errors import Unauthenticated
+from application.ports import JwtVerifier
+from domain.ids import ID_PATTERN
+
+_ID = re.compile(ID_PATTERN)
+
+# Clock skew allowed on `exp`, `nbf` and `iat`, both ways.
+LEEWAY_SECONDS = 30
+# Beyond this many remembered JWTs, the memory starts over (a flood of distinct ones).
+MAX_REMEMBERED = 10_000
+# How many runs a JWT's `runs` claim may list.
+MAX_RUNS = 100
+
+
+def is_jwt(token: str) -> bool:
+    """A JWS in compact form: three dot-separated parts, the first a JSON object's base64url
+    (which always begins `eyJ`, `{"`). Anything else is looked up as an opaque token."""
+    return token.startswith("eyJ") and token.count(".") == 2
+
+
+def _scopes(claims: Mapping[str, Any]) -> frozenset[str]:
+    given = claims.get("scope", claims.get("scp"))
+    if given is None:
+        return frozenset()
+    if isinstance(given, str):
+        names = given.split()
+    elif isinstance(given, list) and all(isinstance(s, str) for s in given):
+        names = given
+    else:
+        raise Unauthenticated("the JWT's scope claim is neither a string nor a list of strings")
+    return frozenset(names) & frozenset(SCOPES)
+
+
+def _runs(claims: Mapping[str, Any]) -> frozenset[str] | None:
+    runs = claims.get("runs")
+    if runs is None:
+        return None
+    if (
+        not isinstance(runs, list)
+        or len(runs) > MAX_RUNS
+        or not all(isinstance(r, str) and _ID.fullmatch(r) for r in runs)
+    ):
+        raise Unauthenticated(f"the JWT's runs claim is not a list of at most {MAX_RUNS} run IDs")
+    return frozenset(runs)
+
+
+def caller_from_claims(claims: Mapping[str, Any], tenant_claim: str) -> Caller:
+    principal = claims.get("sub")
+    if not isinstance(principal, str) or not 1 <= len(principal) <= 256:
+        raise Unauthenticated("the JWT's sub claim is missing or not a principal")
+    if not principal.isprintable():
+        raise Unauthenticated("the JWT's sub claim is missing or not a principal")
+    tenant = claims.get(tenant_claim)
+    if not isinstance(tenant, str) or not _ID.fullmatch(tenant):
+        raise Unauthenticated(f"the JWT's {tenant_claim} claim is missing or not a tenant ID")
+    return Caller(tenant=tenant, principal=principal, scopes=_scopes(claims), runs=_runs(claims))
+
+
+class JwtCallers:
+    """JWT -> caller, remembered until the JWT expires."""
+
+    def __init__(
+        self,
+        verifier: JwtVerifier,
+        tenant_claim: str = "tenant",
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._verifier = verifier
+        self._tenant_claim = tenant_claim
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._known: dict[str, Caller] = {}
+
+    is_jwt = staticmethod(is_jwt)
+
+    async def __call__(self, token: str) -> Caller:
+        caller = self._known.get(token)
+        if caller is not None:
+            assert caller.token_deadline is not None
+            if self._clock() < caller.token_deadline:
+                return caller
+            del self._known[token]
+        claims = await self._verifier.verify(token)
+        exp = claims.get("exp")
+        if not isinstance(exp, int | float) or isinstance(exp, bool):
+            raise Unauthenticated("the JWT has no exp claim")
+        caller = caller_from_claims(claims, self._tenant_claim)
+        left = exp + LEEWAY_SECONDS - self._wall_clock()
+        if left <= 0:
+            raise Unauthenticated("the JWT has expired")
+        caller = Caller(
+            tenant=caller.tenant,
+            principal=caller.principal,
+            scopes=caller.scopes,
+            runs=caller.runs,
+            token_deadline=self._clock() + left,
+        )
+        if len(self._known) >= MAX_REMEMBERED:
+            self._known.clear()
+        self._known[token] = caller
+        return caller

@@ -1,0 +1,104 @@
+"""The console's read-only link in a real browser (Debian's Chromium, headless, playwright):
+an admin mints a link to one run, and a fresh browser context holding nothing but that link
+opens the run, follows its stream, and sees no other run."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, expect, sync_playwright
+
+from tests.conftest import BOOTSTRAP_TOKEN
+from tests.support.server import ServerProcess
+
+CHROMIUM = Path("/usr/bin/chromium")
+API = "/api/workflow-streams"
+WAIT_MS = 15_000
+
+
+@pytest.fixture(scope="module")
+def browser(server: ServerProcess) -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail(f"the browser tests need Chromium at {CHROMIUM} (apt-get install chromium)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        yield browser
+        browser.close()
+
+
+def test_a_minted_link_opens_one_run_read_only_for_someone_else(
+    server: ServerProcess, browser: Browser
+) -> None:
+    shared, hidden = "shared-" + secrets.token_hex(3), "hidden-" + secrets.token_hex(3)
+    with httpx.Client(
+        base_url=server.base_url + API, headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
+    ) as api:
+        for run in (shared, hidden):
+            created = api.post(
+                f"/runs/{run}/streams", json={"stream_id": "out", "direction": "output"}
+            )
+            assert created.status_code == 201, created.text
+            appended = api.post(
+                f"/runs/{run}/streams/out/records", json={"records": [{"data": f"in {run}"}]}
+            )
+            assert appended.status_code == 201
+
+        # The admin, in its own context: open the run, make a link, copy it.
+        admin = browser.new_context(viewport={"width": 1400, "height": 1000})
+        admin.grant_permissions(["clipboard-read", "clipboard-write"], origin=server.base_url)
+        page = admin.new_page()
+        page.goto(f"{server.base_url}/console#token={BOOTSTRAP_TOKEN}&run={shared}")
+        expect(page.locator("#run-title")).to_have_text(f"Run {shared}", timeout=WAIT_MS)
+        page.fill("#share-minutes", "10")
+        page.click("#share-mint")
+        link_box = page.locator("#share-link")
+        expect(link_box).to_be_visible(timeout=WAIT_MS)
+        page.click("#share-copy")
+        expect(page.locator("#share-status")).to_have_text("Link copied.", timeout=WAIT_MS)
+        link = page.evaluate("() => navigator.clipboard.readText()")
+        assert link == link_box.input_value()
+        admin.close()
+
+        fragment = parse_qs(urlsplit(link).fragment)
+        assert fragment["run"] == [shared] and urlsplit(link).path == "/console"
+        token = fragment["token"][0]
+        assert token != BOOTSTRAP_TOKEN
+        # What the link's token is: read-only, this run only, ten minutes.
+        minted = next(t for t in api.get("/tokens").json()["tokens"] if t["runs"] == [shared])
+        assert minted["scopes"] == ["streams:read"]
+
+    # Someone else: a fresh context with nothing but the link.
+    other = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = other.new_page()
+        page.goto(link)
+        expect(page.locator("#run-title")).to_have_text(f"Run {shared}", timeout=WAIT_MS)
+        expect(page.locator('#streams [data-stream="out"]')).to_be_visible(timeout=WAIT_MS)
+        assert "token=" not in page.url  # taken out of the address
+        page.goto(f"{server.base_url}/console#run={shared}&stream=out&from=0")
+        expect(page.locator("#records li")).to_have_count(1, timeout=WAIT_MS)
+        expect(page.locator("#records li").first).to_contain_text(f"in {shared}")
+        # The runs list shows only the shared run; the other run is not found.
+        page.goto(f"{server.base_url}/console#")
+        expect(page.locator("#runs-table tbody tr")).to_have_count(1, timeout=WAIT_MS)
+        expect(page.locator("#runs-table tbody tr").first).to_have_attribute("data-run", shared)
+        page.goto(f"{server.base_url}/console#run={hidden}")
+        expect(page.locator("#problem")).to_contain_text("no run", timeout=WAIT_MS)
+        # Read-only: the token cannot mint a link of its own.
+        page.goto(f"{server.base_url}/console#run={shared}")
+        page.click("#share-mint")
+        expect(page.locator("#problem")).to_contain_text("streams:admin", timeout=WAIT_MS)
+        with httpx.Client(base_url=server.base_url + API) as client:
+            refused = client.post(
+                f"/runs/{shared}/streams/out/records",
+                json={"records": [{"data": 1}]},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+        assert refused.status_code == 403
+    finally:
+        other.close()

@@ -1,0 +1,201 @@
+"""Tokens over HTTP against a real server (docs/http-api.md, "Tokens"): minted in the caller's
+tenant, shown once and stored hashed, never wider than the minter (scopes, runs, life), always
+expiring; listed without the token; revoked everywhere within 2 seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.integration.test_http_auth import ADMIN, READ, WRITE, assert_problem, bearer
+
+ALL = [READ, WRITE, ADMIN]
+
+
+async def mint(api: httpx.AsyncClient, headers: dict[str, str] | None = None, **body: Any):
+    body.setdefault("scopes", ALL)
+    body.setdefault("expires_in_seconds", 600)
+    return await api.post("/tokens", json=body, headers=headers)
+
+
+async def minted(api: httpx.AsyncClient, headers: dict[str, str] | None = None, **body) -> dict:
+    response = await mint(api, headers, **body)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+async def test_a_minted_token_is_shown_once_stored_hashed_and_works(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str
+) -> None:
+    response = await mint(api, principal="browser", scopes=[READ, WRITE], expires_in_seconds=600)
+    assert response.status_code == 201, response.text
+    assert response.headers["cache-control"] == "no-store"
+    answer = response.json()
+    assert set(answer) == {"token", "id", "tenant", "principal", "scopes", "runs", "expires_at"}
+    assert answer["tenant"] == "default" and answer["principal"] == "browser"
+    assert answer["scopes"] == [READ, WRITE] and answer["runs"] is None
+    expires_at = datetime.fromisoformat(answer["expires_at"])
+    assert timedelta(seconds=590) < expires_at - datetime.now(UTC) < timedelta(seconds=610)
+    token = answer["token"]
+    digest = hashlib.sha256(token.encode()).digest()
+    row = await pool.fetchrow("SELECT * FROM api_tokens WHERE token_id = $1", answer["id"])
+    assert row["token_hash"] == digest and token.encode() not in b"".join(
+        str(v).encode() for v in row.values()
+    )
+    created = await api.post(
+        f"/runs/{run_id}/streams",
+        json={"stream_id": "s", "direction": "output"},
+        headers=bearer(token),
+    )
+    assert created.status_code == 201, created.text
+    listed = (await api.get("/tokens")).json()["tokens"]
+    mine = next(t for t in listed if t["id"] == answer["id"])
+    assert "token" not in mine and token not in str(listed)
+    assert mine["principal"] == "browser" and mine["revoked_at"] is None
+
+
+async def test_the_principal_defaults_to_the_minters(api: httpx.AsyncClient) -> None:
+    assert (await minted(api))["principal"] == "bootstrap"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"expires_in_seconds": None},
+        {"expires_in_seconds": 0},
+        {"expires_in_seconds": 86_401},
+        {"scopes": []},
+        {"scopes": ["streams:everything"]},
+        {"runs": []},
+        {"runs": ["bad/run"]},
+        {"runs": [f"r{i}" for i in range(101)]},
+        {"principal": ""},
+        {"principal": "a\nb"},
+        {"tenant": "other"},
+    ],
+    ids=[
+        "no-expiry",
+        "zero-life",
+        "past-the-cap",
+        "no-scope",
+        "unknown-scope",
+        "no-run",
+        "bad-run-id",
+        "too-many-runs",
+        "empty-principal",
+        "control-in-principal",
+        "a-tenant-field",
+    ],
+)
+async def test_a_bad_mint_request_is_400_and_mints_nothing(
+    api: httpx.AsyncClient, body: dict[str, Any]
+) -> None:
+    before = len((await api.get("/tokens")).json()["tokens"])
+    request = {"scopes": ALL, "expires_in_seconds": 60, **body}
+    request = {k: v for k, v in request.items() if v is not None}
+    assert_problem(await api.post("/tokens", json=request), 400, "invalid-input")
+    assert len((await api.get("/tokens")).json()["tokens"]) == before
+
+
+async def test_minting_needs_admin_and_never_widens_the_minter(api: httpx.AsyncClient) -> None:
+    writer = bearer((await minted(api, scopes=[READ, WRITE]))["token"])
+    assert_problem(await mint(api, writer, scopes=[READ]), 403, "forbidden")
+    assert_problem(await api.get("/tokens", headers=writer), 403, "forbidden")
+    admin = bearer((await minted(api, scopes=[READ, ADMIN], expires_in_seconds=300))["token"])
+    # More scopes than its own.
+    assert_problem(await mint(api, admin, scopes=[READ, WRITE]), 403, "forbidden")
+    # A longer life than its own.
+    assert_problem(await mint(api, admin, expires_in_seconds=400, scopes=[READ]), 403, "forbidden")
+    ok = await minted(api, admin, scopes=[READ], expires_in_seconds=200)
+    # Always in the minter's tenant.
+    assert ok["tenant"] == "default"
+
+
+async def test_a_minted_token_belongs_to_the_minters_tenant(
+    api: httpx.AsyncClient, tokens: Any, run_id: str
+) -> None:
+    tenant = "tenant-" + secrets.token_hex(4)
+    theirs = bearer(await tokens.create(tenant=tenant, principal="admin"))
+    child = await minted(api, theirs, scopes=[READ, WRITE])
+    assert child["tenant"] == tenant
+    created = await api.post(
+        f"/runs/{run_id}/streams",
+        json={"stream_id": "s", "direction": "output"},
+        headers=bearer(child["token"]),
+    )
+    assert created.status_code == 201
+    # The default tenant does not see it; the other tenant's listing is its own.
+    assert_problem(await api.get(f"/runs/{run_id}/streams/s"), 404, "not-found")
+    listed = (await api.get("/tokens", headers=theirs)).json()["tokens"]
+    assert {t["tenant"] for t in listed} == {tenant}
+    assert child["id"] in {t["id"] for t in listed}
+    assert child["id"] not in {t["id"] for t in (await api.get("/tokens")).json()["tokens"]}
+    # Another tenant's token cannot be revoked: it is not found.
+    assert_problem(await api.delete(f"/tokens/{child['id']}"), 404, "not-found")
+    read = await api.get(f"/runs/{run_id}/streams/s", headers=bearer(child["token"]))
+    assert read.status_code == 200
+
+
+async def test_a_run_scoped_minter_mints_only_within_its_runs(api: httpx.AsyncClient) -> None:
+    scoped = await minted(api, runs=["run-a", "run-b"], expires_in_seconds=1200)
+    headers = bearer(scoped["token"])
+    assert_problem(await mint(api, headers, runs=["run-a", "run-c"]), 403, "forbidden")
+    assert (await minted(api, headers, runs=["run-a"]))["runs"] == ["run-a"]
+    # Without runs, the child is restricted to the minter's runs, never to every run.
+    assert (await minted(api, headers))["runs"] == ["run-a", "run-b"]
+    # It lists only the tokens restricted to some of its runs (a wider one would tell of
+    # other runs), and revokes no other.
+    wide = await minted(api, runs=["run-a", "run-z"])
+    listed = {t["id"] for t in (await api.get("/tokens", headers=headers)).json()["tokens"]}
+    assert scoped["id"] in listed and wide["id"] not in listed
+    assert all(
+        set(t["runs"]) <= {"run-a", "run-b"}
+        for t in (await api.get("/tokens", headers=headers)).json()["tokens"]
+    )
+    assert_problem(await api.delete(f"/tokens/{wide['id']}", headers=headers), 404, "not-found")
+
+
+async def test_revocation_over_http_is_felt_within_2_seconds(
+    api: httpx.AsyncClient, api_b: httpx.AsyncClient, run_id: str
+) -> None:
+    token = await minted(api, scopes=[READ, WRITE])
+    headers = bearer(token["token"])
+    path = f"/runs/{run_id}/streams"
+    assert (await api.post(path, json={"direction": "output"}, headers=headers)).status_code == 201
+    assert (await api_b.get(path, headers=headers)).status_code == 200  # cached on both replicas
+    assert (await api.delete(f"/tokens/{token['id']}")).status_code == 204
+    assert (await api.delete(f"/tokens/{token['id']}")).status_code == 204  # again is fine
+    deadline = time.monotonic() + 2.0
+    for client in (api, api_b):
+        while (await client.get(path, headers=headers)).status_code != 401:
+            assert time.monotonic() < deadline, "a revoked token still works after 2 s"
+            await asyncio.sleep(0.1)
+    listed = (await api.get("/tokens")).json()["tokens"]
+    assert next(t for t in listed if t["id"] == token["id"])["revoked_at"] is not None
+
+
+async def test_a_minted_token_expires(api: httpx.AsyncClient, run_id: str) -> None:
+    token = await minted(api, scopes=[READ], expires_in_seconds=1)
+    headers = bearer(token["token"])
+    assert (await api.get("/runs", headers=headers)).status_code == 200
+    deadline = time.monotonic() + 4.0
+    while (await api.get("/runs", headers=headers)).status_code != 401:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+
+
+async def test_revoking_an_unknown_token_is_404(api: httpx.AsyncClient) -> None:
+    assert_problem(await api.delete("/tokens/tok_0000000000000000"), 404, "not-found")
+
+
+@pytest.mark.parametrize("token_id", ["nothing", "tok_XYZ", "tok_00000000000000001"])
+async def test_revoking_what_is_not_a_token_id_is_400(api: httpx.AsyncClient, token_id) -> None:
+    assert_problem(await api.delete(f"/tokens/{token_id}"), 400, "invalid-input")

@@ -1,0 +1,218 @@
+"""Minting, run restriction and JWT callers on the memory adapters: no database, no network."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.memory.tokens import MemoryTokens
+from application.access import SCOPES, Caller
+from application.errors import Forbidden, NotFound, Unauthenticated
+from application.jwts import LEEWAY_SECONDS, JwtCallers, caller_from_claims, is_jwt
+from application.tokens import Authenticate, MintToken, TenantTokens, TokenCache, TokenRequest
+from domain.errors import InvalidInput
+
+ADMIN = Caller(tenant="t", principal="admin", scopes=frozenset(SCOPES))
+
+
+def request(**given) -> TokenRequest:
+    given.setdefault("scopes", ["streams:read"])
+    given.setdefault("expires_in_seconds", 60)
+    return TokenRequest(**given)
+
+
+async def test_a_minted_token_authenticates_as_what_was_minted() -> None:
+    store = MemoryTokens()
+    minted = await MintToken(store)(ADMIN, request(runs=["r1"], principal="viewer"))
+    caller = await Authenticate(store, TokenCache())(f"Bearer {minted.token}")
+    assert (caller.tenant, caller.principal, caller.scopes, caller.runs) == (
+        "t",
+        "viewer",
+        frozenset({"streams:read"}),
+        frozenset({"r1"}),
+    )
+    assert caller.token_deadline is not None
+
+
+@pytest.mark.parametrize(
+    ("minter", "asked", "error"),
+    [
+        (Caller(tenant="t", principal="w", scopes=frozenset({"streams:write"})), {}, Forbidden),
+        (
+            Caller(tenant="t", principal="a", scopes=frozenset({"streams:admin"})),
+            {"scopes": ["streams:read"]},
+            Forbidden,
+        ),
+        (ADMIN, {"expires_in_seconds": 86_401}, InvalidInput),
+        (
+            Caller(tenant="t", principal="a", scopes=frozenset(SCOPES), token_deadline=30.0),
+            {"expires_in_seconds": 60},
+            Forbidden,
+        ),
+        (
+            Caller(tenant="t", principal="a", scopes=frozenset(SCOPES), runs=frozenset({"r1"})),
+            {"runs": ["r1", "r2"]},
+            Forbidden,
+        ),
+    ],
+    ids=["no-admin", "wider-scope", "past-the-cap", "outliving-its-minter", "another-run"],
+)
+async def test_a_mint_never_widens_its_minter(minter: Caller, asked: dict, error: type) -> None:
+    store = MemoryTokens()
+    with pytest.raises(error):
+        await MintToken(store, clock=lambda: 0.0)(minter, request(**asked))
+    assert await store.list() == []
+
+
+async def test_a_run_scoped_caller_sees_and_revokes_only_tokens_within_its_runs() -> None:
+    store = MemoryTokens()
+    mint = MintToken(store)
+    wide = await mint(ADMIN, request(runs=["r1", "r2"]))
+    narrow = await mint(ADMIN, request(runs=["r1"]))
+    everything = await mint(ADMIN, request())
+    scoped = Caller(tenant="t", principal="a", scopes=frozenset(SCOPES), runs=frozenset({"r1"}))
+    tokens = TenantTokens(store)
+    assert [t.id for t in (await tokens.list(scoped)).tokens] == [narrow.id]
+    for hidden in (wide.id, everything.id):
+        with pytest.raises(NotFound):
+            await tokens.revoke(scoped, hidden)
+    other_tenant = Caller(tenant="u", principal="a", scopes=frozenset(SCOPES))
+    with pytest.raises(NotFound):
+        await tokens.revoke(other_tenant, narrow.id)
+    await tokens.revoke(scoped, narrow.id)
+    assert (await tokens.list(ADMIN)).tokens[1].revoked_at is not None
+
+
+def test_a_run_scoped_caller_does_not_find_other_runs() -> None:
+    scoped = Caller(tenant="t", principal="a", scopes=frozenset(SCOPES), runs=frozenset({"r1"}))
+    assert scoped.key("r1", "s").run_id == "r1"
+    with pytest.raises(NotFound):
+        scoped.key("r2", "s")
+    with pytest.raises(NotFound):
+        scoped.run("r2")
+    with pytest.raises(InvalidInput):  # a bad ID is still 400 first
+        scoped.key("bad/run", "s")
+
+
+class CountingVerifier:
+    def __init__(self, claims: dict) -> None:
+        self.claims = claims
+        self.calls = 0
+
+    async def verify(self, token: str) -> dict:
+        self.calls += 1
+        return self.claims
+
+
+async def test_a_verified_jwt_is_remembered_until_it_expires() -> None:
+    now = [1000.0]
+    verifier = CountingVerifier({"sub": "s", "tenant": "t", "scope": "streams:read", "exp": 1010})
+    jwts = JwtCallers(verifier, clock=lambda: now[0], wall_clock=lambda: now[0])
+    first = await jwts("eyJ.a.b")
+    assert await jwts("eyJ.a.b") is first and verifier.calls == 1
+    assert first.token_deadline == 1010 + LEEWAY_SECONDS
+    now[0] = 1010 + LEEWAY_SECONDS  # past its exp and the leeway: verified again, and refused
+    with pytest.raises(Unauthenticated):
+        await jwts("eyJ.a.b")
+    assert verifier.calls == 2
+
+
+async def test_authenticate_sends_jwts_to_the_verifier_and_the_rest_to_the_store() -> None:
+    verifier = CountingVerifier({"sub": "s", "tenant": "t", "exp": 10**10})
+    authenticate = Authenticate(MemoryTokens(), TokenCache(), JwtCallers(verifier))
+    caller = await authenticate("Bearer eyJhbGciOiJFUzI1NiJ9.e30.c2ln")
+    assert caller.scopes == frozenset() and verifier.calls == 1
+    with pytest.raises(Unauthenticated):
+        await authenticate("Bearer dst_unknown")
+    with pytest.raises(Unauthenticated):
+        await authenticate("Bearer eyJ" + "A" * 9000 + ".e30.c2ln")
+    assert verifier.calls == 1
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [
+        {"tenant": "t"},
+        {"sub": "", "tenant": "t"},
+        {"sub": 7, "tenant": "t"},
+        {"sub": "s"},
+        {"sub": "s", "tenant": 1},
+        {"sub": "s", "tenant": "a/b"},
+        {"sub": "s", "tenant": "t", "runs": "r1"},
+        {"sub": "s", "tenant": "t", "runs": [1]},
+        {"sub": "s", "tenant": "t", "runs": [f"r{i}" for i in range(101)]},
+        {"sub": "s", "tenant": "t", "scope": 3},
+        {"sub": "s", "tenant": "t", "scp": [1]},
+    ],
+)
+def test_claims_that_do_not_make_a_caller_are_401(claims: dict) -> None:
+    with pytest.raises(Unauthenticated):
+        caller_from_claims(claims, "tenant")
+
+
+def test_claims_map_onto_a_caller() -> None:
+    caller = caller_from_claims(
+        {"sub": "s", "org": "t", "scp": "openid streams:write", "runs": ["r"]}, "org"
+    )
+    assert (caller.tenant, caller.principal, caller.scopes, caller.runs) == (
+        "t",
+        "s",
+        frozenset({"streams:write"}),
+        frozenset({"r"}),
+    )
+
+
+def test_what_counts_as_a_jwt() -> None:
+    assert is_jwt("eyJhbGciOiJSUzI1NiJ9.e30.c2ln")
+    assert not is_jwt("dst_abc") and not is_jwt("eyJ.a") and not is_jwt("x.y.z")
+
+
+async def test_a_connection_admitted_with_a_jwt_ends_when_the_jwt_expires() -> None:
+    import asyncio
+    import time
+
+    cache = TokenCache()
+    caller = Caller(
+        tenant="t", principal="s", scopes=frozenset(SCOPES), token_deadline=time.monotonic() + 0.05
+    )
+    lease = cache.hold(caller)  # no token id: nothing to revoke, but it expires
+    ended = asyncio.Event()
+    lease.on_end(ended.set)
+    await asyncio.wait_for(ended.wait(), 2)
+    assert lease.ended
+    cache.release(lease)
+    assert cache.held() == 0
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"JWT_JWKS_URL": "https://idp.example/jwks.json"},
+        {"JWT_JWKS_URL": "https://idp.example/jwks.json", "JWT_ISSUER": "https://idp.example"},
+        {"JWT_ISSUER": "i", "JWT_AUDIENCE": "a"},
+        {"JWT_JWKS_URL": "file:///etc/jwks.json", "JWT_ISSUER": "i", "JWT_AUDIENCE": "a"},
+        {"MAX_TOKEN_SECONDS": "0"},
+        {"JWT_JWKS_TIMEOUT_SECONDS": "61"},
+    ],
+)
+def test_identity_settings_that_cannot_work_stop_the_process(given: dict[str, str]) -> None:
+    from entrypoints.config import InvalidSetting, Settings
+
+    with pytest.raises(InvalidSetting):
+        Settings.from_env({f"DUCTOR_STREAMS_{k}": v for k, v in given.items()})
+
+
+def test_identity_settings() -> None:
+    from entrypoints.config import Settings
+
+    settings = Settings.from_env(
+        {
+            "DUCTOR_STREAMS_JWT_JWKS_URL": "https://idp.example/jwks.json",
+            "DUCTOR_STREAMS_JWT_ISSUER": "https://idp.example",
+            "DUCTOR_STREAMS_JWT_AUDIENCE": "streams",
+            "DUCTOR_STREAMS_MAX_TOKEN_SECONDS": "600",
+        }
+    )
+    assert settings.accepts_jwts and settings.max_token_seconds == 600
+    assert settings.jwt_tenant_claim == "tenant" and settings.jwt_jwks_refetch_seconds == 30
+    assert not Settings.from_env({}).accepts_jwts
+    assert Settings.from_env({}).max_token_seconds == 86_400
