@@ -71,7 +71,8 @@ def _ensure_environment(extras: set[str]) -> None:
     print(f"dev.py: installing {what} into .venv ...", file=sys.stderr, flush=True)
     target = f"{ROOT}[{','.join(sorted(extras))}]" if extras else str(ROOT)
     pip = [_bin("python"), "-m", "pip", "--disable-pip-version-check"]
-    subprocess.run([*pip, "install", "-e", target], check=True, cwd=ROOT)
+    # pip's progress goes to stderr: stdout stays the command's own (serve's token and URL).
+    subprocess.run([*pip, "install", "-e", target], check=True, cwd=ROOT, stdout=sys.stderr)
     STAMP.write_text(stamp)
     print("dev.py: .venv is ready", file=sys.stderr, flush=True)
 
