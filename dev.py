@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Set-up a newcomer can trust: `python3 dev.py serve` and `python3 dev.py test`.
 
-Needs only Python 3.11+. Each command creates `.venv/` beside this file on first use (and
-again whenever `pyproject.toml` changes), installs the project into it, then runs:
+Needs only Python 3.11+. Each command creates `.venv/` beside this file on first use and
+installs the project into it (again whenever `pyproject.toml` changes): `serve` installs the
+project alone, the other commands add its test tools (the `test` extra). Then it runs:
 
   serve [ARGS...]   `ductor-streams serve` on the embedded defaults (embedded PostgreSQL and a
                     filesystem object store under ./.ductor-streams); extra ARGS are passed on.
@@ -31,21 +32,49 @@ def _bin(name: str) -> str:
     return str(VENV / ("Scripts" if os.name == "nt" else "bin") / name)
 
 
-def _ensure_environment() -> None:
+def _stamped(stamp: str) -> tuple[str, set[str]]:
+    """What a stamp says is installed: the hash of the pyproject.toml it was installed from, and
+    its extras. A stamp of the older format (the hash alone) was written after installing the
+    test extra, which was then always installed."""
+    wanted, marker, extras = stamp.strip().partition(" extras=")
+    return wanted, set(extras.split(",")) - {""} if marker else {"test"}
+
+
+def _plan(stamp: str, wanted: str, extras: set[str]) -> tuple[set[str], str] | None:
+    """What to install for a command that needs `extras` (empty: the project alone), given the
+    stamp of what is installed and the hash of pyproject.toml now: None when it is all in place,
+    else the extras to install and the stamp to write once they are."""
+    stamped, installed = _stamped(stamp)
+    if stamped != wanted:
+        installed = set()  # installed from another pyproject.toml: none of it counts
+    elif extras <= installed:
+        return None
+    return extras, f"{wanted} extras={','.join(sorted(installed | extras))}\n"
+
+
+def _ensure_environment(extras: set[str]) -> None:
+    """`serve` needs only the project (`extras` empty); `test`, `bench` and `run` need its test
+    tools too (`{"test"}`). One .venv holds both: the stamp says what was installed from which
+    pyproject.toml, so `test` after `serve` adds the extra and `serve` after `test` installs
+    nothing. pip's own output shows the progress (a fresh `serve` takes about a minute)."""
     if sys.version_info < (3, 11):  # noqa: UP036 - this file must run on any python3
         sys.exit("ductor-streams needs Python 3.11 or newer")
     wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    if STAMP.exists() and STAMP.read_text().strip() == wanted:
+    plan = _plan(STAMP.read_text() if STAMP.exists() else "", wanted, extras)
+    if plan is None:
         return
+    extras, stamp = plan
     if not VENV.exists():
-        print("creating .venv ...", file=sys.stderr, flush=True)
+        print("dev.py: creating .venv ...", file=sys.stderr, flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    print(
-        "installing ductor-streams and its test tools into .venv ...", file=sys.stderr, flush=True
-    )
-    pip = [_bin("python"), "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "install", "-e", f"{ROOT}[test]"], check=True, cwd=ROOT)
-    STAMP.write_text(wanted)
+    what = "ductor-streams and its test tools" if extras else "ductor-streams"
+    print(f"dev.py: installing {what} into .venv ...", file=sys.stderr, flush=True)
+    target = f"{ROOT}[{','.join(sorted(extras))}]" if extras else str(ROOT)
+    pip = [_bin("python"), "-m", "pip", "--disable-pip-version-check"]
+    # pip's progress goes to stderr: stdout stays the command's own (serve's token and URL).
+    subprocess.run([*pip, "install", "-e", target], check=True, cwd=ROOT, stdout=sys.stderr)
+    STAMP.write_text(stamp)
+    print("dev.py: .venv is ready", file=sys.stderr, flush=True)
 
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -118,7 +147,7 @@ def main(args: list[str]) -> int:
         print(__doc__)
         return 0
     command, rest = args[0], args[1:]
-    _ensure_environment()
+    _ensure_environment(set() if command == "serve" else {"test"})
     if command == "serve":
         return _become([_bin("ductor-streams"), "serve", *rest])
     if command == "test":

@@ -307,6 +307,91 @@ def test_the_console_shows_runs_streams_and_follows_live(
     print(figures)
 
 
+IN_VIEWPORT = """(id) => {
+  const box = document.getElementById(id).getBoundingClientRect();
+  return {top: box.top, bottom: box.bottom, left: box.left, right: box.right,
+          width: innerWidth, height: innerHeight};
+}"""
+
+
+def assert_in_viewport(page: Page, element_id: str) -> None:
+    """The element is entirely inside the window, as it is drawn (not merely in the page)."""
+    box = page.evaluate(IN_VIEWPORT, element_id)
+    assert box["top"] >= 0 and box["bottom"] <= box["height"], box
+    assert box["left"] >= 0 and box["right"] <= box["width"], box
+
+
+@pytest.mark.parametrize(
+    ("width", "layout"), [(1400, "beside"), (800, "stacked")], ids=["wide", "narrow"]
+)
+def test_follow_shows_the_live_view_in_sight_and_a_link_leads_back_to_the_runs(
+    page: Page,
+    console_server: ServerProcess,
+    api: httpx.Client,
+    artefacts: Path,
+    width: int,
+    layout: str,
+) -> None:
+    """The live view opened by a card's Follow button far down a run's page is where the eye
+    is (beside the cards, or scrolled to), with its first records; a visible link leads back to
+    the runs list."""
+    page.set_viewport_size({"width": width, "height": 900})
+    run = "many-" + secrets.token_hex(3)
+    for n in range(8):
+        created(
+            api.post(f"/runs/{run}/streams", json={"stream_id": f"s{n}", "direction": "output"})
+        )
+    append(api, f"/runs/{run}/streams/s7", *({"data": {"n": n}} for n in range(3)))
+    open_console(page, console_server)
+    page.goto(f"{console_server.base_url}/console#run={run}")
+    expect(stream_field(page, "s7", "head")).to_have_text("3", timeout=WAIT_MS)
+
+    follow = page.get_by_role("button", name="Follow stream s7")
+    follow.scroll_into_view_if_needed()
+    assert page.evaluate("scrollY") > 900, "the last card should be below the first screen"
+    follow.click()
+    expect(page.locator("#records li")).to_have_count(3, timeout=WAIT_MS)
+    page.wait_for_timeout(200)  # a smooth scroll, had there been one, is over
+    assert_in_viewport(page, "follow-title")
+    assert_in_viewport(page, "follow-status")
+    assert_in_viewport(page, "records")
+    expect(page.locator("#follow-title")).to_have_text("Live: s7")
+    if layout == "beside":  # the card followed is in sight beside its live view
+        card = page.locator('[data-stream="s7"]').bounding_box()
+        assert card is not None and 0 <= card["y"] < 900, card
+    page.screenshot(path=artefacts / f"console-follow-{layout}.png")
+
+    # A record appended now shows in sight, without scrolling.
+    append(api, f"/runs/{run}/streams/s7", {"data": {"n": 3}})
+    expect(page.locator('#records li[data-seq="4"]')).to_be_in_viewport(timeout=WAIT_MS)
+
+    # Back to the runs list by a link that says so, in sight when stacked above the live view.
+    back = page.get_by_role("link", name="← All runs")
+    expect(back).to_be_visible()
+    if layout == "stacked":
+        assert_in_viewport(page, "back-to-runs")
+    back.click()
+    expect(page.locator("#runs-view")).to_be_visible()
+    expect(page.locator("#run-view")).to_be_hidden()
+    expect(page.locator("#follow-view")).to_be_hidden()
+    expect(page.get_by_role("link", name=run)).to_be_visible(timeout=WAIT_MS)
+
+
+def test_closing_the_live_view_stops_following_and_keeps_the_run(
+    page: Page, console_server: ServerProcess, api: httpx.Client
+) -> None:
+    run = "close-" + secrets.token_hex(3)
+    created(api.post(f"/runs/{run}/streams", json={"stream_id": "s", "direction": "output"}))
+    append(api, f"/runs/{run}/streams/s", {"data": {"n": 1}})
+    open_console(page, console_server)
+    page.goto(f"{console_server.base_url}/console#run={run}&stream=s&from=0")
+    expect(page.locator("#records li")).to_have_count(1, timeout=WAIT_MS)
+    page.get_by_role("link", name="Close the live view").click()
+    expect(page.locator("#follow-view")).to_be_hidden()
+    expect(page.locator("#run-title")).to_have_text(f"Run {run}")
+    assert page.evaluate("location.hash") == f"#run={run}"
+
+
 def test_following_survives_a_server_restart_without_gap_or_duplicate(
     page: Page, console_server: ServerProcess, api: httpx.Client, artefacts: Path
 ) -> None:

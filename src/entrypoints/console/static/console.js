@@ -325,7 +325,8 @@
       this.stop();
       Object.assign(this, { run, stream, from: cursor, last: cursor, reconnects: 0, gaps: 0 });
       this.active = true;
-      $("follow-title").textContent = `Follow ${stream}`;
+      $("follow-title").textContent = `Live: ${stream}`;
+      $("follow-close").href = `#run=${enc(run)}`;
       $("follow-from").value = String(cursor);
       $("records").replaceChildren();
       this.loop(this.generation);
@@ -560,7 +561,9 @@
     const stream = params.get("stream");
     $("runs-view").hidden = Boolean(run);
     $("run-view").hidden = !run;
+    $("back").hidden = !run;
     $("follow-view").hidden = !(run && stream);
+    $("run-layout").classList.toggle("following", Boolean(run && stream));
     if (!run) {
       leaveRun();
       follow.stop();
@@ -572,6 +575,20 @@
     const from = Math.max(0, Number.parseInt(params.get("from") || "0", 10) || 0);
     if (!follow.active || follow.run !== run || follow.stream !== stream || follow.from !== from) {
       follow.start(run, stream, from);
+      showFollowed(stream);
+    }
+  }
+
+  // The live view where the eye is: on a wide screen it sits beside the cards and stays in sight
+  // (sticky), and the followed card is kept in sight beside it; stacked on a narrow one, it comes
+  // first (after the back link) and is scrolled to, wherever the Follow button that opened it was.
+  function showFollowed(stream) {
+    const view = $("follow-view");
+    if (getComputedStyle(view).position === "sticky") {
+      const card = [...$("streams").children].find((c) => c.dataset.stream === stream);
+      if (card) card.scrollIntoView({ block: "nearest" });
+    } else {
+      $("run-layout").scrollIntoView({ block: "start" }); // the back link, then the view
     }
   }
 
