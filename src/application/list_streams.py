@@ -1,5 +1,5 @@
-"""List a run's streams: those the caller may read and this deployment serves, and not expired.
-Listing is not an access: it keeps no stream alive."""
+"""List a run's streams: those the caller may read and this deployment serves, and not expired,
+a keyset page in ascending stream_id. Listing is not an access: it keeps no stream alive."""
 
 from __future__ import annotations
 
@@ -9,7 +9,17 @@ from application.expiry import AccessLog
 from application.placement import Deployment
 from application.ports import StreamAccess, StreamRepository
 from application.views import StreamList, stream_document
+from domain import errors
 from domain.ids import check_id
+from domain.stream import Stream
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1_000
+# Streams the caller may not see (another principal's, soft-deleted, expired, served elsewhere)
+# are passed over, so one page may read more rows than it answers: at most this many batches of
+# `limit + 1` before it answers what it has, shorter, with `next_after` where it stopped. A
+# listing's cost stays bounded by its limit, however many streams it passes over.
+MAX_BATCHES = 10
 
 
 class ListStreams:
@@ -25,22 +35,62 @@ class ListStreams:
         self._access = access
         self._recorded = recorded
 
-    async def __call__(self, caller: Caller, run_id: str) -> StreamList:
+    async def __call__(
+        self,
+        caller: Caller,
+        run_id: str,
+        after: str | None = None,
+        limit: int = DEFAULT_LIMIT,
+    ) -> StreamList:
         caller.require("streams:read")
-        streams = await self._streams.list_run(caller.tenant, check_id("runID", run_id))
-        streams = [s for s in streams if not s.state.soft_deleted]  # gone but for their forks
-        if not streams:
-            raise NotFound(f"no run {run_id!r}")
+        check_id("runID", run_id)
+        if not 1 <= limit <= MAX_LIMIT:
+            raise errors.InvalidInput(f"limit must be 1 to {MAX_LIMIT}", field="limit")
+        if after is not None:
+            check_id("after", after)
+        page: list[Stream] = []
+        live = False  # the run holds a stream that is not gone (readable by this caller or not)
+        cursor = after
+        for _ in range(MAX_BATCHES):
+            # One more than asked says whether another batch follows.
+            batch = await self._streams.list_run(caller.tenant, run_id, cursor, limit + 1)
+            more = len(batch) > limit
+            batch = batch[:limit]
+            alive = await self._alive(caller.tenant, run_id, batch)
+            live = live or bool(alive)
+            alive_ids = {s.key.stream_id for s in alive}
+            for index, stream in enumerate(batch):
+                if stream.key.stream_id in alive_ids and self._shows(caller, stream):
+                    page.append(stream)
+                    if len(page) == limit:
+                        follows = more or index < len(batch) - 1
+                        return self._answer(page, stream.key.stream_id if follows else None)
+            if not more:
+                gone = not page and not live
+                if gone and (after is None or not await self._exists(caller, run_id)):
+                    raise NotFound(f"no run {run_id!r}")
+                return self._answer(page, None)
+            cursor = batch[-1].key.stream_id
+        return self._answer(page, cursor)  # passed over enough for one page: go on from here
+
+    async def _alive(self, tenant: str, run_id: str, streams: list[Stream]) -> list[Stream]:
+        """Those not gone: neither deleted but for their forks, nor expired."""
+        streams = [s for s in streams if not s.state.soft_deleted]
         if any(s.definition.expiry.enabled for s in streams):
-            recorded = await self._recorded.run_access(caller.tenant, run_id)
+            recorded = await self._recorded.run_access(tenant, run_id)
             streams = self._access.visible(streams, recorded)
-            if not streams:  # every stream of the run expired: the run is gone with them
-                raise NotFound(f"no run {run_id!r}")
-        return StreamList(
-            streams=[
-                stream_document(s)
-                for s in streams
-                if s.definition.authorization.may_read(caller.principal)
-                and self._deployment.serves(s.definition)
-            ]
-        )
+        return streams
+
+    def _shows(self, caller: Caller, stream: Stream) -> bool:
+        return stream.definition.authorization.may_read(
+            caller.principal
+        ) and self._deployment.serves(stream.definition)
+
+    async def _exists(self, caller: Caller, run_id: str) -> bool:
+        """After `after`, nothing: the run exists if it holds a stream that is not gone."""
+        first = await self._streams.list_run(caller.tenant, run_id, None, MAX_LIMIT)
+        return bool(await self._alive(caller.tenant, run_id, first))
+
+    @staticmethod
+    def _answer(page: list[Stream], next_after: str | None) -> StreamList:
+        return StreamList(streams=[stream_document(s) for s in page], next_after=next_after)

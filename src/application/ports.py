@@ -79,7 +79,11 @@ class StreamRepository(Protocol):
 
     async def load(self, key: StreamKey) -> Stream | None: ...
 
-    async def list_run(self, tenant: str, run_id: str) -> list[Stream]: ...
+    async def list_run(
+        self, tenant: str, run_id: str, after: str | None = None, limit: int | None = None
+    ) -> list[Stream]:
+        """The run's streams with stream_id > `after`, ascending, at most `limit` (a keyset page
+        over the key; every one without a limit)."""
 
     async def definition(self, key: StreamKey) -> StreamDefinition | None:
         """The immutable definition (adapters may keep it once seen), or None."""

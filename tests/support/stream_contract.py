@@ -193,6 +193,23 @@ class StreamRepositoryContract:
         assert [s.key.stream_id for s in listed] == ["a", "b"]
         assert await repo.list_run("other-tenant", key.run_id) == []
 
+    async def test_a_run_lists_its_streams_by_keyset_in_ascending_stream_id(self, repo) -> None:
+        key = new_key()
+        for stream_id in ("s-d", "s-b", "s-e", "s-a", "s-c"):
+            await repo.create(key._replace(stream_id=stream_id), definition(stream_id), NOW)
+        await repo.create(key._replace(run_id=key.run_id + "x", stream_id="s-0"), definition(), NOW)
+
+        async def ids(after: str | None, limit: int | None) -> list[str]:
+            listed = await repo.list_run(key.tenant, key.run_id, after, limit)
+            return [s.key.stream_id for s in listed]
+
+        assert await ids(None, 2) == ["s-a", "s-b"]
+        assert await ids("s-b", 2) == ["s-c", "s-d"]
+        assert await ids("s-d", 2) == ["s-e"]
+        assert await ids("s-e", 2) == []
+        assert await ids("s-bb", None) == ["s-c", "s-d", "s-e"]  # after need not be a stream
+        assert await ids(None, None) == ["s-a", "s-b", "s-c", "s-d", "s-e"]
+
     async def test_a_deleted_stream_is_gone_and_its_id_starts_again_from_sequence_1(
         self, repo
     ) -> None:

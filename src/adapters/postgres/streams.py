@@ -215,6 +215,13 @@ SELECT source_stream_id, run_id, stream_id FROM stream_forks
 WHERE tenant = $1 AND source_run_id = $2
 """
 
+# A keyset page over the primary key (tenant, run_id, stream_id): an index range scan that stops
+# after `limit` rows (LIMIT NULL is no limit), whatever the size of the run.
+_RUN_STREAMS = """
+SELECT stream_id, definition, state FROM streams
+WHERE tenant = $1 AND run_id = $2 AND stream_id > $3 ORDER BY stream_id LIMIT $4
+"""
+
 _RUN_LOCK = """
 SELECT stream_id, definition, state FROM streams
 WHERE tenant = $1 AND run_id = $2 ORDER BY stream_id FOR UPDATE
@@ -339,13 +346,10 @@ class PostgresStreams:
             del self._definitions[next(iter(self._definitions))]
         return definition
 
-    async def list_run(self, tenant: str, run_id: str) -> list[Stream]:
-        rows = await self._pool.fetch(
-            "SELECT stream_id, definition, state FROM streams "
-            "WHERE tenant = $1 AND run_id = $2 ORDER BY stream_id",
-            tenant,
-            run_id,
-        )
+    async def list_run(
+        self, tenant: str, run_id: str, after: str | None = None, limit: int | None = None
+    ) -> list[Stream]:
+        rows = await self._pool.fetch(_RUN_STREAMS, tenant, run_id, after or "", limit)
         streams = []
         for r in rows:
             key, state = StreamKey(tenant, run_id, r["stream_id"]), decode_state(r["state"])
