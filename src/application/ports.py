@@ -12,6 +12,7 @@ from application.access import Caller
 from domain.definition import StreamDefinition
 from domain.events import Event
 from domain.objects import ObjectIntent
+from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordKind
 from domain.stream import Stream, StreamKey
 
@@ -31,6 +32,7 @@ class Command(Protocol):
     idempotency: Idempotency | None
     records: Sequence[NewRecord]
     offset_of: int | None  # a sequence whose cumulative end offset `decide` needs
+    producer: ProducerClaim | None  # an idempotent producer's claim: the port loads its state
 
     def decide(self, stream: Stream, offset: int | None) -> list[Event]: ...
 

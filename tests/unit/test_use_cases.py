@@ -97,6 +97,7 @@ async def test_a_cursor_behind_retention_is_gone_with_the_410_fields(app) -> Non
         idempotency = None
         records = ()
         offset_of = None
+        producer = None
 
         def decide(self, st, offset):
             return st.prune(2, 2, "retention", st.state.created_at)
