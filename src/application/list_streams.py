@@ -3,6 +3,8 @@ a keyset page in ascending stream_id. Listing is not an access: it keeps no stre
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from application.access import Caller
 from application.errors import NotFound
 from application.expiry import AccessLog
@@ -49,6 +51,7 @@ class ListStreams:
         if after is not None:
             check_id("after", after)
         page: list[Stream] = []
+        recorded: dict[str, datetime] = {}  # last accesses, read once per request when needed
         live = False  # the run holds a stream that is not gone (readable by this caller or not)
         cursor = after
         for _ in range(MAX_BATCHES):
@@ -56,7 +59,7 @@ class ListStreams:
             batch = await self._streams.list_run(caller.tenant, run_id, cursor, limit + 1)
             more = len(batch) > limit
             batch = batch[:limit]
-            alive = await self._alive(caller.tenant, run_id, batch)
+            alive = await self._alive(caller.tenant, run_id, batch, recorded)
             live = live or bool(alive)
             alive_ids = {s.key.stream_id for s in alive}
             for index, stream in enumerate(batch):
@@ -73,11 +76,15 @@ class ListStreams:
             cursor = batch[-1].key.stream_id
         return self._answer(page, cursor)  # passed over enough for one page: go on from here
 
-    async def _alive(self, tenant: str, run_id: str, streams: list[Stream]) -> list[Stream]:
-        """Those not gone: neither deleted but for their forks, nor expired."""
+    async def _alive(
+        self, tenant: str, run_id: str, streams: list[Stream], recorded: dict[str, datetime]
+    ) -> list[Stream]:
+        """Those not gone: neither deleted but for their forks, nor expired. `recorded`: the
+        run's last accesses, filled at the first stream with an expiry."""
         streams = [s for s in streams if not s.state.soft_deleted]
         if any(s.definition.expiry.enabled for s in streams):
-            recorded = await self._recorded.run_access(tenant, run_id)
+            if not recorded:
+                recorded.update(await self._recorded.run_access(tenant, run_id))
             streams = self._access.visible(streams, recorded)
         return streams
 
@@ -89,7 +96,7 @@ class ListStreams:
     async def _exists(self, caller: Caller, run_id: str) -> bool:
         """After `after`, nothing: the run exists if it holds a stream that is not gone."""
         first = await self._streams.list_run(caller.tenant, run_id, None, MAX_LIMIT)
-        return bool(await self._alive(caller.tenant, run_id, first))
+        return bool(await self._alive(caller.tenant, run_id, first, {}))
 
     @staticmethod
     def _answer(page: list[Stream], next_after: str | None) -> StreamList:
