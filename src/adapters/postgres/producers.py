@@ -70,7 +70,9 @@ async def producers_for(
     producer could pass the bound, and how many producers that leaves unloaded. One statement
     when every producer named is known (a producer's every append but its first); a new one
     also counts the stream's producers (an index-only count of at most `MAX_PRODUCERS` rows)."""
-    named = sorted({c.producer.producer_id for c in commands if c.producer is not None})
+    # getattr: a command class written before `Command.producer` existed names no producer.
+    claims = [getattr(c, "producer", None) for c in commands]
+    named = sorted({claim.producer_id for claim in claims if claim is not None})
     if not named:
         return {}, 0  # no claim: no producer is looked at, none is added or forgotten
     loaded = _producers(await conn.fetch(_NAMED, *key, named))
