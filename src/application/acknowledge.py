@@ -19,6 +19,7 @@ from domain.stream import Stream
 class AckCommand:
     idempotency: Idempotency | None = None
     records = ()
+    producer = None
 
     def __init__(self, caller: Caller, consumer_id: str, sequence: int, now: datetime) -> None:
         self.caller = caller

@@ -28,6 +28,7 @@ _T = TypeVar("_T")
 
 class AppendCommand:
     offset_of = None
+    producer = None
 
     def __init__(
         self,

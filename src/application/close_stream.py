@@ -17,6 +17,7 @@ class CloseCommand:
     idempotency: Idempotency | None = None
     records = ()
     offset_of = None
+    producer = None
 
     def __init__(self, caller: Caller, now: datetime) -> None:
         self.caller = caller

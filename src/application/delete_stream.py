@@ -22,6 +22,7 @@ class DeleteCommand:
     idempotency: Idempotency | None = None
     records = ()
     offset_of = None
+    producer = None
 
     def __init__(self, now: datetime) -> None:
         self.now = now

@@ -265,6 +265,7 @@ class ExpireCommand:
     idempotency: Idempotency | None = None
     records = ()
     offset_of = None
+    producer = None
 
     def __init__(self, now: datetime, last_access: datetime | None, grace: timedelta) -> None:
         self.now = now

@@ -1,7 +1,9 @@
-"""List a run's streams: those the caller may read and this deployment serves, and not expired.
-Listing is not an access: it keeps no stream alive."""
+"""List a run's streams: those the caller may read and this deployment serves, and not expired,
+a keyset page in ascending stream_id. Listing is not an access: it keeps no stream alive."""
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from application.access import Caller
 from application.definitions import sources_within
@@ -10,6 +12,17 @@ from application.expiry import AccessLog
 from application.placement import Deployment
 from application.ports import StreamAccess, StreamRepository
 from application.views import StreamList, stream_document
+from domain import errors
+from domain.ids import check_id
+from domain.stream import Stream
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1_000
+# Streams the caller may not see (another principal's, soft-deleted, expired, served elsewhere)
+# are passed over, so one page may read more rows than it answers: at most this many batches of
+# `limit + 1` before it answers what it has, shorter, with `next_after` where it stopped. A
+# listing's cost stays bounded by its limit, however many streams it passes over.
+MAX_BATCHES = 10
 
 
 class ListStreams:
@@ -25,33 +38,73 @@ class ListStreams:
         self._access = access
         self._recorded = recorded
 
-    async def __call__(self, caller: Caller, run_id: str) -> StreamList:
+    async def __call__(
+        self,
+        caller: Caller,
+        run_id: str,
+        after: str | None = None,
+        limit: int = DEFAULT_LIMIT,
+    ) -> StreamList:
         caller.require("streams:read")
-        streams = await self._streams.list_run(caller.tenant, caller.run(run_id))
-        streams = [s for s in streams if not s.state.soft_deleted]  # gone but for their forks
-        if caller.runs is not None:  # a fork that reads a run the caller cannot see: not there
-            streams = [
-                s
-                for s in streams
-                if await sources_within(
-                    self._streams,
-                    caller.key(run_id, s.definition.stream_id),
-                    s.definition,
-                    caller.runs,
-                )
-            ]
-        if not streams:
-            raise NotFound(f"no run {run_id!r}")
+        run_id = caller.run(run_id)  # a run outside a run-restricted caller's runs: not found
+        if not 1 <= limit <= MAX_LIMIT:
+            raise errors.InvalidInput(f"limit must be 1 to {MAX_LIMIT}", field="limit")
+        if after is not None:
+            check_id("after", after)
+        page: list[Stream] = []
+        recorded: dict[str, datetime] = {}  # last accesses, read once per request when needed
+        live = False  # the run holds a stream that is not gone (readable by this caller or not)
+        cursor = after
+        for _ in range(MAX_BATCHES):
+            # One more than asked says whether another batch follows.
+            batch = await self._streams.list_run(caller.tenant, run_id, cursor, limit + 1)
+            more = len(batch) > limit
+            batch = batch[:limit]
+            alive = await self._alive(caller.tenant, run_id, batch, recorded)
+            live = live or bool(alive)
+            alive_ids = {s.key.stream_id for s in alive}
+            for index, stream in enumerate(batch):
+                if stream.key.stream_id in alive_ids and await self._shows(caller, stream):
+                    page.append(stream)
+                    if len(page) == limit:
+                        follows = more or index < len(batch) - 1
+                        return self._answer(page, stream.key.stream_id if follows else None)
+            if not more:
+                gone = not page and not live
+                if gone and (after is None or not await self._exists(caller, run_id)):
+                    raise NotFound(f"no run {run_id!r}")
+                return self._answer(page, None)
+            cursor = batch[-1].key.stream_id
+        return self._answer(page, cursor)  # passed over enough for one page: go on from here
+
+    async def _alive(
+        self, tenant: str, run_id: str, streams: list[Stream], recorded: dict[str, datetime]
+    ) -> list[Stream]:
+        """Those not gone: neither deleted but for their forks, nor expired. `recorded`: the
+        run's last accesses, filled at the first stream with an expiry."""
+        streams = [s for s in streams if not s.state.soft_deleted]
         if any(s.definition.expiry.enabled for s in streams):
-            recorded = await self._recorded.run_access(caller.tenant, run_id)
+            if not recorded:
+                recorded.update(await self._recorded.run_access(tenant, run_id))
             streams = self._access.visible(streams, recorded)
-            if not streams:  # every stream of the run expired: the run is gone with them
-                raise NotFound(f"no run {run_id!r}")
-        return StreamList(
-            streams=[
-                stream_document(s)
-                for s in streams
-                if s.definition.authorization.may_read(caller.principal)
-                and self._deployment.serves(s.definition)
-            ]
+        return streams
+
+    async def _shows(self, caller: Caller, stream: Stream) -> bool:
+        if not (
+            stream.definition.authorization.may_read(caller.principal)
+            and self._deployment.serves(stream.definition)
+        ):
+            return False
+        # A fork that reads a run a run-restricted caller cannot see: not there for it.
+        return caller.runs is None or await sources_within(
+            self._streams, stream.key, stream.definition, caller.runs
         )
+
+    async def _exists(self, caller: Caller, run_id: str) -> bool:
+        """After `after`, nothing: the run exists if it holds a stream that is not gone."""
+        first = await self._streams.list_run(caller.tenant, run_id, None, MAX_LIMIT)
+        return bool(await self._alive(caller.tenant, run_id, first, {}))
+
+    @staticmethod
+    def _answer(page: list[Stream], next_after: str | None) -> StreamList:
+        return StreamList(streams=[stream_document(s) for s in page], next_after=next_after)

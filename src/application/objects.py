@@ -125,6 +125,7 @@ class _ObjectCommand:
     idempotency: Idempotency | None = None
     records: tuple[NewRecord, ...] = ()
     offset_of = None
+    producer = None
 
     def answer(self, stream: Stream, events: list[Event]) -> object:
         return None

@@ -12,6 +12,7 @@ from application.access import Caller
 from domain.definition import StreamDefinition
 from domain.events import Event
 from domain.objects import ObjectIntent
+from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordKind
 from domain.stream import Stream, StreamKey
 
@@ -31,6 +32,7 @@ class Command(Protocol):
     idempotency: Idempotency | None
     records: Sequence[NewRecord]
     offset_of: int | None  # a sequence whose cumulative end offset `decide` needs
+    producer: ProducerClaim | None  # an idempotent producer's claim: the port loads its state
 
     def decide(self, stream: Stream, offset: int | None) -> list[Event]: ...
 
@@ -79,7 +81,11 @@ class StreamRepository(Protocol):
 
     async def load(self, key: StreamKey) -> Stream | None: ...
 
-    async def list_run(self, tenant: str, run_id: str) -> list[Stream]: ...
+    async def list_run(
+        self, tenant: str, run_id: str, after: str | None = None, limit: int | None = None
+    ) -> list[Stream]:
+        """The run's streams with stream_id > `after`, ascending, at most `limit` (a keyset page
+        over the key; every one without a limit)."""
 
     async def definition(self, key: StreamKey) -> StreamDefinition | None:
         """The immutable definition (adapters may keep it once seen), or None."""

@@ -39,6 +39,7 @@ def expired_prefix(after: int, rows: Sequence[tuple[int, datetime]], cutoff: dat
 class PruneCommand:
     idempotency: Idempotency | None = None
     records = ()
+    producer = None
 
     def __init__(self, through: int, reason: str, now: datetime) -> None:
         self.through = through

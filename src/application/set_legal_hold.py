@@ -19,6 +19,7 @@ class LegalHoldCommand:
     idempotency: Idempotency | None = None
     records = ()
     offset_of = None
+    producer = None
 
     def __init__(self, enabled: bool, reason: str | None, now: datetime) -> None:
         self.enabled = enabled

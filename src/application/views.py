@@ -133,6 +133,7 @@ def stream_document(
 
 class StreamList(msgspec.Struct, frozen=True):
     streams: list[StreamDocument]
+    next_after: str | None = None  # the last stream_id answered, or null when no stream follows
 
 
 class AppendAnswer(msgspec.Struct, frozen=True):

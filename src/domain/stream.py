@@ -48,9 +48,15 @@ class Stream:
     `forked` and `pinned_through` are facts the port reads under the row lock, not state:
     whether forks still reference this stream's records (it turns a delete or an expiry into a
     soft delete), and the highest sequence one of them inherits (0: none), which retention
-    never prunes."""
+    never prunes.
 
-    __slots__ = ("definition", "forked", "key", "pinned_through", "state")
+    `unloaded_producers`: how many of the stream's producers the port left out of
+    `state.producers`. A port that keeps producers apart from the state loads only those a
+    decision needs (the ones its commands name, and, when a new one would pass
+    `MAX_PRODUCERS`, the least recent), so an append costs the same however many producers
+    the stream has; the rest still count against the bound."""
+
+    __slots__ = ("definition", "forked", "key", "pinned_through", "state", "unloaded_producers")
 
     def __init__(
         self,
@@ -60,12 +66,14 @@ class Stream:
         *,
         forked: bool = False,
         pinned_through: int = 0,
+        unloaded_producers: int = 0,
     ) -> None:
         self.key = key
         self.definition = definition
         self.state = state
         self.forked = forked
         self.pinned_through = pinned_through
+        self.unloaded_producers = unloaded_producers
 
     # -- creation -------------------------------------------------------------------------------
 
@@ -531,7 +539,7 @@ class Stream:
                 s.total_items += items
                 s.total_bytes += event.bytes
                 if event.producer is not None:
-                    _accept(s, event.producer, event.at)
+                    self._accept(event.producer, event.at)
                 if event.writer_seq is not None:
                     s.writer_seq = event.writer_seq
             case ev.ConsumerAcknowledged():
@@ -545,7 +553,7 @@ class Stream:
                 s.closed = True
                 s.closed_at = event.at
                 if event.producer is not None:
-                    _accept(s, event.producer, event.at)
+                    self._accept(event.producer, event.at)
                     s.closed_by = event.producer
                 if event.writer_seq is not None:
                     s.writer_seq = event.writer_seq
@@ -572,15 +580,19 @@ class Stream:
                 raise TypeError(f"unknown event {type(event).__name__}")
         s.version = event.version
 
-
-def _accept(s: StreamState, claim: ProducerClaim, at: datetime) -> None:
-    """Remember an accepted claim. A new producer past `MAX_PRODUCERS` makes the stream forget
-    the one that wrote least recently (the first of them, in the state's order, on a tie), so
-    replay forgets the same one."""
-    producers = s.producers
-    if claim.producer_id not in producers and len(producers) >= MAX_PRODUCERS:
-        del producers[min(producers, key=lambda p: producers[p].updated_at)]
-    producers[claim.producer_id] = Producer(epoch=claim.epoch, last_seq=claim.seq, updated_at=at)
+    def _accept(self, claim: ProducerClaim, at: datetime) -> None:
+        """Remember an accepted claim. A new producer past `MAX_PRODUCERS` makes the stream
+        forget the one that wrote least recently (on a tie, the lowest producer ID), so replay
+        forgets the same one, and a port that loaded only the least recent ones finds it."""
+        producers = self.state.producers
+        if (
+            claim.producer_id not in producers
+            and len(producers) + self.unloaded_producers >= MAX_PRODUCERS
+        ):
+            del producers[min(producers, key=lambda p: (producers[p].updated_at, p))]
+        producers[claim.producer_id] = Producer(
+            epoch=claim.epoch, last_seq=claim.seq, updated_at=at
+        )
 
 
 _definition_encoder = msgspec.json.Encoder()

@@ -460,8 +460,11 @@ def get_stream(run_id: str, stream_id: str) -> Flow[models.StreamDocument]:
     return one(Call("GET", stream_path(run_id, stream_id), models.StreamDocument))
 
 
-def list_streams(run_id: str) -> Flow[models.StreamList]:
-    return one(Call("GET", stream_path(run_id), models.StreamList))
+def list_streams(run_id: str, after: str | None, limit: int) -> Flow[models.StreamList]:
+    params: dict[str, Any] = {"limit": limit}
+    if after is not None:
+        params["after"] = after
+    return one(Call("GET", stream_path(run_id), models.StreamList, params=params))
 
 
 def close(run_id: str, stream_id: str) -> Flow[models.StreamDocument]:

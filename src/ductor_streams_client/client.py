@@ -170,9 +170,26 @@ class StreamsClient:
         """The stream document: its definition, `run_id`, `created_at` and `state`."""
         return await self._run(core.get_stream(run_id, stream_id))
 
-    async def list_streams(self, run_id: str) -> models.StreamList:
-        """The run's streams that the caller may read (`NotFound` when it has none)."""
-        return await self._run(core.list_streams(run_id))
+    async def list_streams(
+        self, run_id: str, *, after: str | None = None, limit: int = 100
+    ) -> models.StreamList:
+        """One page of the run's streams that the caller may read, ascending by ID: those after
+        `after`, at most `limit` (1 to 1,000); `page.next_after` is the next `after`
+        (`NotFound` when the run has no stream)."""
+        return await self._run(core.list_streams(run_id, after, limit))
+
+    async def iter_streams(
+        self, run_id: str, *, page_size: int = 100
+    ) -> AsyncGenerator[models.StreamDocument, None]:
+        """Every stream of the run that the caller may read, page after page."""
+        after = None
+        while True:
+            page = await self.list_streams(run_id, after=after, limit=page_size)
+            for stream in page.streams:
+                yield stream
+            if page.next_after is None:
+                return
+            after = page.next_after
 
     async def close_stream(self, run_id: str, stream_id: str) -> models.StreamDocument:
         """Close the stream (a no-op when already closed); answers the stream document."""

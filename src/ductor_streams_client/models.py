@@ -199,9 +199,11 @@ class StreamDocument(_Answer):
 
 
 class StreamList(_Answer):
-    """A run's streams that the caller may read."""
+    """One page of a run's streams that the caller may read, ascending by `stream_id`;
+    `next_after` is the `after` of the next page (None: this is the last)."""
 
     streams: tuple[StreamDocument, ...]
+    next_after: str | None = None
 
 
 class RunSummary(_Answer):

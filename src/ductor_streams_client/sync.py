@@ -152,9 +152,23 @@ class SyncStreamsClient:
         """The stream document."""
         return self._run(core.get_stream(run_id, stream_id))
 
-    def list_streams(self, run_id: str) -> models.StreamList:
-        """The run's streams that the caller may read."""
-        return self._run(core.list_streams(run_id))
+    def list_streams(
+        self, run_id: str, *, after: str | None = None, limit: int = 100
+    ) -> models.StreamList:
+        """One page of the run's streams; see `StreamsClient.list_streams`."""
+        return self._run(core.list_streams(run_id, after, limit))
+
+    def iter_streams(
+        self, run_id: str, *, page_size: int = 100
+    ) -> Generator[models.StreamDocument, None, None]:
+        """Every stream of the run that the caller may read, page after page."""
+        after = None
+        while True:
+            page = self.list_streams(run_id, after=after, limit=page_size)
+            yield from page.streams
+            if page.next_after is None:
+                return
+            after = page.next_after
 
     def close_stream(self, run_id: str, stream_id: str) -> models.StreamDocument:
         """Close the stream (a no-op when already closed)."""

@@ -418,6 +418,33 @@ def test_following_survives_a_server_restart_without_gap_or_duplicate(
     page.screenshot(path=artefacts / "console-after-restart.png")
 
 
+def test_a_run_of_many_streams_is_shown_a_page_at_a_time(
+    page: Page, console_server: ServerProcess, api: httpx.Client
+) -> None:
+    run = "wide-" + secrets.token_hex(3)
+    for n in range(55):
+        created(
+            api.post(
+                f"/runs/{run}/streams", json={"stream_id": f"s-{n:02d}", "direction": "output"}
+            )
+        )
+    listings: list[str] = []
+    page.on(
+        "request", lambda r: listings.append(r.url) if f"/runs/{run}/streams" in r.url else None
+    )
+    open_console(page, console_server)
+    page.goto(f"{console_server.base_url}/console#run={run}")
+    expect(page.locator("article.stream")).to_have_count(50, timeout=WAIT_MS)
+    more = page.get_by_role("button", name="More streams")
+    expect(more).to_be_visible()
+    assert all("limit=50" in url for url in listings), listings
+    more.click()
+    expect(page.locator("article.stream")).to_have_count(55, timeout=WAIT_MS)
+    expect(page.locator('[data-stream="s-54"]')).to_be_visible()
+    expect(more).to_be_hidden()
+    assert any("after=s-49" in url for url in listings), listings
+
+
 def test_problems_are_shown_and_401_asks_for_a_token(
     page: Page, console_server: ServerProcess, artefacts: Path
 ) -> None:

@@ -103,6 +103,15 @@ async def test_the_full_flow(server: ServerProcess, run_id: str, tmp_path: Path)
         assert (await client.get_stream(run_id, "s")).run_id == run_id
         listed = await client.list_streams(run_id)
         assert isinstance(listed, StreamList) and [d.stream_id for d in listed.streams] == ["s"]
+        assert listed.next_after is None
+        await client.create_stream(run_id, stream_id="t")
+        one = await client.list_streams(run_id, limit=1)
+        assert [d.stream_id for d in one.streams] == ["s"] and one.next_after == "s"
+        after = await client.list_streams(run_id, after="s")
+        assert [d.stream_id for d in after.streams] == ["t"] and after.next_after is None
+        paged = [d.stream_id async for d in client.iter_streams(run_id, page_size=1)]
+        assert paged == ["s", "t"]
+        await client.delete_stream(run_id, "t")
 
         answer = await client.append(run_id, "s", [{"n": 1}, "two", b"\x00\x01raw"])
         assert isinstance(answer, AppendAnswer)

@@ -119,6 +119,12 @@ def test_every_method_of_the_sync_client_answers_typed(
     listed = client.list_streams(run_id)
     assert isinstance(listed, StreamList)
     assert sorted(d.stream_id for d in listed.streams) == sorted(["s", made_up.stream_id])
+    one = client.list_streams(run_id, limit=1)
+    assert len(one.streams) == 1 and one.next_after == one.streams[0].stream_id
+    rest = client.list_streams(run_id, after=one.next_after, limit=1)
+    assert len(rest.streams) == 1 and rest.next_after is None
+    paged = [d.stream_id for d in client.iter_streams(run_id, page_size=1)]
+    assert paged == sorted(["s", made_up.stream_id])
 
     answer = client.append(run_id, "s", [{"n": 1}, b"\x00raw", None])
     assert isinstance(answer, AppendAnswer) and (answer.first_sequence, answer.head) == (1, 3)

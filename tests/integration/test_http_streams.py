@@ -244,6 +244,70 @@ async def test_list_returns_the_runs_streams(api: httpx.AsyncClient, run_id: str
 
 async def test_list_of_an_unknown_run_is_404(api: httpx.AsyncClient, run_id: str) -> None:
     assert_problem(await api.get(f"/runs/{run_id}/streams"), 404, "not-found")
+    assert_problem(await api.get(f"/runs/{run_id}/streams?after=a"), 404, "not-found")
+
+
+async def listing(api: httpx.AsyncClient, run_id: str, **params: Any) -> dict[str, Any]:
+    response = await api.get(f"/runs/{run_id}/streams", params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_the_stream_listing_is_paged_by_stream_id_with_next_after(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    ids = [f"s-{n:03d}" for n in range(7)]
+    for stream_id in reversed(ids):
+        await create(api, run_id, stream_id=stream_id)
+    first = await listing(api, run_id, limit=3)
+    assert [d["stream_id"] for d in first["streams"]] == ids[:3]
+    assert first["next_after"] == "s-002"
+    second = await listing(api, run_id, limit=3, after=first["next_after"])
+    assert [d["stream_id"] for d in second["streams"]] == ids[3:6]
+    last = await listing(api, run_id, limit=3, after=second["next_after"])
+    assert [d["stream_id"] for d in last["streams"]] == ids[6:]
+    assert last["next_after"] is None
+    exact = await listing(api, run_id, limit=7)
+    assert len(exact["streams"]) == 7 and exact["next_after"] is None
+    assert (await listing(api, run_id, after="s-006")) == {"streams": [], "next_after": None}
+    whole = await listing(api, run_id)
+    assert [d["stream_id"] for d in whole["streams"]] == ids and whole["next_after"] is None
+    for bad in ({"limit": 0}, {"limit": 1001}, {"limit": "x"}, {"after": "no/such id"}):
+        assert_problem(await api.get(f"/runs/{run_id}/streams", params=bad), 400, "invalid-input")
+
+
+async def test_the_default_stream_page_holds_100_and_says_where_to_go_on(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    ids = [f"s-{n:03d}" for n in range(105)]
+    for stream_id in ids:
+        await create(api, run_id, stream_id=stream_id)
+    first = await listing(api, run_id)
+    assert [d["stream_id"] for d in first["streams"]] == ids[:100]
+    assert first["next_after"] == "s-099"
+    rest = await listing(api, run_id, after=first["next_after"])
+    assert [d["stream_id"] for d in rest["streams"]] == ids[100:]
+    assert rest["next_after"] is None
+    assert len((await listing(api, run_id, limit=1000))["streams"]) == 105
+
+
+async def test_streams_the_caller_may_not_read_are_passed_over_without_short_pages(
+    server: Any, tokens: Any, api: httpx.AsyncClient, run_id: str
+) -> None:
+    from tests.conftest import api_client
+
+    hidden = {"readers": ["someone-else"], "writers": ["*"]}
+    for n in range(9):
+        pinned = {"authorization": hidden} if n % 3 else {}
+        await create(api, run_id, stream_id=f"s-{n}", **pinned)
+    reader = await tokens.create(principal="reader")
+    async with api_client(server, reader) as client:
+        first = await listing(client, run_id, limit=2)
+        assert [d["stream_id"] for d in first["streams"]] == ["s-0", "s-3"]
+        assert first["next_after"] == "s-3"
+        rest = await listing(client, run_id, limit=2, after="s-3")
+        assert [d["stream_id"] for d in rest["streams"]] == ["s-6"]
+        assert rest["next_after"] is None
 
 
 # -- get ------------------------------------------------------------------------------------------

@@ -193,6 +193,23 @@ class StreamRepositoryContract:
         assert [s.key.stream_id for s in listed] == ["a", "b"]
         assert await repo.list_run("other-tenant", key.run_id) == []
 
+    async def test_a_run_lists_its_streams_by_keyset_in_ascending_stream_id(self, repo) -> None:
+        key = new_key()
+        for stream_id in ("s-d", "s-b", "s-e", "s-a", "s-c"):
+            await repo.create(key._replace(stream_id=stream_id), definition(stream_id), NOW)
+        await repo.create(key._replace(run_id=key.run_id + "x", stream_id="s-0"), definition(), NOW)
+
+        async def ids(after: str | None, limit: int | None) -> list[str]:
+            listed = await repo.list_run(key.tenant, key.run_id, after, limit)
+            return [s.key.stream_id for s in listed]
+
+        assert await ids(None, 2) == ["s-a", "s-b"]
+        assert await ids("s-b", 2) == ["s-c", "s-d"]
+        assert await ids("s-d", 2) == ["s-e"]
+        assert await ids("s-e", 2) == []
+        assert await ids("s-bb", None) == ["s-c", "s-d", "s-e"]  # after need not be a stream
+        assert await ids(None, None) == ["s-a", "s-b", "s-c", "s-d", "s-e"]
+
     async def test_a_deleted_stream_is_gone_and_its_id_starts_again_from_sequence_1(
         self, repo
     ) -> None:
@@ -1057,3 +1074,55 @@ class DurableStreamsContract:
         assert (stored.state.producers["q"].epoch, stored.state.writer_seq) == (0, "9")
         [duplicate] = await repo.update(key, [produce(producer=claim(3))])
         assert duplicate.answer.duplicate
+
+    async def test_a_snapshot_carries_every_producer_not_only_those_of_its_group(
+        self, snapshotting_repo, compact
+    ) -> None:
+        repo, key = snapshotting_repo, new_key()
+        await repo.create(key, definition(), NOW)
+        for producer_id in ("a", "b", "c"):
+            await repo.update(key, [produce(producer=claim(0, producer_id=producer_id))])
+        for _ in range(2 * SNAPSHOT_EVERY):  # snapshots taken by appends that name no producer
+            await repo.update(key, [append()])
+        await repo.update(key, [produce(producer=claim(1, producer_id="b"))])
+        await compact(repo, key)
+        journal = await repo.journal(key)
+        assert isinstance(journal[0], ev.StreamSnapshotted)
+        assert set(journal[0].state.producers) == {"a", "b", "c"}
+        stored = await repo.load(key)
+        assert Stream.replay(key, journal).state == stored.state
+        assert {p: v.last_seq for p, v in stored.state.producers.items()} == {
+            "a": 0,
+            "b": 1,
+            "c": 0,
+        }
+        [again] = await repo.update(key, [produce(producer=claim(0, producer_id="c"))])
+        assert again.answer.duplicate  # c is remembered, though no group named it since
+
+    async def test_past_the_bound_the_least_recent_producer_is_forgotten(
+        self, repo, monkeypatch
+    ) -> None:
+        for where in ("domain.stream.MAX_PRODUCERS", "adapters.postgres.producers.MAX_PRODUCERS"):
+            monkeypatch.setattr(where, 3)
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+
+        def at(seconds: int, seq: int, producer_id: str) -> ProduceCommand:
+            command = produce(producer=claim(seq, producer_id=producer_id))
+            command.now = NOW + timedelta(seconds=seconds)
+            return command
+
+        for n, producer_id in enumerate(("a", "b", "c")):
+            await repo.update(key, [at(n, 0, producer_id)])
+        # a writes again (so b is now the least recent) and d is new, in one group.
+        await repo.update(key, [at(5, 1, "a"), at(6, 0, "d")])
+        stored = await repo.load(key)
+        assert sorted(stored.state.producers) == ["a", "c", "d"]
+        [gap] = await repo.update(key, [at(7, 1, "b")])  # b was forgotten: new again
+        assert isinstance(gap, Failed) and isinstance(gap.error, errors.ProducerSequenceGap)
+        # Tied at the same instant, the lowest producer ID goes first.
+        await repo.update(key, [at(8, 0, "z"), at(8, 0, "y"), at(8, 0, "x")])
+        await repo.update(key, [at(9, 0, "w")])
+        stored = await repo.load(key)
+        assert sorted(stored.state.producers) == ["w", "y", "z"]
+        assert Stream.replay(key, await repo.journal(key)).state == stored.state

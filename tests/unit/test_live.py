@@ -35,6 +35,7 @@ class Prune:
     idempotency = None
     records = ()
     offset_of = None
+    producer = None
 
     def __init__(self, through: int, pruned_bytes: int) -> None:
         self.through, self.pruned_bytes = through, pruned_bytes

@@ -97,6 +97,7 @@ async def test_a_cursor_behind_retention_is_gone_with_the_410_fields(app) -> Non
         idempotency = None
         records = ()
         offset_of = None
+        producer = None
 
         def decide(self, st, offset):
             return st.prune(2, 2, "retention", st.state.created_at)
@@ -201,3 +202,24 @@ async def test_checking_a_subscription_takes_no_slot_but_is_refused_at_the_cap()
         await s.subscribe.check(ALICE, "r", "x", 0)
     finally:
         await stop(container)
+
+
+async def test_a_stream_page_passes_over_a_bounded_number_of_unreadable_streams(app) -> None:
+    from application.list_streams import MAX_BATCHES
+
+    _, s = app
+    hidden = b',"authorization":{"readers":["alice"]}'
+    for n in range(MAX_BATCHES * 2 + 1):  # limit 1: a batch is two streams, the last one seen
+        body = b'{"direction":"output","stream_id":"s-%03d"%s}' % (n, hidden if n else b"")
+        await s.create_stream(ALICE, "r", request(body))
+    first = await s.list_streams(BOB, "r", None, 1)
+    assert [d.stream_id for d in first.streams] == ["s-000"] and first.next_after == "s-000"
+    # Nothing bob may read in the next MAX_BATCHES batches: a short page, and where it stopped.
+    passed = await s.list_streams(BOB, "r", "s-000", 1)
+    assert passed.streams == [] and passed.next_after == f"s-{MAX_BATCHES:03d}"
+    rest = await s.list_streams(BOB, "r", passed.next_after, 1)
+    assert rest.streams == [] and rest.next_after is None
+    everything = await s.list_streams(ALICE, "r", None, 1000)
+    assert len(everything.streams) == MAX_BATCHES * 2 + 1 and everything.next_after is None
+    with pytest.raises(errors.InvalidInput):
+        await s.list_streams(ALICE, "r", None, 1001)

@@ -4,6 +4,7 @@ nothing outside the port can change state behind its back."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -152,12 +153,16 @@ class MemoryStreams:
         row = self._rows.get(key)
         return None if row is None else self._stream(key, row)
 
-    async def list_run(self, tenant: str, run_id: str) -> list[Stream]:
-        return [
-            self._stream(k, row)
-            for k, row in sorted(self._rows.items(), key=lambda kv: kv[0].stream_id)
-            if k.tenant == tenant and k.run_id == run_id
-        ]
+    async def list_run(
+        self, tenant: str, run_id: str, after: str | None = None, limit: int | None = None
+    ) -> list[Stream]:
+        keys = sorted(
+            (k for k in self._rows if k.tenant == tenant and k.run_id == run_id),
+            key=lambda k: k.stream_id,
+        )
+        if after is not None:
+            keys = keys[bisect.bisect_right([k.stream_id for k in keys], after) :]
+        return [self._stream(k, self._rows[k]) for k in keys[:limit]]
 
     async def definition(self, key: StreamKey) -> StreamDefinition | None:
         row = self._rows.get(key)

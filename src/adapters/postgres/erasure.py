@@ -26,6 +26,7 @@ ERASED_TABLES: tuple[str, ...] = (
     "stream_records",
     "append_receipts",
     "stream_consumers",
+    "stream_producers",  # idempotent producers (migration 0491; also a cascading foreign key)
     "input_deliveries",
     "object_intents",
     "retention_jobs",

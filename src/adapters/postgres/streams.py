@@ -15,11 +15,13 @@ from datetime import UTC, datetime, timedelta
 from itertools import islice
 
 import asyncpg
+import msgspec
 
 from adapters.postgres.cleanup import aged_rows, delete_in_batches
 from adapters.postgres.erasure import WAKE_CHANNEL, erase
 from adapters.postgres.intents import project_objects, read_expired_intents, read_intent
 from adapters.postgres.journal import read_journal, schedule_compaction
+from adapters.postgres.producers import all_producers, producers_for, write_producers
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
 from application.fork_reads import ForkLink, check_fork_source, kept_by_forks, stitch
@@ -38,6 +40,7 @@ from domain.events import (
 )
 from domain.objects import ObjectIntent
 from domain.records import RecordKind
+from domain.state import Producer
 from domain.stream import (
     Stream,
     StreamKey,
@@ -215,6 +218,13 @@ SELECT source_stream_id, run_id, stream_id FROM stream_forks
 WHERE tenant = $1 AND source_run_id = $2
 """
 
+# A keyset page over the primary key (tenant, run_id, stream_id): an index range scan that stops
+# after `limit` rows (LIMIT NULL is no limit), whatever the size of the run.
+_RUN_STREAMS = """
+SELECT stream_id, definition, state FROM streams
+WHERE tenant = $1 AND run_id = $2 AND stream_id > $3 ORDER BY stream_id LIMIT $4
+"""
+
 _RUN_LOCK = """
 SELECT stream_id, definition, state FROM streams
 WHERE tenant = $1 AND run_id = $2 ORDER BY stream_id FOR UPDATE
@@ -318,10 +328,17 @@ class PostgresStreams:
         return True
 
     async def load(self, key: StreamKey) -> Stream | None:
-        row = await self._pool.fetchrow(f"SELECT definition, state FROM streams WHERE {_KEY}", *key)
-        if row is None:
-            return None
-        state = decode_state(row["state"])
+        """The whole stream, its producers included (from their own rows, in the same snapshot:
+        repeatable read makes the two statements one)."""
+        async with (
+            self._pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            row = await conn.fetchrow(f"SELECT definition, state FROM streams WHERE {_KEY}", *key)
+            if row is None:
+                return None
+            state = decode_state(row["state"])
+            state.producers = await all_producers(conn, key)
         return Stream(key, self._definition(key, state, row["definition"]), state)
 
     def _definition(
@@ -339,13 +356,10 @@ class PostgresStreams:
             del self._definitions[next(iter(self._definitions))]
         return definition
 
-    async def list_run(self, tenant: str, run_id: str) -> list[Stream]:
-        rows = await self._pool.fetch(
-            "SELECT stream_id, definition, state FROM streams "
-            "WHERE tenant = $1 AND run_id = $2 ORDER BY stream_id",
-            tenant,
-            run_id,
-        )
+    async def list_run(
+        self, tenant: str, run_id: str, after: str | None = None, limit: int | None = None
+    ) -> list[Stream]:
+        rows = await self._pool.fetch(_RUN_STREAMS, tenant, run_id, after or "", limit)
         streams = []
         for r in rows:
             key, state = StreamKey(tenant, run_id, r["stream_id"]), decode_state(r["state"])
@@ -383,7 +397,15 @@ class PostgresStreams:
             if payload is None and (known is None or known[0] != state.created_at):
                 # Evicted meanwhile, or kept for a deleted stream of the same ID.
                 payload = await conn.fetchval(f"SELECT definition FROM streams WHERE {_KEY}", *key)
-            stream = Stream(key, self._definition(key, state, payload), state)
+            # Only the producers this group names (and, near the bound, the least recent).
+            producers, unloaded = await producers_for(conn, key, commands)
+            state.producers = dict(producers)
+            stream = Stream(
+                key,
+                self._definition(key, state, payload),
+                state,
+                unloaded_producers=unloaded,
+            )
             receipts: dict[str, Receipt] = {}
             if keys := [c.idempotency.key for c in commands if c.idempotency is not None]:
                 for r in await conn.fetch(_RECEIPTS, *key, keys):
@@ -401,12 +423,15 @@ class PostgresStreams:
                     # Forks still read it: decided again knowing that (a delete is a soft
                     # delete; retention keeps what they inherit), from the state as locked.
                     # Only a delete, an expiry or a prune pays this query.
+                    state = decode_state(row[0])
+                    state.producers = dict(producers)
                     stream = Stream(
                         key,
                         stream.definition,
-                        decode_state(row[0]),
+                        state,
                         forked=True,
                         pinned_through=pinned_through,
+                        unloaded_producers=unloaded,
                     )
                     outcomes, changes = decide_all(
                         stream, commands, seen, offsets, self._snapshot_every
@@ -419,7 +444,7 @@ class PostgresStreams:
                 await erase(conn, *key[:2], [key.stream_id], deleted.reason)
                 released = await _release_sources(conn, key, stream.definition.fork, deleted.at)
             elif changes.events:
-                await self._write(conn, key, stream, changes)
+                await self._write(conn, key, stream, changes, producers)
         if changes.deleted:
             for erased in (key, *released):
                 self.forget(erased)
@@ -427,9 +452,15 @@ class PostgresStreams:
 
     @staticmethod
     async def _write(
-        conn: asyncpg.Connection, key: StreamKey, stream: Stream, changes: Changes
+        conn: asyncpg.Connection,
+        key: StreamKey,
+        stream: Stream,
+        changes: Changes,
+        producers: dict[str, Producer] | None = None,
     ) -> None:
-        """Write what a transaction's commands caused, its NOTIFY included."""
+        """Write what a transaction's commands caused, its NOTIFY included. `producers`: those
+        loaded before the commands were decided."""
+        await write_producers(conn, key, producers or {}, stream.state.producers, changes)
         rows = _record_rows(key, changes)
         if len(rows) >= COPY_THRESHOLD:
             # Large groups go by COPY (about twice the rate of unnest for 1,000 rows);
@@ -679,7 +710,8 @@ def _write_arguments(
         s.earliest,
         s.closed,
         s.legal_hold.enabled,
-        encode_state(s),
+        # The producers are in rows of their own (adapters/postgres/producers.py).
+        encode_state(msgspec.structs.replace(s, producers={}) if s.producers else s),
         [seq for a in changes.appended for seq in a.sequences]
         if stream.definition.direction == "input"
         else [],

@@ -1,6 +1,15 @@
 """Browser-facing headers around the whole application: the security headers of PROTOCOL.md
 12.7 on every answer, and CORS for the origins in DUCTOR_STREAMS_CORS_ORIGINS (both surfaces).
 
+Below `/api/` an answer may carry a stream's or an object's bytes under the media type its
+writer chose (a protocol stream created as `text/html` is read as `text/html`, from the
+console's own origin): every answer there gets a Content-Security-Policy that runs nothing and
+loads nothing (`default-src 'none'; sandbox`), besides `nosniff`, so a browser that opens one
+renders it inert. The console's page sets its own policy, which is kept.
+
+What the CORS headers say depends on the request's Origin (present, allowed or not), so every
+answer carries `Vary: Origin`: a cache never hands one origin's answer to another.
+
 A preflight (`OPTIONS` with `Access-Control-Request-Method`) from an allowed origin is answered
 here, before routing and without a token; it lists `authorization` explicitly (a `*` does not
 cover it). Answers to an allowed origin expose the protocol's headers to its scripts."""
@@ -14,6 +23,9 @@ SECURITY = (
     (b"x-content-type-options", b"nosniff"),
     (b"cross-origin-resource-policy", b"cross-origin"),
 )
+CONTENT_POLICY = (b"content-security-policy", b"default-src 'none'; sandbox")
+VARY = (b"vary", b"Origin")
+CONTENT_PATHS = "/api/"
 METHODS = b"GET, HEAD, POST, PUT, DELETE, OPTIONS"
 ALLOWED_HEADERS = (
     "authorization, content-type, if-none-match, idempotency-key, last-event-id, "
@@ -51,19 +63,32 @@ def allowed_origin(origins: Iterable[str]) -> Any:
     return lambda origin: anyone or origin.decode("latin-1") in allowed
 
 
+def _always(scope: dict) -> list[tuple[bytes, bytes]]:
+    """The headers every answer gets, whatever its origin: the security headers, below `/api/`
+    the content policy, and `Vary: Origin`."""
+    headers = [*SECURITY, VARY]
+    if scope.get("path", "").startswith(CONTENT_PATHS):
+        headers.append(CONTENT_POLICY)
+    return headers
+
+
 def answer_headers(scope: dict, cors: Any) -> list[tuple[bytes, bytes]]:
     """What `browser_headers` adds to an answer that sets none of them itself (an app in front
-    of it that answers alone adds these): the security headers, and CORS for an allowed
-    origin."""
+    of it that answers alone adds these): the security headers, the content policy, `Vary`,
+    and CORS for an allowed origin."""
+    headers = _always(scope)
     origin = _header(scope, b"origin")
-    if origin is None or not cors(origin):
-        return list(SECURITY)
-    return [
-        *SECURITY,
-        (b"access-control-allow-origin", origin),
-        (b"access-control-expose-headers", EXPOSED),
-        (b"vary", b"Origin"),
-    ]
+    if origin is not None and cors(origin):
+        headers.append((b"access-control-allow-origin", origin))
+        headers.append((b"access-control-expose-headers", EXPOSED))
+    return headers
+
+
+def _varies_by_origin(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(
+        k.lower() == b"vary" and b"origin" in v.lower().replace(b" ", b"").split(b",")
+        for k, v in headers
+    )
 
 
 def browser_headers(app: Any, origins: Iterable[str]) -> Any:
@@ -84,27 +109,30 @@ def browser_headers(app: Any, origins: Iterable[str]) -> Any:
             listed = ALLOWED_HEADERS.split(", ")
             allow = ", ".join([*listed, *(n for n in asked if n not in listed)])
             headers = [
-                *SECURITY,
+                *_always(scope),
                 (b"access-control-allow-origin", origin),
                 (b"access-control-allow-methods", METHODS),
                 (b"access-control-allow-headers", allow.encode()),
                 (b"access-control-max-age", b"600"),
-                (b"vary", b"Origin"),
                 (b"content-length", b"0"),
             ]
             await send({"type": "http.response.start", "status": 204, "headers": headers})
             await send({"type": "http.response.body", "body": b""})
             return
 
+        always = _always(scope)
+
         async def with_headers(message: dict) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", ()))
                 present = {k.lower() for k, _ in headers}
-                headers.extend(h for h in SECURITY if h[0] not in present)
+                varies = _varies_by_origin(headers)
+                headers.extend(
+                    h for h in always if h[0] not in present or (h[0] == b"vary" and not varies)
+                )
                 if cors:
                     headers.append((b"access-control-allow-origin", origin))
                     headers.append((b"access-control-expose-headers", EXPOSED))
-                    headers.append((b"vary", b"Origin"))
                 message = {**message, "headers": headers}
             await send(message)
 

@@ -15,6 +15,8 @@ from litestar.types import ASGIApp
 
 from application.access import Caller
 from application.list_runs import DEFAULT_LIMIT, MAX_LIMIT, RunList
+from application.list_streams import DEFAULT_LIMIT as DEFAULT_STREAMS_LIMIT
+from application.list_streams import MAX_LIMIT as MAX_STREAMS_LIMIT
 from application.views import (
     AckAnswer,
     AppendAnswer,
@@ -159,13 +161,31 @@ class StreamsController(Controller):
         operation_id="listStreams",
         summary="List a run's streams",
         opt=documented(
-            Answer(200, "The run's streams this caller may read", StreamList),
+            Answer(
+                200,
+                "The run's streams after `after` this caller may read, ascending by stream_id",
+                StreamList,
+            ),
             problems=(*EVERY_ROUTE, "forbidden", "not-found"),
         ),
     )
-    async def list_streams(self, request: Request, run_id: str) -> StreamList:
+    async def list_streams(
+        self,
+        request: Request,
+        run_id: str,
+        limit: Annotated[
+            int, Parameter(ge=1, le=MAX_STREAMS_LIMIT, description="at most this many streams")
+        ] = DEFAULT_STREAMS_LIMIT,
+        after: Annotated[
+            str | None,
+            Parameter(
+                description="exclusive: streams whose stream_id follows this one (`next_after`)",
+                pattern=ID_PATTERN,
+            ),
+        ] = None,
+    ) -> StreamList:
         services, caller = await authenticated(request)
-        return await services.list_streams(caller, run_id)
+        return await services.list_streams(caller, run_id, after, limit)
 
     @get(
         STREAM,

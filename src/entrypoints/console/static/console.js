@@ -5,7 +5,8 @@
 //             taken from the fragment, #token=…&run=…, which is then removed from the address
 //   api()     every request, and the problem+json answer of every error
 //   runs      GET /runs, by prefix, a page at a time
-//   run       GET /runs/{run}/streams every REFRESH_MS: each stream's state
+//   run       GET /runs/{run}/streams every REFRESH_MS, the pages shown so far (one at
+//             first, one more per "More streams"): each stream's state
 //   follow    the live view of one stream: SSE read through fetch streaming (EventSource cannot
 //             send a Bearer header), resumed with the last sequence after any cut
 //   share     POST /tokens: a read-only token for the shown run only, expiring in minutes, and
@@ -18,6 +19,7 @@
   const KEEP = 500; // records kept in the follow view: a page open for hours stays bounded
   const REFRESH_MS = 2000;
   const RUNS_PAGE = 50;
+  const STREAMS_PAGE = 50; // a run of thousands of streams is read a page at a time
   const $ = (id) => document.getElementById(id);
   const enc = encodeURIComponent;
 
@@ -175,14 +177,17 @@
 
   let shownRun = null;
   let refreshTimer = null;
+  let streamPages = 1; // how many pages of the run's streams are shown (and refreshed)
 
   function showRun(run) {
     if (shownRun === run) return;
     shownRun = run;
     resetShare();
+    streamPages = 1;
     clearInterval(refreshTimer);
     $("run-title").textContent = `Run ${run}`;
     $("streams").replaceChildren();
+    $("streams-more").hidden = true;
     refreshRun();
     refreshTimer = setInterval(() => { if (!document.hidden) refreshRun(); }, REFRESH_MS);
   }
@@ -193,24 +198,37 @@
   }
 
   let refreshing = null; // the run being read: a slow answer is not asked again on top of itself
+  let refreshAgain = false; // asked for while one was under way ("More streams"): once it ends
 
   async function refreshRun() {
     const run = shownRun;
-    if (refreshing === run) return;
+    if (refreshing === run) { refreshAgain = true; return; }
     refreshing = run;
+    refreshAgain = false;
     try {
-      const list = await getJson(`/runs/${enc(run)}/streams`);
+      const listed = [];
+      let after = null;
+      for (let page = 0; page < streamPages; page++) {
+        const query = new URLSearchParams({ limit: String(STREAMS_PAGE) });
+        if (after) query.set("after", after);
+        const list = await getJson(`/runs/${enc(run)}/streams?${query}`);
+        listed.push(...list.streams);
+        after = list.next_after;
+        if (!after) break;
+      }
       // An input stream's delivery status is in its own document, not in the run's list.
-      const streams = await Promise.all(list.streams.map((s) => (s.direction === "input"
+      const streams = await Promise.all(listed.map((s) => (s.direction === "input"
         ? getJson(`/runs/${enc(run)}/streams/${enc(s.stream_id)}`) : s)));
       if (run !== shownRun) return;
       clearProblem();
       renderStreams(run, streams);
+      $("streams-more").hidden = !after;
       $("run-refreshed").textContent = `Last: ${new Date().toLocaleTimeString()}.`;
     } catch (problem) {
       if (run === shownRun) showProblem(problem);
     } finally {
       if (refreshing === run) refreshing = null;
+      if (refreshAgain && run === shownRun) refreshRun();
     }
   }
 
@@ -612,6 +630,7 @@
     $("change-token").addEventListener("click", () => askToken(""));
     $("runs-search").addEventListener("submit", (e) => { e.preventDefault(); loadRuns(false); });
     $("runs-more").addEventListener("click", () => loadRuns(true));
+    $("streams-more").addEventListener("click", () => { streamPages += 1; refreshRun(); });
     $("follow-form").addEventListener("submit", (e) => {
       e.preventDefault();
       const from = Math.max(0, Number.parseInt($("follow-from").value, 10) || 0);
