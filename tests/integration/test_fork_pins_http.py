@@ -25,7 +25,7 @@ from tests.support.server import ServerProcess
 
 READ, WRITE, ADMIN = "streams:read", "streams:write", "streams:admin"
 JSON = {"Content-Type": "application/json"}
-MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "0489_fork_authorization.sql"
+MIGRATION = Path(__file__).resolve().parents[2] / "migrations" / "0489_fork_pins.sql"
 
 
 @pytest.fixture
@@ -251,10 +251,23 @@ async def test_the_migration_narrows_forks_made_with_the_old_default(
     bob_api, bob_ds = await principal(server, tokens, "bob")
     async with alice_api, alice_ds, bob_api, bob_ds:
         await native_source(
-            alice_api, run_id, "src", authorization={"readers": ["alice"], "writers": ["alice"]}
+            alice_api,
+            run_id,
+            "src",
+            authorization={"readers": ["alice", "carol"], "writers": ["alice"]},
+            content_class="tool_io",
+            placement={"client_egress_regions": ["local", "elsewhere"]},
         )
         repo = PostgresStreams(pool)
-        wide = {"authorization": Authorization(readers=("*",), writers=("*",))}
+        source = (await alice_api.get(f"/runs/{run_id}/streams/src")).json()
+        wide = {
+            "authorization": Authorization(readers=("*", "alice"), writers=("*",)),
+            "content_class": "application_data",
+            "placement": msgspec.structs.replace(
+                (await repo.load(StreamKey("default", run_id, "src"))).definition.placement,
+                client_egress_regions=("local",),
+            ),
+        }
         await create_through_port(repo, "default", run_id, "src", "old1", **wide)
         await create_through_port(repo, "default", run_id, "old1", "old2", **wide)
         await pool.execute(MIGRATION.read_text())
@@ -265,10 +278,11 @@ async def test_the_migration_narrows_forks_made_with_the_old_default(
                 run_id,
                 name,
             )
-            assert json.loads(stored)["authorization"] == {
-                "readers": ["alice"],
-                "writers": ["alice"],
-            }
+            pinned = json.loads(stored)
+            assert pinned["authorization"] == {"readers": ["alice", "carol"], "writers": ["alice"]}
+            assert pinned["content_class"] == "tool_io"
+            assert pinned["placement"] == source["placement"]
+            assert pinned["fork"]["stream_id"] == ("src" if name == "old1" else "old1")
             assert_problem(await bob_ds.get(f"/{run_id}/{name}"), 403, "forbidden")
             assert_problem(
                 await bob_api.get(f"/runs/{run_id}/streams/{name}/records"), 403, "forbidden"
