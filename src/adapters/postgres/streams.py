@@ -195,18 +195,19 @@ _CHAIN_BOUND = 100_000
 
 # What a fork's read takes from its ancestors, in one statement whatever the chain's depth: each
 # ancestor's position (n, earliest, created_at), then the records of each segment that is not
-# empty (n, then a record's columns). `n` is the ancestor's place in the chain (1: the source).
+# empty (n, then a record's columns where _PAGE has them: one decoding loop for both). `n` is
+# the ancestor's place in the chain (1: the source).
 _SEGMENTS = """
 WITH c AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::int8[], $5::int8[])
         WITH ORDINALITY AS c(run_id, stream_id, after, through, n)
 )
-SELECT c.n, s.earliest, s.created_at, NULL::bigint, NULL::bytea, NULL::int2, NULL::text,
-       NULL::int4, NULL::bytea
+SELECT c.n, s.earliest, s.created_at, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL::bigint, NULL::bytea, NULL::int2, NULL::text, NULL::int4, NULL::bytea
 FROM c JOIN streams s ON s.tenant = $1 AND s.run_id = c.run_id AND s.stream_id = c.stream_id
 UNION ALL
-SELECT c.n, NULL, NULL, r.sequence, timestamptz_send(r.appended_at), r.kind, r.content_type,
-       r.size, r.payload
+SELECT c.n, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       r.sequence, timestamptz_send(r.appended_at), r.kind, r.content_type, r.size, r.payload
 FROM (SELECT * FROM c WHERE c.after < c.through) c CROSS JOIN LATERAL (
     SELECT sequence, appended_at, kind, content_type, size, payload
     FROM stream_records r
@@ -583,7 +584,7 @@ class PostgresStreams:
             created_at=first[3],
             soft_deleted=first[4],
         )
-        records = self._records(body, 9) if len(rows) > 1 else []
+        records = self._records(body) if len(rows) > 1 else []
         if first[5] is None:
             return position, records
         assert position.created_at is not None
@@ -604,7 +605,7 @@ class PostgresStreams:
             [s.through for s in wanted],
             limit,
         ):
-            if r[3] is None:  # an ancestor's position (only what `stitched` reads of it)
+            if r[9] is None:  # an ancestor's position (only what `stitched` reads of it)
                 found[r[0] - 1] = (
                     Position(head=0, earliest=r[1], closed=False, created_at=r[2]),
                     [],
@@ -612,27 +613,27 @@ class PostgresStreams:
             else:
                 by_place.setdefault(r[0], []).append(r)
         for place, part in by_place.items():
-            part.sort(key=lambda r: r[3])
-            found[place - 1] = (found[place - 1][0], self._records(part, 3))
+            part.sort(key=lambda r: r[9])
+            found[place - 1] = (found[place - 1][0], self._records(part))
         return stitched((position, records), chain, found, limit)
 
-    def _records(self, rows: Iterable[asyncpg.Record], at: int) -> list[StoredRecord]:
-        """Records from rows whose columns from `at` on are a record's (sequence, raw appended_at,
+    def _records(self, rows: Iterable[asyncpg.Record]) -> list[StoredRecord]:
+        """Records from rows whose columns 9 to 14 are a record's (sequence, raw appended_at,
         kind, content type, size, payload), in ascending sequence."""
         records: list[StoredRecord] = []
         times, kinds, add = self._times, _KINDS, records.append
         previous, ordered = -1, True
         for r in rows:
-            moment = times.get(raw := r[at + 1])
-            if moment is None:
-                moment = _timestamptz(raw)
+            at = times.get(raw := r[10])
+            if at is None:
+                at = _timestamptz(raw)
                 if len(times) >= 4096:
                     times.clear()
-                times[raw] = moment
-            if r[at] <= previous:
+                times[raw] = at
+            if r[9] <= previous:
                 ordered = False
-            previous = r[at]
-            add(StoredRecord(previous, moment, kinds[r[at + 2]], r[at + 3], r[at + 4], r[at + 5]))
+            previous = r[9]
+            add(StoredRecord(previous, at, kinds[r[11]], r[12], r[13], r[14]))
         if not ordered:  # the lateral's order reaches the outer query in every plan seen
             records.sort(key=lambda record: record.sequence)
         return records
