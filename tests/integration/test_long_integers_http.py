@@ -107,3 +107,31 @@ async def test_a_redaction_index_of_any_digits_never_fails_an_append(
     assert appended.status_code == 201, appended.text
     page = await api.get(f"/runs/{run_id}/streams/r/records")
     assert page.json()["records"][0]["data"] == {"list": [1, "[REDACTED]", 3]}
+
+
+async def test_a_5000_digit_number_in_record_data_is_kept_or_refused_never_a_500(
+    api: httpx.AsyncClient, ds: httpx.AsyncClient, run_id: str
+) -> None:
+    """Record data is any JSON: a number too long for Python is stored and read back as sent;
+    a stream that redacts must decode it, and refuses it (400) instead."""
+    body = ('{"records": [{"data": {"n": ' + HUGE + "}}]}").encode()
+    for stream_id, pointers, status in (("plain", [], 201), ("redacted", ["/secret"], 400)):
+        created = await api.post(
+            f"/runs/{run_id}/streams",
+            json={
+                "stream_id": stream_id,
+                "direction": "output",
+                "redaction": {"json_pointers": pointers},
+            },
+        )
+        assert created.status_code == 201, created.text
+        appended = await api.post(
+            f"/runs/{run_id}/streams/{stream_id}/records", content=body, headers=JSON
+        )
+        assert appended.status_code == status, appended.text
+        protocol = await ds.post(
+            f"/{run_id}/{stream_id}", content=('{"n": ' + HUGE + "}").encode(), headers=JSON
+        )
+        assert protocol.status_code == (204 if status == 201 else 400), protocol.text
+    read = await ds.get(f"/{run_id}/plain")
+    assert read.content == ('[{"n":' + HUGE + '},{"n":' + HUGE + "}]").encode()
