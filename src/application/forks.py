@@ -18,7 +18,7 @@ from application.errors import NotFound
 from application.ports import RecordReader, StreamRepository
 from application.read_records import check_cursor
 from domain import errors
-from domain.definition import Expiry, Fork
+from domain.definition import MAX_FORK_DEPTH, Expiry, Fork
 from domain.records import NewRecord, RecordKind
 
 JSON = "application/json"
@@ -51,7 +51,8 @@ class Forks:
         type). A native source (no content type) forks as `application/json`.
 
         Source missing (or expired, or not readable here) → NotFound; soft-deleted, or
-        another content type asked for → DefinitionConflict (409); offset past the head, a
+        another content type asked for → DefinitionConflict (409); a source already
+        MAX_FORK_DEPTH forks deep, an offset past the head, a
         negative sub-offset, a sub-offset without an offset, or one past what follows the
         offset → InvalidInput (400); a binary sub-offset from below the source's retention →
         CursorExpired (410)."""
@@ -66,6 +67,14 @@ class Forks:
             raise errors.DefinitionConflict(
                 f"stream {source_stream_id!r} was deleted (only its forks keep it): it cannot "
                 "be forked"
+            )
+        depth = len(await self._reader.chain(key)) + 1
+        if depth > MAX_FORK_DEPTH:
+            raise errors.InvalidInput(
+                f"stream {source_stream_id!r} is a fork {depth - 1} deep: a fork chain holds at "
+                f"most {MAX_FORK_DEPTH} forks, so it cannot be forked (fork its root, or a "
+                "shallower fork, instead)",
+                field="Stream-Forked-From",
             )
         source_type = definition.content_type or JSON
         if content_type is not None and media_type(content_type) != media_type(source_type):

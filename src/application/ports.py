@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
@@ -195,6 +195,15 @@ class Position(msgspec.Struct, frozen=True):
     soft_deleted: bool = False
 
 
+class ForkLink(NamedTuple):
+    """Where a fork's prefix comes from: the source (same tenant), which incarnation of it, and
+    the last inherited sequence."""
+
+    source: StreamKey
+    source_created_at: datetime
+    through: int
+
+
 class RecordReader(Protocol):
     async def page(
         self, key: StreamKey, cursor: int, limit: int
@@ -203,8 +212,15 @@ class RecordReader(Protocol):
         `limit` (a keyset page), read from one snapshot; None if there is no such stream.
 
         A fork's page is stitched (`application.fork_reads`): records up to its `through` are
-        its source's (recursively up the chain), later ones its own; its `earliest` is where
-        the source's retention left the inherited prefix, unless its own went further."""
+        its ancestors' (each serving its own range of the chain, read without recursion and in
+        a number of queries that does not grow with the chain's depth), later ones its own;
+        its `earliest` is where the ancestors' retention left the inherited prefix, unless its
+        own went further."""
+
+    async def chain(self, key: StreamKey) -> list[ForkLink]:
+        """The stream's fork links up its chain: its own link first (to its source), then its
+        source's, up to the root (a stream that is no fork). Empty for a stream that is no
+        fork, or that does not exist. The chain of a fork never changes while it exists."""
 
     async def expired_through(
         self, key: StreamKey, after: int, cutoff: datetime, limit: int

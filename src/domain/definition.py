@@ -144,6 +144,14 @@ class Fork(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sub_offset: int = 0
 
 
+# How many forks a chain may hold, the root not counted: a fork of a stream at this depth is
+# refused (400). A read of a fork costs one row per ancestor (its position: where retention left
+# the inherited prefix), so this bounds every fork read; branching a conversation a hundred
+# times over, each branch forked from the last, is far past any use seen, and a flat fan-out
+# (many forks of one source) is not limited by it at all.
+MAX_FORK_DEPTH = 100
+
+
 class StreamDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     stream_id: str
     direction: Direction
@@ -278,3 +286,19 @@ def parse_pointer(pointer: str) -> tuple[str, ...]:
             field="redaction.json_pointers",
         )
     return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
+
+
+def with_source_pins(requested: StreamDefinition, source: StreamDefinition) -> StreamDefinition:
+    """A fork's definition: what its creation asked for, with its source's pins, which it reads
+    the records of. A fork must never be a way around them, so it takes the source's
+    `authorization` (who may read and write those records), `redaction` (what is removed from
+    them, on the fork's own appends too), `placement` (where they live and may be delivered)
+    and `content_class` (what they are). Its expiry, limits and retention are its own: the
+    fork pins the prefix it inherits against the source's retention instead (fork_reads)."""
+    return msgspec.structs.replace(
+        requested,
+        authorization=source.authorization,
+        redaction=source.redaction,
+        placement=source.placement,
+        content_class=source.content_class,
+    )

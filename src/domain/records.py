@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from domain.definition import MAX_INLINE_RECORD_BYTES, Redaction, parse_pointer
+from domain.digits import bounded_integer
 from domain.errors import InvalidInput, RecordTooLarge
 from domain.text import check_media_type, has_escaped_nul
 
@@ -191,9 +192,9 @@ def _child(node: Any, token: str) -> Any:
 
 
 def _index(token: str, length: int) -> int | None:
-    if token.isdigit() and (token == "0" or not token.startswith("0")):
-        i = int(token)
-        return i if i < length else None
+    if token == "0" or not token.startswith("0"):
+        i = bounded_integer(token, length - 1) if length else None
+        return i
     return None
 
 

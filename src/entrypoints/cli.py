@@ -30,6 +30,7 @@ from application.tokens import (
     make_caller,
     token_hash,
 )
+from domain.digits import bounded_integer
 from domain.errors import DomainError
 from entrypoints import client_cli
 from entrypoints.config import PREFIX, InvalidSetting, Settings
@@ -447,17 +448,19 @@ def _server_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _expires_in(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= MAX_EXPIRES_IN_SECONDS:
+    seconds = bounded_integer(text, MAX_EXPIRES_IN_SECONDS)
+    if not seconds:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a whole number of seconds from 1 to {MAX_EXPIRES_IN_SECONDS}"
         )
-    return int(text)
+    return seconds
 
 
 def _port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    port = bounded_integer(text, 65535)
+    if not port:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
-    return int(text)
+    return port
 
 
 def _version() -> str:

@@ -36,8 +36,23 @@ class JsonFormatter(logging.Formatter):
         if rid is not None:
             line["request_id"] = rid
         if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
+            line["exception"] = bounded_traceback(self.formatException(record.exc_info))
         return _encode(line).decode()
+
+
+# A traceback is kept whole up to this many characters, and otherwise its first and last parts:
+# a deep recursion once wrote 222 KB per request (thousands of alternating frames, which
+# Python's own "[Previous line repeated]" does not fold). The top says where it started, the
+# bottom what failed.
+MAX_TRACEBACK_CHARS = 16_384
+
+
+def bounded_traceback(text: str) -> str:
+    if len(text) <= MAX_TRACEBACK_CHARS:
+        return text
+    head, tail = MAX_TRACEBACK_CHARS // 4, MAX_TRACEBACK_CHARS * 3 // 4
+    left_out = len(text) - head - tail
+    return f"{text[:head]}\n... {left_out} characters of traceback left out ...\n{text[-tail:]}"
 
 
 class WithoutEmbeddedServerNotice(logging.Filter):

@@ -9,6 +9,7 @@ compacts inline) and `journal_rows` (how many journal events the adapter stores 
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Sequence
 from datetime import UTC, timedelta
 
@@ -22,7 +23,7 @@ from application.delete_stream import DeleteCommand
 from application.errors import NotFound
 from application.expiry import ExpireCommand
 from application.objects import AbortCommand, CommitCommand, PrepareCommand, UploadedCommand
-from application.ports import Done, Failed, Replayed
+from application.ports import Done, Failed, ForkLink, Replayed
 from application.retention import PruneCommand
 from application.set_legal_hold import LegalHoldCommand
 from domain import errors
@@ -567,6 +568,35 @@ class ForkContract:
         assert await payloads(repo, c.key, 1, 2) == [rec(2).payload, rec(20).payload]
         assert await payloads(repo, b.key) == [rec(n).payload for n in (1, 2, 20, 21)]
         assert await payloads(repo, a.key) == [rec(n).payload for n in (1, 2, 3, 4)]
+
+    async def test_a_chain_is_its_links_up_to_the_root(self, repo) -> None:
+        a = await self.source(repo, 3, "a")
+        b = await self.fork(repo, a, "b", 2)
+        c = await self.fork(repo, b, "c", 1)
+        assert await repo.chain(c.key) == [
+            ForkLink(b.key, b.state.created_at, 1),
+            ForkLink(a.key, a.state.created_at, 2),
+        ]
+        assert await repo.chain(b.key) == [ForkLink(a.key, a.state.created_at, 2)]
+        assert await repo.chain(a.key) == []
+        assert await repo.chain(a.key._replace(stream_id="none")) == []
+
+    async def test_a_chain_deeper_than_the_stack_reads_in_one_go(self, repo) -> None:
+        """Read without recursion: a page once went down the chain a call per level."""
+        stream = await self.source(repo, 1, "c0")
+        depth = sys.getrecursionlimit() + 50
+        for level in range(1, depth + 1):
+            stream = await self.fork(repo, stream, f"c{level}", stream.head)
+            if level % 2 == 0:  # every other level adds a record of its own
+                await repo.update(stream.key, [append([rec(level)])])
+                stream = await repo.load(stream.key)
+        expected = [rec(1).payload] + [rec(level).payload for level in range(2, depth + 1, 2)]
+        assert stream.head == len(expected)
+        assert await payloads(repo, stream.key, 0, 10_000) == expected
+        position, records = await repo.page(stream.key, 3, 4)
+        assert [r.sequence for r in records] == [4, 5, 6, 7]
+        assert (position.head, position.earliest) == (stream.head, 1)
+        assert len(await repo.chain(stream.key)) == depth
 
     async def test_creating_a_fork_rechecks_its_source_and_a_refused_one_links_nothing(
         self, repo

@@ -3,13 +3,12 @@ writes exactly the bytes msgspec writes for the views it stands in for."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta, timezone
 
 import msgspec
 import pytest
 
-from application.fork_reads import ForkLink, stitch
+from application.fork_reads import ForkLink, segments, stitched
 from application.ports import Position, StoredRecord
 from application.views import RecordsEncoder, StoredPage, record_view, records_json
 from domain.definition import Redaction
@@ -148,14 +147,16 @@ def test_a_stitched_fork_page_as_its_views() -> None:
     source = EVERY_KIND[:4]
     own = [msgspec.structs.replace(r, sequence=5 + i) for i, r in enumerate(EVERY_KIND[4:])]
 
-    async def read_source(key, cursor, limit):
-        return Position(head=4, earliest=1, closed=False, created_at=AT), [
-            r for r in source if r.sequence > cursor
-        ][:limit]
-
-    link = ForkLink(StreamKey("default", "run", "source"), AT, 4)
-    position, records = asyncio.run(
-        stitch((Position(head=9, earliest=1, closed=False), own), link, 2, 100, read_source)
+    chain = [ForkLink(StreamKey("default", "run", "source"), AT, 4)]
+    [segment] = segments(chain, 2, 100)
+    found = [
+        (
+            Position(head=4, earliest=1, closed=False, created_at=AT),
+            [r for r in source if segment.after < r.sequence <= segment.through],
+        )
+    ]
+    position, records = stitched(
+        (Position(head=9, earliest=5, closed=False), own), chain, found, 100
     )
     assert [r.sequence for r in records] == [3, 4, 5, 6, 7, 8, 9]
     page = StoredPage(records, records[-1].sequence, position.head, position.earliest, False)

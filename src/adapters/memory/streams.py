@@ -15,7 +15,14 @@ import msgspec
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.deletions import ERASED_STREAM
 from application.errors import NotFound
-from application.fork_reads import ForkLink, check_fork_source, kept_by_forks, stitch
+from application.fork_reads import (
+    ForkLink,
+    check_fork_source,
+    kept_by_forks,
+    link_of,
+    segments,
+    stitched,
+)
 from application.ports import Command, Failed, Outcome, Position, RunSummary, StoredRecord
 from application.retention import expired_prefix
 from application.wake import WakeRegistry
@@ -406,6 +413,19 @@ class MemoryStreams:
         row = self._rows.get(key)
         if row is None:
             return None
+        own = self._segment(row, cursor, cursor + limit)
+        chain = self._chain(key, row)
+        if not chain:
+            return own
+        found = []
+        for segment in segments(chain, cursor, limit):
+            source = self._rows.get(segment.key)
+            found.append((None, []) if source is None else self._segment(source, *segment[1:]))
+        return stitched(own, chain, found, limit)
+
+    @staticmethod
+    def _segment(row: _Row, after: int, through: int) -> tuple[Position, list[StoredRecord]]:
+        """The stream's position and its own records with `after < sequence <= through`."""
         state = decode_state(row.state)
         position = Position(
             head=state.head,
@@ -416,13 +436,25 @@ class MemoryStreams:
         )
         records = [
             row.records[s]
-            for s in range(max(cursor + 1, state.earliest), min(state.head, cursor + limit) + 1)
+            for s in range(max(after + 1, state.earliest), min(state.head, through) + 1)
             if s in row.records
         ]
+        return position, records
+
+    async def chain(self, key: StreamKey) -> list[ForkLink]:
+        row = self._rows.get(key)
+        return [] if row is None else self._chain(key, row)
+
+    def _chain(self, key: StreamKey, row: _Row) -> list[ForkLink]:
+        """Up the definitions, iteratively: each link, until a stream that is no fork (or one
+        that is not the incarnation its fork's link names: the chain ends there)."""
+        chain: list[ForkLink] = []
         fork = decode_definition(row.definition).fork
-        if fork is None:
-            return position, records
-        link = ForkLink(
-            StreamKey(key.tenant, fork.run_id, fork.stream_id), fork.source_created_at, fork.through
-        )
-        return await stitch((position, records), link, cursor, limit, self.page)
+        while fork is not None:
+            link = link_of(key, fork)
+            chain.append(link)
+            source = self._rows.get(link.source)
+            if source is None or decode_state(source.state).created_at != link.source_created_at:
+                break
+            fork = decode_definition(source.definition).fork
+        return chain

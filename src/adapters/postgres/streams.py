@@ -24,7 +24,13 @@ from adapters.postgres.journal import read_journal, schedule_compaction
 from adapters.postgres.producers import all_producers, producers_for, write_producers
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
-from application.fork_reads import ForkLink, check_fork_source, kept_by_forks, stitch
+from application.fork_reads import (
+    ForkLink,
+    check_fork_source,
+    kept_by_forks,
+    segments,
+    stitched,
+)
 from application.ports import Command, Failed, Outcome, Position, RunSummary, StoredRecord
 from application.retention import expired_prefix, has_retention
 from application.wake import WakeRegistry
@@ -173,6 +179,48 @@ FROM s CROSS JOIN LATERAL (
     LIMIT $5
 ) r
 """
+# A fork's chain, its own link first, up to the root: resolved once per fork and kept (it never
+# changes while the fork exists). The bound only guards against a cycle, which no creation can
+# make (a fork links a stream that existed before it).
+_CHAIN = """
+WITH RECURSIVE chain(n, source_run_id, source_stream_id, source_created_at, through) AS (
+    SELECT 0, source_run_id, source_stream_id, source_created_at, through FROM stream_forks
+    WHERE tenant = $1 AND run_id = $2 AND stream_id = $3
+    UNION ALL
+    SELECT c.n + 1, f.source_run_id, f.source_stream_id, f.source_created_at, f.through
+    FROM chain c JOIN stream_forks f
+      ON f.tenant = $1 AND f.run_id = c.source_run_id AND f.stream_id = c.source_stream_id
+    WHERE c.n < $4
+)
+SELECT source_run_id, source_stream_id, source_created_at, through FROM chain ORDER BY n
+"""
+_CHAIN_BOUND = 100_000
+
+# What a fork's read takes from its ancestors, in one statement whatever the chain's depth: each
+# ancestor's position (n, earliest, created_at), then the records of each segment that is not
+# empty (n, then a record's columns where _PAGE has them: one decoding loop for both). `n` is
+# the ancestor's place in the chain (1: the source).
+_SEGMENTS = """
+WITH c AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::int8[], $5::int8[])
+        WITH ORDINALITY AS c(run_id, stream_id, after, through, n)
+)
+SELECT c.n, s.earliest, s.created_at, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL::bigint, NULL::bytea, NULL::int2, NULL::text, NULL::int4, NULL::bytea
+FROM c JOIN streams s ON s.tenant = $1 AND s.run_id = c.run_id AND s.stream_id = c.stream_id
+UNION ALL
+SELECT c.n, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       r.sequence, timestamptz_send(r.appended_at), r.kind, r.content_type, r.size, r.payload
+FROM (SELECT * FROM c WHERE c.after < c.through) c CROSS JOIN LATERAL (
+    SELECT sequence, appended_at, kind, content_type, size, payload
+    FROM stream_records r
+    WHERE r.tenant = $1 AND r.run_id = c.run_id AND r.stream_id = c.stream_id
+      AND r.sequence > c.after AND r.sequence <= c.through
+    ORDER BY r.sequence
+    LIMIT $6
+) r
+"""
+
 # A page's appended_at arrives as timestamptz_send's 8 bytes (microseconds since 2000-01-01 UTC)
 # and is decoded once per distinct value: the records of one append share theirs, and decoding
 # every row's into a datetime was a tenth of a catch-up's CPU (docs/architecture.md).
@@ -255,6 +303,8 @@ class PostgresStreams:
         # only where that time is known to match, or until the deleted notification drops it.
         self._definitions: dict[StreamKey, tuple[datetime, StreamDefinition]] = {}
         self._times: dict[bytes, datetime] = {}  # page(): appended_at by its timestamptz_send
+        # Forks' chains (`_CHAIN`), with the creation time of the fork they belong to.
+        self._chains: dict[StreamKey, tuple[datetime, list[ForkLink]]] = {}
         if wake is not None:  # the wake bus hears deletions on every replica
             wake.on_deleted(self.forget)
             wake.on_missed(self.forget_all)
@@ -262,10 +312,12 @@ class PostgresStreams:
     def forget(self, key: StreamKey) -> None:
         """The stream was deleted (here or on another replica): drop what is kept of it."""
         self._definitions.pop(key, None)
+        self._chains.pop(key, None)
 
     def forget_all(self) -> None:
         """Deleted notifications may have been missed (the listen connection dropped)."""
         self._definitions.clear()
+        self._chains.clear()
 
     async def create(
         self,
@@ -563,27 +615,75 @@ class PostgresStreams:
             created_at=first[3],
             soft_deleted=first[4],
         )
-        records: list[StoredRecord] = []
-        if len(rows) > 1:
-            times, kinds, add = self._times, _KINDS, records.append
-            previous, ordered = -1, True
-            for r in body:
-                at = times.get(raw := r[10])
-                if at is None:
-                    at = _timestamptz(raw)
-                    if len(times) >= 4096:
-                        times.clear()
-                    times[raw] = at
-                if r[9] <= previous:
-                    ordered = False
-                previous = r[9]
-                add(StoredRecord(previous, at, kinds[r[11]], r[12], r[13], r[14]))
-            if not ordered:  # the lateral's order reaches the outer query in every plan seen
-                records.sort(key=lambda record: record.sequence)
+        records = self._records(body) if len(rows) > 1 else []
         if first[5] is None:
             return position, records
+        assert position.created_at is not None
         link = ForkLink(StreamKey(key.tenant, first[5], first[6]), first[7], first[8])
-        return await stitch((position, records), link, cursor, limit, self.page)
+        chain = await self._chain(key, position.created_at)
+        if not chain or chain[0] != link:  # deleted and created again between the two reads
+            self._chains.pop(key, None)
+            chain = [link]
+        wanted = segments(chain, cursor, limit)
+        found: list[tuple[Position | None, list[StoredRecord]]] = [(None, [])] * len(chain)
+        by_place: dict[int, list[asyncpg.Record]] = {}
+        for r in await self._pool.fetch(
+            _SEGMENTS,
+            key.tenant,
+            [s.key.run_id for s in wanted],
+            [s.key.stream_id for s in wanted],
+            [s.after for s in wanted],
+            [s.through for s in wanted],
+            limit,
+        ):
+            if r[9] is None:  # an ancestor's position (only what `stitched` reads of it)
+                found[r[0] - 1] = (
+                    Position(head=0, earliest=r[1], closed=False, created_at=r[2]),
+                    [],
+                )
+            else:
+                by_place.setdefault(r[0], []).append(r)
+        for place, part in by_place.items():
+            part.sort(key=lambda r: r[9])
+            found[place - 1] = (found[place - 1][0], self._records(part))
+        return stitched((position, records), chain, found, limit)
+
+    def _records(self, rows: Iterable[asyncpg.Record]) -> list[StoredRecord]:
+        """Records from rows whose columns 9 to 14 are a record's (sequence, raw appended_at,
+        kind, content type, size, payload), in ascending sequence."""
+        records: list[StoredRecord] = []
+        times, kinds, add = self._times, _KINDS, records.append
+        previous, ordered = -1, True
+        for r in rows:
+            at = times.get(raw := r[10])
+            if at is None:
+                at = _timestamptz(raw)
+                if len(times) >= 4096:
+                    times.clear()
+                times[raw] = at
+            if r[9] <= previous:
+                ordered = False
+            previous = r[9]
+            add(StoredRecord(previous, at, kinds[r[11]], r[12], r[13], r[14]))
+        if not ordered:  # the lateral's order reaches the outer query in every plan seen
+            records.sort(key=lambda record: record.sequence)
+        return records
+
+    async def chain(self, key: StreamKey) -> list[ForkLink]:
+        created_at = await self.created_at(key)
+        return [] if created_at is None else await self._chain(key, created_at)
+
+    async def _chain(self, key: StreamKey, created_at: datetime) -> list[ForkLink]:
+        """The fork's chain (`_CHAIN`), once per fork incarnation (its creation time)."""
+        known = self._chains.get(key)
+        if known is not None and known[0] == created_at:
+            return known[1]
+        rows = await self._pool.fetch(_CHAIN, *key, _CHAIN_BOUND)
+        chain = [ForkLink(StreamKey(key.tenant, r[0], r[1]), r[2], r[3]) for r in rows]
+        self._chains[key] = (created_at, chain)
+        if len(self._chains) > 10_000:
+            del self._chains[next(iter(self._chains))]
+        return chain
 
 
 def _timestamptz(raw: bytes) -> datetime:

@@ -25,7 +25,13 @@ from application.live import Idle, RecordsDelivered, StreamEnded
 from application.ports import StoredRecord
 from application.views import record_view
 from domain import errors
-from domain.definition import DefinitionRequest, Expiry, StreamDefinition, resolve_definition
+from domain.definition import (
+    DefinitionRequest,
+    Expiry,
+    StreamDefinition,
+    resolve_definition,
+    with_source_pins,
+)
 from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordKind
 from domain.stream import StreamKey
@@ -173,11 +179,12 @@ async def create(request: Request) -> Answer:
         )
         content_type = content_type or source_type
         expiry = await forks.inherited_expiry(caller, source_run, source_stream, expiry or Expiry())
-        # What the source redacts, its fork redacts too: it reads the same records.
+        # A fork reads its source's records under its source's pins: who may read and write
+        # them, what is redacted (on the fork's own appends too), where they live, what they are.
         source = await services.definitions.get(
             caller.key(source_run, source_stream), runs=caller.runs
         )
-        base = msgspec.structs.replace(base, redaction=source.redaction)
+        base = with_source_pins(base, source)
     content_type = content_type or wire.DEFAULT_CONTENT_TYPE
     records = wire.records_for(body, content_type, creating=True, redaction=base.redaction)
     definition = msgspec.structs.replace(

@@ -19,6 +19,7 @@ from domain.definition import (
     MAX_INLINE_RECORD_BYTES,
     Redaction,
 )
+from domain.digits import bounded_integer
 from domain.errors import InvalidInput
 from domain.ids import ID_PATTERN
 from domain.records import NewRecord, RecordInput, RecordKind, prepare_records
@@ -50,7 +51,9 @@ def parse_offset(value: str, *, field: str = "offset") -> int | None:
             f"{field} {value[:80]!r} is not an offset this server issued (or -1, or now)",
             field=field,
         )
-    return int(match.group(1))
+    sequence = bounded_integer(match.group(1), 10**16)
+    assert sequence is not None  # 16 digits
+    return sequence
 
 
 def parse_fork_offset(value: str) -> int:
@@ -111,7 +114,8 @@ def next_cursor(client_cursor: str | None, now: float | None = None) -> str:
         digits = client_cursor.lstrip("0") or "0"
         if len(digits) > _SHORT_CURSOR_DIGITS:
             return "1" + "0" * len(digits)
-        theirs = int(digits)
+        theirs = bounded_integer(digits, 10**_SHORT_CURSOR_DIGITS)
+        assert theirs is not None  # at most _SHORT_CURSOR_DIGITS digits
         if theirs >= interval:
             jitter_seconds = 1 + secrets.randbelow(3600)
             interval = theirs + max(1, math.ceil(jitter_seconds / CURSOR_INTERVAL_SECONDS))
@@ -170,13 +174,14 @@ def is_true(value: str | None) -> bool:
 def decimal(name: str, value: str, *, maximum: int) -> int:
     """A non-negative decimal integer: no sign, leading zero, point or exponent."""
     text = value.strip()
-    if _DECIMAL.fullmatch(text) is None or int(text) > maximum:
+    number = bounded_integer(text, maximum) if _DECIMAL.fullmatch(text) else None
+    if number is None:
         raise InvalidInput(
             f"{name} must be a non-negative decimal integer up to {maximum} (no sign, leading "
             f"zeros, decimal point or exponent), not {value[:40]!r}",
             field=name,
         )
-    return int(text)
+    return number
 
 
 def ttl_seconds(value: str) -> int:

@@ -40,12 +40,13 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
 from application.access import Caller
 from application.log_context import request_id
+from domain.digits import bounded_integer
 from entrypoints.durable_streams import protocol
 from entrypoints.durable_streams.browser import allowed_origin, answer_headers
 from entrypoints.http import observability
 from entrypoints.http.answers import JsonAnswer
 from entrypoints.http.body import decode_json
-from entrypoints.http.observability import HOT
+from entrypoints.http.observability import HOT, MAX_CONTENT_LENGTH
 from entrypoints.http.request_checks import check_scope
 from entrypoints.http.schemas import AppendBody
 
@@ -155,7 +156,7 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
                 if idempotency_key is None:
                     idempotency_key = value.decode("latin-1")
             elif name == b"content-length":
-                declared = int(value) if value.isdigit() else None
+                declared = bounded_integer(value, MAX_CONTENT_LENGTH)
                 lengths += 1
             elif name == b"transfer-encoding":
                 lengths += 2  # chunked framing: the Content-Length (if any) does not count

@@ -11,6 +11,7 @@ from litestar.response import Stream
 
 from application.objects import CommitAnswer, ObjectView
 from domain.definition import MAX_OBJECT_BYTES
+from domain.digits import bounded_integer
 from domain.errors import ObjectTooLarge
 from domain.objects import ObjectRequest
 from entrypoints.http import problems
@@ -120,7 +121,12 @@ class ObjectsController(Controller):
     ) -> ObjectView:
         services, caller = await authenticated(request)
         announced = request.headers.get("content-length")
-        if announced is not None and announced.isdigit() and int(announced) > MAX_OBJECT_BYTES:
+        if (
+            announced is not None
+            and announced.isascii()
+            and announced.isdigit()
+            and bounded_integer(announced, MAX_OBJECT_BYTES) is None
+        ):
             raise ObjectTooLarge(f"an object body is at most {MAX_OBJECT_BYTES} bytes")
         return await services.objects.upload(caller, run_id, stream_id, object_id, _chunks(request))
 
