@@ -216,6 +216,7 @@ class _PythonProcess:
     env: dict[str, str]
     log_path: Path
     ready_line: str
+    stop_signal: int = signal.SIGTERM
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> Self:
@@ -247,16 +248,23 @@ class _PythonProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        _stop(self.process, sig)
+    def stop(self, sig: int | None = None) -> None:
+        _stop(self.process, self.stop_signal if sig is None else sig)
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
 
 
 def restate_service(port: int, env: dict[str, str], log_path: Path) -> _PythonProcess:
+    """The Restate service. Stopped with SIGKILL: it keeps no state (Restate does), and
+    hypercorn's graceful stop waits on the HTTP/2 connections Restate holds open."""
     return _PythonProcess(
-        "tests.engines.restate_app", [str(port)], env, log_path, "restate app ready"
+        "tests.engines.restate_app",
+        [str(port)],
+        env,
+        log_path,
+        "restate app ready",
+        stop_signal=signal.SIGKILL,
     )
 
 
