@@ -203,6 +203,10 @@ def engine_wait_service(
                 "DUCTOR_STREAMS_WAIT_SERVICE=dbos needs the `dbos` package: install "
                 f"ductor-streams[dbos] ({error})"
             ) from None
+        except Exception as error:  # DBOS's client refuses a URL it cannot use
+            raise InvalidSetting(
+                f"DUCTOR_STREAMS_DBOS_SYSTEM_DATABASE_URL: {type(error).__name__}: {error}"
+            ) from None
     if settings.wait_service == "restate":
         assert settings.restate_ingress_url is not None and settings.restate_target is not None
         from adapters.wait_service.restate import RestateWaitService
