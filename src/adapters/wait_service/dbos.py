@@ -68,7 +68,7 @@ class DbosWaitService:
                 system_database_url=system_database_url,
                 lazy=True,
                 retry_connection_errors=False,
-                application_name=None,
+                system_database_pool_size=8,  # the streams one dispatcher sends to at a time
             )
         self._client = client
         self._last_send: dict[tuple[str, str], float] = {}
