@@ -286,3 +286,23 @@ def _stop(process: subprocess.Popen[bytes] | None, sig: int) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(10)
+
+
+def main() -> None:
+    """`python -m tests.support.engines [DIR]`: a local Restate node on loopback for a try-out,
+    until Ctrl-C (its state in DIR, default ./.restate-try)."""
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else ".restate-try").resolve()
+    server = RestateServer(root).start()
+    print(f"Restate ingress {server.ingress_url}  admin {server.admin_url}  state {root}")
+    print('register a service: POST {admin}/deployments {"uri": "http://127.0.0.1:PORT"}')
+    try:
+        while server.process is not None and server.process.poll() is None:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
