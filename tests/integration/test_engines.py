@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, api_client
-from tests.support.engines import RestateServer, dbos_app, restate_service
+from tests.support.engines import RestateServer, dbos_app, restate_service, restate_time
 from tests.support.postgres import with_database
 from tests.support.server import ROOT, ServerProcess, WorkerProcess, free_port
 
@@ -219,13 +219,18 @@ async def restate_result(restate: RestateServer, run_id: str, timeout: float = 6
 
 def restate_calls(restate: RestateServer, run_id: str) -> list[str]:
     """The idempotency keys of the on_record invocations Restate holds for the run, in the
-    order Restate created them: one per record, in sequence order, or the test fails."""
+    order Restate created them (ties of its millisecond clock by sequence): one per record, in
+    sequence order, or the test fails."""
     rows = restate.query(
-        "SELECT idempotency_key FROM sys_invocation WHERE target_service_name = 'Waiter' "
-        f"AND target_service_key = '{run_id}' AND target_handler_name = 'on_record' "
-        "ORDER BY created_at, id"
+        "SELECT idempotency_key, created_at FROM sys_invocation "
+        f"WHERE target_service_name = 'Waiter' AND target_service_key = '{run_id}' "
+        "AND target_handler_name = 'on_record'"
     )
-    return [row["idempotency_key"] for row in rows]
+    ordered = sorted(
+        rows,
+        key=lambda r: (restate_time(r["created_at"]), int(r["idempotency_key"].rsplit(":", 1)[1])),
+    )
+    return [row["idempotency_key"] for row in ordered]
 
 
 def keys(run_id: str, stream_id: str, n: int) -> list[str]:

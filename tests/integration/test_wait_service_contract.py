@@ -19,7 +19,7 @@ from adapters.wait_service.dbos import DbosWaitService
 from adapters.wait_service.http import HttpWaitService
 from adapters.wait_service.postgres import PostgresWaitService
 from adapters.wait_service.restate import RestateWaitService
-from tests.support.engines import RestateServer, dbos_app, restate_service
+from tests.support.engines import RestateServer, dbos_app, restate_service, restate_time
 from tests.support.postgres import with_database
 from tests.support.server import free_port
 from tests.support.wait_service_contract import TENANT, WaitServiceContract
@@ -218,13 +218,17 @@ class RestateHarness:
     async def received(self, run_id: str, stream_id: str) -> list[int]:
         rows = await asyncio.to_thread(
             self.server.query,
-            "SELECT idempotency_key FROM sys_invocation WHERE target_service_name = 'Waiter' "
-            f"AND target_service_key = '{run_id}' AND target_handler_name = 'on_record' "
-            "ORDER BY created_at, id",
+            "SELECT idempotency_key, created_at FROM sys_invocation "
+            f"WHERE target_service_name = 'Waiter' AND target_service_key = '{run_id}' "
+            "AND target_handler_name = 'on_record'",
         )
         prefix = f"wds:{TENANT}:{run_id}:{stream_id}:"
-        keys = [r["idempotency_key"] for r in rows if r["idempotency_key"].startswith(prefix)]
-        return [int(k.removeprefix(prefix)) for k in keys]
+        taken = [
+            (restate_time(r["created_at"]), int(r["idempotency_key"].removeprefix(prefix)))
+            for r in rows
+            if r["idempotency_key"].startswith(prefix)
+        ]
+        return [sequence for _, sequence in sorted(taken)]  # ties of its ms clock by sequence
 
     @contextlib.asynccontextmanager
     async def outage(self) -> AsyncIterator[None]:

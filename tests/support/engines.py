@@ -207,6 +207,13 @@ class RestateServer:
         return answer.json()["rows"]
 
 
+def restate_time(value: str) -> float:
+    """A timestamp of Restate's SQL introspection (`2026-12-02T17:55:02.648Z`) in seconds."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
 @dataclass
 class _PythonProcess:
     """A Python process of tests/engines, ready when it prints its ready line."""
