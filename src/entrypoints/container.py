@@ -4,6 +4,7 @@ Tests swap an adapter with `container.streams.override(...)` (see `memory_contai
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import os
@@ -175,7 +176,12 @@ async def open_wait_service(
     service = engine_wait_service(settings)
     # An engine that is down at start-up is not a reason to stop: deliveries wait and retry,
     # with the delivery's last_error saying why. It is worth one line in the log, though.
-    problem = await service.check() if hasattr(service, "check") else None
+    problem = None
+    if hasattr(service, "check"):
+        try:
+            problem = await asyncio.wait_for(service.check(), 5.0)
+        except TimeoutError:
+            problem = "no answer within 5 s"
     if problem:
         log.warning("the %s wait service is not reachable yet: %s", settings.wait_service, problem)
     try:
