@@ -18,6 +18,8 @@ PREFIX = "DUCTOR_STREAMS_"
 
 Positive = Annotated[float, msgspec.Meta(gt=0)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
+# `Name/handler`: a Restate virtual object or workflow and the handler each input record calls.
+RESTATE_TARGET = r"[A-Za-z_][A-Za-z0-9_.-]*/[A-Za-z_][A-Za-z0-9_]*"
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 
 
@@ -36,8 +38,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     egress_region: str = "local"  # from_env: REGION when unset (and for object_regions)
     object_regions: Annotated[tuple[str, ...], msgspec.Meta(min_length=1)] = ("local",)
     bootstrap_token: str | None = None
-    wait_service: Literal["postgres", "http"] = "postgres"
+    wait_service: Literal["postgres", "http", "dbos", "restate"] = "postgres"
     wait_service_url: str | None = None
+    # WAIT_SERVICE=dbos and =restate (docs/integrators.md): where input records are delivered.
+    dbos_system_database_url: str | None = None
+    dbos_workflow_id: str = "{run_id}"
+    dbos_topic: str = "{stream_id}"
+    restate_ingress_url: str | None = None
+    restate_target: str | None = None
     pool_min_size: Annotated[int, msgspec.Meta(ge=0)] = 2
     pool_max_size: Count = 20
     statement_timeout_seconds: Positive = 10.0
@@ -125,11 +133,47 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             )
         if settings.jwt_jwks_url and not settings.jwt_jwks_url.startswith(("https://", "http://")):
             raise InvalidSetting(f"{PREFIX}JWT_JWKS_URL must be an http(s) URL")
+        _check_wait_service(settings)
         return settings
 
     @property
     def accepts_jwts(self) -> bool:
         return self.jwt_jwks_url is not None
+
+
+def _check_wait_service(settings: Settings) -> None:
+    """A workflow-engine wait service that cannot work stops the process at start-up, once,
+    naming the variable; one that is only unreachable does not (deliveries retry)."""
+    if settings.wait_service == "dbos":
+        if not settings.dbos_system_database_url:
+            raise InvalidSetting(
+                f"{PREFIX}WAIT_SERVICE=dbos needs {PREFIX}DBOS_SYSTEM_DATABASE_URL "
+                "(the DBOS application's system database, postgresql://...)"
+            )
+        if not settings.dbos_system_database_url.startswith(("postgresql://", "postgres://")):
+            raise InvalidSetting(f"{PREFIX}DBOS_SYSTEM_DATABASE_URL: expected a postgresql:// URL")
+        for name in ("dbos_workflow_id", "dbos_topic"):
+            template = getattr(settings, name)
+            try:
+                template.format(tenant="t", run_id="r", stream_id="s")
+            except (KeyError, IndexError, ValueError) as error:
+                raise InvalidSetting(
+                    f"{PREFIX}{name.upper()}={template!r}: a template may name only {{tenant}}, "
+                    f"{{run_id}} and {{stream_id}} ({type(error).__name__}: {error})"
+                ) from None
+    if settings.wait_service == "restate":
+        if not settings.restate_ingress_url or not settings.restate_target:
+            raise InvalidSetting(
+                f"{PREFIX}WAIT_SERVICE=restate needs {PREFIX}RESTATE_INGRESS_URL and "
+                f"{PREFIX}RESTATE_TARGET"
+            )
+        if not settings.restate_ingress_url.startswith(("http://", "https://")):
+            raise InvalidSetting(f"{PREFIX}RESTATE_INGRESS_URL: expected an http(s) URL")
+        if not re.fullmatch(RESTATE_TARGET, settings.restate_target):
+            raise InvalidSetting(
+                f"{PREFIX}RESTATE_TARGET={settings.restate_target!r}: expected `Name/handler` "
+                "(a virtual object or workflow and its handler, e.g. `Inbox/on_record`)"
+            )
 
 
 def _decode(type_: type, value: Any) -> Any:

@@ -4,7 +4,9 @@ Tests swap an adapter with `container.streams.override(...)` (see `memory_contai
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import logging
 import os
 import secrets
 import socket
@@ -71,10 +73,14 @@ from application.subscribe import Subscribe, SubscriptionSlots
 from application.tokens import Authenticate, IssueToken, MintToken, TenantTokens, TokenCache
 from application.wake import WakeRegistry
 from application.workers import LeasedSweep, Periodic, Worker
-from entrypoints.config import Settings
+from entrypoints.config import InvalidSetting, Settings
 
 if TYPE_CHECKING:
+    from adapters.wait_service.dbos import DbosWaitService
     from adapters.wait_service.http import HttpWaitService
+    from adapters.wait_service.restate import RestateWaitService
+
+log = logging.getLogger("ductor_streams.workers")
 
 
 # Streams one dispatcher publishes side by side: one stream's backlog (or slow wait service)
@@ -164,17 +170,21 @@ async def open_object_stores(settings: Settings) -> AsyncIterator[ObjectStores]:
 
 async def open_wait_service(
     settings: Settings, pool: asyncpg.Pool
-) -> AsyncIterator[PostgresWaitService | HttpWaitService]:
+) -> AsyncIterator[PostgresWaitService | HttpWaitService | DbosWaitService | RestateWaitService]:
     if settings.wait_service == "postgres":
         yield PostgresWaitService(pool)
         return
-    if settings.wait_service != "http" or not settings.wait_service_url:
-        raise ValueError("WAIT_SERVICE is postgres, or http with WAIT_SERVICE_URL")
-    # Imported only when configured: the HTTP client and what it loads cost every process
-    # several MB otherwise.
-    from adapters.wait_service.http import HttpWaitService
-
-    service = HttpWaitService(settings.wait_service_url)
+    service = engine_wait_service(settings)
+    # An engine that is down at start-up is not a reason to stop: deliveries wait and retry,
+    # with the delivery's last_error saying why. It is worth one line in the log, though.
+    problem = None
+    if hasattr(service, "check"):
+        try:
+            problem = await asyncio.wait_for(service.check(), 5.0)
+        except TimeoutError:
+            problem = "no answer within 5 s"
+    if problem:
+        log.warning("the %s wait service is not reachable yet: %s", settings.wait_service, problem)
     try:
         yield service
     finally:
@@ -198,6 +208,41 @@ def jwt_callers(settings: Settings) -> JwtCallers | None:
         refresh_seconds=settings.jwt_jwks_refresh_seconds,
     )
     return JwtCallers(verifier, settings.jwt_tenant_claim)
+
+
+def engine_wait_service(
+    settings: Settings,
+) -> HttpWaitService | DbosWaitService | RestateWaitService:
+    """The configured wait service other than the PostgreSQL table (Settings.from_env has
+    checked its variables). Imported only when configured: the HTTP and DBOS clients and what
+    they load cost every process several MB otherwise."""
+    if settings.wait_service == "dbos":
+        assert settings.dbos_system_database_url is not None
+        try:
+            from adapters.wait_service.dbos import DbosWaitService
+
+            return DbosWaitService(
+                settings.dbos_system_database_url, settings.dbos_workflow_id, settings.dbos_topic
+            )
+        except ImportError as error:
+            raise InvalidSetting(
+                "DUCTOR_STREAMS_WAIT_SERVICE=dbos needs the `dbos` package: install "
+                f"ductor-streams[dbos] ({error})"
+            ) from None
+        except Exception as error:  # DBOS's client refuses a URL it cannot use
+            raise InvalidSetting(
+                f"DUCTOR_STREAMS_DBOS_SYSTEM_DATABASE_URL: {type(error).__name__}: {error}"
+            ) from None
+    if settings.wait_service == "restate":
+        assert settings.restate_ingress_url is not None and settings.restate_target is not None
+        from adapters.wait_service.restate import RestateWaitService
+
+        return RestateWaitService(settings.restate_ingress_url, settings.restate_target)
+    if settings.wait_service != "http" or not settings.wait_service_url:
+        raise ValueError("WAIT_SERVICE is postgres, or http with WAIT_SERVICE_URL")
+    from adapters.wait_service.http import HttpWaitService
+
+    return HttpWaitService(settings.wait_service_url)
 
 
 class Container(containers.DeclarativeContainer):

@@ -213,3 +213,47 @@ async def test_a_killed_dispatchers_streams_resume_within_ten_seconds(
             for process in (first, second, server):
                 if process is not None:
                     process.stop()
+
+
+async def test_a_dispatcher_moving_down_a_backlog_keeps_its_claim_through_each_renewal(
+    own_pool: asyncpg.Pool,
+) -> None:
+    """A renewal that meets `advance` moving the claim from record n to n+1 (its row locked,
+    then delivered) still finds the claim on n+1: the job is not cancelled as taken over."""
+    stream_id = "backlog-" + secrets.token_hex(3)
+    n = 400
+    await own_pool.execute(
+        "INSERT INTO input_deliveries (tenant, run_id, stream_id, sequence)"
+        " SELECT 't', 'r', $1, s FROM generate_series(1, $2) AS s",
+        stream_id,
+        n,
+    )
+    deliveries = PostgresInputDeliveries(own_pool, "first", lease_seconds=LEASE)
+    runs: list[int] = []
+    cancelled: list[int] = []
+    done = asyncio.Event()
+
+    async def handle(job: Job) -> None:  # what Dispatch.run_job does, minus the publishing
+        runs.append(job.id or 0)
+        current: Job | None = job
+        try:
+            while current is not None:
+                await asyncio.sleep(0.002)  # a quick wait service
+                last = current.id
+                current = await deliveries.advance(current)
+        except asyncio.CancelledError:
+            cancelled.append(last or 0)
+            raise
+        if last == n:
+            done.set()
+
+    stopping = asyncio.Event()
+    worker = asyncio.create_task(
+        Worker("first", deliveries, handle, poll_seconds=0.05).run(stopping)
+    )
+    try:
+        await asyncio.wait_for(done.wait(), 60)
+    finally:
+        stopping.set()
+        await worker
+    assert cancelled == [] and runs == [1]  # one claim, followed to the end, never cancelled

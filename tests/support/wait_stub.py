@@ -13,6 +13,7 @@ class WaitServiceStub:
         self.accepted: dict[str, dict] = {}  # first acceptance, in order
         self.requests = 0
         self.duplicates = 0
+        self.refuse_with: int | None = None  # answer every request so, accepting nothing
         self._lock = threading.Lock()
         stub = self
 
@@ -24,7 +25,9 @@ class WaitServiceStub:
                 with stub._lock:
                     stub.requests += 1
                     n = stub.requests
-                    if n % fail_every == 0:
+                    if stub.refuse_with is not None:
+                        status = stub.refuse_with
+                    elif n % fail_every == 0:
                         status = 503  # refused before accepting
                     else:
                         if key in stub.accepted:

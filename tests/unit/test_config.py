@@ -4,6 +4,7 @@ value stops a command with one line naming the variable. The commands document t
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -185,3 +186,68 @@ def test_a_port_out_of_range_is_a_usage_error_not_a_traceback() -> None:
     done = cli("serve", "--port", "70000")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--port" in done.stderr and "70000" in done.stderr
+
+
+def test_the_workflow_engine_wait_services_take_their_mapping_from_the_environment() -> None:
+    dbos = from_env(
+        WAIT_SERVICE="dbos",
+        DBOS_SYSTEM_DATABASE_URL="postgresql://db/dbos",
+        DBOS_WORKFLOW_ID="{tenant}-{run_id}",
+    )
+    assert (dbos.wait_service, dbos.dbos_workflow_id, dbos.dbos_topic) == (
+        "dbos",
+        "{tenant}-{run_id}",
+        "{stream_id}",
+    )
+    restate = from_env(
+        WAIT_SERVICE="restate",
+        RESTATE_INGRESS_URL="http://127.0.0.1:8080",
+        RESTATE_TARGET="Inbox/on_record",
+    )
+    assert (restate.restate_ingress_url, restate.restate_target) == (
+        "http://127.0.0.1:8080",
+        "Inbox/on_record",
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"WAIT_SERVICE": "dbos"}, "DUCTOR_STREAMS_DBOS_SYSTEM_DATABASE_URL"),
+        (
+            {"WAIT_SERVICE": "dbos", "DBOS_SYSTEM_DATABASE_URL": "sqlite:///x"},
+            "DUCTOR_STREAMS_DBOS_SYSTEM_DATABASE_URL",
+        ),
+        (
+            {
+                "WAIT_SERVICE": "dbos",
+                "DBOS_SYSTEM_DATABASE_URL": "postgresql://db/x",
+                "DBOS_TOPIC": "{stream}",
+            },
+            "DUCTOR_STREAMS_DBOS_TOPIC='{stream}'",
+        ),
+        ({"WAIT_SERVICE": "restate", "RESTATE_TARGET": "A/b"}, "RESTATE_INGRESS_URL"),
+        (
+            {
+                "WAIT_SERVICE": "restate",
+                "RESTATE_INGRESS_URL": "127.0.0.1:8080",
+                "RESTATE_TARGET": "A/b",
+            },
+            "DUCTOR_STREAMS_RESTATE_INGRESS_URL",
+        ),
+        (
+            {
+                "WAIT_SERVICE": "restate",
+                "RESTATE_INGRESS_URL": "http://127.0.0.1:8080",
+                "RESTATE_TARGET": "A/b/send",
+            },
+            "expected `Name/handler`",
+        ),
+        ({"WAIT_SERVICE": "temporal"}, "expected one of postgres, http, dbos, restate"),
+    ],
+)
+def test_a_wait_service_that_cannot_work_is_refused_naming_the_variable(
+    values: dict[str, str], named: str
+) -> None:
+    with pytest.raises(InvalidSetting, match=re.escape(named)):
+        from_env(**values)

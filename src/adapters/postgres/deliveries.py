@@ -67,6 +67,12 @@ WHERE claimed_by = $1 AND delivered_at IS NULL
 RETURNING tenant, run_id, stream_id
 """
 
+_STILL_CLAIMED = """
+SELECT DISTINCT tenant, run_id, stream_id FROM input_deliveries
+WHERE claimed_by = $1 AND delivered_at IS NULL
+  AND (tenant, run_id, stream_id) IN (SELECT * FROM unnest($2::text[], $3::text[], $4::text[]))
+"""
+
 _STATUS = """
 SELECT coalesce(max(sequence) FILTER (WHERE delivered_at IS NOT NULL), 0),
        count(*) FILTER (WHERE delivered_at IS NULL),
@@ -93,6 +99,15 @@ class PostgresInputDeliveries:
         columns = [list(column) for column in zip(*(job.key for job in jobs), strict=True)]
         rows = await self._pool.fetch(_RENEW, self.worker_id, self.lease_seconds, *columns)
         held = {StreamKey(*r) for r in rows}
+        missing = [job for job in jobs if job.key not in held]
+        if missing:
+            # An `advance` that committed while the UPDATE waited on its row moved the claim to
+            # a row the UPDATE's snapshot did not see as ours: it skips both and answers
+            # nothing for the stream. A plain read (it waits on no lock) sees the claim on one
+            # row or the other, and `advance` gave the new one a fresh lease.
+            columns = [list(c) for c in zip(*(job.key for job in missing), strict=True)]
+            rows = await self._pool.fetch(_STILL_CLAIMED, self.worker_id, *columns)
+            held |= {StreamKey(*r) for r in rows}
         return [job for job in jobs if job.key not in held]
 
     async def done(self, job: Job, next_in: float | None) -> None:

@@ -1,0 +1,135 @@
+"""The wait service is DBOS: each event is a message `DBOSClient.send`s to the run's workflow.
+
+The destination workflow id and the topic come from templates over the event's `tenant`,
+`run_id` and `stream_id` (defaults: the run ID, the stream ID); the message is the event object
+in DBOS's portable JSON, so a workflow in any DBOS language reads it as a plain JSON object; the
+idempotency key is the event id, so a publish repeated after a lost answer (or by a second
+worker) inserts nothing: DBOS keeps consumed messages under their key. A workflow that calls
+`DBOS.recv(topic)` gets the stream's records once each, in sequence order.
+
+DBOS's client is synchronous (SQLAlchemy over psycopg): every call runs in a thread, never on
+the event loop. Its own retry-until-reconnected is off, so an unreachable system database is a
+PublishFailed that the dispatcher backs off from, with the delivery's `last_error` saying so.
+
+DBOS delivers a topic's messages oldest first by the millisecond its insert transaction
+started. So that two sends of one stream never share that millisecond (and so an order), the
+adapter leaves `SPACING_SECONDS` between the sends of one destination and topic."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import msgspec
+
+from application.input_delivery import PublishFailed
+
+log = logging.getLogger("ductor_streams.dispatcher")
+
+SPACING_SECONDS = 0.002
+# A DBOS system database without DBOS's tables (no DBOS application has launched on it yet, or
+# the wrong database): retried this often, recorded as the last error meanwhile.
+MISCONFIGURED_RETRY_SECONDS = 60.0
+TEMPLATE_FIELDS = ("tenant", "run_id", "stream_id")
+
+_decode = msgspec.json.Decoder()
+
+
+def check_template(name: str, template: str) -> str:
+    """`template` if it names only the event's tenant, run_id and stream_id; else ValueError."""
+    try:
+        template.format(**dict.fromkeys(TEMPLATE_FIELDS, "x"))
+    except (KeyError, IndexError, ValueError) as error:
+        raise ValueError(
+            f"{name}={template!r} is not a template over {{tenant}}, {{run_id}} and "
+            f"{{stream_id}} ({type(error).__name__}: {error})"
+        ) from None
+    return template
+
+
+class DbosWaitService:
+    def __init__(
+        self,
+        system_database_url: str,
+        workflow_id: str = "{run_id}",
+        topic: str = "{stream_id}",
+        *,
+        client: Any = None,
+    ) -> None:
+        self._workflow_id = check_template("DBOS_WORKFLOW_ID", workflow_id)
+        self._topic = check_template("DBOS_TOPIC", topic)
+        if client is None:
+            from dbos import DBOSClient  # the `dbos` extra, loaded only when configured
+
+            # lazy: an engine that is down at start-up is a delivery to retry, not a crash
+            client = DBOSClient(
+                system_database_url=system_database_url,
+                lazy=True,
+                retry_connection_errors=False,
+                system_database_pool_size=8,  # the streams one dispatcher sends to at a time
+            )
+        self._client = client
+        self._last_send: dict[tuple[str, str], float] = {}
+
+    async def check(self) -> str | None:
+        """None when the system database answers, else why not (for a start-up warning)."""
+        try:
+            await self._client.check_connection_async()
+        except Exception as error:
+            return f"{type(error).__name__}: {_first_line(error)}"
+        return None
+
+    async def publish(self, event_id: str, event: bytes) -> None:
+        from dbos import WorkflowSerializationFormat
+        from dbos._error import DBOSNonExistentWorkflowError
+
+        fields = _decode.decode(event)
+        names = {name: fields[name] for name in TEMPLATE_FIELDS}
+        destination = self._workflow_id.format(**names)
+        topic = self._topic.format(**names)
+        await self._space((destination, topic))
+        try:
+            await asyncio.to_thread(
+                self._client.send,
+                destination,
+                fields,
+                topic,
+                event_id,
+                serialization_type=WorkflowSerializationFormat.PORTABLE,
+            )
+        except DBOSNonExistentWorkflowError:
+            # Not yet started, perhaps: retried with the usual backoff, never dropped.
+            raise PublishFailed(f"DBOS has no workflow {destination!r} (yet)") from None
+        except Exception as error:
+            detail = _first_line(error)
+            if "does not exist" in detail and ("relation" in detail or "schema" in detail):
+                raise PublishFailed(
+                    f"not a DBOS system database (no DBOS application has launched on it): "
+                    f"{detail}",
+                    MISCONFIGURED_RETRY_SECONDS,
+                ) from None
+            raise PublishFailed(
+                f"DBOS system database unreachable: {type(error).__name__}: {detail}"
+            ) from None
+        finally:
+            self._last_send[(destination, topic)] = time.monotonic()
+
+    async def _space(self, key: tuple[str, str]) -> None:
+        last = self._last_send.get(key)
+        if last is not None:
+            wait = last + SPACING_SECONDS - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        if len(self._last_send) > 10_000:  # forget the streams that have gone quiet
+            cutoff = time.monotonic() - 1.0
+            self._last_send = {k: t for k, t in self._last_send.items() if t > cutoff}
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._client.destroy)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__
