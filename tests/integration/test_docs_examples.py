@@ -58,6 +58,11 @@ NOT_RUN = {
     ("README.md", "open http://127.0.0.1:8080/console"): "opens a browser (tests/browser)",
     ("docs/benchmarks.md", "python3 dev.py bench"): "minutes of the whole machine each",
     ("docs/integrators.md", "# tests/integration/test_my_store.py"): "a template for your own",
+    ("docs/integrators.md", "import os"): (
+        "a DBOS or Restate workflow: it runs inside that engine; tests/integration/"
+        "test_engines.py runs the same pattern (tests/engines/) against real engines"
+    ),
+    ("docs/integrators.md", "npm ci --prefix tests/engines"): "the engines' own tests and bench",
 }
 
 
