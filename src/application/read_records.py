@@ -8,6 +8,7 @@ from datetime import datetime
 from application.access import Caller, require_reader
 from application.definitions import Definitions
 from application.errors import NotFound, Unauthenticated
+from application.live_slots import LiveSlots, Slot
 from application.ports import Position, RecordReader
 from application.tokens import Lease, TokenCache
 from application.views import RecordsPage, StoredPage
@@ -27,8 +28,11 @@ class ReadRecords:
         reader: RecordReader,
         wake: WakeRegistry,
         tokens: TokenCache | None = None,
+        slots: LiveSlots | None = None,
     ) -> None:
         self._definitions = definitions
+        # A read that waits holds one of its principal's live-connection slots while it waits.
+        self._slots = slots or LiveSlots(1_000)
         # A waiting read is refused (401) once its token is revoked or expires meanwhile.
         self._tokens = tokens or TokenCache()
         self._reader = reader
@@ -74,22 +78,30 @@ class ReadRecords:
         # Listen before reading, so an append committed between the read and the wait still
         # wakes this reader.
         lease = self._tokens.hold(caller)
+        held: list[Slot] = []
         try:
             with self._wake.listen(key) as listener:
                 lease.on_end(listener.wake)
-                return await self._wait(key, cursor, limit, deadline, listener, lease)
+                return await self._wait(caller, key, cursor, limit, deadline, listener, lease, held)
         finally:
+            for slot in held:  # whatever ended the wait: records, timeout, error, disconnect
+                self._slots.release(caller, slot)
             self._tokens.release(lease)
 
     async def _wait(
         self,
+        caller: Caller,
         key: StreamKey,
         cursor: int,
         limit: int,
         deadline: float,
         listener: Listener,
         lease: Lease,
+        held: list[Slot],
     ) -> StoredPage:
+        """The first non-empty page (or the empty one at the deadline). Only a read that has
+        to wait takes a slot (into `held`, which the caller gives back): one answered at once
+        holds no connection open, so it is never refused for the cap."""
         created_at = None
         while True:
             if lease.ended:
@@ -106,6 +118,8 @@ class ReadRecords:
                 # Deleted while waiting, and created again since: another stream.
                 raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
             created_at = page
+            if not held:
+                held.append(self._slots.admit(caller))
             await listener.wait(remaining)
 
     async def _page(

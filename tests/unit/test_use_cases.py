@@ -187,7 +187,7 @@ async def test_checking_a_subscription_takes_no_slot_but_is_refused_at_the_cap()
     s = await start(container)
     try:
         await s.create_stream(ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
-        slots = container.subscription_slots()
+        slots = container.live_slots()
         for _ in range(3):
             await s.subscribe.check(ALICE, "r", "x", 0)
         assert slots.count() == 0

@@ -22,6 +22,7 @@ from litestar import Request
 from application.access import Caller
 from application.durable_reads import Page
 from application.live import Idle, RecordsDelivered, StreamEnded
+from application.live_slots import Slot
 from application.ports import StoredRecord
 from application.views import record_view
 from domain import errors
@@ -451,8 +452,10 @@ async def read(request: Request) -> Any:
     page = await reads.page(key, query.cursor, PAGE_RECORDS)
     if query.live == "sse":
         start = page.position.head if query.cursor is None else query.cursor
+        # Refused (429) here, before the event stream starts, past the principal's cap.
+        slot = reads.hold_live(caller)
         return sse(
-            services, caller, key, definition, content_type, page, start, query.client_cursor
+            slot, services, caller, key, definition, content_type, page, start, query.client_cursor
         )
     position = page.position
     start = position.head if query.cursor is None else query.cursor
@@ -541,6 +544,7 @@ KEEP_ALIVE = b": keep-alive\n\n"
 
 
 def sse(
+    slot: Slot,
     services: Services,
     caller: Caller,
     key: Any,
@@ -553,6 +557,14 @@ def sse(
     reads = services.durable_reads
 
     async def events() -> AsyncIterator[bytes]:
+        try:
+            async with contextlib.aclosing(follow_events()) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:  # ended, closed, deleted, cut off by the client or by an error
+            reads.release_live(caller, slot)
+
+    async def follow_events() -> AsyncIterator[bytes]:
         deadline = time.monotonic() + SSE_SECONDS
         page, last = first, start
         while True:  # catch-up from the source, page by page
