@@ -176,7 +176,9 @@ class StreamState(_Answer):
     total_bytes: int
     consumers: tuple[Consumer, ...]
     credit: Credit
-    open_objects: tuple[OpenObject, ...]
+    open_objects: tuple[OpenObject, ...]  # the first 20, oldest first (GET …/objects: all)
+    open_objects_count: int = 0  # of all open intents
+    open_objects_bytes: int = 0  # what they pledge against max_total_bytes
     input_delivery: InputDelivery | None = None
 
 

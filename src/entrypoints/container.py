@@ -62,7 +62,7 @@ from application.list_runs import ListRuns
 from application.list_streams import ListStreams
 from application.live import LiveTails
 from application.live_slots import LiveSlots
-from application.objects import Objects, ObjectStores
+from application.objects import ListOpenObjects, Objects, ObjectStores
 from application.placement import Deployment
 from application.read_records import ReadRecords
 from application.retention import PruneRetention
@@ -225,7 +225,16 @@ class Container(containers.DeclarativeContainer):
     delete_run = providers.Singleton(DeleteRun, streams, definitions, clock)
     list_runs = providers.Singleton(ListRuns, streams, access_log)
     object_stores = providers.Resource(open_object_stores, settings)
-    objects = providers.Singleton(Objects, definitions, streams, commits, object_stores, clock)
+    objects = providers.Singleton(
+        Objects,
+        definitions,
+        streams,
+        commits,
+        object_stores,
+        clock,
+        max_open_objects=settings.provided.max_open_objects_per_stream,
+    )
+    list_objects = providers.Singleton(ListOpenObjects, definitions, streams, streams)
     delete_bodies = providers.Singleton(
         DeleteBodies,
         streams,
@@ -391,6 +400,7 @@ class Services:
     list_runs: ListRuns
     subscribe: Subscribe
     objects: Objects
+    list_objects: ListOpenObjects
     # The Durable Streams surface (entrypoints/durable_streams).
     durable_reads: DurableReads
     forks: Forks
