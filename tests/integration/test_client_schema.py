@@ -37,6 +37,7 @@ SHARED: dict[str, type[msgspec.Struct]] = {
     "CommitAnswer": models.CommitAnswer,
     "RunList": models.RunsPage,
     "RunSummary": models.RunSummary,
+    "ObjectList": models.OpenObjectsPage,
 }
 # Fields the server's schema leaves open (any JSON) that the client reads as a documented shape.
 NARROWED = {
@@ -61,6 +62,7 @@ ANSWERS = {
     "abortObject": "ObjectView",
     "commitObject": "CommitAnswer",
     "listRuns": "RunList",
+    "listObjects": "ObjectList",
 }
 
 

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from tests.conftest import on_each_object_store
+from ductor_streams_client import StreamsClient
+from tests.conftest import BOOTSTRAP_TOKEN, on_each_object_store
 from tests.support.server import ServerProcess
 
 MIB = 1024 * 1024
@@ -120,7 +121,7 @@ async def test_a_prepare_counts_open_intents_against_the_total_records(
 
 
 async def test_open_intents_per_stream_are_bounded_and_paged_outside_the_document(
-    api: httpx.AsyncClient, run_id: str
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
 ) -> None:
     path = await new_stream(api, run_id)
     ids = []
@@ -155,6 +156,14 @@ async def test_open_intents_per_stream_are_bounded_and_paged_outside_the_documen
         if after is None:
             break
     assert seen == ids
+    # The client pages the same way, and reads the document's counts.
+    async with StreamsClient(server.base_url, BOOTSTRAP_TOKEN) as client:
+        first = await client.list_open_objects(run_id, "o", limit=30)
+        rest = await client.list_open_objects(run_id, "o", after=first.next_after)
+        assert [o.object_id for o in (*first.objects, *rest.objects)] == ids
+        assert rest.next_after is None
+        state = (await client.get_stream(run_id, "o")).state
+        assert (state.open_objects_count, len(state.open_objects)) == (OPEN_CAP, DOCUMENT_PAGE)
     assert {"object_id", "state", "size", "content_type", "created_at", "expires_at"} <= set(
         (await api.get(f"{path}/objects")).json()["objects"][0]
     )
