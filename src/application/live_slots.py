@@ -39,10 +39,6 @@ class LiveSlots:
         self._max = max_per_principal
         self._active: dict[tuple[str, str], weakref.WeakSet[Slot]] = {}
 
-    @property
-    def cap(self) -> int:
-        return self._max
-
     def admit(self, caller: Caller) -> Slot:
         self.check(caller)
         slot = Slot()

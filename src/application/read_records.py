@@ -78,14 +78,11 @@ class ReadRecords:
         # Listen before reading, so an append committed between the read and the wait still
         # wakes this reader.
         lease = self._tokens.hold(caller)
-        held: list[Slot] = []
         try:
             with self._wake.listen(key) as listener:
                 lease.on_end(listener.wake)
-                return await self._wait(caller, key, cursor, limit, deadline, listener, lease, held)
+                return await self._wait(caller, key, cursor, limit, deadline, listener, lease)
         finally:
-            for slot in held:  # whatever ended the wait: records, timeout, error, disconnect
-                self._slots.release(caller, slot)
             self._tokens.release(lease)
 
     async def _wait(
@@ -97,30 +94,34 @@ class ReadRecords:
         deadline: float,
         listener: Listener,
         lease: Lease,
-        held: list[Slot],
     ) -> StoredPage:
         """The first non-empty page (or the empty one at the deadline). Only a read that has
-        to wait takes a slot (into `held`, which the caller gives back): one answered at once
-        holds no connection open, so it is never refused for the cap."""
+        to wait takes a slot: one answered at once holds no connection open, so it is never
+        refused for the cap. The slot is given back however the wait ends (records, the
+        deadline, an error, or the request cancelled)."""
+        slot: Slot | None = None
         created_at = None
-        while True:
-            if lease.ended:
-                raise Unauthenticated("unknown, revoked or expired token")
-            if listener.deleted:
-                raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-            remaining = deadline - time.monotonic()
-            page = await self._page(key, cursor, limit, wait_more=remaining > 0)
-            if lease.ended:
-                raise Unauthenticated("unknown, revoked or expired token")
-            if isinstance(page, StoredPage):
-                return page
-            if created_at is not None and page != created_at:
-                # Deleted while waiting, and created again since: another stream.
-                raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-            created_at = page
-            if not held:
-                held.append(self._slots.admit(caller))
-            await listener.wait(remaining)
+        try:
+            while True:
+                if lease.ended:
+                    raise Unauthenticated("unknown, revoked or expired token")
+                if listener.deleted:
+                    raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+                remaining = deadline - time.monotonic()
+                page = await self._page(key, cursor, limit, wait_more=remaining > 0)
+                if lease.ended:
+                    raise Unauthenticated("unknown, revoked or expired token")
+                if isinstance(page, StoredPage):
+                    return page
+                if created_at is not None and page != created_at:
+                    # Deleted while waiting, and created again since: another stream.
+                    raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+                created_at = page
+                if slot is None:
+                    slot = self._slots.admit(caller)  # 429 past the cap, before waiting
+                await listener.wait(remaining)
+        finally:
+            self._slots.release(caller, slot)
 
     async def _page(
         self, key: StreamKey, cursor: int, limit: int, *, wait_more: bool
