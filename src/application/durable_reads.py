@@ -25,6 +25,7 @@ from application.live import (
     StreamEnded,
     StreamGone,
 )
+from application.live_slots import LiveSlots, Slot
 from application.ports import Position, RecordReader, StoredRecord
 from application.read_records import check_cursor
 from application.tokens import Lease, TokenCache
@@ -59,8 +60,12 @@ class DurableReads:
         tails: LiveTails,
         heartbeat_seconds: float = 15.0,
         tokens: TokenCache | None = None,
+        slots: LiveSlots | None = None,
     ) -> None:
         self._definitions = definitions
+        # A long-poll and a live=sse read each hold one of the principal's live-connection
+        # slots (the same cap as native subscriptions and waiting reads) while they are open.
+        self._slots = slots or LiveSlots(1_000)
         self._reader = reader
         self._tails = tails
         self._heartbeat = heartbeat_seconds
@@ -93,12 +98,23 @@ class DurableReads:
     async def wait(self, key: StreamKey, cursor: int, timeout: float, *, caller: Caller) -> Waited:
         """The first records after `cursor` appended within `timeout` seconds, on the shared
         tail; or none, at once when the stream is (or becomes) closed at `cursor`. Refused
-        (401) as soon as `caller`'s token is revoked or expires meanwhile."""
+        (401) as soon as `caller`'s token is revoked or expires meanwhile. Refused (429)
+        before it waits when the principal's live connections are at the cap."""
+        slot = self._slots.admit(caller)
         lease = self._tokens.hold(caller)
         try:
             return await self._wait(key, cursor, timeout, lease)
         finally:
             self._tokens.release(lease)
+            self._slots.release(caller, slot)
+
+    def hold_live(self, caller: Caller) -> Slot:
+        """A live-connection slot for a `live=sse` read, taken before its response starts
+        (429 past the cap); the response gives it back with `release_live` when it ends."""
+        return self._slots.admit(caller)
+
+    def release_live(self, caller: Caller, slot: Slot) -> None:
+        self._slots.release(caller, slot)
 
     async def _wait(self, key: StreamKey, cursor: int, timeout: float, lease: Lease) -> Waited:
         follow = self._tails.follow(key, cursor, max(self._heartbeat, timeout + 1), lease)

@@ -21,7 +21,8 @@ from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
 from application.group_commit import GroupCommit, run_one
 from application.placement import Misdirected
-from application.ports import Clock, Idempotency, ObjectIntents, ObjectStore
+from application.ports import Clock, Idempotency, ObjectIntents, ObjectStore, StreamRepository
+from application.views import ObjectList, open_intents, open_object_view
 from domain import errors
 from domain.definition import MAX_OBJECT_BYTES
 from domain.events import Event, ObjectCommitted
@@ -132,12 +133,15 @@ class _ObjectCommand:
 
 
 class PrepareCommand(_ObjectCommand):
-    def __init__(self, intent: ObjectIntent, caller: Caller, now: datetime) -> None:
-        self.intent, self.caller, self.now = intent, caller, now
+    def __init__(
+        self, intent: ObjectIntent, caller: Caller, now: datetime, max_open: int | None = None
+    ) -> None:
+        self.intent, self.caller, self.now, self.max_open = intent, caller, now, max_open
 
     def decide(self, stream: Stream, offset: int | None) -> list[Event]:
         require_writer(self.caller, stream.definition)
-        return stream.prepare_object(self.intent, self.now)
+        # Under the row lock: concurrent prepares cannot pledge past the ceilings together.
+        return stream.prepare_object(self.intent, self.now, self.max_open)
 
     def answer(self, stream: Stream, events: list[Event]) -> object:
         return stream.state.objects.get(self.intent.object_id)
@@ -214,8 +218,11 @@ class Objects:
         commits: GroupCommit,
         stores: ObjectStores,
         clock: Clock,
+        max_open_objects: int | None = None,
     ) -> None:
         self._definitions = definitions
+        # Open (prepared or uploaded) intents a stream may have at once (None: no bound).
+        self._max_open = max_open_objects
         self._intents = intents
         self._commits = commits
         self._stores = stores
@@ -284,7 +291,9 @@ class Objects:
             expires_at=now + timedelta(seconds=request.expires_in_seconds),
             created_at=now,
         )
-        stored = await run_one(self._commits, key, PrepareCommand(intent, caller, now))
+        stored = await run_one(
+            self._commits, key, PrepareCommand(intent, caller, now, self._max_open)
+        )
         created = stored is not None and stored.created_at == now
         return object_view(stored or intent), created
 
@@ -295,12 +304,22 @@ class Objects:
         stream_id: str,
         object_id: str,
         chunks: AsyncIterator[bytes],
+        announced: int | None = None,
     ) -> ObjectView:
+        """Stream the body to the store. A body longer than the intent declared is refused
+        (`object-too-large`) as soon as it passes the declared size, or before any of it is read
+        when its announced length (`Content-Length`) already does; nothing of it stays stored."""
         key, intent = await self._own(caller, run_id, stream_id, object_id)
         if intent.state != "prepared":
             raise errors.ObjectStateConflict(f"object {object_id!r} is {intent.state}")
         if intent.expires_at <= self._clock():
             raise errors.ObjectStateConflict(f"object {object_id!r} expired")
+        if announced is not None and announced > intent.size:
+            raise errors.ObjectTooLarge(
+                f"the body announces {announced} bytes; the intent declared {intent.size}",
+                size=announced,
+                limit=intent.size,
+            )
         store = self._stores.store(intent.storage_region)
         stored = await store.put(intent.storage_key, chunks, max_size=intent.size)
         if stored.size != intent.size:
@@ -387,3 +406,56 @@ class Objects:
         for key, object_id in due:
             await run_one(self._commits, key, ExpireCommand(object_id, now))
         return len(due)
+
+
+DEFAULT_OBJECTS_LIMIT = 100
+MAX_OBJECTS_LIMIT = 1_000
+
+
+class ListOpenObjects:
+    """A stream's open (prepared or uploaded) object intents, page by page, in the order the
+    stream document shows its first ones: oldest first, then by object ID."""
+
+    def __init__(
+        self, definitions: Definitions, streams: StreamRepository, intents: ObjectIntents
+    ) -> None:
+        self._definitions = definitions
+        self._streams = streams
+        self._intents = intents
+
+    async def __call__(
+        self,
+        caller: Caller,
+        run_id: str,
+        stream_id: str,
+        after: str | None = None,
+        limit: int = DEFAULT_OBJECTS_LIMIT,
+    ) -> ObjectList:
+        caller.require("streams:read")
+        key = caller.key(run_id, stream_id)
+        if not 1 <= limit <= MAX_OBJECTS_LIMIT:
+            raise errors.InvalidInput(f"limit must be 1 to {MAX_OBJECTS_LIMIT}", field="limit")
+        if after is not None:
+            check_id("after", after)
+        require_reader(caller, await self._definitions.get(key))
+        stream = await self._streams.load(key)
+        if stream is None:
+            raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")
+        stream.require_live()
+        intents = open_intents(stream)
+        if after is not None:
+            # Keyset on (created_at, object_id): `after` may have been committed, aborted or
+            # expired since it was answered; its intent still says where the page resumes.
+            last = stream.state.objects.get(after) or await self._intents.intent(key, after)
+            if last is None:
+                raise errors.InvalidInput(
+                    f"after {after!r} is no object of this stream", field="after"
+                )
+            mark = (last.created_at, last.object_id)
+            intents = [i for i in intents if (i.created_at, i.object_id) > mark]
+        page = intents[:limit]
+        more = len(intents) > limit
+        return ObjectList(
+            objects=[open_object_view(i) for i in page],
+            next_after=page[-1].object_id if more else None,
+        )

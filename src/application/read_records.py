@@ -8,6 +8,7 @@ from datetime import datetime
 from application.access import Caller, require_reader
 from application.definitions import Definitions
 from application.errors import NotFound, Unauthenticated
+from application.live_slots import LiveSlots, Slot
 from application.ports import Position, RecordReader
 from application.tokens import Lease, TokenCache
 from application.views import RecordsPage, StoredPage
@@ -27,8 +28,11 @@ class ReadRecords:
         reader: RecordReader,
         wake: WakeRegistry,
         tokens: TokenCache | None = None,
+        slots: LiveSlots | None = None,
     ) -> None:
         self._definitions = definitions
+        # A read that waits holds one of its principal's live-connection slots while it waits.
+        self._slots = slots or LiveSlots(1_000)
         # A waiting read is refused (401) once its token is revoked or expires meanwhile.
         self._tokens = tokens or TokenCache()
         self._reader = reader
@@ -79,12 +83,13 @@ class ReadRecords:
         try:
             with self._wake.listen(key) as listener:
                 lease.on_end(listener.wake)
-                return await self._wait(key, cursor, limit, deadline, listener, lease)
+                return await self._wait(caller, key, cursor, limit, deadline, listener, lease)
         finally:
             self._tokens.release(lease)
 
     async def _wait(
         self,
+        caller: Caller,
         key: StreamKey,
         cursor: int,
         limit: int,
@@ -92,23 +97,33 @@ class ReadRecords:
         listener: Listener,
         lease: Lease,
     ) -> StoredPage:
+        """The first non-empty page (or the empty one at the deadline). Only a read that has
+        to wait takes a slot: one answered at once holds no connection open, so it is never
+        refused for the cap. The slot is given back however the wait ends (records, the
+        deadline, an error, or the request cancelled)."""
+        slot: Slot | None = None
         created_at = None
-        while True:
-            if lease.ended:
-                raise Unauthenticated("unknown, revoked or expired token")
-            if listener.deleted:
-                raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-            remaining = deadline - time.monotonic()
-            page = await self._page(key, cursor, limit, wait_more=remaining > 0)
-            if lease.ended:
-                raise Unauthenticated("unknown, revoked or expired token")
-            if isinstance(page, StoredPage):
-                return page
-            if created_at is not None and page != created_at:
-                # Deleted while waiting, and created again since: another stream.
-                raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-            created_at = page
-            await listener.wait(remaining)
+        try:
+            while True:
+                if lease.ended:
+                    raise Unauthenticated("unknown, revoked or expired token")
+                if listener.deleted:
+                    raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+                remaining = deadline - time.monotonic()
+                page = await self._page(key, cursor, limit, wait_more=remaining > 0)
+                if lease.ended:
+                    raise Unauthenticated("unknown, revoked or expired token")
+                if isinstance(page, StoredPage):
+                    return page
+                if created_at is not None and page != created_at:
+                    # Deleted while waiting, and created again since: another stream.
+                    raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+                created_at = page
+                if slot is None:
+                    slot = self._slots.admit(caller)  # 429 past the cap, before waiting
+                await listener.wait(remaining)
+        finally:
+            self._slots.release(caller, slot)
 
     async def _page(
         self, key: StreamKey, cursor: int, limit: int, *, wait_more: bool

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import AsyncGenerator
 
 from application.access import Caller, require_reader
 from application.definitions import Definitions
 from application.errors import NotFound
 from application.live import Delivery, LiveTails
+from application.live_slots import LiveSlots, Slot, TooManySubscriptions
 from application.ports import RecordReader
 from application.read_records import check_cursor, require_live
 from application.tokens import TokenCache
@@ -17,53 +17,11 @@ from domain import errors
 from domain.definition import MAX_SEQUENCE, StreamDefinition
 from domain.stream import StreamKey
 
-
-class TooManySubscriptions(errors.Backpressure):
-    code = "too-many-subscriptions"
+__all__ = ["Stopping", "Subscribe", "TooManySubscriptions"]
 
 
 class Stopping(errors.Backpressure):
     code = "unavailable"
-
-
-class Slot:
-    """One admitted subscription's place under its principal's cap (weakly counted, so a
-    subscription dropped before it ever started frees its slot when collected)."""
-
-    __slots__ = ("__weakref__",)
-
-
-class SubscriptionSlots:
-    """Per-principal cap on concurrent subscriptions in this process."""
-
-    def __init__(self, max_per_principal: int) -> None:
-        self._max = max_per_principal
-        self._active: dict[tuple[str, str], weakref.WeakSet[Slot]] = {}
-
-    def admit(self, caller: Caller) -> Slot:
-        self.check(caller)
-        slot = Slot()
-        self._active.setdefault((caller.tenant, caller.principal), weakref.WeakSet()).add(slot)
-        return slot
-
-    def check(self, caller: Caller) -> None:
-        """What `admit` would refuse, without taking a slot."""
-        if len(self._active.get((caller.tenant, caller.principal), ())) >= self._max:
-            raise TooManySubscriptions(
-                f"principal {caller.principal!r} already has {self._max} open subscriptions",
-                retry_after=5,
-            )
-
-    def release(self, caller: Caller, slot: Slot) -> None:
-        who = (caller.tenant, caller.principal)
-        active = self._active.get(who)
-        if active is not None:
-            active.discard(slot)
-            if not active:
-                del self._active[who]
-
-    def count(self) -> int:
-        return sum(len(a) for a in self._active.values())
 
 
 class Subscribe:
@@ -72,7 +30,7 @@ class Subscribe:
         definitions: Definitions,
         reader: RecordReader,
         tails: LiveTails,
-        slots: SubscriptionSlots,
+        slots: LiveSlots,
         heartbeat_seconds: float = 15.0,
         tokens: TokenCache | None = None,
     ) -> None:

@@ -18,6 +18,7 @@ from domain.definition import (
     Redaction,
     Retention,
 )
+from domain.objects import ObjectIntent
 from domain.records import RecordKind
 from domain.stream import Credit, Stream
 
@@ -50,6 +51,36 @@ class OpenObjectView(msgspec.Struct, frozen=True):
     expires_at: datetime
 
 
+# The stream document shows at most this many open object intents (the oldest first); the
+# counts cover all of them, and `GET …/objects` pages through every one.
+DOCUMENT_OPEN_OBJECTS = 20
+
+
+def open_object_view(intent: ObjectIntent) -> OpenObjectView:
+    return OpenObjectView(
+        object_id=intent.object_id,
+        state=intent.state,
+        size=intent.size,
+        content_type=intent.content_type,
+        created_at=intent.created_at,
+        expires_at=intent.expires_at,
+    )
+
+
+def open_intents(stream: Stream) -> list[ObjectIntent]:
+    """The stream's open intents in the order the document and `GET …/objects` show them:
+    oldest first, then by object ID."""
+    return sorted(stream.state.objects.values(), key=lambda i: (i.created_at, i.object_id))
+
+
+class ObjectList(msgspec.Struct, frozen=True):
+    """A page of a stream's open object intents; `next_after` is the last one's object_id, or
+    null when no more follow."""
+
+    objects: list[OpenObjectView]
+    next_after: str | None
+
+
 class StreamStateView(msgspec.Struct, frozen=True, omit_defaults=True):
     head: int
     earliest: int
@@ -60,7 +91,10 @@ class StreamStateView(msgspec.Struct, frozen=True, omit_defaults=True):
     total_bytes: int
     consumers: list[ConsumerView]
     credit: Credit
+    # The first DOCUMENT_OPEN_OBJECTS open intents; the counts are of all of them.
     open_objects: list[OpenObjectView]
+    open_objects_count: int
+    open_objects_bytes: int  # what the open intents pledge against max_total_bytes
     input_delivery: InputDeliveryStatus | msgspec.UnsetType = msgspec.UNSET
 
 
@@ -116,16 +150,10 @@ def stream_document(
             ],
             credit=stream.credit(),
             open_objects=[
-                OpenObjectView(
-                    object_id=i.object_id,
-                    state=i.state,
-                    size=i.size,
-                    content_type=i.content_type,
-                    created_at=i.created_at,
-                    expires_at=i.expires_at,
-                )
-                for i in sorted(s.objects.values(), key=lambda i: (i.created_at, i.object_id))
+                open_object_view(i) for i in open_intents(stream)[:DOCUMENT_OPEN_OBJECTS]
             ],
+            open_objects_count=len(s.objects),
+            open_objects_bytes=sum(i.size for i in s.objects.values()),
             input_delivery=input_delivery,
         ),
     )

@@ -92,6 +92,12 @@ class ObjectStateConflict(DomainError):
     code = "object-state-conflict"
 
 
+class TooManyOpenObjects(DomainError):
+    """The stream already has as many open (prepared or uploaded) object intents as it may."""
+
+    code = "too-many-open-objects"
+
+
 class DigestMismatch(DomainError):
     code = "digest-mismatch"
 

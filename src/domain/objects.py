@@ -23,6 +23,9 @@ from domain.text import (
     check_text,
 )
 
+# The longest an intent may stay open (docs/http-api.md, "Objects").
+MAX_INTENT_SECONDS = 24 * 3600
+
 ObjectState = Literal["prepared", "uploaded", "committed", "aborted", "expired"]
 # `$(?!\n)`: msgspec matches with re.search, where `$` alone also matches before a final newline.
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$(?!\n)")]
@@ -45,7 +48,9 @@ class ObjectRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         str, msgspec.Meta(min_length=1, max_length=255), DOCUMENTED_MEDIA_TYPE
     ] = "application/octet-stream"
     schema: Annotated[Any, DOCUMENTED_JSON_TEXT] = None
-    expires_in_seconds: Annotated[int, msgspec.Meta(ge=1, le=7 * 24 * 3600)] = 3600
+    # At most a day: an open intent holds one of its stream's open-intent places and pledges
+    # its size against the stream's total ceiling until it is committed, aborted or expires.
+    expires_in_seconds: Annotated[int, msgspec.Meta(ge=1, le=MAX_INTENT_SECONDS)] = 3600
 
     def __post_init__(self) -> None:
         # Raised while decoding, a ValueError becomes the decoder's ValidationError: 400.

@@ -430,7 +430,13 @@ class Stream:
 
     # -- object intents ---------------------------------------------------------------------------
 
-    def prepare_object(self, intent: ObjectIntent, now: datetime) -> list[ev.Event]:
+    def prepare_object(
+        self, intent: ObjectIntent, now: datetime, max_open: int | None = None
+    ) -> list[ev.Event]:
+        """A new intent pledges its declared size: it is refused (`quota-exhausted`) unless it
+        fits the stream's total ceiling with what is stored and every open intent's pledge,
+        and (`too-many-open-objects`) once `max_open` intents are open. The same request again
+        is answered as it was, whatever the stream holds since."""
         self.require_live()
         if self.state.closed:
             raise errors.StreamClosed("the stream is closed: no object can be prepared")
@@ -447,7 +453,48 @@ class Stream:
             raise errors.IdempotencyKeyReused(
                 f"idempotency_key {intent.idempotency_key!r} was used with other fields"
             )
+        self._check_pledge(intent.size, max_open)
         return [ev.ObjectPrepared(version=self.state.version + 1, at=now, intent=intent)]
+
+    def open_objects(self) -> tuple[int, int]:
+        """How many intents are open (prepared or uploaded), and the bytes they pledge."""
+        objects = self.state.objects
+        return len(objects), sum(i.size for i in objects.values())
+
+    def _check_pledge(self, size: int, max_open: int | None) -> None:
+        s, limits = self.state, self.definition.limits
+        open_count, pledged = self.open_objects()
+        if max_open is not None and open_count >= max_open:
+            raise errors.TooManyOpenObjects(
+                f"the stream has {open_count} open object intents, the most it may have: "
+                "commit or abort one first (or let it expire)",
+                open_objects=open_count,
+                max_open_objects=max_open,
+            )
+        # Each open intent will append one record of its declared size when committed.
+        if limits.max_total_items is not None and (
+            s.total_items + open_count + 1 > limits.max_total_items
+        ):
+            raise errors.QuotaExhausted(
+                f"the stream's total ceiling of {limits.max_total_items} records leaves no room "
+                f"for another object: {s.total_items} are stored and {open_count} open intents "
+                "are pledged",
+                total_items=s.total_items,
+                open_objects=open_count,
+                max_total_items=limits.max_total_items,
+            )
+        if limits.max_total_bytes is not None and (
+            s.total_bytes + pledged + size > limits.max_total_bytes
+        ):
+            raise errors.QuotaExhausted(
+                f"an object of {size} bytes would pass the stream's total ceiling of "
+                f"{limits.max_total_bytes} bytes: {s.total_bytes} are stored and {pledged} "
+                "pledged by open intents",
+                size=size,
+                total_bytes=s.total_bytes,
+                pledged_bytes=pledged,
+                max_total_bytes=limits.max_total_bytes,
+            )
 
     def _open_object(self, object_id: str) -> ObjectIntent:
         self.require_live()

@@ -605,6 +605,19 @@ def get_object(run_id: str, stream_id: str, object_id: str) -> Flow[models.Objec
     return one(Call("GET", object_path(run_id, stream_id, object_id), models.ObjectIntent))
 
 
+def list_open_objects(
+    run_id: str, stream_id: str, after: str | None, limit: int
+) -> Flow[models.OpenObjectsPage]:
+    params: dict[str, Any] = {"limit": limit}
+    if after is not None:
+        params["after"] = after
+    return one(
+        Call(
+            "GET", stream_path(run_id, stream_id, "/objects"), models.OpenObjectsPage, params=params
+        )
+    )
+
+
 def abort_object(run_id: str, stream_id: str, object_id: str) -> Flow[models.ObjectIntent]:
     return one(
         Call("POST", object_path(run_id, stream_id, object_id, "/abort"), models.ObjectIntent)

@@ -433,6 +433,14 @@ class StreamsClient:
         """An object's metadata and state."""
         return await self._run(core.get_object(run_id, stream_id, object_id))
 
+    async def list_open_objects(
+        self, run_id: str, stream_id: str, *, after: str | None = None, limit: int = 100
+    ) -> models.OpenObjectsPage:
+        """One page of the stream's open (prepared or uploaded) object intents, oldest first:
+        those after `after`, at most `limit` (1 to 1,000). `page.next_after` is the next
+        `after`. (The stream document shows only the first 20, and their count.)"""
+        return await self._run(core.list_open_objects(run_id, stream_id, after, limit))
+
     async def abort_object(
         self, run_id: str, stream_id: str, object_id: str
     ) -> models.ObjectIntent:

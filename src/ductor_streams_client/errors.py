@@ -225,6 +225,13 @@ class ObjectStateConflict(StreamsError):
     code_of_class = "object-state-conflict"
 
 
+class TooManyOpenObjects(StreamsError):
+    """409: the stream has as many open object intents as it may (`max_open_objects`): commit
+    or abort one first."""
+
+    code_of_class = "too-many-open-objects"
+
+
 class LegalHoldActive(StreamsError):
     """409: deleting a stream (or run) under legal hold; nothing was deleted."""
 
@@ -349,7 +356,8 @@ class Backpressure(StreamsError):
 
 
 class TooManySubscriptions(StreamsError):
-    """429: the principal's open subscriptions in that server process are at the cap."""
+    """429: the principal's live connections (subscriptions and waiting reads) in that server
+    process are at the cap."""
 
     code_of_class = "too-many-subscriptions"
 
@@ -386,6 +394,7 @@ CLASS_OF_CODE: dict[str, type[StreamsError]] = {
         QuotaExhausted,
         AckRegression,
         ObjectStateConflict,
+        TooManyOpenObjects,
         LegalHoldActive,
         ProducerSequenceGap,
         StreamSeqRegression,

@@ -35,6 +35,7 @@ __all__ = [
     "ObjectIntent",
     "ObjectRef",
     "OpenObject",
+    "OpenObjectsPage",
     "Placement",
     "Record",
     "RecordsPage",
@@ -163,6 +164,14 @@ class InputDelivery(_Answer):
     last_error: str | None
 
 
+class OpenObjectsPage(_Answer):
+    """One page of a stream's open object intents, oldest first; `next_after` is the `after`
+    of the next page (None: this is the last)."""
+
+    objects: tuple[OpenObject, ...]
+    next_after: str | None
+
+
 class StreamState(_Answer):
     """The stream's state: `head` (last sequence, 0 when empty), `earliest` (lowest retained),
     `closed`, the legal hold, totals, consumers, credit and open object intents."""
@@ -176,7 +185,9 @@ class StreamState(_Answer):
     total_bytes: int
     consumers: tuple[Consumer, ...]
     credit: Credit
-    open_objects: tuple[OpenObject, ...]
+    open_objects: tuple[OpenObject, ...]  # the first 20, oldest first (all: list_open_objects)
+    open_objects_count: int = 0  # of all open intents
+    open_objects_bytes: int = 0  # what they pledge against max_total_bytes
     input_delivery: InputDelivery | None = None
 
 

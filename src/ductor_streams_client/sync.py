@@ -372,6 +372,12 @@ class SyncStreamsClient:
         """An object's metadata and state."""
         return self._run(core.get_object(run_id, stream_id, object_id))
 
+    def list_open_objects(
+        self, run_id: str, stream_id: str, *, after: str | None = None, limit: int = 100
+    ) -> models.OpenObjectsPage:
+        """One page of the stream's open object intents; see `StreamsClient.list_open_objects`."""
+        return self._run(core.list_open_objects(run_id, stream_id, after, limit))
+
     def abort_object(self, run_id: str, stream_id: str, object_id: str) -> models.ObjectIntent:
         """Abort an object not yet committed."""
         return self._run(core.abort_object(run_id, stream_id, object_id))

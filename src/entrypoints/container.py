@@ -64,12 +64,13 @@ from application.jwts import JwtCallers
 from application.list_runs import ListRuns
 from application.list_streams import ListStreams
 from application.live import LiveTails
-from application.objects import Objects, ObjectStores
+from application.live_slots import LiveSlots
+from application.objects import ListOpenObjects, Objects, ObjectStores
 from application.placement import Deployment
 from application.read_records import ReadRecords
 from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
-from application.subscribe import Subscribe, SubscriptionSlots
+from application.subscribe import Subscribe
 from application.tokens import Authenticate, IssueToken, MintToken, TenantTokens, TokenCache
 from application.wake import WakeRegistry
 from application.workers import LeasedSweep, Periodic, Worker
@@ -258,9 +259,9 @@ class Container(containers.DeclarativeContainer):
     token_cache = providers.Singleton(TokenCache, settings.provided.token_cache_seconds)
     wake_bus = providers.Resource(open_wake_bus, settings, wake, token_cache)
     tails = providers.Singleton(LiveTails, streams, wake)
-    subscription_slots = providers.Singleton(
-        SubscriptionSlots, settings.provided.max_subscriptions_per_principal
-    )
+    # One cap per principal and process over every live connection: native subscriptions and
+    # waiting reads, Durable Streams live=sse and long-poll reads.
+    live_slots = providers.Singleton(LiveSlots, settings.provided.max_subscriptions_per_principal)
 
     deployment = providers.Singleton(
         Deployment,
@@ -283,7 +284,7 @@ class Container(containers.DeclarativeContainer):
     list_streams = providers.Singleton(ListStreams, streams, deployment, access_log, stream_access)
     append_records = providers.Singleton(AppendRecords, definitions, commits, wake, clock)
     read_records = providers.Singleton(
-        ReadRecords, definitions, streams, wake, token_cache
+        ReadRecords, definitions, streams, wake, token_cache, live_slots
     )  # reads pages too
     acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
     close_stream = providers.Singleton(CloseStream, definitions, commits, clock)
@@ -292,7 +293,16 @@ class Container(containers.DeclarativeContainer):
     delete_run = providers.Singleton(DeleteRun, streams, definitions, clock)
     list_runs = providers.Singleton(ListRuns, streams, access_log)
     object_stores = providers.Resource(open_object_stores, settings)
-    objects = providers.Singleton(Objects, definitions, streams, commits, object_stores, clock)
+    objects = providers.Singleton(
+        Objects,
+        definitions,
+        streams,
+        commits,
+        object_stores,
+        clock,
+        max_open_objects=settings.provided.max_open_objects_per_stream,
+    )
+    list_objects = providers.Singleton(ListOpenObjects, definitions, streams, streams)
     delete_bodies = providers.Singleton(
         DeleteBodies,
         streams,
@@ -406,13 +416,14 @@ class Container(containers.DeclarativeContainer):
         tails,
         heartbeat_seconds=settings.provided.sse_heartbeat_seconds,
         tokens=token_cache,
+        slots=live_slots,
     )
     subscribe = providers.Singleton(
         Subscribe,
         definitions,
         streams,
         tails,
-        subscription_slots,
+        live_slots,
         heartbeat_seconds=settings.provided.sse_heartbeat_seconds,
         tokens=token_cache,
     )
@@ -459,6 +470,7 @@ class Services:
     list_runs: ListRuns
     subscribe: Subscribe
     objects: Objects
+    list_objects: ListOpenObjects
     # The Durable Streams surface (entrypoints/durable_streams).
     durable_reads: DurableReads
     forks: Forks

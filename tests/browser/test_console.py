@@ -191,6 +191,14 @@ def demo_run(api: httpx.Client) -> tuple[str, str]:
         )
     )
     append(api, f"/runs/{run}/streams/logs", {"data": {"level": "info", "msg": "started"}})
+    # More open objects than the stream document shows (its first 20, and the counts of all).
+    for n in range(22):
+        created(
+            api.post(
+                f"/runs/{run}/streams/logs/objects",
+                json={"idempotency_key": f"dump-{n}", "size": 10, "sha256": "0" * 64},
+            )
+        )
     return run, tokens
 
 
@@ -237,6 +245,13 @@ def test_the_console_shows_runs_streams_and_follows_live(
     expect(page.locator('[data-stream="tokens"] tr[data-object] td').nth(1)).to_have_text(
         "prepared"
     )
+    expect(page.locator('[data-stream="tokens"] caption', has_text="Open objects")).to_have_text(
+        "Open objects (10 B pledged)"
+    )
+    expect(page.locator('[data-stream="logs"] caption', has_text="Open objects")).to_have_text(
+        "Open objects (the oldest 20 of 22, 220 B pledged)"
+    )
+    expect(page.locator('[data-stream="logs"] tr[data-object]')).to_have_count(20)
     expect(stream_field(page, "logs", "retention")).to_have_text(
         "keep at most 1 d old, the last 1000 records"
     )

@@ -40,6 +40,7 @@ SHARED: dict[str, type[msgspec.Struct]] = {
     "MintedToken": models.MintedToken,
     "TokenView": models.TokenInfo,
     "TokenList": models.TokenList,
+    "ObjectList": models.OpenObjectsPage,
 }
 # Fields the server's schema leaves open (any JSON) that the client reads as a documented shape.
 NARROWED = {
@@ -66,6 +67,7 @@ ANSWERS = {
     "listRuns": "RunList",
     "mintToken": "MintedToken",
     "listTokens": "TokenList",
+    "listObjects": "ObjectList",
 }
 
 

@@ -20,7 +20,7 @@ PATHS = {
     STREAM + "/consumers/c/ack": "OPTIONS, POST",
     STREAM + "/close": "OPTIONS, POST",
     STREAM + "/legal-hold": "OPTIONS, PUT",
-    STREAM + "/objects": "OPTIONS, POST",
+    STREAM + "/objects": "GET, HEAD, OPTIONS, POST",
     STREAM + "/objects/o": "GET, HEAD, OPTIONS",
     STREAM + "/objects/o/body": "GET, HEAD, OPTIONS, PUT",
     STREAM + "/objects/o/commit": "OPTIONS, POST",

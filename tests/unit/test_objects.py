@@ -14,7 +14,9 @@ from application.errors import Forbidden
 from domain import errors
 from domain.definition import DefinitionRequest
 from domain.objects import ObjectRequest
+from domain.records import RecordInput
 from domain.stream import Stream
+from entrypoints.config import Settings
 from entrypoints.container import memory_container, start, stop, utc_now
 
 SCOPES = frozenset({"streams:read", "streams:write", "streams:admin"})
@@ -200,3 +202,71 @@ async def test_the_stream_document_lists_the_open_intents_oldest_first(app) -> N
     await s.objects.commit(ALICE, "r", "s", second.object_id)
     await s.objects.abort(ALICE, "r", "s", first.object_id)
     assert await open_objects() == [(third.object_id, "prepared")]
+
+
+async def test_a_prepare_pledges_its_size_against_the_total_ceiling_with_the_open_ones() -> None:
+    container = memory_container()
+    s = await start(container)
+    try:
+        definition = msgspec.convert(
+            {"direction": "output", "stream_id": "t", "limits": {"max_total_bytes": 2500}},
+            DefinitionRequest,
+        )
+        await s.create_stream(ALICE, "r", definition)
+        small = b"x" * 1000
+        await s.objects.prepare(ALICE, "r", "t", prepare_request(small, key="a"))
+        await s.objects.prepare(ALICE, "r", "t", prepare_request(small, key="b"))
+        with pytest.raises(errors.QuotaExhausted) as refused:
+            await s.objects.prepare(ALICE, "r", "t", prepare_request(small, key="c"))
+        assert refused.value.extra["pledged_bytes"] == 2000
+        # 402 bytes stored (the JSON string and its quotes)
+        await s.append_records(
+            ALICE, "r", "t", [RecordInput(data=msgspec.Raw(msgspec.json.encode("y" * 400)))]
+        )
+        fits, _ = await s.objects.prepare(ALICE, "r", "t", prepare_request(b"z" * 98, key="d"))
+        document = await s.get_stream(ALICE, "r", "t")
+        assert (document.state.open_objects_count, document.state.open_objects_bytes) == (3, 2098)
+        # The same request again is answered, though nothing more would fit now.
+        again, created = await s.objects.prepare(ALICE, "r", "t", prepare_request(small, key="a"))
+        assert not created and again.state == "prepared"
+        assert fits.state == "prepared"
+    finally:
+        await stop(container)
+
+
+async def test_a_stream_has_at_most_the_configured_open_intents() -> None:
+    container = memory_container(Settings(max_open_objects_per_stream=2))
+    s = await start(container)
+    try:
+        definition = msgspec.convert({"direction": "output", "stream_id": "s"}, DefinitionRequest)
+        await s.create_stream(ALICE, "r", definition)
+        first, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request(key="a"))
+        await s.objects.prepare(BOB, "r", "s", prepare_request(key="b"))
+        with pytest.raises(errors.TooManyOpenObjects) as refused:
+            await s.objects.prepare(ALICE, "r", "s", prepare_request(key="c"))
+        assert refused.value.extra == {"open_objects": 2, "max_open_objects": 2}
+        await s.objects.upload(ALICE, "r", "s", first.object_id, chunks(BODY))
+        with pytest.raises(errors.TooManyOpenObjects):  # uploaded is still open
+            await s.objects.prepare(ALICE, "r", "s", prepare_request(key="c"))
+        await s.objects.commit(ALICE, "r", "s", first.object_id)
+        await s.objects.prepare(ALICE, "r", "s", prepare_request(key="c"))
+    finally:
+        await stop(container)
+
+
+async def test_open_intents_page_oldest_first_and_resume_after_one_that_closed(app) -> None:
+    _, s = app
+    prepared = [
+        (await s.objects.prepare(ALICE, "r", "s", prepare_request(key=f"k{n}")))[0].object_id
+        for n in range(5)
+    ]
+    first = await s.list_objects(ALICE, "r", "s", None, 2)
+    assert [o.object_id for o in first.objects] == prepared[:2]
+    assert first.next_after == prepared[1]
+    await s.objects.abort(ALICE, "r", "s", prepared[1])
+    rest = await s.list_objects(ALICE, "r", "s", first.next_after, 10)
+    assert [o.object_id for o in rest.objects] == prepared[2:] and rest.next_after is None
+    with pytest.raises(errors.InvalidInput):
+        await s.list_objects(ALICE, "r", "s", "obj-none", 10)
+    with pytest.raises(errors.InvalidInput):
+        await s.list_objects(ALICE, "r", "s", None, 0)

@@ -188,7 +188,7 @@ async def test_checking_a_subscription_takes_no_slot_but_is_refused_at_the_cap()
     s = await start(container)
     try:
         await s.create_stream(ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
-        slots = container.subscription_slots()
+        slots = container.live_slots()
         for _ in range(3):
             await s.subscribe.check(ALICE, "r", "x", 0)
         assert slots.count() == 0
@@ -223,3 +223,52 @@ async def test_a_stream_page_passes_over_a_bounded_number_of_unreadable_streams(
     assert len(everything.streams) == MAX_BATCHES * 2 + 1 and everything.next_after is None
     with pytest.raises(errors.InvalidInput):
         await s.list_streams(ALICE, "r", None, 1001)
+
+
+async def test_waiting_reads_of_both_surfaces_and_subscriptions_share_one_cap() -> None:
+    container = memory_container(Settings(max_subscriptions_per_principal=3))
+    s = await start(container)
+    try:
+        await s.create_stream(ALICE, "r", request(b'{"direction":"output","stream_id":"x"}'))
+        await s.append_records(ALICE, "r", "x", data(1))
+        slots = container.live_slots()
+        # A read answered at once takes no slot, even with a wait.
+        assert len((await s.read_records(ALICE, "r", "x", 0, wait=5)).records) == 1
+        assert slots.count() == 0
+        subscription = await s.subscribe(ALICE, "r", "x", 0)
+        native = asyncio.create_task(s.read_records(ALICE, "r", "x", 1, wait=30))
+        key = ALICE.key("r", "x")
+        protocol = asyncio.create_task(s.durable_reads.wait(key, 1, 30, caller=ALICE))
+        async with asyncio.timeout(5):
+            while slots.count() < 3:
+                await asyncio.sleep(0.01)
+        with pytest.raises(TooManySubscriptions):
+            await s.read_records(ALICE, "r", "x", 1, wait=30)
+        with pytest.raises(TooManySubscriptions):
+            await s.durable_reads.wait(key, 1, 30, caller=ALICE)
+        with pytest.raises(TooManySubscriptions):
+            s.durable_reads.hold_live(ALICE)
+        with pytest.raises(TooManySubscriptions):
+            await s.subscribe(ALICE, "r", "x", 0)
+        other = s.durable_reads.hold_live(BOB)  # another principal has a cap of its own
+        s.durable_reads.release_live(BOB, other)
+
+        await s.append_records(ALICE, "r", "x", data(2))
+        async with asyncio.timeout(5):
+            assert len((await native).records) == 1
+            assert len((await protocol).records) == 1
+        await subscription.aclose()
+        assert slots.count() == 0
+        # A wait that times out, and one cancelled (its client left), give their slots back.
+        assert (await s.read_records(ALICE, "r", "x", 2, wait=0.05)).records == []
+        assert (await s.durable_reads.wait(key, 2, 0.05, caller=ALICE)).records == []
+        cancelled = asyncio.create_task(s.read_records(ALICE, "r", "x", 2, wait=30))
+        async with asyncio.timeout(5):
+            while slots.count() < 1:
+                await asyncio.sleep(0.01)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert slots.count() == 0
+    finally:
+        await stop(container)

@@ -22,6 +22,7 @@ from litestar import Request
 from application.access import Caller
 from application.durable_reads import Page
 from application.live import Idle, RecordsDelivered, StreamEnded
+from application.live_slots import Slot
 from application.ports import StoredRecord
 from application.views import record_view
 from domain import errors
@@ -460,8 +461,10 @@ async def read(request: Request) -> Any:
     page = await reads.page(key, query.cursor, PAGE_RECORDS)
     if query.live == "sse":
         start = page.position.head if query.cursor is None else query.cursor
+        # Refused (429) here, before the event stream starts, past the principal's cap.
+        slot = reads.hold_live(caller)
         return sse(
-            services, caller, key, definition, content_type, page, start, query.client_cursor
+            slot, services, caller, key, definition, content_type, page, start, query.client_cursor
         )
     position = page.position
     start = position.head if query.cursor is None else query.cursor
@@ -550,6 +553,7 @@ KEEP_ALIVE = b": keep-alive\n\n"
 
 
 def sse(
+    slot: Slot,
     services: Services,
     caller: Caller,
     key: Any,
@@ -562,61 +566,64 @@ def sse(
     reads = services.durable_reads
 
     async def events() -> AsyncIterator[bytes]:
-        deadline = time.monotonic() + SSE_SECONDS
-        page, last = first, start
-        while True:  # catch-up from the source, page by page
-            position, records = page.position, trimmed(page.records)
-            if not records:
-                closed = position.closed and last >= position.head
-                yield control_event(
-                    last, up_to_date=True, closed=closed, client_cursor=client_cursor
+        try:
+            deadline = time.monotonic() + SSE_SECONDS
+            page, last = first, start
+            while True:  # catch-up from the source, page by page
+                position, records = page.position, trimmed(page.records)
+                if not records:
+                    closed = position.closed and last >= position.head
+                    yield control_event(
+                        last, up_to_date=True, closed=closed, client_cursor=client_cursor
+                    )
+                    if closed:
+                        return
+                    break
+                last = records[-1].sequence
+                up_to_date = last >= position.head
+                closed = position.closed and up_to_date
+                yield data_event(records, content_type) + control_event(
+                    last, up_to_date=up_to_date, closed=closed, client_cursor=client_cursor
                 )
                 if closed:
                     return
-                break
-            last = records[-1].sequence
-            up_to_date = last >= position.head
-            closed = position.closed and up_to_date
-            yield data_event(records, content_type) + control_event(
-                last, up_to_date=up_to_date, closed=closed, client_cursor=client_cursor
-            )
-            if closed:
-                return
-            if up_to_date:
-                break
-            page = await reads.page(key, last, PAGE_RECORDS)
-        async with contextlib.aclosing(
-            reads.follow(key, definition, last, caller=caller)
-        ) as follow:
-            async for delivery in follow:
-                match delivery:
-                    case RecordsDelivered(records=records):
-                        last = records[-1].sequence
-                        live = reads.live_position(key)
-                        head, closed = live if live is not None else (last, False)
-                        closed = closed and last >= head
-                        # One delivery is shared by every follower of the stream: its data event
-                        # is encoded once for all of them (the encoder is one function object
-                        # per content type), and only the small control event is per follower.
-                        yield delivery.encoded_as(data_encoder(content_type)) + control_event(
-                            last,
-                            up_to_date=last >= head,
-                            closed=closed,
-                            client_cursor=client_cursor,
-                        )
-                        if closed:
+                if up_to_date:
+                    break
+                page = await reads.page(key, last, PAGE_RECORDS)
+            async with contextlib.aclosing(
+                reads.follow(key, definition, last, caller=caller)
+            ) as follow:
+                async for delivery in follow:
+                    match delivery:
+                        case RecordsDelivered(records=records):
+                            last = records[-1].sequence
+                            live = reads.live_position(key)
+                            head, closed = live if live is not None else (last, False)
+                            closed = closed and last >= head
+                            # One delivery is shared by every follower of the stream: its data event
+                            # is encoded once for all of them (the encoder is one function object
+                            # per content type), and only the small control event is per follower.
+                            yield delivery.encoded_as(data_encoder(content_type)) + control_event(
+                                last,
+                                up_to_date=last >= head,
+                                closed=closed,
+                                client_cursor=client_cursor,
+                            )
+                            if closed:
+                                return
+                        case Idle():
+                            yield KEEP_ALIVE
+                        case StreamEnded(head=head):
+                            yield control_event(
+                                max(head, last), up_to_date=True, closed=True, client_cursor=None
+                            )
                             return
-                    case Idle():
-                        yield KEEP_ALIVE
-                    case StreamEnded(head=head):
-                        yield control_event(
-                            max(head, last), up_to_date=True, closed=True, client_cursor=None
-                        )
+                        case _:  # overtaken by retention, or gone: the client reconnects
+                            return
+                    if time.monotonic() >= deadline:
                         return
-                    case _:  # retention overtook it, or the stream is gone: the client reconnects
-                        return
-                if time.monotonic() >= deadline:
-                    return
+        finally:  # ended, closed, deleted, cut off by the client or by an error
+            reads.release_live(caller, slot)
 
     headers = list(SSE_HEADERS)
     if not wire.is_text(content_type):

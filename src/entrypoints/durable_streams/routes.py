@@ -102,6 +102,7 @@ _READ = documented(
         "cursor-expired",
         "egress-region-denied",
         "stream-gone",
+        "too-many-subscriptions",  # live=sse and a waiting live=long-poll are live connections
     ),
 )
 _DELETE = documented(

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
+from typing import Annotated
 
 import msgspec
 from litestar import Controller, Request, Response, get, post, put
+from litestar.params import Parameter
 from litestar.response import Stream
 
-from application.objects import CommitAnswer, ObjectView
+from application.objects import (
+    DEFAULT_OBJECTS_LIMIT,
+    MAX_OBJECTS_LIMIT,
+    CommitAnswer,
+    ObjectView,
+)
+from application.views import ObjectList
 from domain.definition import MAX_OBJECT_BYTES
 from domain.digits import bounded_integer
 from domain.errors import ObjectTooLarge
+from domain.ids import ID_PATTERN
 from domain.objects import ObjectRequest
 from entrypoints.http import problems
 from entrypoints.http.body import decode_body
@@ -82,6 +91,8 @@ class ObjectsController(Controller):
                 "object-too-large",
                 "stream-closed",
                 "idempotency-key-reused",
+                "quota-exhausted",
+                "too-many-open-objects",
             ),
             request_body=ObjectRequest,
         ),
@@ -97,6 +108,39 @@ class ObjectsController(Controller):
             status_code=201 if created else 200,
             headers={"Location": url.removesuffix("/body")},
         )
+
+    @get(
+        "",
+        operation_id="listObjects",
+        summary="List the stream's open object intents",
+        opt=documented(
+            Answer(
+                200,
+                "Open (prepared or uploaded) intents after `after`, oldest first",
+                ObjectList,
+            ),
+            problems=ON_A_STREAM,
+        ),
+    )
+    async def list_open(
+        self,
+        request: Request,
+        run_id: str,
+        stream_id: str,
+        limit: Annotated[
+            int,
+            Parameter(ge=1, le=MAX_OBJECTS_LIMIT, description="at most this many intents"),
+        ] = DEFAULT_OBJECTS_LIMIT,
+        after: Annotated[
+            str | None,
+            Parameter(
+                description="exclusive: the intents that follow this object (`next_after`)",
+                pattern=ID_PATTERN,
+            ),
+        ] = None,
+    ) -> ObjectList:
+        services, caller = await authenticated(request)
+        return await services.list_objects(caller, run_id, stream_id, after, limit)
 
     @put(
         OBJECT + "/body",
@@ -121,14 +165,12 @@ class ObjectsController(Controller):
     ) -> ObjectView:
         services, caller = await authenticated(request)
         announced = request.headers.get("content-length")
-        if (
-            announced is not None
-            and announced.isascii()
-            and announced.isdigit()
-            and bounded_integer(announced, MAX_OBJECT_BYTES) is None
-        ):
+        length = None if announced is None else bounded_integer(announced, MAX_OBJECT_BYTES)
+        if length is None and announced is not None and announced.isascii() and announced.isdigit():
             raise ObjectTooLarge(f"an object body is at most {MAX_OBJECT_BYTES} bytes")
-        return await services.objects.upload(caller, run_id, stream_id, object_id, _chunks(request))
+        return await services.objects.upload(
+            caller, run_id, stream_id, object_id, _chunks(request), announced=length
+        )
 
     @post(
         OBJECT + "/commit",

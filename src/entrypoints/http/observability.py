@@ -118,7 +118,9 @@ def new_request_id() -> str:
 
 
 SUBSCRIBERS = Gauge(
-    "ductor_streams_active_subscriptions", "Open live subscriptions", registry=REGISTRY
+    "ductor_streams_active_subscriptions",
+    "Open live connections: subscriptions and waiting reads, of both surfaces",
+    registry=REGISTRY,
 )
 OUTBOX_PENDING = Gauge(
     "ductor_streams_outbox_pending", "Undone outbox rows", ["outbox"], registry=REGISTRY
@@ -234,7 +236,7 @@ _last_db_read = 0.0
 async def metrics(request: Request) -> Response[bytes]:
     global _last_db_read
     container = request.app.state.container
-    SUBSCRIBERS.set((await resolved(container.subscription_slots())).count())
+    SUBSCRIBERS.set((await resolved(container.live_slots())).count())
     bus = await resolved(container.wake_bus())
     if bus is not None:
         HOT.wake_reconnects = bus.reconnects

@@ -38,6 +38,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "ack-ahead-of-head": 400,
     "cross-scope-ack": 403,
     "object-state-conflict": 409,
+    "too-many-open-objects": 409,
     "digest-mismatch": 422,
     "size-mismatch": 422,
     "idempotency-key-reused": 422,

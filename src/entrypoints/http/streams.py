@@ -257,7 +257,12 @@ class StreamsController(Controller):
         summary="Read records after a cursor",
         opt=documented(
             Answer(200, "The records after the cursor, ascending", RecordsPage),
-            problems=(*DELIVERING, "cursor-ahead-of-head", "cursor-expired"),
+            problems=(
+                *DELIVERING,
+                "cursor-ahead-of-head",
+                "cursor-expired",
+                "too-many-subscriptions",  # a read that waits is a live connection
+            ),
         ),
     )
     async def read_records(

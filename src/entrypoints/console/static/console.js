@@ -312,11 +312,21 @@
         h("tr", { "data-consumer": c.consumer_id },
           h("td", {}, c.consumer_id), h("td", {}, c.acked_sequence),
           h("td", { "data-lag": "" }, state.head - c.acked_sequence)))),
-      table("Open objects", ["Object", "State", "Size", "Upload by"], (state.open_objects || []).map((o) =>
+      table(openObjectsCaption(state), ["Object", "State", "Size", "Upload by"], (state.open_objects || []).map((o) =>
         h("tr", { "data-object": o.object_id },
           h("td", { class: "mono", title: o.object_id }, `${o.object_id.slice(0, 16)}…`),
           h("td", {}, o.state),
           h("td", {}, bytes(o.size)), h("td", {}, when(o.expires_at))))));
+  }
+
+  // The document shows the first open objects only; its counts are of all of them.
+  function openObjectsCaption(state) {
+    const shown = (state.open_objects || []).length;
+    const count = state.open_objects_count ?? shown;
+    const pledged = state.open_objects_bytes ? `, ${bytes(state.open_objects_bytes)} pledged` : "";
+    return count > shown
+      ? `Open objects (the oldest ${shown} of ${count}${pledged})`
+      : `Open objects${pledged ? ` (${pledged.slice(2)})` : ""}`;
   }
 
   function table(caption, heads, rows) {

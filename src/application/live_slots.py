@@ -1,0 +1,72 @@
+"""The per-principal cap on live connections, in this process.
+
+Every request that holds its connection open waiting for records takes one slot of its
+principal while it is open, whichever surface and kind it is: a native subscription
+(`/subscribe`), a native read that waits (`records?wait=S`), a Durable Streams `live=sse` read
+and a `live=long-poll` read. One more past the cap is refused (429, `Retry-After`) before
+anything streams or waits; everyone else is served as before.
+
+The cap is per process: each replica bounds its own memory, so with N replicas behind a load
+balancer a principal may hold up to N times the cap in all (docs/configuration.md)."""
+
+from __future__ import annotations
+
+import weakref
+
+from application.access import Caller
+from domain import errors
+
+RETRY_AFTER_SECONDS = 5
+
+
+class TooManySubscriptions(errors.Backpressure):
+    """The principal's live connections in this process are at the cap. (The code predates
+    long-polls counting too; it is kept so that clients keep recognising it.)"""
+
+    code = "too-many-subscriptions"
+
+
+class Slot:
+    """One admitted live connection's place under its principal's cap. Counted weakly, so a
+    connection dropped before it ever started (a response never sent, a generator never run)
+    frees its slot when it is collected; every path that did start gives it back explicitly."""
+
+    __slots__ = ("__weakref__",)
+
+
+class LiveSlots:
+    def __init__(self, max_per_principal: int) -> None:
+        self._max = max_per_principal
+        self._active: dict[tuple[str, str], weakref.WeakSet[Slot]] = {}
+
+    def admit(self, caller: Caller) -> Slot:
+        self.check(caller)
+        slot = Slot()
+        self._active.setdefault((caller.tenant, caller.principal), weakref.WeakSet()).add(slot)
+        return slot
+
+    def check(self, caller: Caller) -> None:
+        """What `admit` would refuse, without taking a slot."""
+        if self.held_by(caller) >= self._max:
+            raise TooManySubscriptions(
+                f"principal {caller.principal!r} already holds {self._max} live connections "
+                "(subscriptions and waiting reads) on this server",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+
+    def release(self, caller: Caller, slot: Slot | None) -> None:
+        """Give `slot` back (None, or a slot given back already: nothing happens)."""
+        if slot is None:
+            return
+        who = (caller.tenant, caller.principal)
+        active = self._active.get(who)
+        if active is not None:
+            active.discard(slot)
+            if not active:
+                del self._active[who]
+
+    def held_by(self, caller: Caller) -> int:
+        return len(self._active.get((caller.tenant, caller.principal), ()))
+
+    def count(self) -> int:
+        return sum(len(a) for a in self._active.values())
