@@ -61,6 +61,12 @@ class RunSummary(msgspec.Struct, frozen=True):
     created_at: datetime  # when its oldest stream was created
 
 
+class ConsumerPosition(msgspec.Struct, frozen=True):
+    consumer_id: str
+    acked_sequence: int
+    holds_credit: bool
+
+
 class StreamRepository(Protocol):
     async def create(
         self,
@@ -80,6 +86,12 @@ class StreamRepository(Protocol):
     async def load(self, key: StreamKey) -> Stream | None: ...
 
     async def list_run(self, tenant: str, run_id: str) -> list[Stream]: ...
+
+    async def consumers(
+        self, key: StreamKey, after: str | None, limit: int
+    ) -> list[ConsumerPosition]:
+        """The stream's consumers whose consumer_id follows `after`, ascending, at most `limit`
+        (a keyset page: its cost does not grow with the number of consumers)."""
 
     async def definition(self, key: StreamKey) -> StreamDefinition | None:
         """The immutable definition (adapters may keep it once seen), or None."""

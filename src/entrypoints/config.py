@@ -46,6 +46,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     sse_heartbeat_seconds: Positive = 15.0
     head_check_seconds: Positive = 2.0
     max_subscriptions_per_principal: Count = 1_000
+    # Consumers per stream, of each kind: those that hold credit, and those that track.
+    max_consumers_per_stream: Count = 1_000
     run_workers: bool = False
     worker_lease_seconds: Positive = 6.0
     worker_poll_seconds: Positive = 1.0

@@ -15,7 +15,15 @@ from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.deletions import ERASED_STREAM
 from application.errors import NotFound
 from application.fork_reads import ForkLink, check_fork_source, kept_by_forks, stitch
-from application.ports import Command, Failed, Outcome, Position, RunSummary, StoredRecord
+from application.ports import (
+    Command,
+    ConsumerPosition,
+    Failed,
+    Outcome,
+    Position,
+    RunSummary,
+    StoredRecord,
+)
 from application.retention import expired_prefix
 from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
@@ -158,6 +166,17 @@ class MemoryStreams:
             for k, row in sorted(self._rows.items(), key=lambda kv: kv[0].stream_id)
             if k.tenant == tenant and k.run_id == run_id
         ]
+
+    async def consumers(
+        self, key: StreamKey, after: str | None, limit: int
+    ) -> list[ConsumerPosition]:
+        row = self._rows.get(key)
+        consumers = {} if row is None else decode_state(row.state).consumers
+        return [
+            ConsumerPosition(i, c.acked_sequence, c.holds_credit)
+            for i, c in sorted(consumers.items())
+            if after is None or i > after
+        ][:limit]
 
     async def definition(self, key: StreamKey) -> StreamDefinition | None:
         row = self._rows.get(key)
