@@ -34,6 +34,7 @@ def may_hold_credit(caller: Caller, definition: StreamDefinition) -> bool:
 class AckCommand:
     idempotency: Idempotency | None = None
     records = ()
+    needs_consumers = True
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ class CloseCommand:
     idempotency: Idempotency | None = None
     records = ()
     offset_of = None
+    needs_consumers = True  # it answers the stream document
 
     def __init__(self, caller: Caller, now: datetime) -> None:
         self.caller = caller

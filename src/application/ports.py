@@ -31,6 +31,9 @@ class Command(Protocol):
     idempotency: Idempotency | None
     records: Sequence[NewRecord]
     offset_of: int | None  # a sequence whose cumulative end offset `decide` needs
+    # A command may also say `needs_consumers = True` (its decide or answer reads the stream's
+    # consumers): an adapter that keeps them apart then reads them with the row lock, instead
+    # of after a first ConsumersNotLoaded.
 
     def decide(self, stream: Stream, offset: int | None) -> list[Event]: ...
 

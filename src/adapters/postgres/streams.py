@@ -93,7 +93,9 @@ RETURNING 1
 """
 
 _LOCK = f"""
-SELECT state, CASE WHEN $4::boolean THEN definition END FROM streams WHERE {_KEY} FOR UPDATE
+SELECT state, CASE WHEN $4::boolean THEN definition END,
+       CASE WHEN $5::boolean THEN COALESCE(consumers, '{{}}'::bytea) END
+FROM streams WHERE {_KEY} FOR UPDATE
 """
 
 # The consumers, apart from the snapshot (migration 0488): read only by a decision that needs
@@ -412,7 +414,8 @@ class PostgresStreams:
         async with self._pool.acquire() as conn, conn.transaction():
             # Never touch the pool while holding the row lock: with every connection waiting
             # on this row, a second acquire by the holder would wait forever.
-            row = await conn.fetchrow(_LOCK, *key, key not in self._definitions)
+            needs_consumers = any(getattr(c, "needs_consumers", False) for c in commands)
+            row = await conn.fetchrow(_LOCK, *key, key not in self._definitions, needs_consumers)
             if row is None:
                 raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
             state, payload = decode_state(row[0]), row[1]
@@ -431,7 +434,8 @@ class PostgresStreams:
             offsets: dict[int, int] = {}
             if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
                 offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
-            consumers: bytes | None = None  # read once a decision needs them
+            # Read with the lock when a command says it needs them, else once a decision does.
+            consumers: bytes | None = None if inline else row[2]
             forked, pinned_through = False, 0
 
             async def decide() -> tuple[Stream, list[Outcome], Changes]:
