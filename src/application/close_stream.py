@@ -18,6 +18,7 @@ class CloseCommand:
     records = ()
     offset_of = None
     producer = None
+    needs_consumers = True  # it answers the stream document
 
     def __init__(self, caller: Caller, now: datetime) -> None:
         self.caller = caller

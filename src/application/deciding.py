@@ -10,6 +10,11 @@ them in the same transaction. Counting versions (not commands or groups) makes i
 and independent of how commands were grouped, and a failed command, which emits nothing, cannot
 cause one. The journal before the latest snapshot is then redundant: the compaction job removes
 it, so a stream's journal holds O(snapshot_every + one group) events, not every event ever.
+
+An adapter may hand over a state without its consumers (the PostgreSQL one does, so that an
+append costs the same however many a stream has): a decision that needs them, an ack, a
+removal, a snapshot or a stream document, raises `ConsumersNotLoaded` out of `decide_all`, and
+the adapter reads them and decides the whole group again from the state as it read it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from application.ports import Command, Done, Failed, Outcome, Replayed
 from domain.errors import IdempotencyKeyReused
 from domain.events import Event, RecordsAppended, StreamDeleted, StreamSnapshotted
 from domain.records import NewRecord
+from domain.state import ConsumersNotLoaded
 from domain.stream import Stream
 
 _encode = msgspec.json.Encoder().encode
@@ -110,6 +116,8 @@ def decide_all(
             events = command.decide(
                 stream, None if command.offset_of is None else offsets.get(command.offset_of)
             )
+        except ConsumersNotLoaded:
+            raise  # not the command's failure: the adapter reads the consumers and decides again
         except Exception as error:
             outcomes.append(Failed(error))
             continue

@@ -33,6 +33,9 @@ class Command(Protocol):
     records: Sequence[NewRecord]
     offset_of: int | None  # a sequence whose cumulative end offset `decide` needs
     producer: ProducerClaim | None  # an idempotent producer's claim: the port loads its state
+    # A command may also say `needs_consumers = True` (its decide or answer reads the stream's
+    # consumers): an adapter that keeps them apart then reads them with the row lock, instead
+    # of after a first ConsumersNotLoaded.
 
     def decide(self, stream: Stream, offset: int | None) -> list[Event]: ...
 
@@ -63,6 +66,12 @@ class RunSummary(msgspec.Struct, frozen=True):
     created_at: datetime  # when its oldest stream was created
 
 
+class ConsumerPosition(msgspec.Struct, frozen=True):
+    consumer_id: str
+    acked_sequence: int
+    holds_credit: bool
+
+
 class StreamRepository(Protocol):
     async def create(
         self,
@@ -86,6 +95,12 @@ class StreamRepository(Protocol):
     ) -> list[Stream]:
         """The run's streams with stream_id > `after`, ascending, at most `limit` (a keyset page
         over the key; every one without a limit)."""
+
+    async def consumers(
+        self, key: StreamKey, after: str | None, limit: int
+    ) -> list[ConsumerPosition]:
+        """The stream's consumers whose consumer_id follows `after`, ascending, at most `limit`
+        (a keyset page: its cost does not grow with the number of consumers)."""
 
     async def definition(self, key: StreamKey) -> StreamDefinition | None:
         """The immutable definition (adapters may keep it once seen), or None."""

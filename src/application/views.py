@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import heapq
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -22,10 +23,15 @@ from domain.objects import ObjectIntent
 from domain.records import RecordKind
 from domain.stream import Credit, Stream
 
+# The consumers a stream document shows (the first, by consumer_id); the rest are behind
+# GET …/consumers, a keyset page like GET /runs.
+DOCUMENT_CONSUMERS = 100
+
 
 class ConsumerView(msgspec.Struct, frozen=True):
     consumer_id: str
     acked_sequence: int
+    holds_credit: bool  # false: it tracks its position and holds nothing back
 
 
 class LegalHoldView(msgspec.Struct, frozen=True):
@@ -89,7 +95,8 @@ class StreamStateView(msgspec.Struct, frozen=True, omit_defaults=True):
     legal_hold: LegalHoldView
     total_items: int
     total_bytes: int
-    consumers: list[ConsumerView]
+    consumer_count: int
+    consumers: list[ConsumerView]  # the first DOCUMENT_CONSUMERS by consumer_id
     credit: Credit
     # The first DOCUMENT_OPEN_OBJECTS open intents; the counts are of all of them.
     open_objects: list[OpenObjectView]
@@ -119,6 +126,7 @@ def stream_document(
 ) -> StreamDocument:
     d, s = stream.definition, stream.state
     assert s.created_at is not None
+    first = heapq.nsmallest(DOCUMENT_CONSUMERS, stream.require_consumers().items())
     return StreamDocument(
         stream_id=d.stream_id,
         run_id=stream.key.run_id,
@@ -144,9 +152,12 @@ def stream_document(
             ),
             total_items=s.total_items,
             total_bytes=s.total_bytes,
+            consumer_count=s.consumer_count,
             consumers=[
-                ConsumerView(consumer_id=cid, acked_sequence=c.acked_sequence)
-                for cid, c in sorted(s.consumers.items())
+                ConsumerView(
+                    consumer_id=cid, acked_sequence=c.acked_sequence, holds_credit=c.holds_credit
+                )
+                for cid, c in first
             ],
             credit=stream.credit(),
             open_objects=[

@@ -60,6 +60,17 @@ class CrossScopeAck(DomainError):
     code = "cross-scope-ack"
 
 
+class UnknownConsumer(DomainError):
+    code = "not-found"
+
+
+class TooManyConsumers(DomainError):
+    """A stream's consumers are bounded (per kind: holding credit, tracking): a first ack past
+    the bound is refused. 409, not 429: waiting frees nothing, only a removal does."""
+
+    code = "too-many-consumers"
+
+
 class CursorAheadOfHead(DomainError):
     code = "cursor-ahead-of-head"
 

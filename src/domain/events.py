@@ -48,11 +48,21 @@ class RecordsAppended(Event, frozen=True, tag="records_appended", omit_defaults=
     writer_seq: str | None = None
 
 
-class ConsumerAcknowledged(Event, frozen=True, tag="consumer_acknowledged"):
+class ConsumerAcknowledged(Event, frozen=True, tag="consumer_acknowledged", omit_defaults=True):
+    """`holds_credit`: whether the consumer holds the writers back, decided at its first ack
+    (and carried by every later one, so that replay needs nothing but the events)."""
+
     consumer_id: str
     principal: str
     sequence: int
     offset: int
+    holds_credit: bool = True
+
+
+class ConsumerRemoved(Event, frozen=True, tag="consumer_removed"):
+    """An admin removed the consumer: whatever it held back is released."""
+
+    consumer_id: str
 
 
 class StreamClosed(Event, frozen=True, tag="stream_closed", omit_defaults=True):
@@ -116,6 +126,7 @@ AnyEvent = (
     | StreamSnapshotted
     | RecordsAppended
     | ConsumerAcknowledged
+    | ConsumerRemoved
     | StreamClosed
     | LegalHoldChanged
     | RecordsPruned

@@ -12,11 +12,25 @@ from domain.objects import ObjectIntent
 from domain.producers import ProducerClaim
 
 
-class Consumer(msgspec.Struct, forbid_unknown_fields=True):
+class Consumer(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A consumer's acknowledgement. `holds_credit` is decided when the consumer is created:
+    one created by a principal that may write the stream (or an admin) holds the writers back
+    until it reads; one created by a principal that may only read tracks its position and
+    holds nothing back. Consumers stored before the rule existed hold credit, as they did."""
+
     principal: str
     acked_sequence: int
     acked_offset: int
     updated_at: datetime
+    holds_credit: bool = True
+
+
+class CreditFloor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The slowest consumer that holds credit: its acknowledged sequence and the cumulative
+    offset after it. Kept in the state so that an append never looks at the consumers."""
+
+    sequence: int
+    offset: int
 
 
 class Producer(msgspec.Struct, forbid_unknown_fields=True):
@@ -54,7 +68,13 @@ class StreamState(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     closed: bool = False
     closed_at: datetime | None = None
     legal_hold: LegalHold = msgspec.field(default_factory=LegalHold)
+    # Every consumer, by ID; but see `consumers_loaded`: the PostgreSQL adapter stores them
+    # beside the snapshot and reads them only for a decision that needs them (an ack, a
+    # removal, a snapshot, a document), so that an append costs the same with 5 or 5,000.
     consumers: dict[str, Consumer] = msgspec.field(default_factory=dict)
+    consumer_count: int = 0  # len(consumers) when they are loaded
+    holding_count: int = 0  # of them, those that hold credit
+    credit_floor: CreditFloor | None = None  # None: no consumer holds credit
     objects: dict[str, ObjectIntent] = msgspec.field(default_factory=dict)  # open intents only
     # Durable Streams writer state: idempotent producers by ID, the last `Stream-Seq`, and the
     # producer claim whose request closed the stream (its retry is a duplicate, not a refusal).
@@ -66,6 +86,33 @@ class StreamState(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     # StreamGone; the row and records stay until its last fork is gone (then it is erased).
     soft_deleted: bool = False
 
+    def __post_init__(self) -> None:
+        # A state stored before the counts existed held its consumers and nothing else: derive
+        # them (a state whose consumers are not loaded has counts, so this never runs on one).
+        if self.consumers and not self.consumer_count:
+            self.consumer_count = len(self.consumers)
+            self.holding_count = sum(c.holds_credit for c in self.consumers.values())
+            self.credit_floor = slowest_holding(self.consumers)
+
+    @property
+    def consumers_loaded(self) -> bool:
+        return len(self.consumers) == self.consumer_count
+
+
+def slowest_holding(consumers: dict[str, Consumer]) -> CreditFloor | None:
+    """The credit floor over every consumer: O(consumers), run only when the slowest one moves
+    on or goes."""
+    floor = min(
+        ((c.acked_sequence, c.acked_offset) for c in consumers.values() if c.holds_credit),
+        default=None,
+    )
+    return None if floor is None else CreditFloor(sequence=floor[0], offset=floor[1])
+
+
+class ConsumersNotLoaded(Exception):
+    """A decision needs the consumers and the state was read without them: the adapter reads
+    them and decides again. Not a DomainError: no client ever sees it."""
+
 
 _state_encoder = msgspec.json.Encoder()
 _state_decoder = msgspec.json.Decoder(StreamState)
@@ -73,6 +120,23 @@ _state_decoder = msgspec.json.Decoder(StreamState)
 
 def encode_state(state: StreamState) -> bytes:
     return _state_encoder.encode(state)
+
+
+def encode_state_without_consumers(state: StreamState) -> bytes:
+    """The snapshot an adapter rewrites with every group commit: O(1) in the consumers (the
+    replace is shallow; the counts and the credit floor stay)."""
+    return _state_encoder.encode(msgspec.structs.replace(state, consumers={}))
+
+
+_consumers_decoder = msgspec.json.Decoder(dict[str, Consumer])
+
+
+def encode_consumers(consumers: dict[str, Consumer]) -> bytes:
+    return _state_encoder.encode(consumers)
+
+
+def decode_consumers(payload: bytes) -> dict[str, Consumer]:
+    return _consumers_decoder.decode(payload)
 
 
 def decode_state(payload: bytes) -> StreamState:

@@ -3,6 +3,8 @@
 Credit is O(1) by construction: the state keeps running totals (`total_items`, `total_bytes` =
 the cumulative byte offset after the head) and each consumer keeps the cumulative offset after its
 acknowledged record, so unread items and bytes after the minimum acknowledgement are subtractions.
+That minimum is kept too (`credit_floor`, over the consumers that hold credit), moved only when an
+ack or a removal moves the slowest consumer: an append never looks at the consumers.
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ from domain.definition import MAX_BATCH_RECORDS, StreamDefinition
 from domain.objects import ObjectIntent
 from domain.producers import MAX_PRODUCERS, ProducerClaim, check_claim, check_writer_seq
 from domain.records import NewRecord
-from domain.state import Consumer, LegalHold, Producer, StreamState, copy_state
+from domain.state import (
+    Consumer,
+    ConsumersNotLoaded,
+    CreditFloor,
+    LegalHold,
+    Producer,
+    StreamState,
+    copy_state,
+    slowest_holding,
+)
 from domain.state import decode_state as decode_state  # re-exported for the adapters
 from domain.state import encode_state as encode_state
 
@@ -105,14 +116,19 @@ class Stream:
         return self.state.head
 
     def min_acknowledgement(self) -> tuple[int, int]:
-        """(sequence, offset) after which records are unread: the slowest consumer, or all."""
+        """(sequence, offset) after which records are unread: the slowest consumer that holds
+        credit, or all (a consumer that only tracks its position holds nothing back)."""
         s = self.state
-        if not s.consumers:
+        floor = s.credit_floor
+        if floor is None or floor.sequence < s.earliest - 1:
             return s.earliest - 1, s.pruned_bytes
-        slowest = min(s.consumers.values(), key=lambda c: c.acked_sequence)
-        if slowest.acked_sequence < s.earliest - 1:
-            return s.earliest - 1, s.pruned_bytes
-        return slowest.acked_sequence, max(slowest.acked_offset, s.pruned_bytes)
+        return floor.sequence, max(floor.offset, s.pruned_bytes)
+
+    def require_consumers(self) -> dict[str, Consumer]:
+        """Every consumer, for a decision that needs them; raises if they were not read."""
+        if not self.state.consumers_loaded:
+            raise ConsumersNotLoaded(str(self.key))
+        return self.state.consumers
 
     def credit(self) -> Credit:
         seq, offset = self.min_acknowledgement()
@@ -286,16 +302,43 @@ class Stream:
         )
 
     def acknowledge(
-        self, consumer_id: str, principal: str, sequence: int, offset: int | None, now: datetime
+        self,
+        consumer_id: str,
+        principal: str,
+        sequence: int,
+        offset: int | None,
+        now: datetime,
+        *,
+        holds_credit: bool = True,
+        max_consumers: int | None = None,
     ) -> list[ev.Event]:
-        """`offset` is the cumulative byte offset after record `sequence` (None if not retained)."""
+        """`offset` is the cumulative byte offset after record `sequence` (None if not retained).
+
+        `holds_credit` says whether the caller may hold the writers back (it may write the
+        stream, or administer it); it decides what a new consumer is, and is ignored for an
+        existing one, which stays what it was created as. `max_consumers` bounds each kind
+        (holding credit, tracking) separately, so that principals that may only read can never
+        use up the room of those that hold credit."""
         self.require_live()
         s = self.state
-        existing = s.consumers.get(consumer_id)
+        existing = self.require_consumers().get(consumer_id)
         if existing is not None and existing.principal != principal:
             raise errors.CrossScopeAck(
                 f"consumer {consumer_id!r} belongs to another principal",
             )
+        if existing is None and max_consumers is not None:
+            same_kind = s.holding_count if holds_credit else s.consumer_count - s.holding_count
+            if same_kind >= max_consumers:
+                kind = "hold credit" if holds_credit else "only track their position"
+                raise errors.TooManyConsumers(
+                    f"the stream has {same_kind} consumers that {kind}, its most: an admin "
+                    "removes one before another can be created",
+                    consumers=same_kind,
+                    max_consumers=max_consumers,
+                    holds_credit=holds_credit,
+                )
+        if existing is not None:
+            holds_credit = existing.holds_credit
         if sequence < 0:
             raise errors.InvalidInput("an acknowledged sequence is 0 or more")
         if sequence > s.head:
@@ -328,8 +371,17 @@ class Stream:
                 principal=principal,
                 sequence=sequence,
                 offset=offset,
+                holds_credit=holds_credit,
             )
         ]
+
+    def remove_consumer(self, consumer_id: str, now: datetime) -> list[ev.Event]:
+        """An admin's removal: what the consumer held back is released. A legal hold does not
+        refuse it (a hold keeps records, not readers' positions)."""
+        self.require_live()
+        if consumer_id not in self.require_consumers():
+            raise errors.UnknownConsumer(f"no consumer {consumer_id!r} on this stream")
+        return [ev.ConsumerRemoved(version=self.state.version + 1, at=now, consumer_id=consumer_id)]
 
     def close(self, now: datetime) -> list[ev.Event]:
         self.require_live()
@@ -553,6 +605,7 @@ class Stream:
     def snapshot(self, now: datetime) -> list[ev.Event]:
         """A journal entry that carries the whole state (and the definition, whose
         `StreamCreated` compaction removes), so that every event before it can go."""
+        self.require_consumers()  # a snapshot carries every consumer
         version = self.state.version + 1
         state = copy_state(self.state)
         state.version = version
@@ -590,12 +643,27 @@ class Stream:
                 if event.writer_seq is not None:
                     s.writer_seq = event.writer_seq
             case ev.ConsumerAcknowledged():
-                s.consumers[event.consumer_id] = Consumer(
+                consumers = self.require_consumers()
+                before = consumers.get(event.consumer_id)
+                consumers[event.consumer_id] = Consumer(
                     principal=event.principal,
                     acked_sequence=event.sequence,
                     acked_offset=event.offset,
                     updated_at=event.at,
+                    holds_credit=event.holds_credit,
                 )
+                if before is None:
+                    s.consumer_count += 1
+                    s.holding_count += event.holds_credit
+                if event.holds_credit:
+                    acked = CreditFloor(sequence=event.sequence, offset=event.offset)
+                    _move_floor(s, before, acked)
+            case ev.ConsumerRemoved():
+                gone = self.require_consumers().pop(event.consumer_id)
+                s.consumer_count -= 1
+                if gone.holds_credit:
+                    s.holding_count -= 1
+                    _move_floor(s, gone, None)
             case ev.StreamClosed():
                 s.closed = True
                 s.closed_at = event.at
@@ -640,6 +708,21 @@ class Stream:
         producers[claim.producer_id] = Producer(
             epoch=claim.epoch, last_seq=claim.seq, updated_at=at
         )
+
+
+def _move_floor(s: StreamState, before: Consumer | None, after: CreditFloor | None) -> None:
+    """A consumer that holds credit moved from `before` to `after` (None: created, removed).
+    The floor is the minimum of every such consumer's (sequence, offset): it is recomputed over
+    all of them only when the consumer that moved was at it, so acks of any other cost O(1)."""
+    floor = s.credit_floor
+    if before is not None and floor == CreditFloor(
+        sequence=before.acked_sequence, offset=before.acked_offset
+    ):
+        s.credit_floor = slowest_holding(s.consumers)
+    elif after is not None and (
+        floor is None or (after.sequence, after.offset) < (floor.sequence, floor.offset)
+    ):
+        s.credit_floor = after
 
 
 _definition_encoder = msgspec.json.Encoder()

@@ -504,6 +504,22 @@ def delete_run(run_id: str) -> Flow[None]:
     )
 
 
+def list_consumers(
+    run_id: str, stream_id: str, after: str | None, limit: int
+) -> Flow[models.ConsumersPage]:
+    params: dict[str, Any] = {"limit": limit}
+    if after is not None:
+        params["after"] = after
+    path = stream_path(run_id, stream_id, "/consumers")
+    return one(Call("GET", path, models.ConsumersPage, params=params))
+
+
+def delete_consumer(run_id: str, stream_id: str, consumer_id: str) -> Flow[None]:
+    # A retry after a lost answer finds the consumer gone: that is the removal having worked.
+    path = stream_path(run_id, stream_id, f"/consumers/{segment(consumer_id)}")
+    return one(Call("DELETE", path, done_on_retry=frozenset({"not-found"})))
+
+
 def list_runs(prefix: str | None, after: str | None, limit: int) -> Flow[models.RunsPage]:
     params: dict[str, Any] = {"limit": limit}
     if after is not None:

@@ -292,6 +292,31 @@ class StreamsClient:
         freeing credit for the writers."""
         return await self._run(core.ack(run_id, stream_id, consumer_id, sequence))
 
+    async def list_consumers(
+        self, run_id: str, stream_id: str, *, after: str | None = None, limit: int = 100
+    ) -> models.ConsumersPage:
+        """One page of the stream's consumers, ascending by ID: those after `after`, at most
+        `limit` (1 to 1,000). `page.next_after` is the next `after`."""
+        return await self._run(core.list_consumers(run_id, stream_id, after, limit))
+
+    async def iter_consumers(
+        self, run_id: str, stream_id: str, *, page_size: int = 100
+    ) -> AsyncGenerator[models.Consumer, None]:
+        """Every consumer of the stream, page after page."""
+        after = None
+        while True:
+            page = await self.list_consumers(run_id, stream_id, after=after, limit=page_size)
+            for consumer in page.consumers:
+                yield consumer
+            if page.next_after is None:
+                return
+            after = page.next_after
+
+    async def delete_consumer(self, run_id: str, stream_id: str, consumer_id: str) -> None:
+        """Remove the consumer, releasing what it held back (needs `streams:admin`; works
+        under a legal hold)."""
+        await self._run(core.delete_consumer(run_id, stream_id, consumer_id))
+
     async def follow(
         self,
         run_id: str,

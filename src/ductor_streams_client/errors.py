@@ -213,6 +213,12 @@ class QuotaExhausted(StreamsError):
     code_of_class = "quota-exhausted"
 
 
+class TooManyConsumers(StreamsError):
+    """409: the stream has as many consumers of this kind as it may; an admin removes one."""
+
+    code_of_class = "too-many-consumers"
+
+
 class AckRegression(StreamsError):
     """409: an acknowledgement below the consumer's (`acked_sequence`)."""
 
@@ -392,6 +398,7 @@ CLASS_OF_CODE: dict[str, type[StreamsError]] = {
         StreamClosed,
         DefinitionConflict,
         QuotaExhausted,
+        TooManyConsumers,
         AckRegression,
         ObjectStateConflict,
         TooManyOpenObjects,

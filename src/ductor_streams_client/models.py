@@ -23,6 +23,7 @@ __all__ = [
     "Closed",
     "CommitAnswer",
     "Consumer",
+    "ConsumersPage",
     "Credit",
     "Deleted",
     "Event",
@@ -131,10 +132,21 @@ class Credit(_Answer):
 
 
 class Consumer(_Answer):
-    """A consumer and the sequence it acknowledged through."""
+    """A consumer and the sequence it acknowledged through. `holds_credit`: whether it holds
+    the writers back (created by a writer or an admin), or only tracks its position (created
+    by a principal that may only read)."""
 
     consumer_id: str
     acked_sequence: int
+    holds_credit: bool = True
+
+
+class ConsumersPage(_Answer):
+    """One page of a stream's consumers, ascending by `consumer_id`; `next_after` is the
+    `after` of the next page (None: this is the last)."""
+
+    consumers: tuple[Consumer, ...]
+    next_after: str | None
 
 
 class LegalHold(_Answer):
@@ -183,12 +195,13 @@ class StreamState(_Answer):
     legal_hold: LegalHold
     total_items: int
     total_bytes: int
-    consumers: tuple[Consumer, ...]
+    consumers: tuple[Consumer, ...]  # the first 100 by consumer_id: see `list_consumers`
     credit: Credit
     open_objects: tuple[OpenObject, ...]  # the first 20, oldest first (all: list_open_objects)
     open_objects_count: int = 0  # of all open intents
     open_objects_bytes: int = 0  # what they pledge against max_total_bytes
     input_delivery: InputDelivery | None = None
+    consumer_count: int | None = None  # every consumer (None: a service that did not say)
 
 
 class StreamDocument(_Answer):

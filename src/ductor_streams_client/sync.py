@@ -255,6 +255,28 @@ class SyncStreamsClient:
         """Acknowledge `consumer_id` through `sequence`."""
         return self._run(core.ack(run_id, stream_id, consumer_id, sequence))
 
+    def list_consumers(
+        self, run_id: str, stream_id: str, *, after: str | None = None, limit: int = 100
+    ) -> models.ConsumersPage:
+        """One page of the stream's consumers; see `StreamsClient.list_consumers`."""
+        return self._run(core.list_consumers(run_id, stream_id, after, limit))
+
+    def iter_consumers(
+        self, run_id: str, stream_id: str, *, page_size: int = 100
+    ) -> Generator[models.Consumer, None, None]:
+        """Every consumer of the stream, page after page."""
+        after = None
+        while True:
+            page = self.list_consumers(run_id, stream_id, after=after, limit=page_size)
+            yield from page.consumers
+            if page.next_after is None:
+                return
+            after = page.next_after
+
+    def delete_consumer(self, run_id: str, stream_id: str, consumer_id: str) -> None:
+        """Remove the consumer, releasing what it held back (needs `streams:admin`)."""
+        self._run(core.delete_consumer(run_id, stream_id, consumer_id))
+
     def follow(
         self,
         run_id: str,

@@ -57,6 +57,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Open (prepared or uploaded) object intents per stream; each lives in the stream's state,
     # which every commit of the stream rewrites: ~600 B each (docs/configuration.md says why 32).
     max_open_objects_per_stream: Count = 32
+    # Consumers per stream, of each kind: those that hold credit, and those that track.
+    max_consumers_per_stream: Count = 1_000
     run_workers: bool = False
     worker_lease_seconds: Positive = 6.0
     worker_poll_seconds: Positive = 1.0

@@ -50,6 +50,7 @@ from application.append_records import AppendRecords
 from application.cleanup import Cleanup
 from application.close_stream import CloseStream
 from application.compaction import CompactJournal
+from application.consumers import DeleteConsumer, ListConsumers
 from application.create_stream import CreateStream
 from application.definitions import Definitions
 from application.delete_stream import DeleteRun, DeleteStream
@@ -286,7 +287,11 @@ class Container(containers.DeclarativeContainer):
     read_records = providers.Singleton(
         ReadRecords, definitions, streams, wake, token_cache, live_slots
     )  # reads pages too
-    acknowledge = providers.Singleton(Acknowledge, definitions, commits, clock)
+    acknowledge = providers.Singleton(
+        Acknowledge, definitions, commits, clock, settings.provided.max_consumers_per_stream
+    )
+    delete_consumer = providers.Singleton(DeleteConsumer, definitions, commits, clock)
+    list_consumers = providers.Singleton(ListConsumers, definitions, streams)
     close_stream = providers.Singleton(CloseStream, definitions, commits, clock)
     set_legal_hold = providers.Singleton(SetLegalHold, definitions, commits, clock)
     delete_stream = providers.Singleton(DeleteStream, definitions, commits, clock)
@@ -463,6 +468,8 @@ class Services:
     append_records: AppendRecords
     read_records: ReadRecords
     acknowledge: Acknowledge
+    delete_consumer: DeleteConsumer
+    list_consumers: ListConsumers
     close_stream: CloseStream
     set_legal_hold: SetLegalHold
     delete_stream: DeleteStream

@@ -242,6 +242,9 @@ def test_the_console_shows_runs_streams_and_follows_live(
         == "3"
     )
     expect(page.locator('[data-stream="tokens"] [data-consumer="ui"] [data-lag]')).to_have_text("3")
+    expect(
+        page.locator('[data-stream="tokens"] [data-consumer="ui"] [data-holds-credit]')
+    ).to_have_text("yes")
     expect(page.locator('[data-stream="tokens"] tr[data-object] td').nth(1)).to_have_text(
         "prepared"
     )

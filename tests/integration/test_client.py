@@ -26,6 +26,8 @@ from ductor_streams_client import (
     AppendAnswer,
     Closed,
     CommitAnswer,
+    Consumer,
+    ConsumersPage,
     CursorAheadOfHead,
     Deleted,
     IdempotencyKeyReused,
@@ -136,6 +138,21 @@ async def test_the_full_flow(server: ServerProcess, run_id: str, tmp_path: Path)
         assert isinstance(ack, AckAnswer) and ack.acked_sequence == 2
         assert ack.credit.unread_items == 1
         assert (await client.ack(run_id, "s", "reader", 2)).acked_sequence == 2  # no-op
+        await client.ack(run_id, "s", "another", 1)
+        consumers = await client.list_consumers(run_id, "s", limit=1)
+        assert isinstance(consumers, ConsumersPage) and consumers.next_after == "another"
+        assert consumers.consumers == (Consumer(consumer_id="another", acked_sequence=1),)
+        every = [c async for c in client.iter_consumers(run_id, "s", page_size=1)]
+        assert [(c.consumer_id, c.holds_credit) for c in every] == [
+            ("another", True),
+            ("reader", True),
+        ]
+        await client.delete_consumer(run_id, "s", "another")
+        with pytest.raises(NotFound):
+            await client.delete_consumer(run_id, "s", "another")
+        document = await client.get_stream(run_id, "s")
+        assert document.state.consumer_count == 1
+        assert [c.consumer_id for c in document.state.consumers] == ["reader"]
 
         file = tmp_path / "body.bin"
         file.write_bytes(BODY)

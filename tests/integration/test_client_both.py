@@ -24,6 +24,7 @@ from ductor_streams_client import (
     AppendAnswer,
     Closed,
     CommitAnswer,
+    ConsumersPage,
     Deleted,
     Expiry,
     LegalHold,
@@ -135,6 +136,17 @@ def test_every_method_of_the_sync_client_answers_typed(
     assert client.read(run_id, "s", cursor=2).records[0].data is None
     acked = client.ack(run_id, "s", "ui", 3)
     assert isinstance(acked, AckAnswer) and acked.credit.unread_items == 0
+    client.ack(run_id, "s", "audit", 1)
+    consumers = client.list_consumers(run_id, "s", limit=1)
+    assert isinstance(consumers, ConsumersPage) and consumers.next_after == "audit"
+    assert [c.consumer_id for c in client.iter_consumers(run_id, "s", page_size=1)] == [
+        "audit",
+        "ui",
+    ]
+    client.delete_consumer(run_id, "s", "audit")
+    with pytest.raises(NotFound):
+        client.delete_consumer(run_id, "s", "audit")
+    assert client.get_stream(run_id, "s").state.consumer_count == 1
 
     file = tmp_path / "body.bin"
     file.write_bytes(b"0123456789" * 50_000)

@@ -75,7 +75,7 @@ async def test_the_first_ack_creates_the_consumer(api: httpx.AsyncClient, run_id
         "max_unread_bytes": 67_108_864,
     }
     assert (await state(api, run_id, "s"))["consumers"] == [
-        {"consumer_id": "reader-1", "acked_sequence": 2}
+        {"consumer_id": "reader-1", "acked_sequence": 2, "holds_credit": True}
     ]
 
 
@@ -153,9 +153,9 @@ async def test_the_stream_document_lists_its_consumers(api: httpx.AsyncClient, r
         assert (await ack(api, run_id, "s", consumer, sequence)).status_code in (200, 201)
     consumers = (await state(api, run_id, "s"))["consumers"]
     assert sorted(consumers, key=lambda c: c["consumer_id"]) == [
-        {"consumer_id": "a", "acked_sequence": 1},
-        {"consumer_id": "b", "acked_sequence": 3},
-        {"consumer_id": "c", "acked_sequence": 0},
+        {"consumer_id": "a", "acked_sequence": 1, "holds_credit": True},
+        {"consumer_id": "b", "acked_sequence": 3, "holds_credit": True},
+        {"consumer_id": "c", "acked_sequence": 0, "holds_credit": True},
     ]
 
 

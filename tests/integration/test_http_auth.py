@@ -74,6 +74,8 @@ OPERATIONS = [
     ("read", "GET", "/streams/s/records", None),
     ("append", "POST", "/streams/s/records", {"records": [{"data": 3}]}),
     ("ack", "POST", "/streams/s/consumers/c0/ack", {"sequence": 2}),
+    ("consumers", "GET", "/streams/s/consumers", None),
+    ("delete-consumer", "DELETE", "/streams/s/consumers/c0", None),
     ("close", "POST", "/streams/s/close", None),
     ("legal-hold", "PUT", "/streams/s/legal-hold", {"enabled": True}),
     ("delete", "DELETE", "/streams/s", None),
@@ -201,14 +203,18 @@ SCOPE_DENIALS = [
     ((READ,), "append"),
     ((READ,), "close"),
     ((READ,), "legal-hold"),
+    ((READ,), "delete-consumer"),
     ((WRITE,), "list"),
     ((WRITE,), "get"),
     ((WRITE,), "read"),
     ((WRITE,), "ack"),
+    ((WRITE,), "consumers"),
+    ((WRITE,), "delete-consumer"),
     ((WRITE,), "legal-hold"),
     ((READ, WRITE), "legal-hold"),
     ((READ, WRITE), "delete"),
     ((READ, WRITE), "delete-run"),
+    ((READ, WRITE), "delete-consumer"),
     ((ADMIN,), "read"),
     ((ADMIN,), "append"),
 ]
@@ -239,6 +245,8 @@ async def test_a_missing_scope_is_403(
         ((READ,), "get", 200),
         ((READ,), "read", 200),
         ((READ,), "ack", 200),
+        ((READ,), "consumers", 200),
+        ((ADMIN,), "delete-consumer", 204),
         ((WRITE,), "append", 201),
         ((WRITE,), "create", 201),
         ((WRITE,), "close", 200),
@@ -296,7 +304,38 @@ async def test_pinned_readers_and_writers(api: httpx.AsyncClient, run_id: str, t
     assert (await api.post(ack, json={"sequence": 1}, headers=alice)).status_code == 200
     state = (await api.get(f"/runs/{run_id}/streams/pinned", headers=alice)).json()["state"]
     assert state["head"] == 1
-    assert state["consumers"] == [{"consumer_id": "c", "acked_sequence": 1}]
+    assert state["consumers"] == [{"consumer_id": "c", "acked_sequence": 1, "holds_credit": True}]
+
+
+async def test_no_principal_that_may_only_read_reduces_a_writers_credit(
+    api: httpx.AsyncClient, run_id: str, tokens: Any
+) -> None:
+    """Whatever a read-only principal acknowledges, and however many consumers it creates, the
+    writers' credit stays where the consumers of writers and admins put it."""
+    created = await api.post(
+        f"/runs/{run_id}/streams",
+        json={"stream_id": "s", "direction": "output", "limits": {"max_unread_items": 4}},
+    )
+    assert created.status_code == 201, created.text
+    path = f"/runs/{run_id}/streams/s"
+    assert (await api.post(f"{path}/records", json={"records": [{"data": 1}]})).status_code == 201
+    for scopes in [(READ,), (READ, WRITE)]:  # write scope, but not a writer of this stream?
+        principal = "reader-" + secrets.token_hex(3)
+        token = bearer(await tokens.create(principal=principal, scopes=scopes))
+        for consumer, sequence in [(f"{principal}-a", 0), (f"{principal}-b", 1)]:
+            response = await api.post(
+                f"{path}/consumers/{consumer}/ack", json={"sequence": sequence}, headers=token
+            )
+            assert response.status_code == 200, response.text
+            if scopes == (READ,):
+                assert response.json()["credit"]["unread_items"] == 1
+        # The reader cannot remove anyone, nor acknowledge anyone else's.
+        assert_problem(
+            await api.delete(f"{path}/consumers/{principal}-a", headers=token), 403, "forbidden"
+        )
+    credit = (await snapshot(api, run_id))["state"]["credit"]
+    # Only the second principal (streams:write, and a writer: "*") holds credit: at 0.
+    assert credit["unread_items"] == 1
 
 
 # -- unauthenticated routes -----------------------------------------------------------------------
@@ -320,6 +359,8 @@ async def test_the_openapi_document_lists_the_operations(root: httpx.AsyncClient
         (prefix + "/{}/records", "post"),
         (prefix + "/{}/records", "get"),
         (prefix + "/{}/consumers/{}/ack", "post"),
+        (prefix + "/{}/consumers", "get"),
+        (prefix + "/{}/consumers/{}", "delete"),
         (prefix + "/{}/close", "post"),
         (prefix + "/{}/legal-hold", "put"),
         (prefix + "/{}", "delete"),

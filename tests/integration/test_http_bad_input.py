@@ -546,7 +546,7 @@ async def test_ids_of_128_characters_are_accepted(api: httpx.AsyncClient, run_id
         await api.post(f"{base}/consumers/{consumer}/ack", json={"sequence": 1})
     ).status_code == 200
     assert (await api.get(base)).json()["state"]["consumers"] == [
-        {"consumer_id": consumer, "acked_sequence": 1}
+        {"consumer_id": consumer, "acked_sequence": 1, "holds_credit": True}
     ]
 
 

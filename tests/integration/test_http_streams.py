@@ -44,6 +44,7 @@ STATE_FIELDS = {
     "legal_hold",
     "total_items",
     "total_bytes",
+    "consumer_count",
     "consumers",
     "credit",
 }
@@ -349,7 +350,7 @@ async def test_the_document_follows_appends_and_acks(api: httpx.AsyncClient, run
     assert state["total_items"] == 3
     # 1 -> "1" (1 byte), "ab" -> "\"ab\"" (4), {"k":[1,2]} (11)
     assert state["total_bytes"] == 16
-    assert state["consumers"] == [{"consumer_id": "c1", "acked_sequence": 1}]
+    assert state["consumers"] == [{"consumer_id": "c1", "acked_sequence": 1, "holds_credit": True}]
     assert state["credit"]["unread_items"] == 2
     assert state["credit"]["unread_bytes"] == 15
 

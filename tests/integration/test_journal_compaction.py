@@ -21,7 +21,7 @@ from adapters.postgres.journal import (
 from adapters.postgres.streams import PostgresStreams
 from application.compaction import CompactionJob
 from domain.events import StreamCreated, StreamSnapshotted, decode_event
-from domain.state import decode_state
+from domain.state import decode_consumers, decode_state
 from domain.stream import Stream, StreamKey
 from tests.conftest import SERVER_ENV, api_client
 from tests.support.builders import NOW, append, definition
@@ -108,7 +108,9 @@ async def replays_into_the_stored_state(pool: asyncpg.Pool, key: StreamKey) -> l
         f"SELECT payload FROM stream_events WHERE {_KEY} ORDER BY version", *key
     )
     journal = [decode_event(r[0]) for r in rows]
-    stored = decode_state(await pool.fetchval(f"SELECT state FROM streams WHERE {_KEY}", *key))
+    row = await pool.fetchrow(f"SELECT state, consumers FROM streams WHERE {_KEY}", *key)
+    stored = decode_state(row["state"])  # the snapshot, and its consumers beside it
+    stored.consumers = decode_consumers(row["consumers"] or b"{}")
     assert Stream.replay(key, journal).state == stored
     return journal
 

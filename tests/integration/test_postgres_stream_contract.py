@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 from datetime import timedelta
 
@@ -14,14 +15,17 @@ from adapters.postgres.erasure import erase
 from adapters.postgres.journal import PostgresJournalCompactor
 from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.wake_bus import PostgresWakeBus
+from application.acknowledge import AckCommand
 from application.compaction import CompactionJob, CompactJournal
 from application.delete_stream import DeleteCommand
 from application.errors import NotFound
 from application.expiry import ExpireCommand
 from application.wake import WakeRegistry
+from domain import errors
 from domain.definition import Expiry
+from domain.state import decode_state
 from domain.stream import StreamKey
-from tests.support.builders import NOW, append, definition, new_key, record
+from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 from tests.support.stream_contract import (
     SNAPSHOT_EVERY,
     DurableStreamsContract,
@@ -164,3 +168,57 @@ async def test_a_fork_waiting_on_its_sources_lock_finds_it_erased_and_leaves_not
         await creating
     assert await repo.load(fork_key) is None
     assert await pool.fetchval(f"SELECT count(*) FROM stream_forks WHERE {_KEY}", *fork_key) == 0
+
+
+async def test_an_append_neither_reads_nor_rewrites_the_consumers(pool: asyncpg.Pool) -> None:
+    """They are stored beside the snapshot (migration 0488), which every append rewrites."""
+    repo, key = PostgresStreams(pool), new_key()
+    await repo.create(key, definition(), NOW)
+    await repo.update(key, [AckCommand(WRITER, f"c{n}", 0, NOW) for n in range(50)])
+    before = await pool.fetchrow(f"SELECT state, consumers FROM streams WHERE {_KEY}", *key)
+    assert b"c49" not in before["state"] and b"c49" in before["consumers"]
+    await repo.update(key, [append()])
+    after = await pool.fetchrow(f"SELECT state, consumers FROM streams WHERE {_KEY}", *key)
+    assert after["consumers"] == before["consumers"]
+    stored = decode_state(after["state"])
+    assert (stored.consumers, stored.consumer_count, stored.holding_count) == ({}, 50, 50)
+    assert stored.credit_floor is not None and stored.credit_floor.sequence == 0
+
+
+async def test_a_snapshot_written_before_the_consumers_moved_out_is_read_and_moved(
+    pool: asyncpg.Pool,
+) -> None:
+    """A state stored before migration 0488 carried its consumers and no counts: it decodes
+    with them (the counts and the credit floor derived), and its next write moves them to
+    their column."""
+    repo, key = PostgresStreams(pool), new_key()
+    await repo.create(key, definition(max_unread_items=3), NOW)
+    await repo.update(key, [append([record(), record()])])
+    [done] = await repo.update(key, [AckCommand(WRITER, "old", 1, NOW)])
+    assert done.answer.credit.unread_items == 1
+    # The row as an earlier version wrote it: consumers in the state, none beside it.
+    legacy = json.loads(await pool.fetchval(f"SELECT state FROM streams WHERE {_KEY}", *key))
+    for name in ("consumer_count", "holding_count", "credit_floor"):
+        del legacy[name]
+    legacy["consumers"] = {
+        "old": {
+            "principal": WRITER.principal,
+            "acked_sequence": 1,
+            "acked_offset": len(record().payload),
+            "updated_at": NOW.isoformat(),
+        }
+    }
+    await pool.execute(
+        f"UPDATE streams SET state = $4, consumers = NULL WHERE {_KEY}",
+        *key,
+        json.dumps(legacy).encode(),
+    )
+    loaded = await repo.load(key)
+    assert list(loaded.state.consumers) == ["old"] and loaded.credit().unread_items == 1
+    [appended, refused] = await repo.update(key, [append([record()] * 2), append()])
+    assert appended.answer.head == 4
+    assert isinstance(refused.error, errors.Backpressure)  # the old consumer still holds
+    row = await pool.fetchrow(f"SELECT state, consumers FROM streams WHERE {_KEY}", *key)
+    assert b'"old"' not in row["state"] and b'"old"' in row["consumers"]
+    [acked] = await repo.update(key, [AckCommand(WRITER, "old", 4, NOW)])
+    assert acked.answer.credit.unread_items == 0

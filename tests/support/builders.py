@@ -17,6 +17,7 @@ from domain.stream import StreamKey
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 WRITER = Caller(tenant="t1", principal="writer", scopes=frozenset(SCOPES))
+READER = Caller(tenant="t1", principal="reader", scopes=frozenset({"streams:read"}))
 
 
 def definition(stream_id: str = "s", **limits: object) -> StreamDefinition:

@@ -19,6 +19,7 @@ import pytest
 from application.acknowledge import AckCommand
 from application.append_records import AppendCommand, ProduceCommand, Produced
 from application.close_stream import CloseCommand
+from application.consumers import RemoveConsumerCommand
 from application.delete_stream import DeleteCommand
 from application.errors import NotFound
 from application.expiry import ExpireCommand
@@ -33,7 +34,7 @@ from domain.objects import AuthorizationReceipt, ObjectIntent
 from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordKind
 from domain.stream import Stream
-from tests.support.builders import NOW, WRITER, append, definition, new_key, record
+from tests.support.builders import NOW, READER, WRITER, append, definition, new_key, record
 
 SNAPSHOT_EVERY = 5
 
@@ -185,6 +186,72 @@ class StreamRepositoryContract:
         replayed = Stream.replay(key, await repo.journal(key))
         assert replayed.state == stored.state
         assert stored.state.closed and stored.head == 3
+
+    async def test_a_readers_consumer_tracks_its_position_and_holds_no_writer_back(
+        self, repo
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(max_unread_items=2), NOW)
+        await repo.update(key, [append([record(), record()])])
+        [held] = await repo.update(key, [AckCommand(WRITER, "w", 2, NOW)])
+        [tracked] = await repo.update(key, [AckCommand(READER, "r", 0, NOW)])
+        assert held.answer.credit.unread_items == tracked.answer.credit.unread_items == 0
+        [appended, refused] = await repo.update(key, [append(), append([record()] * 2)])
+        assert isinstance(appended, Done)
+        assert isinstance(refused, Failed) and isinstance(refused.error, errors.Backpressure)
+        stored = await repo.load(key)
+        assert {c: v.holds_credit for c, v in stored.state.consumers.items()} == {
+            "w": True,
+            "r": False,
+        }
+        assert (stored.state.consumer_count, stored.state.holding_count) == (2, 1)
+        page = await repo.consumers(key, None, 10)
+        assert [(c.consumer_id, c.acked_sequence, c.holds_credit) for c in page] == [
+            ("r", 0, False),
+            ("w", 2, True),
+        ]
+        assert [c.consumer_id for c in await repo.consumers(key, "r", 10)] == ["w"]
+        assert Stream.replay(key, await repo.journal(key)).state == stored.state
+
+    async def test_removing_a_consumer_releases_its_credit_and_replays(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(max_unread_items=2), NOW)
+        await repo.update(key, [AckCommand(WRITER, "slow", 0, NOW)])
+        await repo.update(key, [append([record(), record()])])
+        [refused] = await repo.update(key, [append()])
+        assert isinstance(refused, Failed) and isinstance(refused.error, errors.Backpressure)
+        await repo.update(key, [LegalHoldCommand(True, "audit", NOW)])  # does not refuse it
+        # Removed, created again and removed again in one group: the last word is written.
+        outcomes = await repo.update(
+            key,
+            [
+                RemoveConsumerCommand("slow", NOW),
+                AckCommand(WRITER, "slow", 1, NOW),
+                AckCommand(WRITER, "other", 2, NOW),
+                RemoveConsumerCommand("slow", NOW),
+                RemoveConsumerCommand("slow", NOW),
+            ],
+        )
+        assert [type(o) for o in outcomes] == [Done, Done, Done, Done, Failed]
+        assert isinstance(outcomes[-1].error, errors.UnknownConsumer)
+        [appended] = await repo.update(key, [append()])
+        assert isinstance(appended, Done)
+        stored = await repo.load(key)
+        assert list(stored.state.consumers) == ["other"]
+        assert [c.consumer_id for c in await repo.consumers(key, None, 10)] == ["other"]
+        assert Stream.replay(key, await repo.journal(key)).state == stored.state
+
+    async def test_consumers_are_bounded_per_kind(self, repo) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        for n in range(2):
+            await repo.update(key, [AckCommand(WRITER, f"w{n}", 0, NOW, max_consumers=2)])
+        [refused] = await repo.update(key, [AckCommand(WRITER, "w2", 0, NOW, max_consumers=2)])
+        assert isinstance(refused, Failed) and isinstance(refused.error, errors.TooManyConsumers)
+        # The readers' own room is untouched by the writers'.
+        [tracked] = await repo.update(key, [AckCommand(READER, "r0", 0, NOW, max_consumers=2)])
+        assert isinstance(tracked, Done)
+        assert (await repo.load(key)).state.consumer_count == 3
 
     async def test_a_run_lists_its_streams(self, repo) -> None:
         key = new_key()

@@ -1,7 +1,10 @@
 """Stateful property test: the Stream aggregate against a deliberately naive model.
 
 The model keeps every record's size in a list and computes credit by scanning, the opposite of
-the aggregate's O(1) running totals; every step both must agree on the outcome, and the journal
+the aggregate's O(1) running totals and kept credit floor; only the consumers created as holding
+credit count, a tracking one (created by a principal that may only read) holds nothing back, and
+an admin may remove any consumer (whatever it held is released, also under a legal hold). Every
+step both must agree on the outcome, and the journal
 must always replay into the same state: the whole journal, and the compacted one (the latest
 snapshot and what follows it; a legal hold keeps what came before until it is lifted), with
 snapshots taken every few versions so that a history crosses several."""
@@ -15,16 +18,17 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from application.deciding import snapshot_if_due
 from domain import errors
 from domain import events as ev
-from domain.state import copy_state
+from domain.state import copy_state, slowest_holding
 from domain.stream import Stream
 from tests.support.builders import NOW, definition, new_key, record
 
 MAX_UNREAD_ITEMS = 8
 MAX_UNREAD_BYTES = 40
 MAX_TOTAL_ITEMS = 30
+MAX_CONSUMERS = 2  # of each kind
 SNAPSHOT_EVERY = 5
 
-consumers = st.sampled_from(["c1", "c2", "c3"])
+consumers = st.sampled_from(["c1", "c2", "c3", "c4"])
 principals = st.sampled_from(["alice", "bob"])
 
 
@@ -47,6 +51,7 @@ class StreamMachine(RuleBasedStateMachine):
         self.sizes: list[int] = []  # sizes[i] is the size of sequence i + 1
         self.earliest = 1
         self.acks: dict[str, tuple[str, int]] = {}
+        self.holding: dict[str, bool] = {}  # whether each consumer holds credit
         self.closed = False
         self.hold = False
 
@@ -75,7 +80,7 @@ class StreamMachine(RuleBasedStateMachine):
             del self.compacted[:latest]
 
     def _model_unread(self) -> tuple[int, int]:
-        floor = min((seq for _, seq in self.acks.values()), default=0)
+        floor = min((seq for c, (_, seq) in self.acks.items() if self.holding[c]), default=0)
         floor = max(floor, self.earliest - 1)
         return len(self.sizes) - floor, sum(self.sizes[floor:])
 
@@ -105,16 +110,28 @@ class StreamMachine(RuleBasedStateMachine):
         self._apply(events)
         self.sizes.extend(sizes)
 
-    @rule(consumer=consumers, principal=principals, data=st.data())
-    def acknowledge(self, consumer: str, principal: str, data: st.DataObject) -> None:
+    @rule(consumer=consumers, principal=principals, holds=st.booleans(), data=st.data())
+    def acknowledge(self, consumer: str, principal: str, holds: bool, data: st.DataObject) -> None:
         head = len(self.sizes)
         sequence = data.draw(st.integers(min_value=0, max_value=head + 2))
         offset = sum(self.sizes[:sequence]) if self.earliest <= sequence <= head else None
         owner = self.acks.get(consumer)
         try:
-            events = self.stream.acknowledge(consumer, principal, sequence, offset, NOW)
+            events = self.stream.acknowledge(
+                consumer,
+                principal,
+                sequence,
+                offset,
+                NOW,
+                holds_credit=holds,
+                max_consumers=MAX_CONSUMERS,
+            )
         except errors.CrossScopeAck:
             assert owner is not None and owner[0] != principal
+            return
+        except errors.TooManyConsumers:
+            assert owner is None
+            assert sum(h == holds for h in self.holding.values()) >= MAX_CONSUMERS
             return
         except errors.AckAheadOfHead:
             assert sequence > head
@@ -123,9 +140,21 @@ class StreamMachine(RuleBasedStateMachine):
             assert owner is not None and sequence < owner[1]
             return
         assert owner is None or (owner[0] == principal and sequence >= owner[1])
+        assert owner is not None or sum(h == holds for h in self.holding.values()) < MAX_CONSUMERS
         assert sequence <= head
         self._apply(events)
         self.acks[consumer] = (principal, sequence)
+        self.holding.setdefault(consumer, holds)  # decided when it is created
+
+    @rule(consumer=consumers)
+    def remove_consumer(self, consumer: str) -> None:
+        try:
+            events = self.stream.remove_consumer(consumer, NOW)
+        except errors.UnknownConsumer:
+            assert consumer not in self.acks
+            return
+        self._apply(events)  # a legal hold does not refuse it
+        del self.acks[consumer], self.holding[consumer]
 
     @rule()
     def close(self) -> None:
@@ -160,6 +189,11 @@ class StreamMachine(RuleBasedStateMachine):
         credit = self.stream.credit()
         assert (credit.unread_items, credit.unread_bytes) == self._model_unread()
         assert {c: (v.principal, v.acked_sequence) for c, v in s.consumers.items()} == self.acks
+        assert {c: v.holds_credit for c, v in s.consumers.items()} == self.holding
+        assert s.consumer_count == len(self.acks)
+        assert s.holding_count == sum(self.holding.values())
+        # The floor kept by acks and removals is the one a scan of the consumers gives.
+        assert s.credit_floor == slowest_holding(s.consumers)
 
     @invariant()
     def the_journal_replays_into_the_same_state(self) -> None:

@@ -23,7 +23,15 @@ from application.fork_reads import (
     segments,
     stitched,
 )
-from application.ports import Command, Failed, Outcome, Position, RunSummary, StoredRecord
+from application.ports import (
+    Command,
+    ConsumerPosition,
+    Failed,
+    Outcome,
+    Position,
+    RunSummary,
+    StoredRecord,
+)
 from application.retention import expired_prefix
 from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
@@ -170,6 +178,17 @@ class MemoryStreams:
         if after is not None:
             keys = keys[bisect.bisect_right([k.stream_id for k in keys], after) :]
         return [self._stream(k, self._rows[k]) for k in keys[:limit]]
+
+    async def consumers(
+        self, key: StreamKey, after: str | None, limit: int
+    ) -> list[ConsumerPosition]:
+        row = self._rows.get(key)
+        consumers = {} if row is None else decode_state(row.state).consumers
+        return [
+            ConsumerPosition(i, c.acked_sequence, c.holds_credit)
+            for i, c in sorted(consumers.items())
+            if after is None or i > after
+        ][:limit]
 
     async def definition(self, key: StreamKey) -> StreamDefinition | None:
         row = self._rows.get(key)

@@ -31,12 +31,21 @@ from application.fork_reads import (
     segments,
     stitched,
 )
-from application.ports import Command, Failed, Outcome, Position, RunSummary, StoredRecord
+from application.ports import (
+    Command,
+    ConsumerPosition,
+    Failed,
+    Outcome,
+    Position,
+    RunSummary,
+    StoredRecord,
+)
 from application.retention import expired_prefix, has_retention
 from application.wake import WakeRegistry
 from domain.definition import Fork, StreamDefinition
 from domain.events import (
     ConsumerAcknowledged,
+    ConsumerRemoved,
     Event,
     RecordsPruned,
     StreamDeleted,
@@ -46,7 +55,13 @@ from domain.events import (
 )
 from domain.objects import ObjectIntent
 from domain.records import RecordKind
-from domain.state import Producer
+from domain.state import (
+    ConsumersNotLoaded,
+    Producer,
+    decode_consumers,
+    encode_consumers,
+    encode_state_without_consumers,
+)
 from domain.stream import (
     Stream,
     StreamKey,
@@ -87,7 +102,18 @@ RETURNING 1
 """
 
 _LOCK = f"""
-SELECT state, CASE WHEN $4::boolean THEN definition END FROM streams WHERE {_KEY} FOR UPDATE
+SELECT state, CASE WHEN $4::boolean THEN definition END,
+       CASE WHEN $5::boolean THEN COALESCE(consumers, '{{}}'::bytea) END
+FROM streams WHERE {_KEY} FOR UPDATE
+"""
+
+# The consumers, apart from the snapshot (migration 0488): read only by a decision that needs
+# them (an ack, a removal, a snapshot, a stream document), never by an append.
+_CONSUMERS = f"SELECT consumers FROM streams WHERE {_KEY}"
+
+_CONSUMER_PAGE = f"""
+SELECT consumer_id, acked_sequence, holds_credit FROM stream_consumers
+WHERE {_KEY} AND consumer_id > $4 ORDER BY consumer_id LIMIT $5
 """
 
 _RECEIPTS = f"""
@@ -126,15 +152,18 @@ WITH new_records AS (
     SELECT $1, $2, $3, x.k, x.f, x.a
     FROM unnest($14::text[], $15::bytea[], $16::bytea[]) AS x(k, f, a)
 ), acked AS (
+    -- each consumer the group changed, as it ends (one row per ID), or gone ($29)
     INSERT INTO stream_consumers
-        (tenant, run_id, stream_id, consumer_id, principal, acked_sequence, updated_at)
-    SELECT DISTINCT ON (c.id) $1, $2, $3, c.id, c.principal, c.seq, c.at
-    FROM unnest($17::text[], $18::text[], $19::int8[], $20::timestamptz[])
-         WITH ORDINALITY AS c(id, principal, seq, at, n)
-    ORDER BY c.id, c.n DESC
+        (tenant, run_id, stream_id, consumer_id, principal, acked_sequence, updated_at,
+         holds_credit)
+    SELECT $1, $2, $3, c.id, c.principal, c.seq, c.at, c.holds
+    FROM unnest($17::text[], $18::text[], $19::int8[], $20::timestamptz[], $28::boolean[])
+         AS c(id, principal, seq, at, holds)
     ON CONFLICT (tenant, run_id, stream_id, consumer_id) DO UPDATE
     SET principal = excluded.principal, acked_sequence = excluded.acked_sequence,
-        updated_at = excluded.updated_at
+        updated_at = excluded.updated_at, holds_credit = excluded.holds_credit
+), removed AS (
+    DELETE FROM stream_consumers WHERE {_KEY} AND consumer_id = ANY($29::text[])
 ), deliveries AS (
     -- input streams: each record's delivery row commits with the record
     INSERT INTO input_deliveries (tenant, run_id, stream_id, sequence)
@@ -142,7 +171,8 @@ WITH new_records AS (
 )
 UPDATE streams
 SET version = $21::bigint, head = $22::bigint, earliest = $23::bigint, closed = $24::boolean,
-    legal_hold = $25::boolean, state = $26::bytea
+    legal_hold = $25::boolean, state = $26::bytea,
+    consumers = CASE WHEN $30::boolean THEN $31::bytea ELSE consumers END
 WHERE {_KEY}
 RETURNING pg_notify('{WAKE_CHANNEL}', $1 || '/' || $2 || '/' || $3 || ' ' || ($22::bigint)::text)
 """
@@ -269,7 +299,7 @@ WHERE tenant = $1 AND source_run_id = $2
 # A keyset page over the primary key (tenant, run_id, stream_id): an index range scan that stops
 # after `limit` rows (LIMIT NULL is no limit), whatever the size of the run.
 _RUN_STREAMS = """
-SELECT stream_id, definition, state FROM streams
+SELECT stream_id, definition, state, consumers FROM streams
 WHERE tenant = $1 AND run_id = $2 AND stream_id > $3 ORDER BY stream_id LIMIT $4
 """
 
@@ -380,18 +410,26 @@ class PostgresStreams:
         return True
 
     async def load(self, key: StreamKey) -> Stream | None:
-        """The whole stream, its producers included (from their own rows, in the same snapshot:
-        repeatable read makes the two statements one)."""
+        """The whole stream, its producers and consumers included (the producers from their
+        own rows, in the same snapshot: repeatable read makes the two statements one)."""
         async with (
             self._pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
-            row = await conn.fetchrow(f"SELECT definition, state FROM streams WHERE {_KEY}", *key)
+            row = await conn.fetchrow(
+                f"SELECT definition, state, consumers FROM streams WHERE {_KEY}", *key
+            )
             if row is None:
                 return None
-            state = decode_state(row["state"])
+            state = _with_consumers(row["state"], row["consumers"])
             state.producers = await all_producers(conn, key)
         return Stream(key, self._definition(key, state, row["definition"]), state)
+
+    async def consumers(
+        self, key: StreamKey, after: str | None, limit: int
+    ) -> list[ConsumerPosition]:
+        rows = await self._pool.fetch(_CONSUMER_PAGE, *key, after or "", limit)
+        return [ConsumerPosition(r[0], r[1], r[2]) for r in rows]
 
     def _definition(
         self, key: StreamKey, state: StreamState, payload: bytes | None
@@ -414,7 +452,8 @@ class PostgresStreams:
         rows = await self._pool.fetch(_RUN_STREAMS, tenant, run_id, after or "", limit)
         streams = []
         for r in rows:
-            key, state = StreamKey(tenant, run_id, r["stream_id"]), decode_state(r["state"])
+            key = StreamKey(tenant, run_id, r["stream_id"])
+            state = _with_consumers(r["state"], r["consumers"])
             streams.append(Stream(key, self._definition(key, state, r["definition"]), state))
         return streams
 
@@ -441,7 +480,8 @@ class PostgresStreams:
         async with self._pool.acquire() as conn, conn.transaction():
             # Never touch the pool while holding the row lock: with every connection waiting
             # on this row, a second acquire by the holder would wait forever.
-            row = await conn.fetchrow(_LOCK, *key, key not in self._definitions)
+            needs_consumers = any(getattr(c, "needs_consumers", False) for c in commands)
+            row = await conn.fetchrow(_LOCK, *key, key not in self._definitions, needs_consumers)
             if row is None:
                 raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
             state, payload = decode_state(row[0]), row[1]
@@ -449,15 +489,12 @@ class PostgresStreams:
             if payload is None and (known is None or known[0] != state.created_at):
                 # Evicted meanwhile, or kept for a deleted stream of the same ID.
                 payload = await conn.fetchval(f"SELECT definition FROM streams WHERE {_KEY}", *key)
+            definition = self._definition(key, state, payload)
+            # A snapshot written before migration 0488 still carries its consumers: this
+            # write moves them to their column.
+            inline = bool(state.consumers)
             # Only the producers this group names (and, near the bound, the least recent).
             producers, unloaded = await producers_for(conn, key, commands)
-            state.producers = dict(producers)
-            stream = Stream(
-                key,
-                self._definition(key, state, payload),
-                state,
-                unloaded_producers=unloaded,
-            )
             receipts: dict[str, Receipt] = {}
             if keys := [c.idempotency.key for c in commands if c.idempotency is not None]:
                 for r in await conn.fetch(_RECEIPTS, *key, keys):
@@ -465,29 +502,43 @@ class PostgresStreams:
             offsets: dict[int, int] = {}
             if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
                 offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
-            seen = dict(receipts)
-            outcomes, changes = decide_all(
-                stream, commands, receipts, offsets, self._snapshot_every
-            )
+            # Read with the lock when a command says it needs them, else once a decision does.
+            consumers: bytes | None = None if inline else row[2]
+            forked, pinned_through = False, 0
+
+            async def decide() -> tuple[Stream, list[Outcome], Changes]:
+                # From the state as locked, each time: a decision that needs the consumers
+                # raises before anything is written, and is decided again with them.
+                nonlocal consumers
+                for _ in range(2):
+                    locked = _with_consumers(row[0], consumers)
+                    locked.producers = dict(producers)
+                    stream = Stream(
+                        key,
+                        definition,
+                        locked,
+                        forked=forked,
+                        pinned_through=pinned_through,
+                        unloaded_producers=unloaded,
+                    )
+                    try:
+                        return stream, *decide_all(
+                            stream, commands, dict(receipts), offsets, self._snapshot_every
+                        )
+                    except ConsumersNotLoaded:
+                        if consumers is not None or inline:
+                            raise
+                        consumers = await conn.fetchval(_CONSUMERS, *key) or b"{}"
+                raise AssertionError("unreachable")
+
+            stream, outcomes, changes = await decide()
             if changes.deleted or any(isinstance(e, RecordsPruned) for e in changes.events):
                 forked, pinned_through = await conn.fetchrow(_FORK_FACTS, *key)
                 if forked:
                     # Forks still read it: decided again knowing that (a delete is a soft
                     # delete; retention keeps what they inherit), from the state as locked.
                     # Only a delete, an expiry or a prune pays this query.
-                    state = decode_state(row[0])
-                    state.producers = dict(producers)
-                    stream = Stream(
-                        key,
-                        stream.definition,
-                        state,
-                        forked=True,
-                        pinned_through=pinned_through,
-                        unloaded_producers=unloaded,
-                    )
-                    outcomes, changes = decide_all(
-                        stream, commands, seen, offsets, self._snapshot_every
-                    )
+                    stream, outcomes, changes = await decide()
             released: list[StreamKey] = []
             if changes.deleted:
                 # Erased with everything it holds; what the group decided before the delete is
@@ -496,7 +547,7 @@ class PostgresStreams:
                 await erase(conn, *key[:2], [key.stream_id], deleted.reason)
                 released = await _release_sources(conn, key, stream.definition.fork, deleted.at)
             elif changes.events:
-                await self._write(conn, key, stream, changes, producers)
+                await self._write(conn, key, stream, changes, producers, inline)
         if changes.deleted:
             for erased in (key, *released):
                 self.forget(erased)
@@ -509,6 +560,7 @@ class PostgresStreams:
         stream: Stream,
         changes: Changes,
         producers: dict[str, Producer] | None = None,
+        inline: bool = False,
     ) -> None:
         """Write what a transaction's commands caused, its NOTIFY included. `producers`: those
         loaded before the commands were decided."""
@@ -521,7 +573,7 @@ class PostgresStreams:
                 "stream_records", records=rows, columns=_RECORD_COLUMNS
             )
             rows = []
-        await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows))
+        await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows, inline))
         if any(isinstance(e, StreamSoftDeleted) for e in changes.events):
             await conn.execute(_SOFT_DELETED, *key)
         pruned = [e for e in changes.events if isinstance(e, RecordsPruned)]
@@ -560,7 +612,10 @@ class PostgresStreams:
                 for event in events:
                     stream.apply(event)
                 changes = Changes(events=events)
-                await conn.execute(_WRITE, *stream.key, *_write_arguments(stream, changes, []))
+                inline = bool(stream.state.consumers)  # as in update: moved to their column
+                await conn.execute(
+                    _WRITE, *stream.key, *_write_arguments(stream, changes, [], inline)
+                )
                 await conn.execute(_SOFT_DELETED, *stream.key)
             erased = [s for s in streams if s.key not in kept]
             await erase(conn, tenant, run_id, [s.key.stream_id for s in erased], "deleted")
@@ -686,6 +741,15 @@ class PostgresStreams:
         return chain
 
 
+def _with_consumers(state: bytes, consumers: bytes | None) -> StreamState:
+    """The snapshot, with its consumers when they were read (None: they were not, or there are
+    none yet)."""
+    decoded = decode_state(state)
+    if consumers is not None:
+        decoded.consumers = decode_consumers(consumers)
+    return decoded
+
+
 def _timestamptz(raw: bytes) -> datetime:
     """What asyncpg decodes a timestamptz to, from its binary form (its infinities included:
     the naive extremes)."""
@@ -783,10 +847,18 @@ def _record_rows(key: StreamKey, changes: Changes) -> list[_RecordRow]:
 
 
 def _write_arguments(
-    stream: Stream, changes: Changes, rows: list[_RecordRow]
+    stream: Stream, changes: Changes, rows: list[_RecordRow], inline: bool = False
 ) -> tuple[object, ...]:
-    acks = [e for e in changes.events if isinstance(e, ConsumerAcknowledged)]
+    """`inline`: the state was read with its consumers in the snapshot (written before
+    migration 0488); they are written to their column now."""
     s = stream.state
+    touched = {
+        e.consumer_id: None
+        for e in changes.events
+        if isinstance(e, ConsumerAcknowledged | ConsumerRemoved)
+    }
+    kept = [(i, s.consumers[i]) for i in touched if i in s.consumers]
+    gone = [i for i in touched if i not in s.consumers]
     return (
         [r[3] for r in rows],
         [r[4] for r in rows],
@@ -801,18 +873,25 @@ def _write_arguments(
         [r.key for r in changes.receipts],
         [r.fingerprint for r in changes.receipts],
         [r.answer_json for r in changes.receipts],
-        [a.consumer_id for a in acks],
-        [a.principal for a in acks],
-        [a.sequence for a in acks],
-        [a.at for a in acks],
+        [i for i, _ in kept],
+        [c.principal for _, c in kept],
+        [c.acked_sequence for _, c in kept],
+        [c.updated_at for _, c in kept],
         s.version,
         s.head,
         s.earliest,
         s.closed,
         s.legal_hold.enabled,
-        # The producers are in rows of their own (adapters/postgres/producers.py).
-        encode_state(msgspec.structs.replace(s, producers={}) if s.producers else s),
+        # The producers are in rows of their own (adapters/postgres/producers.py), the
+        # consumers in their column.
+        encode_state_without_consumers(
+            msgspec.structs.replace(s, producers={}) if s.producers else s
+        ),
         [seq for a in changes.appended for seq in a.sequences]
         if stream.definition.direction == "input"
         else [],
+        [c.holds_credit for _, c in kept],
+        gone,
+        bool(touched) or inline,
+        encode_consumers(s.consumers) if touched or inline else None,
     )

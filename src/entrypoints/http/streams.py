@@ -13,6 +13,9 @@ from litestar.params import Parameter
 from litestar.types import ASGIApp
 
 from application.access import Caller
+from application.consumers import DEFAULT_LIMIT as CONSUMERS_LIMIT
+from application.consumers import MAX_LIMIT as MAX_CONSUMERS_LIMIT
+from application.consumers import ConsumerList
 from application.list_runs import DEFAULT_LIMIT, MAX_LIMIT, RunList
 from application.list_streams import DEFAULT_LIMIT as DEFAULT_STREAMS_LIMIT
 from application.list_streams import MAX_LIMIT as MAX_STREAMS_LIMIT
@@ -346,6 +349,7 @@ class StreamsController(Controller):
                 "ack-regression",
                 "ack-ahead-of-head",
                 "cross-scope-ack",
+                "too-many-consumers",
             ),
             request_body=AckBody,
         ),
@@ -356,6 +360,51 @@ class StreamsController(Controller):
         services, caller = await authenticated(request)
         body = await decode_body(request, AckBody)
         return await services.acknowledge(caller, run_id, stream_id, consumer_id, body.sequence)
+
+    @get(
+        STREAM + "/consumers",
+        operation_id="listConsumers",
+        summary="List a stream's consumers",
+        opt=documented(
+            Answer(200, "The consumers after `after`, ascending by consumer_id", ConsumerList),
+            problems=ON_A_STREAM,
+        ),
+    )
+    async def list_consumers(
+        self,
+        request: Request,
+        run_id: str,
+        stream_id: str,
+        limit: Annotated[
+            int, Parameter(ge=1, le=MAX_CONSUMERS_LIMIT, description="at most this many consumers")
+        ] = CONSUMERS_LIMIT,
+        after: Annotated[
+            str | None,
+            Parameter(
+                description="exclusive: consumers whose consumer_id follows this one "
+                "(`next_after`)",
+                pattern=ID_PATTERN,
+            ),
+        ] = None,
+    ) -> ConsumerList:
+        services, caller = await authenticated(request)
+        return await services.list_consumers(caller, run_id, stream_id, after, limit)
+
+    @delete(
+        STREAM + "/consumers/{consumer_id:str}",
+        operation_id="deleteConsumer",
+        summary="Remove a consumer (releases what it held back)",
+        status_code=204,
+        opt=documented(
+            Answer(204, "Removed: credit no longer counts it; its ID may be created again"),
+            problems=ON_A_STREAM,
+        ),
+    )
+    async def delete_consumer(
+        self, request: Request, run_id: str, stream_id: str, consumer_id: str
+    ) -> None:
+        services, caller = await authenticated(request)
+        await services.delete_consumer(caller, run_id, stream_id, consumer_id)
 
     @post(
         STREAM + "/close",

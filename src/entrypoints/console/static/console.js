@@ -308,10 +308,14 @@
           ? h("span", { class: "bad" }, `, last error: ${state.input_delivery.last_error}`)
           : "") : null);
     return h("div", {}, tags, list,
-      table("Consumers", ["Consumer", "Acked", "Lag"], state.consumers.map((c) =>
+      // The document carries the first consumers by ID and the count of all of them.
+      table(state.consumer_count > state.consumers.length
+        ? `Consumers (the first ${state.consumers.length} of ${state.consumer_count})` : "Consumers",
+      ["Consumer", "Acked", "Lag", "Holds credit"], state.consumers.map((c) =>
         h("tr", { "data-consumer": c.consumer_id },
           h("td", {}, c.consumer_id), h("td", {}, c.acked_sequence),
-          h("td", { "data-lag": "" }, state.head - c.acked_sequence)))),
+          h("td", { "data-lag": "" }, state.head - c.acked_sequence),
+          h("td", { "data-holds-credit": "" }, c.holds_credit === false ? "no (tracks only)" : "yes")))),
       table(openObjectsCaption(state), ["Object", "State", "Size", "Upload by"], (state.open_objects || []).map((o) =>
         h("tr", { "data-object": o.object_id },
           h("td", { class: "mono", title: o.object_id }, `${o.object_id.slice(0, 16)}…`),
