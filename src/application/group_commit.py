@@ -16,6 +16,7 @@ import asyncio
 from typing import Any
 
 from application.ports import Command, Done, Failed, Outcome, StreamRepository
+from application.waiting import Unanswered, spending
 from domain.stream import StreamKey
 
 _Pending = tuple[Command, asyncio.Future[Outcome]]
@@ -44,7 +45,21 @@ class GroupCommit:
             leader = asyncio.create_task(self._lead(key), name=f"append-leader {key}")
             self._leaders.add(leader)
             leader.add_done_callback(self._leaders.discard)
-        return await future
+        # The request waits within its budget (application/waiting.py), not for as long as a
+        # silent database holds the group: at the bound it answers 503, and says whether its
+        # command could still commit (a leader took it) or never will (still queued: removed).
+        with spending() as seconds:
+            try:
+                async with asyncio.timeout(seconds):
+                    return await future
+            except TimeoutError:
+                queued = self._queues.get(key)
+                if queued is not None:
+                    for i, (_, waiting) in enumerate(queued):
+                        if waiting is future:
+                            del queued[i]
+                            raise Unanswered("the database", seconds) from None
+                raise Unanswered("the database", seconds, outcome_unknown=True) from None
 
     async def _lead(self, key: StreamKey) -> None:
         queue = self._queues[key]

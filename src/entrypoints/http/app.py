@@ -14,7 +14,10 @@ from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.types import ASGIApp, Receive, Scope, Send
 
+from adapters.postgres.bounded import BoundedPool
+from application import waiting
 from application.workers import run_workers
 from domain.errors import DomainError
 from entrypoints.config import Settings
@@ -68,7 +71,7 @@ async def healthz() -> Health:
 )
 async def readyz(request: Request) -> Response[Health]:
     pool = await resolved(request.app.state.container.pool())
-    if isinstance(pool, asyncpg.Pool):
+    if isinstance(pool, asyncpg.Pool | BoundedPool):
         try:
             # The acquire's timeout also bounds the release (which waits for a timed-out query's
             # cancellation, unbounded with `pool.fetchval(timeout=)`): query plus release fit
@@ -148,7 +151,22 @@ def create_app(container: Container) -> Litestar:
     app.asgi_handler = browser_headers(app.asgi_handler, origins)
     # Outermost: the append route, Litestar's layers and these headers done once (hot.py).
     app.asgi_handler = hot_routes(app, app.asgi_handler, MAX_REQUEST_BYTES, origins)
+    app.asgi_handler = with_budget(app.asgi_handler, container.settings().request_timeout_seconds)
     return app
+
+
+def with_budget(asgi: ASGIApp, seconds: float) -> ASGIApp:
+    """Each HTTP request waits on PostgreSQL for at most `seconds` in all, counted from its
+    arrival (application/waiting.py); then it answers 503 with Retry-After."""
+
+    async def bounded_request(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await asgi(scope, receive, send)
+            return
+        with waiting.request_budget(seconds):
+            await asgi(scope, receive, send)
+
+    return bounded_request
 
 
 METRICS_DOCUMENTED = documented(
