@@ -114,6 +114,15 @@ async def open_pool(settings: Settings) -> AsyncIterator[BoundedPool | None]:
         reset=_keep_session,
         timeout=min(settings.statement_timeout_seconds, settings.request_timeout_seconds),
         command_timeout=settings.statement_timeout_seconds,
+        server_settings={
+            # A transaction whose client went silent (a partition) would hold its stream-row
+            # lock, and every replica's appends to that stream with it, until the server's TCP
+            # gave up on the client (hours). None of ours waits between its statements, so one
+            # idle this long has lost its client: PostgreSQL rolls it back and frees the lock.
+            "idle_in_transaction_session_timeout": str(
+                max(1000, round(settings.request_timeout_seconds * 1000))
+            ),
+        },
     )
     try:
         yield BoundedPool(pool)

@@ -37,12 +37,9 @@ class ProxiedConnection:
 
 
 def _application_name(startup: bytes) -> str:
-    # The startup message: length, protocol, then NUL-separated name/value pairs.
-    parts = startup[8:].split(b"\x00")
-    for name, value in zip(parts[::2], parts[1::2], strict=False):
-        if name == b"application_name":
-            return value.decode(errors="replace")
-    return ""
+    # In the startup message (after an SSLRequest, maybe): NUL-separated name/value pairs.
+    _, _, rest = startup.partition(b"application_name\x00")
+    return rest.split(b"\x00", 1)[0].decode(errors="replace")
 
 
 class PartitionProxy:
@@ -175,16 +172,14 @@ class PartitionProxy:
         *,
         from_client: bool,
     ) -> None:
-        first = from_client
         try:
             while True:
                 await connection.flowing.wait()
                 data = await reader.read(CHUNK)
                 if not data:
                     break
-                if first:
+                if from_client and not connection.application_name:
                     connection.application_name = _application_name(data)
-                    first = False
                 if from_client and b"LISTEN " in data:
                     connection.listening = True
                 # Silenced between the read and the write: held until healed, like a packet

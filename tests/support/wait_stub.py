@@ -13,6 +13,7 @@ class WaitServiceStub:
         self.accepted: dict[str, dict] = {}  # first acceptance, in order
         self.requests = 0
         self.duplicates = 0
+        self.log: list[tuple[float, str, str]] = []  # (monotonic, path, event id) per request
         self._lock = threading.Lock()
         stub = self
 
@@ -22,6 +23,7 @@ class WaitServiceStub:
                 key = self.headers["Idempotency-Key"]
                 time.sleep(delay)
                 with stub._lock:
+                    stub.log.append((time.monotonic(), self.path, key))
                     stub.requests += 1
                     n = stub.requests
                     if n % fail_every == 0:

@@ -30,13 +30,17 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()  # given up on: its error (if any) was already answered as a timeout
 
 
-async def bounded(operation: Coroutine[Any, Any, T], what: str = "the database") -> T:
-    """Run `operation`, waiting at most the current allowance; at the bound stop waiting (the
-    operation is cancelled and cleans up in the background) and raise Unanswered."""
+async def bounded(
+    operation: Coroutine[Any, Any, T], what: str = "the database", seconds: float | None = None
+) -> T:
+    """Run `operation`, waiting at most the current allowance (and `seconds`); at the bound stop
+    waiting (the operation is cancelled and cleans up in the background), raise Unanswered."""
     context = contextvars.copy_context()
     commit = watching_commit(context)
     task = asyncio.get_running_loop().create_task(operation, context=context)
-    with spending() as seconds:
+    with spending() as allowed:
+        if seconds is None or allowed < seconds:
+            seconds = allowed
         try:
             done, _ = await asyncio.wait((task,), timeout=seconds)
         except asyncio.CancelledError:

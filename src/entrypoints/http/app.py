@@ -16,7 +16,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from adapters.postgres.bounded import BoundedPool
+from adapters.postgres.bounded import BoundedPool, bounded
 from application import waiting
 from application.workers import run_workers
 from domain.errors import DomainError
@@ -72,13 +72,16 @@ async def healthz() -> Health:
 async def readyz(request: Request) -> Response[Health]:
     pool = await resolved(request.app.state.container.pool())
     if isinstance(pool, asyncpg.Pool | BoundedPool):
-        try:
-            # The acquire's timeout also bounds the release (which waits for a timed-out query's
-            # cancellation, unbounded with `pool.fetchval(timeout=)`): query plus release fit
-            # in READY_TIMEOUT_SECONDS.
-            half = READY_TIMEOUT_SECONDS / 2
+        half = READY_TIMEOUT_SECONDS / 2
+
+        async def probe() -> None:
             async with pool.acquire(timeout=half) as connection:
                 await connection.fetchval("SELECT 1", timeout=half)
+
+        try:
+            # Awaited for at most `half` (bounded): the release of a connection whose query
+            # timed out waits for its cancellation, which a silent network never answers.
+            await bounded(probe(), seconds=half)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
             return Response(Health(status="unavailable"), status_code=503)
     return Response(Health(status="ready"))
