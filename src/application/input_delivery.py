@@ -125,7 +125,7 @@ class Dispatch:
         record = found[1][0]
         # Right before the effect: a partitioned dispatcher whose claim may be taken over
         # publishes nothing. A publish started in time is cancelled with its job when the claim
-        # stops being trusted, a third of a lease before anyone else may claim the record.
+        # stops being trusted, a quarter of a lease before anyone else may claim the record.
         ensure_claimed()
         eid = event_id(key, sequence)
         event = WaitEvent(

@@ -2,13 +2,13 @@
 
 Jobs live in PostgreSQL with a lease (`claimed_by`, `lease_until`, `attempts`,
 `next_attempt_at`, `last_error`). While a worker holds claims (the job it runs and the rest of
-the batch it claimed) it renews their leases every third of the lease, so a slow job is never
+the batch it claimed) it renews their leases every quarter of the lease, so a slow job is never
 taken from a live worker, and a short lease is enough. A worker that dies simply stops renewing:
 when its lease runs out another worker claims the job, and every handler is idempotent, so a job
 done twice changes nothing the second time. A renewal that finds a claim gone (the lease ran out
 while the worker could not renew, and another worker took the job) stops that job here.
 A worker that cannot reach PostgreSQL cannot renew, and must not go on acting on claims another
-worker may take over: each claim is trusted here only for `HELD_FOR_LEASES` of a lease after
+worker may take over: each claim is trusted here only for `HELD_FOR_LEASES` (3/4) of a lease after
 the last moment it was known held (when the claim or renewal that succeeded was sent). Then the
 job's task is cancelled, and `ensure_claimed()`, which a handler calls right before an effect
 outside PostgreSQL (a publish, a body's removal), refuses. The rest of the lease is the margin
@@ -42,10 +42,12 @@ log = logging.getLogger("ductor_streams.workers")
 # database, without a dispatcher's 0.1 s poll hammering (and logging about) an outage.
 CLAIM_BACKOFF_CAP_SECONDS = 5.0
 OUTAGE_LOG_SECONDS = 30.0
-# How much of a lease a worker trusts its claim for, counted from when the claim (or its last
-# renewal) was sent: renewals come every third of a lease, so only a worker that missed a
-# renewal gets near it, and the last third is the margin for an effect already under way.
-HELD_FOR_LEASES = 2 / 3
+# How often a claim is renewed, and how much of a lease a worker trusts it for, counted from when
+# the claim (or its last renewal) was sent: a renewal has half a lease to get through after the
+# one before (with the default lease, 3 s), so only a worker that cannot reach PostgreSQL gets
+# to the end, and the last quarter is the margin for an effect already under way.
+RENEW_EVERY_LEASES = 1 / 4
+HELD_FOR_LEASES = 3 / 4
 
 
 class LeaseLost(Exception):
@@ -285,7 +287,7 @@ class Worker:
     async def _keep_claims(
         self, held: list[Job], running: dict[Job, asyncio.Task[None]], claims: dict[Job, Claim]
     ) -> None:
-        every = self._queue.lease_seconds / 3
+        every = self._queue.lease_seconds * RENEW_EVERY_LEASES
         while True:
             await asyncio.sleep(every)
             if not held:
@@ -426,7 +428,7 @@ class LeasedSweep:
     seconds, under a lease in `leases` (see SweepLeases).
 
     Each process polls for the claim every `poll_seconds` at most (and at least once an
-    interval). While `tick` runs, the lease is renewed every third of it, like a Worker's claims,
+    interval). While `tick` runs, the lease is renewed every quarter of it, like a Worker's claims,
     so a long sweep keeps its claim and a short lease is enough; a renewal that finds the claim
     gone (the lease ran out and another worker took the sweep) stops the tick here. A tick that
     raises is retried with backoff. A process killed mid-tick stops renewing, and another takes
@@ -489,7 +491,7 @@ class LeasedSweep:
             while not ticking.done():
                 await asyncio.wait(
                     [ticking, stopped],
-                    timeout=self._leases.lease_seconds / 3,
+                    timeout=self._leases.lease_seconds * RENEW_EVERY_LEASES,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 if ticking.done():

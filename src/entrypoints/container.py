@@ -174,6 +174,7 @@ async def open_object_stores(settings: Settings) -> AsyncIterator[ObjectStores]:
             settings.s3_bucket,
             endpoint_url=settings.s3_endpoint_url,
             region_name=settings.s3_region,
+            timeout_seconds=settings.request_timeout_seconds,
         )
         for region in settings.object_regions
     }

@@ -19,6 +19,7 @@ import pytest
 
 from adapters.postgres.tokens import PostgresTokens
 from application.tokens import token_hash, token_id
+from application.workers import HELD_FOR_LEASES
 from tests.conftest import SERVER_ENV, Tokens, api_client
 from tests.support.partition_proxy import PartitionProxy
 from tests.support.server import ServerProcess, WorkerProcess
@@ -395,11 +396,11 @@ async def test_a_partitioned_dispatcher_stops_before_its_lease_ends_and_never_pu
     )
     # In order, each once (by event id), whoever published it.
     assert stub.sequences("in") == list(range(1, records + 1))
-    # The first worker acted on nothing once its claim could have been taken over (2/3 of a
+    # The first worker acted on nothing once its claim could have been taken over (3/4 of a
     # lease after its last renewal: at most that into the partition), nor after healing.
-    assert last_by_first < LEASE_SECONDS * 2 / 3 + 0.5
+    assert last_by_first < LEASE_SECONDS * HELD_FOR_LEASES + 0.5
     assert not [at for at in by_first if at >= healed]
-    assert taken_over - partitioned >= LEASE_SECONDS * 2 / 3
+    assert taken_over - partitioned >= LEASE_SECONDS * HELD_FOR_LEASES
     # At most the one publish whose delivery the partition kept from being recorded.
     assert stub.duplicates <= 1
     assert "stops acting on" in first_log

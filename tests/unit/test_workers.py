@@ -125,7 +125,7 @@ async def test_a_renewal_that_cannot_reach_postgresql_does_not_stop_a_job_within
     None
 ):
     slow = job(1)
-    queue = Queue([slow], lease_seconds=0.9)  # trusted for 0.6 s, renewed every 0.3 s
+    queue = Queue([slow], lease_seconds=0.9)  # trusted for 0.675 s, renewed every 0.225 s
     queue.renew_fails = True
     finished = asyncio.Event()
 
@@ -159,7 +159,7 @@ async def test_a_job_whose_claim_cannot_be_renewed_stops_before_its_lease_runs_o
     async with asyncio.timeout(2):
         while worker.expired == 0:
             await asyncio.sleep(0.01)
-    # Stopped at two thirds of the lease after its claim was sent: before another may take it.
+    # Stopped at 3/4 of the lease after its claim was sent: before another may take it over.
     assert time.monotonic() - began < 0.3
     await asyncio.sleep(0.4)
     stopping.set()
