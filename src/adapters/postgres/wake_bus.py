@@ -251,15 +251,19 @@ class PostgresWakeBus:
                 self.connected.set()
                 self._hear()
                 backoff = RECONNECT_FIRST_SECONDS
-                if self._tokens is not None:
-                    await self._recheck_held_tokens()
                 if not first:
                     self.reconnects += 1
                     log.warning("wake bus reconnected; rereading every followed stream")
                     self._registry.missed()
                     self._registry.notify_all()
-                    await self._check_heads("reconnect")
                 first = False
+                try:  # on the pool: its failure is no reason to give up this connection
+                    if self._tokens is not None:
+                        await self._recheck_held_tokens()
+                    if self.reconnects:
+                        await self._check_heads("reconnect")
+                except _CONNECTION_ERRORS as error:
+                    log.warning("wake bus could not recheck after connecting (%s)", error)
                 while not lost.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(lost.wait(), self.poll_seconds / 2)
@@ -285,7 +289,8 @@ class PostgresWakeBus:
                 log.warning("wake bus lost its connection (%s)", type(error).__name__)
             finally:
                 self.connected.clear()
-                self._set_live(False)
+                if not self._stopping:
+                    self._set_live(False)
                 if self._tokens is not None:
                     self._tokens.not_listening()
                 conn.terminate()
