@@ -22,6 +22,15 @@ from domain.stream import StreamKey
 _Pending = tuple[Command, asyncio.Future[Outcome]]
 
 
+class _Expired(Exception):
+    """A request's wait for its group reached its bound."""
+
+
+def _expire(future: asyncio.Future[Outcome]) -> None:
+    if not future.done():
+        future.set_exception(_Expired())
+
+
 class GroupCommit:
     def __init__(
         self,
@@ -48,11 +57,14 @@ class GroupCommit:
         # The request waits within its budget (application/waiting.py), not for as long as a
         # silent database holds the group: at the bound it answers 503, and says whether its
         # command could still commit (a leader took it) or never will (still queued: removed).
+        loop = asyncio.get_running_loop()
         with spending() as seconds:
+            # A timer on the request's own future, not asyncio.timeout: the cheapest bound on
+            # the path every append takes (the leader checks `done()` before it answers).
+            timer = loop.call_later(seconds, _expire, future)
             try:
-                async with asyncio.timeout(seconds):
-                    return await future
-            except TimeoutError:
+                return await future
+            except _Expired:
                 queued = self._queues.get(key)
                 if queued is not None:
                     for i, (_, waiting) in enumerate(queued):
@@ -60,6 +72,8 @@ class GroupCommit:
                             del queued[i]
                             raise Unanswered("the database", seconds) from None
                 raise Unanswered("the database", seconds, outcome_unknown=True) from None
+            finally:
+                timer.cancel()
 
     async def _lead(self, key: StreamKey) -> None:
         queue = self._queues[key]

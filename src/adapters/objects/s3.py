@@ -54,10 +54,11 @@ _TEMPORARY = (UPLOADS, LEGACY_UPLOADS)
 _SHA256 = "sha256"  # stored as x-amz-meta-sha256 (hex)
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 
-# A store that goes silent (a partition) holds one request to it at most this long by default:
-# botocore's defaults (a minute to connect and a minute per read, retried up to five times)
-# would hold it for minutes. The connection gets a quarter and each read the rest, and the
-# request is not retried here: the caller answers 503 with Retry-After (a worker backs off).
+# A store that goes silent (a partition) holds one request to it for about this long by
+# default: botocore's defaults (a minute to connect and a minute per read, retried up to five
+# times) would hold it for minutes. A read that gets nothing for half of it gives up, the
+# connection gets a quarter, and a request is tried twice (one retry: S3 stores answer a
+# transient 500 or SlowDown now and then), so a silent store costs two halves.
 TIMEOUT_SECONDS = 5.0
 
 
@@ -74,8 +75,8 @@ class S3ObjectStore:
         self._bucket = bucket
         self._config = AioConfig(
             connect_timeout=timeout_seconds / 4,
-            read_timeout=timeout_seconds * 3 / 4,
-            retries={"total_max_attempts": 1},
+            read_timeout=timeout_seconds / 2,
+            retries={"total_max_attempts": 2, "mode": "standard"},
         )
         self._endpoint_url = endpoint_url
         self._region_name = region_name

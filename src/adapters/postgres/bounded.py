@@ -37,17 +37,25 @@ async def bounded(
     waiting (the operation is cancelled and cleans up in the background), raise Unanswered."""
     context = contextvars.copy_context()
     commit = watching_commit(context)
-    task = asyncio.get_running_loop().create_task(operation, context=context)
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(operation, context=context)
+    # One future woken by whichever comes first, the task's end or the bound: lighter than
+    # asyncio.wait's sets and callbacks on a path every read takes.
+    waiter = loop.create_future()
+    task.add_done_callback(lambda _: waiter.done() or waiter.set_result(None))
     with spending() as allowed:
         if seconds is None or allowed < seconds:
             seconds = allowed
+        timer = loop.call_later(seconds, lambda: waiter.done() or waiter.set_result(None))
         try:
-            done, _ = await asyncio.wait((task,), timeout=seconds)
+            await waiter
         except asyncio.CancelledError:
             task.cancel()
             task.add_done_callback(_retrieve)
             raise
-    if not done:
+        finally:
+            timer.cancel()
+    if not task.done():
         task.cancel()
         task.add_done_callback(_retrieve)
         raise Unanswered(what, seconds, outcome_unknown=commit.sent)
