@@ -24,10 +24,7 @@ import asyncio
 import contextlib
 import contextvars
 import time
-from collections.abc import Awaitable, Iterator
-from typing import TypeVar
-
-T = TypeVar("T")
+from collections.abc import Iterator
 
 # The default bound on a request's waits on backing services (REQUEST_TIMEOUT_SECONDS).
 DEFAULT_SECONDS = 5.0
@@ -130,14 +127,3 @@ def watching_commit(context: contextvars.Context) -> CommitWatch:
     context.run(_commit.set, commit)
     context.run(_budget.set, None)  # the task is not the request: it has no budget of its own
     return commit
-
-
-async def wait_for(awaitable: Awaitable[T], what: str) -> T:
-    """Wait for something another task does (an append group's commit) within the allowance;
-    raise Unanswered at the bound (the other task carries on)."""
-    with spending() as seconds:
-        try:
-            async with asyncio.timeout(seconds):
-                return await awaitable
-        except TimeoutError:
-            raise Unanswered(what, seconds) from None

@@ -41,7 +41,7 @@ from adapters.postgres.journal import PostgresCompactionJobs, PostgresJournalCom
 from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.sweeps import PostgresSweepLeases
 from adapters.postgres.tokens import PostgresTokens
-from adapters.postgres.wake_bus import PostgresWakeBus
+from adapters.postgres.wake_bus import SERVER_KEEPALIVES, PostgresWakeBus
 from adapters.wait_service.memory import MemoryWaitService
 from adapters.wait_service.postgres import PostgresWaitService
 from application import waiting
@@ -122,6 +122,9 @@ async def open_pool(settings: Settings) -> AsyncIterator[BoundedPool | None]:
             "idle_in_transaction_session_timeout": str(
                 max(1000, round(settings.request_timeout_seconds * 1000))
             ),
+            # And the server's end of a connection given up on a silent network is closed
+            # within ~20 s (its TCP would take far longer to notice).
+            **SERVER_KEEPALIVES,
         },
     )
     try:

@@ -113,6 +113,7 @@ def metric(text: str, name: str) -> float:
     return float(found.group(1))
 
 
+@pytest.mark.slow
 async def test_a_silent_listen_connection_costs_at_most_a_poll_and_is_replaced_within_seconds(
     proxy: PartitionProxy, proxied_server: ServerProcess, tokens: Tokens, pool
 ) -> None:
@@ -403,6 +404,8 @@ async def test_a_partitioned_dispatcher_stops_before_its_lease_ends_and_never_pu
     assert taken_over - partitioned >= LEASE_SECONDS * HELD_FOR_LEASES
     # A repeat is only the takeover's republish of what the first worker published and could
     # not record (its delivery mark went silent): by the second worker, at its first events.
+    # (Two such repeats were seen once, on a loaded machine, before renewals got half a lease
+    # to get through; one is what the design allows, two is the tolerance kept here.)
     requests: dict[str, list[tuple[float, str]]] = {}
     for at, where, key in stub.log:
         requests.setdefault(key, []).append((round(at - partitioned, 2), where.rsplit("/", 1)[-1]))

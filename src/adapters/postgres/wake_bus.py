@@ -75,6 +75,15 @@ RECONNECT_CAP_SECONDS = 0.5
 # A server that accepts the TCP connection but never answers (a network partition) holds an
 # attempt at most this long (or the dead bound, when shorter), instead of asyncpg's minute.
 CONNECT_TIMEOUT_SECONDS = 5.0
+# The server's side of a connection this process gave up (replaced) on a silent network stays
+# open until its TCP notices; a LISTEN backend that never reads on holds the server's
+# notification queue back meanwhile. Keepalives asked of the server end it within ~20 s of
+# silence (they do nothing on a Unix socket).
+SERVER_KEEPALIVES = {
+    "tcp_keepalives_idle": "10",
+    "tcp_keepalives_interval": "3",
+    "tcp_keepalives_count": "3",
+}
 
 
 def parse_notification(payload: str) -> tuple[StreamKey, int | None] | None:
@@ -228,7 +237,10 @@ class PostgresWakeBus:
                 conn = await asyncpg.connect(
                     self._url,
                     timeout=min(CONNECT_TIMEOUT_SECONDS, self._dead),
-                    server_settings={"application_name": self._application_name},
+                    server_settings={
+                        "application_name": self._application_name,
+                        **SERVER_KEEPALIVES,
+                    },
                 )
             except _CONNECTION_ERRORS as error:
                 if backoff == RECONNECT_CAP_SECONDS:
