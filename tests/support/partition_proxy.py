@@ -56,6 +56,7 @@ class PartitionProxy:
         else:
             self._tcp = (parts.hostname or "127.0.0.1", parts.port or 5432)
         self.connections: list[ProxiedConnection] = []
+        self._handlers: set[asyncio.Task[None]] = set()
         self._freeze_new = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -127,6 +128,9 @@ class PartitionProxy:
             connection.flowing.set()
             for writer in connection.writers:
                 writer.close()
+        for task in self._handlers:
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
 
     async def _set(
         self, which: Callable[[ProxiedConnection], bool], *, flowing: bool
@@ -140,6 +144,10 @@ class PartitionProxy:
         return chosen
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
         connection = ProxiedConnection(len(self.connections) + 1, asyncio.Event())
         if not self._freeze_new:
             connection.flowing.set()
