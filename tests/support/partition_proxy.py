@@ -163,11 +163,12 @@ class PartitionProxy:
             client_w.close()
             return
         connection.writers = [client_w, server_w]
-        await asyncio.gather(
-            self._pump(connection, client_r, server_w, from_client=True),
-            self._pump(connection, server_r, client_w, from_client=False),
-            return_exceptions=True,
-        )
+        with contextlib.suppress(asyncio.CancelledError):  # the proxy closing
+            await asyncio.gather(
+                self._pump(connection, client_r, server_w, from_client=True),
+                self._pump(connection, server_r, client_w, from_client=False),
+                return_exceptions=True,
+            )
         connection.closed = True
         for writer in (client_w, server_w):
             writer.close()

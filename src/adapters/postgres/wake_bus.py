@@ -200,7 +200,7 @@ class PostgresWakeBus:
         if self._tokens is not None:
             self._tokens.forget(payload)
 
-    def _set_live(self, live: bool) -> None:
+    def _set_live(self, live: bool, why: str = "") -> None:
         """Live: the connection delivered something within the suspicion bound, so a commit's
         notification would have been heard. Not live: every follower is woken every
         `poll_seconds` to reread (the tails fall back to polling), and the token cache trusts an
@@ -224,9 +224,9 @@ class PostgresWakeBus:
         if self._tokens is not None:
             self._tokens.not_listening()
         log.warning(
-            "wake bus not live: polling every %.2f s (its connection said nothing for %.1f s)",
+            "wake bus not live: polling every %.2f s (%s)",
             self.poll_seconds,
-            now - self._heard if self._heard else 0.0,
+            why or f"its connection said nothing for {now - self._heard:.1f} s",
         )
 
     async def _run(self) -> None:
@@ -302,7 +302,7 @@ class PostgresWakeBus:
             finally:
                 self.connected.clear()
                 if not self._stopping:
-                    self._set_live(False)
+                    self._set_live(False, "its connection is gone; connecting again")
                 if self._tokens is not None:
                     self._tokens.not_listening()
                 conn.terminate()
