@@ -12,7 +12,7 @@ import logging
 from application.log_context import about_stream
 from application.objects import ObjectStores
 from application.ports import StreamRepository
-from application.workers import Job
+from application.workers import Job, ensure_claimed
 
 log = logging.getLogger("ductor_streams.deletions")
 
@@ -36,6 +36,7 @@ class DeleteBodies:
             about_stream(job.key, stream.definition.placement.log_region)
             if stream.state.legal_hold.enabled:
                 return self._recheck
+        ensure_claimed()  # a claim this worker could not renew is not acted on
         await self._stores.store(job.storage_region).delete(job.storage_key)
         log.info("deleted an object body in region %s", job.storage_region)
         return None

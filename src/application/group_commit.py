@@ -16,9 +16,19 @@ import asyncio
 from typing import Any
 
 from application.ports import Command, Done, Failed, Outcome, StreamRepository
+from application.waiting import Unanswered, spending
 from domain.stream import StreamKey
 
 _Pending = tuple[Command, asyncio.Future[Outcome]]
+
+
+class _Expired(Exception):
+    """A request's wait for its group reached its bound."""
+
+
+def _expire(future: asyncio.Future[Outcome]) -> None:
+    if not future.done():
+        future.set_exception(_Expired())
 
 
 class GroupCommit:
@@ -44,7 +54,26 @@ class GroupCommit:
             leader = asyncio.create_task(self._lead(key), name=f"append-leader {key}")
             self._leaders.add(leader)
             leader.add_done_callback(self._leaders.discard)
-        return await future
+        # The request waits within its budget (application/waiting.py), not for as long as a
+        # silent database holds the group: at the bound it answers 503, and says whether its
+        # command could still commit (a leader took it) or never will (still queued: removed).
+        loop = asyncio.get_running_loop()
+        with spending() as seconds:
+            # A timer on the request's own future, not asyncio.timeout: the cheapest bound on
+            # the path every append takes (the leader checks `done()` before it answers).
+            timer = loop.call_later(seconds, _expire, future)
+            try:
+                return await future
+            except _Expired:
+                queued = self._queues.get(key)
+                if queued is not None:
+                    for i, (_, waiting) in enumerate(queued):
+                        if waiting is future:
+                            del queued[i]
+                            raise Unanswered("the database", seconds) from None
+                raise Unanswered("the database", seconds, outcome_unknown=True) from None
+            finally:
+                timer.cancel()
 
     async def _lead(self, key: StreamKey) -> None:
         queue = self._queues[key]

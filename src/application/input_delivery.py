@@ -10,6 +10,7 @@ streams never become a second resume authority."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Protocol
 
 import msgspec
@@ -17,7 +18,7 @@ import msgspec
 from application.log_context import about_stream
 from application.ports import RecordReader, StreamRepository
 from application.views import InputDeliveryStatus, record_view
-from application.workers import Job, retry_delay
+from application.workers import Job, claim_renewed, ensure_claimed, retry_delay
 from domain.stream import StreamKey
 
 log = logging.getLogger("ductor_streams.dispatcher")
@@ -98,9 +99,11 @@ class Dispatch:
         current: Job | None = job
         for _ in range(self.BATCH):
             assert current is not None
+            sent = time.monotonic()
             current = await self._deliveries.advance(current)
             if current is None:
                 return None
+            claim_renewed(sent)  # the advance claimed the next record for a whole lease
             try:
                 await self._publish(current)
             except Exception as error:
@@ -120,6 +123,10 @@ class Dispatch:
             # missing record here is a bug worth shouting about, not a reason to skip it.
             raise PublishFailed(f"record {sequence} is not readable", retry_in=60.0)
         record = found[1][0]
+        # Right before the effect: a partitioned dispatcher whose claim may be taken over
+        # publishes nothing. A publish started in time is cancelled with its job when the claim
+        # stops being trusted, a quarter of a lease before anyone else may claim the record.
+        ensure_claimed()
         eid = event_id(key, sequence)
         event = WaitEvent(
             id=eid,

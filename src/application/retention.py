@@ -12,7 +12,7 @@ from application.group_commit import GroupCommit
 from application.input_delivery import InputDeliveries
 from application.log_context import about_stream
 from application.ports import Clock, Done, Failed, Idempotency, RecordReader, StreamRepository
-from application.workers import Job
+from application.workers import Job, ensure_claimed
 from domain import errors
 from domain.definition import StreamDefinition
 from domain.events import Event
@@ -102,6 +102,9 @@ class PruneRetention:
             through = min(through, await self._deliveries.delivered_through(key))
         if through <= after:
             return self._interval
+        # Not under a claim this worker could not renew; the prune itself is decided again
+        # under the row lock, so even a late one removes only what retention allows then.
+        ensure_claimed()
         match await self._commits.submit(key, PruneCommand(through, reason, now)):
             case Failed(error=errors.LegalHoldActive()):
                 return self._interval

@@ -2,11 +2,19 @@
 
 Jobs live in PostgreSQL with a lease (`claimed_by`, `lease_until`, `attempts`,
 `next_attempt_at`, `last_error`). While a worker holds claims (the job it runs and the rest of
-the batch it claimed) it renews their leases every third of the lease, so a slow job is never
+the batch it claimed) it renews their leases every quarter of the lease, so a slow job is never
 taken from a live worker, and a short lease is enough. A worker that dies simply stops renewing:
 when its lease runs out another worker claims the job, and every handler is idempotent, so a job
 done twice changes nothing the second time. A renewal that finds a claim gone (the lease ran out
 while the worker could not renew, and another worker took the job) stops that job here.
+A worker that cannot reach PostgreSQL cannot renew, and must not go on acting on claims another
+worker may take over: each claim is trusted here only for `HELD_FOR_LEASES` (3/4) of a lease after
+the last moment it was known held (when the claim or renewal that succeeded was sent). Then the
+job's task is cancelled, and `ensure_claimed()`, which a handler calls right before an effect
+outside PostgreSQL (a publish, a body's removal), refuses. The rest of the lease is the margin
+before anyone else may claim it, so a partitioned worker that comes back never acts under a
+lease another took over; what it writes to PostgreSQL is checked against `claimed_by` in the
+statement itself, and the wait service's idempotency by event id is the last line, not the first.
 Retries back off exponentially with jitter, bounded. So does claiming while the database is out
 of reach, and the outage is logged once when it starts, then at most once per `OUTAGE_LOG_SECONDS`,
 and once when it ends, rather than once per poll.
@@ -16,11 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -33,6 +42,77 @@ log = logging.getLogger("ductor_streams.workers")
 # database, without a dispatcher's 0.1 s poll hammering (and logging about) an outage.
 CLAIM_BACKOFF_CAP_SECONDS = 5.0
 OUTAGE_LOG_SECONDS = 30.0
+# How often a claim is renewed, and how much of a lease a worker trusts it for, counted from when
+# the claim (or its last renewal) was sent: a renewal has half a lease to get through after the
+# one before (with the default lease, 3 s), so only a worker that cannot reach PostgreSQL gets
+# to the end, and the last quarter is the margin for an effect already under way.
+RENEW_EVERY_LEASES = 1 / 4
+HELD_FOR_LEASES = 3 / 4
+
+
+class LeaseLost(Exception):
+    """This worker no longer knows it holds the claim: the job stops before acting."""
+
+
+class Claim:
+    """This process's view of one claimed job: trusted until `until` (monotonic), then the
+    job's task is cancelled. Extended by each renewal that succeeded."""
+
+    __slots__ = ("_handle", "_held_for", "_on_expiry", "task", "until")
+
+    def __init__(self, sent_at: float, lease_seconds: float, on_expiry: Callable[[], None]) -> None:
+        self._held_for = lease_seconds * HELD_FOR_LEASES
+        self._on_expiry = on_expiry
+        self.task: asyncio.Task[Any] | None = None
+        self.until = sent_at + self._held_for
+        self._handle = asyncio.get_running_loop().call_at(_loop_time(self.until), self._expired)
+
+    def renewed(self, sent_at: float) -> None:
+        until = sent_at + self._held_for
+        if until > self.until:
+            self.until = until
+            self._handle.cancel()
+            self._handle = asyncio.get_running_loop().call_at(_loop_time(until), self._expired)
+
+    def left(self) -> float:
+        return self.until - time.monotonic()
+
+    def _expired(self) -> None:
+        if self.left() > 0:  # renewed meanwhile
+            return
+        self._on_expiry()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def drop(self) -> None:
+        self._handle.cancel()
+
+
+def _loop_time(monotonic_at: float) -> float:
+    loop = asyncio.get_running_loop()
+    return loop.time() + (monotonic_at - time.monotonic())
+
+
+_current_claim: contextvars.ContextVar[Claim | None] = contextvars.ContextVar("claim", default=None)
+
+
+def ensure_claimed() -> float | None:
+    """Called by a job right before an effect: the seconds its claim is still trusted for
+    (None outside a claimed job), or LeaseLost when none are left."""
+    claim = _current_claim.get()
+    if claim is None:
+        return None
+    left = claim.left()
+    if left <= 0:
+        raise LeaseLost("the claim could not be renewed in time; another worker may hold it")
+    return left
+
+
+def claim_renewed(sent_at: float) -> None:
+    """The running job renewed its own claim (a statement sent at `sent_at` extended it)."""
+    claim = _current_claim.get()
+    if claim is not None:
+        claim.renewed(sent_at)
 
 
 class Job(msgspec.Struct, frozen=True):
@@ -99,12 +179,14 @@ class Worker:
         self._batch = batch
         self.completed = 0
         self.failures = 0
+        self.expired = 0  # claims given up because they could not be renewed in time
 
     async def run(self, stopping: asyncio.Event) -> None:
         held: list[Job] = []  # claimed and not finished; the renewal drops the ones taken over
         waiting: list[Job] = []  # claimed, not started
         running: dict[Job, asyncio.Task[None]] = {}
-        renewing = asyncio.create_task(self._keep_claims(held, running))
+        claims: dict[Job, Claim] = {}
+        renewing = asyncio.create_task(self._keep_claims(held, running, claims))
         stopped = asyncio.create_task(stopping.wait())
         claim_at = 0.0  # monotonic: not before, while claims fail
         try:
@@ -115,7 +197,14 @@ class Worker:
                         jobs = []
                         pause = claim_at - time.monotonic()
                     else:
+                        sent = time.monotonic()
                         jobs = await self._claim()
+                        for job in jobs:
+                            claims[job] = Claim(
+                                sent,
+                                self._queue.lease_seconds,
+                                lambda job=job: self._expired(job, held, waiting),
+                            )
                         if self._outage.failures:
                             pause = max(
                                 self._poll,
@@ -126,12 +215,13 @@ class Worker:
                                 ),
                             )
                             claim_at = time.monotonic() + pause
-                    held += jobs
-                    waiting += jobs
+                    held.extend(jobs)
+                    waiting.extend(jobs)
                 while waiting and len(running) < self._concurrency and not stopping.is_set():
                     job = waiting.pop(0)
                     if job in held:  # not taken over before it started
-                        running[job] = asyncio.create_task(self._run_one(job))
+                        claim = claims[job]
+                        running[job] = claim.task = asyncio.create_task(self._run_one(job, claim))
                 # Wake when a job ends, or (with a slot free) to claim again at the next poll.
                 full = len(running) >= self._concurrency or bool(waiting)
                 await asyncio.wait(
@@ -139,18 +229,37 @@ class Worker:
                     timeout=None if full and running else pause,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
-                self._reap(running, held)
+                self._reap(running, held, claims)
+                for job in [j for j in claims if j not in held and j not in running]:
+                    claims.pop(job).drop()  # expired before it started
             # Graceful shutdown: hand back what this worker will not start, finish the rest.
             with contextlib.suppress(Exception):
                 await self._queue.release([j for j in waiting if j in held])
             if running:
                 await asyncio.wait(running.values())
-                self._reap(running, held)
+                self._reap(running, held, claims)
         finally:
+            for claim in claims.values():
+                claim.drop()
             tasks = [renewing, stopped, *running.values()]  # running: only when cancelled
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks)
+
+    def _expired(self, job: Job, held: list[Job], waiting: list[Job]) -> None:
+        """The claim on `job` was not renewed in time: stop acting on it, before its lease
+        runs out and another worker may take it over."""
+        log.warning(
+            "%s stops acting on %s: its claim could not be renewed (the database is out of "
+            "reach?) and another worker may take it over",
+            self.name,
+            job.key,
+        )
+        self.expired += 1
+        with contextlib.suppress(ValueError):
+            held.remove(job)
+        with contextlib.suppress(ValueError):
+            waiting.remove(job)
 
     async def _claim(self) -> list[Job]:
         try:
@@ -161,21 +270,29 @@ class Worker:
         self._outage.recovered()
         return jobs
 
-    def _reap(self, running: dict[Job, asyncio.Task[None]], held: list[Job]) -> None:
+    def _reap(
+        self, running: dict[Job, asyncio.Task[None]], held: list[Job], claims: dict[Job, Claim]
+    ) -> None:
         for job, task in list(running.items()):
             if task.done():
                 del running[job]
+                claim = claims.pop(job, None)
+                if claim is not None:
+                    claim.drop()
                 with contextlib.suppress(ValueError):
                     held.remove(job)
-                if task.cancelled():
+                if task.cancelled() and (claim is None or claim.left() > 0):
                     log.warning("%s: %s was taken over by another worker", self.name, job.key)
 
-    async def _keep_claims(self, held: list[Job], running: dict[Job, asyncio.Task[None]]) -> None:
-        every = self._queue.lease_seconds / 3
+    async def _keep_claims(
+        self, held: list[Job], running: dict[Job, asyncio.Task[None]], claims: dict[Job, Claim]
+    ) -> None:
+        every = self._queue.lease_seconds * RENEW_EVERY_LEASES
         while True:
             await asyncio.sleep(every)
             if not held:
                 continue
+            sent = time.monotonic()
             try:
                 lost = await self._queue.renew(list(held))
             except Exception as error:  # PostgreSQL is out of reach: try again, it may be back
@@ -187,11 +304,19 @@ class Worker:
                 task = running.get(job)
                 if task is not None:
                     task.cancel()
+            for job in held:
+                claim = claims.get(job)
+                if claim is not None:
+                    claim.renewed(sent)
 
-    async def _run_one(self, job: Job) -> None:
+    async def _run_one(self, job: Job, claim: Claim) -> None:
         forget_stream()
+        _current_claim.set(claim)
         try:
             next_in = await self._handle(job)
+        except LeaseLost as error:
+            log.warning("%s stopped %s before acting: %s", self.name, job.key, error)
+            return
         except Exception as error:
             self.failures += 1
             log.warning(
@@ -303,7 +428,7 @@ class LeasedSweep:
     seconds, under a lease in `leases` (see SweepLeases).
 
     Each process polls for the claim every `poll_seconds` at most (and at least once an
-    interval). While `tick` runs, the lease is renewed every third of it, like a Worker's claims,
+    interval). While `tick` runs, the lease is renewed every quarter of it, like a Worker's claims,
     so a long sweep keeps its claim and a short lease is enough; a renewal that finds the claim
     gone (the lease ran out and another worker took the sweep) stops the tick here. A tick that
     raises is retried with backoff. A process killed mid-tick stops renewing, and another takes
@@ -336,6 +461,7 @@ class LeasedSweep:
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             forget_stream()
+            sent = time.monotonic()
             try:
                 attempts = await self._leases.claim(self.name, self._interval)
             except Exception as error:  # logged once an outage, not once a poll
@@ -344,18 +470,28 @@ class LeasedSweep:
             else:
                 self._outage.recovered()
             if attempts is not None:
-                await self._run_claimed(attempts, stopping)
+                await self._run_claimed(attempts, stopping, sent)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopping.wait(), self._poll)
 
-    async def _run_claimed(self, attempts: int, stopping: asyncio.Event) -> None:
-        ticking = asyncio.create_task(self._tick())
+    def _expired(self) -> None:
+        log.warning(
+            "%s stops: its lease could not be renewed (the database is out of reach?) and "
+            "another worker may take the sweep over",
+            self.name,
+        )
+
+    async def _run_claimed(self, attempts: int, stopping: asyncio.Event, sent: float) -> None:
+        claim = Claim(sent, self._leases.lease_seconds, lambda: self._expired())
+        context = contextvars.copy_context()
+        context.run(_current_claim.set, claim)
+        ticking = claim.task = asyncio.create_task(self._tick(), context=context)
         stopped = asyncio.create_task(stopping.wait())
         try:
             while not ticking.done():
                 await asyncio.wait(
                     [ticking, stopped],
-                    timeout=self._leases.lease_seconds / 3,
+                    timeout=self._leases.lease_seconds * RENEW_EVERY_LEASES,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 if ticking.done():
@@ -365,6 +501,7 @@ class LeasedSweep:
                     with contextlib.suppress(Exception):
                         await self._leases.release(self.name)
                     return
+                renewing = time.monotonic()
                 try:
                     held = await self._leases.renew(self.name)
                 except Exception as error:  # out of reach: try again, it may be back
@@ -374,11 +511,15 @@ class LeasedSweep:
                     ticking.cancel()
                     log.warning("%s was taken over by another worker", self.name)
                     return
+                claim.renewed(renewing)
         finally:
+            claim.drop()
             stopped.cancel()
             if not ticking.done():
                 ticking.cancel()
             await asyncio.wait([ticking, stopped])
+        if ticking.cancelled():  # its claim expired: it stopped acting (logged then)
+            return
         try:
             removed = ticking.result()
         except Exception as error:

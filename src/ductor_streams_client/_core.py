@@ -247,9 +247,19 @@ def may_retry(call: Call, failure: StreamsError, error: Exception | None = None)
         if isinstance(error, NOT_SENT):
             return True
         return isinstance(error, MAYBE_SENT) and call.idempotent
-    if failure.status in NOTHING_DONE:
+    if did_nothing(failure):
         return True
-    return failure.status in MAYBE_DONE and call.idempotent
+    return (failure.status in MAYBE_DONE or outcome_unknown(failure)) and call.idempotent
+
+
+def outcome_unknown(failure: StreamsError) -> bool:
+    """A 503 whose write's COMMIT went unanswered (`outcome: "unknown"`): it may have been
+    applied, like a gateway's 502 or 504."""
+    return failure.problem.get("outcome") == "unknown"
+
+
+def did_nothing(failure: StreamsError) -> bool:
+    return failure.status in NOTHING_DONE and not outcome_unknown(failure)
 
 
 class Exchange:
@@ -316,7 +326,7 @@ class Exchange:
             delay = self.policy.backoff(self.tries, self.rng)
         if self.clock() + delay - self.started > self.policy.total_seconds:
             raise failure from error
-        if not isinstance(error, NOT_SENT) and failure.status not in NOTHING_DONE:
+        if not isinstance(error, NOT_SENT) and not did_nothing(failure):
             self.maybe_applied = True
         return Retry(delay)
 

@@ -49,6 +49,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     pool_min_size: Annotated[int, msgspec.Meta(ge=0)] = 2
     pool_max_size: Count = 20
     statement_timeout_seconds: Positive = 10.0
+    # The most a request waits on PostgreSQL in all (application/waiting.py) before its 503.
+    request_timeout_seconds: Positive = 5.0
+    # The wake bus proves its connection alive by a heartbeat through PostgreSQL: sent when it
+    # heard nothing for this long; polling starts after two such intervals of silence, and the
+    # connection is replaced after WAKE_DEAD_SECONDS of it.
+    wake_heartbeat_seconds: Positive = 0.5
+    wake_dead_seconds: Positive = 5.0
     token_cache_seconds: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     sse_heartbeat_seconds: Positive = 15.0

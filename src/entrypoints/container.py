@@ -35,6 +35,7 @@ from adapters.memory.tokens import MemoryTokens
 from adapters.objects.filesystem import FilesystemObjectStore
 from adapters.objects.memory import MemoryObjectStore
 from adapters.postgres.access import PostgresStreamAccess
+from adapters.postgres.bounded import BoundedPool
 from adapters.postgres.cleanup import PostgresCleanup
 from adapters.postgres.deliveries import PostgresInputDeliveries
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
@@ -42,9 +43,10 @@ from adapters.postgres.journal import PostgresCompactionJobs, PostgresJournalCom
 from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.sweeps import PostgresSweepLeases
 from adapters.postgres.tokens import PostgresTokens
-from adapters.postgres.wake_bus import PostgresWakeBus
+from adapters.postgres.wake_bus import SERVER_KEEPALIVES, PostgresWakeBus
 from adapters.wait_service.memory import MemoryWaitService
 from adapters.wait_service.postgres import PostgresWaitService
+from application import waiting
 from application.acknowledge import Acknowledge
 from application.append_records import AppendRecords
 from application.cleanup import Cleanup
@@ -105,31 +107,57 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     four statements per request — is skipped; asyncpg still rolls back a stray transaction."""
 
 
-async def open_pool(settings: Settings) -> AsyncIterator[asyncpg.Pool | None]:
+async def open_pool(settings: Settings) -> AsyncIterator[BoundedPool | None]:
     if settings.database_url is None:
         raise RuntimeError("no database URL: start the embedded PostgreSQL first")
     # A PostgreSQL that accepts a connection but never answers (stopped, or a network that
-    # drops packets) would otherwise hold a request forever; with a bound the request answers
-    # 503, and asyncpg gives up (terminates) the connection whose statement timed out.
+    # drops packets) would otherwise hold a request forever. Every wait on it is bounded by
+    # REQUEST_TIMEOUT_SECONDS where it is made (BoundedPool, application/waiting.py), so a
+    # request answers 503 within that of its arrival; the statement timeout is the driver's
+    # own, behind it (asyncpg then cancels, or gives up, the connection whose statement timed
+    # out), and a connection attempt gives up within the request bound.
     pool = await asyncpg.create_pool(
         settings.database_url,
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,
         reset=_keep_session,
-        timeout=settings.statement_timeout_seconds,
+        timeout=min(settings.statement_timeout_seconds, settings.request_timeout_seconds),
         command_timeout=settings.statement_timeout_seconds,
+        server_settings={
+            # A transaction whose client went silent (a partition) would hold its stream-row
+            # lock, and every replica's appends to that stream with it, until the server's TCP
+            # gave up on the client (hours). None of ours waits between its statements, so one
+            # idle this long has lost its client: PostgreSQL rolls it back and frees the lock.
+            "idle_in_transaction_session_timeout": str(
+                max(1000, round(settings.request_timeout_seconds * 1000))
+            ),
+            # And the server's end of a connection given up on a silent network is closed
+            # within ~20 s (its TCP would take far longer to notice).
+            **SERVER_KEEPALIVES,
+        },
     )
     try:
-        yield pool
+        yield BoundedPool(pool)
     finally:
         await pool.close()
 
 
 async def open_wake_bus(
-    settings: Settings, wake: WakeRegistry, tokens: TokenCache | None = None
+    settings: Settings,
+    wake: WakeRegistry,
+    tokens: TokenCache | None = None,
+    pool: BoundedPool | None = None,
 ) -> AsyncIterator[PostgresWakeBus | None]:
     assert settings.database_url is not None
-    bus = PostgresWakeBus(settings.database_url, wake, settings.head_check_seconds, tokens=tokens)
+    bus = PostgresWakeBus(
+        settings.database_url,
+        wake,
+        settings.head_check_seconds,
+        tokens=tokens,
+        pool=pool,  # the repairs never share the connection they back up
+        heartbeat_seconds=settings.wake_heartbeat_seconds,
+        dead_seconds=settings.wake_dead_seconds,
+    )
     await bus.start()
     try:
         yield bus
@@ -158,6 +186,7 @@ async def open_object_stores(settings: Settings) -> AsyncIterator[ObjectStores]:
             settings.s3_bucket,
             endpoint_url=settings.s3_endpoint_url,
             region_name=settings.s3_region,
+            timeout_seconds=settings.request_timeout_seconds,
         )
         for region in settings.object_regions
     }
@@ -258,7 +287,7 @@ class Container(containers.DeclarativeContainer):
     )
     tokens = providers.Singleton(PostgresTokens, pool)
     token_cache = providers.Singleton(TokenCache, settings.provided.token_cache_seconds)
-    wake_bus = providers.Resource(open_wake_bus, settings, wake, token_cache)
+    wake_bus = providers.Resource(open_wake_bus, settings, wake, token_cache, pool)
     tails = providers.Singleton(LiveTails, streams, wake)
     # One cap per principal and process over every live connection: native subscriptions and
     # waiting reads, Durable Streams live=sse and long-poll reads.
@@ -495,6 +524,7 @@ async def resolved(value: object) -> object:
 
 async def start(container: Container) -> Services:
     """Open the resources and build every use case once."""
+    waiting.configure(container.settings().request_timeout_seconds)
     await resolved(container.init_resources())
     services = Services(
         **{name: await resolved(getattr(container, name)()) for name in Services.__annotations__}

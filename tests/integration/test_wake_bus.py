@@ -17,6 +17,7 @@ from application.live import LiveTails, RecordsDelivered, StreamGone
 from application.tokens import TokenCache, token_hash, token_id
 from application.wake import WakeRegistry
 from tests.support.builders import NOW, append, definition, new_key
+from tests.support.partition_proxy import PartitionProxy
 
 
 @pytest.fixture
@@ -162,3 +163,48 @@ async def test_a_revocation_missed_while_disconnected_ends_the_open_connections_
         assert not leases[kept].ended
     finally:
         await bus.stop()
+
+
+async def test_a_quiet_bus_stays_live_on_its_heartbeats(bus) -> None:
+    bus, _ = bus
+    await asyncio.sleep(3)  # nothing committed: only heartbeats are heard
+    assert bus.live
+    assert bus.not_live_episodes == 0 and bus.replacements == 0 and bus.reconnects == 0
+
+
+async def test_the_head_check_repairs_on_the_pool_while_the_listen_connection_is_silent(
+    pool: asyncpg.Pool, database_url: str
+) -> None:
+    registry = WakeRegistry()
+    with PartitionProxy(database_url) as proxy:
+        bus = PostgresWakeBus(
+            proxy.url(database_url),  # LISTEN through the proxy; the repairs on `pool`
+            registry,
+            head_check_seconds=0.3,
+            application_name="ds-test-bus-" + secrets.token_hex(3),
+            pool=pool,
+            dead_seconds=60,  # not replaced during the test
+        )
+        await bus.start()
+        try:
+            streams = PostgresStreams(pool)
+            key = new_key()
+            await streams.create(key, definition(), NOW)
+            with registry.listen(key):
+                await asyncio.sleep(0.5)  # followed, its head known to the head check
+                [silenced] = proxy.freeze_listen()
+                await streams.update(key, [append()])  # its notification is held
+                async with asyncio.timeout(5):
+                    while not await pool.fetchval(
+                        "SELECT count(*) FROM gap_evidence WHERE tenant = $1 AND run_id = $2"
+                        " AND stream_id = $3 AND detected_by = 'head-check'",
+                        *key,
+                    ):
+                        await asyncio.sleep(0.1)
+                assert silenced.frozen and bus.replacements == 0
+                async with asyncio.timeout(3):  # and the silence is noticed: followers poll
+                    while bus.live:
+                        await asyncio.sleep(0.05)
+        finally:
+            proxy.heal()
+            await bus.stop()

@@ -14,6 +14,7 @@ class WaitServiceStub:
         self.requests = 0
         self.duplicates = 0
         self.refuse_with: int | None = None  # answer every request so, accepting nothing
+        self.log: list[tuple[float, str, str]] = []  # (monotonic, path, event id) per request
         self._lock = threading.Lock()
         stub = self
 
@@ -23,6 +24,7 @@ class WaitServiceStub:
                 key = self.headers["Idempotency-Key"]
                 time.sleep(delay)
                 with stub._lock:
+                    stub.log.append((time.monotonic(), self.path, key))
                     stub.requests += 1
                     n = stub.requests
                     if stub.refuse_with is not None:

@@ -265,6 +265,20 @@ def test_a_delete_that_finds_nothing_after_tries_that_did_nothing_is_a_real_404(
     assert len(drive.requests) == 2
 
 
+def test_a_503_of_unknown_outcome_is_retried_only_when_repeating_is_safe(kind: str) -> None:
+    unknown = problem("unavailable", outcome="unknown")
+    drive = Driver(kind, sequence_of(unknown, document_answer()))
+    with pytest.raises(Unavailable):  # a stream named by the service: a repeat could make two
+        drive("create_stream", "r", None)
+    assert len(drive.requests) == 1
+    drive = Driver(kind, sequence_of(unknown, httpx.Response(200, json=APPENDED)))
+    drive("append", "r", "s", ["x"])  # an append always carries an Idempotency-Key
+    assert len(drive.requests) == 2
+    assert (
+        drive.requests[0].headers["idempotency-key"] == drive.requests[1].headers["idempotency-key"]
+    )
+
+
 def test_exchange_steps_with_an_injected_clock() -> None:
     now = [0.0]
     call = Call("GET", "/x")

@@ -11,6 +11,7 @@ import pytest
 from litestar import Litestar, get
 from litestar.testing import TestClient
 
+from application.waiting import CommitOutcomeUnknown, Unanswered
 from entrypoints.http import problems
 from entrypoints.http.outages import outage_handlers
 
@@ -132,3 +133,29 @@ def test_what_the_driver_raises_for_a_removed_unix_socket_is_an_outage(tmp_path)
     assert isinstance(error, OSError)  # FileNotFoundError: the same as a file of ours missing
     status, _, body = answer_for(error)
     assert status == 503, (type(error), body)
+
+
+def test_a_backing_service_that_did_not_answer_in_time_is_a_503_that_never_claims_a_failure() -> (
+    None
+):
+    status, _, body = answer_for(Unanswered("the database", 5.0))
+    assert status == 503 and "outcome" not in body
+    assert "the database" in body["detail"]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        Unanswered("the database", 5.0, outcome_unknown=True),
+        CommitOutcomeUnknown("the connection failed during COMMIT"),
+    ],
+    ids=["commit unanswered", "connection lost during commit"],
+)
+def test_a_write_whose_commit_went_unanswered_says_its_outcome_is_unknown(
+    error: Exception,
+) -> None:
+    status, headers, body = answer_for(error)
+    assert status == 503 and body["code"] == "unavailable"
+    assert body["outcome"] == "unknown"
+    assert "Idempotency-Key" in body["detail"]
+    assert headers["retry-after"] == "1"

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 
 import pytest
 
-from application.workers import Job, Worker
+from application.workers import Job, Worker, ensure_claimed
 from domain.stream import StreamKey
 
 
@@ -120,19 +121,51 @@ async def test_a_claimed_job_taken_over_before_it_started_is_never_run() -> None
     assert queue.recorded == [slow]
 
 
-async def test_a_renewal_that_cannot_reach_postgresql_does_not_stop_the_job() -> None:
+async def test_a_renewal_that_cannot_reach_postgresql_does_not_stop_a_job_within_its_lease() -> (
+    None
+):
     slow = job(1)
-    queue = Queue([slow], lease_seconds=0.3)
+    queue = Queue([slow], lease_seconds=0.9)  # trusted for 0.675 s, renewed every 0.225 s
     queue.renew_fails = True
     finished = asyncio.Event()
 
     async def handle(j: Job) -> None:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.45)  # past a failed renewal, within what the claim is trusted for
         finished.set()
 
     await run_until(Worker("w", queue, handle, poll_seconds=0.01), finished)
     await asyncio.sleep(0.05)
     assert queue.recorded == [slow]
+
+
+async def test_a_job_whose_claim_cannot_be_renewed_stops_before_its_lease_runs_out() -> None:
+    slow = job(1)
+    queue = Queue([slow], lease_seconds=0.3)
+    queue.renew_fails = True
+    acted: list[float] = []
+    started = asyncio.Event()
+
+    async def handle(j: Job) -> None:
+        started.set()
+        await asyncio.sleep(0.5)  # longer than the lease, and no renewal gets through
+        ensure_claimed()
+        acted.append(time.monotonic())
+
+    worker = Worker("w", queue, handle, poll_seconds=0.01)
+    stopping = asyncio.Event()
+    running = asyncio.create_task(worker.run(stopping))
+    await started.wait()
+    began = time.monotonic()
+    async with asyncio.timeout(2):
+        while worker.expired == 0:
+            await asyncio.sleep(0.01)
+    # Stopped at 3/4 of the lease after its claim was sent: before another may take it over.
+    assert time.monotonic() - began < 0.3
+    await asyncio.sleep(0.4)
+    stopping.set()
+    await running
+    assert acted == []
+    assert queue.recorded == [] and queue.refused == []  # the next holder decides
 
 
 async def test_a_worker_runs_up_to_its_concurrency_of_a_batchs_jobs_side_by_side() -> None:

@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import aioboto3
+from aiobotocore.config import AioConfig
 from botocore.exceptions import ClientError
 
 from adapters.objects.keys import RESERVED_MARK, check_span, key_segments, prefix_segments
@@ -53,6 +54,13 @@ _TEMPORARY = (UPLOADS, LEGACY_UPLOADS)
 _SHA256 = "sha256"  # stored as x-amz-meta-sha256 (hex)
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 
+# A store that goes silent (a partition) holds one request to it for about this long by
+# default: botocore's defaults (a minute to connect and a minute per read, retried up to five
+# times) would hold it for minutes. A read that gets nothing for half of it gives up, the
+# connection gets a quarter, and a request is tried twice (one retry: S3 stores answer a
+# transient 500 or SlowDown now and then), so a silent store costs two halves.
+TIMEOUT_SECONDS = 5.0
+
 
 class S3ObjectStore:
     def __init__(
@@ -62,8 +70,14 @@ class S3ObjectStore:
         endpoint_url: str | None = None,
         region_name: str | None = None,
         session: aioboto3.Session | None = None,
+        timeout_seconds: float = TIMEOUT_SECONDS,
     ) -> None:
         self._bucket = bucket
+        self._config = AioConfig(
+            connect_timeout=timeout_seconds / 4,
+            read_timeout=timeout_seconds / 2,
+            retries={"total_max_attempts": 2, "mode": "standard"},
+        )
         self._endpoint_url = endpoint_url
         self._region_name = region_name
         self._session = session or aioboto3.Session()
@@ -77,7 +91,10 @@ class S3ObjectStore:
         stack = contextlib.AsyncExitStack()
         self._s3 = await stack.enter_async_context(
             self._session.client(
-                "s3", endpoint_url=self._endpoint_url, region_name=self._region_name
+                "s3",
+                endpoint_url=self._endpoint_url,
+                region_name=self._region_name,
+                config=self._config,
             )
         )
         self._stack = stack

@@ -17,6 +17,7 @@ from itertools import islice
 import asyncpg
 import msgspec
 
+from adapters.postgres.bounded import bounded
 from adapters.postgres.cleanup import aged_rows, delete_in_batches
 from adapters.postgres.erasure import WAKE_CHANNEL, erase
 from adapters.postgres.intents import project_objects, read_expired_intents, read_intent
@@ -41,6 +42,7 @@ from application.ports import (
     StoredRecord,
 )
 from application.retention import expired_prefix, has_retention
+from application.waiting import committing
 from application.wake import WakeRegistry
 from domain.definition import Fork, StreamDefinition
 from domain.events import (
@@ -368,7 +370,7 @@ class PostgresStreams:
             definition.expiry.expires_at,
         )
         if then or definition.fork is not None:
-            created = await self._create_then(stream, arguments, then)
+            created = await bounded(self._create_then(stream, arguments, then))
         else:
             created = await self._pool.fetchval(_INSERT_STREAM, *arguments)
         if created:
@@ -407,6 +409,7 @@ class PostgresStreams:
                     raise outcome.error
             assert not changes.deleted
             await self._write(conn, stream.key, stream, changes)
+            committing()
         return True
 
     async def load(self, key: StreamKey) -> Stream | None:
@@ -477,6 +480,11 @@ class PostgresStreams:
         return None if known is None else known[0]
 
     async def update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
+        # Bounded as a whole (adapters/postgres/bounded.py): a silent connection costs the group
+        # the bound, and a failure once COMMIT is sent is reported as of unknown outcome.
+        return await bounded(self._update(key, commands))
+
+    async def _update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
         async with self._pool.acquire() as conn, conn.transaction():
             # Never touch the pool while holding the row lock: with every connection waiting
             # on this row, a second acquire by the holder would wait forever.
@@ -548,6 +556,7 @@ class PostgresStreams:
                 released = await _release_sources(conn, key, stream.definition.fork, deleted.at)
             elif changes.events:
                 await self._write(conn, key, stream, changes, producers, inline)
+            committing()
         if changes.deleted:
             for erased in (key, *released):
                 self.forget(erased)
@@ -585,6 +594,11 @@ class PostgresStreams:
 
     async def delete_run(
         self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None
+    ) -> list[StreamKey]:
+        return await bounded(self._delete_run(tenant, run_id, now, check))
+
+    async def _delete_run(
+        self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None
     ) -> list[StreamKey]:
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(_RUN_LOCK, tenant, run_id)
@@ -624,6 +638,7 @@ class PostgresStreams:
                 released += await _release_sources(
                     conn, stream.key, stream.definition.fork, now, frozenset(keys)
                 )
+            committing()
         for key in (*keys, *released):
             self.forget(key)
         return keys

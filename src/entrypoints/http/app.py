@@ -14,7 +14,10 @@ from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.types import ASGIApp, Receive, Scope, Send
 
+from adapters.postgres.bounded import BoundedPool, bounded
+from application import waiting
 from application.workers import run_workers
 from domain.errors import DomainError
 from entrypoints.config import Settings
@@ -69,14 +72,17 @@ async def healthz() -> Health:
 )
 async def readyz(request: Request) -> Response[Health]:
     pool = await resolved(request.app.state.container.pool())
-    if isinstance(pool, asyncpg.Pool):
-        try:
-            # The acquire's timeout also bounds the release (which waits for a timed-out query's
-            # cancellation, unbounded with `pool.fetchval(timeout=)`): query plus release fit
-            # in READY_TIMEOUT_SECONDS.
-            half = READY_TIMEOUT_SECONDS / 2
+    if isinstance(pool, asyncpg.Pool | BoundedPool):
+        half = READY_TIMEOUT_SECONDS / 2
+
+        async def probe() -> None:
             async with pool.acquire(timeout=half) as connection:
                 await connection.fetchval("SELECT 1", timeout=half)
+
+        try:
+            # Awaited for at most `half` (bounded): the release of a connection whose query
+            # timed out waits for its cancellation, which a silent network never answers.
+            await bounded(probe(), seconds=half)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
             return Response(Health(status="unavailable"), status_code=503)
     return Response(Health(status="ready"))
@@ -150,7 +156,22 @@ def create_app(container: Container) -> Litestar:
     app.asgi_handler = browser_headers(app.asgi_handler, origins)
     # Outermost: the append route, Litestar's layers and these headers done once (hot.py).
     app.asgi_handler = hot_routes(app, app.asgi_handler, MAX_REQUEST_BYTES, origins)
+    app.asgi_handler = with_budget(app.asgi_handler, container.settings().request_timeout_seconds)
     return app
+
+
+def with_budget(asgi: ASGIApp, seconds: float) -> ASGIApp:
+    """Each HTTP request waits on PostgreSQL for at most `seconds` in all, counted from its
+    arrival (application/waiting.py); then it answers 503 with Retry-After."""
+
+    async def bounded_request(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await asgi(scope, receive, send)
+            return
+        with waiting.request_budget(seconds):
+            await asgi(scope, receive, send)
+
+    return bounded_request
 
 
 METRICS_DOCUMENTED = documented(

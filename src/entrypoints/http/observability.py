@@ -27,8 +27,9 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from adapters.postgres.bounded import BoundedPool
 from application.log_context import request_id
 from domain.digits import bounded_integer
 from entrypoints.container import resolved
@@ -58,6 +59,9 @@ class HotPath:
         # The wake bus's own running counts, copied here when /metrics is scraped.
         self.wake_reconnects = 0
         self.gaps_repaired = 0
+        self.wake_replacements = 0
+        self.wake_not_live = 0
+        self.wake_live = 1
 
     def observe(self, method: str, route: str, status: str, seconds: float) -> None:
         cell = self.requests.get((method, route, status))
@@ -103,6 +107,21 @@ class HotPath:
             "ductor_streams_gaps_repaired",
             "Streams that moved without a notification, repaired since start",
             value=self.gaps_repaired,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_wake_connection_replacements",
+            "LISTEN connections replaced because they went silent (heartbeats unanswered)",
+            value=self.wake_replacements,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_wake_bus_not_live",
+            "Times the wake bus was not known to be alive and live delivery polled",
+            value=self.wake_not_live,
+        )
+        yield GaugeMetricFamily(
+            "ductor_streams_wake_bus_live",
+            "1 while the wake bus's connection is proven alive, 0 while followers poll",
+            value=self.wake_live,
         )
 
 
@@ -241,8 +260,14 @@ async def metrics(request: Request) -> Response[bytes]:
     if bus is not None:
         HOT.wake_reconnects = bus.reconnects
         HOT.gaps_repaired = bus.gaps_repaired
+        HOT.wake_replacements = bus.replacements
+        HOT.wake_not_live = bus.not_live_episodes
+        HOT.wake_live = int(bus.live)
     pool = await resolved(container.pool())
-    if isinstance(pool, asyncpg.Pool) and time.monotonic() - _last_db_read > DB_FIGURES_SECONDS:
+    if (
+        isinstance(pool, asyncpg.Pool | BoundedPool)
+        and time.monotonic() - _last_db_read > DB_FIGURES_SECONDS
+    ):
         _last_db_read = time.monotonic()
         for outbox, pending, lag in await pool.fetch(_DB_FIGURES):
             OUTBOX_PENDING.labels(outbox).set(pending)

@@ -17,6 +17,7 @@ import asyncpg
 import botocore.exceptions as s3_errors
 from litestar import Request, Response
 
+from application.waiting import CommitOutcomeUnknown, Unanswered
 from entrypoints.http import problems
 
 log = logging.getLogger("ductor_streams")
@@ -83,6 +84,10 @@ def _is_aiohttp_connection_error(error: BaseException) -> bool:
 
 def outage_of(error: BaseException) -> str | None:
     """What is out of reach ("the database", "the object store"), or None if this is no outage."""
+    if isinstance(error, Unanswered):
+        return error.what
+    if isinstance(error, CommitOutcomeUnknown):
+        return "the database"
     if isinstance(error, _POSTGRES_UNAVAILABLE):
         return "the database"
     if type(error) is asyncpg.InterfaceError and "connection is closed" in str(error):
@@ -119,6 +124,17 @@ def unavailable(request: Request, error: Exception) -> Response[bytes]:
         return problems.internal_error(request, error)
     path = request.url.path
     log.warning("%s is unavailable (%s) on %s %s", what, type(error).__name__, request.method, path)
+    if getattr(error, "outcome_unknown", False):
+        # COMMIT was sent and no answer came: the write may have committed. Never said to have
+        # failed: only a retry with the same Idempotency-Key is safe (docs/errors.md).
+        return problems.problem(
+            "unavailable",
+            f"{what} did not confirm the write, which may have been committed; retry with the "
+            "same Idempotency-Key, or read before writing again",
+            status=503,
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            outcome="unknown",
+        )
     return problems.problem(
         "unavailable",
         f"{what} is unavailable; retry shortly",

@@ -1,0 +1,129 @@
+"""How long anything waits on a backing service: bounded, so a silent network costs seconds.
+
+A network path that goes silent (no RST, no FIN) leaves a connection open that never answers; a
+statement on it would wait for its timeout, and asyncpg then waits as long again for the
+cancellation it sends through the same dead path. So the wait is bounded where it is made, not
+by the driver: the PostgreSQL adapter runs each operation as a task of its own and stops
+waiting at the bound, leaving the task to clean up (cancel, roll back, terminate) behind it.
+
+An HTTP request carries a `Budget` (set when it arrives): every wait it makes on PostgreSQL
+(a statement, a connection from the pool, a connection attempt, its group's commit) spends from
+that one budget, so the request answers 503 within the budget of its arrival however many
+operations it makes. Time spent waiting for a client or for a wake signal (a long-poll) is not
+spent. The budget belongs to the request's own task: a task it starts (a stream's tail, an
+append leader) inherits the context but not the budget, and waits at most the bound per
+operation.
+
+A write that gave up after its COMMIT was sent has an unknown outcome: it may have committed.
+`committing()` marks that point, and such a failure says so (`Unanswered.outcome_unknown`), so
+a client is never told it failed and may retry without its idempotency key."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import time
+from collections.abc import Iterator
+
+# The default bound on a request's waits on backing services (REQUEST_TIMEOUT_SECONDS).
+DEFAULT_SECONDS = 5.0
+
+
+class Unanswered(TimeoutError):
+    """A backing service did not answer within the bound. A TimeoutError, so every handler that
+    treats a timeout as an outage (503 with Retry-After) treats this one so too."""
+
+    def __init__(self, what: str, seconds: float, outcome_unknown: bool = False) -> None:
+        unknown = "; the write may have been committed" if outcome_unknown else ""
+        super().__init__(f"{what} did not answer within {seconds:.1f} s{unknown}")
+        self.what = what
+        self.outcome_unknown = outcome_unknown
+
+
+class CommitOutcomeUnknown(ConnectionError):
+    """The connection failed after COMMIT was sent: the write may or may not have committed."""
+
+    outcome_unknown = True
+
+
+class Budget:
+    __slots__ = ("left", "task")
+
+    def __init__(self, seconds: float) -> None:
+        self.left = seconds
+        self.task = asyncio.current_task()
+
+
+class CommitWatch:
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = False
+
+
+_budget: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("budget", default=None)
+_commit: contextvars.ContextVar[CommitWatch | None] = contextvars.ContextVar("commit", default=None)
+_bound = [DEFAULT_SECONDS]
+
+
+def configure(seconds: float) -> None:
+    """The bound of this process (set once at start-up from the settings)."""
+    _bound[0] = seconds
+
+
+def bound() -> float:
+    return _bound[0]
+
+
+@contextlib.contextmanager
+def request_budget(seconds: float | None = None) -> Iterator[Budget]:
+    """Give the current task (an HTTP request's) one budget for all its waits."""
+    budget = Budget(_bound[0] if seconds is None else seconds)
+    token = _budget.set(budget)
+    try:
+        yield budget
+    finally:
+        _budget.reset(token)
+
+
+def _own_budget() -> Budget | None:
+    budget = _budget.get()
+    if budget is not None and budget.task is asyncio.current_task():
+        return budget
+    return None
+
+
+def allowance() -> float:
+    """How long the current task may wait on its next operation."""
+    budget = _own_budget()
+    return _bound[0] if budget is None else min(_bound[0], max(budget.left, 0.0))
+
+
+@contextlib.contextmanager
+def spending() -> Iterator[float]:
+    """Around a wait the caller bounds itself (with the yielded allowance): what it took is
+    spent from the request's budget."""
+    budget = _own_budget()
+    started = time.monotonic()
+    try:
+        yield allowance()
+    finally:
+        if budget is not None:
+            budget.left -= time.monotonic() - started
+
+
+def committing() -> None:
+    """Called by a write right before it sends COMMIT: from here on, a failure's outcome is
+    unknown."""
+    commit = _commit.get()
+    if commit is not None:
+        commit.sent = True
+
+
+def watching_commit(context: contextvars.Context) -> CommitWatch:
+    """In `context` (a task's about to run a write), note whether COMMIT gets sent."""
+    commit = CommitWatch()
+    context.run(_commit.set, commit)
+    context.run(_budget.set, None)  # the task is not the request: it has no budget of its own
+    return commit

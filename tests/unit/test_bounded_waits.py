@@ -1,0 +1,130 @@
+"""Bounded waits (application/waiting.py, adapters/postgres/bounded.py): a silent backing
+service costs a request its budget, never more, and a write given up after its COMMIT was sent
+is reported as of unknown outcome, never as failed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from adapters.memory.streams import MemoryStreams
+from adapters.postgres.bounded import bounded
+from application import waiting
+from application.group_commit import GroupCommit
+from application.ports import Command, Outcome
+from application.waiting import CommitOutcomeUnknown, Unanswered, committing, request_budget
+from domain.stream import StreamKey
+from tests.support.builders import NOW, append, definition, new_key
+
+
+async def silent() -> None:
+    await asyncio.sleep(3600)
+
+
+async def test_an_operation_that_never_answers_costs_the_bound_and_is_left_to_clean_up() -> None:
+    cleaned = asyncio.Event()
+
+    async def hangs_then_cleans_up() -> None:
+        try:
+            await silent()
+        finally:
+            cleaned.set()
+
+    started = time.monotonic()
+    with request_budget(0.2), pytest.raises(Unanswered) as raised:
+        await bounded(hangs_then_cleans_up())
+    assert 0.15 < time.monotonic() - started < 0.5
+    assert not raised.value.outcome_unknown
+    await asyncio.wait_for(cleaned.wait(), 1)
+
+
+async def test_a_requests_waits_together_spend_one_budget() -> None:
+    async def takes(seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return "answered"
+
+    with request_budget(0.5) as budget:
+        assert await bounded(takes(0.3)) == "answered"
+        assert budget.left < 0.25
+        started = time.monotonic()
+        with pytest.raises(Unanswered):
+            await bounded(takes(0.3))  # fits the bound, not what is left of the budget
+        assert time.monotonic() - started < 0.3
+
+
+async def test_a_task_the_request_starts_waits_the_bound_not_the_requests_budget() -> None:
+    async def later() -> float:
+        await asyncio.sleep(0.2)  # the request's budget is spent by now
+        return waiting.allowance()
+
+    with request_budget(0.1):
+        background = asyncio.create_task(later())
+        assert await background == waiting.bound()
+
+
+async def test_a_write_that_hangs_after_commit_was_sent_is_of_unknown_outcome() -> None:
+    async def commit_unanswered() -> None:
+        committing()
+        await silent()
+
+    with request_budget(0.2), pytest.raises(Unanswered) as raised:
+        await bounded(commit_unanswered())
+    assert raised.value.outcome_unknown
+    assert "may have been committed" in str(raised.value)
+
+
+async def test_a_connection_lost_during_commit_is_of_unknown_outcome_and_before_it_is_not() -> None:
+    async def lost(after_commit: bool) -> None:
+        if after_commit:
+            committing()
+        raise ConnectionResetError("the server closed the connection")
+
+    with pytest.raises(CommitOutcomeUnknown):
+        await bounded(lost(after_commit=True))
+    with pytest.raises(ConnectionResetError) as raised:
+        await bounded(lost(after_commit=False))
+    assert not isinstance(raised.value, CommitOutcomeUnknown)
+
+
+class StuckStreams(MemoryStreams):
+    """The first transaction hangs (its connection went silent) until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.groups: list[int] = []
+
+    async def update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
+        self.groups.append(len(commands))
+        if len(self.groups) == 1:
+            await self.release.wait()
+        return await super().update(key, commands)
+
+
+async def test_an_append_queued_behind_a_stuck_group_is_withdrawn_at_its_bound() -> None:
+    streams = StuckStreams()
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    commits = GroupCommit(streams)
+
+    async def submit() -> BaseException | Outcome:
+        with request_budget(0.2):
+            try:
+                return await commits.submit(key, append())
+            except Unanswered as error:
+                return error
+
+    committing_one = asyncio.create_task(submit())
+    await asyncio.sleep(0.01)  # the leader has taken it: its transaction is under way
+    queued = asyncio.create_task(submit())
+    first, second = await asyncio.gather(committing_one, queued)
+    assert isinstance(first, Unanswered) and first.outcome_unknown  # it may still commit
+    assert isinstance(second, Unanswered) and not second.outcome_unknown  # it never will
+    streams.release.set()
+    await commits.drain()
+    assert streams.groups == [1]  # the withdrawn append was never part of a group
+    stream = await streams.load(key)
+    assert stream is not None and stream.state.head == 1
