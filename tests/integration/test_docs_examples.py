@@ -315,6 +315,7 @@ class Background:
         deadline = time.monotonic() + BACKGROUND_SECONDS
         while (why := mismatch(expected, self.text())) and time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.reader.join(5)  # it ended: what it printed last, read to the end first
                 break
             time.sleep(0.1)
         why = mismatch(expected, self.text())
