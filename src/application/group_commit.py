@@ -13,13 +13,14 @@ cancels only its own wait, never the group's transaction.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TypeVar
 
-from application.ports import Command, Done, Failed, Outcome, StreamRepository
+from application.ports import AnsweringCommand, Command, Done, Failed, Outcome, StreamRepository
 from application.waiting import Unanswered, spending
 from domain.stream import StreamKey
 
 _Pending = tuple[Command, asyncio.Future[Outcome]]
+T = TypeVar("T")
 
 
 class _Expired(Exception):
@@ -119,10 +120,11 @@ class GroupCommit:
             await asyncio.gather(*list(self._leaders), return_exceptions=True)
 
 
-async def run_one(commits: GroupCommit, key: StreamKey, command: Command) -> Any:
+async def run_one(commits: GroupCommit, key: StreamKey, command: AnsweringCommand[T]) -> T:
     """Submit one command that is never replayed and return its answer (or raise its error)."""
     outcome = await commits.submit(key, command)
     if isinstance(outcome, Failed):
         raise outcome.error
     assert isinstance(outcome, Done)
-    return outcome.answer
+    answer: T = outcome.answer  # what `command.answer` returned
+    return answer

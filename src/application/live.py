@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import datetime
 
 import msgspec
 
 from application.ports import RecordReader, StoredRecord
 from application.tokens import Lease
-from application.wake import WakeRegistry
+from application.wake import Listener, WakeRegistry
 from domain.stream import StreamKey
 
 PAGE = 1_000
@@ -52,7 +52,7 @@ class RecordsDelivered:
     def __repr__(self) -> str:
         return f"RecordsDelivered({self.records!r})"
 
-    __hash__ = None  # type: ignore[assignment]
+    # Unhashable, as any class that defines __eq__ and no __hash__ is.
 
 
 _NOTHING = RecordsDelivered([])
@@ -156,7 +156,7 @@ class StreamTail:
         self._tick_seconds = float("inf")
         self._ticker: asyncio.TimerHandle | None = None
 
-    def start(self, listening: contextlib.AbstractContextManager) -> None:
+    def start(self, listening: contextlib.AbstractContextManager[Listener]) -> None:
         self._task = asyncio.create_task(self._follow(listening), name=f"tail {self.key}")
 
     def beat_every(self, heartbeat_seconds: float) -> None:
@@ -182,7 +182,7 @@ class StreamTail:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def _follow(self, listening: contextlib.AbstractContextManager) -> None:
+    async def _follow(self, listening: contextlib.AbstractContextManager[Listener]) -> None:
         with listening as listener:
             first = True
             while True:
@@ -335,7 +335,7 @@ class LiveTails:
 
     async def follow(
         self, key: StreamKey, cursor: int, heartbeat_seconds: float, lease: Lease | None = None
-    ) -> AsyncIterator[Delivery]:
+    ) -> AsyncGenerator[Delivery, None]:
         """Every record with sequence > cursor, ascending, without gaps or duplicates; `Idle`
         while nothing happens; then `StreamEnded` once closed and delivered, or `Overtaken`, or
         `StreamGone` once the stream is deleted, or `Revoked` once `lease` ends (its token was

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import datetime, timedelta
 
 import msgspec
@@ -37,7 +37,7 @@ _encode = msgspec.json.Encoder().encode
 class ObjectStores:
     """The object store of each region this deployment may write bodies to."""
 
-    def __init__(self, stores: dict[str, ObjectStore]) -> None:
+    def __init__(self, stores: Mapping[str, ObjectStore]) -> None:
         self._stores = stores
 
     def pick(self, object_regions: tuple[str, ...]) -> str:
@@ -143,7 +143,7 @@ class PrepareCommand(_ObjectCommand):
         # Under the row lock: concurrent prepares cannot pledge past the ceilings together.
         return stream.prepare_object(self.intent, self.now, self.max_open)
 
-    def answer(self, stream: Stream, events: list[Event]) -> object:
+    def answer(self, stream: Stream, events: list[Event]) -> ObjectIntent | None:
         return stream.state.objects.get(self.intent.object_id)
 
 
@@ -186,7 +186,7 @@ class CommitCommand(_ObjectCommand):
             self.now,
         )
 
-    def answer(self, stream: Stream, events: list[Event]) -> object:
+    def answer(self, stream: Stream, events: list[Event]) -> CommitAnswer:
         committed = events[-1]
         assert isinstance(committed, ObjectCommitted)
         return CommitAnswer(sequence=committed.sequence, object_id=committed.object_id)
@@ -235,7 +235,9 @@ class Objects:
             raise NotFound(f"no object {object_id!r} on stream {key.stream_id!r}")
         return intent
 
-    async def _own(self, caller: Caller, run_id: str, stream_id: str, object_id: str):
+    async def _own(
+        self, caller: Caller, run_id: str, stream_id: str, object_id: str
+    ) -> tuple[StreamKey, ObjectIntent]:
         """Upload, commit and abort belong to the principal of the authorization receipt."""
         caller.require("streams:write")
         key = caller.key(run_id, stream_id)

@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 import msgspec
@@ -142,7 +143,7 @@ class JobQueue(Protocol):
 
 
 def backoff(attempts: int, base: float = 1.0, cap: float = 300.0) -> float:
-    return min(cap, base * 2 ** min(attempts, 20)) * random.uniform(0.5, 1.0)
+    return min(cap, base * 2.0 ** min(attempts, 20)) * random.uniform(0.5, 1.0)
 
 
 def retry_delay(error: Exception, attempts: int, base: float) -> float:
@@ -203,7 +204,7 @@ class Worker:
                             claims[job] = Claim(
                                 sent,
                                 self._queue.lease_seconds,
-                                lambda job=job: self._expired(job, held, waiting),
+                                functools.partial(self._expired, job, held, waiting),
                             )
                         if self._outage.failures:
                             pause = max(
@@ -440,7 +441,7 @@ class LeasedSweep:
     def __init__(
         self,
         name: str,
-        tick: Callable[[], Awaitable[int]],
+        tick: Callable[[], Coroutine[Any, Any, int]],
         interval: float,
         leases: SweepLeases,
         poll_seconds: float = 5.0,

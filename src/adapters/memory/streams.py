@@ -376,7 +376,12 @@ class MemoryStreams:
                     self.deletions.append((key, intent.storage_region, intent.storage_key, state))
                 case RecordsPruned(through_sequence=through):
                     for (k, _), intent in self._intents.items():
-                        if k == key and intent.state == "committed" and intent.sequence <= through:
+                        if (
+                            k == key
+                            and intent.state == "committed"
+                            and intent.sequence is not None  # a committed intent has one
+                            and intent.sequence <= through
+                        ):
                             self.deletions.append(
                                 (key, intent.storage_region, intent.storage_key, "pruned")
                             )

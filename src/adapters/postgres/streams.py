@@ -19,6 +19,7 @@ import msgspec
 
 from adapters.postgres.bounded import bounded
 from adapters.postgres.cleanup import aged_rows, delete_in_batches
+from adapters.postgres.connections import Connection
 from adapters.postgres.erasure import WAKE_CHANNEL, erase
 from adapters.postgres.intents import project_objects, read_expired_intents, read_intent
 from adapters.postgres.journal import read_journal, schedule_compaction
@@ -509,6 +510,7 @@ class PostgresStreams:
                     receipts[r[0]] = Receipt(r[0], r[1], r[2])
             offsets: dict[int, int] = {}
             if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
+                # Each row is a (sequence, end offset) pair; asyncpg-stubs' Record is no pair.
                 offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
             # Read with the lock when a command says it needs them, else once a decision does.
             consumers: bytes | None = None if inline else row[2]
@@ -541,7 +543,9 @@ class PostgresStreams:
 
             stream, outcomes, changes = await decide()
             if changes.deleted or any(isinstance(e, RecordsPruned) for e in changes.events):
-                forked, pinned_through = await conn.fetchrow(_FORK_FACTS, *key)
+                facts = await conn.fetchrow(_FORK_FACTS, *key)
+                assert facts is not None  # aggregates without GROUP BY: always one row
+                forked, pinned_through = facts
                 if forked:
                     # Forks still read it: decided again knowing that (a delete is a soft
                     # delete; retention keeps what they inherit), from the state as locked.
@@ -564,7 +568,7 @@ class PostgresStreams:
 
     @staticmethod
     async def _write(
-        conn: asyncpg.Connection,
+        conn: Connection,
         key: StreamKey,
         stream: Stream,
         changes: Changes,
@@ -776,7 +780,7 @@ def _timestamptz(raw: bytes) -> datetime:
     return _PG_EPOCH + timedelta(microseconds=micros)
 
 
-async def _link_fork(conn: asyncpg.Connection, key: StreamKey, fork: Fork) -> None:
+async def _link_fork(conn: Connection, key: StreamKey, fork: Fork) -> None:
     """In the fork's creating transaction, after its row is inserted: lock the source row and
     re-check it (the same incarnation, not soft-deleted, far enough), then link the fork to it.
     Raising rolls the whole creation back: a refused fork leaves no reference behind."""
@@ -789,7 +793,7 @@ async def _link_fork(conn: asyncpg.Connection, key: StreamKey, fork: Fork) -> No
 
 
 async def _release_sources(
-    conn: asyncpg.Connection,
+    conn: Connection,
     key: StreamKey,
     fork: Fork | None,
     now: datetime,

@@ -176,11 +176,12 @@ class PostgresWakeBus:
         if not self.live and self.connected.is_set():
             self._set_live(True)
 
-    def _on_heartbeat(self, _conn: object, _pid: int, _channel: str, _payload: str) -> None:
+    def _on_heartbeat(self, _conn: object, _pid: int, _channel: str, _payload: object) -> None:
         self._hear()
 
-    def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         self._hear()
+        assert isinstance(payload, str)  # asyncpg hands a NOTIFY's payload over as text
         parsed = parse_notification(payload)
         if parsed is None:
             return
@@ -195,8 +196,9 @@ class PostgresWakeBus:
             self._notified[key] = head
         self._registry.notify(key)
 
-    def _on_token_revoked(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def _on_token_revoked(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         self._hear()
+        assert isinstance(payload, str)
         if self._tokens is not None:
             self._tokens.forget(payload)
 

@@ -176,7 +176,7 @@ def complete(app: Litestar, elsewhere: dict[str, dict[str, Documented]] | None =
     """Apply every route's declarations to the document Litestar generated (and caches).
 
     `elsewhere` documents, by operation id, handlers whose module cannot import this one."""
-    document = app.plugins.get("OpenAPIPlugin").provide_openapi_schema()  # type: ignore[attr-defined]
+    document: dict[str, Any] = app.plugins.get("OpenAPIPlugin").provide_openapi_schema()
     declarations = _documented_operations(app)
     for operation_id, opt in (elsewhere or {}).items():
         declarations[operation_id] = opt[OPT_KEY]
