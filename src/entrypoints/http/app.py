@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import msgspec
 from litestar import Litestar, Request, Response, get
+from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
@@ -22,7 +23,7 @@ from application.workers import run_workers
 from domain.errors import DomainError
 from entrypoints.config import Settings
 from entrypoints.console.route import ROUTES as CONSOLE_ROUTES
-from entrypoints.container import Container, Services, resolved, start, stop, workers
+from entrypoints.container import Container, Services, provided, start, stop, workers
 from entrypoints.durable_streams.browser import browser_headers
 from entrypoints.durable_streams.routes import DurableStreamsController
 from entrypoints.http import openapi, problems
@@ -71,7 +72,8 @@ async def healthz() -> Health:
     ),
 )
 async def readyz(request: Request) -> Response[Health]:
-    pool = await resolved(request.app.state.container.pool())
+    container: Container = request.app.state.container
+    pool = await provided(container.pool)
     if isinstance(pool, asyncpg.Pool | BoundedPool):
         half = READY_TIMEOUT_SECONDS / 2
 
@@ -165,7 +167,7 @@ def with_budget(asgi: ASGIApp, seconds: float) -> ASGIApp:
     arrival (application/waiting.py); then it answers 503 with Retry-After."""
 
     async def bounded_request(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await asgi(scope, receive, send)
             return
         with waiting.request_budget(seconds):

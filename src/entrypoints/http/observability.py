@@ -32,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from adapters.postgres.bounded import BoundedPool
 from application.log_context import request_id
 from domain.digits import bounded_integer
-from entrypoints.container import resolved
+from entrypoints.container import Container, provided
 from entrypoints.http.head import method_of
 
 DB_FIGURES_SECONDS = 5.0
@@ -126,7 +126,7 @@ class HotPath:
 
 
 HOT = HotPath()
-REGISTRY.register(HOT)  # type: ignore[arg-type]
+REGISTRY.register(HOT)
 _ids = itertools.count(1)
 _ID_PREFIX = secrets.token_hex(6)
 
@@ -254,16 +254,16 @@ _last_db_read = 0.0
 @get("/metrics", operation_id="metrics", tags=["operations"], include_in_schema=True)
 async def metrics(request: Request) -> Response[bytes]:
     global _last_db_read
-    container = request.app.state.container
-    SUBSCRIBERS.set((await resolved(container.live_slots())).count())
-    bus = await resolved(container.wake_bus())
+    container: Container = request.app.state.container
+    SUBSCRIBERS.set((await provided(container.live_slots)).count())
+    bus = await provided(container.wake_bus)
     if bus is not None:
         HOT.wake_reconnects = bus.reconnects
         HOT.gaps_repaired = bus.gaps_repaired
         HOT.wake_replacements = bus.replacements
         HOT.wake_not_live = bus.not_live_episodes
         HOT.wake_live = int(bus.live)
-    pool = await resolved(container.pool())
+    pool = await provided(container.pool)
     if (
         isinstance(pool, asyncpg.Pool | BoundedPool)
         and time.monotonic() - _last_db_read > DB_FIGURES_SECONDS
