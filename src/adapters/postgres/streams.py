@@ -772,9 +772,7 @@ _RETENTION_FENCE = f"""
 """
 
 
-async def _check_fences(
-    conn: asyncpg.Connection, key: StreamKey, commands: Sequence[Command]
-) -> None:
+async def _check_fences(conn: Connection, key: StreamKey, commands: Sequence[Command]) -> None:
     for command in commands:
         holder = getattr(command, "fence_holder", None)
         if holder is not None:
