@@ -42,7 +42,7 @@ from application.ports import (
     RunSummary,
     StoredRecord,
 )
-from application.retention import expired_prefix, has_retention
+from application.retention import PruneCommand, expired_prefix, has_retention
 from application.waiting import committing
 from application.wake import WakeRegistry
 from domain.definition import Fork, StreamDefinition
@@ -774,10 +774,9 @@ _RETENTION_FENCE = f"""
 
 async def _check_fences(conn: Connection, key: StreamKey, commands: Sequence[Command]) -> None:
     for command in commands:
-        holder = getattr(command, "fence_holder", None)
-        if holder is not None:
-            held = await conn.fetchval(_RETENTION_FENCE, *key, holder)
-            command.lease_held = bool(held)  # type: ignore[attr-defined]
+        if isinstance(command, PruneCommand) and command.fence_holder is not None:
+            held = await conn.fetchval(_RETENTION_FENCE, *key, command.fence_holder)
+            command.lease_held = bool(held)
 
 
 def _with_consumers(state: bytes, consumers: bytes | None) -> StreamState:
