@@ -13,6 +13,7 @@ from application.access import Caller, require_writer
 from application.definitions import Definitions
 from application.group_commit import GroupCommit, run_one
 from application.ports import Clock, Done, Failed, Idempotency, Replayed
+from application.throughput import DURABLE_STREAMS
 from application.views import AppendAnswer
 from application.wake import WakeRegistry
 from domain import errors
@@ -74,6 +75,7 @@ class ProduceCommand:
 
     idempotency: Idempotency | None = None
     offset_of = None
+    surface = DURABLE_STREAMS  # counted by application/throughput.py
 
     def __init__(
         self,

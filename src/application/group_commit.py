@@ -16,6 +16,7 @@ import asyncio
 from typing import Any
 
 from application.ports import Command, Done, Failed, Outcome, StreamRepository
+from application.throughput import Throughput
 from application.waiting import Unanswered, spending
 from domain.stream import StreamKey
 
@@ -37,8 +38,10 @@ class GroupCommit:
         streams: StreamRepository,
         max_group_records: int = 20_000,
         max_group_bytes: int = 32 * 1024 * 1024,
+        throughput: Throughput | None = None,
     ) -> None:
         self._streams = streams
+        self.throughput = throughput or Throughput()
         self._max_records = max_group_records
         self._max_bytes = max_group_bytes
         self._queues: dict[StreamKey, list[_Pending]] = {}
@@ -81,7 +84,8 @@ class GroupCommit:
             while queue:
                 group = self._take(queue)
                 try:
-                    outcomes = await self._streams.update(key, [c for c, _ in group])
+                    commands = [c for c, _ in group]
+                    outcomes = await self._streams.update(key, commands)
                 except BaseException as error:
                     # Nothing of this group was committed (or we cannot know): each request
                     # fails, and an idempotency key makes its retry safe either way.
@@ -91,6 +95,7 @@ class GroupCommit:
                     if not isinstance(error, Exception):
                         raise
                     continue
+                self.throughput.committed(commands, outcomes)
                 for (_, future), outcome in zip(group, outcomes, strict=True):
                     if not future.done():
                         future.set_result(outcome)

@@ -156,6 +156,8 @@ class UploadedCommand(_ObjectCommand):
 
 
 class CommitCommand(_ObjectCommand):
+    entry = "object"  # counted by application/throughput.py
+
     def __init__(
         self, intent: ObjectIntent, stored_size: int, stored_sha256: str, now: datetime
     ) -> None:

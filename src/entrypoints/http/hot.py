@@ -107,8 +107,6 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         )
         if replayed:
             return JsonAnswer(answer, 200, (*_REPLAYED, *extra)), 200
-        HOT.appends += 1
-        HOT.records += answer.last_sequence - answer.first_sequence + 1
         return JsonAnswer(answer, 201, extra), 201
 
     async def _protocol_head(scope: dict, params: dict[str, str], caller: Caller) -> Any:
