@@ -61,7 +61,7 @@ async def test_the_stored_figures_are_read_at_most_once_per_interval() -> None:
 
 
 async def test_the_memory_store_reports_its_figures(app) -> None:
-    container, s = app
+    container, _ = app
     figures = await container.figures()()
     assert {b.outbox: b.pending for b in figures.backlogs} == {"input_delivery": 0, "deletion": 0}
     assert figures.objects == {}
