@@ -29,6 +29,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from application.live import TailOutages
 from application.log_context import request_id
 from application.throughput import Throughput
 from domain.digits import bounded_integer
@@ -54,6 +55,7 @@ class HotPath:
         # The application's counts of what committed (application/throughput.py), read when
         # scraped: the container's, once /metrics has run.
         self.throughput = Throughput()
+        self.live_outages = TailOutages()  # the live tails' (application/live.py), likewise
         self.problems: dict[str, int] = {}
         # The wake bus's own running counts, copied here when /metrics is scraped.
         self.wake_reconnects = 0
@@ -127,6 +129,21 @@ class HotPath:
             "ductor_streams_wake_bus_not_live",
             "Times the wake bus was not known to be alive and live delivery polled",
             value=self.wake_not_live,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_live_tail_outages",
+            "Times live delivery could not read the streams it follows (once per outage)",
+            value=self.live_outages.episodes,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_live_tail_read_failures",
+            "Reads of live tails that failed (each retried, backing off up to 1 s)",
+            value=self.live_outages.failures,
+        )
+        yield GaugeMetricFamily(
+            "ductor_streams_live_tails_failing",
+            "Live tails whose last read failed",
+            value=len(self.live_outages.failing),
         )
         yield GaugeMetricFamily(
             "ductor_streams_wake_bus_live",
@@ -253,6 +270,7 @@ async def metrics(request: Request) -> Response[bytes]:
     container = request.app.state.container
     SUBSCRIBERS.set((await resolved(container.live_slots())).count())
     HOT.throughput = await resolved(container.throughput())
+    HOT.live_outages = (await resolved(container.tails())).outages
     bus = await resolved(container.wake_bus())
     if bus is not None:
         HOT.wake_reconnects = bus.reconnects
