@@ -9,6 +9,7 @@ from typing import TypeVar
 
 import msgspec
 
+from application import tracing
 from application.access import Caller, require_writer
 from application.definitions import Definitions
 from application.group_commit import GroupCommit, run_one
@@ -139,6 +140,7 @@ class AppendRecords:
         self._wake = wake
         self._clock = clock
 
+    @tracing.use_case("append records")
     async def __call__(
         self,
         caller: Caller,
@@ -169,6 +171,7 @@ class AppendRecords:
             )
         return await self._append(caller, key, records, idempotency)
 
+    @tracing.use_case("produce")
     async def produce(
         self,
         caller: Caller,

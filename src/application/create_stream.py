@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from application import tracing
 from application.access import Caller
 from application.append_records import ProduceCommand
 from application.errors import NotFound
@@ -79,6 +80,7 @@ class CreateStream:
 
         return await self._create(caller, run_id, definition, then)
 
+    @tracing.use_case("create stream")
     async def _create(
         self, caller: Caller, run_id: str, definition: StreamDefinition, then: _Then
     ) -> tuple[Stream, bool]:
@@ -122,4 +124,9 @@ class CreateStream:
         stream, created = await self._streams.create(key, definition, now, commands)
         if created:
             self._throughput.created(commands)
+            context = tracing.current()
+            if context is not None:
+                for command in commands:
+                    if command.records:  # the initial records, from sequence 1
+                        tracing.APPENDS.appended(key, 1, len(command.records), context)
         return stream, created

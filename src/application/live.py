@@ -22,9 +22,10 @@ from datetime import datetime
 
 import msgspec
 
+from application import tracing
 from application.ports import RecordReader, StoredRecord
 from application.tokens import Lease
-from application.wake import WakeRegistry
+from application.wake import Listener, WakeRegistry
 from domain.stream import StreamKey
 
 PAGE = 1_000
@@ -215,7 +216,7 @@ class StreamTail:
         self._tick_seconds = float("inf")
         self._ticker: asyncio.TimerHandle | None = None
 
-    def start(self, listening: contextlib.AbstractContextManager) -> None:
+    def start(self, listening: contextlib.AbstractContextManager[Listener]) -> None:
         self._task = asyncio.create_task(self._follow(listening), name=f"tail {self.key}")
 
     def beat_every(self, heartbeat_seconds: float) -> None:
@@ -241,7 +242,7 @@ class StreamTail:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def _follow(self, listening: contextlib.AbstractContextManager) -> None:
+    async def _follow(self, listening: contextlib.AbstractContextManager[Listener]) -> None:
         outages = self._outages
         retry = self._retry_first
         try:
@@ -463,7 +464,25 @@ class LiveTails:
                         continue  # revoked while reading: said at the top, nothing delivered
                     last = records[-1].sequence
                     spoke = tail.ticks
-                    yield delivery
+                    if not tracing.on():
+                        yield delivery
+                        continue
+                    # The delivery's span lasts until the follower asks for the next (its
+                    # transport has written this one), linked to the appends it carries.
+                    span = tracing.start(
+                        "live delivery",
+                        links=tracing.APPENDS.of(key, records[0].sequence, last),
+                        attributes={
+                            **tracing.stream_attributes(key),
+                            "ductor_streams.first_sequence": records[0].sequence,
+                            "ductor_streams.last_sequence": last,
+                        },
+                    )
+                    try:
+                        yield delivery
+                    finally:
+                        if span is not None:
+                            span.end()
                     continue
                 if tail.closed and last >= tail.head:
                     yield StreamEnded(head=tail.head)

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 import msgspec
 
+from application import tracing
 from application.access import Caller, require_reader, require_writer
 from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
@@ -247,6 +248,7 @@ class Objects:
             raise Forbidden("only the principal that prepared this object may change it")
         return key, intent
 
+    @tracing.use_case("object prepare")
     async def prepare(
         self, caller: Caller, run_id: str, stream_id: str, request: ObjectRequest
     ) -> tuple[ObjectView, bool]:
@@ -299,6 +301,7 @@ class Objects:
         created = stored is not None and stored.created_at == now
         return object_view(stored or intent), created
 
+    @tracing.use_case("object upload")
     async def upload(
         self,
         caller: Caller,
@@ -343,6 +346,7 @@ class Objects:
             raise
         return object_view(await self._intent(key, object_id))
 
+    @tracing.use_case("object commit")
     async def commit(
         self, caller: Caller, run_id: str, stream_id: str, object_id: str
     ) -> tuple[CommitAnswer, bool]:
@@ -365,6 +369,7 @@ class Objects:
                 return CommitAnswer(sequence=again.sequence, object_id=object_id), False
             raise
 
+    @tracing.use_case("object abort")
     async def abort(
         self, caller: Caller, run_id: str, stream_id: str, object_id: str
     ) -> ObjectView:

@@ -142,6 +142,7 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         is known, then the body is read and `handle(head, body, where, caller, key, headers)`
         answers."""
         started = time.perf_counter()
+        scope["path_template"] = route  # as the router records it (the request's span reads it)
         rid = authorization = idempotency_key = None
         declared: int | None = None
         lengths = 0
