@@ -183,6 +183,23 @@ def set_attributes(target: Any, attributes: Mapping[str, str | int | bool]) -> N
         target.set_attributes(attributes)
 
 
+def traceparent(context: SpanContext) -> str:
+    """The W3C `traceparent` of a span context."""
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+def from_traceparent(value: str) -> SpanContext | None:
+    """The span context a W3C `traceparent` names (None if it is not a valid one)."""
+    if _tracer is None:
+        return None
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    context = TraceContextTextMapPropagator().extract({"traceparent": value})
+    found = trace.get_current_span(context).get_span_context()
+    return found if found.is_valid else None
+
+
 class AppendTraces:
     """Per stream, the span contexts of its latest appends and the last sequence each appended
     (at most `per_stream` appends for at most `streams` streams, the least recent forgotten),

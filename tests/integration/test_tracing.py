@@ -2,7 +2,7 @@
 small receiver here, which decodes the protobuf (opentelemetry-proto). A caller's `traceparent`
 is the parent of the request's span on both surfaces, the use case, the group commit and the
 PostgreSQL transaction descend from it, and the live delivery and the input dispatch are
-linked to the append."""
+linked to the append, in another process too."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, WorkerProcess
 
 SERVICE = "ductor-streams-traced"
 TRACE_ID = secrets.token_hex(16)
@@ -101,14 +101,17 @@ def traced_server(
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
         "OTEL_SERVICE_NAME": SERVICE,
         "OTEL_BSP_SCHEDULE_DELAY": "50",  # export within 50 ms rather than 5 s
-        # The dispatcher in this process (as `serve` without --no-workers runs it), which
-        # knows the appends' spans.
-        "DUCTOR_STREAMS_RUN_WORKERS": "1",
     }
     process = ServerProcess(
         database_url=database_url, data_dir=tmp_path_factory.mktemp("traced"), env=env
     ).start()
+    # The input dispatcher in a process of its own: it hears from the server's transactions
+    # which spans appended what (adapters/postgres/traces.py).
+    worker = WorkerProcess(
+        database_url=database_url, data_dir=tmp_path_factory.mktemp("traced-worker"), env=env
+    ).start()
     yield process
+    worker.stop()
     process.stop()
 
 
@@ -172,9 +175,7 @@ async def test_a_native_append_descends_from_the_callers_span_and_its_delivery_l
     assert request.kind == Span.SPAN_KIND_SERVER
     use_case = await receiver.wait_for("append records", lambda s: child_of(s, request))
     commit = await receiver.wait_for("group commit", lambda s: child_of(s, use_case))
-    transaction = await receiver.wait_for(
-        "postgresql transaction", lambda s: child_of(s, commit)
-    )
+    transaction = await receiver.wait_for("postgresql transaction", lambda s: child_of(s, commit))
     assert transaction.kind == Span.SPAN_KIND_CLIENT
     delivered = await receiver.wait_for("live delivery", lambda s: linked_to(s, use_case))
     assert delivered.trace_id != request.trace_id or delivered.parent_span_id != use_case.span_id
@@ -194,7 +195,9 @@ async def test_durable_streams_writes_descend_from_the_callers_span(
     def ours(span: Span) -> bool:
         return hex_id(span.trace_id) == other_trace
 
-    create = await receiver.wait_for("PUT /api/durable-streams/v1/stream/{run_id}/{stream_id}", ours)
+    create = await receiver.wait_for(
+        "PUT /api/durable-streams/v1/stream/{run_id}/{stream_id}", ours
+    )
     append = await receiver.wait_for(
         "POST /api/durable-streams/v1/stream/{run_id}/{stream_id}", ours
     )
@@ -219,7 +222,12 @@ async def test_the_input_dispatch_is_linked_to_the_append(
     use_case = await receiver.wait_for(
         "append records", lambda s: hex_id(s.trace_id) == third_trace
     )
+    commit = await receiver.wait_for("group commit", lambda s: child_of(s, use_case))
+    transaction = await receiver.wait_for("postgresql transaction", lambda s: child_of(s, commit))
+    # Dispatched by the worker process: linked to the transaction that appended the record, in
+    # the append's trace.
     dispatched = await receiver.wait_for(
-        "input dispatch", lambda s: linked_to(s, use_case), timeout=20
+        "input dispatch", lambda s: linked_to(s, transaction), timeout=20
     )
     assert dispatched.kind == Span.SPAN_KIND_PRODUCER
+    assert [hex_id(link.trace_id) for link in dispatched.links] == [third_trace]

@@ -23,6 +23,7 @@ from adapters.postgres.erasure import WAKE_CHANNEL, erase
 from adapters.postgres.intents import project_objects, read_expired_intents, read_intent
 from adapters.postgres.journal import read_journal, schedule_compaction
 from adapters.postgres.producers import all_producers, producers_for, write_producers
+from adapters.postgres.traces import TRACES_CHANNEL, trace_announcement
 from application import tracing
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
@@ -179,6 +180,21 @@ SET version = $21::bigint, head = $22::bigint, earliest = $23::bigint, closed = 
 WHERE {_KEY}
 RETURNING pg_notify('{WAKE_CHANNEL}', $1 || '/' || $2 || '/' || $3 || ' ' || ($22::bigint)::text)
 """
+
+
+async def announce_trace(conn: asyncpg.Connection, key: StreamKey, changes: Changes) -> None:
+    """While tracing: tell every process which span appended these sequences (the current one,
+    this transaction's, in the trace of the group's first append), before the write statement's
+    wake notification, so that another process's live delivery and dispatch can link to it
+    (adapters/postgres/wake_bus.py hears it). Sent in the transaction: only if it commits."""
+    context = tracing.current()
+    if context is None:
+        return
+    first = changes.appended[0].first_sequence
+    last = changes.appended[-1].sequences.stop - 1
+    payload = trace_announcement(key, first, last, tracing.traceparent(context))
+    await conn.execute("SELECT pg_notify($1, $2)", TRACES_CHANNEL, payload)
+
 
 # The attributes of a transaction's span (OpenTelemetry's database conventions).
 _DB = {"db.system.name": "postgresql", "db.operation.name": "transaction"}
@@ -596,6 +612,8 @@ class PostgresStreams:
                 "stream_records", records=rows, columns=_RECORD_COLUMNS
             )
             rows = []
+        if changes.appended and tracing.on():
+            await announce_trace(conn, key, changes)
         await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows, inline))
         if any(isinstance(e, StreamSoftDeleted) for e in changes.events):
             await conn.execute(_SOFT_DELETED, *key)
