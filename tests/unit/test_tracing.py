@@ -200,3 +200,36 @@ def test_an_endpoint_turns_it_on() -> None:
     assert exporting.wanted({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"})
     assert not exporting.wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": " "})
     assert not exporting.wanted({})
+
+
+def test_another_process_announcement_is_recorded_and_our_own_or_a_malformed_one_is_not(
+    exporter: InMemorySpanExporter,
+) -> None:
+    from adapters.postgres.traces import ORIGIN, heard_trace, trace_announcement
+
+    key = StreamKey("t", "r", "announced")
+    theirs = trace_announcement(key, 3, 5, TRACEPARENT).replace(ORIGIN, "another", 1)
+    heard_trace(theirs)
+    [context] = tracing.APPENDS.of(key, 5, 9)
+    assert format(context.trace_id, "032x") == TRACE_ID
+    assert format(context.span_id, "016x") == CALLER_SPAN
+    assert tracing.APPENDS.of(key, 6, 9) == []
+    mine = StreamKey("t", "r", "mine")
+    heard_trace(trace_announcement(mine, 1, 1, TRACEPARENT))
+    for bad in ("another t/r/x 1 2", "another t/r 1 1 " + TRACEPARENT, "another t/r/x 1 1 00-zz"):
+        heard_trace(bad)
+    assert tracing.APPENDS.of(mine, 1, 1) == []
+    assert tracing.APPENDS.of(StreamKey("t", "r", "x"), 1, 2) == []
+
+
+def test_append_traces_stay_bounded() -> None:
+    from opentelemetry.trace import SpanContext
+
+    traces = tracing.AppendTraces(per_stream=2, streams=2)
+    context = SpanContext(1, 2, is_remote=False)
+    keys = [StreamKey("t", "r", f"s{i}") for i in range(3)]
+    for key in keys:
+        for sequence in (1, 2, 3):
+            traces.appended(key, sequence, sequence, context)
+    assert traces.of(keys[0], 1, 3) == []  # the least recently appended stream, forgotten
+    assert traces.of(keys[2], 1, 3) == [context, context]  # its two latest appends
