@@ -7,6 +7,7 @@ linked to the append, in another process too."""
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import threading
 import time
@@ -101,6 +102,7 @@ def traced_server(
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
         "OTEL_SERVICE_NAME": SERVICE,
         "OTEL_BSP_SCHEDULE_DELAY": "50",  # export within 50 ms rather than 5 s
+        "DUCTOR_STREAMS_LOG_LEVEL": "DEBUG",  # a line per request, to find the trace ids in
     }
     process = ServerProcess(
         database_url=database_url, data_dir=tmp_path_factory.mktemp("traced"), env=env
@@ -138,7 +140,7 @@ def linked_to(span: Span, other: Span) -> bool:
 
 
 async def test_a_native_append_descends_from_the_callers_span_and_its_delivery_links_to_it(
-    http: httpx.AsyncClient, receiver: Receiver, run_id: str
+    http: httpx.AsyncClient, receiver: Receiver, run_id: str, traced_server: ServerProcess
 ) -> None:
     base = f"/api/workflow-streams/runs/{run_id}/streams"
     assert (await http.post(base, json={"stream_id": "s", "direction": "output"})).is_success
@@ -181,6 +183,10 @@ async def test_a_native_append_descends_from_the_callers_span_and_its_delivery_l
     assert delivered.trace_id != request.trace_id or delivered.parent_span_id != use_case.span_id
     assert {name for name, _ in receiver.spans} == {SERVICE}
     assert all(path == "/v1/traces" for path in receiver.paths)
+    # The request's log line names its trace and span.
+    said = [json.loads(line) for line in traced_server.log().splitlines() if line.startswith("{")]
+    [line] = [x for x in said if x.get("trace_id") == TRACE_ID and x["msg"].startswith("POST")]
+    assert line["span_id"] == hex_id(request.span_id)
 
 
 async def test_durable_streams_writes_descend_from_the_callers_span(
