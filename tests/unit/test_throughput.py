@@ -60,6 +60,34 @@ async def test_the_stored_figures_are_read_at_most_once_per_interval() -> None:
     assert (await figures()).backlogs[0].pending == 2
 
 
+class Failing:
+    def __init__(self) -> None:
+        self.down = True
+
+    async def figures(self) -> StoredFigures:
+        if self.down:
+            raise ConnectionRefusedError("the database is out of reach")
+        return StoredFigures([], {"committed": 1})
+
+
+async def test_figures_that_cannot_be_read_are_none_said_once_and_read_again_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    source = Failing()
+    figures = ReadFigures(source, every_seconds=5.0, monotonic=lambda: now[0])
+    caplog.set_level("WARNING", logger="ductor_streams.metrics")
+    assert await figures() is None
+    now[0] += 5
+    assert await figures() is None
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "ConnectionRefusedError" in said[0]
+    source.down = False
+    now[0] += 5
+    assert (await figures()).objects == {"committed": 1}  # type: ignore[union-attr]
+    assert caplog.records[-1].getMessage() == "/metrics reads its database figures again"
+
+
 async def test_the_memory_store_reports_its_figures(app) -> None:
     container, _ = app
     figures = await container.figures()()

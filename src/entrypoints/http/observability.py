@@ -279,11 +279,15 @@ async def metrics(request: Request) -> Response[bytes]:
         HOT.wake_not_live = bus.not_live_episodes
         HOT.wake_live = int(bus.live)
     figures = await (await resolved(container.figures()))()
-    for backlog in figures.backlogs:
-        OUTBOX_PENDING.labels(backlog.outbox).set(backlog.pending)
-        OUTBOX_LAG.labels(backlog.outbox).set(backlog.lag_seconds)
-    for object_state, count in figures.objects.items():
-        OBJECTS.labels(object_state).set(count)
+    if figures is None:  # the database cannot be read now: answered without its figures
+        for gauge in (OUTBOX_PENDING, OUTBOX_LAG, OBJECTS):
+            gauge.clear()
+    else:
+        for backlog in figures.backlogs:
+            OUTBOX_PENDING.labels(backlog.outbox).set(backlog.pending)
+            OUTBOX_LAG.labels(backlog.outbox).set(backlog.lag_seconds)
+        for object_state, count in figures.objects.items():
+            OBJECTS.labels(object_state).set(count)
     return Response(generate_latest(REGISTRY), media_type=_MEDIA_TYPE)
 
 
