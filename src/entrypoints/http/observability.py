@@ -16,7 +16,7 @@ import logging
 import secrets
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from litestar import Request, Response, get
 from prometheus_client import (
@@ -29,7 +29,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from application.live import TailOutages
+from application.figures import ReadFigures
+from application.live import LiveTails, TailOutages
 from application.log_context import request_id
 from application.throughput import Throughput
 from domain.digits import bounded_integer
@@ -269,8 +270,8 @@ def request_middleware(app: Any) -> Any:
 async def metrics(request: Request) -> Response[bytes]:
     container = request.app.state.container
     SUBSCRIBERS.set((await resolved(container.live_slots())).count())
-    HOT.throughput = await resolved(container.throughput())
-    HOT.live_outages = (await resolved(container.tails())).outages
+    HOT.throughput = cast(Throughput, await resolved(container.throughput()))
+    HOT.live_outages = cast(LiveTails, await resolved(container.tails())).outages
     bus = await resolved(container.wake_bus())
     if bus is not None:
         HOT.wake_reconnects = bus.reconnects
@@ -278,7 +279,7 @@ async def metrics(request: Request) -> Response[bytes]:
         HOT.wake_replacements = bus.replacements
         HOT.wake_not_live = bus.not_live_episodes
         HOT.wake_live = int(bus.live)
-    figures = await (await resolved(container.figures()))()
+    figures = await cast(ReadFigures, await resolved(container.figures()))()
     if figures is None:  # the database cannot be read now: answered without its figures
         for gauge in (OUTBOX_PENDING, OUTBOX_LAG, OBJECTS):
             gauge.clear()
