@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 import msgspec
 
+from application import tracing
 from application.access import Caller, require_reader, require_writer
 from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
@@ -156,6 +157,8 @@ class UploadedCommand(_ObjectCommand):
 
 
 class CommitCommand(_ObjectCommand):
+    entry = "object"  # counted by application/throughput.py
+
     def __init__(
         self, intent: ObjectIntent, stored_size: int, stored_sha256: str, now: datetime
     ) -> None:
@@ -247,6 +250,7 @@ class Objects:
             raise Forbidden("only the principal that prepared this object may change it")
         return key, intent
 
+    @tracing.use_case("object prepare")
     async def prepare(
         self, caller: Caller, run_id: str, stream_id: str, request: ObjectRequest
     ) -> tuple[ObjectView, bool]:
@@ -299,6 +303,7 @@ class Objects:
         created = stored is not None and stored.created_at == now
         return object_view(stored or intent), created
 
+    @tracing.use_case("object upload")
     async def upload(
         self,
         caller: Caller,
@@ -343,6 +348,7 @@ class Objects:
             raise
         return object_view(await self._intent(key, object_id))
 
+    @tracing.use_case("object commit")
     async def commit(
         self, caller: Caller, run_id: str, stream_id: str, object_id: str
     ) -> tuple[CommitAnswer, bool]:
@@ -365,6 +371,7 @@ class Objects:
                 return CommitAnswer(sequence=again.sequence, object_id=object_id), False
             raise
 
+    @tracing.use_case("object abort")
     async def abort(
         self, caller: Caller, run_id: str, stream_id: str, object_id: str
     ) -> ObjectView:

@@ -363,3 +363,22 @@ class ObjectStore(Protocol):
 
 class Clock(Protocol):
     def __call__(self) -> datetime: ...
+
+
+class Backlog(msgspec.Struct, frozen=True):
+    """An outbox's undone rows and the age of its oldest (0 when empty)."""
+
+    outbox: str  # input_delivery, deletion
+    pending: int
+    lag_seconds: float
+
+
+class StoredFigures(msgspec.Struct, frozen=True):
+    """What /metrics reports from the source of truth rather than from this process."""
+
+    backlogs: list[Backlog]
+    objects: dict[str, int]  # object intents by state
+
+
+class FiguresSource(Protocol):
+    async def figures(self) -> StoredFigures: ...

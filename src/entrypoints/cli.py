@@ -312,8 +312,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     async def run() -> None:
         from application.workers import run_workers
+        from entrypoints import tracing
         from entrypoints.container import Container, start, stop, workers
 
+        tracing.configure()  # only if an OTLP endpoint is set
         container = Container(settings=Settings.from_env())  # with the embedded URL
         await start(container)
         stopping = asyncio.Event()
@@ -325,6 +327,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             await run_workers(await workers(container), stopping)
         finally:
             await stop(container)
+            tracing.flush()
 
     asyncio.run(run())
     return 0

@@ -39,6 +39,7 @@ from adapters.postgres.access import PostgresStreamAccess
 from adapters.postgres.bounded import BoundedPool
 from adapters.postgres.cleanup import PostgresCleanup
 from adapters.postgres.deliveries import PostgresInputDeliveries
+from adapters.postgres.figures import PostgresFigures
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
 from adapters.postgres.journal import PostgresCompactionJobs, PostgresJournalCompactor
 from adapters.postgres.streams import PostgresStreams
@@ -60,6 +61,7 @@ from application.delete_stream import DeleteRun, DeleteStream
 from application.deletions import DeleteBodies
 from application.durable_reads import DurableReads
 from application.expiry import AccessLog, SweepExpired
+from application.figures import ReadFigures
 from application.forks import Forks
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
@@ -75,6 +77,7 @@ from application.read_records import ReadRecords
 from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe
+from application.throughput import Throughput
 from application.tokens import Authenticate, IssueToken, MintToken, TenantTokens, TokenCache
 from application.wake import WakeRegistry
 from application.workers import LeasedSweep, Periodic, Worker
@@ -311,14 +314,19 @@ class Container(containers.DeclarativeContainer):
         AccessLog, stream_access, clock, settings.provided.access_flush_seconds
     )
     definitions = providers.Singleton(Definitions, streams, deployment, access_log)
-    commits = providers.Singleton(GroupCommit, streams)
+    # Records and appends, counted where they commit (every surface, every way in).
+    throughput = providers.Singleton(Throughput)
+    commits = providers.Singleton(GroupCommit, streams, throughput=throughput)
+    figures = providers.Singleton(ReadFigures, providers.Singleton(PostgresFigures, pool))
 
     jwt_callers = providers.Singleton(jwt_callers, settings)
     authenticate = providers.Singleton(Authenticate, tokens, token_cache, jwt_callers)
     issue_token = providers.Singleton(IssueToken, tokens)
     mint_token = providers.Singleton(MintToken, tokens, settings.provided.max_token_seconds)
     tenant_tokens = providers.Singleton(TenantTokens, tokens, token_cache)
-    create_stream = providers.Singleton(CreateStream, streams, clock, deployment, access_log)
+    create_stream = providers.Singleton(
+        CreateStream, streams, clock, deployment, access_log, throughput
+    )
     list_streams = providers.Singleton(ListStreams, streams, deployment, access_log, stream_access)
     append_records = providers.Singleton(AppendRecords, definitions, commits, wake, clock)
     read_records = providers.Singleton(
@@ -491,6 +499,7 @@ def memory_container(settings: Settings | None = None) -> Container:
         )
     )
     container.streams.override(providers.Object(streams))
+    container.figures.override(providers.Object(ReadFigures(streams)))
     container.stream_access.override(providers.Object(MemoryStreamAccess(streams)))
     container.tokens.override(providers.Object(MemoryTokens()))
     container.sweep_leases.override(providers.Object(MemorySweepLeases()))

@@ -24,6 +24,8 @@ from adapters.postgres.erasure import WAKE_CHANNEL, erase
 from adapters.postgres.intents import project_objects, read_expired_intents, read_intent
 from adapters.postgres.journal import read_journal, schedule_compaction
 from adapters.postgres.producers import all_producers, producers_for, write_producers
+from adapters.postgres.traces import TRACES_CHANNEL, trace_announcement
+from application import tracing
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
 from application.fork_reads import (
@@ -179,6 +181,24 @@ SET version = $21::bigint, head = $22::bigint, earliest = $23::bigint, closed = 
 WHERE {_KEY}
 RETURNING pg_notify('{WAKE_CHANNEL}', $1 || '/' || $2 || '/' || $3 || ' ' || ($22::bigint)::text)
 """
+
+
+async def announce_trace(conn: Connection, key: StreamKey, changes: Changes) -> None:
+    """While tracing: tell every process which span appended these sequences (the current one,
+    this transaction's, in the trace of the group's first append), before the write statement's
+    wake notification, so that another process's live delivery and dispatch can link to it
+    (adapters/postgres/wake_bus.py hears it). Sent in the transaction: only if it commits."""
+    context = tracing.current()
+    if context is None:
+        return
+    first = changes.appended[0].first_sequence
+    last = changes.appended[-1].sequences.stop - 1
+    payload = trace_announcement(key, first, last, tracing.traceparent(context))
+    await conn.execute("SELECT pg_notify($1, $2)", TRACES_CHANNEL, payload)
+
+
+# The attributes of a transaction's span (OpenTelemetry's database conventions).
+_DB = {"db.system.name": "postgresql", "db.operation.name": "transaction"}
 
 _DELETE_PRUNED = f"DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4"
 
@@ -388,6 +408,12 @@ class PostgresStreams:
         commits nobody else sees the row (a concurrent create of the key waits on the insert),
         so the commands are decided without a `FOR UPDATE`; the write's NOTIFY wakes readers
         at the commit, as after `update`. A failing command rolls the creation back."""
+        with tracing.span("postgresql transaction", kind="client", attributes=_DB):
+            return await self._create_then_in(stream, arguments, then)
+
+    async def _create_then_in(
+        self, stream: Stream, arguments: tuple[object, ...], then: Sequence[Command]
+    ) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():
             if not await conn.fetchval(_INSERT_STREAM, *arguments):
                 return False
@@ -486,6 +512,10 @@ class PostgresStreams:
         return await bounded(self._update(key, commands))
 
     async def _update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
+        with tracing.span("postgresql transaction", kind="client", attributes=_DB):
+            return await self._update_in(key, commands)
+
+    async def _update_in(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
         async with self._pool.acquire() as conn, conn.transaction():
             # Never touch the pool while holding the row lock: with every connection waiting
             # on this row, a second acquire by the holder would wait forever.
@@ -587,6 +617,8 @@ class PostgresStreams:
                 "stream_records", records=rows, columns=_RECORD_COLUMNS
             )
             rows = []
+        if changes.appended and tracing.on():
+            await announce_trace(conn, key, changes)
         await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows, inline))
         if any(isinstance(e, StreamSoftDeleted) for e in changes.events):
             await conn.execute(_SOFT_DELETED, *key)

@@ -108,8 +108,6 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         )
         if replayed:
             return JsonAnswer(answer, 200, (*_REPLAYED, *extra)), 200
-        HOT.appends += 1
-        HOT.records += answer.last_sequence - answer.first_sequence + 1
         return JsonAnswer(answer, 201, extra), 201
 
     async def _protocol_head(scope: dict, params: dict[str, str], caller: Caller) -> Any:
@@ -147,6 +145,7 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         is known, then the body is read and `handle(head, body, where, caller, key, headers)`
         answers."""
         started = time.perf_counter()
+        scope["path_template"] = route  # as the router records it (the request's span reads it)
         rid = authorization = idempotency_key = None
         declared: int | None = None
         lengths = 0
