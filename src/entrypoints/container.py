@@ -53,6 +53,7 @@ from application.cleanup import Cleanup
 from application.close_stream import CloseStream
 from application.compaction import CompactJournal
 from application.consumers import DeleteConsumer, ListConsumers
+from application.create_durable_stream import CreateDurableStream
 from application.create_stream import CreateStream
 from application.definitions import Definitions
 from application.delete_stream import DeleteRun, DeleteStream
@@ -443,6 +444,9 @@ class Container(containers.DeclarativeContainer):
         retry_base_seconds=settings.provided.retry_base_seconds,
     )
     forks = providers.Singleton(Forks, definitions, streams, streams)
+    create_durable_stream = providers.Singleton(
+        CreateDurableStream, create_stream, forks, definitions, deployment
+    )
     durable_reads = providers.Singleton(
         DurableReads,
         definitions,
@@ -509,6 +513,7 @@ class Services:
     list_objects: ListOpenObjects
     # The Durable Streams surface (entrypoints/durable_streams).
     durable_reads: DurableReads
+    create_durable_stream: CreateDurableStream
     forks: Forks
     definitions: Definitions
     deployment: Deployment

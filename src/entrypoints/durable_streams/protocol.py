@@ -21,19 +21,14 @@ from urllib.parse import parse_qsl
 import msgspec
 
 from application.access import Caller
+from application.create_durable_stream import ForkOf
 from application.durable_reads import Page
 from application.live import Idle, RecordsDelivered, StreamEnded
 from application.live_slots import Slot
 from application.ports import StoredRecord
 from application.views import record_view
 from domain import errors
-from domain.definition import (
-    DefinitionRequest,
-    Expiry,
-    StreamDefinition,
-    resolve_definition,
-    with_source_pins,
-)
+from domain.definition import Expiry, Redaction, StreamDefinition
 from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordKind
 from domain.stream import StreamKey
@@ -147,8 +142,8 @@ async def create(
 ) -> Answer:
     """PUT. The body is read (`read_body`) once the head is found good."""
     run_id, stream_id, _ = at
-    caller.require("streams:write")
-    caller.key(run_id, stream_id)  # a bad ID is 400 before anything else
+    create_stream = services.create_durable_stream
+    create_stream.check(caller, run_id, stream_id)
     closed = wire.is_true(header(headers, "stream-closed"))
     ttl, expires = header(headers, "stream-ttl"), header(headers, "stream-expires-at")
     if ttl is not None and expires is not None:
@@ -180,48 +175,26 @@ async def create(
     given_type = header(headers, "content-type")
     content_type = wire.normalize_content_type(given_type) if given_type else None
     body = await read_body()
-    deployment = services.deployment
-    base = resolve_definition(
-        DefinitionRequest(direction="output", stream_id=stream_id),
-        region=deployment.region,
-        egress_region=deployment.egress_region,
-    )
     fork = None
-    inherited: list[NewRecord] = []
     if forked_from is not None:
         source_run, source_stream = wire.fork_source(forked_from, DEFAULT_RUN)
         offset = wire.parse_fork_offset(fork_offset) if fork_offset is not None else None
-        forks = services.forks
-        fork, inherited, source_type = await forks.resolve(
-            caller, source_run, source_stream, offset, sub_offset, content_type
-        )
-        content_type = content_type or source_type
-        expiry = await forks.inherited_expiry(caller, source_run, source_stream, expiry or Expiry())
-        # A fork reads its source's records under its source's pins: who may read and write
-        # them, what is redacted (on the fork's own appends too), where they live, what they are.
-        source = await services.definitions.get(
-            caller.key(source_run, source_stream), runs=caller.runs
-        )
-        base = with_source_pins(base, source)
-    content_type = content_type or wire.DEFAULT_CONTENT_TYPE
-    records = wire.records_for(body, content_type, creating=True, redaction=base.redaction)
-    definition = msgspec.structs.replace(
-        base, content_type=content_type, fork=fork, expiry=expiry or Expiry()
+        fork = ForkOf(source_run, source_stream, offset, sub_offset)
+
+    def records_of(content_type: str, redaction: Redaction) -> list[NewRecord]:
+        return wire.records_for(body, content_type, creating=True, redaction=redaction)
+
+    stream, created = await create_stream(
+        caller,
+        run_id,
+        stream_id,
+        content_type=content_type,
+        default_content_type=wire.DEFAULT_CONTENT_TYPE,
+        expiry=expiry,
+        closed=closed,
+        fork=fork,
+        records_of=records_of,
     )
-    stream, created = await services.create_stream.create_resolved(
-        caller, run_id, definition, initial=[*inherited, *records], closed=closed
-    )
-    if not created and getattr(stream.state, "soft_deleted", False):
-        raise errors.DefinitionConflict(
-            f"stream {stream_id!r} was deleted and its forks still read it: it cannot be created "
-            "again until they are gone"
-        )
-    if not created and stream.state.closed != closed:
-        raise errors.DefinitionConflict(
-            "the stream exists and is "
-            + ("closed" if stream.state.closed else "open")
-            + ": Stream-Closed on this request says otherwise"
-        )
     answer = {
         "Content-Type": stream.definition.content_type or wire.JSON,
         "Stream-Next-Offset": wire.offset_of(stream.head),
