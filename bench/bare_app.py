@@ -18,11 +18,11 @@ from litestar import Litestar, get
 
 from application.views import AppendAnswer
 from domain.stream import Credit
-from entrypoints.cli import GRANIAN_OPTIONS, fast_loop
 from entrypoints.front import append_front
 from entrypoints.http.app import MAX_REQUEST_BYTES, tune_collector
 from entrypoints.http.observability import request_middleware
 from entrypoints.lean_imports import without_optional_integrations
+from entrypoints.serving import GRANIAN_OPTIONS, fast_loop
 
 _ANSWER = AppendAnswer(
     first_sequence=1,
