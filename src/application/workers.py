@@ -14,7 +14,8 @@ job's task is cancelled, and `ensure_claimed()`, which a handler calls right bef
 outside PostgreSQL (a publish, a body's removal), refuses. The rest of the lease is the margin
 before anyone else may claim it, so a partitioned worker that comes back never acts under a
 lease another took over; what it writes to PostgreSQL is checked against `claimed_by` in the
-statement itself, and the wait service's idempotency by event id is the last line, not the first.
+statement itself (a prune in its own transaction: `retention.PruneCommand`), and the wait
+service's idempotency by event id is the last line, not the first.
 Retries back off exponentially with jitter, bounded. So does claiming while the database is out
 of reach, and the outage is logged once when it starts, then at most once per `OUTAGE_LOG_SECONDS`,
 and once when it ends, rather than once per poll.
@@ -122,6 +123,9 @@ class Job(msgspec.Struct, frozen=True):
     storage_region: str | None = None
     storage_key: str | None = None
     reason: str | None = None  # why a body is to be removed (deletion jobs)
+    # The worker the queue recorded as the claim's holder, where an effect in PostgreSQL is
+    # fenced by it (a prune checks, in its own transaction, that this worker still holds it).
+    claimed_by: str | None = None
 
 
 class JobQueue(Protocol):

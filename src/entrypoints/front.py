@@ -91,7 +91,7 @@ def append_front(
                 extra = answer_headers(scope, cors)
                 extra.append((_RID, rid))
                 answer: Any
-                if route is NATIVE_ROUTE:
+                if route == NATIVE_ROUTE:
                     run_id, stream_id = where
                     content = await body.read(max_body)
                     answer = await appends.append(

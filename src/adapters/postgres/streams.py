@@ -507,6 +507,7 @@ class PostgresStreams:
             if keys := [c.idempotency.key for c in commands if c.idempotency is not None]:
                 for r in await conn.fetch(_RECEIPTS, *key, keys):
                     receipts[r[0]] = Receipt(r[0], r[1], r[2])
+            await _check_fences(conn, key, commands)
             offsets: dict[int, int] = {}
             if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
                 offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
@@ -754,6 +755,27 @@ class PostgresStreams:
         if len(self._chains) > 10_000:
             del self._chains[next(iter(self._chains))]
         return chain
+
+
+# A command acting under a worker's claim of the stream's retention job (a prune) is fenced by
+# it: the claim must still be this worker's and unexpired, in the same transaction as the
+# effect. FOR SHARE holds the job's row until the commit, so a takeover (FOR UPDATE SKIP LOCKED)
+# cannot claim it meanwhile. The stream row is locked first, as everywhere.
+_RETENTION_FENCE = f"""
+    SELECT true FROM retention_jobs
+    WHERE {_KEY} AND claimed_by = $4 AND lease_until > clock_timestamp()
+    FOR SHARE
+"""
+
+
+async def _check_fences(
+    conn: asyncpg.Connection, key: StreamKey, commands: Sequence[Command]
+) -> None:
+    for command in commands:
+        holder = getattr(command, "fence_holder", None)
+        if holder is not None:
+            held = await conn.fetchval(_RETENTION_FENCE, *key, holder)
+            command.lease_held = bool(held)  # type: ignore[attr-defined]
 
 
 def _with_consumers(state: bytes, consumers: bytes | None) -> StreamState:

@@ -1,1 +1,2 @@
-"""The Durable Streams protocol surface: routes.py (Litestar), protocol.py (wire <-> use cases), wire.py (headers and bodies), answers.py."""
+"""The Durable Streams protocol surface: routes.py (Litestar), protocol.py (wire to use cases
+and back), wire.py (headers and bodies), answers.py (exact answers)."""
