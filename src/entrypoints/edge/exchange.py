@@ -21,13 +21,14 @@ from entrypoints.edge.metrics import HOT, new_request_id
 log = logging.getLogger("ductor_streams.http")
 
 UNMATCHED = "unmatched"
+_NO_SPAN = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
 def request_span(
     method: str, path: str, head: RequestHead
 ) -> contextlib.AbstractContextManager[Any]:
     """The request's trace span (none until tracing is configured)."""
-    return contextlib.nullcontext()
+    return _NO_SPAN
 
 
 class Exchange:
