@@ -1,13 +1,21 @@
 """The Durable Streams routes below /api/durable-streams: a stream's URL is
 `/v1/stream/{streamID}` (run `default`) or `/v1/stream/{runID}/{streamID}`. Each method is
-declared once per URL form (two operation ids) and handled by `protocol`."""
+declared once per URL form (two operation ids) and handled by `protocol`, which is handed plain
+values: the services, the caller, the path's parameters, the headers (`_plain`).
+
+A route added below the surface (say, a subscription's) is one more handler here, and its
+function in `protocol` (or a module beside it) taking the same plain values."""
 
 from __future__ import annotations
 
 from litestar import Controller, Request, delete, get, post, put
 from litestar.types import ASGIApp
 
+from application.access import Caller
+from entrypoints.container import Services
 from entrypoints.durable_streams import protocol
+from entrypoints.edge.head import RequestHeaders
+from entrypoints.edge.head_method import is_head
 from entrypoints.http.openapi import Answer, Header, RequestBody, documented
 
 ON_A_STREAM = ("unauthenticated", "invalid-input", "unavailable", "forbidden", "not-found")
@@ -114,40 +122,80 @@ ONE = "/{stream_id:str}"
 IN_RUN = "/{run_id:str}/{stream_id:str}"
 
 
+async def _plain(request: Request) -> tuple[Services, Caller, protocol.Where, RequestHeaders]:
+    """What a protocol function is handed of a request: the services, the request's caller
+    (authenticated before anything else), where it goes, and its headers."""
+    services: Services = request.app.state.services
+    headers = RequestHeaders(request.scope["headers"])
+    caller = await services.authenticate(headers.get("authorization"))
+    return services, caller, protocol.where(request.path_params), headers
+
+
+async def _create(request: Request) -> ASGIApp:
+    services, caller, at, headers = await _plain(request)
+    scope = request.scope
+    origin = protocol.Origin(scope.get("scheme", "http"), scope.get("server"))
+    return await protocol.create(services, caller, at, headers, request.body, origin)
+
+
+async def _append(request: Request) -> ASGIApp:
+    services, caller, at, headers = await _plain(request)
+    return await protocol.append(services, caller, at, headers, request.body)
+
+
+async def _read(request: Request) -> ASGIApp:
+    services, caller, at, headers = await _plain(request)
+    answer: ASGIApp = await protocol.read(
+        services,
+        caller,
+        at,
+        headers,
+        request.scope.get("query_string", b""),
+        head_only=is_head(request.scope),
+        long_poll_seconds=request.app.state.long_poll_seconds,
+    )
+    return answer
+
+
+async def _erase(request: Request) -> None:
+    services, caller, at, _ = await _plain(request)
+    await protocol.erase(services, caller, at)
+
+
 class DurableStreamsController(Controller):
     path = protocol.PREFIX + protocol.STREAM_PATH
     tags = ["durable-streams"]
 
     @put(ONE, operation_id="dsCreate", summary="Create a stream (run default)", opt=_CREATE)
     async def create_one(self, request: Request) -> ASGIApp:
-        return await protocol.create(request)
+        return await _create(request)
 
     @put(IN_RUN, operation_id="dsCreateInRun", summary="Create a stream", opt=_CREATE)
     async def create_in_run(self, request: Request) -> ASGIApp:
-        return await protocol.create(request)
+        return await _create(request)
 
     @post(ONE, operation_id="dsAppend", summary="Append, close (run default)", opt=_APPEND)
     async def append_one(self, request: Request) -> ASGIApp:
-        return await protocol.append(request)
+        return await _append(request)
 
     @post(IN_RUN, operation_id="dsAppendInRun", summary="Append, close", opt=_APPEND)
     async def append_in_run(self, request: Request) -> ASGIApp:
-        return await protocol.append(request)
+        return await _append(request)
 
     @get(ONE, operation_id="dsRead", summary="Read (run default)", opt=_READ)
     async def read_one(self, request: Request) -> ASGIApp:
-        return await protocol.read(request)
+        return await _read(request)
 
     @get(IN_RUN, operation_id="dsReadInRun", summary="Read", opt=_READ)
     async def read_in_run(self, request: Request) -> ASGIApp:
-        return await protocol.read(request)
+        return await _read(request)
 
     @delete(
         ONE, operation_id="dsDelete", summary="Delete (run default)", status_code=204, opt=_DELETE
     )
     async def delete_one(self, request: Request) -> None:
-        await protocol.erase(request)
+        await _erase(request)
 
     @delete(IN_RUN, operation_id="dsDeleteInRun", summary="Delete", status_code=204, opt=_DELETE)
     async def delete_in_run(self, request: Request) -> None:
-        await protocol.erase(request)
+        await _erase(request)
