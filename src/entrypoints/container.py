@@ -30,6 +30,7 @@ from adapters.memory.access import MemoryStreamAccess
 from adapters.memory.cleanup import MemoryCleanup
 from adapters.memory.deliveries import MemoryInputDeliveries
 from adapters.memory.streams import MemoryStreams
+from adapters.memory.subscriptions import MemorySubscriptions, memory_heads
 from adapters.memory.sweeps import MemorySweepLeases
 from adapters.memory.tokens import MemoryTokens
 from adapters.objects.filesystem import FilesystemObjectStore
@@ -41,11 +42,14 @@ from adapters.postgres.deliveries import PostgresInputDeliveries
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
 from adapters.postgres.journal import PostgresCompactionJobs, PostgresJournalCompactor
 from adapters.postgres.streams import PostgresStreams
+from adapters.postgres.subscriptions import PostgresSubscriptions, PostgresWakeDeliveries
 from adapters.postgres.sweeps import PostgresSweepLeases
 from adapters.postgres.tokens import PostgresTokens
 from adapters.postgres.wake_bus import SERVER_KEEPALIVES, PostgresWakeBus
 from adapters.wait_service.memory import MemoryWaitService
 from adapters.wait_service.postgres import PostgresWaitService
+from adapters.webhook_signing import MemoryKeyRows, PostgresKeyRows, WebhookKeys
+from adapters.webhooks import HttpWebhookSender
 from application import waiting
 from application.acknowledge import Acknowledge
 from application.append_records import AppendRecords
@@ -74,6 +78,7 @@ from application.read_records import ReadRecords
 from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe
+from application.subscriptions import DeliverWakes, Subscriptions, WakeTokens
 from application.tokens import Authenticate, IssueToken, MintToken, TenantTokens, TokenCache
 from application.wake import WakeRegistry
 from application.workers import LeasedSweep, Periodic, Worker
@@ -220,6 +225,11 @@ async def open_wait_service(
         yield service
     finally:
         await service.close()
+
+
+async def open_wake_tokens(rows: PostgresKeyRows | MemoryKeyRows) -> AsyncIterator[WakeTokens]:
+    """The secret that signs callback and claim tokens, shared by every replica."""
+    yield WakeTokens(await rows.secret("wake-tokens"))
 
 
 def jwt_callers(settings: Settings) -> JwtCallers | None:
@@ -461,6 +471,44 @@ class Container(containers.DeclarativeContainer):
         heartbeat_seconds=settings.provided.sse_heartbeat_seconds,
         tokens=token_cache,
     )
+    # Subscriptions (application/subscriptions.py): their store, the webhook keys, the sender
+    # that checks every address it connects to, and the worker that delivers the wake outbox.
+    subscription_store = providers.Singleton(PostgresSubscriptions, pool)
+    key_rows = providers.Singleton(PostgresKeyRows, pool)
+    webhook_keys = providers.Singleton(WebhookKeys, key_rows)
+    wake_tokens = providers.Resource(open_wake_tokens, key_rows)
+    webhook_sender = providers.Singleton(
+        HttpWebhookSender,
+        allowed_hosts=providers.Callable(lambda s: frozenset(s.webhook_allowed_hosts), settings),
+        timeout=settings.provided.webhook_timeout_seconds,
+    )
+    subscriptions = providers.Singleton(
+        Subscriptions, subscription_store, wake_tokens, webhook_sender.provided.check
+    )
+    wake_deliveries = providers.Singleton(
+        PostgresWakeDeliveries,
+        pool,
+        worker_id,
+        lease_seconds=settings.provided.worker_lease_seconds,
+    )
+    deliver_wakes = providers.Singleton(
+        DeliverWakes,
+        subscription_store,
+        subscriptions,
+        webhook_sender,
+        webhook_keys,
+        append_records,
+        retry_unit_seconds=settings.provided.webhook_retry_base_seconds,
+    )
+    wake_deliverer = providers.Singleton(
+        Worker,
+        "wake-deliverer",
+        wake_deliveries,
+        deliver_wakes.provided.run_job,
+        poll_seconds=settings.provided.subscription_poll_seconds,
+        batch=settings.provided.webhook_concurrency,
+        concurrency=settings.provided.webhook_concurrency,
+    )
 
 
 def memory_container(settings: Settings | None = None) -> Container:
@@ -481,6 +529,10 @@ def memory_container(settings: Settings | None = None) -> Container:
     container.tokens.override(providers.Object(MemoryTokens()))
     container.sweep_leases.override(providers.Object(MemorySweepLeases()))
     container.storage_cleanup.override(providers.Object(MemoryCleanup(streams)))
+    container.subscription_store.override(
+        providers.Object(MemorySubscriptions(memory_heads(streams)))
+    )
+    container.key_rows.override(providers.Object(MemoryKeyRows()))
     return container
 
 
@@ -512,6 +564,8 @@ class Services:
     forks: Forks
     definitions: Definitions
     deployment: Deployment
+    subscriptions: Subscriptions
+    webhook_keys: WebhookKeys
 
     def __init__(self, **built: object) -> None:
         for name in self.__annotations__:
@@ -596,6 +650,12 @@ async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]
         sweep("forget-gap-evidence", cleanup.gap_evidence, every),  # type: ignore[attr-defined]
         sweep(upload_sweep_name(settings), cleanup.abandoned_uploads, every),  # type: ignore[attr-defined]
         sweep("expire-streams", expire_streams, settings.expiry_interval_seconds),
+        await resolved(container.wake_deliverer()),  # type: ignore[list-item]
+        Periodic(
+            "wake-scheduler",
+            (await resolved(container.subscriptions())).wake_due,  # type: ignore[attr-defined]
+            settings.subscription_poll_seconds,
+        ),
     ]
 
 

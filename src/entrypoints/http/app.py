@@ -25,6 +25,7 @@ from entrypoints.console.route import ROUTES as CONSOLE_ROUTES
 from entrypoints.container import Container, Services, resolved, start, stop, workers
 from entrypoints.durable_streams.browser import browser_headers
 from entrypoints.durable_streams.routes import DurableStreamsController
+from entrypoints.durable_streams.subscriptions import SubscriptionsController
 from entrypoints.http import openapi, problems
 from entrypoints.http.head import serve_head
 from entrypoints.http.hot import hot_routes
@@ -93,6 +94,7 @@ def create_app(container: Container) -> Litestar:
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.container = container
         app.state.long_poll_seconds = container.settings().long_poll_seconds
+        app.state.public_url = container.settings().public_url
         app.state.services = await start(container)
         stopping = asyncio.Event()
         background = None
@@ -115,6 +117,7 @@ def create_app(container: Container) -> Litestar:
                 RunsController,
                 ObjectsController,
                 TokensController,
+                SubscriptionsController,  # its static `__ds` routes before the streams'
                 DurableStreamsController,
                 healthz,
                 readyz,

@@ -22,6 +22,8 @@ API = b"/api/"
 STREAMS = (PREFIX + STREAM_PATH + "/").encode()
 WRITES = frozenset({"POST", "PUT", "PATCH"})
 
+SUBSCRIPTION_PATHS = b"/api/durable-streams/v1/stream/__ds/subscriptions/"
+
 
 class UnsupportedMediaType(DomainError):
     code = "unsupported-media-type"
@@ -44,7 +46,9 @@ def check_scope(scope: Any) -> bool:
     raw = scope.get("raw_path") or scope["path"].encode("latin-1", "replace")
     if not raw.startswith(API):
         return False
-    if b"%2f" in raw.lower():
+    # A subscription's stream link is named by its URL-encoded path (PROTOCOL.md 6.4), slashes
+    # and all: the one place an encoded slash is meant.
+    if b"%2f" in raw.lower() and not raw.startswith(SUBSCRIPTION_PATHS):
         raise InvalidInput("an ID may not contain '/' (an encoded %2F in the path)", field="path")
     method = scope["method"]
     if raw.startswith(STREAMS) and raw.endswith(b"/"):
