@@ -264,7 +264,7 @@ class Subscriptions:
 
     # -- delivery ---------------------------------------------------------------------------
 
-    def _wake(self, sub: Subscription, heads: Heads) -> Change:
+    def wake_change(self, sub: Subscription, heads: Heads) -> Change:
         """A new wake for pending work, and what delivers it."""
         now = self._clock()
         woken = sub.issue_wake(heads)
@@ -324,7 +324,7 @@ class Subscriptions:
             if not sub.has_pending(heads):
                 return Change(sub), False
         if sub.wake is None and sub.has_pending(heads):
-            return self._wake(sub, heads), True
+            return self.wake_change(sub, heads), True
         return (Change(sub) if sub.wake is None else None), False
 
     async def wake_due(self, limit: int = 100) -> int:
@@ -368,7 +368,7 @@ class Subscriptions:
                 return Change(sub.leased(self._clock() + sub.config.lease_ttl_ms / 1000)), False
             sub = sub.finished()
             if sub.has_pending(heads):
-                return self._wake(sub, heads), True
+                return self.wake_change(sub, heads), True
             return Change(sub), False
 
         return await self._store.update(tenant, subscription_id, decide)
@@ -399,7 +399,7 @@ class Subscriptions:
             if sub.wake is None:
                 if not sub.has_pending(heads):
                     raise NoPendingWork("the subscription has no pending work")
-                change = self._wake(sub, heads)
+                change = self.wake_change(sub, heads)
                 assert change.subscription is not None
                 sub, deliveries = change.subscription, change.deliveries
             sub = sub.leased(now + sub.config.lease_ttl_ms / 1000, holder=worker)
@@ -418,7 +418,7 @@ class Subscriptions:
             sub = self._fenced_wake(sub, subscription_id, token, generation, wake_id)
             _of_type(sub, WAKE_EVENT)
             sub = sub.finished()
-            return (self._wake(sub, heads) if sub.has_pending(heads) else Change(sub)), None
+            return (self.wake_change(sub, heads) if sub.has_pending(heads) else Change(sub)), None
 
         await self._store.update(tenant, subscription_id, decide)
 
@@ -565,19 +565,18 @@ class DeliverWakes:
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
             if sub is None or sub.wake is None or sub.wake.wake_id != delivery.wake_id:
                 return None, None
+            tails = sub.wake.tails
             sub = msgspec.structs.replace(sub, failing=False)
             if not done:  # the receiver calls back: its lease starts now
                 return Change(sub.leased(now + sub.config.lease_ttl_ms / 1000)), None
             sub = sub.acknowledged(
-                [
-                    (p, t)
-                    for p, t in sub.wake.tails
-                    if sub.link(p) is not None and t >= _acked(sub, p)
-                ],
+                [(p, t) for p, t in tails if sub.link(p) is not None and t >= _acked(sub, p)],
                 heads,
             ).finished()
             return (
-                self._subscriptions._wake(sub, heads) if sub.has_pending(heads) else Change(sub)
+                self._subscriptions.wake_change(sub, heads)
+                if sub.has_pending(heads)
+                else Change(sub)
             ), None
 
         await self._store.update(delivery.tenant, delivery.subscription_id, decide)
@@ -604,14 +603,6 @@ class DeliverWakes:
                 f"the wake stream {delivery.wake_stream.path!r}: {error}",
                 retry_seconds(job.attempts + 1, self._unit),
             ) from None
-
-    async def failed(self, delivery: Delivery) -> None:
-        def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
-            if sub is None or sub.wake is None or sub.wake.wake_id != delivery.wake_id:
-                return None, None
-            return Change(msgspec.structs.replace(sub, failing=True)), None
-
-        await self._store.update(delivery.tenant, delivery.subscription_id, decide)
 
 
 def _acked(sub: Subscription, path: StreamPath) -> int:
