@@ -9,6 +9,7 @@ over and every pending stream is woken and acknowledged exactly."""
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import secrets
 import signal
@@ -184,7 +185,7 @@ def test_a_receiver_failing_five_times_then_succeeding_is_retried_with_backoff(
     assert len(entries) == 6  # five refusals, then the delivery: nothing after it
     wakes = {(body_of(e)["generation"], body_of(e)["wake_id"]) for e in entries}
     assert len(wakes) == 1  # every retry is the same wake
-    gaps = [b["at"] - a["at"] for a, b in zip(entries, entries[1:], strict=False)]
+    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(entries)]
     for attempt, gap in enumerate(gaps, start=1):  # 0.1, 0.2, 0.4, 0.8, 1.6 s, each +-20%
         assert gap >= RETRY_BASE * 2 ** (attempt - 1) * 0.8 - 0.02, gaps
     state = wait_for(
