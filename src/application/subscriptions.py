@@ -422,9 +422,18 @@ class Subscriptions:
 
         await self._store.update(tenant, subscription_id, decide)
 
-    async def of_stream(self, caller: Caller, run_id: str, stream_id: str) -> list[Any]:
+    async def of_stream(
+        self, caller: Caller, run_id: str, stream_id: str
+    ) -> list[tuple[Subscription, Heads]]:
         caller.require("streams:read")
-        return await self._store.of_stream(caller.key(run_id, stream_id))
+        found = await self._store.of_stream(caller.key(run_id, stream_id))
+        if caller.runs is None:
+            return found
+        runs = caller.runs
+        return [
+            (sub.with_links({k.path: k for k in sub.links if k.path.run_id in runs}), heads)
+            for sub, heads in found
+        ]
 
 
 def _of_type(sub: Subscription, kind: str) -> None:

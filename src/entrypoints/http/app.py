@@ -36,6 +36,10 @@ from entrypoints.http.openapi import Answer, documented
 from entrypoints.http.outages import outage_handlers
 from entrypoints.http.request_checks import check_request
 from entrypoints.http.streams import RunsController, StreamsController
+from entrypoints.http.subscriptions import (
+    StreamSubscriptionsController,
+    SubscriptionsApiController,
+)
 from entrypoints.http.tokens import TokensController
 from entrypoints.lean_imports import without_optional_integrations
 from entrypoints.logs import configure_logging
@@ -117,6 +121,8 @@ def create_app(container: Container) -> Litestar:
                 RunsController,
                 ObjectsController,
                 TokensController,
+                SubscriptionsApiController,
+                StreamSubscriptionsController,
                 SubscriptionsController,  # its static `__ds` routes before the streams'
                 DurableStreamsController,
                 healthz,
