@@ -41,6 +41,7 @@ from domain.subscriptions import (
     SubscriptionNotFound,
     WakeTokenInvalid,
     WrongSubscriptionType,
+    check_subscription_id,
     retry_seconds,
 )
 
@@ -221,6 +222,7 @@ class Subscriptions:
 
     async def get(self, caller: Caller, subscription_id: str) -> tuple[Subscription, Heads]:
         caller.require("streams:read")
+        check_subscription_id(subscription_id)
         found = await self._store.get(caller.tenant, subscription_id)
         if found is None:
             raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
@@ -231,6 +233,7 @@ class Subscriptions:
 
     async def delete(self, caller: Caller, subscription_id: str) -> None:
         caller.require("streams:admin")
+        check_subscription_id(subscription_id)
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, bool]:
             if sub is None:
@@ -244,6 +247,7 @@ class Subscriptions:
         self, caller: Caller, subscription_id: str, paths: tuple[StreamPath, ...]
     ) -> None:
         caller.require("streams:admin")
+        check_subscription_id(subscription_id)
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
             if sub is None:
@@ -254,6 +258,7 @@ class Subscriptions:
 
     async def remove_stream(self, caller: Caller, subscription_id: str, path: StreamPath) -> None:
         caller.require("streams:admin")
+        check_subscription_id(subscription_id)
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
             if sub is None:
@@ -377,6 +382,7 @@ class Subscriptions:
         self, caller: Caller, subscription_id: str, worker: str
     ) -> tuple[Subscription, Heads, str]:
         caller.require("streams:write")
+        check_subscription_id(subscription_id)
         now = self._clock()
 
         def decide(

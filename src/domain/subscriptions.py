@@ -178,14 +178,16 @@ class SubscriptionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=Fal
     description: str | None = None
 
 
-def configure(request: SubscriptionRequest) -> SubscriptionConfig:
+def configure(request: SubscriptionRequest, allow_no_streams: bool = False) -> SubscriptionConfig:
+    """The normalized configuration, or InvalidInput. The protocol needs a pattern or streams;
+    the native API lets a subscription start with neither (`allow_no_streams`)."""
     if request.type not in ("webhook", "pull-wake"):
         raise InvalidInput("type must be `webhook` or `pull-wake`", field="type")
     pattern = check_pattern(request.pattern) if request.pattern is not None else None
     if request.streams is not None and len(request.streams) > MAX_EXPLICIT_STREAMS:
         raise InvalidInput(f"at most {MAX_EXPLICIT_STREAMS} streams", field="streams")
     streams = tuple(sorted({parse_path(s) for s in request.streams or ()}))
-    if pattern is None and not streams:
+    if pattern is None and not streams and not allow_no_streams:
         raise InvalidInput("give a pattern, streams, or both", field="pattern")
     ttl = DEFAULT_LEASE_TTL_MS if request.lease_ttl_ms is None else request.lease_ttl_ms
     if not MIN_LEASE_TTL_MS <= ttl <= MAX_LEASE_TTL_MS:

@@ -27,6 +27,16 @@ DEPENDS_ON_STATE = frozenset(
         "idempotency-key-reused",
         "misdirected",
         "legal-hold-active",
+        # Subscriptions: an existing one's configuration, its wake and its claim.
+        "subscription-conflict",
+        "already-claimed",
+        "no-pending-work",
+        "fenced",
+        "invalid-offset",
+        "wrong-subscription-type",
+        # A webhook URL is refused for where its host is (a private address; DNS), which no
+        # schema can say.
+        "webhook-url-rejected",
     }
 )
 # An upload's bytes are held to the size its intent was prepared with.
@@ -37,6 +47,8 @@ INPUT_STREAM_ONLY = "which an input stream cannot deliver"
 # A batch larger than the stream's own unread or total ceiling (a definition may set either to a
 # few bytes) can never be appended to that stream; the document describes an append to any stream.
 NEVER_FITS = ("can never fit the unread ceiling", "can never fit the stream's total ceiling")
+# A listing's `after` names an object the stream has (or had): which ones it has is state.
+NO_SUCH_OBJECT = "is no object of this stream"
 # A definition whose expires_at has passed could only ever answer 404: refused at create.
 ALREADY_PASSED = "has already passed"
 # The service honours `wait` up to 60 s; a bounded run cannot spend that on every read.
@@ -64,6 +76,8 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
     ):
         return False
     if operation == "createStream" and ALREADY_PASSED in detail:
+        return False
+    if operation == "listObjects" and NO_SUCH_OBJECT in detail:
         return False
     code = problem.get("code")
     return code not in DEPENDS_ON_STATE | DEPENDS_ON_THE_INTENT.get(operation, frozenset())

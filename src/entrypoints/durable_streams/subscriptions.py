@@ -81,7 +81,10 @@ def ds_problem(error: errors.DomainError) -> Answer:
             **error.extra,
         },
     }
-    return Answer(status, {"Content-Type": PROBLEM_JSON}, _encode(body))
+    headers = {"Content-Type": PROBLEM_JSON}
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="ductor-streams"'
+    return Answer(status, headers, _encode(body))
 
 
 def _json(status: int, value: Any, content_type: str = "application/json") -> Answer:
@@ -202,7 +205,6 @@ _CALLBACK = documented(
     Documented(200, "Applied: `{ok, next_wake}`"),
     problems=(*ON_SUBSCRIPTION, *_WAKE),
     request_body=JSON_BODY,
-    authenticated=False,
 )
 _CLAIM = documented(
     Documented(200, "Claimed: the wake, its token and streams"),
@@ -213,7 +215,6 @@ _RELEASE = documented(
     Documented(204, "Released"),
     problems=(*ON_SUBSCRIPTION, *_WAKE),
     request_body=JSON_BODY,
-    authenticated=False,
 )
 _JWKS = documented(Documented(200, "The webhook signing keys (JWKS)"), authenticated=False)
 _STREAMS = documented(Documented(204, "Linked"), problems=ON_SUBSCRIPTION, request_body=JSON_BODY)

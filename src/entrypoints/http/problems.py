@@ -101,7 +101,7 @@ def domain_error(_: Request, error: DomainError) -> Response[bytes]:
     headers: dict[str, str] = {}
     if isinstance(error, Backpressure):
         headers["Retry-After"] = str(error.retry_after)
-    if error.code == "unauthenticated":
+    if error.code in ("unauthenticated", "wake-token-invalid"):
         headers["WWW-Authenticate"] = 'Bearer realm="ductor-streams"'
     return problem(error.code, error.detail, headers=headers or None, **error.extra)
 

@@ -6,14 +6,14 @@ callback, which acknowledges by offset; the native `callback`/`ack` routes take 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post, put
 
 from application.subscriptions import WAKE_EVENT, WEBHOOK, AckRequest, Heads
 from domain.errors import InvalidInput
-from domain.ids import check_id
+from domain.ids import ID_PATTERN, check_id
 from domain.subscriptions import (
     StreamPath,
     Subscription,
@@ -25,37 +25,54 @@ from domain.subscriptions import (
 from entrypoints.container import Services
 from entrypoints.durable_streams.subscriptions import DS, base_url, wake_token
 from entrypoints.http.body import decode_body
-from entrypoints.http.openapi import Answer, documented
+from entrypoints.http.openapi import Answer, RequestBody, documented
 from entrypoints.http.streams import API_PREFIX, EVERY_ROUTE, WITH_A_BODY, authenticated
 
 PROBLEMS = (*EVERY_ROUTE, "forbidden", "subscription-not-found")
 WAKE_PROBLEMS = ("wake-token-invalid", "fenced", "invalid-offset", "wrong-subscription-type")
 
 
+Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
+Glob = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:*-]{1,128}$")]
+
+
 class StreamRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    run_id: str
-    stream_id: str
+    run_id: Id
+    stream_id: Id
 
 
 class PatternRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Globs over run IDs and stream IDs: `*` matches any part of one ID."""
 
-    run_id: str
-    stream_id: str
+    run_id: Glob
+    stream_id: Glob
 
 
 class WebhookRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    url: str
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
 
 
-class NativeSubscriptionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    type: Literal["webhook", "pull-wake"]
+class _Common(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="type"
+):
+    """A subscription's streams are the pattern's and those listed; it may start with neither
+    and be given streams later."""
+
     pattern: PatternRef | None = None
-    streams: list[StreamRef] | None = None
-    webhook: WebhookRef | None = None
-    wake_stream: StreamRef | None = None
-    lease_ttl_ms: int | None = None
-    description: str | None = None
+    streams: Annotated[list[StreamRef], msgspec.Meta(max_length=1000)] | None = None
+    lease_ttl_ms: Annotated[int, msgspec.Meta(ge=1000, le=600_000)] | None = None
+    description: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
+
+
+class WebhookSubscriptionRequest(_Common, frozen=True, tag="webhook"):
+    webhook: WebhookRef
+
+
+class PullWakeSubscriptionRequest(_Common, frozen=True, tag="pull-wake"):
+    wake_stream: StreamRef
+
+
+NativeSubscriptionRequest = WebhookSubscriptionRequest | PullWakeSubscriptionRequest
 
 
 class Signing(msgspec.Struct, frozen=True):
@@ -104,19 +121,19 @@ class SubscriptionList(msgspec.Struct, frozen=True):
 
 
 class StreamsRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    streams: list[StreamRef]
+    streams: Annotated[list[StreamRef], msgspec.Meta(max_length=1000)]
 
 
 class NativeAck(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    run_id: str
-    stream_id: str
-    sequence: int
+    run_id: Id
+    stream_id: Id
+    sequence: Annotated[int, msgspec.Meta(ge=0, le=2**53 - 1)]
 
 
 class WakeRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    wake_id: str
-    generation: int
-    acks: list[NativeAck] | None = None
+    wake_id: Annotated[str, msgspec.Meta(max_length=256)]
+    generation: Annotated[int, msgspec.Meta(ge=0, le=2**53 - 1)]
+    acks: Annotated[list[NativeAck], msgspec.Meta(max_length=1000)] | None = None
     done: bool = False
 
 
@@ -126,7 +143,7 @@ class WakeAnswer(msgspec.Struct, frozen=True):
 
 
 class ClaimRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    worker: str
+    worker: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 
 
 class ClaimAnswer(msgspec.Struct, frozen=True):
@@ -181,19 +198,22 @@ async def view(services: Services, sub: Subscription, heads: Heads) -> Subscript
     )
 
 
-def _protocol_request(body: NativeSubscriptionRequest) -> SubscriptionRequest:
+def _protocol_request(
+    body: WebhookSubscriptionRequest | PullWakeSubscriptionRequest,
+) -> SubscriptionRequest:
     pattern = None
     if body.pattern is not None:
         for part in (body.pattern.run_id, body.pattern.stream_id):
             if not part or "/" in part:
                 raise InvalidInput("pattern: a glob per ID, without '/'", field="pattern")
         pattern = f"{body.pattern.run_id}/{body.pattern.stream_id}"
-    wake = body.wake_stream
+    webhook = body.webhook if isinstance(body, WebhookSubscriptionRequest) else None
+    wake = body.wake_stream if isinstance(body, PullWakeSubscriptionRequest) else None
     return SubscriptionRequest(
-        type=body.type,
+        type="webhook" if webhook is not None else "pull-wake",
         pattern=pattern,
         streams=[f"{_path(s).run_id}/{_path(s).stream_id}" for s in body.streams or ()],
-        webhook=WebhookConfig(body.webhook.url) if body.webhook else None,
+        webhook=WebhookConfig(webhook.url) if webhook else None,
         wake_stream=f"{_path(wake).run_id}/{_path(wake).stream_id}" if wake else None,
         lease_ttl_ms=body.lease_ttl_ms,
         description=body.description,
@@ -215,7 +235,7 @@ class SubscriptionsApiController(Controller):
             Answer(201, "Created", SubscriptionView),
             Answer(200, "Re-confirmed: the same configuration", SubscriptionView),
             problems=(*PROBLEMS, *WITH_A_BODY, "subscription-conflict", "webhook-url-rejected"),
-            request_body=NativeSubscriptionRequest,
+            request_body=RequestBody("application/json", NativeSubscriptionRequest),
         ),
     )
     async def put_subscription(
@@ -224,8 +244,11 @@ class SubscriptionsApiController(Controller):
         services, caller = await authenticated(request)
         caller.require("streams:admin")
         check_subscription_id(subscription_id)
-        body = await decode_body(request, NativeSubscriptionRequest)
-        config = configure(_protocol_request(body))
+        body: WebhookSubscriptionRequest | PullWakeSubscriptionRequest = await decode_body(
+            request,
+            NativeSubscriptionRequest,  # type: ignore[arg-type]  # a union of two structs
+        )
+        config = configure(_protocol_request(body), allow_no_streams=True)
         sub, heads, created = await services.subscriptions.put(
             caller, subscription_id, config, base_url(request)
         )
@@ -326,7 +349,6 @@ class SubscriptionsApiController(Controller):
         Answer(200, "Applied", WakeAnswer),
         problems=(*PROBLEMS, *WITH_A_BODY, *WAKE_PROBLEMS),
         request_body=WakeRequest,
-        authenticated=False,
     )
 
     @post(
@@ -358,7 +380,6 @@ class SubscriptionsApiController(Controller):
             Answer(204, "Released"),
             problems=(*PROBLEMS, *WITH_A_BODY, *WAKE_PROBLEMS),
             request_body=WakeRequest,
-            authenticated=False,
         ),
     )
     async def release(self, request: Request, subscription_id: str) -> None:
