@@ -238,3 +238,11 @@ async def test_the_clients_drive_a_pull_wake_and_verify_a_signature(
     # the helper is checked against one it cannot have made, and a malformed header.
     assert not verify_webhook(body, "t=1,kid=nope,ed25519=AAAA", jwks)
     assert not verify_webhook(body, None, jwks)
+
+
+def test_metrics_show_the_wake_outbox_and_webhook_attempts(server: ServerProcess) -> None:
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    assert 'ductor_streams_outbox_pending{outbox="subscription_wake"}' in text
+    assert 'ductor_streams_outbox_lag_seconds{outbox="subscription_wake"}' in text
+    assert "ductor_streams_webhook_attempts_total" in text
+    assert "ductor_streams_webhook_failures_total" in text

@@ -62,6 +62,9 @@ class HotPath:
         self.wake_replacements = 0
         self.wake_not_live = 0
         self.wake_live = 1
+        # The subscription wake deliverer's (application/subscriptions.py), when it runs here.
+        self.webhook_attempts = 0
+        self.webhook_failures = 0
 
     def observe(self, method: str, route: str, status: str, seconds: float) -> None:
         cell = self.requests.get((method, route, status))
@@ -118,6 +121,16 @@ class HotPath:
             "Times the wake bus was not known to be alive and live delivery polled",
             value=self.wake_not_live,
         )
+        yield CounterMetricFamily(
+            "ductor_streams_webhook_attempts",
+            "Webhook deliveries attempted by this process's wake deliverer",
+            value=self.webhook_attempts,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_webhook_failures",
+            "Webhook deliveries that failed (retried with backoff) in this process",
+            value=self.webhook_failures,
+        )
         yield GaugeMetricFamily(
             "ductor_streams_wake_bus_live",
             "1 while the wake bus's connection is proven alive, 0 while followers poll",
@@ -159,6 +172,9 @@ WHERE d.delivered_at IS NULL
 UNION ALL
 SELECT 'deletion', count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
 FROM deletion_outbox WHERE done_at IS NULL
+UNION ALL
+SELECT 'subscription_wake', count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
+FROM ds_wake_deliveries WHERE delivered_at IS NULL
 """
 
 
@@ -263,6 +279,9 @@ async def metrics(request: Request) -> Response[bytes]:
         HOT.wake_replacements = bus.replacements
         HOT.wake_not_live = bus.not_live_episodes
         HOT.wake_live = int(bus.live)
+    deliverer = await resolved(container.deliver_wakes())
+    HOT.webhook_attempts = deliverer.attempts  # type: ignore[attr-defined]
+    HOT.webhook_failures = deliverer.failures  # type: ignore[attr-defined]
     pool = await resolved(container.pool())
     if (
         isinstance(pool, asyncpg.Pool | BoundedPool)
