@@ -610,6 +610,7 @@ async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]
     objects = await resolved(container.objects())
     streams = await resolved(container.streams())
     cleanup = await resolved(container.cleanup())
+    subscription_store = await resolved(container.subscription_store())
     window = timedelta(seconds=settings.idempotency_window_seconds)
 
     def sweep(name: str, tick: Callable[[], Awaitable[int]], interval: float) -> LeasedSweep:
@@ -651,6 +652,11 @@ async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]
         sweep(upload_sweep_name(settings), cleanup.abandoned_uploads, every),  # type: ignore[attr-defined]
         sweep("expire-streams", expire_streams, settings.expiry_interval_seconds),
         await resolved(container.wake_deliverer()),  # type: ignore[list-item]
+        sweep(
+            "forget-delivered-wakes",
+            lambda: subscription_store.forget_delivered(settings.cleanup_age_seconds),  # type: ignore[attr-defined]
+            every,
+        ),
         Periodic(
             "wake-scheduler",
             (await resolved(container.subscriptions())).wake_due,  # type: ignore[attr-defined]

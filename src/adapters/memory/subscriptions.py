@@ -105,6 +105,12 @@ class MemorySubscriptions:
             return None
         return self.outbox[key][0]
 
+    async def forget_delivered(self, age_seconds: float) -> int:
+        gone = [k for k in self.delivered if k in self.outbox]
+        for key in gone:
+            del self.outbox[key]
+        return len(gone)
+
     async def pending_stats(self) -> tuple[int, float | None]:
         pending = [k for k in self.outbox if k not in self.delivered]
         return len(pending), None

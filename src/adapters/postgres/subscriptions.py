@@ -225,6 +225,22 @@ class PostgresSubscriptions:
             created_by=row[7],
         )
 
+    async def forget_delivered(self, age_seconds: float, batch: int = 1000) -> int:
+        """Remove delivered outbox rows older than `age_seconds`, in bounded batches."""
+        removed = 0
+        while True:
+            status = await self._pool.execute(
+                """DELETE FROM ds_wake_deliveries WHERE ctid IN (
+                       SELECT ctid FROM ds_wake_deliveries
+                       WHERE delivered_at < now() - make_interval(secs => $1) LIMIT $2)""",
+                age_seconds,
+                batch,
+            )
+            count = int(status.split()[-1])
+            removed += count
+            if count < batch:
+                return removed
+
     async def pending_stats(self) -> tuple[int, float | None]:
         row = await self._pool.fetchrow(
             """SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
