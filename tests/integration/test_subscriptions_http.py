@@ -246,3 +246,36 @@ def test_metrics_show_the_wake_outbox_and_webhook_attempts(server: ServerProcess
     assert 'ductor_streams_outbox_lag_seconds{outbox="subscription_wake"}' in text
     assert "ductor_streams_webhook_attempts_total" in text
     assert "ductor_streams_webhook_failures_total" in text
+
+
+@pytest.mark.slow  # a process reloads its keys every 30 s
+def test_a_rotated_webhook_key_signs_and_the_old_one_stays_published(
+    server: ServerProcess, database_url: str
+) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.support.server import ROOT
+
+    jwks_url = server.base_url + "/api/durable-streams/v1/stream/__ds/jwks.json"
+    before = {k["kid"] for k in httpx.get(jwks_url, timeout=5).json()["keys"]}
+    done = subprocess.run(
+        [sys.executable, "-m", "entrypoints.cli", "webhook-key", "rotate"],
+        cwd=ROOT,
+        env={**os.environ, "DUCTOR_STREAMS_DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    kid = done.stdout.strip()
+    assert kid.startswith("ds_") and kid not in before
+    deadline = time.monotonic() + 40  # a process reloads its keys every 30 s
+    while time.monotonic() < deadline:
+        after = {k["kid"] for k in httpx.get(jwks_url, timeout=5).json()["keys"]}
+        if kid in after:
+            break
+        time.sleep(0.5)
+    assert kid in after and before <= after
