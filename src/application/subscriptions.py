@@ -13,6 +13,7 @@ run it side by side."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -332,12 +333,23 @@ class Subscriptions:
             return self.wake_change(sub, heads), True
         return (Change(sub) if sub.wake is None else None), False
 
-    async def wake_due(self, limit: int = 100) -> int:
-        woken = 0
-        for tenant, subscription_id in await self._store.due(limit):
-            if await self._store.update(tenant, subscription_id, self.tick):
-                woken += 1
-        return woken
+    async def wake_due(self, limit: int = 100, at_once: int = 8) -> int:
+        """Decide every due subscription, `at_once` side by side: each is its own row lock
+        and transaction, and one after another they made a busy tick take most of a second
+        (`python -m bench subscriptions`: commit to webhook p50 854 ms with 100 due at once)."""
+        due = await self._store.due(limit)
+        gate = asyncio.Semaphore(at_once)
+
+        async def one(tenant: str, subscription_id: str) -> bool:
+            async with gate:
+                woke: bool = await self._store.update(tenant, subscription_id, self.tick)
+                return woke
+
+        results = await asyncio.gather(*(one(t, s) for t, s in due), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                log.warning("deciding a due subscription failed: %s", result)
+        return sum(1 for result in results if result is True)
 
     def _fenced_wake(
         self, sub: Subscription | None, subscription_id: str, token: str, generation: int, wake: str
