@@ -279,3 +279,55 @@ def test_a_rotated_webhook_key_signs_and_the_old_one_stays_published(
             break
         time.sleep(0.5)
     assert kid in after and before <= after
+
+
+async def test_odd_requests_to_the_wake_routes_are_problems_never_500(
+    api: httpx.AsyncClient, server: ServerProcess
+) -> None:
+    root = f"{server.base_url}/api/durable-streams/v1/stream/__ds/subscriptions"
+    name = sid()
+    put = await api.put(
+        f"{root}/{name}",
+        json={"type": "pull-wake", "pattern": "odd/*", "wake_stream": "odd/wake"},
+    )
+    assert put.status_code == 201, put.text
+    token = {"authorization": "Bearer " + "x" * 40}
+    cases = [
+        ("POST", "/claim", b"[]", {}),
+        ("POST", "/claim", b'{"worker": 5}', {}),
+        ("POST", "/claim", b'{"worker": ""}', {}),
+        ("POST", "/ack", b'{"wake_id": "w", "generation": 1}', {}),  # no token
+        ("POST", "/ack", b'{"wake_id": "w", "generation": 1}', token),
+        ("POST", "/ack", b'{"wake_id": "w", "generation": 1e400}', token),
+        ("POST", "/ack", b'{"wake_id": "w", "generation": 99999999999999999999999}', token),
+        ("POST", "/release", b"{", token),
+        (
+            "POST",
+            "/callback",
+            b'{"wake_id": "w", "generation": 1, "acks": [{"offset": "zz"}]}',
+            token,
+        ),
+        ("POST", "/streams", b'{"streams": ["../x"]}', {}),
+        ("POST", "/streams", b'{"streams": "odd/x"}', {}),
+        ("DELETE", "/streams/%2E%2E", b"", {}),
+        ("DELETE", "/streams/a%2Fb%2Fc%2Fd", b"", {}),
+    ]
+    for method, tail, body, headers in cases:
+        answer = await api.request(
+            method,
+            f"{root}/{name}{tail}",
+            content=body,
+            headers={"content-type": "application/json", **headers},
+        )
+        assert 400 <= answer.status_code < 500, (
+            method,
+            tail,
+            body,
+            answer.status_code,
+            answer.text,
+        )
+    for bad_id in ("_x", "a" * 200, "a%20b"):
+        answer = await api.get(f"{root}/{bad_id}")
+        assert 400 <= answer.status_code < 500, (bad_id, answer.text)
+    claim = await api.post(f"{root}/{name}/claim", json={"worker": "w"})
+    assert claim.status_code == 409 and claim.json()["error"]["code"] == "NO_PENDING_WORK"
