@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -26,6 +27,7 @@ import msgspec
 
 from application.access import Caller
 from application.errors import NotFound
+from application.wake import WakeRegistry
 from application.workers import Job, ensure_claimed
 from domain import errors
 from domain.records import RecordInput
@@ -452,6 +454,34 @@ class Subscriptions:
             (sub.with_links({k.path: k for k in sub.links if k.path.run_id in runs}), heads)
             for sub, heads in found
         ]
+
+
+class WakeScheduler:
+    """Runs `Subscriptions.wake_due` whenever a stream is notified (in this process, or by the
+    wake bus from any), and at least every `poll_seconds`: a tick runs at a time, and the
+    notifications heard meanwhile make one more."""
+
+    name = "wake-scheduler"
+
+    def __init__(
+        self, subscriptions: Subscriptions, wake: WakeRegistry, poll_seconds: float
+    ) -> None:
+        self._subscriptions = subscriptions
+        self._poll = poll_seconds
+        self._heard = asyncio.Event()
+        wake.on_notified(lambda _key: self._heard.set())
+        self.ticks = 0
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            self._heard.clear()
+            try:
+                await self._subscriptions.wake_due()
+            except Exception as error:  # the database is out of reach: the next tick retries
+                log.warning("%s failed: %s", self.name, error)
+            self.ticks += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heard.wait(), self._poll)
 
 
 def _of_type(sub: Subscription, kind: str) -> None:

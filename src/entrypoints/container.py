@@ -78,7 +78,7 @@ from application.read_records import ReadRecords
 from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe
-from application.subscriptions import DeliverWakes, Subscriptions, WakeTokens
+from application.subscriptions import DeliverWakes, Subscriptions, WakeScheduler, WakeTokens
 from application.tokens import Authenticate, IssueToken, MintToken, TenantTokens, TokenCache
 from application.wake import WakeRegistry
 from application.workers import LeasedSweep, Periodic, Worker
@@ -657,9 +657,9 @@ async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]
             lambda: subscription_store.forget_delivered(settings.cleanup_age_seconds),  # type: ignore[attr-defined]
             every,
         ),
-        Periodic(
-            "wake-scheduler",
-            (await resolved(container.subscriptions())).wake_due,  # type: ignore[attr-defined]
+        WakeScheduler(  # type: ignore[list-item]
+            await resolved(container.subscriptions()),  # type: ignore[arg-type]
+            container.wake(),
             settings.subscription_poll_seconds,
         ),
     ]
