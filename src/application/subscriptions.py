@@ -20,7 +20,7 @@ import hashlib
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -79,9 +79,6 @@ class Change(msgspec.Struct, frozen=True):
     deliveries: tuple[Delivery, ...] = ()
 
 
-Decide = Callable[[Subscription | None, Heads], tuple[Change | None, _T]]
-
-
 class SubscriptionStore(Protocol):
     async def update(
         self,
@@ -107,9 +104,6 @@ class SubscriptionStore(Protocol):
         """The subscriptions that link this stream (the console, the native API)."""
 
     async def delivery(self, job: Job) -> Delivery | None: ...
-
-    async def pending_stats(self) -> tuple[int, float | None]:
-        """Undelivered outbox rows, and the age in seconds of the oldest."""
 
 
 class WakeTokens:
@@ -541,10 +535,6 @@ class AppendWake(Protocol):
     ) -> object: ...
 
 
-class DeliveryOutcome(Protocol):
-    async def delivered(self, job: Job, done: bool) -> None: ...
-
-
 class _Done(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     done: bool = False
 
@@ -669,6 +659,3 @@ def _acked(sub: Subscription, path: StreamPath) -> int:
 
 def job_key(tenant: str, subscription_id: str) -> StreamKey:
     return StreamKey(tenant, JOB_RUN, subscription_id)
-
-
-AsyncTick = Callable[[], Awaitable[int]]

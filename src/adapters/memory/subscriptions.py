@@ -111,10 +111,6 @@ class MemorySubscriptions:
             del self.outbox[key]
         return len(gone)
 
-    async def pending_stats(self) -> tuple[int, float | None]:
-        pending = [k for k in self.outbox if k not in self.delivered]
-        return len(pending), None
-
 
 def memory_heads(streams: MemoryStreams) -> StreamHeads:
     """The heads of a tenant's memory streams, as the subscriptions' store reads them."""

@@ -241,13 +241,6 @@ class PostgresSubscriptions:
             if count < batch:
                 return removed
 
-    async def pending_stats(self) -> tuple[int, float | None]:
-        row = await self._pool.fetchrow(
-            """SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-               FROM ds_wake_deliveries WHERE delivered_at IS NULL"""
-        )
-        return int(row[0]), row[1]
-
 
 _KEY = "tenant = $2 AND subscription_id = $3 AND generation = $4 AND claimed_by = $1"
 
