@@ -25,7 +25,8 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from application.access import Caller
+from application.access import Caller, require_reader
+from application.definitions import Definitions
 from application.errors import NotFound
 from application.wake import WakeRegistry
 from application.workers import Job, ensure_claimed
@@ -172,11 +173,13 @@ class Subscriptions:
         tokens: WakeTokens,
         check_url: UrlCheck,
         clock: Callable[[], float] = time.time,
+        definitions: Definitions | None = None,
     ) -> None:
         self._store = store
         self._tokens = tokens
         self._check_url = check_url
         self._clock = clock
+        self._definitions = definitions
 
     async def put(
         self, caller: Caller, subscription_id: str, config: SubscriptionConfig, base_url: str
@@ -439,14 +442,17 @@ class Subscriptions:
     async def of_stream(
         self, caller: Caller, run_id: str, stream_id: str
     ) -> list[tuple[Subscription, Heads]]:
+        """The subscriptions linking a stream the caller may read (404 otherwise), each with
+        that stream's link alone: the listing of one stream reveals no other."""
         caller.require("streams:read")
-        found = await self._store.of_stream(caller.key(run_id, stream_id))
-        if caller.runs is None:
-            return found
-        runs = caller.runs
+        key = caller.key(run_id, stream_id)
+        if self._definitions is not None:
+            definition = await self._definitions.get(key, touch=False, runs=caller.runs)
+            require_reader(caller, definition)
+        path = StreamPath(run_id, stream_id)
         return [
-            (sub.with_links({k.path: k for k in sub.links if k.path.run_id in runs}), heads)
-            for sub, heads in found
+            (sub.with_links({k.path: k for k in sub.links if k.path == path}), heads)
+            for sub, heads in await self._store.of_stream(key)
         ]
 
 

@@ -483,7 +483,11 @@ class Container(containers.DeclarativeContainer):
         timeout=settings.provided.webhook_timeout_seconds,
     )
     subscriptions = providers.Singleton(
-        Subscriptions, subscription_store, wake_tokens, webhook_sender.provided.check
+        Subscriptions,
+        subscription_store,
+        wake_tokens,
+        webhook_sender.provided.check,
+        definitions=definitions,
     )
     wake_deliveries = providers.Singleton(
         PostgresWakeDeliveries,

@@ -68,6 +68,7 @@ async def test_a_native_subscription_is_the_protocols_too(
     ]
     listed = await api.get(f"/runs/{run_id}/streams/a/subscriptions")
     assert [s["id"] for s in listed.json()["subscriptions"]] == [name]
+    assert (await api.get(f"/runs/{run_id}/streams/nope/subscriptions")).status_code == 404
     linked = await api.post(
         f"/subscriptions/{name}/streams", json={"streams": [{"run_id": run_id, "stream_id": "b"}]}
     )
