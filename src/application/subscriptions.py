@@ -229,7 +229,25 @@ class Subscriptions:
         sub, heads = found
         if caller.runs is not None:  # a run-restricted caller sees only its runs' streams
             sub = sub.with_links({k.path: k for k in sub.links if k.path.run_id in caller.runs})
+        # Nor does a subscription show a stream its reader may not read (a stream's pinned
+        # readers): its path and acknowledged offset are the stream's, not the subscription's.
+        readable = {k.path: k for k in sub.links if await self._may_read(caller, k.path)}
+        if len(readable) != len(sub.links):
+            sub = sub.with_links(readable)
         return sub, heads
+
+    async def _may_read(self, caller: Caller, path: StreamPath) -> bool:
+        if self._definitions is None:
+            return True
+        try:
+            definition = await self._definitions.get(
+                caller.key(path.run_id, path.stream_id), touch=False, runs=caller.runs
+            )
+        except errors.DomainError:
+            # Not there (yet, or any more; a link may name a stream before it is created), or
+            # served elsewhere: the link reveals no stream's content or pins.
+            return True
+        return definition.authorization.may_read(caller.principal)
 
     async def delete(self, caller: Caller, subscription_id: str) -> None:
         caller.require("streams:admin")

@@ -109,6 +109,40 @@ async def test_creating_needs_admin_and_another_tenant_sees_nothing(
     assert (await api.get(f"/subscriptions/{name}")).status_code == 200
 
 
+async def test_a_subscription_shows_no_stream_its_reader_may_not_read(
+    server: ServerProcess, tokens: Tokens, api: httpx.AsyncClient, run_id: str
+) -> None:
+    """A stream's pinned readers hold for its link in a subscription too: another reader of the
+    tenant sees neither its path nor its acknowledged position, on either surface."""
+    pinned = {"stream_id": "pinned", "direction": "output", "authorization": {"readers": ["alice"]}}
+    assert (await api.post(f"/runs/{run_id}/streams", json=pinned)).status_code == 201
+    opened = {"stream_id": "open", "direction": "output"}
+    assert (await api.post(f"/runs/{run_id}/streams", json=opened)).status_code == 201
+    name = sid()
+    body = {
+        "type": "webhook",
+        "streams": [
+            {"run_id": run_id, "stream_id": "pinned"},
+            {"run_id": run_id, "stream_id": "open"},
+        ],
+        "webhook": {"url": HOOK},
+    }
+    assert (await api.put(f"/subscriptions/{name}", json=body)).status_code == 201
+    alice = await tokens.create(principal="alice", scopes=("streams:read",))
+    bob = await tokens.create(principal="bob", scopes=("streams:read",))
+    ds = f"{server.base_url}/api/durable-streams/v1/stream/__ds/subscriptions/{name}"
+    async with api_client(server, alice) as a:
+        native = (await a.get(f"/subscriptions/{name}")).json()
+        assert sorted(s["stream_id"] for s in native["streams"]) == ["open", "pinned"]
+    async with api_client(server, bob) as b:
+        native = await b.get(f"/subscriptions/{name}")
+        assert native.status_code == 200, native.text
+        assert [s["stream_id"] for s in native.json()["streams"]] == ["open"]
+        protocol = await b.get(ds)
+        assert [s["path"] for s in protocol.json()["streams"]] == [f"{run_id}/open"]
+        assert "pinned" not in native.text + protocol.text
+
+
 async def test_bad_input_is_a_problem_that_changes_nothing(
     api: httpx.AsyncClient, server: ServerProcess
 ) -> None:
