@@ -27,13 +27,14 @@ import msgspec
 
 from application.access import Caller, require_reader
 from application.definitions import Definitions
-from application.errors import NotFound
+from application.errors import Forbidden, NotFound
 from application.wake import WakeRegistry
 from application.workers import Job, ensure_claimed
 from domain import errors
 from domain.records import RecordInput
 from domain.stream import StreamKey
 from domain.subscriptions import (
+    DEFAULT_RUN,
     AlreadyClaimed,
     Fenced,
     NoPendingWork,
@@ -164,6 +165,37 @@ def views(statuses: list[StreamStatus]) -> list[StreamView]:
     return [StreamView(s.path.path, s.link_type, s.acked, s.tail, s.pending) for s in statuses]
 
 
+def _run_of_pattern(pattern: str) -> str | None:
+    """The one run a glob's streams can be in, or None when it spans runs: a pattern of one
+    segment names streams of the default run; of more, its first segment is the run (a literal
+    one, without `*`, or it spans runs)."""
+    segments = pattern.strip("/").split("/")
+    if len(segments) == 1:
+        return DEFAULT_RUN if segments[0] != "**" else None
+    return None if "*" in segments[0] else segments[0]
+
+
+def within_runs(caller: Caller, config: SubscriptionConfig) -> bool:
+    """Whether everything a subscription names lies in the caller's runs (always, for a caller
+    not restricted to runs): a run-scoped token sees and changes only such subscriptions, as if
+    the others were another tenant's."""
+    runs = caller.runs
+    if runs is None:
+        return True
+    named = [p.run_id for p in config.streams]
+    if config.wake_stream is not None:
+        named.append(config.wake_stream.run_id)
+    if config.pattern is not None:
+        named.append(_run_of_pattern(config.pattern) or "")
+    return all(run in runs for run in named)
+
+
+def _visible(caller: Caller, sub: Subscription | None, subscription_id: str) -> Subscription:
+    if sub is None or not within_runs(caller, sub.config):
+        raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
+    return sub
+
+
 class Subscriptions:
     """The use cases over subscriptions, for both surfaces."""
 
@@ -186,6 +218,11 @@ class Subscriptions:
     ) -> tuple[Subscription, Heads, bool]:
         """Create (True) or re-confirm an identical configuration (False)."""
         caller.require("streams:admin")
+        if not within_runs(caller, config):
+            raise Forbidden(
+                "a token restricted to runs subscribes only to streams of its runs: name them, "
+                "or a pattern whose first segment is one of its runs"
+            )
         if config.webhook_url is not None:
             self._check_url(config.webhook_url)
         now = self._clock()
@@ -193,6 +230,8 @@ class Subscriptions:
         def decide(
             sub: Subscription | None, heads: Heads
         ) -> tuple[Change | None, tuple[Subscription, bool]]:
+            if sub is not None and not within_runs(caller, sub.config):
+                raise SubscriptionConflict(f"subscription {subscription_id!r} exists")
             if sub is not None:
                 if sub.config.digest() != config.digest():
                     raise SubscriptionConflict(
@@ -224,9 +263,8 @@ class Subscriptions:
         caller.require("streams:read")
         check_subscription_id(subscription_id)
         found = await self._store.get(caller.tenant, subscription_id)
-        if found is None:
-            raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
-        sub, heads = found
+        sub = _visible(caller, found[0] if found else None, subscription_id)
+        heads = found[1] if found else {}
         if caller.runs is not None:  # a run-restricted caller sees only its runs' streams
             sub = sub.with_links({k.path: k for k in sub.links if k.path.run_id in caller.runs})
         # Nor does a subscription show a stream its reader may not read (a stream's pinned
@@ -254,7 +292,7 @@ class Subscriptions:
         check_subscription_id(subscription_id)
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, bool]:
-            if sub is None:
+            if sub is None or not within_runs(caller, sub.config):
                 return None, False
             return Change(None), True
 
@@ -266,10 +304,11 @@ class Subscriptions:
     ) -> None:
         caller.require("streams:admin")
         check_subscription_id(subscription_id)
+        for path in paths:
+            caller.run(path.run_id)  # another run's stream is not there for a run-scoped token
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
-            if sub is None:
-                raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
+            sub = _visible(caller, sub, subscription_id)
             return Change(sub.linked({p: heads.get(p, 0) for p in paths}, explicit=True)), None
 
         await self._store.update(caller.tenant, subscription_id, decide, extra=paths)
@@ -279,8 +318,7 @@ class Subscriptions:
         check_subscription_id(subscription_id)
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
-            if sub is None:
-                raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
+            sub = _visible(caller, sub, subscription_id)
             return Change(sub.unlinked(path)), None
 
         await self._store.update(caller.tenant, subscription_id, decide)
@@ -417,8 +455,7 @@ class Subscriptions:
         def decide(
             sub: Subscription | None, heads: Heads
         ) -> tuple[Change | None, tuple[Subscription, str]]:
-            if sub is None:
-                raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
+            sub = _visible(caller, sub, subscription_id)
             _of_type(sub, WAKE_EVENT)
             wake = sub.wake
             held = wake is not None and wake.holder is not None

@@ -143,6 +143,65 @@ async def test_a_subscription_shows_no_stream_its_reader_may_not_read(
         assert "pinned" not in native.text + protocol.text
 
 
+async def test_a_run_scoped_token_sees_and_makes_only_subscriptions_within_its_runs(
+    server: ServerProcess, api: httpx.AsyncClient, run_id: str
+) -> None:
+    """As if the other runs were another tenant's: a subscription reaching past the token's runs
+    is 404 to it on both surfaces, and it cannot make one (a glob spanning runs, another run's
+    stream) — its webhook would otherwise hear of streams the token cannot see."""
+    other = run_id + "-other"
+    minted = await api.post(
+        "/tokens",
+        json={
+            "scopes": ["streams:read", "streams:write", "streams:admin"],
+            "expires_in_seconds": 600,
+            "runs": [run_id],
+        },
+    )
+    assert minted.status_code == 201, minted.text
+    wide, mine = sid(), sid()
+    everything = {
+        "type": "webhook",
+        "pattern": {"run_id": "*", "stream_id": "*"},
+        "webhook": {"url": HOOK},
+    }
+    assert (await api.put(f"/subscriptions/{wide}", json=everything)).status_code == 201
+    ds = f"{server.base_url}/api/durable-streams/v1/stream/__ds/subscriptions"
+    async with api_client(server, minted.json()["token"]) as scoped:
+        for path in (f"/subscriptions/{wide}", f"{ds}/{wide}"):
+            assert (await scoped.get(path)).status_code == 404
+        assert (await scoped.delete(f"/subscriptions/{wide}")).status_code == 404
+        for refused in (
+            everything,
+            {
+                "type": "webhook",
+                "pattern": {"run_id": other, "stream_id": "*"},
+                "webhook": {"url": HOOK},
+            },
+            {
+                "type": "webhook",
+                "streams": [{"run_id": other, "stream_id": "s"}],
+                "webhook": {"url": HOOK},
+            },
+        ):
+            answer = await scoped.put(f"/subscriptions/{sid()}", json=refused)
+            assert answer.status_code == 403 and answer.json()["code"] == "forbidden", answer.text
+        own = {
+            "type": "webhook",
+            "pattern": {"run_id": run_id, "stream_id": "*"},
+            "webhook": {"url": HOOK},
+        }
+        assert (await scoped.put(f"/subscriptions/{mine}", json=own)).status_code == 201
+        assert (await scoped.get(f"/subscriptions/{mine}")).status_code == 200
+        linked = await scoped.post(
+            f"/subscriptions/{mine}/streams",
+            json={"streams": [{"run_id": other, "stream_id": "s"}]},
+        )
+        assert linked.status_code == 404, linked.text
+        assert (await scoped.delete(f"/subscriptions/{mine}")).status_code == 204
+    assert (await api.get(f"/subscriptions/{wide}")).status_code == 200  # untouched
+
+
 async def test_bad_input_is_a_problem_that_changes_nothing(
     api: httpx.AsyncClient, server: ServerProcess
 ) -> None:
