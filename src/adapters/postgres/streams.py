@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from itertools import islice
+from typing import NamedTuple
 
 import asyncpg
 import msgspec
@@ -133,50 +134,125 @@ _OFFSETS = f"""
 SELECT sequence, end_offset FROM stream_records WHERE {_KEY} AND sequence = ANY($4::bigint[])
 """
 
-# One round trip writes everything a group of commands caused. Data-modifying CTEs always run to
-# completion, referenced or not; empty arrays insert nothing.
-_WRITE = f"""
+
+class StreamWrite(NamedTuple):
+    """What one stream's group writes: `_WRITE`'s parameters, by name (their numbers follow
+    this order), one array per column of each table's rows."""
+
+    tenant: str
+    run_id: str
+    stream_id: str
+    # stream_records (small groups; large ones go by COPY and leave these empty)
+    record_sequence: list[int]
+    record_appended_at: list[datetime]
+    record_kind: list[int]
+    record_content_type: list[str]
+    record_size: list[int]
+    record_end_offset: list[int]
+    record_payload: list[bytes]
+    # stream_events: the journal
+    event_version: list[int]
+    event_type: list[str]
+    event_payload: list[bytes]
+    # append_receipts
+    receipt_key: list[str]
+    receipt_fingerprint: list[bytes]
+    receipt_answer: list[bytes]
+    # stream_consumers: each consumer the group changed, as it ends, or gone
+    consumer_id: list[str]
+    consumer_principal: list[str]
+    consumer_acked: list[int]
+    consumer_at: list[datetime]
+    consumer_holds: list[bool]
+    consumer_gone: list[str]
+    # input_deliveries: an input stream's records, each with its delivery row
+    delivery_sequence: list[int]
+    # streams: the row's columns and snapshot
+    version: int
+    head: int
+    earliest: int
+    closed: bool
+    legal_hold: bool
+    state: bytes
+    write_consumers: bool
+    consumers: bytes | None
+
+
+_P = {name: f"${n}" for n, name in enumerate(StreamWrite._fields, 1)}
+_WRITE_KEY = "tenant = {tenant} AND run_id = {run_id} AND stream_id = {stream_id}"
+
+# One round trip writes everything a group of commands caused (and `executemany` of it, in one
+# pipeline, everything a batch of streams did). Data-modifying CTEs always run to completion,
+# referenced or not; empty arrays insert nothing.
+_WRITE = (
+    """
 WITH new_records AS (
     INSERT INTO stream_records
         (tenant, run_id, stream_id, sequence, appended_at, kind, content_type, size, end_offset,
          payload)
-    SELECT $1, $2, $3, r.sequence, r.appended_at, r.kind, r.content_type, r.size, r.end_offset,
-           r.payload
-    FROM unnest($4::bigint[], $5::timestamptz[], $6::int2[], $7::text[], $8::int4[], $9::int8[],
-                $10::bytea[])
+    SELECT {tenant}, {run_id}, {stream_id}, r.sequence, r.appended_at, r.kind, r.content_type,
+           r.size, r.end_offset, r.payload
+    FROM unnest({record_sequence}::bigint[], {record_appended_at}::timestamptz[],
+                {record_kind}::int2[], {record_content_type}::text[], {record_size}::int4[],
+                {record_end_offset}::int8[], {record_payload}::bytea[])
          AS r(sequence, appended_at, kind, content_type, size, end_offset, payload)
 ), new_events AS (
     INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
-    SELECT $1, $2, $3, e.version, e.type, e.payload
-    FROM unnest($11::int8[], $12::text[], $13::bytea[]) AS e(version, type, payload)
+    SELECT {tenant}, {run_id}, {stream_id}, e.version, e.type, e.payload
+    FROM unnest({event_version}::int8[], {event_type}::text[], {event_payload}::bytea[])
+         AS e(version, type, payload)
 ), new_receipts AS (
     INSERT INTO append_receipts (tenant, run_id, stream_id, idempotency_key, fingerprint, answer)
-    SELECT $1, $2, $3, x.k, x.f, x.a
-    FROM unnest($14::text[], $15::bytea[], $16::bytea[]) AS x(k, f, a)
+    SELECT {tenant}, {run_id}, {stream_id}, x.k, x.f, x.a
+    FROM unnest({receipt_key}::text[], {receipt_fingerprint}::bytea[],
+                {receipt_answer}::bytea[]) AS x(k, f, a)
 ), acked AS (
-    -- each consumer the group changed, as it ends (one row per ID), or gone ($29)
     INSERT INTO stream_consumers
         (tenant, run_id, stream_id, consumer_id, principal, acked_sequence, updated_at,
          holds_credit)
-    SELECT $1, $2, $3, c.id, c.principal, c.seq, c.at, c.holds
-    FROM unnest($17::text[], $18::text[], $19::int8[], $20::timestamptz[], $28::boolean[])
+    SELECT {tenant}, {run_id}, {stream_id}, c.id, c.principal, c.seq, c.at, c.holds
+    FROM unnest({consumer_id}::text[], {consumer_principal}::text[], {consumer_acked}::int8[],
+                {consumer_at}::timestamptz[], {consumer_holds}::boolean[])
          AS c(id, principal, seq, at, holds)
     ON CONFLICT (tenant, run_id, stream_id, consumer_id) DO UPDATE
     SET principal = excluded.principal, acked_sequence = excluded.acked_sequence,
         updated_at = excluded.updated_at, holds_credit = excluded.holds_credit
 ), removed AS (
-    DELETE FROM stream_consumers WHERE {_KEY} AND consumer_id = ANY($29::text[])
+    DELETE FROM stream_consumers
+    WHERE {key} AND consumer_id = ANY({consumer_gone}::text[])
 ), deliveries AS (
-    -- input streams: each record's delivery row commits with the record
     INSERT INTO input_deliveries (tenant, run_id, stream_id, sequence)
-    SELECT $1, $2, $3, d FROM unnest($27::bigint[]) AS d
+    SELECT {tenant}, {run_id}, {stream_id}, d FROM unnest({delivery_sequence}::bigint[]) AS d
 )
 UPDATE streams
-SET version = $21::bigint, head = $22::bigint, earliest = $23::bigint, closed = $24::boolean,
-    legal_hold = $25::boolean, state = $26::bytea,
-    consumers = CASE WHEN $30::boolean THEN $31::bytea ELSE consumers END
-WHERE {_KEY}
-RETURNING pg_notify('{WAKE_CHANNEL}', $1 || '/' || $2 || '/' || $3 || ' ' || ($22::bigint)::text)
+SET version = {version}::bigint, head = {head}::bigint, earliest = {earliest}::bigint,
+    closed = {closed}::boolean, legal_hold = {legal_hold}::boolean, state = {state}::bytea,
+    consumers = CASE WHEN {write_consumers}::boolean THEN {consumers}::bytea ELSE consumers END
+WHERE {key}
+RETURNING pg_notify(
+    '{channel}', {tenant} || '/' || {run_id} || '/' || {stream_id} || ' ' || {head}::bigint::text
+)
+"""
+).format(**_P, key=_WRITE_KEY.format(**_P), channel=WAKE_CHANNEL)
+
+# A batch's row locks, in one statement and one fixed order (the key's), whichever process or
+# replica takes them: two batches that overlap wait for each other, never in a cycle. The
+# lock is taken row by row as the sorted rows pass (LockRows above the sort).
+_LOCK_MANY = """
+SELECT s.tenant, s.run_id, s.stream_id, s.state, CASE WHEN k.definition THEN s.definition END,
+       CASE WHEN k.consumers THEN COALESCE(s.consumers, '{}'::bytea) END
+FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::boolean[])
+     AS k(tenant, run_id, stream_id, definition, consumers)
+JOIN streams s ON s.tenant = k.tenant AND s.run_id = k.run_id AND s.stream_id = k.stream_id
+ORDER BY s.tenant, s.run_id, s.stream_id
+FOR UPDATE OF s
+"""
+
+_RECEIPTS_MANY = """
+SELECT x.tenant, x.run_id, x.stream_id, r.idempotency_key, r.fingerprint, r.answer
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS x(tenant, run_id, stream_id, k)
+JOIN append_receipts r ON r.tenant = x.tenant AND r.run_id = x.run_id
+                      AND r.stream_id = x.stream_id AND r.idempotency_key = x.k
 """
 
 _DELETE_PRUNED = f"DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4"
@@ -492,78 +568,193 @@ class PostgresStreams:
             row = await conn.fetchrow(_LOCK, *key, key not in self._definitions, needs_consumers)
             if row is None:
                 raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-            state, payload = decode_state(row[0]), row[1]
-            known = self._definitions.get(key)
-            if payload is None and (known is None or known[0] != state.created_at):
-                # Evicted meanwhile, or kept for a deleted stream of the same ID.
-                payload = await conn.fetchval(f"SELECT definition FROM streams WHERE {_KEY}", *key)
-            definition = self._definition(key, state, payload)
-            # A snapshot written before migration 0488 still carries its consumers: this
-            # write moves them to their column.
-            inline = bool(state.consumers)
-            # Only the producers this group names (and, near the bound, the least recent).
-            producers, unloaded = await producers_for(conn, key, commands)
-            receipts: dict[str, Receipt] = {}
-            if keys := [c.idempotency.key for c in commands if c.idempotency is not None]:
-                for r in await conn.fetch(_RECEIPTS, *key, keys):
-                    receipts[r[0]] = Receipt(r[0], r[1], r[2])
-            offsets: dict[int, int] = {}
-            if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
-                offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
-            # Read with the lock when a command says it needs them, else once a decision does.
-            consumers: bytes | None = None if inline else row[2]
-            forked, pinned_through = False, 0
-
-            async def decide() -> tuple[Stream, list[Outcome], Changes]:
-                # From the state as locked, each time: a decision that needs the consumers
-                # raises before anything is written, and is decided again with them.
-                nonlocal consumers
-                for _ in range(2):
-                    locked = _with_consumers(row[0], consumers)
-                    locked.producers = dict(producers)
-                    stream = Stream(
-                        key,
-                        definition,
-                        locked,
-                        forked=forked,
-                        pinned_through=pinned_through,
-                        unloaded_producers=unloaded,
-                    )
-                    try:
-                        return stream, *decide_all(
-                            stream, commands, dict(receipts), offsets, self._snapshot_every
-                        )
-                    except ConsumersNotLoaded:
-                        if consumers is not None or inline:
-                            raise
-                        consumers = await conn.fetchval(_CONSUMERS, *key) or b"{}"
-                raise AssertionError("unreachable")
-
-            stream, outcomes, changes = await decide()
-            if changes.deleted or any(isinstance(e, RecordsPruned) for e in changes.events):
-                forked, pinned_through = await conn.fetchrow(_FORK_FACTS, *key)
-                if forked:
-                    # Forks still read it: decided again knowing that (a delete is a soft
-                    # delete; retention keeps what they inherit), from the state as locked.
-                    # Only a delete, an expiry or a prune pays this query.
-                    stream, outcomes, changes = await decide()
-            released: list[StreamKey] = []
-            if changes.deleted:
-                # Erased with everything it holds; what the group decided before the delete is
-                # erased with it (those requests were answered as if committed just before).
-                [deleted] = [e for e in changes.events if isinstance(e, StreamDeleted)]
-                await erase(conn, *key[:2], [key.stream_id], deleted.reason)
-                released = await _release_sources(conn, key, stream.definition.fork, deleted.at)
-            elif changes.events:
-                await self._write(conn, key, stream, changes, producers, inline)
+            settled = await self._settle(conn, key, (row[0], row[1], row[2]), commands, None)
+            if not settled.changes.deleted and settled.changes.events:
+                await self._write(
+                    conn,
+                    key,
+                    settled.stream,
+                    settled.changes,
+                    settled.producers,
+                    settled.inline,
+                )
             committing()
-        if changes.deleted:
-            for erased in (key, *released):
-                self.forget(erased)
-        return outcomes
+        self._forget_erased(settled)
+        return settled.outcomes
 
-    @staticmethod
+    async def update_many(
+        self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> list[list[Outcome] | Exception]:
+        if len(groups) == 1:  # the hot stream's path: one row, no batch statements
+            key, commands = groups[0]
+            try:
+                return [await self.update(key, commands)]
+            except NotFound as error:
+                return [error]
+        try:
+            return await bounded(self._update_many(groups))
+        except (OSError, asyncpg.InterfaceError):
+            raise  # a silent or lost connection, or a commit of unknown outcome: the batch's
+        except Exception:
+            # The server refused the batch (a deadlock with a cascade that locks out of the
+            # key's order, a stream whose write fails): nothing of it was committed. Each
+            # stream is then committed on its own, so that one stream fails only itself.
+            results: list[list[Outcome] | Exception] = []
+            for key, commands in groups:
+                try:
+                    results.append(await self.update(key, commands))
+                except (OSError, asyncpg.InterfaceError):
+                    raise
+                except Exception as error:
+                    results.append(error)
+            return results
+
+    async def _update_many(
+        self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> list[list[Outcome] | Exception]:
+        """One transaction for many streams: every row locked by one statement in the key's
+        order, each stream decided as `_update` decides it, the writes of all in one pipeline
+        (`executemany`), one COMMIT, one WAL flush; each NOTIFY is delivered at that commit."""
+        keys = [key for key, _ in groups]
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                _LOCK_MANY,
+                [k.tenant for k in keys],
+                [k.run_id for k in keys],
+                [k.stream_id for k in keys],
+                [k not in self._definitions for k in keys],
+                [any(getattr(c, "needs_consumers", False) for c in cs) for _, cs in groups],
+            )
+            locked = {StreamKey(r[0], r[1], r[2]): (r[3], r[4], r[5]) for r in rows}
+            receipts: dict[StreamKey, dict[str, Receipt]] = {}
+            wanted = [
+                (key, c.idempotency.key)
+                for key, commands in groups
+                if key in locked
+                for c in commands
+                if c.idempotency is not None
+            ]
+            if wanted:
+                for r in await conn.fetch(
+                    _RECEIPTS_MANY,
+                    [k.tenant for k, _ in wanted],
+                    [k.run_id for k, _ in wanted],
+                    [k.stream_id for k, _ in wanted],
+                    [i for _, i in wanted],
+                ):
+                    receipts.setdefault(StreamKey(r[0], r[1], r[2]), {})[r[3]] = Receipt(
+                        r[3], r[4], r[5]
+                    )
+            results: list[list[Outcome] | Exception] = []
+            done: list[_Settled] = []
+            for key, commands in groups:
+                row = locked.get(key)
+                if row is None:
+                    results.append(NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}"))
+                    continue
+                settled = await self._settle(conn, key, row, commands, receipts.get(key, {}))
+                results.append(settled.outcomes)
+                done.append(settled)
+            writing = [d for d in done if not d.changes.deleted and d.changes.events]
+            arguments = [
+                await self._before_write(conn, d.key, d.stream, d.changes, d.producers, d.inline)
+                for d in writing
+            ]
+            if arguments:
+                await conn.executemany(_WRITE, arguments)
+            for d in writing:
+                await self._after_write(conn, d.key, d.changes)
+            committing()
+        for settled in done:
+            self._forget_erased(settled)
+        return results
+
+    async def _settle(
+        self,
+        conn: asyncpg.Connection,
+        key: StreamKey,
+        row: tuple[bytes, bytes | None, bytes | None],
+        commands: Sequence[Command],
+        receipts_read: dict[str, Receipt] | None,
+    ) -> _Settled:
+        """Decide the stream's commands under its row lock (`row`: its state, its definition
+        when asked for, its consumers when asked for), and erase it if one deleted it. What
+        else they caused is written by the caller. `receipts_read`: the receipts of their
+        idempotency keys when already read."""
+        state, payload = decode_state(row[0]), row[1]
+        known = self._definitions.get(key)
+        if payload is None and (known is None or known[0] != state.created_at):
+            # Evicted meanwhile, or kept for a deleted stream of the same ID.
+            payload = await conn.fetchval(f"SELECT definition FROM streams WHERE {_KEY}", *key)
+        definition = self._definition(key, state, payload)
+        # A snapshot written before migration 0488 still carries its consumers: this
+        # write moves them to their column.
+        inline = bool(state.consumers)
+        # Only the producers this group names (and, near the bound, the least recent).
+        producers, unloaded = await producers_for(conn, key, commands)
+        receipts: dict[str, Receipt] = {}
+        if receipts_read is not None:
+            receipts = receipts_read
+        elif keys := [c.idempotency.key for c in commands if c.idempotency is not None]:
+            for r in await conn.fetch(_RECEIPTS, *key, keys):
+                receipts[r[0]] = Receipt(r[0], r[1], r[2])
+        offsets: dict[int, int] = {}
+        if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
+            offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
+        # Read with the lock when a command says it needs them, else once a decision does.
+        consumers: bytes | None = None if inline else row[2]
+        forked, pinned_through = False, 0
+
+        async def decide() -> tuple[Stream, list[Outcome], Changes]:
+            # From the state as locked, each time: a decision that needs the consumers
+            # raises before anything is written, and is decided again with them.
+            nonlocal consumers
+            for _ in range(2):
+                locked = _with_consumers(row[0], consumers)
+                locked.producers = dict(producers)
+                stream = Stream(
+                    key,
+                    definition,
+                    locked,
+                    forked=forked,
+                    pinned_through=pinned_through,
+                    unloaded_producers=unloaded,
+                )
+                try:
+                    return stream, *decide_all(
+                        stream, commands, dict(receipts), offsets, self._snapshot_every
+                    )
+                except ConsumersNotLoaded:
+                    if consumers is not None or inline:
+                        raise
+                    consumers = await conn.fetchval(_CONSUMERS, *key) or b"{}"
+            raise AssertionError("unreachable")
+
+        stream, outcomes, changes = await decide()
+        if changes.deleted or any(isinstance(e, RecordsPruned) for e in changes.events):
+            forked, pinned_through = await conn.fetchrow(_FORK_FACTS, *key)
+            if forked:
+                # Forks still read it: decided again knowing that (a delete is a soft
+                # delete; retention keeps what they inherit), from the state as locked.
+                # Only a delete, an expiry or a prune pays this query.
+                stream, outcomes, changes = await decide()
+        released: list[StreamKey] = []
+        if changes.deleted:
+            # Erased with everything it holds; what the group decided before the delete is
+            # erased with it (those requests were answered as if committed just before).
+            [deleted] = [e for e in changes.events if isinstance(e, StreamDeleted)]
+            await erase(conn, *key[:2], [key.stream_id], deleted.reason)
+            released = await _release_sources(conn, key, stream.definition.fork, deleted.at)
+        return _Settled(key, stream, outcomes, changes, producers, inline, released)
+
+    def _forget_erased(self, settled: _Settled) -> None:
+        if settled.changes.deleted:
+            for erased in (settled.key, *settled.released):
+                self.forget(erased)
+
+    @classmethod
     async def _write(
+        cls,
         conn: asyncpg.Connection,
         key: StreamKey,
         stream: Stream,
@@ -573,16 +764,34 @@ class PostgresStreams:
     ) -> None:
         """Write what a transaction's commands caused, its NOTIFY included. `producers`: those
         loaded before the commands were decided."""
+        arguments = await cls._before_write(conn, key, stream, changes, producers, inline)
+        await conn.execute(_WRITE, *arguments)
+        await cls._after_write(conn, key, changes)
+
+    @staticmethod
+    async def _before_write(
+        conn: asyncpg.Connection,
+        key: StreamKey,
+        stream: Stream,
+        changes: Changes,
+        producers: dict[str, Producer] | None,
+        inline: bool,
+    ) -> StreamWrite:
+        """The producers' rows and a large group's records (by COPY), then `_WRITE`'s
+        arguments for the rest (the producers first: a snapshot takes them all)."""
         await write_producers(conn, key, producers or {}, stream.state.producers, changes)
         rows = _record_rows(key, changes)
         if len(rows) >= COPY_THRESHOLD:
             # Large groups go by COPY (about twice the rate of unnest for 1,000 rows);
-            # small ones ride in the single write statement below.
+            # small ones ride in the single write statement.
             await conn.copy_records_to_table(
                 "stream_records", records=rows, columns=_RECORD_COLUMNS
             )
             rows = []
-        await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows, inline))
+        return _stream_write(stream, changes, rows, inline)
+
+    @staticmethod
+    async def _after_write(conn: asyncpg.Connection, key: StreamKey, changes: Changes) -> None:
         if any(isinstance(e, StreamSoftDeleted) for e in changes.events):
             await conn.execute(_SOFT_DELETED, *key)
         pruned = [e for e in changes.events if isinstance(e, RecordsPruned)]
@@ -627,9 +836,7 @@ class PostgresStreams:
                     stream.apply(event)
                 changes = Changes(events=events)
                 inline = bool(stream.state.consumers)  # as in update: moved to their column
-                await conn.execute(
-                    _WRITE, *stream.key, *_write_arguments(stream, changes, [], inline)
-                )
+                await conn.execute(_WRITE, *_stream_write(stream, changes, [], inline))
                 await conn.execute(_SOFT_DELETED, *stream.key)
             erased = [s for s in streams if s.key not in kept]
             await erase(conn, tenant, run_id, [s.key.stream_id for s in erased], "deleted")
@@ -861,9 +1068,21 @@ def _record_rows(key: StreamKey, changes: Changes) -> list[_RecordRow]:
     return rows
 
 
-def _write_arguments(
+class _Settled(NamedTuple):
+    """A stream's commands decided under its lock (and the stream erased, if one deleted it)."""
+
+    key: StreamKey
+    stream: Stream
+    outcomes: list[Outcome]
+    changes: Changes
+    producers: dict[str, Producer]
+    inline: bool
+    released: list[StreamKey]
+
+
+def _stream_write(
     stream: Stream, changes: Changes, rows: list[_RecordRow], inline: bool = False
-) -> tuple[object, ...]:
+) -> StreamWrite:
     """`inline`: the state was read with its consumers in the snapshot (written before
     migration 0488); they are written to their column now."""
     s = stream.state
@@ -873,40 +1092,40 @@ def _write_arguments(
         if isinstance(e, ConsumerAcknowledged | ConsumerRemoved)
     }
     kept = [(i, s.consumers[i]) for i in touched if i in s.consumers]
-    gone = [i for i in touched if i not in s.consumers]
-    return (
-        [r[3] for r in rows],
-        [r[4] for r in rows],
-        [r[5] for r in rows],
-        [r[6] for r in rows],
-        [r[7] for r in rows],
-        [r[8] for r in rows],
-        [r[9] for r in rows],
-        [e.version for e in changes.events],
-        [event_type(e) for e in changes.events],
-        [encode_event(e) for e in changes.events],
-        [r.key for r in changes.receipts],
-        [r.fingerprint for r in changes.receipts],
-        [r.answer_json for r in changes.receipts],
-        [i for i, _ in kept],
-        [c.principal for _, c in kept],
-        [c.acked_sequence for _, c in kept],
-        [c.updated_at for _, c in kept],
-        s.version,
-        s.head,
-        s.earliest,
-        s.closed,
-        s.legal_hold.enabled,
-        # The producers are in rows of their own (adapters/postgres/producers.py), the
-        # consumers in their column.
-        encode_state_without_consumers(
-            msgspec.structs.replace(s, producers={}) if s.producers else s
-        ),
-        [seq for a in changes.appended for seq in a.sequences]
+    return StreamWrite(
+        *stream.key,
+        record_sequence=[r[3] for r in rows],
+        record_appended_at=[r[4] for r in rows],
+        record_kind=[r[5] for r in rows],
+        record_content_type=[r[6] for r in rows],
+        record_size=[r[7] for r in rows],
+        record_end_offset=[r[8] for r in rows],
+        record_payload=[r[9] for r in rows],
+        event_version=[e.version for e in changes.events],
+        event_type=[event_type(e) for e in changes.events],
+        event_payload=[encode_event(e) for e in changes.events],
+        receipt_key=[r.key for r in changes.receipts],
+        receipt_fingerprint=[r.fingerprint for r in changes.receipts],
+        receipt_answer=[r.answer_json for r in changes.receipts],
+        consumer_id=[i for i, _ in kept],
+        consumer_principal=[c.principal for _, c in kept],
+        consumer_acked=[c.acked_sequence for _, c in kept],
+        consumer_at=[c.updated_at for _, c in kept],
+        consumer_holds=[c.holds_credit for _, c in kept],
+        consumer_gone=[i for i in touched if i not in s.consumers],
+        delivery_sequence=[seq for a in changes.appended for seq in a.sequences]
         if stream.definition.direction == "input"
         else [],
-        [c.holds_credit for _, c in kept],
-        gone,
-        bool(touched) or inline,
-        encode_consumers(s.consumers) if touched or inline else None,
+        version=s.version,
+        head=s.head,
+        earliest=s.earliest,
+        closed=s.closed,
+        legal_hold=s.legal_hold.enabled,
+        # The producers are in rows of their own (adapters/postgres/producers.py), the
+        # consumers in their column.
+        state=encode_state_without_consumers(
+            msgspec.structs.replace(s, producers={}) if s.producers else s
+        ),
+        write_consumers=bool(touched) or inline,
+        consumers=encode_consumers(s.consumers) if touched or inline else None,
     )
