@@ -7,6 +7,8 @@
     python -m bench soak [--appends 2000000] [--streams 100] [--clients 32]   (bench/soak.py)
     python -m bench protocol [--duration 10] [--rounds 2] [--only appends,fanout]
                                           (bench/protocol.py: the Durable Streams surface)
+    python -m bench spread [--duration 10] [--workers 1,2] [--only hot,spread100,...]
+                                          (bench/spread.py: appends spread over many streams)
 
 See docs/benchmarks.md for what each measurement is and the figures measured.
 """
@@ -852,6 +854,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import protocol
 
         return protocol.main(argv[1:])
+    if argv[:1] == ["spread"]:
+        from bench import spread
+
+        return spread.main(argv[1:])
     args = parse_args(argv)
     if args.profile and "append" not in args.selected:
         print("--profile samples the server during `append`; add it to --only", file=sys.stderr)

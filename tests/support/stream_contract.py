@@ -1323,3 +1323,41 @@ class CrossStreamContract:
         assert isinstance(second[0][0], Done) and isinstance(second[1][0], Done)
         assert await repo.load(fork_key) is None and await repo.load(src.key) is None
         assert (await repo.page(other, 0, 10))[0].head == 2
+
+    async def test_consumers_receipts_and_input_deliveries_of_a_batch_are_written_per_stream(
+        self, repo
+    ) -> None:
+        run = new_key()
+        a, b = run._replace(stream_id="a"), run._replace(stream_id="b")
+        inbox = run._replace(stream_id="inbox")
+        await repo.create(a, definition("a", max_unread_items=2), NOW)
+        await repo.create(b, definition("b"), NOW)
+        await repo.create(
+            inbox, msgspec.structs.replace(definition("inbox"), direction="input"), NOW
+        )
+        await repo.update(a, [append([record(), record()]), AckCommand(WRITER, "gone", 0, NOW)])
+        results = await repo.update_many(
+            [
+                (
+                    a,
+                    [
+                        AckCommand(WRITER, "w", 2, NOW),
+                        RemoveConsumerCommand("gone", NOW),
+                        append(key="x"),
+                    ],
+                ),
+                (b, [AckCommand(READER, "r", 0, NOW), append(key="x")]),
+                (inbox, [append([record(), record()])]),
+            ]
+        )
+        assert all(isinstance(o, Done) for r in results for o in r), results
+        assert [c.consumer_id for c in await repo.consumers(a, None, 10)] == ["w"]
+        assert [(c.consumer_id, c.acked_sequence) for c in await repo.consumers(b, None, 10)] == [
+            ("r", 0)
+        ]
+        for k in (a, b):
+            stored = await repo.load(k)
+            assert Stream.replay(k, await repo.journal(k)).state == stored.state
+            [again] = await repo.update(k, [append(key="x")])
+            assert isinstance(again, Replayed)
+        assert (await repo.page(inbox, 0, 10))[0].head == 2

@@ -181,8 +181,8 @@ class StreamWrite(NamedTuple):
 _P = {name: f"${n}" for n, name in enumerate(StreamWrite._fields, 1)}
 _WRITE_KEY = "tenant = {tenant} AND run_id = {run_id} AND stream_id = {stream_id}"
 
-# One round trip writes everything a group of commands caused (and `executemany` of it, in one
-# pipeline, everything a batch of streams did). Data-modifying CTEs always run to completion,
+# One round trip writes everything a group of commands caused (`_WRITE_MANY` below, what a
+# batch of streams caused). Data-modifying CTEs always run to completion,
 # referenced or not; empty arrays insert nothing.
 _WRITE = (
     """
@@ -234,6 +234,114 @@ RETURNING pg_notify(
 )
 """
 ).format(**_P, key=_WRITE_KEY.format(**_P), channel=WAKE_CHANNEL)
+
+# What a batch of streams writes, in one statement: `StreamWrite`'s arrays concatenated over the
+# streams (each row with its stream's key: `<table>_tenant`, …) and its one-per-stream columns
+# as arrays of their own, for the UPDATE of every stream row from one unnest.
+_ROWS = {
+    "record": [f for f in StreamWrite._fields if f.startswith("record_")],
+    "event": ["event_version", "event_type", "event_payload"],
+    "receipt": ["receipt_key", "receipt_fingerprint", "receipt_answer"],
+    "consumer": [
+        "consumer_id",
+        "consumer_principal",
+        "consumer_acked",
+        "consumer_at",
+        "consumer_holds",
+    ],
+    "gone": ["consumer_gone"],
+    "delivery": ["delivery_sequence"],
+}
+_ONE_EACH = [f for f in StreamWrite._fields if not any(f in fields for fields in _ROWS.values())]
+_BATCH_FIELDS = [
+    name
+    for table, fields in _ROWS.items()
+    for name in (f"{table}_tenant", f"{table}_run_id", f"{table}_stream_id", *fields)
+] + _ONE_EACH
+_B = {name: f"${n}" for n, name in enumerate(_BATCH_FIELDS, 1)}
+
+
+def _batch_key(table: str) -> str:
+    return ", ".join(_B[f"{table}_{c}"] + "::text[]" for c in ("tenant", "run_id", "stream_id"))
+
+
+_WRITE_MANY = (
+    """
+WITH new_records AS (
+    INSERT INTO stream_records
+        (tenant, run_id, stream_id, sequence, appended_at, kind, content_type, size, end_offset,
+         payload)
+    SELECT * FROM unnest({record_key}, {record_sequence}::bigint[],
+                         {record_appended_at}::timestamptz[], {record_kind}::int2[],
+                         {record_content_type}::text[], {record_size}::int4[],
+                         {record_end_offset}::int8[], {record_payload}::bytea[])
+), new_events AS (
+    INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
+    SELECT * FROM unnest({event_key}, {event_version}::int8[], {event_type}::text[],
+                         {event_payload}::bytea[])
+), new_receipts AS (
+    INSERT INTO append_receipts (tenant, run_id, stream_id, idempotency_key, fingerprint, answer)
+    SELECT * FROM unnest({receipt_key_}, {receipt_key}::text[], {receipt_fingerprint}::bytea[],
+                         {receipt_answer}::bytea[])
+), acked AS (
+    INSERT INTO stream_consumers
+        (tenant, run_id, stream_id, consumer_id, principal, acked_sequence, updated_at,
+         holds_credit)
+    SELECT * FROM unnest({consumer_key}, {consumer_id}::text[], {consumer_principal}::text[],
+                         {consumer_acked}::int8[], {consumer_at}::timestamptz[],
+                         {consumer_holds}::boolean[])
+    ON CONFLICT (tenant, run_id, stream_id, consumer_id) DO UPDATE
+    SET principal = excluded.principal, acked_sequence = excluded.acked_sequence,
+        updated_at = excluded.updated_at, holds_credit = excluded.holds_credit
+), removed AS (
+    DELETE FROM stream_consumers c
+    USING unnest({gone_key}, {consumer_gone}::text[]) AS g(tenant, run_id, stream_id, id)
+    WHERE c.tenant = g.tenant AND c.run_id = g.run_id AND c.stream_id = g.stream_id
+      AND c.consumer_id = g.id
+), deliveries AS (
+    INSERT INTO input_deliveries (tenant, run_id, stream_id, sequence)
+    SELECT * FROM unnest({delivery_key}, {delivery_sequence}::bigint[])
+)
+UPDATE streams s
+SET version = u.version, head = u.head, earliest = u.earliest, closed = u.closed,
+    legal_hold = u.legal_hold, state = u.state,
+    consumers = CASE WHEN u.write_consumers THEN u.consumers ELSE s.consumers END
+FROM unnest({tenant}::text[], {run_id}::text[], {stream_id}::text[], {version}::bigint[],
+            {head}::bigint[], {earliest}::bigint[], {closed}::boolean[],
+            {legal_hold}::boolean[], {state}::bytea[], {write_consumers}::boolean[],
+            {consumers}::bytea[])
+     AS u(tenant, run_id, stream_id, version, head, earliest, closed, legal_hold, state,
+          write_consumers, consumers)
+WHERE s.tenant = u.tenant AND s.run_id = u.run_id AND s.stream_id = u.stream_id
+RETURNING pg_notify(
+    '{channel}', u.tenant || '/' || u.run_id || '/' || u.stream_id || ' ' || u.head::text
+)
+"""
+).format(
+    **_B,
+    **{f"{t}_key": _batch_key(t) for t in _ROWS if t != "receipt"},
+    receipt_key_=_batch_key("receipt"),
+    channel=WAKE_CHANNEL,
+)
+
+
+def _batch_write(writes: Sequence[StreamWrite]) -> list[list[object]]:
+    """`_WRITE_MANY`'s arguments, in `_BATCH_FIELDS`' order, from each stream's write."""
+    columns: dict[str, list[object]] = {name: [] for name in _BATCH_FIELDS}
+    for w in writes:
+        for table, fields in _ROWS.items():
+            n = len(getattr(w, fields[0]))
+            if not n:
+                continue
+            columns[f"{table}_tenant"] += [w.tenant] * n
+            columns[f"{table}_run_id"] += [w.run_id] * n
+            columns[f"{table}_stream_id"] += [w.stream_id] * n
+            for name in fields:
+                columns[name] += getattr(w, name)
+        for name in _ONE_EACH:
+            columns[name].append(getattr(w, name))
+    return [columns[name] for name in _BATCH_FIELDS]
+
 
 # A batch's row locks, in one statement and one fixed order (the key's), whichever process or
 # replica takes them: two batches that overlap wait for each other, never in a cycle. The
@@ -613,8 +721,8 @@ class PostgresStreams:
         self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
     ) -> list[list[Outcome] | Exception]:
         """One transaction for many streams: every row locked by one statement in the key's
-        order, each stream decided as `_update` decides it, the writes of all in one pipeline
-        (`executemany`), one COMMIT, one WAL flush; each NOTIFY is delivered at that commit."""
+        order, each stream decided as `_update` decides it, the writes of all in one statement
+        (`_WRITE_MANY`), one COMMIT, one WAL flush; each NOTIFY is delivered at that commit."""
         keys = [key for key, _ in groups]
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
@@ -661,7 +769,7 @@ class PostgresStreams:
                 for d in writing
             ]
             if arguments:
-                await conn.executemany(_WRITE, arguments)
+                await conn.execute(_WRITE_MANY, *_batch_write(arguments))
             for d in writing:
                 await self._after_write(conn, d.key, d.changes)
             committing()
