@@ -35,7 +35,7 @@ from tests.support.node import ReferenceServer
 from tests.support.server import free_port
 
 from bench import database, load
-from bench.server import Server, raise_fd_limit, tree_memory
+from bench.server import CpuMeter, Server, raise_fd_limit, tree_memory
 
 LUA = Path(__file__).with_name("spread.lua")
 RECORD = b'{"i":1,"kind":"token","t":"xx"}'  # 31 bytes, as the issue's loads
@@ -87,8 +87,10 @@ def wrk(
     body: bytes,
     token: str,
     content_type: str = "application/json",
+    roots: dict[str, int] | None = None,
 ) -> load.LoadResult:
-    """wrk for the window's duration (after its warm-up), each request to a random path."""
+    """wrk for the window's duration (after its warm-up), each request to a random path; the
+    CPU of the `roots` process trees meanwhile (% of one core) in the result's `detail`."""
     a = window.args
     paths_file = window.tmp / f"paths-{secrets.token_hex(3)}.txt"
     paths_file.write_text("\n".join(paths) + "\n")
@@ -130,7 +132,11 @@ def wrk(
 
     if a.warmup > 0:
         go(a.warmup)
-    return go(a.duration)
+    meter = CpuMeter(roots or {})
+    meter.start()
+    result = go(a.duration)
+    result.detail = {k: round(v) for k, v in meter.stop().items()}
+    return result
 
 
 def _row(name: str, label: str, result: load.LoadResult) -> Row:
@@ -141,6 +147,7 @@ def _row(name: str, label: str, result: load.LoadResult) -> Row:
         result.p50_ms,
         result.p99_ms,
         result.errors,
+        note=", ".join(f"{k} {v}%" for k, v in (result.detail or {}).items()),
     )
 
 
@@ -166,7 +173,7 @@ def layouts() -> dict[str, tuple[str, list[tuple[str, str]]]]:
     }
 
 
-def ours(window: Window, url: str, token: str, workers: int, names: list[str]) -> None:
+def ours(window: Window, url: str, pg_pid: int, token: str, workers: int, names: list[str]) -> None:
     server = Server(
         url,
         token,
@@ -179,13 +186,13 @@ def ours(window: Window, url: str, token: str, workers: int, names: list[str]) -
         shapes = layouts()
         for name in names:
             label, keys = shapes[name]
-            if workers == window.args.worker_counts[0]:
-                create_streams(server, keys)
+            create_streams(server, keys)  # (again: a creation of the same is a no-op)
             asyncio.run(database.checkpoint(url))
             paths = [NATIVE.format(run=r, stream=s) for r, s in keys]
             body = json.dumps({"records": [{"data": json.loads(RECORD)}]}).encode()
             print(f"  {label}, --workers {workers} ...", flush=True)
-            row = _row(name, label, wrk(window, server.port, paths, body, token))
+            roots = {"server": server.pid, "postgres": pg_pid}
+            row = _row(name, label, wrk(window, server.port, paths, body, token, roots=roots))
             suffix = "" if workers == 1 else f"@w{workers}"
             if suffix:
                 row.name, row.label = name + suffix, f"{label}, --workers {workers}"
@@ -211,7 +218,9 @@ def reference(window: Window) -> None:
             )
             print(f"  {label} ...", flush=True)
             window.rows[name] = _row(
-                name, label, wrk(window, ref.port, paths, RECORD, "", "application/json")
+                name,
+                label,
+                wrk(window, ref.port, paths, RECORD, "", roots={"server": ref.pid}),
             )
     finally:
         ref.stop()
@@ -380,8 +389,8 @@ def _ratio(rows: dict[str, Row], a: str, b: str) -> float | None:
 def report(window: Window) -> str:
     rows = window.rows
     out = [
-        "| load | appends/s | p50 | p99 | errors | vs hot |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| load | appends/s | p50 | p99 | errors | vs hot | CPU (% of a core) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows.values():
         hot = "hot" if "@w" not in row.name else f"hot@{row.name.split('@')[1]}"
@@ -392,7 +401,7 @@ def report(window: Window) -> str:
         vs = _ratio(rows, row.name, hot)
         out.append(
             f"| {row.label} | {row.per_s:,.0f} | {_ms(row.p50_ms)} | {_ms(row.p99_ms)} "
-            f"| {row.errors} | {'' if vs is None else f'{vs:.2f}x'} |"
+            f"| {row.errors} | {'' if vs is None else f'{vs:.2f}x'} | {row.note} |"
         )
     if window.rss:
         out.append("")
@@ -445,14 +454,14 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     try:
         print(f"starting embedded PostgreSQL under {tmp / 'pg'} ...", flush=True)
-        url, _ = database.start_database(tmp)
+        url, pg_pid = database.start_database(tmp)
         token = secrets.token_urlsafe(24)
         loads = [n for n in ("hot", "spread100", "spread1000", "runs") if n in args.selected]
         if loads:
-            ours(window, url, token, args.worker_counts[0], loads)
+            ours(window, url, pg_pid, token, args.worker_counts[0], loads)
         if "workers" in args.selected:
             for n in args.worker_counts[1:]:
-                ours(window, url, token, n, [x for x in ("hot", "spread100") if x in loads])
+                ours(window, url, pg_pid, token, n, ["hot", "spread100"])
         if "reffile" in args.selected:
             reference(window)
         if "nats" in args.selected:

@@ -1,69 +1,66 @@
 """Streams, their journal, records and receipts in PostgreSQL.
 
-`update` is the only writer of a stream's state. It takes the stream-row lock
-(`SELECT … FOR UPDATE`), so every process and replica that appends, acknowledges or closes the
-same stream queues on that one row: sequences, credit and receipts are decided against committed
-state and nothing else. Everything the commands caused — journal rows, records, receipts,
-consumers and the new snapshot — is written by one statement, and the NOTIFY rides in the same
-transaction, so a listener can never be woken before the records it will reread are visible.
+`update` (one stream) and `update_many` (a batch of streams: the group commit across streams)
+are the only writers of a stream's state. They take the stream-row lock (`SELECT … FOR
+UPDATE`; a batch takes all of its rows in one statement, in the key's order), so every process
+and replica that appends, acknowledges or closes the same stream queues on that one row:
+sequences, credit and receipts are decided against committed state and nothing else.
+Everything the commands caused is written by one statement (adapters/postgres/stream_writes.py),
+and the NOTIFY rides in the same transaction, so a listener can never be woken before the
+records it will reread are visible. Reads of records are in adapters/postgres/record_reads.py,
+the forks' links and cascade in adapters/postgres/forks.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime, timedelta
-from itertools import islice
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 import asyncpg
-import msgspec
 
 from adapters.postgres.bounded import bounded
 from adapters.postgres.cleanup import aged_rows, delete_in_batches
 from adapters.postgres.erasure import WAKE_CHANNEL, erase
-from adapters.postgres.intents import project_objects, read_expired_intents, read_intent
-from adapters.postgres.journal import read_journal, schedule_compaction
-from adapters.postgres.producers import all_producers, producers_for, write_producers
+from adapters.postgres.forks import fork_facts, link_fork, release_sources, run_forks
+from adapters.postgres.intents import read_expired_intents, read_intent
+from adapters.postgres.journal import read_journal
+from adapters.postgres.producers import all_producers, producers_for
+from adapters.postgres.record_reads import RecordReads
+from adapters.postgres.stream_writes import (
+    SOFT_DELETED,
+    after_write,
+    before_write,
+    execute_write,
+    execute_writes,
+    stream_write,
+    write,
+)
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
-from application.fork_reads import (
-    ForkLink,
-    check_fork_source,
-    kept_by_forks,
-    segments,
-    stitched,
-)
+from application.fork_reads import ForkLink, kept_by_forks
 from application.ports import (
     Command,
     ConsumerPosition,
     Failed,
     Outcome,
-    Position,
     RunSummary,
-    StoredRecord,
 )
 from application.retention import expired_prefix, has_retention
 from application.waiting import committing
 from application.wake import WakeRegistry
-from domain.definition import Fork, StreamDefinition
+from domain.definition import StreamDefinition
 from domain.events import (
-    ConsumerAcknowledged,
-    ConsumerRemoved,
     Event,
     RecordsPruned,
     StreamDeleted,
-    StreamSoftDeleted,
     encode_event,
-    event_type,
 )
 from domain.objects import ObjectIntent
-from domain.records import RecordKind
 from domain.state import (
     ConsumersNotLoaded,
     Producer,
     decode_consumers,
-    encode_consumers,
-    encode_state_without_consumers,
 )
 from domain.stream import (
     Stream,
@@ -135,214 +132,6 @@ SELECT sequence, end_offset FROM stream_records WHERE {_KEY} AND sequence = ANY(
 """
 
 
-class StreamWrite(NamedTuple):
-    """What one stream's group writes: `_WRITE`'s parameters, by name (their numbers follow
-    this order), one array per column of each table's rows."""
-
-    tenant: str
-    run_id: str
-    stream_id: str
-    # stream_records (small groups; large ones go by COPY and leave these empty)
-    record_sequence: list[int]
-    record_appended_at: list[datetime]
-    record_kind: list[int]
-    record_content_type: list[str]
-    record_size: list[int]
-    record_end_offset: list[int]
-    record_payload: list[bytes]
-    # stream_events: the journal
-    event_version: list[int]
-    event_type: list[str]
-    event_payload: list[bytes]
-    # append_receipts
-    receipt_key: list[str]
-    receipt_fingerprint: list[bytes]
-    receipt_answer: list[bytes]
-    # stream_consumers: each consumer the group changed, as it ends, or gone
-    consumer_id: list[str]
-    consumer_principal: list[str]
-    consumer_acked: list[int]
-    consumer_at: list[datetime]
-    consumer_holds: list[bool]
-    consumer_gone: list[str]
-    # input_deliveries: an input stream's records, each with its delivery row
-    delivery_sequence: list[int]
-    # streams: the row's columns and snapshot
-    version: int
-    head: int
-    earliest: int
-    closed: bool
-    legal_hold: bool
-    state: bytes
-    write_consumers: bool
-    consumers: bytes | None
-
-
-_P = {name: f"${n}" for n, name in enumerate(StreamWrite._fields, 1)}
-_WRITE_KEY = "tenant = {tenant} AND run_id = {run_id} AND stream_id = {stream_id}"
-
-# One round trip writes everything a group of commands caused (`_WRITE_MANY` below, what a
-# batch of streams caused). Data-modifying CTEs always run to completion,
-# referenced or not; empty arrays insert nothing.
-_WRITE = (
-    """
-WITH new_records AS (
-    INSERT INTO stream_records
-        (tenant, run_id, stream_id, sequence, appended_at, kind, content_type, size, end_offset,
-         payload)
-    SELECT {tenant}, {run_id}, {stream_id}, r.sequence, r.appended_at, r.kind, r.content_type,
-           r.size, r.end_offset, r.payload
-    FROM unnest({record_sequence}::bigint[], {record_appended_at}::timestamptz[],
-                {record_kind}::int2[], {record_content_type}::text[], {record_size}::int4[],
-                {record_end_offset}::int8[], {record_payload}::bytea[])
-         AS r(sequence, appended_at, kind, content_type, size, end_offset, payload)
-), new_events AS (
-    INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
-    SELECT {tenant}, {run_id}, {stream_id}, e.version, e.type, e.payload
-    FROM unnest({event_version}::int8[], {event_type}::text[], {event_payload}::bytea[])
-         AS e(version, type, payload)
-), new_receipts AS (
-    INSERT INTO append_receipts (tenant, run_id, stream_id, idempotency_key, fingerprint, answer)
-    SELECT {tenant}, {run_id}, {stream_id}, x.k, x.f, x.a
-    FROM unnest({receipt_key}::text[], {receipt_fingerprint}::bytea[],
-                {receipt_answer}::bytea[]) AS x(k, f, a)
-), acked AS (
-    INSERT INTO stream_consumers
-        (tenant, run_id, stream_id, consumer_id, principal, acked_sequence, updated_at,
-         holds_credit)
-    SELECT {tenant}, {run_id}, {stream_id}, c.id, c.principal, c.seq, c.at, c.holds
-    FROM unnest({consumer_id}::text[], {consumer_principal}::text[], {consumer_acked}::int8[],
-                {consumer_at}::timestamptz[], {consumer_holds}::boolean[])
-         AS c(id, principal, seq, at, holds)
-    ON CONFLICT (tenant, run_id, stream_id, consumer_id) DO UPDATE
-    SET principal = excluded.principal, acked_sequence = excluded.acked_sequence,
-        updated_at = excluded.updated_at, holds_credit = excluded.holds_credit
-), removed AS (
-    DELETE FROM stream_consumers
-    WHERE {key} AND consumer_id = ANY({consumer_gone}::text[])
-), deliveries AS (
-    INSERT INTO input_deliveries (tenant, run_id, stream_id, sequence)
-    SELECT {tenant}, {run_id}, {stream_id}, d FROM unnest({delivery_sequence}::bigint[]) AS d
-)
-UPDATE streams
-SET version = {version}::bigint, head = {head}::bigint, earliest = {earliest}::bigint,
-    closed = {closed}::boolean, legal_hold = {legal_hold}::boolean, state = {state}::bytea,
-    consumers = CASE WHEN {write_consumers}::boolean THEN {consumers}::bytea ELSE consumers END
-WHERE {key}
-RETURNING pg_notify(
-    '{channel}', {tenant} || '/' || {run_id} || '/' || {stream_id} || ' ' || {head}::bigint::text
-)
-"""
-).format(**_P, key=_WRITE_KEY.format(**_P), channel=WAKE_CHANNEL)
-
-# What a batch of streams writes, in one statement: `StreamWrite`'s arrays concatenated over the
-# streams (each row with its stream's key: `<table>_tenant`, …) and its one-per-stream columns
-# as arrays of their own, for the UPDATE of every stream row from one unnest.
-_ROWS = {
-    "record": [f for f in StreamWrite._fields if f.startswith("record_")],
-    "event": ["event_version", "event_type", "event_payload"],
-    "receipt": ["receipt_key", "receipt_fingerprint", "receipt_answer"],
-    "consumer": [
-        "consumer_id",
-        "consumer_principal",
-        "consumer_acked",
-        "consumer_at",
-        "consumer_holds",
-    ],
-    "gone": ["consumer_gone"],
-    "delivery": ["delivery_sequence"],
-}
-_ONE_EACH = [f for f in StreamWrite._fields if not any(f in fields for fields in _ROWS.values())]
-_BATCH_FIELDS = [
-    name
-    for table, fields in _ROWS.items()
-    for name in (f"{table}_tenant", f"{table}_run_id", f"{table}_stream_id", *fields)
-] + _ONE_EACH
-_B = {name: f"${n}" for n, name in enumerate(_BATCH_FIELDS, 1)}
-
-
-def _batch_key(table: str) -> str:
-    return ", ".join(_B[f"{table}_{c}"] + "::text[]" for c in ("tenant", "run_id", "stream_id"))
-
-
-_WRITE_MANY = (
-    """
-WITH new_records AS (
-    INSERT INTO stream_records
-        (tenant, run_id, stream_id, sequence, appended_at, kind, content_type, size, end_offset,
-         payload)
-    SELECT * FROM unnest({record_key}, {record_sequence}::bigint[],
-                         {record_appended_at}::timestamptz[], {record_kind}::int2[],
-                         {record_content_type}::text[], {record_size}::int4[],
-                         {record_end_offset}::int8[], {record_payload}::bytea[])
-), new_events AS (
-    INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
-    SELECT * FROM unnest({event_key}, {event_version}::int8[], {event_type}::text[],
-                         {event_payload}::bytea[])
-), new_receipts AS (
-    INSERT INTO append_receipts (tenant, run_id, stream_id, idempotency_key, fingerprint, answer)
-    SELECT * FROM unnest({receipt_key_}, {receipt_key}::text[], {receipt_fingerprint}::bytea[],
-                         {receipt_answer}::bytea[])
-), acked AS (
-    INSERT INTO stream_consumers
-        (tenant, run_id, stream_id, consumer_id, principal, acked_sequence, updated_at,
-         holds_credit)
-    SELECT * FROM unnest({consumer_key}, {consumer_id}::text[], {consumer_principal}::text[],
-                         {consumer_acked}::int8[], {consumer_at}::timestamptz[],
-                         {consumer_holds}::boolean[])
-    ON CONFLICT (tenant, run_id, stream_id, consumer_id) DO UPDATE
-    SET principal = excluded.principal, acked_sequence = excluded.acked_sequence,
-        updated_at = excluded.updated_at, holds_credit = excluded.holds_credit
-), removed AS (
-    DELETE FROM stream_consumers c
-    USING unnest({gone_key}, {consumer_gone}::text[]) AS g(tenant, run_id, stream_id, id)
-    WHERE c.tenant = g.tenant AND c.run_id = g.run_id AND c.stream_id = g.stream_id
-      AND c.consumer_id = g.id
-), deliveries AS (
-    INSERT INTO input_deliveries (tenant, run_id, stream_id, sequence)
-    SELECT * FROM unnest({delivery_key}, {delivery_sequence}::bigint[])
-)
-UPDATE streams s
-SET version = u.version, head = u.head, earliest = u.earliest, closed = u.closed,
-    legal_hold = u.legal_hold, state = u.state,
-    consumers = CASE WHEN u.write_consumers THEN u.consumers ELSE s.consumers END
-FROM unnest({tenant}::text[], {run_id}::text[], {stream_id}::text[], {version}::bigint[],
-            {head}::bigint[], {earliest}::bigint[], {closed}::boolean[],
-            {legal_hold}::boolean[], {state}::bytea[], {write_consumers}::boolean[],
-            {consumers}::bytea[])
-     AS u(tenant, run_id, stream_id, version, head, earliest, closed, legal_hold, state,
-          write_consumers, consumers)
-WHERE s.tenant = u.tenant AND s.run_id = u.run_id AND s.stream_id = u.stream_id
-RETURNING pg_notify(
-    '{channel}', u.tenant || '/' || u.run_id || '/' || u.stream_id || ' ' || u.head::text
-)
-"""
-).format(
-    **_B,
-    **{f"{t}_key": _batch_key(t) for t in _ROWS if t != "receipt"},
-    receipt_key_=_batch_key("receipt"),
-    channel=WAKE_CHANNEL,
-)
-
-
-def _batch_write(writes: Sequence[StreamWrite]) -> list[list[object]]:
-    """`_WRITE_MANY`'s arguments, in `_BATCH_FIELDS`' order, from each stream's write."""
-    columns: dict[str, list[object]] = {name: [] for name in _BATCH_FIELDS}
-    for w in writes:
-        for table, fields in _ROWS.items():
-            n = len(getattr(w, fields[0]))
-            if not n:
-                continue
-            columns[f"{table}_tenant"] += [w.tenant] * n
-            columns[f"{table}_run_id"] += [w.run_id] * n
-            columns[f"{table}_stream_id"] += [w.stream_id] * n
-            for name in fields:
-                columns[name] += getattr(w, name)
-        for name in _ONE_EACH:
-            columns[name].append(getattr(w, name))
-    return [columns[name] for name in _BATCH_FIELDS]
-
-
 # A batch's row locks, in one statement and one fixed order (the key's), whichever process or
 # replica takes them: two batches that overlap wait for each other, never in a cycle. The
 # lock is taken row by row as the sorted rows pass (LockRows above the sort).
@@ -363,123 +152,9 @@ JOIN append_receipts r ON r.tenant = x.tenant AND r.run_id = x.run_id
                       AND r.stream_id = x.stream_id AND r.idempotency_key = x.k
 """
 
-_DELETE_PRUNED = f"DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4"
-
 _EXPIRED = f"""
 SELECT sequence, appended_at FROM stream_records
 WHERE {_KEY} AND sequence > $4 ORDER BY sequence LIMIT $5
-"""
-
-# The stream's position (and fork link) once, in the first row, then one row per record: the
-# position's columns repeated on every record row cost asyncpg a decode each (created_at a
-# datetime) per record. One statement, one snapshot; the CTE is evaluated once.
-_PAGE = """
-WITH s AS (
-    SELECT s.head, s.earliest, s.closed, s.created_at, s.soft_deleted,
-           f.source_run_id, f.source_stream_id, f.source_created_at, f.through
-    FROM streams s
-    LEFT JOIN stream_forks f
-           ON f.tenant = s.tenant AND f.run_id = s.run_id AND f.stream_id = s.stream_id
-    WHERE s.tenant = $1 AND s.run_id = $2 AND s.stream_id = $3
-)
-SELECT s.*, NULL::bigint, NULL::bytea, NULL::int2, NULL::text, NULL::int4, NULL::bytea FROM s
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       r.sequence, timestamptz_send(r.appended_at), r.kind, r.content_type, r.size, r.payload
-FROM s CROSS JOIN LATERAL (
-    SELECT sequence, appended_at, kind, content_type, size, payload
-    FROM stream_records r
-    WHERE r.tenant = $1 AND r.run_id = $2 AND r.stream_id = $3
-      AND r.sequence > $4 AND r.sequence <= s.head
-    ORDER BY r.sequence
-    LIMIT $5
-) r
-"""
-# A fork's chain, its own link first, up to the root: resolved once per fork and kept (it never
-# changes while the fork exists). The bound only guards against a cycle, which no creation can
-# make (a fork links a stream that existed before it).
-_CHAIN = """
-WITH RECURSIVE chain(n, source_run_id, source_stream_id, source_created_at, through) AS (
-    SELECT 0, source_run_id, source_stream_id, source_created_at, through FROM stream_forks
-    WHERE tenant = $1 AND run_id = $2 AND stream_id = $3
-    UNION ALL
-    SELECT c.n + 1, f.source_run_id, f.source_stream_id, f.source_created_at, f.through
-    FROM chain c JOIN stream_forks f
-      ON f.tenant = $1 AND f.run_id = c.source_run_id AND f.stream_id = c.source_stream_id
-    WHERE c.n < $4
-)
-SELECT source_run_id, source_stream_id, source_created_at, through FROM chain ORDER BY n
-"""
-_CHAIN_BOUND = 100_000
-
-# What a fork's read takes from its ancestors, in one statement whatever the chain's depth: each
-# ancestor's position (n, earliest, created_at), then the records of each segment that is not
-# empty (n, then a record's columns where _PAGE has them: one decoding loop for both). `n` is
-# the ancestor's place in the chain (1: the source).
-_SEGMENTS = """
-WITH c AS (
-    SELECT * FROM unnest($2::text[], $3::text[], $4::int8[], $5::int8[])
-        WITH ORDINALITY AS c(run_id, stream_id, after, through, n)
-)
-SELECT c.n, s.earliest, s.created_at, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL::bigint, NULL::bytea, NULL::int2, NULL::text, NULL::int4, NULL::bytea
-FROM c JOIN streams s ON s.tenant = $1 AND s.run_id = c.run_id AND s.stream_id = c.stream_id
-UNION ALL
-SELECT c.n, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       r.sequence, timestamptz_send(r.appended_at), r.kind, r.content_type, r.size, r.payload
-FROM (SELECT * FROM c WHERE c.after < c.through) c CROSS JOIN LATERAL (
-    SELECT sequence, appended_at, kind, content_type, size, payload
-    FROM stream_records r
-    WHERE r.tenant = $1 AND r.run_id = c.run_id AND r.stream_id = c.stream_id
-      AND r.sequence > c.after AND r.sequence <= c.through
-    ORDER BY r.sequence
-    LIMIT $6
-) r
-"""
-
-# A page's appended_at arrives as timestamptz_send's 8 bytes (microseconds since 2000-01-01 UTC)
-# and is decoded once per distinct value: the records of one append share theirs, and decoding
-# every row's into a datetime was a tenth of a catch-up's CPU (docs/architecture.md).
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
-_KINDS = tuple(RecordKind)  # RecordKind(n) per row cost more than the rest of the row
-
-
-# Forks: the source row is locked after the fork's is inserted (child before parent, the order
-# erasure's cascade takes them in), so a delete of the source either commits first (the fork
-# finds no source: 404) or sees the link (a soft delete).
-_LOCK_SOURCE = f"SELECT state FROM streams WHERE {_KEY} FOR UPDATE"
-
-_LINK = """
-INSERT INTO stream_forks
-    (tenant, run_id, stream_id, source_run_id, source_stream_id, source_created_at, through)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-"""
-
-# Separate statements after the row lock is taken, so their snapshots see a link committed
-# while the lock was awaited (a fork's creation locks its source's row before it links).
-_FORK_FACTS = """
-SELECT count(*) > 0, COALESCE(max(through), 0) FROM stream_forks
-WHERE tenant = $1 AND source_run_id = $2 AND source_stream_id = $3
-"""
-
-_HAS_FORKS = """
-SELECT EXISTS (SELECT 1 FROM stream_forks
-               WHERE tenant = $1 AND source_run_id = $2 AND source_stream_id = $3)
-"""
-
-_SOFT_DELETED = f"""
-WITH unswept AS (
-    -- nothing is left to expire: only the cascade of its last fork's erasure erases it
-    DELETE FROM stream_access WHERE {_KEY}
-)
-UPDATE streams SET soft_deleted = true WHERE {_KEY}
-"""
-
-_LOCK_RELEASED = f"SELECT definition, state FROM streams WHERE {_KEY} FOR UPDATE"
-
-_RUN_FORKS = """
-SELECT source_stream_id, run_id, stream_id FROM stream_forks
-WHERE tenant = $1 AND source_run_id = $2
 """
 
 # A keyset page over the primary key (tenant, run_id, stream_id): an index range scan that stops
@@ -505,7 +180,7 @@ GROUP BY run_id ORDER BY run_id LIMIT $3
 """
 
 
-class PostgresStreams:
+class PostgresStreams(RecordReads):
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -576,7 +251,7 @@ class PostgresStreams:
                 return False
             fork = stream.definition.fork
             if fork is not None:  # the source locked after the fork's row: child before parent
-                await _link_fork(conn, stream.key, fork)
+                await link_fork(conn, stream.key, fork)
                 # The row's head and earliest columns (what pages read) start where the fork's
                 # state does, at its fork point, not at the columns' defaults (0 and 1).
                 await conn.execute(
@@ -592,7 +267,7 @@ class PostgresStreams:
                 if isinstance(outcome, Failed):
                     raise outcome.error
             assert not changes.deleted
-            await self._write(conn, stream.key, stream, changes)
+            await write(conn, stream.key, stream, changes)
             committing()
         return True
 
@@ -678,7 +353,7 @@ class PostgresStreams:
                 raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
             settled = await self._settle(conn, key, (row[0], row[1], row[2]), commands, None)
             if not settled.changes.deleted and settled.changes.events:
-                await self._write(
+                await write(
                     conn,
                     key,
                     settled.stream,
@@ -765,13 +440,12 @@ class PostgresStreams:
                 done.append(settled)
             writing = [d for d in done if not d.changes.deleted and d.changes.events]
             arguments = [
-                await self._before_write(conn, d.key, d.stream, d.changes, d.producers, d.inline)
+                await before_write(conn, d.key, d.stream, d.changes, d.producers, d.inline)
                 for d in writing
             ]
-            if arguments:
-                await conn.execute(_WRITE_MANY, *_batch_write(arguments))
+            await execute_writes(conn, arguments)
             for d in writing:
-                await self._after_write(conn, d.key, d.changes)
+                await after_write(conn, d.key, d.changes)
             committing()
         for settled in done:
             self._forget_erased(settled)
@@ -840,7 +514,7 @@ class PostgresStreams:
 
         stream, outcomes, changes = await decide()
         if changes.deleted or any(isinstance(e, RecordsPruned) for e in changes.events):
-            forked, pinned_through = await conn.fetchrow(_FORK_FACTS, *key)
+            forked, pinned_through = await fork_facts(conn, key)
             if forked:
                 # Forks still read it: decided again knowing that (a delete is a soft
                 # delete; retention keeps what they inherit), from the state as locked.
@@ -852,62 +526,13 @@ class PostgresStreams:
             # erased with it (those requests were answered as if committed just before).
             [deleted] = [e for e in changes.events if isinstance(e, StreamDeleted)]
             await erase(conn, *key[:2], [key.stream_id], deleted.reason)
-            released = await _release_sources(conn, key, stream.definition.fork, deleted.at)
+            released = await release_sources(conn, key, stream.definition.fork, deleted.at)
         return _Settled(key, stream, outcomes, changes, producers, inline, released)
 
     def _forget_erased(self, settled: _Settled) -> None:
         if settled.changes.deleted:
             for erased in (settled.key, *settled.released):
                 self.forget(erased)
-
-    @classmethod
-    async def _write(
-        cls,
-        conn: asyncpg.Connection,
-        key: StreamKey,
-        stream: Stream,
-        changes: Changes,
-        producers: dict[str, Producer] | None = None,
-        inline: bool = False,
-    ) -> None:
-        """Write what a transaction's commands caused, its NOTIFY included. `producers`: those
-        loaded before the commands were decided."""
-        arguments = await cls._before_write(conn, key, stream, changes, producers, inline)
-        await conn.execute(_WRITE, *arguments)
-        await cls._after_write(conn, key, changes)
-
-    @staticmethod
-    async def _before_write(
-        conn: asyncpg.Connection,
-        key: StreamKey,
-        stream: Stream,
-        changes: Changes,
-        producers: dict[str, Producer] | None,
-        inline: bool,
-    ) -> StreamWrite:
-        """The producers' rows and a large group's records (by COPY), then `_WRITE`'s
-        arguments for the rest (the producers first: a snapshot takes them all)."""
-        await write_producers(conn, key, producers or {}, stream.state.producers, changes)
-        rows = _record_rows(key, changes)
-        if len(rows) >= COPY_THRESHOLD:
-            # Large groups go by COPY (about twice the rate of unnest for 1,000 rows);
-            # small ones ride in the single write statement.
-            await conn.copy_records_to_table(
-                "stream_records", records=rows, columns=_RECORD_COLUMNS
-            )
-            rows = []
-        return _stream_write(stream, changes, rows, inline)
-
-    @staticmethod
-    async def _after_write(conn: asyncpg.Connection, key: StreamKey, changes: Changes) -> None:
-        if any(isinstance(e, StreamSoftDeleted) for e in changes.events):
-            await conn.execute(_SOFT_DELETED, *key)
-        pruned = [e for e in changes.events if isinstance(e, RecordsPruned)]
-        if pruned:
-            await conn.execute(_DELETE_PRUNED, *key, pruned[-1].through_sequence)
-        await project_objects(conn, key, changes.events)
-        if changes.snapshot is not None:
-            await schedule_compaction(conn, key, changes.snapshot.version)
 
     async def delete_run(
         self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None
@@ -921,10 +546,7 @@ class PostgresStreams:
             rows = await conn.fetch(_RUN_LOCK, tenant, run_id)
             if not rows:
                 raise NotFound(f"no run {run_id!r}")
-            forks: dict[StreamKey, set[StreamKey]] = {}
-            for source_id, fork_run, fork_id in await conn.fetch(_RUN_FORKS, tenant, run_id):
-                source = StreamKey(tenant, run_id, source_id)
-                forks.setdefault(source, set()).add(StreamKey(tenant, fork_run, fork_id))
+            forks = await run_forks(conn, tenant, run_id)
             keys = [StreamKey(tenant, run_id, r[0]) for r in rows]
             kept = kept_by_forks(keys, forks)
             streams, soft = [], []
@@ -944,13 +566,13 @@ class PostgresStreams:
                     stream.apply(event)
                 changes = Changes(events=events)
                 inline = bool(stream.state.consumers)  # as in update: moved to their column
-                await conn.execute(_WRITE, *_stream_write(stream, changes, [], inline))
-                await conn.execute(_SOFT_DELETED, *stream.key)
+                await execute_write(conn, stream_write(stream, changes, [], inline))
+                await conn.execute(SOFT_DELETED, *stream.key)
             erased = [s for s in streams if s.key not in kept]
             await erase(conn, tenant, run_id, [s.key.stream_id for s in erased], "deleted")
             released: list[StreamKey] = []
             for stream in erased:
-                released += await _release_sources(
+                released += await release_sources(
                     conn, stream.key, stream.definition.fork, now, frozenset(keys)
                 )
             committing()
@@ -982,94 +604,6 @@ class PostgresStreams:
     async def journal(self, key: StreamKey) -> list[Event]:
         return await read_journal(self._pool, key)
 
-    async def page(
-        self, key: StreamKey, cursor: int, limit: int
-    ) -> tuple[Position, list[StoredRecord]] | None:
-        rows = await self._pool.fetch(_PAGE, *key, cursor, limit)
-        if not rows:
-            return None
-        first = rows[0]
-        body: Iterable[asyncpg.Record] = islice(rows, 1, None)
-        if first[9] is not None:  # UNION ALL promises no order; PostgreSQL keeps it, but if not:
-            first = next(r for r in rows if r[9] is None)
-            body = sorted((r for r in rows if r[9] is not None), key=lambda r: r[9])
-        position = Position(
-            head=first[0],
-            earliest=first[1],
-            closed=first[2],
-            created_at=first[3],
-            soft_deleted=first[4],
-        )
-        records = self._records(body) if len(rows) > 1 else []
-        if first[5] is None:
-            return position, records
-        assert position.created_at is not None
-        link = ForkLink(StreamKey(key.tenant, first[5], first[6]), first[7], first[8])
-        chain = await self._chain(key, position.created_at)
-        if not chain or chain[0] != link:  # deleted and created again between the two reads
-            self._chains.pop(key, None)
-            chain = [link]
-        wanted = segments(chain, cursor, limit)
-        found: list[tuple[Position | None, list[StoredRecord]]] = [(None, [])] * len(chain)
-        by_place: dict[int, list[asyncpg.Record]] = {}
-        for r in await self._pool.fetch(
-            _SEGMENTS,
-            key.tenant,
-            [s.key.run_id for s in wanted],
-            [s.key.stream_id for s in wanted],
-            [s.after for s in wanted],
-            [s.through for s in wanted],
-            limit,
-        ):
-            if r[9] is None:  # an ancestor's position (only what `stitched` reads of it)
-                found[r[0] - 1] = (
-                    Position(head=0, earliest=r[1], closed=False, created_at=r[2]),
-                    [],
-                )
-            else:
-                by_place.setdefault(r[0], []).append(r)
-        for place, part in by_place.items():
-            part.sort(key=lambda r: r[9])
-            found[place - 1] = (found[place - 1][0], self._records(part))
-        return stitched((position, records), chain, found, limit)
-
-    def _records(self, rows: Iterable[asyncpg.Record]) -> list[StoredRecord]:
-        """Records from rows whose columns 9 to 14 are a record's (sequence, raw appended_at,
-        kind, content type, size, payload), in ascending sequence."""
-        records: list[StoredRecord] = []
-        times, kinds, add = self._times, _KINDS, records.append
-        previous, ordered = -1, True
-        for r in rows:
-            at = times.get(raw := r[10])
-            if at is None:
-                at = _timestamptz(raw)
-                if len(times) >= 4096:
-                    times.clear()
-                times[raw] = at
-            if r[9] <= previous:
-                ordered = False
-            previous = r[9]
-            add(StoredRecord(previous, at, kinds[r[11]], r[12], r[13], r[14]))
-        if not ordered:  # the lateral's order reaches the outer query in every plan seen
-            records.sort(key=lambda record: record.sequence)
-        return records
-
-    async def chain(self, key: StreamKey) -> list[ForkLink]:
-        created_at = await self.created_at(key)
-        return [] if created_at is None else await self._chain(key, created_at)
-
-    async def _chain(self, key: StreamKey, created_at: datetime) -> list[ForkLink]:
-        """The fork's chain (`_CHAIN`), once per fork incarnation (its creation time)."""
-        known = self._chains.get(key)
-        if known is not None and known[0] == created_at:
-            return known[1]
-        rows = await self._pool.fetch(_CHAIN, *key, _CHAIN_BOUND)
-        chain = [ForkLink(StreamKey(key.tenant, r[0], r[1]), r[2], r[3]) for r in rows]
-        self._chains[key] = (created_at, chain)
-        if len(self._chains) > 10_000:
-            del self._chains[next(iter(self._chains))]
-        return chain
-
 
 def _with_consumers(state: bytes, consumers: bytes | None) -> StreamState:
     """The snapshot, with its consumers when they were read (None: they were not, or there are
@@ -1078,102 +612,6 @@ def _with_consumers(state: bytes, consumers: bytes | None) -> StreamState:
     if consumers is not None:
         decoded.consumers = decode_consumers(consumers)
     return decoded
-
-
-def _timestamptz(raw: bytes) -> datetime:
-    """What asyncpg decodes a timestamptz to, from its binary form (its infinities included:
-    the naive extremes)."""
-    micros = int.from_bytes(raw, "big", signed=True)
-    if micros == 0x7FFF_FFFF_FFFF_FFFF:
-        return datetime.max
-    if micros == -0x8000_0000_0000_0000:
-        return datetime.min
-    return _PG_EPOCH + timedelta(microseconds=micros)
-
-
-async def _link_fork(conn: asyncpg.Connection, key: StreamKey, fork: Fork) -> None:
-    """In the fork's creating transaction, after its row is inserted: lock the source row and
-    re-check it (the same incarnation, not soft-deleted, far enough), then link the fork to it.
-    Raising rolls the whole creation back: a refused fork leaves no reference behind."""
-    source = StreamKey(key.tenant, fork.run_id, fork.stream_id)
-    payload = await conn.fetchval(_LOCK_SOURCE, *source)
-    check_fork_source(source, None if payload is None else decode_state(payload), fork)
-    await conn.execute(
-        _LINK, *key, fork.run_id, fork.stream_id, fork.source_created_at, fork.through
-    )
-
-
-async def _release_sources(
-    conn: asyncpg.Connection,
-    key: StreamKey,
-    fork: Fork | None,
-    now: datetime,
-    locked: frozenset[StreamKey] = frozenset(),
-) -> list[StreamKey]:
-    """The cascade, in the transaction that erased `key` (whose link `erase` removed): up the
-    fork chain, lock each source (child before parent) and erase it if it is soft-deleted and
-    no fork links to it any more. Sources in `locked` were decided by the caller. Answers the
-    sources erased."""
-    released = []
-    while fork is not None:
-        source = StreamKey(key.tenant, fork.run_id, fork.stream_id)
-        if source in locked:
-            break
-        row = await conn.fetchrow(_LOCK_RELEASED, *source)
-        if row is None:
-            break
-        forked = await conn.fetchval(_HAS_FORKS, *source)
-        stream = Stream(source, decode_definition(row[0]), decode_state(row[1]), forked=forked)
-        if not stream.release(now):
-            break
-        await erase(conn, source.tenant, source.run_id, [source.stream_id], "deleted")
-        released.append(source)
-        fork = stream.definition.fork
-    return released
-
-
-_RECORD_COLUMNS = (
-    "tenant",
-    "run_id",
-    "stream_id",
-    "sequence",
-    "appended_at",
-    "kind",
-    "content_type",
-    "size",
-    "end_offset",
-    "payload",
-)
-COPY_THRESHOLD = 64
-
-_RecordRow = tuple[str, str, str, int, datetime, int, str, int, int, bytes]
-
-
-def _record_rows(key: StreamKey, changes: Changes) -> list[_RecordRow]:
-    """The rows to write, in one pass (this runs under the row lock, for every record)."""
-    tenant, run_id, stream_id = key
-    rows: list[_RecordRow] = []
-    add = rows.append
-    for appended in changes.appended:
-        at, sequence, end = appended.at, appended.first_sequence, appended.first_offset
-        for r in appended.records:
-            end += r.size
-            add(
-                (
-                    tenant,
-                    run_id,
-                    stream_id,
-                    sequence,
-                    at,
-                    r.kind,
-                    r.content_type,
-                    r.size,
-                    end,
-                    r.payload,
-                )
-            )
-            sequence += 1
-    return rows
 
 
 class _Settled(NamedTuple):
@@ -1186,54 +624,3 @@ class _Settled(NamedTuple):
     producers: dict[str, Producer]
     inline: bool
     released: list[StreamKey]
-
-
-def _stream_write(
-    stream: Stream, changes: Changes, rows: list[_RecordRow], inline: bool = False
-) -> StreamWrite:
-    """`inline`: the state was read with its consumers in the snapshot (written before
-    migration 0488); they are written to their column now."""
-    s = stream.state
-    touched = {
-        e.consumer_id: None
-        for e in changes.events
-        if isinstance(e, ConsumerAcknowledged | ConsumerRemoved)
-    }
-    kept = [(i, s.consumers[i]) for i in touched if i in s.consumers]
-    return StreamWrite(
-        *stream.key,
-        record_sequence=[r[3] for r in rows],
-        record_appended_at=[r[4] for r in rows],
-        record_kind=[r[5] for r in rows],
-        record_content_type=[r[6] for r in rows],
-        record_size=[r[7] for r in rows],
-        record_end_offset=[r[8] for r in rows],
-        record_payload=[r[9] for r in rows],
-        event_version=[e.version for e in changes.events],
-        event_type=[event_type(e) for e in changes.events],
-        event_payload=[encode_event(e) for e in changes.events],
-        receipt_key=[r.key for r in changes.receipts],
-        receipt_fingerprint=[r.fingerprint for r in changes.receipts],
-        receipt_answer=[r.answer_json for r in changes.receipts],
-        consumer_id=[i for i, _ in kept],
-        consumer_principal=[c.principal for _, c in kept],
-        consumer_acked=[c.acked_sequence for _, c in kept],
-        consumer_at=[c.updated_at for _, c in kept],
-        consumer_holds=[c.holds_credit for _, c in kept],
-        consumer_gone=[i for i in touched if i not in s.consumers],
-        delivery_sequence=[seq for a in changes.appended for seq in a.sequences]
-        if stream.definition.direction == "input"
-        else [],
-        version=s.version,
-        head=s.head,
-        earliest=s.earliest,
-        closed=s.closed,
-        legal_hold=s.legal_hold.enabled,
-        # The producers are in rows of their own (adapters/postgres/producers.py), the
-        # consumers in their column.
-        state=encode_state_without_consumers(
-            msgspec.structs.replace(s, producers={}) if s.producers else s
-        ),
-        write_consumers=bool(touched) or inline,
-        consumers=encode_consumers(s.consumers) if touched or inline else None,
-    )
