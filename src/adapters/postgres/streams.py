@@ -486,13 +486,17 @@ class PostgresStreams(RecordReads):
         # Read with the lock when a command says it needs them, else once a decision does.
         consumers: bytes | None = None if inline else row[2]
         forked, pinned_through = False, 0
+        unused: StreamState | None = state
 
         async def decide() -> tuple[Stream, list[Outcome], Changes]:
             # From the state as locked, each time: a decision that needs the consumers
             # raises before anything is written, and is decided again with them.
-            nonlocal consumers
+            nonlocal consumers, unused
             for _ in range(2):
-                locked = _with_consumers(row[0], consumers)
+                if unused is not None and consumers is None:
+                    locked, unused = unused, None  # the state decoded above, not decoded again
+                else:
+                    locked = _with_consumers(row[0], consumers)
                 locked.producers = dict(producers)
                 stream = Stream(
                     key,
