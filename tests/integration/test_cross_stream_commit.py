@@ -11,15 +11,23 @@ import random
 import signal
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
+from adapters.postgres.streams import PostgresStreams
+from application.close_stream import CloseCommand
+from application.errors import NotFound
+from application.ports import Command, Failed, Outcome
+from domain.stream import StreamKey
 from tests.conftest import SERVER_ENV, api_client
 from tests.integration.test_durable_streams import ds_client
 from tests.integration.test_http_records import assert_problem, create
+from tests.support.builders import NOW, WRITER, append, definition, new_key
 from tests.support.server import ServerProcess
 
 
@@ -107,20 +115,26 @@ async def test_refused_appends_in_one_spread_commit_answer_alone_and_fail_nothin
 
 
 @pytest.mark.slow
-async def test_two_replicas_hammering_overlapping_streams_never_deadlock_or_lose_a_record(
-    api: httpx.AsyncClient, api_b: httpx.AsyncClient, run_id: str
+async def test_replicas_and_processes_hammering_overlapping_streams_never_deadlock_or_lose(
+    server: ServerProcess,
+    server_b: ServerProcess,
+    api: httpx.AsyncClient,
+    api_b: httpx.AsyncClient,
+    database_url: str,
+    tmp_path: Path,
+    run_id: str,
 ) -> None:
     """Each writer appends its numbered records one by one to random streams of one shared set,
-    through either replica: both batch across streams and lock overlapping rows."""
+    through one of two replicas or a `serve --workers 2` (four processes in all): every one
+    batches across streams and locks overlapping rows."""
     names = [f"s{i:02d}" for i in range(24)]
     for name in names:
         await create(api, run_id, name)
     acked: dict[str, list[tuple[int, int]]] = defaultdict(list)
     failures: list[str] = []
-    deadline = time.monotonic() + 8
+    logged = [(p, len(p.log())) for p in (server, server_b)]
 
-    async def writer(number: int) -> None:
-        client = api if number % 2 else api_b
+    async def writer(number: int, client: httpx.AsyncClient, deadline: float) -> None:
         rng = random.Random(number)
         n = 0
         while time.monotonic() < deadline:
@@ -135,7 +149,20 @@ async def test_two_replicas_hammering_overlapping_streams_never_deadlock_or_lose
             acked[name].append((number, n))
             n += 2
 
-    await asyncio.gather(*(writer(i) for i in range(32)))
+    pair = ServerProcess(
+        database_url=database_url, data_dir=tmp_path, env=SERVER_ENV, args=["--workers", "2"]
+    ).start()
+    try:
+        async with api_client(pair) as api_c:
+            clients = (api, api_b, api_c)
+            deadline = time.monotonic() + 8
+            await asyncio.gather(*(writer(i, clients[i % 3], deadline) for i in range(36)))
+        # No batch was refused (a deadlock or a failing write would have been, and its streams
+        # then committed one by one).
+        logs = [p.log()[start:] for p, start in logged] + [pair.log()]
+        assert not [line for text in logs for line in text.splitlines() if "refused" in line]
+    finally:
+        pair.stop()
     assert not failures, failures[:3]
     total = 0
     for name in names:
@@ -219,3 +246,43 @@ async def test_a_kill_9_mid_commit_loses_and_duplicates_nothing_idempotent_write
         print(json.dumps({"acked_before_kill": len(acked), "retried": len(attempted) - len(acked)}))
     finally:
         process.stop()
+
+
+class RefusingOnce(PostgresStreams):
+    """The first batch is refused by the server, as a deadlock victim is."""
+
+    refused = 0
+
+    async def _update_many(
+        self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> list[list[Outcome] | Exception]:
+        if not self.refused:
+            self.refused += 1
+            raise asyncpg.DeadlockDetectedError("deadlock detected")
+        return await super()._update_many(groups)
+
+
+async def test_a_refused_batch_is_committed_stream_by_stream_each_answering_alone(
+    pool: asyncpg.Pool,
+) -> None:
+    repo = RefusingOnce(pool)
+    run = new_key()
+    keys = [run._replace(stream_id=name) for name in ("a", "b", "closed")]
+    for key in keys:
+        await repo.create(key, definition(key.stream_id), NOW)
+    await repo.update(keys[2], [CloseCommand(WRITER, NOW)])
+    gone = run._replace(stream_id="gone")
+    results = await repo.update_many(
+        [
+            (keys[0], [append(), append()]),
+            (gone, [append()]),
+            (keys[1], [append()]),
+            (keys[2], [append()]),
+        ]
+    )
+    assert repo.refused == 1
+    assert [o.answer.first_sequence for o in results[0]] == [1, 2]
+    assert isinstance(results[1], NotFound)
+    assert [o.answer.first_sequence for o in results[2]] == [1]
+    assert isinstance(results[3][0], Failed)
+    assert (await repo.page(keys[0], 0, 10))[0].head == 2

@@ -13,6 +13,7 @@ the forks' links and cascade in adapters/postgres/forks.py.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import NamedTuple
@@ -73,6 +74,8 @@ from domain.stream import (
 )
 
 __all__ = ["WAKE_CHANNEL", "PostgresStreams"]
+
+log = logging.getLogger("ductor_streams.group_commit")
 
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
 
@@ -378,7 +381,13 @@ class PostgresStreams(RecordReads):
             return await bounded(self._update_many(groups))
         except (OSError, asyncpg.InterfaceError):
             raise  # a silent or lost connection, or a commit of unknown outcome: the batch's
-        except Exception:
+        except Exception as error:
+            log.warning(
+                "a batch of %d streams was refused (%s: %s); committing each stream alone",
+                len(groups),
+                type(error).__name__,
+                error,
+            )
             # The server refused the batch (a deadlock with a cascade that locks out of the
             # key's order, a stream whose write fails): nothing of it was committed. Each
             # stream is then committed on its own, so that one stream fails only itself.
