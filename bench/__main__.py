@@ -9,6 +9,8 @@
                                           (bench/protocol.py: the Durable Streams surface)
     python -m bench subscriptions [--duration 10] [--writers 16]
                                           (bench/subscriptions.py: commit to webhook)
+    python -m bench spread [--duration 10] [--workers 1,2] [--only hot,spread100,...]
+                                          (bench/spread.py: appends spread over many streams)
 
 See docs/benchmarks.md for what each measurement is and the figures measured.
 """
@@ -858,6 +860,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import protocol
 
         return protocol.main(argv[1:])
+    if argv[:1] == ["spread"]:
+        from bench import spread
+
+        return spread.main(argv[1:])
     args = parse_args(argv)
     if args.profile and "append" not in args.selected:
         print("--profile samples the server during `append`; add it to --only", file=sys.stderr)

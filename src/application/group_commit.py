@@ -1,18 +1,26 @@
-"""Group commit: append coalescing for every command on one stream.
+"""Group commit: append coalescing for every command, across streams.
 
 Every append to a stream serializes on its row lock and each commit waits for a WAL flush, so a
-handler that commits request by request is capped near 1 / (commit latency) per stream. Instead,
-per process and per stream, requests queue here and one leader task takes everything queued,
-decides each request in order under a single row lock, and commits them together: per-request
-credit, receipts and sequences, one transaction, one flush. While it commits, new requests queue
-for the next group, so groups grow exactly as fast as load does and a lone request waits for
-nobody. The leader is a task of its own, not a request, so a client that hangs up mid-commit
-cancels only its own wait, never the group's transaction.
+handler that commits request by request is capped near 1 / (commit latency). Instead, per
+process, requests queue here per stream, and one leader task per commit group (`commit_group`:
+every stream of one PostgreSQL) takes what is queued for many streams at once and hands it to
+the port as one batch: each stream's requests are decided in order under that stream's row lock
+(locked in one fixed order), and the whole batch commits in one transaction, one WAL flush.
+While it commits, new requests queue for the next batch, so batches grow exactly as fast as load
+does and a lone request waits for nobody. Spread over a hundred streams a stream rarely has two
+requests waiting; the batch is what keeps that load from paying a transaction per request.
+
+Each stream's answer is its own: a refused request (or a stream that is gone) answers alone,
+and the port isolates a failing stream from the others of its batch. The leader is a task of
+its own, not a request, so a client that hangs up mid-commit cancels only its own wait, never
+the batch's transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Hashable
+from itertools import islice
 from typing import TYPE_CHECKING, TypeVar
 
 from application import tracing
@@ -27,11 +35,22 @@ if TYPE_CHECKING:
 
 # A command, its request's future and (while tracing) the span context of its request.
 _Pending = tuple[Command, asyncio.Future[Outcome], "SpanContext | None"]
+_Batch = list[tuple[StreamKey, list[_Pending]]]
 T = TypeVar("T")
 
 
+def commit_group(key: StreamKey) -> Hashable:
+    """Which streams may share a transaction: the one grouping key of the commit path.
+
+    On one PostgreSQL every stream may (the same constant). Distributed by run over shards (the
+    schema keys on tenant and run first), a transaction that spans shards becomes a distributed
+    one; there this answers the stream's shard, its run's co-location group, so that each batch
+    stays on one node (docs/architecture.md)."""
+    return None
+
+
 class _Expired(Exception):
-    """A request's wait for its group reached its bound."""
+    """A request's wait for its batch reached its bound."""
 
 
 def _expire(future: asyncio.Future[Outcome]) -> None:
@@ -45,13 +64,21 @@ class GroupCommit:
         streams: StreamRepository,
         max_group_records: int = 20_000,
         max_group_bytes: int = 32 * 1024 * 1024,
+        max_batch_streams: int = 256,
+        group_of: Callable[[StreamKey], Hashable] = commit_group,
         throughput: Throughput | None = None,
     ) -> None:
         self._streams = streams
         self.throughput = throughput or Throughput()
         self._max_records = max_group_records
         self._max_bytes = max_group_bytes
+        self._max_streams = max_batch_streams
+        self._group_of = group_of
+        # Per stream, what waits for the next batch; a stream is here exactly while it has a
+        # queue, and a queue is removed once it is taken whole (bounded by active streams).
         self._queues: dict[StreamKey, list[_Pending]] = {}
+        # Per commit group, the streams with requests waiting, oldest first.
+        self._ready: dict[Hashable, dict[StreamKey, None]] = {}
         self._leaders: set[asyncio.Task[None]] = set()
 
     async def submit(self, key: StreamKey, command: Command) -> Outcome:
@@ -62,11 +89,17 @@ class GroupCommit:
             queue.append(pending)
         else:
             self._queues[key] = [pending]
-            leader = asyncio.create_task(self._lead(key), name=f"append-leader {key}")
-            self._leaders.add(leader)
-            leader.add_done_callback(self._leaders.discard)
+            group = self._group_of(key)
+            ready = self._ready.get(group)
+            if ready is not None:
+                ready[key] = None
+            else:
+                self._ready[group] = {key: None}
+                leader = asyncio.create_task(self._lead(group), name=f"append-leader {group}")
+                self._leaders.add(leader)
+                leader.add_done_callback(self._leaders.discard)
         # The request waits within its budget (application/waiting.py), not for as long as a
-        # silent database holds the group: at the bound it answers 503, and says whether its
+        # silent database holds the batch: at the bound it answers 503, and says whether its
         # command could still commit (a leader took it) or never will (still queued: removed).
         loop = asyncio.get_running_loop()
         with spending() as seconds:
@@ -86,73 +119,112 @@ class GroupCommit:
             finally:
                 timer.cancel()
 
-    async def _lead(self, key: StreamKey) -> None:
-        queue = self._queues[key]
+    async def _lead(self, group: Hashable) -> None:
+        ready = self._ready[group]
         try:
-            while queue:
-                group = self._take(queue)
-                commands = [c for c, _, _ in group]
+            while ready:
+                batch = self._take_batch(ready)
+                if not batch:
+                    continue
                 try:
                     if tracing.on():
-                        outcomes = await self._traced_update(key, group)
+                        results = await self._traced_update(batch)
                     else:
-                        outcomes = await self._streams.update(key, commands)
+                        results = await self._streams.update_many(
+                            [(key, [c for c, _, _ in taken]) for key, taken in batch]
+                        )
                 except BaseException as error:
-                    # Nothing of this group was committed (or we cannot know): each request
+                    # Nothing of this batch was committed (or we cannot know): each request
                     # fails, and an idempotency key makes its retry safe either way.
-                    for _, future, _ in group:
-                        if not future.done():
-                            future.set_exception(error)
+                    for _, taken in batch:
+                        for _, future, _ in taken:
+                            if not future.done():
+                                future.set_exception(error)
                     if not isinstance(error, Exception):
                         raise
                     continue
-                self.throughput.committed(commands, outcomes)
-                for (_, future, _), outcome in zip(group, outcomes, strict=True):
-                    if not future.done():
-                        future.set_result(outcome)
+                for (_, taken), result in zip(batch, results, strict=True):
+                    if isinstance(result, BaseException):  # that stream alone failed
+                        for _, future, _ in taken:
+                            if not future.done():
+                                future.set_exception(result)
+                        continue
+                    self.throughput.committed([c for c, _, _ in taken], result)
+                    for (_, future, _), outcome in zip(taken, result, strict=True):
+                        if not future.done():
+                            future.set_result(outcome)
         finally:
-            for _, future, _ in queue:
-                if not future.done():
-                    future.set_exception(RuntimeError("the append leader stopped"))
-            del self._queues[key]
+            for key in ready:
+                for _, future, _ in self._queues.pop(key, ()):
+                    if not future.done():
+                        future.set_exception(RuntimeError("the append leader stopped"))
+            del self._ready[group]
 
-    async def _traced_update(self, key: StreamKey, group: list[_Pending]) -> list[Outcome]:
-        """The group's commit as a span: a child of its first request's, linked to the others'
-        (a group commits several requests at once); each append's context is kept for the
+    async def _traced_update(self, batch: _Batch) -> list[list[Outcome] | Exception]:
+        """The batch's commit as a span: a child of its first request's, linked to the others'
+        (a batch commits several requests at once); each append's context is kept for the
         spans of its live delivery and dispatch."""
-        contexts = [c for _, _, c in group]
-        first = contexts[0]
+        contexts = [c for _, taken in batch for _, _, c in taken]
         with tracing.span(
             "group commit",
-            parent=first,
+            parent=contexts[0],
             links=[c for c in contexts[1:] if c is not None],
-            attributes={"ductor_streams.commands": len(group)},
+            attributes={
+                "ductor_streams.commands": len(contexts),
+                "ductor_streams.streams": len(batch),
+            },
         ):
-            outcomes = await self._streams.update(key, [c for c, _, _ in group])
-        for context, outcome in zip(contexts, outcomes, strict=True):
-            if context is not None and type(outcome) is Done:
-                for event in outcome.events:
-                    if type(event) is RecordsAppended:
-                        tracing.APPENDS.appended(
-                            key, event.first_sequence, event.last_sequence, context
-                        )
-        return outcomes
+            results = await self._streams.update_many(
+                [(key, [c for c, _, _ in taken]) for key, taken in batch]
+            )
+        for (key, taken), result in zip(batch, results, strict=True):
+            if isinstance(result, BaseException):
+                continue
+            for (_, _, context), outcome in zip(taken, result, strict=True):
+                if context is not None and type(outcome) is Done:
+                    for event in outcome.events:
+                        if type(event) is RecordsAppended:
+                            tracing.APPENDS.appended(
+                                key, event.first_sequence, event.last_sequence, context
+                            )
+        return results
 
-    def _take(self, queue: list[_Pending]) -> list[_Pending]:
-        records = size = 0
+    def _take_batch(self, ready: dict[StreamKey, None]) -> _Batch:
+        """The oldest ready streams (at most `max_batch_streams`), each with its queue up to
+        the batch's bounds on records and bytes; a stream with requests left stays ready."""
+        budget = [self._max_records, self._max_bytes]
+        batch: _Batch = []
+        for key in list(islice(ready, self._max_streams)):
+            queue = self._queues[key]
+            taken = self._take(queue, budget, first=not batch)
+            if taken:
+                batch.append((key, taken))
+            if not queue:
+                del self._queues[key], ready[key]
+            if budget[0] <= 0 or budget[1] <= 0:
+                break
+        return batch
+
+    @staticmethod
+    def _take(queue: list[_Pending], budget: list[int], first: bool) -> list[_Pending]:
+        """What fits in `budget` (records, bytes) from the head of `queue`; the batch's first
+        request always fits, however large."""
         taken = 0
         for command, _, _ in queue:
             n = len(command.records)
             b = sum(r.size for r in command.records)
-            if taken and (records + n > self._max_records or size + b > self._max_bytes):
+            if (taken or not first) and (n > budget[0] or b > budget[1]):
                 break
-            records, size, taken = records + n, size + b, taken + 1
+            budget[0] -= n
+            budget[1] -= b
+            taken += 1
+            first = False
         group = queue[:taken]
         del queue[:taken]
         return group
 
     async def drain(self) -> None:
-        """Wait for every group under way (used at shutdown)."""
+        """Wait for every batch under way (used at shutdown)."""
         while self._leaders:
             await asyncio.gather(*list(self._leaders), return_exceptions=True)
 

@@ -131,6 +131,16 @@ class StreamRepository(Protocol):
         record, receipt and the snapshot in one transaction, commit, and only then wake
         listeners. One command's failure leaves the others untouched. Raises NotFound."""
 
+    async def update_many(
+        self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> list[list[Outcome] | Exception]:
+        """`update` of many streams (each key once) committed together: each stream decided as
+        `update` decides it, under its row lock (taken in one fixed order, so that overlapping
+        batches never deadlock), one transaction for all. The answer, per group in order: its
+        outcomes, or the error that stream alone raised (NotFound), which fails no other group.
+        Raises only what fails the batch as a whole (nothing of it was committed, or it is
+        unknown whether it was)."""
+
     async def journal(self, key: StreamKey) -> list[Event]:
         """The stream's journal from its latest snapshot (or its creation) on, read at once:
         `Stream.replay` of it rebuilds the stored state."""

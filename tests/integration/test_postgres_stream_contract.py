@@ -28,6 +28,7 @@ from domain.stream import StreamKey
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 from tests.support.stream_contract import (
     SNAPSHOT_EVERY,
+    CrossStreamContract,
     DurableStreamsContract,
     ForkContract,
     JournalContract,
@@ -45,6 +46,7 @@ class TestPostgresStreams(
     JournalContract,
     ForkContract,
     DurableStreamsContract,
+    CrossStreamContract,
 ):
     @pytest.fixture
     def repo(self, pool: asyncpg.Pool) -> PostgresStreams:

@@ -1223,3 +1223,141 @@ class DurableStreamsContract:
         stored = await repo.load(key)
         assert sorted(stored.state.producers) == ["w", "y", "z"]
         assert Stream.replay(key, await repo.journal(key)).state == stored.state
+
+
+class CrossStreamContract:
+    """`update_many`: many streams decided each under its own lock and committed together, each
+    stream's answer its own (a refused or missing stream fails nothing else of the batch)."""
+
+    async def test_one_commit_over_many_streams_answers_each_request_alone(self, repo) -> None:
+        run = new_key()
+        key = {
+            name: run._replace(stream_id=name)
+            for name in ("open", "closed", "full", "gone", "held", "keyed", "producer", "expired")
+        }
+        for name, k in key.items():
+            limits = {"max_unread_items": 1} if name == "full" else {}
+            d = definition(name, **limits)
+            if name == "expired":
+                d = msgspec.structs.replace(d, expiry=Expiry(idle_seconds=10))
+            await repo.create(k, d, NOW)
+        await repo.update(key["closed"], [CloseCommand(WRITER, NOW)])
+        await repo.update(key["full"], [append()])
+        await repo.update(key["gone"], [DeleteCommand(NOW)])
+        await repo.update(key["held"], [LegalHoldCommand(True, "case", NOW)])
+        await repo.update(key["keyed"], [append(key="k1")])
+        await repo.update(key["producer"], [produce(producer=claim(0, epoch=2))])
+        later = NOW + timedelta(minutes=5)
+        results = await repo.update_many(
+            [
+                (key["open"], [append(), append([record(), record()]), append()]),
+                (key["closed"], [append()]),
+                (key["full"], [append(), CloseCommand(WRITER, NOW)]),
+                (key["gone"], [append()]),
+                (key["held"], [DeleteCommand(NOW), append()]),
+                (key["keyed"], [append(key="k1"), append([record(b"2")], key="k1"), append()]),
+                (key["producer"], [produce(None, claim(1, epoch=1)), produce(None, claim(1, 2))]),
+                (key["expired"], [ExpireCommand(later, NOW, timedelta(0)), append()]),
+            ]
+        )
+        opened, closed, full, gone, held, keyed, producer, expired = results
+        assert [o.answer.first_sequence for o in opened] == [1, 2, 4]
+        assert [o.answer.last_sequence for o in opened] == [1, 3, 4]
+        assert isinstance(closed[0].error, errors.StreamClosed)
+        assert isinstance(full[0].error, errors.Backpressure) and isinstance(full[1], Done)
+        assert isinstance(gone, NotFound)
+        assert isinstance(held[0].error, errors.LegalHoldActive) and isinstance(held[1], Done)
+        assert isinstance(keyed[0], Replayed) and isinstance(keyed[2], Done)
+        assert isinstance(keyed[1].error, errors.IdempotencyKeyReused)
+        assert isinstance(producer[0].error, errors.ProducerEpochStale)
+        assert isinstance(producer[1], Done) and producer[1].answer.head == 2
+        assert [type(e) for e in expired[0].events] == [ev.StreamDeleted]
+        assert isinstance(expired[1], Failed) and isinstance(expired[1].error, NotFound)
+        # What each stream committed, and nothing of what it refused.
+        heads = {name: (await repo.page(k, 0, 10)) for name, k in key.items()}
+        assert [r.sequence for r in heads["open"][1]] == [1, 2, 3, 4]
+        assert heads["closed"][0].head == 0
+        assert heads["full"][0].head == 1 and heads["full"][0].closed
+        assert heads["gone"] is None and heads["expired"] is None
+        assert heads["held"][0].head == 1
+        assert [r.sequence for r in heads["keyed"][1]] == [1, 2]
+        assert heads["producer"][0].head == 2
+        stream = await repo.load(key["open"])
+        assert (stream.head, stream.state.total_items) == (4, 4)
+
+    async def test_overlapping_batches_commit_every_append_once_in_order(self, repo) -> None:
+        run = new_key()
+        keys = [run._replace(stream_id=f"s{i:02d}") for i in range(12)]
+        for k in keys:
+            await repo.create(k, definition(k.stream_id), NOW)
+
+        async def batch(n: int) -> list[list[int]]:
+            # Each batch names its streams in another order: the adapter locks in one order.
+            chosen = keys[n % 4 :: 2] if n % 2 else list(reversed(keys[n % 3 :]))
+            results = await repo.update_many([(k, [append([record(b'"%d"' % n)])]) for k in chosen])
+            return [[o.answer.first_sequence for o in r] for r in results]
+
+        answered = await asyncio.gather(*(batch(n) for n in range(24)))
+        assert all(all(len(r) == 1 for r in a) for a in answered)
+        for k in keys:
+            position, records = await repo.page(k, 0, 1000)
+            assert [r.sequence for r in records] == list(range(1, position.head + 1))
+
+    async def test_a_delete_in_a_batch_soft_deletes_a_forked_source_and_releases_it_later(
+        self, repo
+    ) -> None:
+        run = new_key()
+        src, _ = await repo.create(run._replace(stream_id="src"), definition("src"), NOW)
+        await repo.update(src.key, [append([record(), record()])])
+        src = await repo.load(src.key)
+        fork_key = run._replace(stream_id="f")
+        await repo.create(fork_key, forked(src, "f", 2), NOW)
+        other = run._replace(stream_id="other")
+        await repo.create(other, definition("other"), NOW)
+        first = await repo.update_many([(src.key, [DeleteCommand(NOW)]), (other, [append()])])
+        assert isinstance(first[0][0], Done) and isinstance(first[1][0], Done)
+        assert (await repo.page(src.key, 0, 10))[0].soft_deleted
+        assert [r.sequence for r in (await repo.page(fork_key, 0, 10))[1]] == [1, 2]
+        # The fork's delete, in a batch with its source's neighbour, erases the source too.
+        second = await repo.update_many([(other, [append()]), (fork_key, [DeleteCommand(NOW)])])
+        assert isinstance(second[0][0], Done) and isinstance(second[1][0], Done)
+        assert await repo.load(fork_key) is None and await repo.load(src.key) is None
+        assert (await repo.page(other, 0, 10))[0].head == 2
+
+    async def test_consumers_receipts_and_input_deliveries_of_a_batch_are_written_per_stream(
+        self, repo
+    ) -> None:
+        run = new_key()
+        a, b = run._replace(stream_id="a"), run._replace(stream_id="b")
+        inbox = run._replace(stream_id="inbox")
+        await repo.create(a, definition("a", max_unread_items=2), NOW)
+        await repo.create(b, definition("b"), NOW)
+        await repo.create(
+            inbox, msgspec.structs.replace(definition("inbox"), direction="input"), NOW
+        )
+        await repo.update(a, [append([record(), record()]), AckCommand(WRITER, "gone", 0, NOW)])
+        results = await repo.update_many(
+            [
+                (
+                    a,
+                    [
+                        AckCommand(WRITER, "w", 2, NOW),
+                        RemoveConsumerCommand("gone", NOW),
+                        append(key="x"),
+                    ],
+                ),
+                (b, [AckCommand(READER, "r", 0, NOW), append(key="x")]),
+                (inbox, [append([record(), record()])]),
+            ]
+        )
+        assert all(isinstance(o, Done) for r in results for o in r), results
+        assert [c.consumer_id for c in await repo.consumers(a, None, 10)] == ["w"]
+        assert [(c.consumer_id, c.acked_sequence) for c in await repo.consumers(b, None, 10)] == [
+            ("r", 0)
+        ]
+        for k in (a, b):
+            stored = await repo.load(k)
+            assert Stream.replay(k, await repo.journal(k)).state == stored.state
+            [again] = await repo.update(k, [append(key="x")])
+            assert isinstance(again, Replayed)
+        assert (await repo.page(inbox, 0, 10))[0].head == 2

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from adapters.memory.streams import MemoryStreams
+from application.errors import NotFound
 from application.group_commit import GroupCommit
 from application.ports import Command, Done, Failed, Outcome
 from domain import errors
@@ -85,3 +86,60 @@ async def test_a_caller_that_gives_up_does_not_cancel_the_groups_commit() -> Non
     await commits.drain()
     position, _ = await streams.page(key, 0, 10)
     assert position.head == 1
+
+
+class CountingStreams(MemoryStreams):
+    """Each batch takes a moment, as a WAL flush does; batches are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    async def update_many(
+        self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> list[list[Outcome] | Exception]:
+        self.batches.append(len(groups))
+        await asyncio.sleep(0.01)
+        return await super().update_many(groups)
+
+
+async def test_appends_waiting_for_many_streams_share_one_batch() -> None:
+    streams = CountingStreams()
+    keys = [new_key() for _ in range(100)]
+    for key in keys:
+        await streams.create(key, definition(), NOW)
+    commits = GroupCommit(streams)
+    outcomes = await asyncio.gather(*(commits.submit(k, append()) for k in keys for _ in range(2)))
+    assert all(isinstance(o, Done) for o in outcomes)
+    assert sum(streams.batches) <= 200 and len(streams.batches) <= 3
+    for key in keys:
+        _, records = await streams.page(key, 0, 10)
+        assert [r.sequence for r in records] == [1, 2]
+
+
+async def test_a_missing_stream_in_a_batch_fails_only_its_own_requests() -> None:
+    streams = CountingStreams()
+    here, gone = new_key(), new_key()
+    await streams.create(here, definition(), NOW)
+    commits = GroupCommit(streams)
+    first = asyncio.ensure_future(commits.submit(here, append()))
+    await asyncio.sleep(0)
+    results = await asyncio.gather(
+        commits.submit(gone, append()), commits.submit(here, append()), return_exceptions=True
+    )
+    assert isinstance(await first, Done)
+    assert isinstance(results[0], NotFound)
+    assert isinstance(results[1], Done) and results[1].answer.first_sequence == 2
+    assert streams.batches[-1] == 2
+
+
+async def test_a_batch_is_bounded_in_streams_and_the_rest_follow_in_order() -> None:
+    streams = CountingStreams()
+    keys = [new_key() for _ in range(10)]
+    for key in keys:
+        await streams.create(key, definition(), NOW)
+    commits = GroupCommit(streams, max_batch_streams=3)
+    outcomes = await asyncio.gather(*(commits.submit(k, append()) for k in keys))
+    assert all(isinstance(o, Done) for o in outcomes)
+    assert max(streams.batches) <= 3 and sum(streams.batches) == 10
+    assert not commits._queues and not commits._ready  # nothing kept once idle

@@ -9,6 +9,7 @@ from application.wake import WakeRegistry
 from domain.stream import StreamKey
 from tests.support.stream_contract import (
     SNAPSHOT_EVERY,
+    CrossStreamContract,
     DurableStreamsContract,
     ForkContract,
     JournalContract,
@@ -23,6 +24,7 @@ class TestMemoryStreams(
     JournalContract,
     ForkContract,
     DurableStreamsContract,
+    CrossStreamContract,
 ):
     @pytest.fixture
     def repo(self) -> MemoryStreams:

@@ -200,6 +200,19 @@ class MemoryStreams:
         row = self._rows.get(key)
         return None if row is None else decode_state(row.state).created_at
 
+    async def update_many(
+        self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> list[list[Outcome] | Exception]:
+        """One `update` per stream, in order: memory commits cost nothing to share, and each
+        stream's answer (or error) stays its own."""
+        results: list[list[Outcome] | Exception] = []
+        for key, commands in groups:
+            try:
+                results.append(await self.update(key, commands))
+            except Exception as error:  # that stream's alone
+                results.append(error)
+        return results
+
     async def update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
         async with self._locks[key]:
             row = self._rows.get(key)

@@ -1,71 +1,69 @@
 """Streams, their journal, records and receipts in PostgreSQL.
 
-`update` is the only writer of a stream's state. It takes the stream-row lock
-(`SELECT … FOR UPDATE`), so every process and replica that appends, acknowledges or closes the
-same stream queues on that one row: sequences, credit and receipts are decided against committed
-state and nothing else. Everything the commands caused — journal rows, records, receipts,
-consumers and the new snapshot — is written by one statement, and the NOTIFY rides in the same
-transaction, so a listener can never be woken before the records it will reread are visible.
+`update` (one stream) and `update_many` (a batch of streams: the group commit across streams)
+are the only writers of a stream's state. They take the stream-row lock (`SELECT … FOR
+UPDATE`; a batch takes all of its rows in one statement, in the key's order), so every process
+and replica that appends, acknowledges or closes the same stream queues on that one row:
+sequences, credit and receipts are decided against committed state and nothing else.
+Everything the commands caused is written by one statement (adapters/postgres/stream_writes.py),
+and the NOTIFY rides in the same transaction, so a listener can never be woken before the
+records it will reread are visible. Reads of records are in adapters/postgres/record_reads.py,
+the forks' links and cascade in adapters/postgres/forks.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime, timedelta
-from itertools import islice
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import NamedTuple
 
 import asyncpg
-import msgspec
 
 from adapters.postgres.bounded import bounded
 from adapters.postgres.cleanup import aged_rows, delete_in_batches
 from adapters.postgres.connections import Connection
 from adapters.postgres.erasure import WAKE_CHANNEL, erase
-from adapters.postgres.intents import project_objects, read_expired_intents, read_intent
-from adapters.postgres.journal import read_journal, schedule_compaction
-from adapters.postgres.producers import all_producers, producers_for, write_producers
-from adapters.postgres.traces import TRACES_CHANNEL, trace_announcement
+from adapters.postgres.forks import fork_facts, link_fork, release_sources, run_forks
+from adapters.postgres.intents import read_expired_intents, read_intent
+from adapters.postgres.journal import read_journal
+from adapters.postgres.producers import all_producers, producers_for
+from adapters.postgres.record_reads import RecordReads
+from adapters.postgres.stream_writes import (
+    SOFT_DELETED,
+    after_write,
+    before_write,
+    execute_write,
+    execute_writes,
+    stream_write,
+    write,
+)
 from application import tracing
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
-from application.fork_reads import (
-    ForkLink,
-    check_fork_source,
-    kept_by_forks,
-    segments,
-    stitched,
-)
+from application.fork_reads import ForkLink, kept_by_forks
 from application.ports import (
     Command,
     ConsumerPosition,
     Failed,
     Outcome,
-    Position,
     RunSummary,
-    StoredRecord,
 )
 from application.retention import PruneCommand, expired_prefix, has_retention
 from application.waiting import committing
 from application.wake import WakeRegistry
-from domain.definition import Fork, StreamDefinition
+from domain.definition import StreamDefinition
 from domain.events import (
-    ConsumerAcknowledged,
-    ConsumerRemoved,
     Event,
     RecordsPruned,
     StreamDeleted,
-    StreamSoftDeleted,
     encode_event,
-    event_type,
 )
 from domain.objects import ObjectIntent
-from domain.records import RecordKind
 from domain.state import (
     ConsumersNotLoaded,
     Producer,
     decode_consumers,
-    encode_consumers,
-    encode_state_without_consumers,
 )
 from domain.stream import (
     Stream,
@@ -78,6 +76,8 @@ from domain.stream import (
 )
 
 __all__ = ["WAKE_CHANNEL", "PostgresStreams"]
+
+log = logging.getLogger("ductor_streams.group_commit")
 
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
 
@@ -136,187 +136,30 @@ _OFFSETS = f"""
 SELECT sequence, end_offset FROM stream_records WHERE {_KEY} AND sequence = ANY($4::bigint[])
 """
 
-# One round trip writes everything a group of commands caused. Data-modifying CTEs always run to
-# completion, referenced or not; empty arrays insert nothing.
-_WRITE = f"""
-WITH new_records AS (
-    INSERT INTO stream_records
-        (tenant, run_id, stream_id, sequence, appended_at, kind, content_type, size, end_offset,
-         payload)
-    SELECT $1, $2, $3, r.sequence, r.appended_at, r.kind, r.content_type, r.size, r.end_offset,
-           r.payload
-    FROM unnest($4::bigint[], $5::timestamptz[], $6::int2[], $7::text[], $8::int4[], $9::int8[],
-                $10::bytea[])
-         AS r(sequence, appended_at, kind, content_type, size, end_offset, payload)
-), new_events AS (
-    INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
-    SELECT $1, $2, $3, e.version, e.type, e.payload
-    FROM unnest($11::int8[], $12::text[], $13::bytea[]) AS e(version, type, payload)
-), new_receipts AS (
-    INSERT INTO append_receipts (tenant, run_id, stream_id, idempotency_key, fingerprint, answer)
-    SELECT $1, $2, $3, x.k, x.f, x.a
-    FROM unnest($14::text[], $15::bytea[], $16::bytea[]) AS x(k, f, a)
-), acked AS (
-    -- each consumer the group changed, as it ends (one row per ID), or gone ($29)
-    INSERT INTO stream_consumers
-        (tenant, run_id, stream_id, consumer_id, principal, acked_sequence, updated_at,
-         holds_credit)
-    SELECT $1, $2, $3, c.id, c.principal, c.seq, c.at, c.holds
-    FROM unnest($17::text[], $18::text[], $19::int8[], $20::timestamptz[], $28::boolean[])
-         AS c(id, principal, seq, at, holds)
-    ON CONFLICT (tenant, run_id, stream_id, consumer_id) DO UPDATE
-    SET principal = excluded.principal, acked_sequence = excluded.acked_sequence,
-        updated_at = excluded.updated_at, holds_credit = excluded.holds_credit
-), removed AS (
-    DELETE FROM stream_consumers WHERE {_KEY} AND consumer_id = ANY($29::text[])
-), deliveries AS (
-    -- input streams: each record's delivery row commits with the record
-    INSERT INTO input_deliveries (tenant, run_id, stream_id, sequence)
-    SELECT $1, $2, $3, d FROM unnest($27::bigint[]) AS d
-)
-UPDATE streams
-SET version = $21::bigint, head = $22::bigint, earliest = $23::bigint, closed = $24::boolean,
-    legal_hold = $25::boolean, state = $26::bytea,
-    consumers = CASE WHEN $30::boolean THEN $31::bytea ELSE consumers END
-WHERE {_KEY}
-RETURNING pg_notify('{WAKE_CHANNEL}', $1 || '/' || $2 || '/' || $3 || ' ' || ($22::bigint)::text)
+
+# A batch's row locks, in one statement and one fixed order (the key's), whichever process or
+# replica takes them: two batches that overlap wait for each other, never in a cycle. The
+# lock is taken row by row as the sorted rows pass (LockRows above the sort).
+_LOCK_MANY = """
+SELECT s.tenant, s.run_id, s.stream_id, s.state, CASE WHEN k.definition THEN s.definition END,
+       CASE WHEN k.consumers THEN COALESCE(s.consumers, '{}'::bytea) END
+FROM unnest($1::text[], $2::text[], $3::text[], $4::boolean[], $5::boolean[])
+     AS k(tenant, run_id, stream_id, definition, consumers)
+JOIN streams s ON s.tenant = k.tenant AND s.run_id = k.run_id AND s.stream_id = k.stream_id
+ORDER BY s.tenant, s.run_id, s.stream_id
+FOR UPDATE OF s
 """
 
-
-async def announce_trace(conn: Connection, key: StreamKey, changes: Changes) -> None:
-    """While tracing: tell every process which span appended these sequences (the current one,
-    this transaction's, in the trace of the group's first append), before the write statement's
-    wake notification, so that another process's live delivery and dispatch can link to it
-    (adapters/postgres/wake_bus.py hears it). Sent in the transaction: only if it commits."""
-    context = tracing.current()
-    if context is None:
-        return
-    first = changes.appended[0].first_sequence
-    last = changes.appended[-1].sequences.stop - 1
-    payload = trace_announcement(key, first, last, tracing.traceparent(context))
-    await conn.execute("SELECT pg_notify($1, $2)", TRACES_CHANNEL, payload)
-
-
-# The attributes of a transaction's span (OpenTelemetry's database conventions).
-_DB = {"db.system.name": "postgresql", "db.operation.name": "transaction"}
-
-_DELETE_PRUNED = f"DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4"
+_RECEIPTS_MANY = """
+SELECT x.tenant, x.run_id, x.stream_id, r.idempotency_key, r.fingerprint, r.answer
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS x(tenant, run_id, stream_id, k)
+JOIN append_receipts r ON r.tenant = x.tenant AND r.run_id = x.run_id
+                      AND r.stream_id = x.stream_id AND r.idempotency_key = x.k
+"""
 
 _EXPIRED = f"""
 SELECT sequence, appended_at FROM stream_records
 WHERE {_KEY} AND sequence > $4 ORDER BY sequence LIMIT $5
-"""
-
-# The stream's position (and fork link) once, in the first row, then one row per record: the
-# position's columns repeated on every record row cost asyncpg a decode each (created_at a
-# datetime) per record. One statement, one snapshot; the CTE is evaluated once.
-_PAGE = """
-WITH s AS (
-    SELECT s.head, s.earliest, s.closed, s.created_at, s.soft_deleted,
-           f.source_run_id, f.source_stream_id, f.source_created_at, f.through
-    FROM streams s
-    LEFT JOIN stream_forks f
-           ON f.tenant = s.tenant AND f.run_id = s.run_id AND f.stream_id = s.stream_id
-    WHERE s.tenant = $1 AND s.run_id = $2 AND s.stream_id = $3
-)
-SELECT s.*, NULL::bigint, NULL::bytea, NULL::int2, NULL::text, NULL::int4, NULL::bytea FROM s
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       r.sequence, timestamptz_send(r.appended_at), r.kind, r.content_type, r.size, r.payload
-FROM s CROSS JOIN LATERAL (
-    SELECT sequence, appended_at, kind, content_type, size, payload
-    FROM stream_records r
-    WHERE r.tenant = $1 AND r.run_id = $2 AND r.stream_id = $3
-      AND r.sequence > $4 AND r.sequence <= s.head
-    ORDER BY r.sequence
-    LIMIT $5
-) r
-"""
-# A fork's chain, its own link first, up to the root: resolved once per fork and kept (it never
-# changes while the fork exists). The bound only guards against a cycle, which no creation can
-# make (a fork links a stream that existed before it).
-_CHAIN = """
-WITH RECURSIVE chain(n, source_run_id, source_stream_id, source_created_at, through) AS (
-    SELECT 0, source_run_id, source_stream_id, source_created_at, through FROM stream_forks
-    WHERE tenant = $1 AND run_id = $2 AND stream_id = $3
-    UNION ALL
-    SELECT c.n + 1, f.source_run_id, f.source_stream_id, f.source_created_at, f.through
-    FROM chain c JOIN stream_forks f
-      ON f.tenant = $1 AND f.run_id = c.source_run_id AND f.stream_id = c.source_stream_id
-    WHERE c.n < $4
-)
-SELECT source_run_id, source_stream_id, source_created_at, through FROM chain ORDER BY n
-"""
-_CHAIN_BOUND = 100_000
-
-# What a fork's read takes from its ancestors, in one statement whatever the chain's depth: each
-# ancestor's position (n, earliest, created_at), then the records of each segment that is not
-# empty (n, then a record's columns where _PAGE has them: one decoding loop for both). `n` is
-# the ancestor's place in the chain (1: the source).
-_SEGMENTS = """
-WITH c AS (
-    SELECT * FROM unnest($2::text[], $3::text[], $4::int8[], $5::int8[])
-        WITH ORDINALITY AS c(run_id, stream_id, after, through, n)
-)
-SELECT c.n, s.earliest, s.created_at, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL::bigint, NULL::bytea, NULL::int2, NULL::text, NULL::int4, NULL::bytea
-FROM c JOIN streams s ON s.tenant = $1 AND s.run_id = c.run_id AND s.stream_id = c.stream_id
-UNION ALL
-SELECT c.n, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       r.sequence, timestamptz_send(r.appended_at), r.kind, r.content_type, r.size, r.payload
-FROM (SELECT * FROM c WHERE c.after < c.through) c CROSS JOIN LATERAL (
-    SELECT sequence, appended_at, kind, content_type, size, payload
-    FROM stream_records r
-    WHERE r.tenant = $1 AND r.run_id = c.run_id AND r.stream_id = c.stream_id
-      AND r.sequence > c.after AND r.sequence <= c.through
-    ORDER BY r.sequence
-    LIMIT $6
-) r
-"""
-
-# A page's appended_at arrives as timestamptz_send's 8 bytes (microseconds since 2000-01-01 UTC)
-# and is decoded once per distinct value: the records of one append share theirs, and decoding
-# every row's into a datetime was a tenth of a catch-up's CPU (docs/architecture.md).
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
-_KINDS = tuple(RecordKind)  # RecordKind(n) per row cost more than the rest of the row
-
-
-# Forks: the source row is locked after the fork's is inserted (child before parent, the order
-# erasure's cascade takes them in), so a delete of the source either commits first (the fork
-# finds no source: 404) or sees the link (a soft delete).
-_LOCK_SOURCE = f"SELECT state FROM streams WHERE {_KEY} FOR UPDATE"
-
-_LINK = """
-INSERT INTO stream_forks
-    (tenant, run_id, stream_id, source_run_id, source_stream_id, source_created_at, through)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-"""
-
-# Separate statements after the row lock is taken, so their snapshots see a link committed
-# while the lock was awaited (a fork's creation locks its source's row before it links).
-_FORK_FACTS = """
-SELECT count(*) > 0, COALESCE(max(through), 0) FROM stream_forks
-WHERE tenant = $1 AND source_run_id = $2 AND source_stream_id = $3
-"""
-
-_HAS_FORKS = """
-SELECT EXISTS (SELECT 1 FROM stream_forks
-               WHERE tenant = $1 AND source_run_id = $2 AND source_stream_id = $3)
-"""
-
-_SOFT_DELETED = f"""
-WITH unswept AS (
-    -- nothing is left to expire: only the cascade of its last fork's erasure erases it
-    DELETE FROM stream_access WHERE {_KEY}
-)
-UPDATE streams SET soft_deleted = true WHERE {_KEY}
-"""
-
-_LOCK_RELEASED = f"SELECT definition, state FROM streams WHERE {_KEY} FOR UPDATE"
-
-_RUN_FORKS = """
-SELECT source_stream_id, run_id, stream_id FROM stream_forks
-WHERE tenant = $1 AND source_run_id = $2
 """
 
 # A keyset page over the primary key (tenant, run_id, stream_id): an index range scan that stops
@@ -342,7 +185,7 @@ GROUP BY run_id ORDER BY run_id LIMIT $3
 """
 
 
-class PostgresStreams:
+class PostgresStreams(RecordReads):
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -419,7 +262,7 @@ class PostgresStreams:
                 return False
             fork = stream.definition.fork
             if fork is not None:  # the source locked after the fork's row: child before parent
-                await _link_fork(conn, stream.key, fork)
+                await link_fork(conn, stream.key, fork)
                 # The row's head and earliest columns (what pages read) start where the fork's
                 # state does, at its fork point, not at the columns' defaults (0 and 1).
                 await conn.execute(
@@ -435,7 +278,7 @@ class PostgresStreams:
                 if isinstance(outcome, Failed):
                     raise outcome.error
             assert not changes.deleted
-            await self._write(conn, stream.key, stream, changes)
+            await write(conn, stream.key, stream, changes)
             committing()
         return True
 
@@ -523,111 +366,210 @@ class PostgresStreams:
             row = await conn.fetchrow(_LOCK, *key, key not in self._definitions, needs_consumers)
             if row is None:
                 raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-            state, payload = decode_state(row[0]), row[1]
-            known = self._definitions.get(key)
-            if payload is None and (known is None or known[0] != state.created_at):
-                # Evicted meanwhile, or kept for a deleted stream of the same ID.
-                payload = await conn.fetchval(f"SELECT definition FROM streams WHERE {_KEY}", *key)
-            definition = self._definition(key, state, payload)
-            # A snapshot written before migration 0488 still carries its consumers: this
-            # write moves them to their column.
-            inline = bool(state.consumers)
-            # Only the producers this group names (and, near the bound, the least recent).
-            producers, unloaded = await producers_for(conn, key, commands)
-            receipts: dict[str, Receipt] = {}
-            if keys := [c.idempotency.key for c in commands if c.idempotency is not None]:
-                for r in await conn.fetch(_RECEIPTS, *key, keys):
-                    receipts[r[0]] = Receipt(r[0], r[1], r[2])
-            await _check_fences(conn, key, commands)
-            offsets: dict[int, int] = {}
-            if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
-                # Each row is a (sequence, end offset) pair; asyncpg-stubs' Record is no pair.
-                offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
-            # Read with the lock when a command says it needs them, else once a decision does.
-            consumers: bytes | None = None if inline else row[2]
-            forked, pinned_through = False, 0
-
-            async def decide() -> tuple[Stream, list[Outcome], Changes]:
-                # From the state as locked, each time: a decision that needs the consumers
-                # raises before anything is written, and is decided again with them.
-                nonlocal consumers
-                for _ in range(2):
-                    locked = _with_consumers(row[0], consumers)
-                    locked.producers = dict(producers)
-                    stream = Stream(
-                        key,
-                        definition,
-                        locked,
-                        forked=forked,
-                        pinned_through=pinned_through,
-                        unloaded_producers=unloaded,
-                    )
-                    try:
-                        return stream, *decide_all(
-                            stream, commands, dict(receipts), offsets, self._snapshot_every
-                        )
-                    except ConsumersNotLoaded:
-                        if consumers is not None or inline:
-                            raise
-                        consumers = await conn.fetchval(_CONSUMERS, *key) or b"{}"
-                raise AssertionError("unreachable")
-
-            stream, outcomes, changes = await decide()
-            if changes.deleted or any(isinstance(e, RecordsPruned) for e in changes.events):
-                facts = await conn.fetchrow(_FORK_FACTS, *key)
-                assert facts is not None  # aggregates without GROUP BY: always one row
-                forked, pinned_through = facts
-                if forked:
-                    # Forks still read it: decided again knowing that (a delete is a soft
-                    # delete; retention keeps what they inherit), from the state as locked.
-                    # Only a delete, an expiry or a prune pays this query.
-                    stream, outcomes, changes = await decide()
-            released: list[StreamKey] = []
-            if changes.deleted:
-                # Erased with everything it holds; what the group decided before the delete is
-                # erased with it (those requests were answered as if committed just before).
-                [deleted] = [e for e in changes.events if isinstance(e, StreamDeleted)]
-                await erase(conn, *key[:2], [key.stream_id], deleted.reason)
-                released = await _release_sources(conn, key, stream.definition.fork, deleted.at)
-            elif changes.events:
-                await self._write(conn, key, stream, changes, producers, inline)
+            settled = await self._settle(conn, key, (row[0], row[1], row[2]), commands, None)
+            if not settled.changes.deleted and settled.changes.events:
+                await write(
+                    conn,
+                    key,
+                    settled.stream,
+                    settled.changes,
+                    settled.producers,
+                    settled.inline,
+                )
             committing()
-        if changes.deleted:
-            for erased in (key, *released):
-                self.forget(erased)
-        return outcomes
+        self._forget_erased(settled)
+        return settled.outcomes
 
-    @staticmethod
-    async def _write(
+    async def update_many(
+        self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> list[list[Outcome] | Exception]:
+        if len(groups) == 1:  # the hot stream's path: one row, no batch statements
+            key, commands = groups[0]
+            try:
+                return [await self.update(key, commands)]
+            except NotFound as error:
+                return [error]
+        try:
+            return await bounded(self._update_many(groups))
+        except (OSError, asyncpg.InterfaceError):
+            raise  # a silent or lost connection, or a commit of unknown outcome: the batch's
+        except Exception as error:
+            log.warning(
+                "a batch of %d streams was refused (%s: %s); committing each stream alone",
+                len(groups),
+                type(error).__name__,
+                error,
+            )
+            # The server refused the batch (a deadlock with a cascade that locks out of the
+            # key's order, a stream whose write fails): nothing of it was committed. Each
+            # stream is then committed on its own, so that one stream fails only itself.
+            results: list[list[Outcome] | Exception] = []
+            for key, commands in groups:
+                try:
+                    results.append(await self.update(key, commands))
+                except (OSError, asyncpg.InterfaceError):
+                    raise
+                except Exception as error:
+                    results.append(error)
+            return results
+
+    async def _update_many(
+        self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> list[list[Outcome] | Exception]:
+        """One transaction for many streams: every row locked by one statement in the key's
+        order, each stream decided as `_update` decides it, the writes of all in one statement
+        (`_WRITE_MANY`), one COMMIT, one WAL flush; each NOTIFY is delivered at that commit."""
+        with tracing.span(
+            "postgresql transaction",
+            kind="client",
+            attributes={**_DB, "ductor_streams.streams": len(groups)},
+        ):
+            return await self._update_many_in(groups)
+
+    async def _update_many_in(
+        self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> list[list[Outcome] | Exception]:
+        keys = [key for key, _ in groups]
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                _LOCK_MANY,
+                [k.tenant for k in keys],
+                [k.run_id for k in keys],
+                [k.stream_id for k in keys],
+                [k not in self._definitions for k in keys],
+                [any(getattr(c, "needs_consumers", False) for c in cs) for _, cs in groups],
+            )
+            locked = {StreamKey(r[0], r[1], r[2]): (r[3], r[4], r[5]) for r in rows}
+            receipts: dict[StreamKey, dict[str, Receipt]] = {}
+            wanted = [
+                (key, c.idempotency.key)
+                for key, commands in groups
+                if key in locked
+                for c in commands
+                if c.idempotency is not None
+            ]
+            if wanted:
+                for r in await conn.fetch(
+                    _RECEIPTS_MANY,
+                    [k.tenant for k, _ in wanted],
+                    [k.run_id for k, _ in wanted],
+                    [k.stream_id for k, _ in wanted],
+                    [i for _, i in wanted],
+                ):
+                    receipts.setdefault(StreamKey(r[0], r[1], r[2]), {})[r[3]] = Receipt(
+                        r[3], r[4], r[5]
+                    )
+            results: list[list[Outcome] | Exception] = []
+            done: list[_Settled] = []
+            for key, commands in groups:
+                row = locked.get(key)
+                if row is None:
+                    results.append(NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}"))
+                    continue
+                settled = await self._settle(conn, key, row, commands, receipts.get(key, {}))
+                results.append(settled.outcomes)
+                done.append(settled)
+            writing = [d for d in done if not d.changes.deleted and d.changes.events]
+            arguments = [
+                await before_write(conn, d.key, d.stream, d.changes, d.producers, d.inline)
+                for d in writing
+            ]
+            await execute_writes(conn, arguments)
+            for d in writing:
+                await after_write(conn, d.key, d.changes)
+            committing()
+        for settled in done:
+            self._forget_erased(settled)
+        return results
+
+    async def _settle(
+        self,
         conn: Connection,
         key: StreamKey,
-        stream: Stream,
-        changes: Changes,
-        producers: dict[str, Producer] | None = None,
-        inline: bool = False,
-    ) -> None:
-        """Write what a transaction's commands caused, its NOTIFY included. `producers`: those
-        loaded before the commands were decided."""
-        await write_producers(conn, key, producers or {}, stream.state.producers, changes)
-        rows = _record_rows(key, changes)
-        if len(rows) >= COPY_THRESHOLD:
-            # Large groups go by COPY (about twice the rate of unnest for 1,000 rows);
-            # small ones ride in the single write statement below.
-            await conn.copy_records_to_table(
-                "stream_records", records=rows, columns=_RECORD_COLUMNS
-            )
-            rows = []
-        if changes.appended and tracing.on():
-            await announce_trace(conn, key, changes)
-        await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows, inline))
-        if any(isinstance(e, StreamSoftDeleted) for e in changes.events):
-            await conn.execute(_SOFT_DELETED, *key)
-        pruned = [e for e in changes.events if isinstance(e, RecordsPruned)]
-        if pruned:
-            await conn.execute(_DELETE_PRUNED, *key, pruned[-1].through_sequence)
-        await project_objects(conn, key, changes.events)
-        if changes.snapshot is not None:
-            await schedule_compaction(conn, key, changes.snapshot.version)
+        row: tuple[bytes, bytes | None, bytes | None],
+        commands: Sequence[Command],
+        receipts_read: dict[str, Receipt] | None,
+    ) -> _Settled:
+        """Decide the stream's commands under its row lock (`row`: its state, its definition
+        when asked for, its consumers when asked for), and erase it if one deleted it. What
+        else they caused is written by the caller. `receipts_read`: the receipts of their
+        idempotency keys when already read."""
+        state, payload = decode_state(row[0]), row[1]
+        known = self._definitions.get(key)
+        if payload is None and (known is None or known[0] != state.created_at):
+            # Evicted meanwhile, or kept for a deleted stream of the same ID.
+            payload = await conn.fetchval(f"SELECT definition FROM streams WHERE {_KEY}", *key)
+        definition = self._definition(key, state, payload)
+        # A snapshot written before migration 0488 still carries its consumers: this
+        # write moves them to their column.
+        inline = bool(state.consumers)
+        # Only the producers this group names (and, near the bound, the least recent).
+        producers, unloaded = await producers_for(conn, key, commands)
+        receipts: dict[str, Receipt] = {}
+        if receipts_read is not None:
+            receipts = receipts_read
+        elif keys := [c.idempotency.key for c in commands if c.idempotency is not None]:
+            for r in await conn.fetch(_RECEIPTS, *key, keys):
+                receipts[r[0]] = Receipt(r[0], r[1], r[2])
+        await _check_fences(conn, key, commands)
+        offsets: dict[int, int] = {}
+        if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
+            # Each row is a (sequence, end offset) pair; asyncpg-stubs' Record is no pair.
+            offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
+        # Read with the lock when a command says it needs them, else once a decision does.
+        consumers: bytes | None = None if inline else row[2]
+        forked, pinned_through = False, 0
+        unused: StreamState | None = state
+
+        async def decide() -> tuple[Stream, list[Outcome], Changes]:
+            # From the state as locked, each time: a decision that needs the consumers
+            # raises before anything is written, and is decided again with them.
+            nonlocal consumers, unused
+            for _ in range(2):
+                if unused is not None and consumers is None:
+                    locked, unused = unused, None  # the state decoded above, not decoded again
+                else:
+                    locked = _with_consumers(row[0], consumers)
+                locked.producers = dict(producers)
+                stream = Stream(
+                    key,
+                    definition,
+                    locked,
+                    forked=forked,
+                    pinned_through=pinned_through,
+                    unloaded_producers=unloaded,
+                )
+                try:
+                    return stream, *decide_all(
+                        stream, commands, dict(receipts), offsets, self._snapshot_every
+                    )
+                except ConsumersNotLoaded:
+                    if consumers is not None or inline:
+                        raise
+                    consumers = await conn.fetchval(_CONSUMERS, *key) or b"{}"
+            raise AssertionError("unreachable")
+
+        stream, outcomes, changes = await decide()
+        if changes.deleted or any(isinstance(e, RecordsPruned) for e in changes.events):
+            forked, pinned_through = await fork_facts(conn, key)
+            if forked:
+                # Forks still read it: decided again knowing that (a delete is a soft
+                # delete; retention keeps what they inherit), from the state as locked.
+                # Only a delete, an expiry or a prune pays this query.
+                stream, outcomes, changes = await decide()
+        released: list[StreamKey] = []
+        if changes.deleted:
+            # Erased with everything it holds; what the group decided before the delete is
+            # erased with it (those requests were answered as if committed just before).
+            [deleted] = [e for e in changes.events if isinstance(e, StreamDeleted)]
+            await erase(conn, *key[:2], [key.stream_id], deleted.reason)
+            released = await release_sources(conn, key, stream.definition.fork, deleted.at)
+        return _Settled(key, stream, outcomes, changes, producers, inline, released)
+
+    def _forget_erased(self, settled: _Settled) -> None:
+        if settled.changes.deleted:
+            for erased in (settled.key, *settled.released):
+                self.forget(erased)
 
     async def delete_run(
         self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None
@@ -641,10 +583,7 @@ class PostgresStreams:
             rows = await conn.fetch(_RUN_LOCK, tenant, run_id)
             if not rows:
                 raise NotFound(f"no run {run_id!r}")
-            forks: dict[StreamKey, set[StreamKey]] = {}
-            for source_id, fork_run, fork_id in await conn.fetch(_RUN_FORKS, tenant, run_id):
-                source = StreamKey(tenant, run_id, source_id)
-                forks.setdefault(source, set()).add(StreamKey(tenant, fork_run, fork_id))
+            forks = await run_forks(conn, tenant, run_id)
             keys = [StreamKey(tenant, run_id, r[0]) for r in rows]
             kept = kept_by_forks(keys, forks)
             streams, soft = [], []
@@ -664,15 +603,13 @@ class PostgresStreams:
                     stream.apply(event)
                 changes = Changes(events=events)
                 inline = bool(stream.state.consumers)  # as in update: moved to their column
-                await conn.execute(
-                    _WRITE, *stream.key, *_write_arguments(stream, changes, [], inline)
-                )
-                await conn.execute(_SOFT_DELETED, *stream.key)
+                await execute_write(conn, stream_write(stream, changes, [], inline))
+                await conn.execute(SOFT_DELETED, *stream.key)
             erased = [s for s in streams if s.key not in kept]
             await erase(conn, tenant, run_id, [s.key.stream_id for s in erased], "deleted")
             released: list[StreamKey] = []
             for stream in erased:
-                released += await _release_sources(
+                released += await release_sources(
                     conn, stream.key, stream.definition.fork, now, frozenset(keys)
                 )
             committing()
@@ -704,94 +641,9 @@ class PostgresStreams:
     async def journal(self, key: StreamKey) -> list[Event]:
         return await read_journal(self._pool, key)
 
-    async def page(
-        self, key: StreamKey, cursor: int, limit: int
-    ) -> tuple[Position, list[StoredRecord]] | None:
-        rows = await self._pool.fetch(_PAGE, *key, cursor, limit)
-        if not rows:
-            return None
-        first = rows[0]
-        body: Iterable[asyncpg.Record] = islice(rows, 1, None)
-        if first[9] is not None:  # UNION ALL promises no order; PostgreSQL keeps it, but if not:
-            first = next(r for r in rows if r[9] is None)
-            body = sorted((r for r in rows if r[9] is not None), key=lambda r: r[9])
-        position = Position(
-            head=first[0],
-            earliest=first[1],
-            closed=first[2],
-            created_at=first[3],
-            soft_deleted=first[4],
-        )
-        records = self._records(body) if len(rows) > 1 else []
-        if first[5] is None:
-            return position, records
-        assert position.created_at is not None
-        link = ForkLink(StreamKey(key.tenant, first[5], first[6]), first[7], first[8])
-        chain = await self._chain(key, position.created_at)
-        if not chain or chain[0] != link:  # deleted and created again between the two reads
-            self._chains.pop(key, None)
-            chain = [link]
-        wanted = segments(chain, cursor, limit)
-        found: list[tuple[Position | None, list[StoredRecord]]] = [(None, [])] * len(chain)
-        by_place: dict[int, list[asyncpg.Record]] = {}
-        for r in await self._pool.fetch(
-            _SEGMENTS,
-            key.tenant,
-            [s.key.run_id for s in wanted],
-            [s.key.stream_id for s in wanted],
-            [s.after for s in wanted],
-            [s.through for s in wanted],
-            limit,
-        ):
-            if r[9] is None:  # an ancestor's position (only what `stitched` reads of it)
-                found[r[0] - 1] = (
-                    Position(head=0, earliest=r[1], closed=False, created_at=r[2]),
-                    [],
-                )
-            else:
-                by_place.setdefault(r[0], []).append(r)
-        for place, part in by_place.items():
-            part.sort(key=lambda r: r[9])
-            found[place - 1] = (found[place - 1][0], self._records(part))
-        return stitched((position, records), chain, found, limit)
 
-    def _records(self, rows: Iterable[asyncpg.Record]) -> list[StoredRecord]:
-        """Records from rows whose columns 9 to 14 are a record's (sequence, raw appended_at,
-        kind, content type, size, payload), in ascending sequence."""
-        records: list[StoredRecord] = []
-        times, kinds, add = self._times, _KINDS, records.append
-        previous, ordered = -1, True
-        for r in rows:
-            at = times.get(raw := r[10])
-            if at is None:
-                at = _timestamptz(raw)
-                if len(times) >= 4096:
-                    times.clear()
-                times[raw] = at
-            if r[9] <= previous:
-                ordered = False
-            previous = r[9]
-            add(StoredRecord(previous, at, kinds[r[11]], r[12], r[13], r[14]))
-        if not ordered:  # the lateral's order reaches the outer query in every plan seen
-            records.sort(key=lambda record: record.sequence)
-        return records
-
-    async def chain(self, key: StreamKey) -> list[ForkLink]:
-        created_at = await self.created_at(key)
-        return [] if created_at is None else await self._chain(key, created_at)
-
-    async def _chain(self, key: StreamKey, created_at: datetime) -> list[ForkLink]:
-        """The fork's chain (`_CHAIN`), once per fork incarnation (its creation time)."""
-        known = self._chains.get(key)
-        if known is not None and known[0] == created_at:
-            return known[1]
-        rows = await self._pool.fetch(_CHAIN, *key, _CHAIN_BOUND)
-        chain = [ForkLink(StreamKey(key.tenant, r[0], r[1]), r[2], r[3]) for r in rows]
-        self._chains[key] = (created_at, chain)
-        if len(self._chains) > 10_000:
-            del self._chains[next(iter(self._chains))]
-        return chain
-
+# The attributes of a transaction's span (OpenTelemetry's database conventions).
+_DB = {"db.system.name": "postgresql", "db.operation.name": "transaction"}
 
 # A command acting under a worker's claim of the stream's retention job (a prune) is fenced by
 # it: the claim must still be this worker's and unexpired, in the same transaction as the
@@ -820,148 +672,13 @@ def _with_consumers(state: bytes, consumers: bytes | None) -> StreamState:
     return decoded
 
 
-def _timestamptz(raw: bytes) -> datetime:
-    """What asyncpg decodes a timestamptz to, from its binary form (its infinities included:
-    the naive extremes)."""
-    micros = int.from_bytes(raw, "big", signed=True)
-    if micros == 0x7FFF_FFFF_FFFF_FFFF:
-        return datetime.max
-    if micros == -0x8000_0000_0000_0000:
-        return datetime.min
-    return _PG_EPOCH + timedelta(microseconds=micros)
+class _Settled(NamedTuple):
+    """A stream's commands decided under its lock (and the stream erased, if one deleted it)."""
 
-
-async def _link_fork(conn: Connection, key: StreamKey, fork: Fork) -> None:
-    """In the fork's creating transaction, after its row is inserted: lock the source row and
-    re-check it (the same incarnation, not soft-deleted, far enough), then link the fork to it.
-    Raising rolls the whole creation back: a refused fork leaves no reference behind."""
-    source = StreamKey(key.tenant, fork.run_id, fork.stream_id)
-    payload = await conn.fetchval(_LOCK_SOURCE, *source)
-    check_fork_source(source, None if payload is None else decode_state(payload), fork)
-    await conn.execute(
-        _LINK, *key, fork.run_id, fork.stream_id, fork.source_created_at, fork.through
-    )
-
-
-async def _release_sources(
-    conn: Connection,
-    key: StreamKey,
-    fork: Fork | None,
-    now: datetime,
-    locked: frozenset[StreamKey] = frozenset(),
-) -> list[StreamKey]:
-    """The cascade, in the transaction that erased `key` (whose link `erase` removed): up the
-    fork chain, lock each source (child before parent) and erase it if it is soft-deleted and
-    no fork links to it any more. Sources in `locked` were decided by the caller. Answers the
-    sources erased."""
-    released = []
-    while fork is not None:
-        source = StreamKey(key.tenant, fork.run_id, fork.stream_id)
-        if source in locked:
-            break
-        row = await conn.fetchrow(_LOCK_RELEASED, *source)
-        if row is None:
-            break
-        forked = await conn.fetchval(_HAS_FORKS, *source)
-        stream = Stream(source, decode_definition(row[0]), decode_state(row[1]), forked=forked)
-        if not stream.release(now):
-            break
-        await erase(conn, source.tenant, source.run_id, [source.stream_id], "deleted")
-        released.append(source)
-        fork = stream.definition.fork
-    return released
-
-
-_RECORD_COLUMNS = (
-    "tenant",
-    "run_id",
-    "stream_id",
-    "sequence",
-    "appended_at",
-    "kind",
-    "content_type",
-    "size",
-    "end_offset",
-    "payload",
-)
-COPY_THRESHOLD = 64
-
-_RecordRow = tuple[str, str, str, int, datetime, int, str, int, int, bytes]
-
-
-def _record_rows(key: StreamKey, changes: Changes) -> list[_RecordRow]:
-    """The rows to write, in one pass (this runs under the row lock, for every record)."""
-    tenant, run_id, stream_id = key
-    rows: list[_RecordRow] = []
-    add = rows.append
-    for appended in changes.appended:
-        at, sequence, end = appended.at, appended.first_sequence, appended.first_offset
-        for r in appended.records:
-            end += r.size
-            add(
-                (
-                    tenant,
-                    run_id,
-                    stream_id,
-                    sequence,
-                    at,
-                    r.kind,
-                    r.content_type,
-                    r.size,
-                    end,
-                    r.payload,
-                )
-            )
-            sequence += 1
-    return rows
-
-
-def _write_arguments(
-    stream: Stream, changes: Changes, rows: list[_RecordRow], inline: bool = False
-) -> tuple[object, ...]:
-    """`inline`: the state was read with its consumers in the snapshot (written before
-    migration 0488); they are written to their column now."""
-    s = stream.state
-    touched = {
-        e.consumer_id: None
-        for e in changes.events
-        if isinstance(e, ConsumerAcknowledged | ConsumerRemoved)
-    }
-    kept = [(i, s.consumers[i]) for i in touched if i in s.consumers]
-    gone = [i for i in touched if i not in s.consumers]
-    return (
-        [r[3] for r in rows],
-        [r[4] for r in rows],
-        [r[5] for r in rows],
-        [r[6] for r in rows],
-        [r[7] for r in rows],
-        [r[8] for r in rows],
-        [r[9] for r in rows],
-        [e.version for e in changes.events],
-        [event_type(e) for e in changes.events],
-        [encode_event(e) for e in changes.events],
-        [r.key for r in changes.receipts],
-        [r.fingerprint for r in changes.receipts],
-        [r.answer_json for r in changes.receipts],
-        [i for i, _ in kept],
-        [c.principal for _, c in kept],
-        [c.acked_sequence for _, c in kept],
-        [c.updated_at for _, c in kept],
-        s.version,
-        s.head,
-        s.earliest,
-        s.closed,
-        s.legal_hold.enabled,
-        # The producers are in rows of their own (adapters/postgres/producers.py), the
-        # consumers in their column.
-        encode_state_without_consumers(
-            msgspec.structs.replace(s, producers={}) if s.producers else s
-        ),
-        [seq for a in changes.appended for seq in a.sequences]
-        if stream.definition.direction == "input"
-        else [],
-        [c.holds_credit for _, c in kept],
-        gone,
-        bool(touched) or inline,
-        encode_consumers(s.consumers) if touched or inline else None,
-    )
+    key: StreamKey
+    stream: Stream
+    outcomes: list[Outcome]
+    changes: Changes
+    producers: dict[str, Producer]
+    inline: bool
+    released: list[StreamKey]

@@ -1,0 +1,288 @@
+"""The commit across streams, end to end (docs/architecture.md "Group commit across streams"):
+appends to many streams at once, through real server processes on one PostgreSQL, each
+request answered alone; overlapping processes never deadlock; a kill -9 mid-commit loses and
+duplicates nothing an idempotent writer retries."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from adapters.postgres.streams import PostgresStreams
+from application.close_stream import CloseCommand
+from application.errors import NotFound
+from application.ports import Command, Failed, Outcome
+from domain.stream import StreamKey
+from tests.conftest import SERVER_ENV, api_client
+from tests.integration.test_durable_streams import ds_client
+from tests.integration.test_http_records import assert_problem, create
+from tests.support.builders import NOW, WRITER, append, definition, new_key
+from tests.support.server import ServerProcess
+
+
+async def records_of(api: httpx.AsyncClient, run_id: str, stream_id: str) -> list[dict[str, Any]]:
+    """Every record of the stream, in sequence order."""
+    found: list[dict[str, Any]] = []
+    cursor = 0
+    while True:
+        response = await api.get(
+            f"/runs/{run_id}/streams/{stream_id}/records", params={"cursor": cursor, "limit": 1000}
+        )
+        assert response.status_code == 200, response.text
+        page = response.json()
+        found += page["records"]
+        if not page["records"]:
+            return found
+        cursor = page["records"][-1]["sequence"]
+
+
+async def test_refused_appends_in_one_spread_commit_answer_alone_and_fail_nothing_else(
+    server: ServerProcess, api: httpx.AsyncClient, run_id: str
+) -> None:
+    names = [f"s{i:02d}" for i in range(20)]
+    for name in names:
+        await create(api, run_id, name)
+    for name in ("closed", "held", "doomed", "keyed"):
+        await create(api, run_id, name)
+    await create(api, run_id, "full", limits={"max_unread_items": 1})
+    assert (await api.post(f"/runs/{run_id}/streams/closed/close")).status_code == 200
+    assert (
+        await api.put(f"/runs/{run_id}/streams/held/legal-hold", json={"enabled": True})
+    ).status_code == 200
+    url = f"/runs/{run_id}/streams/{{}}/records"
+
+    def body(value: object) -> dict[str, object]:
+        return {"records": [{"data": value}]}
+
+    assert (await api.post(url.format("full"), json=body("first"))).status_code == 201
+    assert (
+        await api.post(url.format("keyed"), json=body("k"), headers={"Idempotency-Key": "k"})
+    ).status_code == 201
+    async with ds_client(server) as ds:
+        text = {"Content-Type": "text/plain"}
+        assert (await ds.put(f"/{run_id}/produced", headers=text)).status_code == 201
+        bump = {"Producer-Id": "p", "Producer-Epoch": "2", "Producer-Seq": "0"}
+        posted = await ds.post(f"/{run_id}/produced", content=b"a", headers={**text, **bump})
+        assert posted.status_code == 200
+        stale = {"Producer-Id": "p", "Producer-Epoch": "1", "Producer-Seq": "1"}
+
+        # Everything at once, so that the server's leader finds them waiting together.
+        calls = [api.post(url.format(n), json=body(f"{n}-{i}")) for i in range(3) for n in names]
+        calls += [
+            api.post(url.format("closed"), json=body("no")),
+            api.post(url.format("full"), json=body("no")),
+            api.post(url.format("held"), json=body("yes")),
+            api.delete(f"/runs/{run_id}/streams/held"),
+            api.delete(f"/runs/{run_id}/streams/doomed"),
+            *(api.post(url.format("doomed"), json=body("maybe")) for _ in range(5)),
+            api.post(url.format("keyed"), json=body("other"), headers={"Idempotency-Key": "k"}),
+            api.post(url.format("keyed"), json=body("k"), headers={"Idempotency-Key": "k"}),
+            ds.post(f"/{run_id}/produced", content=b"z", headers={**text, **stale}),
+        ]
+        answers = await asyncio.gather(*calls)
+    spread, rest = answers[: 3 * len(names)], answers[3 * len(names) :]
+    assert all(a.status_code == 201 for a in spread), [a.text for a in spread]
+    closed, full, held, held_delete, doomed_delete, *rest = rest
+    doomed, (reused, replayed, stale_epoch) = rest[:5], rest[5:]
+    assert_problem(closed, 409, "stream-closed")
+    assert_problem(full, 429, "backpressure")
+    assert held.status_code == 201
+    assert_problem(held_delete, 409, "legal-hold-active")
+    assert doomed_delete.status_code == 204
+    assert all(d.status_code in (201, 404) for d in doomed), [d.text for d in doomed]
+    assert_problem(reused, 422, "idempotency-key-reused")
+    assert replayed.status_code == 200  # a replay
+    assert_problem(stale_epoch, 403, "producer-epoch-stale")
+    for name in names:  # contiguous per stream, each request's records once
+        found = await records_of(api, run_id, name)
+        assert [r["sequence"] for r in found] == [1, 2, 3]
+        assert sorted(r["data"] for r in found) == [f"{name}-{i}" for i in range(3)]
+    assert [r["data"] for r in await records_of(api, run_id, "held")] == ["yes"]
+    assert [r["data"] for r in await records_of(api, run_id, "full")] == ["first"]
+    assert [r["data"] for r in await records_of(api, run_id, "keyed")] == ["k"]
+    assert (await api.get(f"/runs/{run_id}/streams/doomed")).status_code == 404
+
+
+@pytest.mark.slow
+async def test_replicas_and_processes_hammering_overlapping_streams_never_deadlock_or_lose(
+    server: ServerProcess,
+    server_b: ServerProcess,
+    api: httpx.AsyncClient,
+    api_b: httpx.AsyncClient,
+    database_url: str,
+    tmp_path: Path,
+    run_id: str,
+) -> None:
+    """Each writer appends its numbered records one by one to random streams of one shared set,
+    through one of two replicas or a `serve --workers 2` (four processes in all): every one
+    batches across streams and locks overlapping rows."""
+    names = [f"s{i:02d}" for i in range(24)]
+    for name in names:
+        await create(api, run_id, name)
+    acked: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    failures: list[str] = []
+    logged = [(p, len(p.log())) for p in (server, server_b)]
+
+    async def writer(number: int, client: httpx.AsyncClient, deadline: float) -> None:
+        rng = random.Random(number)
+        n = 0
+        while time.monotonic() < deadline:
+            name = rng.choice(names)
+            response = await client.post(
+                f"/runs/{run_id}/streams/{name}/records",
+                json={"records": [{"data": [number, n]}, {"data": [number, n + 1]}]},
+            )
+            if response.status_code != 201:
+                failures.append(response.text)
+                return
+            acked[name].append((number, n))
+            n += 2
+
+    pair = ServerProcess(
+        database_url=database_url, data_dir=tmp_path, env=SERVER_ENV, args=["--workers", "2"]
+    ).start()
+    try:
+        async with api_client(pair) as api_c:
+            clients = (api, api_b, api_c)
+            deadline = time.monotonic() + 8
+            await asyncio.gather(*(writer(i, clients[i % 3], deadline) for i in range(36)))
+        # No batch was refused (a deadlock or a failing write would have been, and its streams
+        # then committed one by one).
+        logs = [p.log()[start:] for p, start in logged] + [pair.log()]
+        assert not [line for text in logs for line in text.splitlines() if "refused" in line]
+    finally:
+        pair.stop()
+    assert not failures, failures[:3]
+    total = 0
+    for name in names:
+        found = await records_of(api, run_id, name)
+        assert [r["sequence"] for r in found] == list(range(1, len(found) + 1))
+        pairs = [tuple(r["data"]) for r in found]
+        assert len(pairs) == len(set(pairs))  # each once
+        expected = {p for number, n in acked[name] for p in ((number, n), (number, n + 1))}
+        assert set(pairs) == expected  # every acknowledged record, nothing else
+        by_writer: dict[int, list[int]] = defaultdict(list)
+        for number, n in pairs:
+            by_writer[number].append(n)
+        assert all(ns == sorted(ns) for ns in by_writer.values())  # each writer's in order
+        total += len(pairs)
+    assert total > 200
+
+
+@pytest.mark.slow
+async def test_a_kill_9_mid_commit_loses_and_duplicates_nothing_idempotent_writers_retry(
+    database_url: str, tmp_path: Path, run_id: str
+) -> None:
+    """Idempotent writers on 100 streams; the server is killed while they append, started
+    again, and every request whose answer was lost is retried with its key."""
+    names = [f"s{i:03d}" for i in range(100)]
+    process = ServerProcess(database_url=database_url, data_dir=tmp_path, env=SERVER_ENV).start()
+    try:
+        async with api_client(process) as client:
+            for name in names:
+                await create(client, run_id, name)
+            attempted: dict[str, tuple[str, dict[str, Any]]] = {}
+            acked: set[str] = set()
+            stop = asyncio.Event()
+
+            async def writer(number: int) -> None:
+                rng = random.Random(number)
+                n = 0
+                while not stop.is_set():
+                    key = f"w{number}-{n}"
+                    name = rng.choice(names)
+                    body = {"records": [{"data": key}]}
+                    attempted[key] = (name, body)
+                    try:
+                        response = await client.post(
+                            f"/runs/{run_id}/streams/{name}/records",
+                            json=body,
+                            headers={"Idempotency-Key": key},
+                        )
+                    except httpx.HTTPError:
+                        return  # the server died under this request
+                    if response.status_code != 201:
+                        return
+                    acked.add(key)
+                    n += 1
+
+            writers = [asyncio.create_task(writer(i)) for i in range(48)]
+            await asyncio.sleep(2.0)
+            process.stop(signal.SIGKILL)  # mid-commit: dozens of requests under way
+            stop.set()
+            await asyncio.gather(*writers)
+        assert len(acked) > 100
+        process = ServerProcess(
+            database_url=database_url, data_dir=tmp_path, env=SERVER_ENV
+        ).start()
+        async with api_client(process) as client:
+            for key in set(attempted) - acked:  # unanswered: committed or not, retried
+                name, body = attempted[key]
+                retried = await client.post(
+                    f"/runs/{run_id}/streams/{name}/records",
+                    json=body,
+                    headers={"Idempotency-Key": key},
+                )
+                assert retried.status_code in (200, 201), retried.text  # replayed or new
+            seen: list[str] = []
+            for name in names:
+                found = await records_of(client, run_id, name)
+                assert [r["sequence"] for r in found] == list(range(1, len(found) + 1))
+                assert all(attempted[r["data"]][0] == name for r in found)
+                seen += [r["data"] for r in found]
+        assert len(seen) == len(set(seen))  # 0 duplicates
+        assert set(seen) == set(attempted)  # 0 lost: every acknowledged one, every retried one
+        print(json.dumps({"acked_before_kill": len(acked), "retried": len(attempted) - len(acked)}))
+    finally:
+        process.stop()
+
+
+class RefusingOnce(PostgresStreams):
+    """The first batch is refused by the server, as a deadlock victim is."""
+
+    refused = 0
+
+    async def _update_many(
+        self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> list[list[Outcome] | Exception]:
+        if not self.refused:
+            self.refused += 1
+            raise asyncpg.DeadlockDetectedError("deadlock detected")
+        return await super()._update_many(groups)
+
+
+async def test_a_refused_batch_is_committed_stream_by_stream_each_answering_alone(
+    pool: asyncpg.Pool,
+) -> None:
+    repo = RefusingOnce(pool)
+    run = new_key()
+    keys = [run._replace(stream_id=name) for name in ("a", "b", "closed")]
+    for key in keys:
+        await repo.create(key, definition(key.stream_id), NOW)
+    await repo.update(keys[2], [CloseCommand(WRITER, NOW)])
+    gone = run._replace(stream_id="gone")
+    results = await repo.update_many(
+        [
+            (keys[0], [append(), append()]),
+            (gone, [append()]),
+            (keys[1], [append()]),
+            (keys[2], [append()]),
+        ]
+    )
+    assert repo.refused == 1
+    assert [o.answer.first_sequence for o in results[0]] == [1, 2]
+    assert isinstance(results[1], NotFound)
+    assert [o.answer.first_sequence for o in results[2]] == [1]
+    assert isinstance(results[3][0], Failed)
+    assert (await repo.page(keys[0], 0, 10))[0].head == 2
