@@ -118,36 +118,53 @@ class DurableStreamsController(Controller):
     path = protocol.PREFIX + protocol.STREAM_PATH
     tags = ["durable-streams"]
 
-    @put(ONE, operation_id="dsCreate", summary="Create a stream (run default)", opt=_CREATE)
+    @put(
+        ONE,
+        operation_id="dsCreate",
+        summary="Create a stream (run default)",
+        operation_class=_CREATE,
+    )
     async def create_one(self, request: Request) -> ASGIApp:
         return await protocol.create(request)
 
-    @put(IN_RUN, operation_id="dsCreateInRun", summary="Create a stream", opt=_CREATE)
+    @put(IN_RUN, operation_id="dsCreateInRun", summary="Create a stream", operation_class=_CREATE)
     async def create_in_run(self, request: Request) -> ASGIApp:
         return await protocol.create(request)
 
-    @post(ONE, operation_id="dsAppend", summary="Append, close (run default)", opt=_APPEND)
+    @post(
+        ONE, operation_id="dsAppend", summary="Append, close (run default)", operation_class=_APPEND
+    )
     async def append_one(self, request: Request) -> ASGIApp:
         return await protocol.append(request)
 
-    @post(IN_RUN, operation_id="dsAppendInRun", summary="Append, close", opt=_APPEND)
+    @post(IN_RUN, operation_id="dsAppendInRun", summary="Append, close", operation_class=_APPEND)
     async def append_in_run(self, request: Request) -> ASGIApp:
         return await protocol.append(request)
 
-    @get(ONE, operation_id="dsRead", summary="Read (run default)", opt=_READ)
+    @get(ONE, operation_id="dsRead", summary="Read (run default)", operation_class=_READ)
     async def read_one(self, request: Request) -> ASGIApp:
         return await protocol.read(request)
 
-    @get(IN_RUN, operation_id="dsReadInRun", summary="Read", opt=_READ)
+    @get(IN_RUN, operation_id="dsReadInRun", summary="Read", operation_class=_READ)
     async def read_in_run(self, request: Request) -> ASGIApp:
         return await protocol.read(request)
 
     @delete(
-        ONE, operation_id="dsDelete", summary="Delete (run default)", status_code=204, opt=_DELETE
+        ONE,
+        operation_id="dsDelete",
+        summary="Delete (run default)",
+        status_code=204,
+        operation_class=_DELETE,
     )
     async def delete_one(self, request: Request) -> None:
         await protocol.erase(request)
 
-    @delete(IN_RUN, operation_id="dsDeleteInRun", summary="Delete", status_code=204, opt=_DELETE)
+    @delete(
+        IN_RUN,
+        operation_id="dsDeleteInRun",
+        summary="Delete",
+        status_code=204,
+        operation_class=_DELETE,
+    )
     async def delete_in_run(self, request: Request) -> None:
         await protocol.erase(request)

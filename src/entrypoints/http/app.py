@@ -13,7 +13,6 @@ import msgspec
 from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from adapters.postgres.bounded import BoundedPool, bounded
@@ -25,13 +24,13 @@ from entrypoints.console.route import ROUTES as CONSOLE_ROUTES
 from entrypoints.container import Container, Services, resolved, start, stop, workers
 from entrypoints.durable_streams.browser import browser_headers
 from entrypoints.durable_streams.routes import DurableStreamsController
-from entrypoints.http import openapi, problems
+from entrypoints.http import problems
 from entrypoints.http.head import serve_head
 from entrypoints.http.hot import hot_routes
 from entrypoints.http.methods import list_every_method_in_options
 from entrypoints.http.objects import ObjectsController
 from entrypoints.http.observability import metrics, request_middleware
-from entrypoints.http.openapi import Answer, documented
+from entrypoints.http.openapi import SECURITY, Answer, WireDocument, documented
 from entrypoints.http.outages import outage_handlers
 from entrypoints.http.request_checks import check_request
 from entrypoints.http.streams import RunsController, StreamsController
@@ -54,7 +53,7 @@ class Health(msgspec.Struct, frozen=True):
     "/healthz",
     operation_id="healthz",
     tags=["operations"],
-    opt=documented(Answer(200, "The process answers", Health), authenticated=False),
+    operation_class=documented(Answer(200, "The process answers", Health), authenticated=False),
 )
 async def healthz() -> Health:
     return Health(status="ok")
@@ -64,7 +63,7 @@ async def healthz() -> Health:
     "/readyz",
     operation_id="readyz",
     tags=["operations"],
-    opt=documented(
+    operation_class=documented(
         Answer(200, "Ready: PostgreSQL answers", Health),
         Answer(503, "Not ready: PostgreSQL does not answer", Health),
         authenticated=False,
@@ -86,6 +85,24 @@ async def readyz(request: Request) -> Response[Health]:
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
             return Response(Health(status="unavailable"), status_code=503)
     return Response(Health(status="ready"))
+
+
+# The handler lives beside the metrics it reads; its route is declared here, where the
+# document's declarations can be imported (observability.py is imported by problems.py).
+metrics_route = get(
+    "/metrics",
+    operation_id="metrics",
+    tags=["operations"],
+    operation_class=documented(
+        Answer(
+            200,
+            "Prometheus text exposition",
+            media_type="text/plain",
+            schema={"type": "string"},
+        ),
+        authenticated=False,
+    ),
+)(metrics)
 
 
 def create_app(container: Container) -> Litestar:
@@ -118,7 +135,7 @@ def create_app(container: Container) -> Litestar:
                 DurableStreamsController,
                 healthz,
                 readyz,
-                metrics,
+                metrics_route,
                 *CONSOLE_ROUTES,  # outside the API prefix: the page needs no token to load
             ],
             middleware=[request_middleware],
@@ -139,14 +156,14 @@ def create_app(container: Container) -> Litestar:
                     "HEAD is served wherever GET is: GET's status and headers, no body."
                 ),
                 path="/schema",
-                render_plugins=[JsonRenderPlugin()],
+                render_plugins=[WireDocument()],
+                components=SECURITY,
             ),
             debug=False,
             # Logging is configured once, as JSON lines (entrypoints/logs.py): Litestar's own
             # configuration would replace the root handler with its plain-text one.
             logging_config=None,
         )
-    openapi.complete(app, elsewhere={"metrics": METRICS_DOCUMENTED})
     list_every_method_in_options(app)
     # Around the router and the exception handlers, so that a HEAD is routed as its GET and
     # answers its problems too (404, 401, 405).
@@ -172,17 +189,6 @@ def with_budget(asgi: ASGIApp, seconds: float) -> ASGIApp:
             await asgi(scope, receive, send)
 
     return bounded_request
-
-
-METRICS_DOCUMENTED = documented(
-    Answer(
-        200,
-        "Prometheus text exposition",
-        media_type="text/plain",
-        schema={"type": "string"},
-    ),
-    authenticated=False,
-)
 
 
 def begin_stopping(app: Litestar) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
-from litestar import Request, Response, get
+from litestar import Request, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -251,7 +251,6 @@ def request_middleware(app: Any) -> Any:
 _last_db_read = 0.0
 
 
-@get("/metrics", operation_id="metrics", tags=["operations"], include_in_schema=True)
 async def metrics(request: Request) -> Response[bytes]:
     global _last_db_read
     container = request.app.state.container

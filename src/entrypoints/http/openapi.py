@@ -1,26 +1,42 @@
-"""The OpenAPI document: what each route answers, declared next to it, and applied here.
+"""The OpenAPI document: what each route answers, declared next to it.
 
 Litestar generates the paths, operation ids and path and query parameters from the handlers.
-What it cannot see is declared on each route with `opt=documented(...)`: every answer the
-route gives (status, body type, media type, headers), the problem codes it may answer, the
-request body it decodes itself and the request headers it reads from the scope. `complete`
-replaces each documented operation's answers with those declarations; body schemas come from
-msgspec, the library that encodes and decodes them, so the document cannot drift from the wire.
-"""
+What it cannot see is declared on each route with `operation_class=documented(...)` (Litestar's
+hook for an operation it cannot infer): every answer the route gives (status, body type, media
+type, headers, links), the problem codes it may answer, the request body it decodes itself and
+the request headers it reads from the scope. Body schemas come from msgspec, the library that
+encodes and decodes them, so the document cannot drift from the wire: `WireDocument`, the render
+plugin that serves `/schema/openapi.json`, gives the document msgspec's component schemas
+(Litestar's own describe its pipeline, not msgspec's wire form, and it keeps no component set
+from the configuration)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
-from litestar import Litestar
+from litestar import Request
+from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.openapi.spec import (
+    Components,
+    OpenAPIHeader,
+    OpenAPIMediaType,
+    OpenAPIResponse,
+    Operation,
+    Parameter,
+    SecurityScheme,
+)
+from litestar.openapi.spec import Link as OpenAPILink
+from litestar.openapi.spec import (
+    RequestBody as OpenAPIRequestBody,
+)
 
 from domain.ids import ID_PATTERN
 from domain.text import JSON_TEXT, TEXT_PATTERN
 from entrypoints.http.problems import PROBLEM_JSON, PROBLEM_TYPE_BASE, STATUS_OF_CODE
 
-OPT_KEY = "documented"
 BEARER = "bearer"
 
 
@@ -68,20 +84,34 @@ class Documented:
     authenticated: bool = True
 
 
+# Every declaration made, so that the document's component schemas cover every type they name.
+_DECLARED: list[Documented] = []
+
+
 def documented(
     *answers: Answer,
     problems: tuple[str, ...] = (),
     request_body: RequestBody | type | None = None,
     request_headers: tuple[Header, ...] = (),
     authenticated: bool = True,
-) -> dict[str, Documented]:
-    """The `opt=` of a route handler: a JSON request body may be given as its type alone."""
+) -> type[Operation]:
+    """The `operation_class=` of a route handler: a JSON request body may be given as its type
+    alone."""
     unknown = set(problems) - set(STATUS_OF_CODE)
     if unknown:
         raise ValueError(f"unknown problem codes {sorted(unknown)}")
     if isinstance(request_body, type):
         request_body = RequestBody("application/json", request_body)
-    return {OPT_KEY: Documented(answers, problems, request_body, request_headers, authenticated)}
+    declaration = Documented(answers, problems, request_body, request_headers, authenticated)
+    _DECLARED.append(declaration)
+    wire_schemas.cache_clear()
+
+    @dataclass
+    class DocumentedOperation(Operation):
+        def __post_init__(self) -> None:
+            _apply(self, declaration)
+
+    return DocumentedOperation
 
 
 # Headers the service sends with a status whatever the route (see problems.py and outages.py).
@@ -135,14 +165,14 @@ def json_text_schema() -> dict[str, Any]:
     }
 
 
-def _header_objects(headers: tuple[Header, ...]) -> dict[str, Any]:
+def _headers(headers: tuple[Header, ...]) -> dict[str, OpenAPIHeader]:
     return {
-        h.name: {"description": h.description, "required": h.required, "schema": h.schema}
+        h.name: OpenAPIHeader(description=h.description, required=h.required, schema=h.schema)
         for h in headers
     }
 
 
-def _problem_answers(codes: tuple[str, ...]) -> dict[str, Any]:
+def _problem_answers(codes: tuple[str, ...]) -> dict[str, OpenAPIResponse]:
     by_status: dict[int, list[str]] = {}
     for code in codes:
         by_status.setdefault(STATUS_OF_CODE[code], []).append(code)
@@ -152,38 +182,22 @@ def _problem_answers(codes: tuple[str, ...]) -> dict[str, Any]:
             "allOf": [{"$ref": "#/components/schemas/Problem"}],
             "properties": {"status": {"const": status}, "code": {"enum": of_status}},
         }
-        answer: dict[str, Any] = {
-            "description": ", ".join(of_status),
-            "content": {PROBLEM_JSON: {"schema": schema}},
-        }
-        if status in PROBLEM_HEADERS:
-            answer["headers"] = _header_objects(PROBLEM_HEADERS[status])
-        answers[str(status)] = answer
+        answers[str(status)] = OpenAPIResponse(
+            description=", ".join(of_status),
+            content={PROBLEM_JSON: OpenAPIMediaType(schema=schema)},
+            headers=_headers(PROBLEM_HEADERS.get(status, ())) or None,
+        )
     return answers
 
 
-def _documented_operations(app: Litestar) -> dict[str, Documented]:
-    found = {}
-    for route in app.routes:
-        for handler in getattr(route, "route_handlers", ()):
-            declaration = handler.opt.get(OPT_KEY)
-            if declaration is not None:
-                found[handler.operation_id] = declaration
-    return found
-
-
-def complete(app: Litestar, elsewhere: dict[str, dict[str, Documented]] | None = None) -> None:
-    """Apply every route's declarations to the document Litestar generated (and caches).
-
-    `elsewhere` documents, by operation id, handlers whose module cannot import this one."""
-    document = app.plugins.get("OpenAPIPlugin").provide_openapi_schema()  # type: ignore[attr-defined]
-    declarations = _documented_operations(app)
-    for operation_id, opt in (elsewhere or {}).items():
-        declarations[operation_id] = opt[OPT_KEY]
+@functools.cache
+def wire_schemas() -> tuple[dict[type, Any], dict[str, Any]]:
+    """Each declared body type's schema (a reference, mostly), and the component schemas they
+    reference: msgspec's, for every type at once, so that names are given once."""
     types = sorted(
         {
             part.body
-            for d in declarations.values()
+            for d in _DECLARED
             for part in (*d.answers, d.request_body)
             if part is not None and part.body is not None
         },
@@ -192,21 +206,10 @@ def complete(app: Litestar, elsewhere: dict[str, dict[str, Documented]] | None =
     (schemas, components) = msgspec.json.schema_components(
         types, schema_hook=_any_value, ref_template="#/components/schemas/{name}"
     )
-    schema_of = dict(zip(types, schemas, strict=True))
-    # Litestar's own component schemas describe its pipeline, not msgspec's wire form: replaced.
-    document["components"] = {
-        "schemas": {"Problem": problem_schema(), JSON_TEXT: json_text_schema(), **components},
-        "securitySchemes": {BEARER: {"type": "http", "scheme": "bearer"}},
-    }
-    for path_item in document.get("paths", {}).values():
-        for operation in path_item.values():
-            if not isinstance(operation, dict):
-                continue
-            declaration = declarations.get(operation.get("operationId", ""))
-            if declaration is None:
-                raise LookupError(f"operation {operation.get('operationId')} is not documented")
-            _apply(operation, declaration, schema_of)
-    _refs_stand_alone(document)
+    _refs_stand_alone(schemas)
+    _refs_stand_alone(components)
+    every = {"Problem": problem_schema(), JSON_TEXT: json_text_schema(), **components}
+    return dict(zip(types, schemas, strict=True)), every
 
 
 def _refs_stand_alone(node: Any) -> None:
@@ -229,47 +232,63 @@ def _any_value(type_: type) -> dict[str, Any]:
     raise TypeError(f"no JSON schema for {type_!r}")
 
 
-def _apply(operation: dict[str, Any], d: Documented, schema_of: dict[type, Any]) -> None:
-    responses = {}
+def _apply(operation: Operation, d: Documented) -> None:
+    """What the route declared, in the operation Litestar gives it (its id, tags, summary and
+    the parameters of its path and query)."""
+    schema_of, _ = wire_schemas()
+    responses: dict[str, OpenAPIResponse] = {}
     for answer in d.answers:
         content = None
         if answer.body is not None or answer.schema is not None:
             schema = schema_of[answer.body] if answer.body is not None else answer.schema
-            content = {answer.media_type: {"schema": schema}}
-        response: dict[str, Any] = {"description": answer.description}
-        if answer.headers:
-            response["headers"] = _header_objects(answer.headers)
-        if content is not None:
-            response["content"] = content
-        if answer.links:
-            response["links"] = {
-                link.operation_id: {"operationId": link.operation_id, "parameters": link.parameters}
+            content = {answer.media_type: OpenAPIMediaType(schema=schema)}
+        responses[str(answer.status)] = OpenAPIResponse(
+            description=answer.description,
+            headers=_headers(answer.headers) or None,
+            content=content,
+            links={
+                link.operation_id: OpenAPILink(
+                    operation_id=link.operation_id, parameters=link.parameters
+                )
                 for link in answer.links
             }
-        responses[str(answer.status)] = response
+            or None,
+        )
     responses.update(_problem_answers(d.problems))
-    operation["responses"] = responses
+    operation.responses = responses  # type: ignore[assignment]
     if d.request_body is not None:
         body = d.request_body
         schema = schema_of[body.body] if body.body is not None else body.schema
-        operation["requestBody"] = {
-            "required": True,
-            "content": {body.media_type: {"schema": schema}},
-        }
-    parameters = operation.setdefault("parameters", [])
-    for parameter in parameters:
-        if parameter.get("in") == "path" and parameter["name"] in ID_PARAMETERS:
-            parameter["schema"] = {"type": "string", "pattern": ID_PATTERN}
-    for header in d.request_headers:
-        parameters.append(
-            {
-                "name": header.name,
-                "in": "header",
-                "description": header.description,
-                "required": header.required,
-                "schema": header.schema,
-            }
+        operation.request_body = OpenAPIRequestBody(
+            required=True, content={body.media_type: OpenAPIMediaType(schema=schema)}
         )
-    if not parameters:
-        del operation["parameters"]
-    operation["security"] = [{BEARER: []}] if d.authenticated else []
+    parameters = [
+        replace(p, schema={"type": "string", "pattern": ID_PATTERN})
+        if isinstance(p, Parameter) and p.param_in == "path" and p.name in ID_PARAMETERS
+        else p
+        for p in operation.parameters or ()
+    ]
+    parameters += [
+        Parameter(
+            name=h.name,
+            param_in="header",
+            description=h.description,
+            required=h.required,
+            schema=h.schema,
+        )
+        for h in d.request_headers
+    ]
+    operation.parameters = parameters or None
+    operation.security = [{BEARER: []}] if d.authenticated else []
+
+
+SECURITY = Components(security_schemes={BEARER: SecurityScheme(type="http", scheme="bearer")})
+
+
+class WireDocument(JsonRenderPlugin):
+    """`/schema/openapi.json`: the document Litestar builds, with msgspec's component schemas
+    (those of the types the routes declare) in place of Litestar's."""
+
+    def render(self, request: Request[Any, Any, Any], openapi_schema: dict[str, Any]) -> bytes:
+        components = {**openapi_schema.get("components", {}), "schemas": wire_schemas()[1]}
+        return self.render_json(request, {**openapi_schema, "components": components})

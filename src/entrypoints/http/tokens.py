@@ -22,7 +22,7 @@ class TokensController(Controller):
         "",
         operation_id="mintToken",
         summary="Mint a token in the caller's tenant (shown once)",
-        opt=documented(
+        operation_class=documented(
             Answer(201, "Minted: the token itself is in this answer only", MintedToken),
             problems=(*EVERY_ROUTE, *WITH_A_BODY, "forbidden"),
             request_body=TokenRequest,
@@ -38,7 +38,7 @@ class TokensController(Controller):
         "",
         operation_id="listTokens",
         summary="List the tenant's tokens (never a token itself)",
-        opt=documented(
+        operation_class=documented(
             Answer(200, "The tenant's tokens, revoked and expired ones included", TokenList),
             problems=(*EVERY_ROUTE, "forbidden"),
         ),
@@ -52,7 +52,7 @@ class TokensController(Controller):
         operation_id="revokeToken",
         summary="Revoke a token: refused everywhere within 2 seconds",
         status_code=204,
-        opt=documented(
+        operation_class=documented(
             Answer(204, "Revoked (revoking a revoked token again is fine)"),
             problems=(*EVERY_ROUTE, "forbidden", "not-found"),
         ),
