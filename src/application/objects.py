@@ -448,7 +448,7 @@ class ListOpenObjects:
             # expired since it was answered; its intent still says where the page resumes.
             last = stream.state.objects.get(after) or await self._intents.intent(key, after)
             if last is None:
-                raise errors.InvalidInput(
+                raise errors.CursorUnknown(
                     f"after {after!r} is no object of this stream", field="after"
                 )
             mark = (last.created_at, last.object_id)

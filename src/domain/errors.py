@@ -75,6 +75,13 @@ class CursorAheadOfHead(DomainError):
     code = "cursor-ahead-of-head"
 
 
+class CursorUnknown(DomainError):
+    """A page cursor (`after`) that names nothing the listing can resume from: which names are
+    known is the stream's state, not the request's shape."""
+
+    code = "cursor-unknown"
+
+
 class CursorExpired(DomainError):
     """Retention removed `cursor + 1`: carries requested, earliest, latest and reason."""
 

@@ -147,6 +147,12 @@ class CursorAheadOfHead(StreamsError):
         return _int(self.problem.get("head"))
 
 
+class CursorUnknown(StreamsError):
+    """400: a listing's `after` names nothing of the stream to resume from (`field`)."""
+
+    code_of_class = "cursor-unknown"
+
+
 class AckAheadOfHead(StreamsError):
     """400: an acknowledgement above the head (`sequence`, `head`)."""
 
@@ -387,6 +393,7 @@ CLASS_OF_CODE: dict[str, type[StreamsError]] = {
         UnexpectedAnswer,
         InvalidInput,
         CursorAheadOfHead,
+        CursorUnknown,
         AckAheadOfHead,
         Unauthenticated,
         Forbidden,

@@ -181,7 +181,8 @@ async def test_open_intents_per_stream_are_bounded_and_paged_outside_the_documen
         answer = await api.get(f"{path}/objects", params=bad)
         assert answer.status_code == 400 and answer.json()["code"] == "invalid-input", answer.text
     unknown = await api.get(f"{path}/objects", params={"after": "obj-unknown"})
-    assert unknown.status_code == 400 and unknown.json()["code"] == "invalid-input"
+    assert unknown.status_code == 400 and unknown.json()["code"] == "cursor-unknown", unknown.text
+    assert unknown.json()["field"] == "after"
     missing = await api.get(f"/runs/{run_id}/streams/nothing/objects")
     assert missing.status_code == 404
 

@@ -266,7 +266,7 @@ async def test_open_intents_page_oldest_first_and_resume_after_one_that_closed(a
     await s.objects.abort(ALICE, "r", "s", prepared[1])
     rest = await s.list_objects(ALICE, "r", "s", first.next_after, 10)
     assert [o.object_id for o in rest.objects] == prepared[2:] and rest.next_after is None
-    with pytest.raises(errors.InvalidInput):
+    with pytest.raises(errors.CursorUnknown):
         await s.list_objects(ALICE, "r", "s", "obj-none", 10)
     with pytest.raises(errors.InvalidInput):
         await s.list_objects(ALICE, "r", "s", None, 0)

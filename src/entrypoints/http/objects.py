@@ -119,7 +119,7 @@ class ObjectsController(Controller):
                 "Open (prepared or uploaded) intents after `after`, oldest first",
                 ObjectList,
             ),
-            problems=ON_A_STREAM,
+            problems=(*ON_A_STREAM, "cursor-unknown"),
         ),
     )
     async def list_open(

@@ -24,6 +24,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "not-found": 404,
     "invalid-input": 400,
     "cursor-ahead-of-head": 400,
+    "cursor-unknown": 400,
     "cursor-expired": 410,
     "record-too-large": 413,
     "request-too-large": 413,
