@@ -96,8 +96,9 @@ def test_the_document_describes_problems_auth_and_media_types(server: ServerProc
     [idle, _] = expiry["properties"]["idle_seconds"]["anyOf"]
     assert (idle["minimum"], idle["maximum"]) == (1, 100 * 365 * 86_400)
     assert expiry["properties"]["expires_at"]["anyOf"][0]["format"] == "date-time"
-    at_most_one = schemas["DefinitionRequest"]["properties"]["expiry"]["not"]
-    assert at_most_one["required"] == ["idle_seconds", "expires_at"]
+    [sliding, absolute, never] = schemas["DefinitionRequest"]["properties"]["expiry"]["oneOf"]
+    assert (sliding["required"], absolute["required"]) == (["idle_seconds"], ["expires_at"])
+    assert never["properties"] == {"idle_seconds": {"type": "null"}, "expires_at": {"type": "null"}}
     document_expiry = schemas["StreamDocument"]["properties"]["expiry"]
     assert document_expiry == {"$ref": "#/components/schemas/Expiry"}
 

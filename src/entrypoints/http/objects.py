@@ -88,7 +88,6 @@ class ObjectsController(Controller):
             problems=(
                 *ON_A_STREAM,
                 *WITH_A_BODY,
-                "object-too-large",
                 "stream-closed",
                 "idempotency-key-reused",
                 "quota-exhausted",

@@ -66,6 +66,8 @@ class Answer:
     schema: dict[str, Any] | None = None  # the body's schema when it is not a JSON type
     headers: tuple[Header, ...] = ()
     links: tuple[Link, ...] = ()
+    # Each media type the answer may carry, with its schema, when there are several.
+    content: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class RequestBody:
     media_type: str
     body: Any = None
     schema: dict[str, Any] | None = None
+    # Each media type the route accepts, with its schema, when there are several.
+    content: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class Documented:
     request_body: RequestBody | None = None
     request_headers: tuple[Header, ...] = ()
     authenticated: bool = True
+    query: tuple[Header, ...] = ()  # query parameters a route parses itself
 
 
 # Every declaration made, so that the document's component schemas cover every type they name.
@@ -94,6 +99,7 @@ def documented(
     request_body: RequestBody | type | None = None,
     request_headers: tuple[Header, ...] = (),
     authenticated: bool = True,
+    query: tuple[Header, ...] = (),
 ) -> type[Operation]:
     """The `operation_class=` of a route handler: a JSON request body may be given as its type
     alone."""
@@ -102,7 +108,7 @@ def documented(
         raise ValueError(f"unknown problem codes {sorted(unknown)}")
     if isinstance(request_body, type):
         request_body = RequestBody("application/json", request_body)
-    declaration = Documented(answers, problems, request_body, request_headers, authenticated)
+    declaration = Documented(answers, problems, request_body, request_headers, authenticated, query)
     _DECLARED.append(declaration)
     wire_schemas.cache_clear()
 
@@ -124,6 +130,26 @@ PROBLEM_HEADERS: dict[int, tuple[Header, ...]] = {
     429: (RETRY_AFTER,),
     503: (RETRY_AFTER,),
 }
+
+
+def decimal_pattern(maximum: int, *, minimum: int = 0) -> str:
+    """A pattern for the decimal integers `minimum` (0 or 1) to `maximum` written without sign
+    or leading zero: exactly those, so that the document refuses what the service refuses."""
+    top = str(maximum)
+    shorter = [f"[1-9][0-9]{{0,{len(top) - 2}}}"] if len(top) > 1 else []
+    same_length = []
+    for i, digit in enumerate(top):
+        low = 1 if i == 0 else 0
+        if int(digit) > low:
+            rest = len(top) - i - 1
+            same_length.append(
+                f"{top[:i]}[{low}-{int(digit) - 1}]" + (f"[0-9]{{{rest}}}" if rest else "")
+            )
+    alternatives = (["0"] if minimum == 0 else []) + shorter + same_length + [top]
+    if minimum == 1 and top == "1":
+        alternatives = ["1"]
+    return "^(?:" + "|".join(alternatives) + ")$"
+
 
 # Path parameters that are IDs: each is checked against the one ID pattern (400 otherwise).
 ID_PARAMETERS = frozenset({"run_id", "stream_id", "consumer_id", "object_id"})
@@ -242,6 +268,8 @@ def _apply(operation: Operation, d: Documented) -> None:
         if answer.body is not None or answer.schema is not None:
             schema = schema_of[answer.body] if answer.body is not None else answer.schema
             content = {answer.media_type: OpenAPIMediaType(schema=schema)}
+        elif answer.content:
+            content = {kind: OpenAPIMediaType(schema=schema) for kind, schema in answer.content}
         responses[str(answer.status)] = OpenAPIResponse(
             description=answer.description,
             headers=_headers(answer.headers) or None,
@@ -258,10 +286,12 @@ def _apply(operation: Operation, d: Documented) -> None:
     operation.responses = responses  # type: ignore[assignment]
     if d.request_body is not None:
         body = d.request_body
-        schema = schema_of[body.body] if body.body is not None else body.schema
-        operation.request_body = OpenAPIRequestBody(
-            required=True, content={body.media_type: OpenAPIMediaType(schema=schema)}
-        )
+        if body.content:
+            accepted = {kind: OpenAPIMediaType(schema=schema) for kind, schema in body.content}
+        else:
+            schema = schema_of[body.body] if body.body is not None else body.schema
+            accepted = {body.media_type: OpenAPIMediaType(schema=schema)}
+        operation.request_body = OpenAPIRequestBody(required=True, content=accepted)
     parameters = [
         replace(p, schema={"type": "string", "pattern": ID_PATTERN})
         if isinstance(p, Parameter) and p.param_in == "path" and p.name in ID_PARAMETERS
@@ -277,6 +307,16 @@ def _apply(operation: Operation, d: Documented) -> None:
             schema=h.schema,
         )
         for h in d.request_headers
+    ]
+    parameters += [
+        Parameter(
+            name=q.name,
+            param_in="query",
+            description=q.description,
+            required=q.required,
+            schema=q.schema,
+        )
+        for q in d.query
     ]
     operation.parameters = parameters or None
     operation.security = [{BEARER: []}] if d.authenticated else []
