@@ -42,21 +42,25 @@ NEXT_OFFSET = Header(
 READ_TO = Header(
     "Stream-Next-Offset", "The offset after this read's end (not on live=sse)", OFFSET, False
 )
-# Each event as the event-stream reader sees it: `data` carries the stream's bytes (a JSON array
-# for application/json, text for text/*, base64 otherwise), `control` the read's position.
+# Each event as the event-stream reader sees it: on live=sse, `data` carries the stream's bytes
+# (a JSON array for application/json, text for text/*, base64 otherwise) and `control` the
+# read's position (JSON). A stream created as text/event-stream reads as its own events.
 SSE_EVENT = {
     "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
     "oneOf": [
-        {
-            "properties": {"event": {"const": "data"}, "data": {"type": "string"}},
-            "required": ["event", "data"],
-        },
+        {"properties": {"event": {"const": "data"}}, "required": ["event"]},
         {
             "properties": {
                 "event": {"const": "control"},
-                "data": {"type": "string", "contentMediaType": "application/json"},
+                "data": {"contentMediaType": "application/json"},
             },
-            "required": ["event", "data"],
+            "required": ["event"],
+        },
+        {
+            "description": "an event of the stream's own (a stream of text/event-stream)",
+            "properties": {"event": {"not": {"enum": ["data", "control"]}}},
         },
     ],
 }

@@ -61,6 +61,9 @@ DELIVERING = (*ON_A_STREAM, "egress-region-denied")
 WITH_A_BODY = ("request-too-large",)
 LOCATION = Header("Location", "The stream's URL")
 _THE_STREAM = {"run_id": "$request.path.run_id", "stream_id": "$response.body#/stream_id"}
+# An acknowledgement creates its consumer (the first time): it is listed, and may be removed.
+_THE_STREAM_ASKED = {"run_id": "$request.path.run_id", "stream_id": "$request.path.stream_id"}
+_CONSUMER = "$request.path.consumer_id"
 TO_THE_STREAM = tuple(
     Link(operation, _THE_STREAM)
     for operation in (
@@ -344,7 +347,15 @@ class StreamsController(Controller):
         summary="Acknowledge a consumer's progress",
         status_code=200,
         operation_class=documented(
-            Answer(200, "The consumer's acknowledgement and the stream's credit", AckAnswer),
+            Answer(
+                200,
+                "The consumer's acknowledgement and the stream's credit",
+                AckAnswer,
+                links=(
+                    Link("listConsumers", _THE_STREAM_ASKED),
+                    Link("deleteConsumer", {**_THE_STREAM_ASKED, "consumer_id": _CONSUMER}),
+                ),
+            ),
             problems=(
                 *ON_A_STREAM,
                 *WITH_A_BODY,

@@ -10,7 +10,7 @@ from litestar.params import Parameter
 
 from application.tokens import TOKEN_ID_PATTERN, MintedToken, TokenList, TokenRequest
 from entrypoints.http.body import decode_body
-from entrypoints.http.openapi import Answer, documented
+from entrypoints.http.openapi import Answer, Link, documented
 from entrypoints.http.streams import API_PREFIX, EVERY_ROUTE, WITH_A_BODY, authenticated
 
 
@@ -23,7 +23,12 @@ class TokensController(Controller):
         operation_id="mintToken",
         summary="Mint a token in the caller's tenant (shown once)",
         operation_class=documented(
-            Answer(201, "Minted: the token itself is in this answer only", MintedToken),
+            Answer(
+                201,
+                "Minted: the token itself is in this answer only",
+                MintedToken,
+                links=(Link("revokeToken", {"token_id": "$response.body#/id"}),),
+            ),
             problems=(*EVERY_ROUTE, *WITH_A_BODY, "forbidden"),
             request_body=TokenRequest,
         ),
