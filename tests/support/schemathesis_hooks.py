@@ -116,8 +116,8 @@ def _outside_the_document(case: Any, response: Any) -> bool:
         if not validator.is_valid(values[parameter["name"]]):
             return True
     accepted = case.operation.definition.raw.get("requestBody", {}).get("content", {})
-    schema = accepted.get(case.media_type) or accepted.get("*/*")
-    if schema and schema.get("format") == "binary":  # fewer bytes than the document allows
+    schema = (accepted.get(case.media_type) or accepted.get("*/*") or {}).get("schema", {})
+    if schema.get("format") == "binary":  # fewer bytes than the document allows
         sent = response.request.body or b""
         return len(sent) < schema.get("minLength", 0)
     return False
