@@ -83,10 +83,11 @@ CLOSE = Header(
     {"type": "string"},
     False,
 )
-# Rules between these headers (docs/durable-streams.md), which OpenAPI cannot state between
-# parameters: Stream-TTL or Stream-Expires-At, not both; Stream-Fork-Offset and
-# Stream-Fork-Sub-Offset only with Stream-Forked-From, a sub-offset above 0 only with an offset;
-# Producer-Id, Producer-Epoch and Producer-Seq all three or none; `live` only with `offset`.
+# Rules between parameters, which OpenAPI cannot state (each parameter has its own schema), said
+# in their descriptions and in docs/http-api.md ("The OpenAPI document"): Stream-TTL or
+# Stream-Expires-At, not both; Stream-Fork-Offset and Stream-Fork-Sub-Offset only with
+# Stream-Forked-From, a sub-offset above 0 only with an offset; Producer-Id, Producer-Epoch and
+# Producer-Seq all three or none; `live` only with `offset`.
 THE_STREAM = {"stream_id": "$request.path.stream_id"}
 IN_THE_RUN = {"run_id": "$request.path.run_id", **THE_STREAM}
 
