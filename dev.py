@@ -7,8 +7,9 @@ project alone, the other commands add its test tools (the `test` extra). Then it
 
   serve [ARGS...]   `ductor-streams serve` on the embedded defaults (embedded PostgreSQL and a
                     filesystem object store under ./.ductor-streams); extra ARGS are passed on.
-  test [ARGS...]    ruff (lint and format check), the import-linter layer contract, then the
-                    whole pytest suite; extra ARGS go to pytest (e.g. `-m "not slow"`).
+  test [ARGS...]    ruff (lint and format check), the import-linter layer contract, mypy
+                    (over src/, as [tool.mypy] in pyproject.toml says), then the whole pytest
+                    suite; extra ARGS go to pytest (e.g. `-m "not slow"`).
   bench [ARGS...]   the benchmarks in bench/ (docs/benchmarks.md).
   run CMD...        a command inside the environment: `python3 dev.py run ductor-streams -h`.
 """
@@ -155,6 +156,7 @@ def main(args: list[str]) -> int:
             [_bin("ruff"), "check", "."],
             [_bin("ruff"), "format", "--check", "."],
             [_bin("lint-imports")],
+            [_bin("mypy")],
         ):
             if code := _exec(step):
                 return code

@@ -9,10 +9,12 @@ from typing import TypeVar
 
 import msgspec
 
+from application import tracing
 from application.access import Caller, require_writer
 from application.definitions import Definitions
 from application.group_commit import GroupCommit, run_one
 from application.ports import Clock, Done, Failed, Idempotency, Replayed
+from application.throughput import DURABLE_STREAMS
 from application.views import AppendAnswer
 from application.wake import WakeRegistry
 from domain import errors
@@ -74,6 +76,7 @@ class ProduceCommand:
 
     idempotency: Idempotency | None = None
     offset_of = None
+    surface = DURABLE_STREAMS  # counted by application/throughput.py
 
     def __init__(
         self,
@@ -137,6 +140,7 @@ class AppendRecords:
         self._wake = wake
         self._clock = clock
 
+    @tracing.use_case("append records")
     async def __call__(
         self,
         caller: Caller,
@@ -167,6 +171,7 @@ class AppendRecords:
             )
         return await self._append(caller, key, records, idempotency)
 
+    @tracing.use_case("produce")
     async def produce(
         self,
         caller: Caller,

@@ -30,6 +30,7 @@ class RemoveConsumerCommand:
     idempotency: Idempotency | None = None
     records = ()
     offset_of = None
+    producer = None
     needs_consumers = True
 
     def __init__(self, consumer_id: str, now: datetime) -> None:

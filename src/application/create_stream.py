@@ -10,17 +10,19 @@ import contextlib
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from application import tracing
 from application.access import Caller
 from application.append_records import ProduceCommand
 from application.errors import NotFound
 from application.expiry import AccessLog, ExpireCommand
 from application.placement import Deployment
 from application.ports import Clock, Command, StreamRepository
+from application.throughput import Throughput
 from application.views import StreamDocument, stream_document
 from domain.definition import DefinitionRequest, StreamDefinition, resolve_definition
 from domain.errors import DefinitionConflict, InvalidInput
 from domain.records import NewRecord
-from domain.stream import Stream
+from domain.stream import Stream, StreamKey
 
 # The commands a creation decides in its own transaction, made for the instant it happens at.
 _Then = Callable[[datetime], Sequence[Command]]
@@ -32,9 +34,15 @@ def _nothing(now: datetime) -> Sequence[Command]:
 
 class CreateStream:
     def __init__(
-        self, streams: StreamRepository, clock: Clock, deployment: Deployment, access: AccessLog
+        self,
+        streams: StreamRepository,
+        clock: Clock,
+        deployment: Deployment,
+        access: AccessLog,
+        throughput: Throughput | None = None,
     ) -> None:
         self._streams = streams
+        self._throughput = throughput or Throughput()
         self._clock = clock
         self._deployment = deployment
         self._access = access
@@ -72,6 +80,7 @@ class CreateStream:
 
         return await self._create(caller, run_id, definition, then)
 
+    @tracing.use_case("create stream")
     async def _create(
         self, caller: Caller, run_id: str, definition: StreamDefinition, then: _Then
     ) -> tuple[Stream, bool]:
@@ -84,7 +93,7 @@ class CreateStream:
                 f"expiry.expires_at {expires_at.isoformat()} has already passed",
                 field="expiry.expires_at",
             )
-        stream, created = await self._streams.create(key, definition, now, then(now))
+        stream, created = await self._create_with(key, definition, now, then)
         if created and definition.expiry.enabled:
             # Its creation is its first access, recorded with it.
             self._access.remember(key, now, recorded=True)
@@ -95,7 +104,7 @@ class CreateStream:
             with contextlib.suppress(NotFound):  # erased meanwhile
                 await self._streams.update(key, [command])
             now = self._clock()
-            stream, created = await self._streams.create(key, definition, now, then(now))
+            stream, created = await self._create_with(key, definition, now, then)
         if not created and stream.state.soft_deleted:
             raise DefinitionConflict(
                 f"stream {definition.stream_id!r} was deleted while forks still read it: its ID "
@@ -106,4 +115,18 @@ class CreateStream:
                 f"stream {definition.stream_id!r} already exists with another definition; "
                 "definitions are immutable"
             )
+        return stream, created
+
+    async def _create_with(
+        self, key: StreamKey, definition: StreamDefinition, now: datetime, then: _Then
+    ) -> tuple[Stream, bool]:
+        commands = then(now)
+        stream, created = await self._streams.create(key, definition, now, commands)
+        if created:
+            self._throughput.created(commands)
+            context = tracing.current()
+            if context is not None:
+                for command in commands:
+                    if command.records:  # the initial records, from sequence 1
+                        tracing.APPENDS.appended(key, 1, len(command.records), context)
         return stream, created

@@ -29,6 +29,7 @@ import time
 from collections.abc import AsyncGenerator, Iterator
 from contextvars import ContextVar
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from application.errors import NotFound
 from application.ports import (
@@ -42,6 +43,8 @@ from application.ports import (
 from domain.definition import StreamDefinition
 from domain.events import Event
 from domain.stream import Stream, StreamKey
+
+T = TypeVar("T")
 
 log = logging.getLogger("ductor_streams.expiry")
 
@@ -179,8 +182,8 @@ class AccessLog:
         return alive
 
     async def keep_touching(
-        self, key: StreamKey, definition: StreamDefinition, items: AsyncGenerator
-    ) -> AsyncGenerator:
+        self, key: StreamKey, definition: StreamDefinition, items: AsyncGenerator[T, None]
+    ) -> AsyncGenerator[T, None]:
         """Pass `items` through, touching the stream at each one (a subscription's deliveries
         and heartbeats: an open subscription keeps its stream alive)."""
         if not definition.expiry.enabled:

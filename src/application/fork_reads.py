@@ -144,7 +144,7 @@ def check_fork_source(source: StreamKey, state: StreamState | None, fork: Fork) 
 def kept_by_forks(keys: list[StreamKey], forks: dict[StreamKey, set[StreamKey]]) -> set[StreamKey]:
     """Of streams deleted together (a run), those a fork outside the group, or a kept one,
     still reads: they are soft-deleted, the others erased."""
-    group, kept = set(keys), set()
+    group, kept = set(keys), set[StreamKey]()
     changed = True
     while changed:
         changed = False

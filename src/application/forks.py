@@ -20,6 +20,7 @@ from application.read_records import check_cursor
 from domain import errors
 from domain.definition import MAX_FORK_DEPTH, Expiry, Fork
 from domain.records import NewRecord, RecordKind
+from domain.stream import StreamKey
 
 JSON = "application/json"
 _SCAN_PAGE = 1_000
@@ -131,7 +132,9 @@ class Forks:
         key = caller.key(source_run_id, source_stream_id)
         return (await self._definitions.get(key, touch=False, runs=caller.runs)).expiry
 
-    async def _split(self, key, anchor: int, sub_offset: int) -> tuple[int, list[NewRecord]]:
+    async def _split(
+        self, key: StreamKey, anchor: int, sub_offset: int
+    ) -> tuple[int, list[NewRecord]]:
         """`sub_offset` bytes after record `anchor`: the last whole record inherited, and the
         copied first bytes of the next one when the point falls inside it."""
         through, left, cursor = anchor, sub_offset, anchor

@@ -13,13 +13,21 @@ cancels only its own wait, never the group's transaction.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
-from application.ports import Command, Done, Failed, Outcome, StreamRepository
+from application import tracing
+from application.ports import AnsweringCommand, Command, Done, Failed, Outcome, StreamRepository
+from application.throughput import Throughput
 from application.waiting import Unanswered, spending
+from domain.events import RecordsAppended
 from domain.stream import StreamKey
 
-_Pending = tuple[Command, asyncio.Future[Outcome]]
+if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
+
+# A command, its request's future and (while tracing) the span context of its request.
+_Pending = tuple[Command, asyncio.Future[Outcome], "SpanContext | None"]
+T = TypeVar("T")
 
 
 class _Expired(Exception):
@@ -37,8 +45,10 @@ class GroupCommit:
         streams: StreamRepository,
         max_group_records: int = 20_000,
         max_group_bytes: int = 32 * 1024 * 1024,
+        throughput: Throughput | None = None,
     ) -> None:
         self._streams = streams
+        self.throughput = throughput or Throughput()
         self._max_records = max_group_records
         self._max_bytes = max_group_bytes
         self._queues: dict[StreamKey, list[_Pending]] = {}
@@ -47,10 +57,11 @@ class GroupCommit:
     async def submit(self, key: StreamKey, command: Command) -> Outcome:
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         queue = self._queues.get(key)
+        pending = (command, future, tracing.current())
         if queue is not None:
-            queue.append((command, future))
+            queue.append(pending)
         else:
-            self._queues[key] = [(command, future)]
+            self._queues[key] = [pending]
             leader = asyncio.create_task(self._lead(key), name=f"append-leader {key}")
             self._leaders.add(leader)
             leader.add_done_callback(self._leaders.discard)
@@ -67,7 +78,7 @@ class GroupCommit:
             except _Expired:
                 queued = self._queues.get(key)
                 if queued is not None:
-                    for i, (_, waiting) in enumerate(queued):
+                    for i, (_, waiting, _) in enumerate(queued):
                         if waiting is future:
                             del queued[i]
                             raise Unanswered("the database", seconds) from None
@@ -80,30 +91,57 @@ class GroupCommit:
         try:
             while queue:
                 group = self._take(queue)
+                commands = [c for c, _, _ in group]
                 try:
-                    outcomes = await self._streams.update(key, [c for c, _ in group])
+                    if tracing.on():
+                        outcomes = await self._traced_update(key, group)
+                    else:
+                        outcomes = await self._streams.update(key, commands)
                 except BaseException as error:
                     # Nothing of this group was committed (or we cannot know): each request
                     # fails, and an idempotency key makes its retry safe either way.
-                    for _, future in group:
+                    for _, future, _ in group:
                         if not future.done():
                             future.set_exception(error)
                     if not isinstance(error, Exception):
                         raise
                     continue
-                for (_, future), outcome in zip(group, outcomes, strict=True):
+                self.throughput.committed(commands, outcomes)
+                for (_, future, _), outcome in zip(group, outcomes, strict=True):
                     if not future.done():
                         future.set_result(outcome)
         finally:
-            for _, future in queue:
+            for _, future, _ in queue:
                 if not future.done():
                     future.set_exception(RuntimeError("the append leader stopped"))
             del self._queues[key]
 
+    async def _traced_update(self, key: StreamKey, group: list[_Pending]) -> list[Outcome]:
+        """The group's commit as a span: a child of its first request's, linked to the others'
+        (a group commits several requests at once); each append's context is kept for the
+        spans of its live delivery and dispatch."""
+        contexts = [c for _, _, c in group]
+        first = contexts[0]
+        with tracing.span(
+            "group commit",
+            parent=first,
+            links=[c for c in contexts[1:] if c is not None],
+            attributes={"ductor_streams.commands": len(group)},
+        ):
+            outcomes = await self._streams.update(key, [c for c, _, _ in group])
+        for context, outcome in zip(contexts, outcomes, strict=True):
+            if context is not None and type(outcome) is Done:
+                for event in outcome.events:
+                    if type(event) is RecordsAppended:
+                        tracing.APPENDS.appended(
+                            key, event.first_sequence, event.last_sequence, context
+                        )
+        return outcomes
+
     def _take(self, queue: list[_Pending]) -> list[_Pending]:
         records = size = 0
         taken = 0
-        for command, _ in queue:
+        for command, _, _ in queue:
             n = len(command.records)
             b = sum(r.size for r in command.records)
             if taken and (records + n > self._max_records or size + b > self._max_bytes):
@@ -119,10 +157,11 @@ class GroupCommit:
             await asyncio.gather(*list(self._leaders), return_exceptions=True)
 
 
-async def run_one(commits: GroupCommit, key: StreamKey, command: Command) -> Any:
+async def run_one(commits: GroupCommit, key: StreamKey, command: AnsweringCommand[T]) -> T:
     """Submit one command that is never replayed and return its answer (or raise its error)."""
     outcome = await commits.submit(key, command)
     if isinstance(outcome, Failed):
         raise outcome.error
     assert isinstance(outcome, Done)
-    return outcome.answer
+    answer: T = outcome.answer  # what `command.answer` returned
+    return answer

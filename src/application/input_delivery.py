@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from application import tracing
 from application.log_context import about_stream
 from application.ports import RecordReader, StreamRepository
 from application.views import InputDeliveryStatus, record_view
@@ -137,4 +138,13 @@ class Dispatch:
             content_type=record.content_type,
             record=record_view(record),
         )
-        await self._wait_service.publish(eid, _encode(event))
+        if not tracing.on():
+            await self._wait_service.publish(eid, _encode(event))
+            return
+        with tracing.span(
+            "input dispatch",
+            kind="producer",
+            links=tracing.APPENDS.of(key, sequence, sequence),
+            attributes={**tracing.stream_attributes(key), "ductor_streams.sequence": sequence},
+        ):
+            await self._wait_service.publish(eid, _encode(event))

@@ -13,18 +13,72 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import random
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import datetime
 
 import msgspec
 
+from application import tracing
 from application.ports import RecordReader, StoredRecord
 from application.tokens import Lease
-from application.wake import WakeRegistry
+from application.wake import Listener, WakeRegistry
 from domain.stream import StreamKey
 
 PAGE = 1_000
+
+log = logging.getLogger("ductor_streams.live")
+
+# A tail that cannot read (the database is out of reach) retries after a pause that doubles
+# from RETRY_FIRST_SECONDS up to RETRY_MAX_SECONDS, jittered so that the tails of a process do
+# not all retry at once. The bound is what a follower waits at most, once PostgreSQL is back,
+# before its tail reads again: its wake bus meanwhile wakes it every 0.25 s while not live, and
+# a retry on each of those would be four reads a second per followed stream against a database
+# that is not answering.
+RETRY_FIRST_SECONDS = 0.05
+RETRY_MAX_SECONDS = 1.0
+
+
+class TailOutages:
+    """The tails of a process that cannot read, as one outage: logged once when the first fails
+    and once when reads succeed again, counted for /metrics."""
+
+    def __init__(self) -> None:
+        self.failing: set[StreamKey] = set()
+        self.open = False  # an outage is under way: no tail has read since one failed
+        self.episodes = 0  # outages since start
+        self.failures = 0  # failed reads since start
+        self._since = 0.0
+
+    def failed(self, key: StreamKey, error: Exception, retry_max: float) -> None:
+        self.failures += 1
+        self.failing.add(key)
+        if not self.open:
+            self.open = True
+            self.episodes += 1
+            self._since = time.monotonic()
+            log.warning(
+                "live delivery cannot read the streams it follows (%s: %s); their tails retry, "
+                "backing off up to %.1f s",
+                type(error).__name__,
+                error,
+                retry_max,
+            )
+
+    def read(self, key: StreamKey) -> None:
+        """A tail read: the outage ends when no tail that failed is still failing."""
+        self.failing.discard(key)
+        if self.open and not self.failing:
+            self.open = False
+            log.warning("live delivery reads again after %.1f s", time.monotonic() - self._since)
+
+    def left(self, key: StreamKey) -> None:
+        """A tail stopped (its last follower left): it is not failing any more, but the outage
+        is not over until a tail reads again."""
+        self.failing.discard(key)
 
 
 class RecordsDelivered:
@@ -52,7 +106,7 @@ class RecordsDelivered:
     def __repr__(self) -> str:
         return f"RecordsDelivered({self.records!r})"
 
-    __hash__ = None  # type: ignore[assignment]
+    # Unhashable, as any class that defines __eq__ and no __hash__ is.
 
 
 _NOTHING = RecordsDelivered([])
@@ -126,8 +180,14 @@ class StreamTail:
         ring_records: int,
         ring_bytes: int,
         recheck_seconds: float,
+        outages: TailOutages | None = None,
+        retry_first_seconds: float = RETRY_FIRST_SECONDS,
+        retry_max_seconds: float = RETRY_MAX_SECONDS,
     ) -> None:
         self.key = key
+        self._outages = outages or TailOutages()
+        self._retry_first = retry_first_seconds
+        self._retry_max = retry_max_seconds
         self._reader = reader
         self._wake = wake
         self._ring: deque[StoredRecord] = deque()
@@ -156,7 +216,7 @@ class StreamTail:
         self._tick_seconds = float("inf")
         self._ticker: asyncio.TimerHandle | None = None
 
-    def start(self, listening: contextlib.AbstractContextManager) -> None:
+    def start(self, listening: contextlib.AbstractContextManager[Listener]) -> None:
         self._task = asyncio.create_task(self._follow(listening), name=f"tail {self.key}")
 
     def beat_every(self, heartbeat_seconds: float) -> None:
@@ -182,25 +242,37 @@ class StreamTail:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def _follow(self, listening: contextlib.AbstractContextManager) -> None:
-        with listening as listener:
-            first = True
-            while True:
-                try:
-                    await self._read_new(skip_history=first)
+    async def _follow(self, listening: contextlib.AbstractContextManager[Listener]) -> None:
+        outages = self._outages
+        retry = self._retry_first
+        try:
+            with listening as listener:
+                first = True
+                while True:
+                    try:
+                        await self._read_new(skip_history=first)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as error:
+                        # The database is out of reach (or blinked): retry after a pause that
+                        # grows to a bound. A wake meanwhile stays set on the listener.
+                        outages.failed(self.key, error, self._retry_max)
+                        await asyncio.sleep(retry * random.uniform(0.5, 1.0))
+                        retry = min(retry * 2, self._retry_max)
+                        continue
+                    if outages.open:
+                        outages.read(self.key)
+                    retry = self._retry_first
                     first = False
                     self.ready.set()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:  # the database blinked: the next wake or recheck retries
-                    await asyncio.sleep(0.5)
-                    continue
-                if self.deleted:
-                    return
-                await listener.wait(self._recheck)
-                if listener.deleted:
-                    self._gone()
-                    return
+                    if self.deleted:
+                        return
+                    await listener.wait(self._recheck)
+                    if listener.deleted:
+                        self._gone()
+                        return
+        finally:
+            outages.left(self.key)
 
     def _gone(self) -> None:
         self.deleted = True
@@ -294,10 +366,14 @@ class LiveTails:
         ring_records: int = 4_096,
         ring_bytes: int = 8 * 1024 * 1024,
         recheck_seconds: float = 15.0,
+        retry_first_seconds: float = RETRY_FIRST_SECONDS,
+        retry_max_seconds: float = RETRY_MAX_SECONDS,
     ) -> None:
         self._reader = reader
         self._wake = wake
         self._tails: dict[StreamKey, StreamTail] = {}
+        self.outages = TailOutages()
+        self._retry = (retry_first_seconds, retry_max_seconds)
         self.ending = False
         self._ring_records = ring_records
         self._ring_bytes = ring_bytes
@@ -318,7 +394,14 @@ class LiveTails:
         tail = self._tails.get(key)
         if tail is None or tail.deleted:  # a stream created again is followed by a new tail
             tail = StreamTail(
-                key, self._reader, self._wake, self._ring_records, self._ring_bytes, self._recheck
+                key,
+                self._reader,
+                self._wake,
+                self._ring_records,
+                self._ring_bytes,
+                self._recheck,
+                self.outages,
+                *self._retry,
             )
             self._tails[key] = tail
             # The tail listens before anything is read: the wake channel is established first.
@@ -335,7 +418,7 @@ class LiveTails:
 
     async def follow(
         self, key: StreamKey, cursor: int, heartbeat_seconds: float, lease: Lease | None = None
-    ) -> AsyncIterator[Delivery]:
+    ) -> AsyncGenerator[Delivery, None]:
         """Every record with sequence > cursor, ascending, without gaps or duplicates; `Idle`
         while nothing happens; then `StreamEnded` once closed and delivered, or `Overtaken`, or
         `StreamGone` once the stream is deleted, or `Revoked` once `lease` ends (its token was
@@ -381,7 +464,25 @@ class LiveTails:
                         continue  # revoked while reading: said at the top, nothing delivered
                     last = records[-1].sequence
                     spoke = tail.ticks
-                    yield delivery
+                    if not tracing.on():
+                        yield delivery
+                        continue
+                    # The delivery's span lasts until the follower asks for the next (its
+                    # transport has written this one), linked to the appends it carries.
+                    span = tracing.start(
+                        "live delivery",
+                        links=tracing.APPENDS.of(key, records[0].sequence, last),
+                        attributes={
+                            **tracing.stream_attributes(key),
+                            "ductor_streams.first_sequence": records[0].sequence,
+                            "ductor_streams.last_sequence": last,
+                        },
+                    )
+                    try:
+                        yield delivery
+                    finally:
+                        if span is not None:
+                            span.end()
                     continue
                 if tail.closed and last >= tail.head:
                     yield StreamEnded(head=tail.head)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import datetime, timedelta
 
 import msgspec
 
+from application import tracing
 from application.access import Caller, require_reader, require_writer
 from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
@@ -37,7 +38,7 @@ _encode = msgspec.json.Encoder().encode
 class ObjectStores:
     """The object store of each region this deployment may write bodies to."""
 
-    def __init__(self, stores: dict[str, ObjectStore]) -> None:
+    def __init__(self, stores: Mapping[str, ObjectStore]) -> None:
         self._stores = stores
 
     def pick(self, object_regions: tuple[str, ...]) -> str:
@@ -143,7 +144,7 @@ class PrepareCommand(_ObjectCommand):
         # Under the row lock: concurrent prepares cannot pledge past the ceilings together.
         return stream.prepare_object(self.intent, self.now, self.max_open)
 
-    def answer(self, stream: Stream, events: list[Event]) -> object:
+    def answer(self, stream: Stream, events: list[Event]) -> ObjectIntent | None:
         return stream.state.objects.get(self.intent.object_id)
 
 
@@ -156,6 +157,8 @@ class UploadedCommand(_ObjectCommand):
 
 
 class CommitCommand(_ObjectCommand):
+    entry = "object"  # counted by application/throughput.py
+
     def __init__(
         self, intent: ObjectIntent, stored_size: int, stored_sha256: str, now: datetime
     ) -> None:
@@ -186,7 +189,7 @@ class CommitCommand(_ObjectCommand):
             self.now,
         )
 
-    def answer(self, stream: Stream, events: list[Event]) -> object:
+    def answer(self, stream: Stream, events: list[Event]) -> CommitAnswer:
         committed = events[-1]
         assert isinstance(committed, ObjectCommitted)
         return CommitAnswer(sequence=committed.sequence, object_id=committed.object_id)
@@ -235,7 +238,9 @@ class Objects:
             raise NotFound(f"no object {object_id!r} on stream {key.stream_id!r}")
         return intent
 
-    async def _own(self, caller: Caller, run_id: str, stream_id: str, object_id: str):
+    async def _own(
+        self, caller: Caller, run_id: str, stream_id: str, object_id: str
+    ) -> tuple[StreamKey, ObjectIntent]:
         """Upload, commit and abort belong to the principal of the authorization receipt."""
         caller.require("streams:write")
         key = caller.key(run_id, stream_id)
@@ -245,6 +250,7 @@ class Objects:
             raise Forbidden("only the principal that prepared this object may change it")
         return key, intent
 
+    @tracing.use_case("object prepare")
     async def prepare(
         self, caller: Caller, run_id: str, stream_id: str, request: ObjectRequest
     ) -> tuple[ObjectView, bool]:
@@ -297,6 +303,7 @@ class Objects:
         created = stored is not None and stored.created_at == now
         return object_view(stored or intent), created
 
+    @tracing.use_case("object upload")
     async def upload(
         self,
         caller: Caller,
@@ -341,6 +348,7 @@ class Objects:
             raise
         return object_view(await self._intent(key, object_id))
 
+    @tracing.use_case("object commit")
     async def commit(
         self, caller: Caller, run_id: str, stream_id: str, object_id: str
     ) -> tuple[CommitAnswer, bool]:
@@ -363,6 +371,7 @@ class Objects:
                 return CommitAnswer(sequence=again.sequence, object_id=object_id), False
             raise
 
+    @tracing.use_case("object abort")
     async def abort(
         self, caller: Caller, run_id: str, stream_id: str, object_id: str
     ) -> ObjectView:

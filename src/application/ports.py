@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import msgspec
 
@@ -29,10 +29,22 @@ class Command(Protocol):
     port applies the events before the next command of the same transaction is decided.
     """
 
-    idempotency: Idempotency | None
-    records: Sequence[NewRecord]
-    offset_of: int | None  # a sequence whose cumulative end offset `decide` needs
-    producer: ProducerClaim | None  # an idempotent producer's claim: the port loads its state
+    # Read-only members (properties here), so a command may declare each as narrowly as it is:
+    # `offset_of = None`, `records = ()`.
+    @property
+    def idempotency(self) -> Idempotency | None: ...
+
+    @property
+    def records(self) -> Sequence[NewRecord]: ...
+
+    @property
+    def offset_of(self) -> int | None:  # a sequence whose cumulative end offset `decide` needs
+        ...
+
+    @property
+    def producer(self) -> ProducerClaim | None:  # a producer's claim: the port loads its state
+        ...
+
     # A command may also say `needs_consumers = True` (its decide or answer reads the stream's
     # consumers): an adapter that keeps them apart then reads them with the row lock, instead
     # of after a first ConsumersNotLoaded.
@@ -40,6 +52,15 @@ class Command(Protocol):
     def decide(self, stream: Stream, offset: int | None) -> list[Event]: ...
 
     def answer(self, stream: Stream, events: list[Event]) -> Any: ...
+
+
+AnswerT_co = TypeVar("AnswerT_co", covariant=True)
+
+
+class AnsweringCommand(Command, Protocol[AnswerT_co]):
+    """A command whose answer's type is known, so `run_one` returns it typed."""
+
+    def answer(self, stream: Stream, events: list[Event]) -> AnswerT_co: ...
 
 
 class Done(msgspec.Struct, frozen=True):
@@ -342,3 +363,22 @@ class ObjectStore(Protocol):
 
 class Clock(Protocol):
     def __call__(self) -> datetime: ...
+
+
+class Backlog(msgspec.Struct, frozen=True):
+    """An outbox's undone rows and the age of its oldest (0 when empty)."""
+
+    outbox: str  # input_delivery, deletion
+    pending: int
+    lag_seconds: float
+
+
+class StoredFigures(msgspec.Struct, frozen=True):
+    """What /metrics reports from the source of truth rather than from this process."""
+
+    backlogs: list[Backlog]
+    objects: dict[str, int]  # object intents by state
+
+
+class FiguresSource(Protocol):
+    async def figures(self) -> StoredFigures: ...

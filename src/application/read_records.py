@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
+from application import tracing
 from application.access import Caller, require_reader
 from application.definitions import Definitions
 from application.errors import NotFound, Unauthenticated
@@ -114,6 +115,8 @@ class ReadRecords:
                 if lease.ended:
                     raise Unauthenticated("unknown, revoked or expired token")
                 if isinstance(page, StoredPage):
+                    if slot is not None and page.records and tracing.on():
+                        live_delivery(key, page.records[0].sequence, page.records[-1].sequence)
                     return page
                 if created_at is not None and page != created_at:
                     # Deleted while waiting, and created again since: another stream.
@@ -170,3 +173,18 @@ def check_cursor(cursor: int, head: int, earliest: int) -> None:
             latest=head,
             reason="retention",
         )
+
+
+def live_delivery(key: StreamKey, first: int, last: int) -> None:
+    """A waiting read's records, as a span linked to the appends that brought them."""
+    span = tracing.start(
+        "live delivery",
+        links=tracing.APPENDS.of(key, first, last),
+        attributes={
+            **tracing.stream_attributes(key),
+            "ductor_streams.first_sequence": first,
+            "ductor_streams.last_sequence": last,
+        },
+    )
+    if span is not None:
+        span.end()

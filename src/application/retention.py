@@ -12,7 +12,7 @@ from application.group_commit import GroupCommit
 from application.input_delivery import InputDeliveries
 from application.log_context import about_stream
 from application.ports import Clock, Done, Failed, Idempotency, RecordReader, StreamRepository
-from application.workers import Job, ensure_claimed
+from application.workers import Job, LeaseLost, ensure_claimed
 from domain import errors
 from domain.definition import StreamDefinition
 from domain.events import Event
@@ -37,17 +37,31 @@ def expired_prefix(after: int, rows: Sequence[tuple[int, datetime]], cutoff: dat
 
 
 class PruneCommand:
+    """Prune through `through`. With `fence_holder` (the worker whose claim of the stream's
+    retention job this prune acts under), the port checks in the prune's own transaction that
+    this worker still holds an unexpired claim, and locks the job's row until the commit so no
+    other worker can take it over meanwhile; it sets `lease_held`, and a prune whose claim is
+    gone decides nothing (LeaseLost). This is the fence: the claim clock of the worker loop
+    (`ensure_claimed`) stops a partitioned worker early, and this check is what holds even when a
+    statement sent in time arrives after the lease ran out."""
+
     idempotency: Idempotency | None = None
     records = ()
     producer = None
 
-    def __init__(self, through: int, reason: str, now: datetime) -> None:
+    def __init__(
+        self, through: int, reason: str, now: datetime, fence_holder: str | None = None
+    ) -> None:
         self.through = through
         self.reason = reason
         self.now = now
         self.offset_of = through
+        self.fence_holder = fence_holder
+        self.lease_held: bool | None = None  # set by the port, under the row lock
 
     def decide(self, stream: Stream, offset: int | None) -> list[Event]:
+        if self.fence_holder is not None and self.lease_held is not True:
+            raise LeaseLost("another worker holds this stream's retention job now")
         if self.through < stream.state.earliest:
             return []
         assert offset is not None
@@ -77,10 +91,11 @@ class PruneRetention:
         self._interval = interval_seconds
 
     async def run_job(self, job: Job) -> float | None:
-        return await self(job.key)
+        return await self(job.key, fence_holder=job.claimed_by)
 
-    async def __call__(self, key: StreamKey) -> float | None:
-        """Seconds until the next run, or None when the stream no longer needs one."""
+    async def __call__(self, key: StreamKey, fence_holder: str | None = None) -> float | None:
+        """Seconds until the next run, or None when the stream no longer needs one. With
+        `fence_holder`, the prune commits only while that worker holds the stream's job."""
         stream = await self._streams.load(key)
         if stream is None or not has_retention(stream.definition):
             return None
@@ -103,9 +118,9 @@ class PruneRetention:
         if through <= after:
             return self._interval
         # Not under a claim this worker could not renew; the prune itself is decided again
-        # under the row lock, so even a late one removes only what retention allows then.
+        # under the row lock, and fenced there by the claim (PruneCommand).
         ensure_claimed()
-        match await self._commits.submit(key, PruneCommand(through, reason, now)):
+        match await self._commits.submit(key, PruneCommand(through, reason, now, fence_holder)):
             case Failed(error=errors.LegalHoldActive()):
                 return self._interval
             case Failed(error=error):

@@ -14,7 +14,8 @@ job's task is cancelled, and `ensure_claimed()`, which a handler calls right bef
 outside PostgreSQL (a publish, a body's removal), refuses. The rest of the lease is the margin
 before anyone else may claim it, so a partitioned worker that comes back never acts under a
 lease another took over; what it writes to PostgreSQL is checked against `claimed_by` in the
-statement itself, and the wait service's idempotency by event id is the last line, not the first.
+statement itself (a prune in its own transaction: `retention.PruneCommand`), and the wait
+service's idempotency by event id is the last line, not the first.
 Retries back off exponentially with jitter, bounded. So does claiming while the database is out
 of reach, and the outage is logged once when it starts, then at most once per `OUTAGE_LOG_SECONDS`,
 and once when it ends, rather than once per poll.
@@ -25,10 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 import msgspec
@@ -122,6 +124,9 @@ class Job(msgspec.Struct, frozen=True):
     storage_region: str | None = None
     storage_key: str | None = None
     reason: str | None = None  # why a body is to be removed (deletion jobs)
+    # The worker the queue recorded as the claim's holder, where an effect in PostgreSQL is
+    # fenced by it (a prune checks, in its own transaction, that this worker still holds it).
+    claimed_by: str | None = None
 
 
 class JobQueue(Protocol):
@@ -142,7 +147,7 @@ class JobQueue(Protocol):
 
 
 def backoff(attempts: int, base: float = 1.0, cap: float = 300.0) -> float:
-    return min(cap, base * 2 ** min(attempts, 20)) * random.uniform(0.5, 1.0)
+    return min(cap, base * 2.0 ** min(attempts, 20)) * random.uniform(0.5, 1.0)
 
 
 def retry_delay(error: Exception, attempts: int, base: float) -> float:
@@ -203,7 +208,7 @@ class Worker:
                             claims[job] = Claim(
                                 sent,
                                 self._queue.lease_seconds,
-                                lambda job=job: self._expired(job, held, waiting),
+                                functools.partial(self._expired, job, held, waiting),
                             )
                         if self._outage.failures:
                             pause = max(
@@ -440,7 +445,7 @@ class LeasedSweep:
     def __init__(
         self,
         name: str,
-        tick: Callable[[], Awaitable[int]],
+        tick: Callable[[], Coroutine[Any, Any, int]],
         interval: float,
         leases: SweepLeases,
         poll_seconds: float = 5.0,

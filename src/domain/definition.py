@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast, get_args
 
 import msgspec
 
@@ -212,7 +212,7 @@ class DefinitionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     stream_id: Annotated[str, msgspec.Meta(extra_json_schema={"pattern": ID_PATTERN})] | None = None
     # A str, not ContentClass, so that a forbidden class gets its own code (documented: allowed).
     content_class: Annotated[
-        str, msgspec.Meta(extra_json_schema={"enum": list(ContentClass.__args__)})  # type: ignore[attr-defined]
+        str, msgspec.Meta(extra_json_schema={"enum": list(get_args(ContentClass))})
     ] = "application_data"
     schema: Annotated[Any, DOCUMENTED_JSON_TEXT] = None
     limits: Limits = msgspec.field(default_factory=Limits)
@@ -223,7 +223,7 @@ class DefinitionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     expiry: Annotated[Expiry, _AT_MOST_ONE] = msgspec.field(default_factory=Expiry)
 
 
-_CONTENT_CLASSES = frozenset(ContentClass.__args__)  # type: ignore[attr-defined]
+_CONTENT_CLASSES: frozenset[str] = frozenset(get_args(ContentClass))
 
 
 def resolve_definition(
@@ -279,7 +279,7 @@ def resolve_definition(
     return StreamDefinition(
         stream_id=stream_id,
         direction=request.direction,
-        content_class=request.content_class,  # type: ignore[arg-type]
+        content_class=cast(ContentClass, request.content_class),  # one of them: checked above
         schema=request.schema,
         limits=request.limits,
         retention=request.retention,

@@ -149,13 +149,13 @@ def _check_content_type(index: int, content_type: str) -> None:
 
 def _binary(index: int, item: RecordInput) -> bytes:
     """The decoded bytes of a `data_base64` record (which must not also have `data`)."""
-    if (item.data is msgspec.UNSET) == (item.data_base64 is msgspec.UNSET):
+    if item.data is not msgspec.UNSET or isinstance(item.data_base64, msgspec.UnsetType):
         raise InvalidInput(
             f"records[{index}] must have exactly one of `data` or `data_base64`",
             field=f"records[{index}]",
         )
     try:
-        return base64.b64decode(item.data_base64, validate=True)  # type: ignore[arg-type]
+        return base64.b64decode(item.data_base64, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidInput(
             f"records[{index}].data_base64 is not valid base64",
@@ -177,8 +177,8 @@ def redact(document: Any, pointers: list[tuple[str, ...]]) -> Any:
             last = tokens[-1]
             if isinstance(parent, dict) and last in parent:
                 parent[last] = REDACTED
-            elif isinstance(parent, list) and _index(last, len(parent)) is not None:
-                parent[_index(last, len(parent))] = REDACTED  # type: ignore[index]
+            elif isinstance(parent, list) and (i := _index(last, len(parent))) is not None:
+                parent[i] = REDACTED
     return document
 
 

@@ -27,11 +27,11 @@ from domain.state import (
     CreditFloor,
     LegalHold,
     Producer,
-    StreamState,
     copy_state,
     slowest_holding,
 )
-from domain.state import decode_state as decode_state  # re-exported for the adapters
+from domain.state import StreamState as StreamState  # re-exported for the adapters
+from domain.state import decode_state as decode_state
 from domain.state import encode_state as encode_state
 
 

@@ -90,7 +90,7 @@ class RetryPolicy:
 
     def cap(self, retry: int) -> float:
         """The largest backoff before retry number `retry` (1 for the first retry)."""
-        return min(self.max_delay, self.base_delay * (2 ** max(0, retry - 1)))
+        return min(self.max_delay, self.base_delay * (2.0 ** max(0, retry - 1)))
 
     def backoff(self, retry: int, rng: random.Random | None = None) -> float:
         """A full-jitter backoff before retry number `retry`."""
@@ -736,13 +736,10 @@ def put_object(
             )
             if now.state not in ("uploaded", "committed"):
                 raise
-    return (
-        yield Call(
-            "POST",
-            object_path(run_id, stream_id, intent.object_id, "/commit"),
-            models.CommitAnswer,
-        )
+    committed: models.CommitAnswer = yield Call(
+        "POST", object_path(run_id, stream_id, intent.object_id, "/commit"), models.CommitAnswer
     )
+    return committed
 
 
 def get_object_body(run_id: str, stream_id: str, object_id: str) -> Call:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import warnings
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -132,7 +133,8 @@ class StreamsClient:
                 else:
                     call = flow.send(result)
         except StopIteration as stop:
-            return stop.value
+            answer: T = stop.value  # what the flow returned: a Flow[T]'s answer
+            return answer
 
     # -- runs and streams -------------------------------------------------------------------------
 
@@ -196,7 +198,14 @@ class StreamsClient:
         return await self._run(core.close(run_id, stream_id))
 
     async def close(self, run_id: str, stream_id: str) -> models.StreamDocument:
-        """The same as `close_stream` (the name of earlier versions)."""
+        """Deprecated: `close_stream`, under the name of earlier versions. On the sync client
+        `close()` closes the client, so this one warns (`DeprecationWarning`) and will go."""
+        warnings.warn(
+            "StreamsClient.close(run_id, stream_id) is deprecated: call close_stream(run_id, "
+            "stream_id) (the client itself closes with aclose())",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return await self.close_stream(run_id, stream_id)
 
     async def set_legal_hold(

@@ -52,6 +52,8 @@ __all__ = [
 
 
 class _Answer(msgspec.Struct, frozen=True, kw_only=True):
+    # Each subclass repeats `frozen=True`: msgspec inherits it, but a type checker (which reads
+    # Structs as dataclasses) takes a subclass without it for a mutable one.
     """A part of an answer (frozen, unknown fields ignored)."""
 
 
@@ -63,7 +65,7 @@ class _Setting(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 # -- the stream definition ---------------------------------------------------------------------
 
 
-class Limits(_Setting):
+class Limits(_Setting, frozen=True):
     """The stream's unread ceiling (credit) and total ceiling. `unread_policy` is `reject`
     (429 at once) or `block` (wait up to `block_timeout_seconds` for acknowledgements)."""
 
@@ -75,7 +77,7 @@ class Limits(_Setting):
     block_timeout_seconds: int | float = 30
 
 
-class Retention(_Setting):
+class Retention(_Setting, frozen=True):
     """Records older than `max_age_seconds`, or beyond the newest `max_records`, are removed by
     the service's workers (None: kept)."""
 
@@ -83,13 +85,13 @@ class Retention(_Setting):
     max_records: int | None = None
 
 
-class Redaction(_Setting):
+class Redaction(_Setting, frozen=True):
     """RFC 6901 pointers whose values are replaced by `"[REDACTED]"` before storing."""
 
     json_pointers: tuple[str, ...] = ()
 
 
-class Placement(_Answer):
+class Placement(_Answer, frozen=True):
     """Where the stream's data may live and go (regions)."""
 
     metadata_home: str
@@ -99,14 +101,14 @@ class Placement(_Answer):
     log_region: str
 
 
-class Authorization(_Setting):
+class Authorization(_Setting, frozen=True):
     """The principals that may read and write the stream (`"*"`: all of the tenant)."""
 
     readers: tuple[str, ...] = ("*",)
     writers: tuple[str, ...] = ("*",)
 
 
-class Expiry(_Setting):
+class Expiry(_Setting, frozen=True):
     """When the stream expires: `idle_seconds` after its last access (sliding), or at
     `expires_at` (absolute). At most one is set; neither means never."""
 
@@ -117,7 +119,7 @@ class Expiry(_Setting):
 # -- the stream document -------------------------------------------------------------------------
 
 
-class Credit(_Answer):
+class Credit(_Answer, frozen=True):
     """What is unread against the unread ceiling (computed under the stream's lock)."""
 
     unread_items: int
@@ -131,7 +133,7 @@ class Credit(_Answer):
         return max(0, self.max_unread_items - self.unread_items)
 
 
-class Consumer(_Answer):
+class Consumer(_Answer, frozen=True):
     """A consumer and the sequence it acknowledged through. `holds_credit`: whether it holds
     the writers back (created by a writer or an admin), or only tracks its position (created
     by a principal that may only read)."""
@@ -141,7 +143,7 @@ class Consumer(_Answer):
     holds_credit: bool = True
 
 
-class ConsumersPage(_Answer):
+class ConsumersPage(_Answer, frozen=True):
     """One page of a stream's consumers, ascending by `consumer_id`; `next_after` is the
     `after` of the next page (None: this is the last)."""
 
@@ -149,7 +151,7 @@ class ConsumersPage(_Answer):
     next_after: str | None
 
 
-class LegalHold(_Answer):
+class LegalHold(_Answer, frozen=True):
     """The stream's legal hold: while `enabled`, nothing of the stream is removed or deleted."""
 
     enabled: bool
@@ -157,7 +159,7 @@ class LegalHold(_Answer):
     updated_at: datetime | None
 
 
-class OpenObject(_Answer):
+class OpenObject(_Answer, frozen=True):
     """An object intent not yet committed, aborted or expired (state `prepared`/`uploaded`)."""
 
     object_id: str
@@ -168,7 +170,7 @@ class OpenObject(_Answer):
     expires_at: datetime
 
 
-class InputDelivery(_Answer):
+class InputDelivery(_Answer, frozen=True):
     """An input stream's delivery to the workflow wait service."""
 
     delivered_through: int
@@ -176,7 +178,7 @@ class InputDelivery(_Answer):
     last_error: str | None
 
 
-class OpenObjectsPage(_Answer):
+class OpenObjectsPage(_Answer, frozen=True):
     """One page of a stream's open object intents, oldest first; `next_after` is the `after`
     of the next page (None: this is the last)."""
 
@@ -184,7 +186,7 @@ class OpenObjectsPage(_Answer):
     next_after: str | None
 
 
-class StreamState(_Answer):
+class StreamState(_Answer, frozen=True):
     """The stream's state: `head` (last sequence, 0 when empty), `earliest` (lowest retained),
     `closed`, the legal hold, totals, consumers, credit and open object intents."""
 
@@ -204,7 +206,7 @@ class StreamState(_Answer):
     consumer_count: int | None = None  # every consumer (None: a service that did not say)
 
 
-class StreamDocument(_Answer):
+class StreamDocument(_Answer, frozen=True):
     """A stream: its definition as stored (defaults filled in), `run_id`, `created_at`, `state`."""
 
     stream_id: str
@@ -222,7 +224,7 @@ class StreamDocument(_Answer):
     state: StreamState
 
 
-class StreamList(_Answer):
+class StreamList(_Answer, frozen=True):
     """One page of a run's streams that the caller may read, ascending by `stream_id`;
     `next_after` is the `after` of the next page (None: this is the last)."""
 
@@ -230,7 +232,7 @@ class StreamList(_Answer):
     next_after: str | None = None
 
 
-class RunSummary(_Answer):
+class RunSummary(_Answer, frozen=True):
     """A run of the tenant: its streams' count and when its oldest stream was created."""
 
     run_id: str
@@ -238,7 +240,7 @@ class RunSummary(_Answer):
     created_at: datetime
 
 
-class RunsPage(_Answer):
+class RunsPage(_Answer, frozen=True):
     """One page of runs, ascending by `run_id`; `next_after` is the `after` of the next page
     (None: this is the last)."""
 
@@ -249,7 +251,7 @@ class RunsPage(_Answer):
 # -- tokens ----------------------------------------------------------------------------------------
 
 
-class MintedToken(_Answer):
+class MintedToken(_Answer, frozen=True):
     """A token just minted: `token` is shown this once (the service keeps only its hash)."""
 
     token: str
@@ -261,7 +263,7 @@ class MintedToken(_Answer):
     expires_at: datetime | None
 
 
-class TokenInfo(_Answer):
+class TokenInfo(_Answer, frozen=True):
     """A token of the tenant as listed: never the token itself."""
 
     id: str
@@ -274,14 +276,14 @@ class TokenInfo(_Answer):
     revoked_at: datetime | None
 
 
-class TokenList(_Answer):
+class TokenList(_Answer, frozen=True):
     tokens: tuple[TokenInfo, ...]
 
 
 # -- records ---------------------------------------------------------------------------------------
 
 
-class AppendAnswer(_Answer):
+class AppendAnswer(_Answer, frozen=True):
     """An append's sequences (`first_sequence` to `last_sequence`), the head after it and the
     credit left. A replay of an idempotent retry answers the first append's answer."""
 
@@ -291,7 +293,7 @@ class AppendAnswer(_Answer):
     credit: Credit
 
 
-class AckAnswer(_Answer):
+class AckAnswer(_Answer, frozen=True):
     """A consumer's acknowledgement and the stream's credit after it."""
 
     consumer_id: str
@@ -299,7 +301,7 @@ class AckAnswer(_Answer):
     credit: Credit
 
 
-class ObjectRef(_Answer):
+class ObjectRef(_Answer, frozen=True):
     """The object a record carries (download it with `get_object_body`)."""
 
     object_id: str
@@ -309,7 +311,7 @@ class ObjectRef(_Answer):
     schema: Any = None
 
 
-class Record(_Answer):
+class Record(_Answer, frozen=True):
     """One record. Exactly one of three kinds (`kind`):
 
     - `"json"`: `data` is the decoded JSON value;
@@ -342,7 +344,7 @@ class Record(_Answer):
         return base64.b64decode(self.data_base64)
 
 
-class RecordsPage(_Answer):
+class RecordsPage(_Answer, frozen=True):
     """Records with `sequence > cursor`, ascending. Pass `next_cursor` as the next cursor."""
 
     records: tuple[Record, ...]
@@ -355,7 +357,7 @@ class RecordsPage(_Answer):
 # -- objects ---------------------------------------------------------------------------------------
 
 
-class ObjectIntent(_Answer):
+class ObjectIntent(_Answer, frozen=True):
     """An object and its state (`prepared`, `uploaded`, `committed`, `aborted`, `expired`).
     `expires_at` is the upload-and-commit deadline while open; `sequence` the record's once
     committed; `upload` (`{"method", "url"}`) is set in a prepare answer only."""
@@ -372,7 +374,7 @@ class ObjectIntent(_Answer):
     upload: dict[str, str] | None = None
 
 
-class CommitAnswer(_Answer):
+class CommitAnswer(_Answer, frozen=True):
     """A committed object: the sequence of the record that carries it."""
 
     sequence: int
@@ -382,13 +384,13 @@ class CommitAnswer(_Answer):
 # -- follow() events -------------------------------------------------------------------------------
 
 
-class Closed(_Answer):
+class Closed(_Answer, frozen=True):
     """The stream is closed and every record through `head` was delivered: the end."""
 
     head: int
 
 
-class Gone(_Answer):
+class Gone(_Answer, frozen=True):
     """Retention removed records this follower had not received (`requested` onwards): the
     follow ends. `earliest` is the lowest still retained, `latest` the head."""
 
@@ -398,11 +400,11 @@ class Gone(_Answer):
     reason: str = "retention"
 
 
-class Deleted(_Answer):
+class Deleted(_Answer, frozen=True):
     """The stream was deleted (or expired and was erased): the follow ends."""
 
 
-class Revoked(_Answer):
+class Revoked(_Answer, frozen=True):
     """The follower's token was revoked or expired: the follow ends."""
 
 

@@ -116,7 +116,8 @@ class SyncStreamsClient:
                 else:
                     call = flow.send(result)
         except StopIteration as stop:
-            return stop.value
+            answer: T = stop.value  # what the flow returned: a Flow[T]'s answer
+            return answer
 
     # -- runs and streams -------------------------------------------------------------------------
 

@@ -65,7 +65,8 @@ def step_idempotency_key(engine: str, workflow_id: str, step: str | int) -> str:
 def journal_page(page: RecordsPage) -> dict[str, Any]:
     """A page as plain JSON values (`records`, `next_cursor`, `head`, `earliest`, `closed`), to
     return from a step: what the engine records and replays."""
-    return msgspec.to_builtins(page)
+    values: dict[str, Any] = msgspec.to_builtins(page)
+    return values
 
 
 # -- DBOS ----------------------------------------------------------------------------------------
@@ -125,9 +126,11 @@ async def restate_append(
         answer = await client.append(
             run_id, stream_id, batch, idempotency_key=key, content_type=content_type
         )
-        return msgspec.to_builtins(answer)
+        values: dict[str, Any] = msgspec.to_builtins(answer)
+        return values
 
-    return await ctx.run(name, append)
+    journaled: dict[str, Any] = await ctx.run(name, append)
+    return journaled
 
 
 async def restate_read(
@@ -147,4 +150,5 @@ async def restate_read(
     async def read() -> dict[str, Any]:
         return journal_page(await client.read(run_id, stream_id, cursor, limit, wait))
 
-    return await ctx.run(name, read)
+    journaled: dict[str, Any] = await ctx.run(name, read)
+    return journaled

@@ -172,10 +172,11 @@ def _on_listener(server_class: type, listener: socket.socket) -> type:
     same port share it silently. This is what granian itself does on other platforms."""
     from granian.net import SocketHolder
 
-    class OnListener(server_class):  # type: ignore[misc, valid-type]
+    class OnListener(server_class):
         def _init_shared_socket(self) -> None:
             self._ssp = None
-            self._shd = SocketHolder(listener.fileno(), False, BACKLOG)
+            # granian's stub declares no constructor; its native class takes (fd, uds, backlog).
+            self._shd = SocketHolder(listener.fileno(), False, BACKLOG)  # type: ignore[call-arg]
             self._sfd = listener.fileno()
             self._sso = listener
 
@@ -275,6 +276,8 @@ def _uvicorn_protocol(header_timeout: float) -> Any:
                 self._head_deadline.cancel()
                 self._head_deadline = None
 
+        # uvicorn's own connection_made narrows asyncio.Protocol's BaseTransport (and ignores
+        # that in its source); this one keeps uvicorn's signature.
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._await_head()
@@ -309,8 +312,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     async def run() -> None:
         from application.workers import run_workers
+        from entrypoints import tracing
         from entrypoints.container import Container, start, stop, workers
 
+        tracing.configure()  # only if an OTLP endpoint is set
         container = Container(settings=Settings.from_env())  # with the embedded URL
         await start(container)
         stopping = asyncio.Event()
@@ -322,6 +327,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             await run_workers(await workers(container), stopping)
         finally:
             await stop(container)
+            tracing.flush()
 
     asyncio.run(run())
     return 0

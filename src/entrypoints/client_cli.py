@@ -60,7 +60,7 @@ def register(subparsers: Any) -> None:
     """Add `tail`, `append` and `put-object` to the `ductor-streams` command."""
 
     def command(name: str, summary: str, description: str) -> argparse.ArgumentParser:
-        parser = subparsers.add_parser(
+        parser: argparse.ArgumentParser = subparsers.add_parser(
             name,
             help=summary,
             description=description,
@@ -385,7 +385,7 @@ def token_line(
     return "\t".join(fields)
 
 
-def _rfc3339(moment: Any) -> str:
+def _rfc3339(moment: datetime | None) -> str:
     if moment is None:
         return "-"
     return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

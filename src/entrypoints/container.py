@@ -10,9 +10,10 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
@@ -38,6 +39,7 @@ from adapters.postgres.access import PostgresStreamAccess
 from adapters.postgres.bounded import BoundedPool
 from adapters.postgres.cleanup import PostgresCleanup
 from adapters.postgres.deliveries import PostgresInputDeliveries
+from adapters.postgres.figures import PostgresFigures
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
 from adapters.postgres.journal import PostgresCompactionJobs, PostgresJournalCompactor
 from adapters.postgres.streams import PostgresStreams
@@ -59,6 +61,7 @@ from application.delete_stream import DeleteRun, DeleteStream
 from application.deletions import DeleteBodies
 from application.durable_reads import DurableReads
 from application.expiry import AccessLog, SweepExpired
+from application.figures import ReadFigures
 from application.forks import Forks
 from application.get_stream import GetStream
 from application.group_commit import GroupCommit
@@ -74,6 +77,7 @@ from application.read_records import ReadRecords
 from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe
+from application.throughput import Throughput
 from application.tokens import Authenticate, IssueToken, MintToken, TenantTokens, TokenCache
 from application.wake import WakeRegistry
 from application.workers import LeasedSweep, Periodic, Worker
@@ -85,6 +89,7 @@ if TYPE_CHECKING:
     from adapters.wait_service.restate import RestateWaitService
 
 log = logging.getLogger("ductor_streams.workers")
+T = TypeVar("T")
 
 
 # Streams one dispatcher publishes side by side: one stream's backlog (or slow wait service)
@@ -193,7 +198,7 @@ async def open_object_stores(settings: Settings) -> AsyncIterator[ObjectStores]:
     for store in stores.values():
         await store.start()
     try:
-        yield ObjectStores(stores)  # type: ignore[arg-type]
+        yield ObjectStores(stores)
     finally:
         for store in stores.values():
             await store.close()
@@ -280,12 +285,16 @@ class Container(containers.DeclarativeContainer):
     settings = providers.Dependency(instance_of=Settings)
     clock = providers.Object(utc_now)
 
+    # A slot that `memory_container` fills with a memory adapter says so in its type: what
+    # `provided` answers for it is either.
     pool = providers.Resource(open_pool, settings)
     wake = providers.Singleton(WakeRegistry)
-    streams = providers.Singleton(
+    streams: providers.Singleton[PostgresStreams | MemoryStreams] = providers.Singleton(
         PostgresStreams, pool, wake, snapshot_every=settings.provided.snapshot_every_events
     )
-    tokens = providers.Singleton(PostgresTokens, pool)
+    tokens: providers.Singleton[PostgresTokens | MemoryTokens] = providers.Singleton(
+        PostgresTokens, pool
+    )
     token_cache = providers.Singleton(TokenCache, settings.provided.token_cache_seconds)
     wake_bus = providers.Resource(open_wake_bus, settings, wake, token_cache, pool)
     tails = providers.Singleton(LiveTails, streams, wake)
@@ -298,19 +307,26 @@ class Container(containers.DeclarativeContainer):
         region=settings.provided.region,
         egress_region=settings.provided.egress_region,
     )
-    stream_access = providers.Singleton(PostgresStreamAccess, pool)
+    stream_access: providers.Singleton[PostgresStreamAccess | MemoryStreamAccess] = (
+        providers.Singleton(PostgresStreamAccess, pool)
+    )
     access_log = providers.Singleton(
         AccessLog, stream_access, clock, settings.provided.access_flush_seconds
     )
     definitions = providers.Singleton(Definitions, streams, deployment, access_log)
-    commits = providers.Singleton(GroupCommit, streams)
+    # Records and appends, counted where they commit (every surface, every way in).
+    throughput = providers.Singleton(Throughput)
+    commits = providers.Singleton(GroupCommit, streams, throughput=throughput)
+    figures = providers.Singleton(ReadFigures, providers.Singleton(PostgresFigures, pool))
 
     jwt_callers = providers.Singleton(jwt_callers, settings)
     authenticate = providers.Singleton(Authenticate, tokens, token_cache, jwt_callers)
     issue_token = providers.Singleton(IssueToken, tokens)
     mint_token = providers.Singleton(MintToken, tokens, settings.provided.max_token_seconds)
     tenant_tokens = providers.Singleton(TenantTokens, tokens, token_cache)
-    create_stream = providers.Singleton(CreateStream, streams, clock, deployment, access_log)
+    create_stream = providers.Singleton(
+        CreateStream, streams, clock, deployment, access_log, throughput
+    )
     list_streams = providers.Singleton(ListStreams, streams, deployment, access_log, stream_access)
     append_records = providers.Singleton(AppendRecords, definitions, commits, wake, clock)
     read_records = providers.Singleton(
@@ -364,11 +380,13 @@ class Container(containers.DeclarativeContainer):
         worker_id,
         lease_seconds=settings.provided.worker_lease_seconds,
     )
-    input_deliveries = providers.Singleton(
-        PostgresInputDeliveries,
-        pool,
-        worker_id,
-        lease_seconds=settings.provided.worker_lease_seconds,
+    input_deliveries: providers.Singleton[PostgresInputDeliveries | MemoryInputDeliveries] = (
+        providers.Singleton(
+            PostgresInputDeliveries,
+            pool,
+            worker_id,
+            lease_seconds=settings.provided.worker_lease_seconds,
+        )
     )
     wait_service = providers.Resource(open_wait_service, settings, pool)
     dispatch = providers.Singleton(
@@ -411,13 +429,17 @@ class Container(containers.DeclarativeContainer):
         retry_base_seconds=settings.provided.retry_base_seconds,
     )
     get_stream = providers.Singleton(GetStream, streams, deployment, input_deliveries, access_log)
-    sweep_leases = providers.Singleton(
-        PostgresSweepLeases,
-        pool,
-        worker_id,
-        lease_seconds=settings.provided.worker_lease_seconds,
+    sweep_leases: providers.Singleton[PostgresSweepLeases | MemorySweepLeases] = (
+        providers.Singleton(
+            PostgresSweepLeases,
+            pool,
+            worker_id,
+            lease_seconds=settings.provided.worker_lease_seconds,
+        )
     )
-    storage_cleanup = providers.Singleton(PostgresCleanup, pool)
+    storage_cleanup: providers.Singleton[PostgresCleanup | MemoryCleanup] = providers.Singleton(
+        PostgresCleanup, pool
+    )
     cleanup = providers.Singleton(
         Cleanup,
         storage_cleanup,
@@ -477,6 +499,7 @@ def memory_container(settings: Settings | None = None) -> Container:
         )
     )
     container.streams.override(providers.Object(streams))
+    container.figures.override(providers.Object(ReadFigures(streams)))
     container.stream_access.override(providers.Object(MemoryStreamAccess(streams)))
     container.tokens.override(providers.Object(MemoryTokens()))
     container.sweep_leases.override(providers.Object(MemorySweepLeases()))
@@ -484,6 +507,7 @@ def memory_container(settings: Settings | None = None) -> Container:
     return container
 
 
+@dataclass(frozen=True, slots=True)
 class Services:
     """The built use cases, resolved once at start-up (so a wiring mistake fails at start and a
     request only reads an attribute)."""
@@ -513,24 +537,49 @@ class Services:
     definitions: Definitions
     deployment: Deployment
 
-    def __init__(self, **built: object) -> None:
-        for name in self.__annotations__:
-            setattr(self, name, built[name])
 
-
-async def resolved(value: object) -> object:
-    return await value if inspect.isawaitable(value) else value
+async def provided(provider: providers.Provider[T]) -> T:
+    """What `provider` builds. A provider that depends on an async resource (the pool, the
+    wake bus, the stores) answers an awaitable, and so does everything built on it: awaited."""
+    value: T | Awaitable[T] = provider()
+    if inspect.isawaitable(value):
+        return await value
+    return value
 
 
 async def start(container: Container) -> Services:
     """Open the resources and build every use case once."""
     waiting.configure(container.settings().request_timeout_seconds)
-    await resolved(container.init_resources())
+    opening = container.init_resources()
+    if opening is not None:  # None when every resource is overridden (memory_container)
+        await opening
+    c = container
     services = Services(
-        **{name: await resolved(getattr(container, name)()) for name in Services.__annotations__}
+        authenticate=await provided(c.authenticate),
+        mint_token=await provided(c.mint_token),
+        tenant_tokens=await provided(c.tenant_tokens),
+        create_stream=await provided(c.create_stream),
+        get_stream=await provided(c.get_stream),
+        list_streams=await provided(c.list_streams),
+        append_records=await provided(c.append_records),
+        read_records=await provided(c.read_records),
+        acknowledge=await provided(c.acknowledge),
+        delete_consumer=await provided(c.delete_consumer),
+        list_consumers=await provided(c.list_consumers),
+        close_stream=await provided(c.close_stream),
+        set_legal_hold=await provided(c.set_legal_hold),
+        delete_stream=await provided(c.delete_stream),
+        delete_run=await provided(c.delete_run),
+        list_runs=await provided(c.list_runs),
+        subscribe=await provided(c.subscribe),
+        objects=await provided(c.objects),
+        list_objects=await provided(c.list_objects),
+        durable_reads=await provided(c.durable_reads),
+        forks=await provided(c.forks),
+        definitions=await provided(c.definitions),
+        deployment=await provided(c.deployment),
     )
-    access_log = await resolved(container.access_log())
-    access_log.start()  # type: ignore[attr-defined]
+    (await provided(c.access_log)).start()
     return services
 
 
@@ -552,56 +601,54 @@ async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]
     past the idempotency window), expiry sweep (erases expired streams) and the storage cleanup
     (docs/architecture.md, "Storage cleanup")."""
     settings = container.settings()
-    leases = await resolved(container.sweep_leases())
-    objects = await resolved(container.objects())
-    streams = await resolved(container.streams())
-    cleanup = await resolved(container.cleanup())
+    leases = await provided(container.sweep_leases)
+    objects = await provided(container.objects)
+    streams = await provided(container.streams)
+    cleanup = await provided(container.cleanup)
     window = timedelta(seconds=settings.idempotency_window_seconds)
 
-    def sweep(name: str, tick: Callable[[], Awaitable[int]], interval: float) -> LeasedSweep:
+    def sweep(
+        name: str, tick: Callable[[], Coroutine[Any, Any, int]], interval: float
+    ) -> LeasedSweep:
         return LeasedSweep(
             name,
             tick,
             interval,
-            leases,  # type: ignore[arg-type]
+            leases,
             poll_seconds=settings.worker_lease_seconds,  # capped at the interval
             retry_base_seconds=settings.retry_base_seconds,
         )
 
     every = settings.cleanup_interval_seconds
+    access = await provided(container.stream_access)
+    access_log = await provided(container.access_log)
     expire_streams = SweepExpired(
-        streams,  # type: ignore[arg-type]
-        await resolved(container.stream_access()),  # type: ignore[arg-type]
+        streams,
+        access,
         container.clock(),
         grace=timedelta(seconds=settings.expiry_grace_seconds),
-        access_log=await resolved(container.access_log()),  # type: ignore[arg-type]
+        access_log=access_log,
     )
+    job_queues = (container.pruner, container.deleter, container.dispatcher, container.compactor)
     return [
-        await resolved(container.pruner()),  # type: ignore[list-item]
-        await resolved(container.deleter()),  # type: ignore[list-item]
-        await resolved(container.dispatcher()),  # type: ignore[list-item]
-        await resolved(container.compactor()),  # type: ignore[list-item]
-        sweep(
-            "expire-intents",
-            objects.expire_due,  # type: ignore[attr-defined]
-            settings.sweep_interval_seconds,
-        ),
+        *[await provided(queue) for queue in job_queues],
+        sweep("expire-intents", objects.expire_due, settings.sweep_interval_seconds),
         sweep(
             "forget-receipts",
-            lambda: streams.forget_receipts(window),  # type: ignore[attr-defined]
+            lambda: streams.forget_receipts(window),
             settings.sweep_interval_seconds,
         ),
-        sweep("forget-delivered-inputs", cleanup.delivered_inputs, every),  # type: ignore[attr-defined]
-        sweep("forget-done-deletions", cleanup.done_deletions, every),  # type: ignore[attr-defined]
-        sweep("forget-gap-evidence", cleanup.gap_evidence, every),  # type: ignore[attr-defined]
-        sweep(upload_sweep_name(settings), cleanup.abandoned_uploads, every),  # type: ignore[attr-defined]
+        sweep("forget-delivered-inputs", cleanup.delivered_inputs, every),
+        sweep("forget-done-deletions", cleanup.done_deletions, every),
+        sweep("forget-gap-evidence", cleanup.gap_evidence, every),
+        sweep(upload_sweep_name(settings), cleanup.abandoned_uploads, every),
         sweep("expire-streams", expire_streams, settings.expiry_interval_seconds),
     ]
 
 
 async def stop(container: Container) -> None:
-    commits = await resolved(container.commits())
-    await commits.drain()  # type: ignore[attr-defined]
-    access_log = await resolved(container.access_log())
-    await access_log.close()  # type: ignore[attr-defined]  # a last flush: a graceful stop loses none
-    await resolved(container.shutdown_resources())
+    await (await provided(container.commits)).drain()
+    await (await provided(container.access_log)).close()  # a last flush: a graceful stop loses none
+    closing = container.shutdown_resources()
+    if closing is not None:
+        await closing

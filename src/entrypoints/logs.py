@@ -1,5 +1,6 @@
-"""Structured logs: one JSON object per line on stderr, with the request id and the stream and
-its log region when a line is about one. Record payloads are never logged anywhere.
+"""Structured logs: one JSON object per line on stderr, with the request id, the stream and
+its log region when a line is about one, and (while tracing) the current trace and span ids.
+Record payloads are never logged anywhere.
 
 Every logger ends at the root's one JSON handler: ours, Litestar's (the app leaves logging
 alone), granian's (GRANIAN_LOGGING) and uvicorn's (started without a logging config)."""
@@ -13,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from application import tracing
 from application.log_context import request_id, stream_fields
 
 _encode = msgspec.json.Encoder().encode
@@ -35,6 +37,9 @@ class JsonFormatter(logging.Formatter):
         rid = request_id.get()
         if rid is not None:
             line["request_id"] = rid
+        ids = tracing.log_ids()  # None while tracing is off
+        if ids is not None:
+            line["trace_id"], line["span_id"] = ids
         if record.exc_info:
             line["exception"] = bounded_traceback(self.formatException(record.exc_info))
         return _encode(line).decode()

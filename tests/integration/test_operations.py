@@ -8,11 +8,20 @@ from tests.support.server import ServerProcess
 
 
 def metric(text: str, name: str, **labels: str) -> float:
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    prefix = f"{name}{{{wanted}}} " if labels else f"{name} "
+    """The sample of `name` with exactly `labels` (in any order); without labels, the sum of
+    every sample of `name` (whatever its labels)."""
+    if not labels:
+        return sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith((f"{name} ", f"{name}{{"))
+        )
+    wanted = sorted(f'{k}="{v}"' for k, v in labels.items())
     for line in text.splitlines():
-        if line.startswith(prefix):
-            return float(line.split()[-1])
+        if line.startswith(f"{name}{{") and "} " in line:
+            inside = line[len(name) + 1 : line.index("} ")]
+            if sorted(inside.split(",")) == wanted:
+                return float(line.split()[-1])
     return 0.0
 
 
@@ -57,6 +66,62 @@ async def test_metrics_count_appends_refusals_and_latency(
         'ductor_streams_outbox_lag_seconds{outbox="deletion"}',
     ):
         assert name in after
+
+
+async def test_records_are_counted_whichever_surface_and_way_brought_them(
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """Native appends, Durable Streams appends, a Durable Streams create's initial records and
+    an object commit: each is counted once, under its surface and entry."""
+    import hashlib
+
+    ds = httpx.AsyncClient(
+        base_url=server.base_url + "/api/durable-streams/v1/stream",
+        headers=dict(api.headers),
+    )
+    async with httpx.AsyncClient(base_url=server.base_url) as plain, ds:
+        before = (await plain.get("/metrics")).text
+        body = {"stream_id": "n", "direction": "output"}
+        assert (await api.post(f"/runs/{run_id}/streams", json=body)).status_code == 201
+        records = {"records": [{"data": 1}, {"data": 2}, {"data": 3}]}
+        native = await api.post(f"/runs/{run_id}/streams/n/records", json=records)
+        assert native.status_code == 201, native.text
+        created = await ds.put(
+            f"/{run_id}/d", content=b"hello", headers={"Content-Type": "text/plain"}
+        )
+        assert created.status_code == 201, created.text
+        for chunk in (b" a", b" b"):
+            appended = await ds.post(
+                f"/{run_id}/d", content=chunk, headers={"Content-Type": "text/plain"}
+            )
+            assert appended.status_code in (200, 204), appended.text
+        blob = b"an object body"
+        intent = await api.post(
+            f"/runs/{run_id}/streams/n/objects",
+            json={
+                "idempotency_key": "o1",
+                "size": len(blob),
+                "sha256": hashlib.sha256(blob).hexdigest(),
+                "content_type": "application/octet-stream",
+            },
+        )
+        assert intent.status_code == 201, intent.text
+        object_path = f"/runs/{run_id}/streams/n/objects/{intent.json()['object_id']}"
+        assert (await api.put(f"{object_path}/body", content=blob)).status_code == 200
+        assert (await api.post(f"{object_path}/commit")).status_code == 201
+        after = (await plain.get("/metrics")).text
+
+    def grew(name: str, surface: str, entry: str) -> float:
+        labels = {"surface": surface, "entry": entry}
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    # Other tests may share this server, but not these streams: at least ours are counted.
+    assert grew("ductor_streams_records_total", "workflow-streams", "append") >= 3
+    assert grew("ductor_streams_appends_total", "workflow-streams", "append") >= 1
+    assert grew("ductor_streams_records_total", "durable-streams", "create") >= 1
+    assert grew("ductor_streams_records_total", "durable-streams", "append") >= 2
+    assert grew("ductor_streams_appends_total", "durable-streams", "append") >= 2
+    assert grew("ductor_streams_records_total", "workflow-streams", "object") >= 1
 
 
 async def test_metrics_follow_prometheus_conventions(server: ServerProcess) -> None:

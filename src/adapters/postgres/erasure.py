@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import asyncpg
-
+from adapters.postgres.connections import Connection
 from application.deletions import ERASED_STREAM
 
 WAKE_CHANNEL = "ductor_streams"
@@ -62,7 +61,7 @@ _ERASE = erase_statement()
 
 
 async def erase(
-    conn: asyncpg.Connection, tenant: str, run_id: str, stream_ids: list[str], reason: str
+    conn: Connection, tenant: str, run_id: str, stream_ids: list[str], reason: str
 ) -> None:
     """Erase these streams of one run (`reason`: "deleted" or "expired"); the caller holds their
     row locks."""

@@ -7,6 +7,7 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
+from adapters.postgres.connections import Connection
 from domain.events import (
     Event,
     ObjectAborted,
@@ -57,7 +58,7 @@ ORDER BY expires_at LIMIT $2
 """
 
 
-async def project_objects(conn: asyncpg.Connection, key: StreamKey, events: list[Event]) -> None:
+async def project_objects(conn: Connection, key: StreamKey, events: list[Event]) -> None:
     for event in events:
         match event:
             case ObjectPrepared(intent=i):

@@ -127,7 +127,9 @@ class PostgresRetentionJobs(_LeasedJobs):
 
     def _job(self, row: asyncpg.Record) -> Job:
         return Job(
-            key=StreamKey(row["tenant"], row["run_id"], row["stream_id"]), attempts=row["attempts"]
+            key=StreamKey(row["tenant"], row["run_id"], row["stream_id"]),
+            attempts=row["attempts"],
+            claimed_by=row["claimed_by"],
         )
 
     def _id(self, job: Job) -> tuple[object, ...]:

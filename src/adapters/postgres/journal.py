@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncpg
 
+from adapters.postgres.connections import Connection
 from adapters.postgres.jobs import PostgresRetentionJobs
 from application.compaction import CompactionJob
 from application.workers import Job
@@ -61,7 +62,7 @@ SELECT (SELECT held FROM hold), (SELECT count(*) FROM gone)
 """
 
 
-async def schedule_compaction(conn: asyncpg.Connection, key: StreamKey, through: int) -> None:
+async def schedule_compaction(conn: Connection, key: StreamKey, through: int) -> None:
     await conn.execute(_SCHEDULE, *key, through)
 
 
@@ -74,12 +75,16 @@ class PostgresJournalCompactor:
         self._pool = pool
 
     async def compact(self, key: StreamKey, through_version: int, batch: int) -> int:
-        low, latest = await self._pool.fetchrow(_RANGE, *key)
+        found = await self._pool.fetchrow(_RANGE, *key)
+        assert found is not None  # an aggregate without GROUP BY: always one row
+        low, latest = found
         through_version = min(through_version, latest or 0)
         removed = 0
         while low is not None and low < through_version:
             high = min(through_version, low + batch)
-            held, count = await self._pool.fetchrow(_DELETE_BATCH, *key, low, high)
+            batch_row = await self._pool.fetchrow(_DELETE_BATCH, *key, low, high)
+            assert batch_row is not None  # one row of two scalar subqueries
+            held, count = batch_row
             if held:
                 raise LegalHoldActive("a legal hold prevents compacting the journal")
             removed += count

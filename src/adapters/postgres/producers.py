@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import asyncpg
 import msgspec
 
+from adapters.postgres.connections import Connection
 from application.deciding import Changes
 from application.ports import Command
 from domain.producers import MAX_PRODUCERS
@@ -59,12 +60,12 @@ def _producers(rows: Sequence[asyncpg.Record]) -> dict[str, Producer]:
     return {r[0]: Producer(epoch=r[1], last_seq=r[2], updated_at=r[3]) for r in rows}
 
 
-async def all_producers(conn: asyncpg.Connection, key: StreamKey) -> dict[str, Producer]:
+async def all_producers(conn: Connection, key: StreamKey) -> dict[str, Producer]:
     return _producers(await conn.fetch(_ALL, *key))
 
 
 async def producers_for(
-    conn: asyncpg.Connection, key: StreamKey, commands: Sequence[Command]
+    conn: Connection, key: StreamKey, commands: Sequence[Command]
 ) -> tuple[dict[str, Producer], int]:
     """Under the row lock: the producers `commands` name, with the least recent ones when a new
     producer could pass the bound, and how many producers that leaves unloaded. One statement
@@ -90,7 +91,7 @@ async def producers_for(
 
 
 async def write_producers(
-    conn: asyncpg.Connection,
+    conn: Connection,
     key: StreamKey,
     before: dict[str, Producer],
     after: dict[str, Producer],

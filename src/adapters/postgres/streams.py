@@ -19,10 +19,13 @@ import msgspec
 
 from adapters.postgres.bounded import bounded
 from adapters.postgres.cleanup import aged_rows, delete_in_batches
+from adapters.postgres.connections import Connection
 from adapters.postgres.erasure import WAKE_CHANNEL, erase
 from adapters.postgres.intents import project_objects, read_expired_intents, read_intent
 from adapters.postgres.journal import read_journal, schedule_compaction
 from adapters.postgres.producers import all_producers, producers_for, write_producers
+from adapters.postgres.traces import TRACES_CHANNEL, trace_announcement
+from application import tracing
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
 from application.fork_reads import (
@@ -41,7 +44,7 @@ from application.ports import (
     RunSummary,
     StoredRecord,
 )
-from application.retention import expired_prefix, has_retention
+from application.retention import PruneCommand, expired_prefix, has_retention
 from application.waiting import committing
 from application.wake import WakeRegistry
 from domain.definition import Fork, StreamDefinition
@@ -178,6 +181,24 @@ SET version = $21::bigint, head = $22::bigint, earliest = $23::bigint, closed = 
 WHERE {_KEY}
 RETURNING pg_notify('{WAKE_CHANNEL}', $1 || '/' || $2 || '/' || $3 || ' ' || ($22::bigint)::text)
 """
+
+
+async def announce_trace(conn: Connection, key: StreamKey, changes: Changes) -> None:
+    """While tracing: tell every process which span appended these sequences (the current one,
+    this transaction's, in the trace of the group's first append), before the write statement's
+    wake notification, so that another process's live delivery and dispatch can link to it
+    (adapters/postgres/wake_bus.py hears it). Sent in the transaction: only if it commits."""
+    context = tracing.current()
+    if context is None:
+        return
+    first = changes.appended[0].first_sequence
+    last = changes.appended[-1].sequences.stop - 1
+    payload = trace_announcement(key, first, last, tracing.traceparent(context))
+    await conn.execute("SELECT pg_notify($1, $2)", TRACES_CHANNEL, payload)
+
+
+# The attributes of a transaction's span (OpenTelemetry's database conventions).
+_DB = {"db.system.name": "postgresql", "db.operation.name": "transaction"}
 
 _DELETE_PRUNED = f"DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4"
 
@@ -387,6 +408,12 @@ class PostgresStreams:
         commits nobody else sees the row (a concurrent create of the key waits on the insert),
         so the commands are decided without a `FOR UPDATE`; the write's NOTIFY wakes readers
         at the commit, as after `update`. A failing command rolls the creation back."""
+        with tracing.span("postgresql transaction", kind="client", attributes=_DB):
+            return await self._create_then_in(stream, arguments, then)
+
+    async def _create_then_in(
+        self, stream: Stream, arguments: tuple[object, ...], then: Sequence[Command]
+    ) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():
             if not await conn.fetchval(_INSERT_STREAM, *arguments):
                 return False
@@ -485,6 +512,10 @@ class PostgresStreams:
         return await bounded(self._update(key, commands))
 
     async def _update(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
+        with tracing.span("postgresql transaction", kind="client", attributes=_DB):
+            return await self._update_in(key, commands)
+
+    async def _update_in(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
         async with self._pool.acquire() as conn, conn.transaction():
             # Never touch the pool while holding the row lock: with every connection waiting
             # on this row, a second acquire by the holder would wait forever.
@@ -507,8 +538,10 @@ class PostgresStreams:
             if keys := [c.idempotency.key for c in commands if c.idempotency is not None]:
                 for r in await conn.fetch(_RECEIPTS, *key, keys):
                     receipts[r[0]] = Receipt(r[0], r[1], r[2])
+            await _check_fences(conn, key, commands)
             offsets: dict[int, int] = {}
             if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
+                # Each row is a (sequence, end offset) pair; asyncpg-stubs' Record is no pair.
                 offsets = dict(await conn.fetch(_OFFSETS, *key, wanted))  # type: ignore[arg-type]
             # Read with the lock when a command says it needs them, else once a decision does.
             consumers: bytes | None = None if inline else row[2]
@@ -541,7 +574,9 @@ class PostgresStreams:
 
             stream, outcomes, changes = await decide()
             if changes.deleted or any(isinstance(e, RecordsPruned) for e in changes.events):
-                forked, pinned_through = await conn.fetchrow(_FORK_FACTS, *key)
+                facts = await conn.fetchrow(_FORK_FACTS, *key)
+                assert facts is not None  # aggregates without GROUP BY: always one row
+                forked, pinned_through = facts
                 if forked:
                     # Forks still read it: decided again knowing that (a delete is a soft
                     # delete; retention keeps what they inherit), from the state as locked.
@@ -564,7 +599,7 @@ class PostgresStreams:
 
     @staticmethod
     async def _write(
-        conn: asyncpg.Connection,
+        conn: Connection,
         key: StreamKey,
         stream: Stream,
         changes: Changes,
@@ -582,6 +617,8 @@ class PostgresStreams:
                 "stream_records", records=rows, columns=_RECORD_COLUMNS
             )
             rows = []
+        if changes.appended and tracing.on():
+            await announce_trace(conn, key, changes)
         await conn.execute(_WRITE, *key, *_write_arguments(stream, changes, rows, inline))
         if any(isinstance(e, StreamSoftDeleted) for e in changes.events):
             await conn.execute(_SOFT_DELETED, *key)
@@ -756,6 +793,24 @@ class PostgresStreams:
         return chain
 
 
+# A command acting under a worker's claim of the stream's retention job (a prune) is fenced by
+# it: the claim must still be this worker's and unexpired, in the same transaction as the
+# effect. FOR SHARE holds the job's row until the commit, so a takeover (FOR UPDATE SKIP LOCKED)
+# cannot claim it meanwhile. The stream row is locked first, as everywhere.
+_RETENTION_FENCE = f"""
+    SELECT true FROM retention_jobs
+    WHERE {_KEY} AND claimed_by = $4 AND lease_until > clock_timestamp()
+    FOR SHARE
+"""
+
+
+async def _check_fences(conn: Connection, key: StreamKey, commands: Sequence[Command]) -> None:
+    for command in commands:
+        if isinstance(command, PruneCommand) and command.fence_holder is not None:
+            held = await conn.fetchval(_RETENTION_FENCE, *key, command.fence_holder)
+            command.lease_held = bool(held)
+
+
 def _with_consumers(state: bytes, consumers: bytes | None) -> StreamState:
     """The snapshot, with its consumers when they were read (None: they were not, or there are
     none yet)."""
@@ -776,7 +831,7 @@ def _timestamptz(raw: bytes) -> datetime:
     return _PG_EPOCH + timedelta(microseconds=micros)
 
 
-async def _link_fork(conn: asyncpg.Connection, key: StreamKey, fork: Fork) -> None:
+async def _link_fork(conn: Connection, key: StreamKey, fork: Fork) -> None:
     """In the fork's creating transaction, after its row is inserted: lock the source row and
     re-check it (the same incarnation, not soft-deleted, far enough), then link the fork to it.
     Raising rolls the whole creation back: a refused fork leaves no reference behind."""
@@ -789,7 +844,7 @@ async def _link_fork(conn: asyncpg.Connection, key: StreamKey, fork: Fork) -> No
 
 
 async def _release_sources(
-    conn: asyncpg.Connection,
+    conn: Connection,
     key: StreamKey,
     fork: Fork | None,
     now: datetime,

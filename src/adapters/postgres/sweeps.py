@@ -41,7 +41,10 @@ class PostgresSweepLeases:
         if name not in self._known:
             await self._pool.execute(_CREATE, name, interval)
             self._known.add(name)
-        return await self._pool.fetchval(_CLAIM, name, self.worker_id, self.lease_seconds)
+        attempts: int | None = await self._pool.fetchval(
+            _CLAIM, name, self.worker_id, self.lease_seconds
+        )
+        return attempts
 
     async def renew(self, name: str) -> bool:
         status = await self._pool.execute(

@@ -92,7 +92,7 @@ class PostgresTokens:
     async def put(
         self, token_hash: bytes, caller: Caller, expires_in_seconds: int | None = None
     ) -> datetime | None:
-        return await self._pool.fetchval(
+        expires_at: datetime | None = await self._pool.fetchval(
             _PUT,
             token_hash,
             caller.tenant,
@@ -101,6 +101,7 @@ class PostgresTokens:
             expires_in_seconds,
             None if caller.runs is None else sorted(caller.runs),
         )
+        return expires_at
 
     async def revoke(self, token_id: str) -> bool:
         return bool(await self._pool.fetch(_REVOKE, token_id))

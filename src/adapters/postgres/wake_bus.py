@@ -50,6 +50,8 @@ from adapters.postgres.bounded import BoundedPool
 from adapters.postgres.erasure import DELETED
 from adapters.postgres.streams import WAKE_CHANNEL
 from adapters.postgres.tokens import STILL_VALID, TOKENS_CHANNEL
+from adapters.postgres.traces import TRACES_CHANNEL, heard_trace
+from application import tracing
 from application.tokens import TokenCache
 from application.wake import WakeRegistry
 from domain.stream import StreamKey
@@ -176,11 +178,12 @@ class PostgresWakeBus:
         if not self.live and self.connected.is_set():
             self._set_live(True)
 
-    def _on_heartbeat(self, _conn: object, _pid: int, _channel: str, _payload: str) -> None:
+    def _on_heartbeat(self, _conn: object, _pid: int, _channel: str, _payload: object) -> None:
         self._hear()
 
-    def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def _on_notification(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         self._hear()
+        assert isinstance(payload, str)  # asyncpg hands a NOTIFY's payload over as text
         parsed = parse_notification(payload)
         if parsed is None:
             return
@@ -195,8 +198,14 @@ class PostgresWakeBus:
             self._notified[key] = head
         self._registry.notify(key)
 
-    def _on_token_revoked(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def _on_trace(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         self._hear()
+        assert isinstance(payload, str)
+        heard_trace(payload)
+
+    def _on_token_revoked(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        self._hear()
+        assert isinstance(payload, str)
         if self._tokens is not None:
             self._tokens.forget(payload)
 
@@ -257,6 +266,8 @@ class PostgresWakeBus:
                 async with asyncio.timeout(self._dead):  # a connection silent from the start
                     await conn.add_listener(self._channel, self._on_heartbeat)
                     await conn.add_listener(WAKE_CHANNEL, self._on_notification)
+                    if tracing.on():  # before the wakes it precedes (adapters/postgres/traces.py)
+                        await conn.add_listener(TRACES_CHANNEL, self._on_trace)
                     if self._tokens is not None:
                         await conn.add_listener(TOKENS_CHANNEL, self._on_token_revoked)
                         self._tokens.listening()

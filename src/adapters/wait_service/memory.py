@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
 class MemoryWaitService:
     def __init__(self) -> None:
-        self.events: dict[str, dict] = {}
+        self.events: dict[str, dict[str, Any]] = {}
         self.publishes = 0
 
     async def publish(self, event_id: str, event: bytes) -> None:

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
@@ -327,10 +327,10 @@ async def append_body(request: Request, head: AppendHead, body: bytes) -> Answer
             caller, run_id, stream_id, records, producer=producer, writer_seq=seq, close=close
         )
     except errors.StreamClosed as error:
-        head = error.extra.get("head")
-        if head is None:
-            head = (await services.durable_reads.page(key, None, 1)).position.head
-        return closed_answer(error, head)
+        closed_head = error.extra.get("head")
+        if closed_head is None:
+            closed_head = (await services.durable_reads.page(key, None, 1)).position.head
+        return closed_answer(error, closed_head)
     except errors.ProducerEpochStale as error:
         return problem_answer(error, {"Producer-Epoch": str(error.extra.get("current_epoch", ""))})
     except errors.ProducerSequenceGap as error:
@@ -565,7 +565,7 @@ def sse(
 ) -> EventStreamResponse:
     reads = services.durable_reads
 
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncGenerator[bytes, None]:
         try:
             deadline = time.monotonic() + SSE_SECONDS
             page, last = first, start

@@ -11,17 +11,19 @@ from collections.abc import AsyncIterator
 import asyncpg
 import msgspec
 from litestar import Litestar, Request, Response, get
+from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from adapters.postgres.bounded import BoundedPool, bounded
-from application import waiting
+from application import tracing, waiting
 from application.workers import run_workers
 from domain.errors import DomainError
+from entrypoints import tracing as exporting
 from entrypoints.config import Settings
 from entrypoints.console.route import ROUTES as CONSOLE_ROUTES
-from entrypoints.container import Container, Services, resolved, start, stop, workers
+from entrypoints.container import Container, Services, provided, start, stop, workers
 from entrypoints.durable_streams.browser import browser_headers
 from entrypoints.durable_streams.routes import DurableStreamsController
 from entrypoints.http import problems
@@ -35,6 +37,7 @@ from entrypoints.http.outages import outage_handlers
 from entrypoints.http.request_checks import check_request
 from entrypoints.http.streams import RunsController, StreamsController
 from entrypoints.http.tokens import TokensController
+from entrypoints.http.traced import traced_requests
 from entrypoints.lean_imports import without_optional_integrations
 from entrypoints.logs import configure_logging
 
@@ -70,7 +73,8 @@ async def healthz() -> Health:
     ),
 )
 async def readyz(request: Request) -> Response[Health]:
-    pool = await resolved(request.app.state.container.pool())
+    container: Container = request.app.state.container
+    pool = await provided(container.pool)
     if isinstance(pool, asyncpg.Pool | BoundedPool):
         half = READY_TIMEOUT_SECONDS / 2
 
@@ -122,6 +126,7 @@ def create_app(container: Container) -> Litestar:
             if background is not None:
                 await background
             await stop(container)
+            exporting.flush()  # what is still batched is exported
 
     with without_optional_integrations("pydantic", "attrs", "attr"):
         # Litestar adds plugins for these when they happen to be installed; nothing here uses
@@ -174,6 +179,8 @@ def create_app(container: Container) -> Litestar:
     # Outermost: the append route, Litestar's layers and these headers done once (hot.py).
     app.asgi_handler = hot_routes(app, app.asgi_handler, MAX_REQUEST_BYTES, origins)
     app.asgi_handler = with_budget(app.asgi_handler, container.settings().request_timeout_seconds)
+    if tracing.on():  # the request's span around everything (entrypoints/tracing.py)
+        app.asgi_handler = traced_requests(app.asgi_handler)
     return app
 
 
@@ -182,7 +189,7 @@ def with_budget(asgi: ASGIApp, seconds: float) -> ASGIApp:
     arrival (application/waiting.py); then it answers 503 with Retry-After."""
 
     async def bounded_request(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await asgi(scope, receive, send)
             return
         with waiting.request_budget(seconds):
@@ -204,6 +211,7 @@ def app_from_env() -> Litestar:
     """The factory the ASGI server imports: settings from the environment."""
     settings = Settings.from_env()
     configure_logging(settings.log_level)
+    exporting.configure()  # only if an OTLP endpoint is set
     app = create_app(Container(settings=settings))
     tune_collector()
     return app

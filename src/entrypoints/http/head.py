@@ -51,7 +51,7 @@ def serve_head(app: Any) -> Any:
 
 
 def is_head(request: Request) -> bool:
-    return request.scope.get(_HEAD, False)  # type: ignore[call-overload]
+    return request.scope.get(_HEAD, False) is True
 
 
 def method_of(scope: Any) -> str:

@@ -32,11 +32,12 @@ import logging
 import re
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from litestar import Litestar, Request
 from litestar.exceptions import HTTPException, InternalServerException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
+from litestar.types import HTTPScope
 
 from application.access import Caller
 from application.log_context import request_id
@@ -107,14 +108,14 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         )
         if replayed:
             return JsonAnswer(answer, 200, (*_REPLAYED, *extra)), 200
-        HOT.appends += 1
-        HOT.records += answer.last_sequence - answer.first_sequence + 1
         return JsonAnswer(answer, 201, extra), 201
 
     async def _protocol_head(scope: dict, params: dict[str, str], caller: Caller) -> Any:
         """`protocol.append`'s checks of the head, before the body is read, in the route's
         order."""
         request = _Request(app, scope, params)
+        # _Request stands in for the litestar.Request that append_head is typed against: it
+        # carries only what append_head reads (scope, path parameters, headers).
         return request, await protocol.append_head(request, caller)  # type: ignore[arg-type]
 
     async def _protocol(
@@ -144,6 +145,7 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
         is known, then the body is read and `handle(head, body, where, caller, key, headers)`
         answers."""
         started = time.perf_counter()
+        scope["path_template"] = route  # as the router records it (the request's span reads it)
         rid = authorization = idempotency_key = None
         declared: int | None = None
         lengths = 0
@@ -233,7 +235,8 @@ def hot_routes(app: Litestar, router: Any, max_body: int, origins: Iterable[str]
     def _problem(scope: dict, receive: Any, error: Exception) -> tuple[Any, int]:
         handler = _handler_of(handlers, error)
         request: Request = Request(
-            {**scope, "app": app, "litestar_app": app, "path_params": {}}, receive
+            cast("HTTPScope", {**scope, "app": app, "litestar_app": app, "path_params": {}}),
+            receive,
         )
         response = handler(request, error)
         return response.to_asgi_response(app=None, request=request), response.status_code

@@ -1,8 +1,9 @@
 """Operating the service: Prometheus metrics and request ids.
 
 Counters and the latency histogram are kept per process by a thin ASGI middleware; figures that
-live in PostgreSQL (outbox backlogs and lag, object states) are read when /metrics is scraped,
-at most once per `DB_FIGURES_SECONDS`, so a busy scraper costs the database next to nothing.
+live in PostgreSQL (outbox backlogs and lag, object states) are read through the application's
+query (application/figures.py) when /metrics is scraped, at most once per 5 s. Appends and
+records are counted by the application where they commit (application/throughput.py).
 Names follow Prometheus' conventions: counters end in `_total`, durations are in seconds."""
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import asyncpg
 from litestar import Request, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -29,13 +29,12 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from adapters.postgres.bounded import BoundedPool
+from application.live import TailOutages
 from application.log_context import request_id
+from application.throughput import Throughput
 from domain.digits import bounded_integer
-from entrypoints.container import resolved
+from entrypoints.container import Container, provided
 from entrypoints.http.head import method_of
-
-DB_FIGURES_SECONDS = 5.0
 
 log = logging.getLogger("ductor_streams.http")
 
@@ -53,8 +52,10 @@ class HotPath:
 
     def __init__(self) -> None:
         self.requests: dict[tuple[str, str, str], list[float]] = {}
-        self.appends = 0
-        self.records = 0
+        # The application's counts of what committed (application/throughput.py), read when
+        # scraped: the container's, once /metrics has run.
+        self.throughput = Throughput()
+        self.live_outages = TailOutages()  # the live tails' (application/live.py), likewise
         self.problems: dict[str, int] = {}
         # The wake bus's own running counts, copied here when /metrics is scraped.
         self.wake_reconnects = 0
@@ -86,10 +87,21 @@ class HotPath:
                 buckets.append((str(bound) if bound != float("inf") else "+Inf", cumulative))
             latency.add_metric(list(labels), buckets, cell[-1])
         yield latency
-        yield CounterMetricFamily(
-            "ductor_streams_appends", "Append requests that appended", value=self.appends
+        appends = CounterMetricFamily(
+            "ductor_streams_appends",
+            "Commands that appended records, by surface and entry (append, create, object)",
+            labels=["surface", "entry"],
         )
-        yield CounterMetricFamily("ductor_streams_records", "Records appended", value=self.records)
+        records = CounterMetricFamily(
+            "ductor_streams_records",
+            "Records appended, by surface and entry (append, create, object)",
+            labels=["surface", "entry"],
+        )
+        for (surface, entry), (count, recorded) in self.throughput.counts.items():
+            appends.add_metric([surface, entry], count)
+            records.add_metric([surface, entry], recorded)
+        yield appends
+        yield records
         problems = CounterMetricFamily(
             "ductor_streams_problems",
             "Error answers by code (backpressure and quota-exhausted among them)",
@@ -118,6 +130,21 @@ class HotPath:
             "Times the wake bus was not known to be alive and live delivery polled",
             value=self.wake_not_live,
         )
+        yield CounterMetricFamily(
+            "ductor_streams_live_tail_outages",
+            "Times live delivery could not read the streams it follows (once per outage)",
+            value=self.live_outages.episodes,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_live_tail_read_failures",
+            "Reads of live tails that failed (each retried, backing off up to 1 s)",
+            value=self.live_outages.failures,
+        )
+        yield GaugeMetricFamily(
+            "ductor_streams_live_tails_failing",
+            "Live tails whose last read failed",
+            value=len(self.live_outages.failing),
+        )
         yield GaugeMetricFamily(
             "ductor_streams_wake_bus_live",
             "1 while the wake bus's connection is proven alive, 0 while followers poll",
@@ -126,7 +153,7 @@ class HotPath:
 
 
 HOT = HotPath()
-REGISTRY.register(HOT)  # type: ignore[arg-type]
+REGISTRY.register(HOT)
 _ids = itertools.count(1)
 _ID_PREFIX = secrets.token_hex(6)
 
@@ -151,16 +178,6 @@ OUTBOX_LAG = Gauge(
     registry=REGISTRY,
 )
 OBJECTS = Gauge("ductor_streams_objects", "Object intents by state", ["state"], registry=REGISTRY)
-
-_DB_FIGURES = """
-SELECT 'input_delivery', count(*), coalesce(extract(epoch FROM now() - min(r.appended_at)), 0)
-FROM input_deliveries d JOIN stream_records r USING (tenant, run_id, stream_id, sequence)
-WHERE d.delivered_at IS NULL
-UNION ALL
-SELECT 'deletion', count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
-FROM deletion_outbox WHERE done_at IS NULL
-"""
-
 
 DRAIN_LIMIT = 64 * 1024 * 1024
 # The largest Content-Length the HTTP servers in front pass on (a u64 in hyper, under granian):
@@ -248,32 +265,27 @@ def request_middleware(app: Any) -> Any:
     return middleware
 
 
-_last_db_read = 0.0
-
-
 async def metrics(request: Request) -> Response[bytes]:
-    global _last_db_read
-    container = request.app.state.container
-    SUBSCRIBERS.set((await resolved(container.live_slots())).count())
-    bus = await resolved(container.wake_bus())
+    container: Container = request.app.state.container
+    SUBSCRIBERS.set((await provided(container.live_slots)).count())
+    HOT.throughput = await provided(container.throughput)
+    HOT.live_outages = (await provided(container.tails)).outages
+    bus = await provided(container.wake_bus)
     if bus is not None:
         HOT.wake_reconnects = bus.reconnects
         HOT.gaps_repaired = bus.gaps_repaired
         HOT.wake_replacements = bus.replacements
         HOT.wake_not_live = bus.not_live_episodes
         HOT.wake_live = int(bus.live)
-    pool = await resolved(container.pool())
-    if (
-        isinstance(pool, asyncpg.Pool | BoundedPool)
-        and time.monotonic() - _last_db_read > DB_FIGURES_SECONDS
-    ):
-        _last_db_read = time.monotonic()
-        for outbox, pending, lag in await pool.fetch(_DB_FIGURES):
-            OUTBOX_PENDING.labels(outbox).set(pending)
-            OUTBOX_LAG.labels(outbox).set(float(lag))
-        for object_state, count in await pool.fetch(
-            "SELECT state, count(*) FROM object_intents GROUP BY state"
-        ):
+    figures = await (await provided(container.figures))()
+    if figures is None:  # the database cannot be read now: answered without its figures
+        for gauge in (OUTBOX_PENDING, OUTBOX_LAG, OBJECTS):
+            gauge.clear()
+    else:
+        for backlog in figures.backlogs:
+            OUTBOX_PENDING.labels(backlog.outbox).set(backlog.pending)
+            OUTBOX_LAG.labels(backlog.outbox).set(backlog.lag_seconds)
+        for object_state, count in figures.objects.items():
             OBJECTS.labels(object_state).set(count)
     return Response(generate_latest(REGISTRY), media_type=_MEDIA_TYPE)
 

@@ -26,6 +26,8 @@ from litestar.openapi.spec import (
     OpenAPIResponse,
     Operation,
     Parameter,
+    Reference,
+    Schema,
     SecurityScheme,
 )
 from litestar.openapi.spec import Link as OpenAPILink
@@ -191,18 +193,35 @@ def json_text_schema() -> dict[str, Any]:
     }
 
 
-def _headers(headers: tuple[Header, ...]) -> dict[str, OpenAPIHeader]:
+@dataclass
+class JsonSchema(Schema):
+    """A JSON Schema as msgspec or a route's declaration gives it, written into the document as
+    it is (Litestar's `Schema` names each keyword; these use keywords it has no field for)."""
+
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def to_schema(self) -> dict[str, Any]:
+        return self.raw
+
+
+def _headers(headers: tuple[Header, ...]) -> dict[str, OpenAPIHeader | Reference] | None:
     return {
-        h.name: OpenAPIHeader(description=h.description, required=h.required, schema=h.schema)
+        h.name: OpenAPIHeader(
+            description=h.description, required=h.required, schema=JsonSchema(raw=h.schema)
+        )
         for h in headers
-    }
+    } or None
 
 
-def _problem_answers(codes: tuple[str, ...]) -> dict[str, OpenAPIResponse]:
+def _media(schema: dict[str, Any]) -> OpenAPIMediaType:
+    return OpenAPIMediaType(schema=JsonSchema(raw=schema))
+
+
+def _problem_answers(codes: tuple[str, ...]) -> dict[str, OpenAPIResponse | Reference]:
     by_status: dict[int, list[str]] = {}
     for code in codes:
         by_status.setdefault(STATUS_OF_CODE[code], []).append(code)
-    answers = {}
+    answers: dict[str, OpenAPIResponse | Reference] = {}
     for status, of_status in sorted(by_status.items()):
         schema = {
             "allOf": [{"$ref": "#/components/schemas/Problem"}],
@@ -210,8 +229,8 @@ def _problem_answers(codes: tuple[str, ...]) -> dict[str, OpenAPIResponse]:
         }
         answers[str(status)] = OpenAPIResponse(
             description=", ".join(of_status),
-            content={PROBLEM_JSON: OpenAPIMediaType(schema=schema)},
-            headers=_headers(PROBLEM_HEADERS.get(status, ())) or None,
+            content={PROBLEM_JSON: _media(schema)},
+            headers=_headers(PROBLEM_HEADERS.get(status, ())),
         )
     return answers
 
@@ -262,17 +281,18 @@ def _apply(operation: Operation, d: Documented) -> None:
     """What the route declared, in the operation Litestar gives it (its id, tags, summary and
     the parameters of its path and query)."""
     schema_of, _ = wire_schemas()
-    responses: dict[str, OpenAPIResponse] = {}
+    responses: dict[str, OpenAPIResponse | Reference] = {}
     for answer in d.answers:
         content = None
-        if answer.body is not None or answer.schema is not None:
-            schema = schema_of[answer.body] if answer.body is not None else answer.schema
-            content = {answer.media_type: OpenAPIMediaType(schema=schema)}
+        if answer.body is not None:
+            content = {answer.media_type: _media(schema_of[answer.body])}
+        elif answer.schema is not None:
+            content = {answer.media_type: _media(answer.schema)}
         elif answer.content:
-            content = {kind: OpenAPIMediaType(schema=schema) for kind, schema in answer.content}
+            content = {kind: _media(schema) for kind, schema in answer.content}
         responses[str(answer.status)] = OpenAPIResponse(
             description=answer.description,
-            headers=_headers(answer.headers) or None,
+            headers=_headers(answer.headers),
             content=content,
             links={
                 link.operation_id: OpenAPILink(
@@ -283,17 +303,18 @@ def _apply(operation: Operation, d: Documented) -> None:
             or None,
         )
     responses.update(_problem_answers(d.problems))
-    operation.responses = responses  # type: ignore[assignment]
+    operation.responses = responses
     if d.request_body is not None:
         body = d.request_body
         if body.content:
-            accepted = {kind: OpenAPIMediaType(schema=schema) for kind, schema in body.content}
+            accepted = {kind: _media(schema) for kind, schema in body.content}
+        elif body.body is not None:
+            accepted = {body.media_type: _media(schema_of[body.body])}
         else:
-            schema = schema_of[body.body] if body.body is not None else body.schema
-            accepted = {body.media_type: OpenAPIMediaType(schema=schema)}
+            accepted = {body.media_type: _media(body.schema or {})}
         operation.request_body = OpenAPIRequestBody(required=True, content=accepted)
     parameters = [
-        replace(p, schema={"type": "string", "pattern": ID_PATTERN})
+        replace(p, schema=JsonSchema(raw={"type": "string", "pattern": ID_PATTERN}))
         if isinstance(p, Parameter) and p.param_in == "path" and p.name in ID_PARAMETERS
         else p
         for p in operation.parameters or ()
@@ -304,7 +325,7 @@ def _apply(operation: Operation, d: Documented) -> None:
             param_in="header",
             description=h.description,
             required=h.required,
-            schema=h.schema,
+            schema=JsonSchema(raw=h.schema),
         )
         for h in d.request_headers
     ]
@@ -314,7 +335,7 @@ def _apply(operation: Operation, d: Documented) -> None:
             param_in="query",
             description=q.description,
             required=q.required,
-            schema=q.schema,
+            schema=JsonSchema(raw=q.schema),
         )
         for q in d.query
     ]

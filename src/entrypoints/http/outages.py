@@ -10,12 +10,11 @@ import errno
 import logging
 import socket
 import traceback
-from collections.abc import Callable
-from typing import Any
 
 import asyncpg
 import botocore.exceptions as s3_errors
 from litestar import Request, Response
+from litestar.types import ExceptionHandlersMap
 
 from application.waiting import CommitOutcomeUnknown, Unanswered
 from entrypoints.http import problems
@@ -143,7 +142,7 @@ def unavailable(request: Request, error: Exception) -> Response[bytes]:
     )
 
 
-def outage_handlers() -> dict[type[Exception], Callable[[Request, Any], Response[Any]]]:
+def outage_handlers() -> ExceptionHandlersMap:
     """The exception handlers the application registers for outages: every family an outage
     can come from, each handler answering 500 for the members that are not one."""
     return {

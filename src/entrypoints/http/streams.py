@@ -35,7 +35,6 @@ from entrypoints.container import Services
 from entrypoints.http.answers import EncodedJsonAnswer, HeadersAnswer, JsonAnswer
 from entrypoints.http.body import decode_body
 from entrypoints.http.head import is_head
-from entrypoints.http.observability import HOT
 from entrypoints.http.openapi import Answer, Header, Link, documented
 from entrypoints.http.schemas import AckBody, AppendBody, LegalHoldBody
 from entrypoints.sse.asgi import EventStreamResponse
@@ -255,8 +254,6 @@ class StreamsController(Controller):
         )
         if replayed:
             return JsonAnswer(answer, 200, _REPLAYED)
-        HOT.appends += 1
-        HOT.records += answer.last_sequence - answer.first_sequence + 1
         return JsonAnswer(answer, 201)
 
     @get(

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import AsyncGenerator
 
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+from litestar.types import Receive, Scope, Send
 
 log = logging.getLogger("ductor_streams.sse")
 
@@ -35,7 +32,7 @@ class EventStreamResponse:
         self._chunks = chunks
         self._headers = headers
 
-    async def __call__(self, scope: Any, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_task = asyncio.current_task()
         assert request_task is not None
         listening = False

@@ -4,7 +4,7 @@ transport would consume the same application subscription."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 
 import msgspec
 
@@ -35,7 +35,9 @@ def records_frame(records: list[StoredRecord]) -> bytes:
     return b"".join(_record_events(records))
 
 
-async def event_stream(deliveries: AsyncGenerator[Delivery, None]) -> AsyncIterator[bytes]:
+async def event_stream(
+    deliveries: AsyncGenerator[Delivery, None],
+) -> AsyncGenerator[bytes, None]:
     """Closing this stream (the response ended, or the client left) closes the subscription,
     which gives its slot back and leaves the stream's tail at once, not when collected."""
     async with contextlib.aclosing(deliveries):

@@ -1,0 +1,29 @@
+"""The figures /metrics reports from PostgreSQL: outbox backlogs and object intents."""
+
+from __future__ import annotations
+
+from adapters.postgres.bounded import BoundedPool
+from application.ports import Backlog, StoredFigures
+
+_BACKLOGS = """
+SELECT 'input_delivery', count(*), coalesce(extract(epoch FROM now() - min(r.appended_at)), 0)
+FROM input_deliveries d JOIN stream_records r USING (tenant, run_id, stream_id, sequence)
+WHERE d.delivered_at IS NULL
+UNION ALL
+SELECT 'deletion', count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
+FROM deletion_outbox WHERE done_at IS NULL
+"""
+_OBJECTS = "SELECT state, count(*) FROM object_intents GROUP BY state"
+
+
+class PostgresFigures:
+    def __init__(self, pool: BoundedPool) -> None:
+        self._pool = pool
+
+    async def figures(self) -> StoredFigures:
+        backlogs = [
+            Backlog(outbox, pending, float(lag))
+            for outbox, pending, lag in await self._pool.fetch(_BACKLOGS)
+        ]
+        objects = {state: count for state, count in await self._pool.fetch(_OBJECTS)}
+        return StoredFigures(backlogs, objects)
