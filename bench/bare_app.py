@@ -1,5 +1,5 @@
 """The framework's floor for an append, for (3b): `POST …/records` through the same front as
-`ductor-streams serve` (entrypoints/http/hot.py: request checks, request id, metric, body
+`ductor-streams serve` (entrypoints/front.py: request checks, request id, metric, body
 limit, JSON decoding, browser headers, answer), the same ASGI server and event loop, and
 nothing else: authentication and the append are stubs that answer at once, nothing is stored.
 
@@ -18,11 +18,11 @@ from litestar import Litestar, get
 
 from application.views import AppendAnswer
 from domain.stream import Credit
-from entrypoints.cli import GRANIAN_OPTIONS, fast_loop
+from entrypoints.front import append_front
 from entrypoints.http.app import MAX_REQUEST_BYTES, tune_collector
-from entrypoints.http.hot import hot_routes
 from entrypoints.http.observability import request_middleware
 from entrypoints.lean_imports import without_optional_integrations
+from entrypoints.serving import GRANIAN_OPTIONS, fast_loop
 
 _ANSWER = AppendAnswer(
     first_sequence=1,
@@ -53,7 +53,9 @@ def main(port: int) -> None:
     with without_optional_integrations("pydantic", "attrs", "attr"):
         app = Litestar([readyz], middleware=[request_middleware])
     app.state.services = _Services()
-    app.asgi_handler = hot_routes(app, app.asgi_handler, MAX_REQUEST_BYTES, ())
+    app.asgi_handler = append_front(
+        lambda: app.state.services, app.asgi_handler, MAX_REQUEST_BYTES, ()
+    )
     tune_collector()
 
     async def serve() -> None:

@@ -171,7 +171,33 @@ class AppendRecords:
             )
         return await self._append(caller, key, records, idempotency)
 
-    @tracing.use_case("produce")
+    def writing(self, caller: Caller, run_id: str, stream_id: str) -> StreamKey:
+        """A Durable Streams write's first decision, before anything else is read: the caller
+        may write streams, and the IDs name one (its key)."""
+        caller.require("streams:write")
+        return caller.key(run_id, stream_id)
+
+    @staticmethod
+    def check_claims(producer: ProducerClaim | None, writer_seq: str | None) -> None:
+        """A write's producer claim and `Stream-Seq`, valid in themselves (before its body is
+        read and its stream looked at)."""
+        if producer is not None:
+            check_claim(producer)
+        if writer_seq is not None:
+            check_writer_seq(writer_seq)
+
+    @staticmethod
+    def check_content(*, has_content: bool, close: bool) -> None:
+        """A write carries content unless it closes (decided before its stream is looked at)."""
+        if not has_content and not close:
+            raise errors.InvalidInput("an append holds at least one record unless it closes")
+
+    async def writable(self, caller: Caller, key: StreamKey) -> StreamDefinition:
+        """The definition of the stream a write goes to, which the caller may write."""
+        definition = await self._definitions.get(key, runs=caller.runs)
+        require_writer(caller, definition)
+        return definition
+
     async def produce(
         self,
         caller: Caller,
@@ -187,10 +213,28 @@ class AppendRecords:
         closed in one decision under the row lock, through the group commit like a native
         append. No records: close only (idempotent). Raises what `Stream.produce` refuses with,
         `Backpressure` (after waiting, under the `block` policy) included."""
-        caller.require("streams:write")
-        key = caller.key(run_id, stream_id)
-        if not records and not close:
-            raise errors.InvalidInput("an append holds at least one record unless it closes")
+        key = self.writing(caller, run_id, stream_id)
+        self.check_content(has_content=bool(records), close=close)
+        self.check_claims(producer, writer_seq)
+        definition = await self.writable(caller, key)
+        return await self.produce_checked(
+            caller, key, definition, records, producer=producer, writer_seq=writer_seq, close=close
+        )
+
+    @tracing.use_case("produce")
+    async def produce_checked(
+        self,
+        caller: Caller,
+        key: StreamKey,
+        definition: StreamDefinition,
+        records: Sequence[NewRecord],
+        *,
+        producer: ProducerClaim | None = None,
+        writer_seq: str | None = None,
+        close: bool = False,
+    ) -> Produced:
+        """`produce`, once `writing`, `check_claims`, `check_content` and `writable` have
+        decided (the protocol makes them in its own order, around reading the body)."""
         if len(records) > MAX_BATCH_RECORDS:
             raise errors.InvalidInput(
                 f"an append carries at most {MAX_BATCH_RECORDS} records, not {len(records)}"
@@ -204,12 +248,6 @@ class AppendRecords:
                     size=record.size,
                     limit=MAX_INLINE_RECORD_BYTES,
                 )
-        if producer is not None:
-            check_claim(producer)
-        if writer_seq is not None:
-            check_writer_seq(writer_seq)
-        definition = await self._definitions.get(key, runs=caller.runs)
-        require_writer(caller, definition)
 
         async def attempt() -> Produced:
             command = ProduceCommand(

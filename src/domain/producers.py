@@ -50,3 +50,7 @@ def check_writer_seq(writer_seq: str) -> None:
             f"a writer sequence (Stream-Seq) is 1 to {MAX_WRITER_SEQ_LENGTH} characters",
             field="writer_seq",
         )
+    if not writer_seq.isprintable():
+        raise InvalidInput(
+            "a writer sequence (Stream-Seq) holds printable characters only", field="writer_seq"
+        )

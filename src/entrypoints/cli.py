@@ -1,23 +1,22 @@
-"""`ductor-streams`: serve, migrate and token commands (docs/configuration.md)."""
+"""`ductor-streams`: serve, migrate and token commands (docs/configuration.md): the command
+line only; the database is brought up by entrypoints/bootstrap.py and the HTTP server run by
+entrypoints/serving.py."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import asyncpg
 
-from adapters.postgres.embedded import start_embedded
 from adapters.postgres.migrations import migrate
 from adapters.postgres.tokens import PostgresTokens
 from application.access import SCOPES
@@ -28,287 +27,43 @@ from application.tokens import (
     ListTokens,
     RevokeToken,
     make_caller,
-    token_hash,
 )
 from domain.digits import bounded_integer
 from domain.errors import DomainError
-from entrypoints import client_cli
+from entrypoints import client_cli, serving
+from entrypoints.bootstrap import CommandError, database_url, prepare
 from entrypoints.config import PREFIX, InvalidSetting, Settings
-from entrypoints.logs import configure_logging, granian_logging
+from entrypoints.logs import configure_logging
 
 log = logging.getLogger("ductor_streams")
-
-
-def _database_url(settings: Settings) -> str:
-    """The configured PostgreSQL, or the embedded one under DATA_DIR/pg (started if needed)."""
-    if settings.database_url:
-        return settings.database_url
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    url = start_embedded(settings.data_dir / "pg")
-    os.environ[PREFIX + "DATABASE_URL"] = url  # the server's worker processes inherit it
-    return url
-
-
-async def _prepare(url: str, settings: Settings) -> str | None:
-    """Migrate, make sure the bootstrap token exists, and on the embedded defaults without any
-    configured token, create a development token once. Returns the token to announce, if any."""
-    conn = await asyncpg.connect(url)
-    try:
-        for name in await migrate(conn):
-            log.info("applied migration %s", name)
-    finally:
-        await conn.close()
-    pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
-    try:
-        issue = IssueToken(PostgresTokens(pool))
-        if settings.bootstrap_token:
-            caller = make_caller("default", "bootstrap", list(SCOPES))
-            await issue(caller, settings.bootstrap_token)
-            if await PostgresTokens(pool).find(token_hash(settings.bootstrap_token)) is None:
-                # A revocation is deliberate (the token may have leaked): a restart with the
-                # same setting does not undo it.
-                log.warning(
-                    "the configured %sBOOTSTRAP_TOKEN was revoked and stays revoked; "
-                    "configure a new value to have a working bootstrap token",
-                    PREFIX,
-                )
-            return None
-        if not settings.embedded:
-            return None
-        dev_file = settings.data_dir / "dev-token"
-        if dev_file.exists():
-            token = dev_file.read_text().strip()
-            if await PostgresTokens(pool).find(token_hash(token)) is not None:
-                return token
-        token = await issue(make_caller("default", "developer", list(SCOPES)))
-        dev_file.write_text(token + "\n")
-        dev_file.chmod(0o600)
-        return token
-    finally:
-        await pool.close()
-
-
-class CommandError(Exception):
-    """A command that cannot go on: its message is printed as one line on stderr, and the
-    command exits with `exit_code` (2, a usage error, unless told otherwise)."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     host = args.host if args.host is not None else settings.host
     port = args.port if args.port is not None else settings.port
-    # Bound before anything starts (the embedded PostgreSQL included), and kept: the server
-    # serves on this very socket, so nothing else can share the port meanwhile.
-    listener = _listen(host, port)
-    url = _database_url(settings)
-    token = asyncio.run(_prepare(url, settings))
+    # Bound before anything starts (the embedded PostgreSQL included), and held until the
+    # server binds it (entrypoints/serving.py), so nothing else can share the port meanwhile.
+    listener = serving.listen(host, port)
+    url = database_url(settings)
+    token = asyncio.run(prepare(url, settings))
     if token:
         print(f"development token (tenant default, all scopes): {token}", flush=True)
         print(f"  also in {settings.data_dir / 'dev-token'}", flush=True)
     if not args.no_workers:
         os.environ[PREFIX + "RUN_WORKERS"] = "1"  # the server processes run the workers too
-    print(f"ductor-streams listening on http://{_url_host(host)}:{port}", flush=True)
+    print(f"ductor-streams listening on http://{serving.url_host(host)}:{port}", flush=True)
     if args.server == "uvicorn":
-        _serve_uvicorn(listener, settings)
+        serving.serve_uvicorn(listener, settings)
     elif args.workers == 1 and not args.supervised:
-        _serve_in_process(listener, settings)
+        serving.serve_in_process(listener, settings)
     else:
-        _serve_supervised(listener, args.workers, settings)
+        serving.serve_supervised(listener, args.workers, settings)
     return 0
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """The API's socket, bound without SO_REUSEPORT so that a port already in use (by another
-    ductor-streams or anything else) is refused rather than shared."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        listener = socket.create_server((host, port), family=family, backlog=BACKLOG)
-    except OSError as error:
-        if error.errno == errno.EADDRINUSE:
-            raise CommandError(
-                f"port {port} on {host} is already in use; choose another with --port "
-                f"(or {PREFIX}PORT)"
-            ) from None
-        reason = error.strerror or str(error)
-        raise CommandError(
-            f"cannot listen on {host} port {port}: {reason}; choose another --host or --port"
-        ) from None
-    listener.set_inheritable(True)  # --workers N: the server processes serve on it too
-    return listener
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-BACKLOG = 2048
-
-# Both granian modes: HTTP/1.1 only (protocol detection for h2c cost about 11 KB per open
-# connection, measured with 1,000 idle subscribers), and no cap below the subscription cap on
-# requests in flight per process (granian's default, backlog / workers, would queue the
-# 1,025th subscriber of a process behind the others). Its lines go to our JSON log.
-GRANIAN_OPTIONS = {
-    "backlog": BACKLOG,
-    "backpressure": 16384,
-    "log_access": False,
-    "log_level": "warning",
-    "log_dictconfig": granian_logging(),
-}
-
-
-def _http1(settings: Settings) -> Any:
-    from granian.http import HTTP1Settings
-
-    # A client that has not sent its whole request head by then is disconnected.
-    return HTTP1Settings(header_read_timeout=round(settings.header_read_timeout_seconds * 1000))
-
-
-def _on_listener(server_class: type, listener: socket.socket) -> type:
-    """granian's server class, serving on `listener` instead of a socket of its own: on Linux
-    granian binds each worker's socket with SO_REUSEPORT, which lets a second server on the
-    same port share it silently. This is what granian itself does on other platforms."""
-    from granian.net import SocketHolder
-
-    class OnListener(server_class):
-        def _init_shared_socket(self) -> None:
-            self._ssp = None
-            # granian's stub declares no constructor; its native class takes (fd, uds, backlog).
-            self._shd = SocketHolder(listener.fileno(), False, BACKLOG)  # type: ignore[call-arg]
-            self._sfd = listener.fileno()
-            self._sso = listener
-
-    return OnListener
-
-
-def _serve_in_process(listener: socket.socket, settings: Settings) -> None:
-    """One server process: granian's embedded server on this process's event loop. A separate
-    supervisor process (as with --workers N) would cost ~40 MB for nothing with one worker."""
-    from granian.constants import HTTPModes, Interfaces
-    from granian.server.embed import Server
-
-    from entrypoints.http.app import app_from_env, begin_stopping
-
-    async def main() -> None:
-        app = app_from_env()
-        server = _on_listener(Server, listener)(
-            app,
-            address=listener.getsockname()[0],
-            port=listener.getsockname()[1],
-            interface=Interfaces.ASGI,
-            http=HTTPModes.http1,
-            http1_settings=_http1(settings),
-            **GRANIAN_OPTIONS,
-        )
-
-        def stopping() -> None:
-            # granian drains in-flight requests before the application's shutdown runs, and a
-            # live subscription never finishes by itself: end those first.
-            begin_stopping(app)
-            server.stop()
-
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stopping)
-        await server.serve()
-
-    with asyncio.Runner(loop_factory=fast_loop()) as runner:
-        runner.run(main())
-
-
-def _serve_supervised(listener: socket.socket, workers: int, settings: Settings) -> None:
-    """`--workers N`: a supervisor process and N server processes sharing the socket."""
-    from granian import Granian
-    from granian.constants import HTTPModes, Interfaces, Loops
-
-    _on_listener(Granian, listener)(
-        target="entrypoints.http.app:app_from_env",
-        factory=True,
-        address=listener.getsockname()[0],
-        port=listener.getsockname()[1],
-        interface=Interfaces.ASGI,
-        http=HTTPModes.http1,
-        http1_settings=_http1(settings),
-        workers=workers,
-        # The workers drain in-flight requests on SIGTERM, and a live subscription never ends by
-        # itself: after this many seconds a worker is stopped anyway (its subscribers resume
-        # elsewhere with Last-Event-ID; leased jobs are picked up again once their lease ends).
-        workers_kill_timeout=10,
-        loop=Loops.uvloop if fast_loop() is not None else Loops.asyncio,
-        **GRANIAN_OPTIONS,
-    ).serve()
-
-
-def _serve_uvicorn(listener: socket.socket, settings: Settings) -> None:
-    import uvicorn
-
-    config = uvicorn.Config(
-        "entrypoints.http.app:app_from_env",
-        factory=True,
-        log_config=None,  # its loggers propagate to our JSON handler
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=10,  # live subscriptions never end by themselves
-        http=_uvicorn_protocol(settings.header_read_timeout_seconds),
-    )
-    uvicorn.Server(config).run(sockets=[listener])
-
-
-def _uvicorn_protocol(header_timeout: float) -> Any:
-    """uvicorn's HTTP/1.1 protocol with a deadline on each request head: uvicorn has none of
-    its own (its keep-alive timeout only covers the time between requests)."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # no httptools (Windows): uvicorn's default protocol, without it
-        return "auto"
-
-    class WithHeaderDeadline(HttpToolsProtocol):
-        _head_deadline: asyncio.TimerHandle | None = None
-
-        def _await_head(self) -> None:
-            self._head_received()
-            self._head_deadline = self.loop.call_later(header_timeout, self.transport.close)
-
-        def _head_received(self) -> None:
-            if self._head_deadline is not None:
-                self._head_deadline.cancel()
-                self._head_deadline = None
-
-        # uvicorn's own connection_made narrows asyncio.Protocol's BaseTransport (and ignores
-        # that in its source); this one keeps uvicorn's signature.
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._await_head()
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            if self._head_deadline is None:
-                self._await_head()
-
-        def on_headers_complete(self) -> None:
-            self._head_received()
-            super().on_headers_complete()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._head_received()
-            super().connection_lost(exc)
-
-    return WithHeaderDeadline
-
-
-def fast_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:  # not on Windows
-        return None
-    return uvloop.new_event_loop
-
-
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    url = _database_url(settings)
-    asyncio.run(_prepare(url, settings))
+    url = database_url(settings)
+    asyncio.run(prepare(url, settings))
 
     async def run() -> None:
         from application.workers import run_workers
@@ -334,7 +89,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    url = _database_url(settings)
+    url = database_url(settings)
 
     async def run() -> list[str]:
         conn = await asyncpg.connect(url)
@@ -377,7 +132,7 @@ def cmd_token_create(args: argparse.Namespace, settings: Settings) -> int:
         caller = make_caller(args.tenant, args.principal or "cli", args.scope, args.run)
     except DomainError as error:
         raise CommandError(error.detail) from None
-    url = _database_url(settings)
+    url = database_url(settings)
 
     async def issue(tokens: PostgresTokens) -> str:
         return await IssueToken(tokens)(caller, expires_in_seconds=args.expires_in)
@@ -415,7 +170,7 @@ def _token_line(record: TokenRecord, now: datetime) -> str:
 def cmd_token_list(args: argparse.Namespace, settings: Settings) -> int:
     if args.server:
         return client_cli.cmd_token_list_server(args)
-    url = _database_url(settings)
+    url = database_url(settings)
     try:
         records = asyncio.run(_on_tokens(url, lambda tokens: ListTokens(tokens)(args.tenant)))
     except DomainError as error:
@@ -429,7 +184,7 @@ def cmd_token_list(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_token_revoke(args: argparse.Namespace, settings: Settings) -> int:
     if args.server:
         return client_cli.cmd_token_revoke_server(args)
-    url = _database_url(settings)
+    url = database_url(settings)
     try:
         revoked = asyncio.run(_on_tokens(url, lambda tokens: RevokeToken(tokens)(args.token)))
     except DomainError as error:

@@ -55,6 +55,7 @@ from application.cleanup import Cleanup
 from application.close_stream import CloseStream
 from application.compaction import CompactJournal
 from application.consumers import DeleteConsumer, ListConsumers
+from application.create_durable_stream import CreateDurableStream
 from application.create_stream import CreateStream
 from application.definitions import Definitions
 from application.delete_stream import DeleteRun, DeleteStream
@@ -465,6 +466,9 @@ class Container(containers.DeclarativeContainer):
         retry_base_seconds=settings.provided.retry_base_seconds,
     )
     forks = providers.Singleton(Forks, definitions, streams, streams)
+    create_durable_stream = providers.Singleton(
+        CreateDurableStream, create_stream, forks, definitions, deployment
+    )
     durable_reads = providers.Singleton(
         DurableReads,
         definitions,
@@ -533,6 +537,7 @@ class Services:
     list_objects: ListOpenObjects
     # The Durable Streams surface (entrypoints/durable_streams).
     durable_reads: DurableReads
+    create_durable_stream: CreateDurableStream
     forks: Forks
     definitions: Definitions
     deployment: Deployment
@@ -559,6 +564,7 @@ async def start(container: Container) -> Services:
         mint_token=await provided(c.mint_token),
         tenant_tokens=await provided(c.tenant_tokens),
         create_stream=await provided(c.create_stream),
+        create_durable_stream=await provided(c.create_durable_stream),
         get_stream=await provided(c.get_stream),
         list_streams=await provided(c.list_streams),
         append_records=await provided(c.append_records),

@@ -20,7 +20,7 @@ from application.log_context import request_id, stream_fields
 _encode = msgspec.json.Encoder().encode
 
 # granian prints this at every start of its embedded server, which `serve` uses on purpose for
-# one worker (no supervisor process, ~40 MB less; see cli._serve_in_process): it tells an
+# one worker (no supervisor process, ~40 MB less; see serving.serve_in_process): it tells an
 # operator nothing they can act on.
 EMBEDDED_SERVER_NOTICE = "Embedded server is experimental!"
 

@@ -157,7 +157,7 @@ async def test_every_answer_carries_a_request_id_and_keeps_the_callers(
 async def test_the_append_route_answers_as_every_route_does(
     api: httpx.AsyncClient, server: ServerProcess, run_id: str
 ) -> None:
-    """The append route is served in front of the router (entrypoints/http/hot.py): its answers,
+    """The append route is served in front of the router (entrypoints/front.py): its answers,
     good and bad, carry what every other route's do: the request id (the caller's or a new
     one), the security headers, problem+json with the application's own headers."""
     body = {"stream_id": "hot", "direction": "output"}

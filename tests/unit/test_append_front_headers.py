@@ -1,11 +1,12 @@
-"""The append front answers `protocol.append`'s header lookups as Litestar's Headers does."""
+"""The request pipeline's header lookups (entrypoints/edge/head.py) answer as Litestar's Headers
+does, so a protocol function sees the same values whichever way the request came."""
 
 from __future__ import annotations
 
 import pytest
 from litestar.datastructures import Headers
 
-from entrypoints.http.hot import _Headers
+from entrypoints.edge.head import RequestHead, RequestHeaders
 
 RAW = [
     (b"authorization", b"Bearer a"),
@@ -20,48 +21,26 @@ RAW = [
     "name", ["authorization", "Producer-Id", "stream-seq", "CONTENT-TYPE", "stream-closed"]
 )
 def test_get_and_getall_answer_as_litestars_headers(name: str) -> None:
-    ours, theirs = _Headers(RAW), Headers.from_scope({"headers": RAW})  # type: ignore[arg-type]
+    ours, theirs = RequestHeaders(RAW), Headers.from_scope({"headers": RAW})  # type: ignore[arg-type]
     assert ours.get(name) == theirs.get(name)
-    assert ours.get(name, "none") == theirs.get(name, "none")
-    assert ours.getall(name, []) == theirs.getall(name, [])
-    if theirs.get(name) is None:
-        with pytest.raises(KeyError):
-            theirs.getall(name)
-        with pytest.raises(KeyError):
-            ours.getall(name)
+    assert ours.getall(name) == theirs.getall(name, [])
 
 
-# Building the application in process reports Litestar's deprecation of inferred path
-# parameters for every route; not what this test is about.
-@pytest.mark.filterwarnings(
-    "ignore::litestar.exceptions.base_exceptions.LitestarDeprecationWarning"
-)
-def test_the_front_picks_each_errors_handler_as_litestar_does() -> None:
-    """The front's choice of exception handler (hot._handler_of) against Litestar's own, on
-    the application's handlers, for every family of error an append can meet."""
-    import asyncpg
-    from litestar.exceptions import InternalServerException, NotFoundException
-    from litestar.exceptions.http_exceptions import RequestEntityTooLarge
-    from litestar.middleware._internal.exceptions.middleware import get_exception_handler
-
-    from domain.errors import Backpressure, InvalidInput, StreamClosed
-    from entrypoints.container import memory_container
-    from entrypoints.http.app import create_app
-    from entrypoints.http.hot import _handler_of
-
-    handlers = create_app(memory_container()).exception_handlers
-    errors = [
-        InvalidInput("x"),
-        Backpressure("x"),
-        StreamClosed("x"),
-        RequestEntityTooLarge(),
-        InternalServerException("client disconnected prematurely"),
-        NotFoundException(),
-        asyncpg.PostgresConnectionError("x"),
-        ConnectionResetError(),
-        TimeoutError(),
-        ValueError("x"),
-        KeyError("x"),
-    ]
-    for error in errors:
-        assert _handler_of(handlers, error) is get_exception_handler(handlers, error), error
+def test_the_head_takes_the_first_token_and_key_and_the_last_request_id() -> None:
+    head = RequestHead(
+        [
+            (b"authorization", b"Bearer a"),
+            (b"authorization", b"Bearer b"),
+            (b"idempotency-key", b"k1"),
+            (b"idempotency-key", b"k2"),
+            (b"x-request-id", b"first"),
+            (b"x-request-id", b"x" * 300),
+            (b"content-length", b"12"),
+            (b"connection", b"Close"),
+        ]
+    )
+    assert (head.authorization, head.idempotency_key) == ("Bearer a", "k1")
+    assert head.request_id == "x" * 128
+    assert (head.declared, head.lengths, head.has_body, head.closing) == (12, 1, True, True)
+    chunked = RequestHead([(b"content-length", b"0"), (b"transfer-encoding", b"chunked")])
+    assert (chunked.declared, chunked.lengths, chunked.has_body) == (0, 3, True)

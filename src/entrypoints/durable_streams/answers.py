@@ -5,13 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 from domain.errors import DomainError
-from entrypoints.http.observability import HOT
-from entrypoints.http.problems import PROBLEM_JSON, PROBLEM_TYPE_BASE, STATUS_OF_CODE, TITLE_OF_CODE
-
-_encode = msgspec.json.Encoder().encode
+from entrypoints.edge.problems import PROBLEM_JSON, of_domain_error
 
 
 class Answer:
@@ -38,15 +33,7 @@ class Answer:
 
 
 def problem_answer(error: DomainError, headers: dict[str, str] | None = None) -> Answer:
-    """The problem+json answer the application's handler would give, with protocol headers."""
-    status = STATUS_OF_CODE.get(error.code, 400)
-    HOT.problem(error.code)
-    body = {
-        "type": PROBLEM_TYPE_BASE + error.code,
-        "title": TITLE_OF_CODE.get(error.code, error.code),
-        "status": status,
-        "detail": error.detail,
-        "code": error.code,
-        **error.extra,
-    }
-    return Answer(status, {"Content-Type": PROBLEM_JSON, **(headers or {})}, _encode(body))
+    """The application's problem answer for `error` (entrypoints/edge/problems.py), with the
+    protocol's headers."""
+    problem = of_domain_error(error, headers)
+    return Answer(problem.status, {"Content-Type": PROBLEM_JSON, **problem.headers}, problem.body)

@@ -3,7 +3,9 @@
 A protocol stream is a native stream (docs/durable-streams.md): `PUT` creates it with the
 protocol's content type and expiry, `POST` appends (and closes), `GET` reads (catch-up,
 long-poll, SSE), `HEAD` answers its metadata, `DELETE` erases it. This module only parses
-what a request says and shapes what the use cases answer."""
+what a request says and shapes what the use cases answer: its functions take plain values (the
+services, the caller, the path's parameters, the headers) from whichever adapter serves the
+request (`routes.py` under Litestar, `entrypoints/front.py` for the appends)."""
 
 from __future__ import annotations
 
@@ -12,38 +14,32 @@ import contextlib
 import functools
 import re
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 import msgspec
-from litestar import Request
 
 from application.access import Caller
+from application.create_durable_stream import ForkOf
 from application.durable_reads import Page
 from application.live import Idle, RecordsDelivered, StreamEnded
 from application.live_slots import Slot
 from application.ports import StoredRecord
 from application.views import record_view
 from domain import errors
-from domain.definition import (
-    DefinitionRequest,
-    Expiry,
-    StreamDefinition,
-    resolve_definition,
-    with_source_pins,
-)
+from domain.definition import Expiry, Redaction, StreamDefinition
 from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordKind
 from domain.stream import StreamKey
 from entrypoints.container import Services
 from entrypoints.durable_streams import wire
 from entrypoints.durable_streams.answers import Answer, problem_answer
-from entrypoints.http.head import is_head
+from entrypoints.edge.head import RequestHeaders
+from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, STREAM_PATH
 from entrypoints.sse.asgi import EventStreamResponse
 
-PREFIX = "/api/durable-streams"
-STREAM_PATH = "/v1/stream"
+PREFIX = DURABLE_STREAMS_PREFIX
 DEFAULT_RUN = "default"
 
 # A catch-up read answers at most this many records, and stops adding records past this many
@@ -64,11 +60,6 @@ _encode = msgspec.json.Encoder().encode
 # -- helpers -------------------------------------------------------------------------------------
 
 
-async def authenticated(request: Request) -> tuple[Services, Caller]:
-    services: Services = request.app.state.services
-    return services, await services.authenticate(request.headers.get("authorization"))
-
-
 # Headers that say one thing: given twice, which one counts is ambiguous (400, not first-wins).
 SINGLE = frozenset(
     {
@@ -84,10 +75,10 @@ SINGLE = frozenset(
 )
 
 
-def header(request: Request, name: str) -> str | None:
+def header(headers: RequestHeaders, name: str) -> str | None:
     """A protocol header's value: at most once, and ASCII (obs-text bytes would be stored or
     answered as mojibake): otherwise 400."""
-    values = request.headers.getall(name, [])
+    values = headers.getall(name)
     if not values:
         return None
     if len(values) > 1 and name in SINGLE:
@@ -98,9 +89,17 @@ def header(request: Request, name: str) -> str | None:
     return value
 
 
-def where(request: Request) -> tuple[str, str]:
-    params = request.path_params
-    return params.get("run_id", DEFAULT_RUN), params["stream_id"]
+class Where(NamedTuple):
+    """The stream a URL names, and whether it named its run (`…/{runID}/{streamID}`)."""
+
+    run_id: str
+    stream_id: str
+    in_run: bool
+
+
+def where(params: dict[str, str]) -> Where:
+    run_id = params.get("run_id")
+    return Where(run_id or DEFAULT_RUN, params["stream_id"], run_id is not None)
 
 
 def stream_content_type(definition: StreamDefinition) -> str:
@@ -108,17 +107,25 @@ def stream_content_type(definition: StreamDefinition) -> str:
     return definition.content_type or wire.JSON
 
 
-def location_of(request: Request, run_id: str, stream_id: str) -> str:
+class Origin(NamedTuple):
+    """The server's own address, as the ASGI server says it answered (`scope["server"]`)."""
+
+    scheme: str
+    server: tuple[str | None, int | None] | None
+
+
+def location_of(origin: Origin, at: Where) -> str:
     """The stream's URL. Its authority is the server's own address (the socket it answered
     on), never the client's Host header: a Location must not carry what a client made up."""
     path = f"{PREFIX}{STREAM_PATH}/"
-    path += f"{run_id}/{stream_id}" if "run_id" in request.path_params else stream_id
-    server = request.scope.get("server")
-    if not server or server[0] is None:
+    path += f"{at.run_id}/{at.stream_id}" if at.in_run else at.stream_id
+    if not origin.server:
         return path
-    host, port = server
-    host = f"[{host}]" if ":" in host else host
-    scheme = request.scope.get("scheme", "http")
+    address, port = origin.server
+    if address is None:
+        return path
+    host = f"[{address}]" if ":" in address else address
+    scheme = origin.scheme
     default = {"http": 80, "https": 443}.get(scheme)
     return f"{scheme}://{host}{'' if port in (None, default) else f':{port}'}{path}"
 
@@ -126,14 +133,20 @@ def location_of(request: Request, run_id: str, stream_id: str) -> str:
 # -- PUT: create ---------------------------------------------------------------------------------
 
 
-async def create(request: Request) -> Answer:
-    services, caller = await authenticated(request)
-    run_id, stream_id = where(request)
-    caller.require("streams:write")
-    caller.key(run_id, stream_id)  # a bad ID is 400 before anything else
-    headers = request.headers
-    closed = wire.is_true(header(request, "stream-closed"))
-    ttl, expires = header(request, "stream-ttl"), header(request, "stream-expires-at")
+async def create(
+    services: Services,
+    caller: Caller,
+    at: Where,
+    headers: RequestHeaders,
+    read_body: Callable[[], Awaitable[bytes]],
+    origin: Origin,
+) -> Answer:
+    """PUT. The body is read (`read_body`) once the head is found good."""
+    run_id, stream_id, _ = at
+    create_stream = services.create_durable_stream
+    create_stream.check(caller, run_id, stream_id)
+    closed = wire.is_true(header(headers, "stream-closed"))
+    ttl, expires = header(headers, "stream-ttl"), header(headers, "stream-expires-at")
     if ttl is not None and expires is not None:
         raise errors.InvalidInput(
             "Stream-TTL and Stream-Expires-At exclude each other: send one", field="Stream-TTL"
@@ -160,57 +173,35 @@ async def create(request: Request) -> Answer:
             raise errors.InvalidInput(
                 "Stream-Fork-Sub-Offset needs Stream-Fork-Offset", field="Stream-Fork-Offset"
             )
-    given_type = header(request, "content-type")
+    given_type = header(headers, "content-type")
     content_type = wire.normalize_content_type(given_type) if given_type else None
-    body = await request.body()
-    deployment = services.deployment
-    base = resolve_definition(
-        DefinitionRequest(direction="output", stream_id=stream_id),
-        region=deployment.region,
-        egress_region=deployment.egress_region,
-    )
+    body = await read_body()
     fork = None
-    inherited: list[NewRecord] = []
     if forked_from is not None:
         source_run, source_stream = wire.fork_source(forked_from, DEFAULT_RUN)
         offset = wire.parse_fork_offset(fork_offset) if fork_offset is not None else None
-        forks = services.forks
-        fork, inherited, source_type = await forks.resolve(
-            caller, source_run, source_stream, offset, sub_offset, content_type
-        )
-        content_type = content_type or source_type
-        expiry = await forks.inherited_expiry(caller, source_run, source_stream, expiry or Expiry())
-        # A fork reads its source's records under its source's pins: who may read and write
-        # them, what is redacted (on the fork's own appends too), where they live, what they are.
-        source = await services.definitions.get(
-            caller.key(source_run, source_stream), runs=caller.runs
-        )
-        base = with_source_pins(base, source)
-    content_type = content_type or wire.DEFAULT_CONTENT_TYPE
-    records = wire.records_for(body, content_type, creating=True, redaction=base.redaction)
-    definition = msgspec.structs.replace(
-        base, content_type=content_type, fork=fork, expiry=expiry or Expiry()
+        fork = ForkOf(source_run, source_stream, offset, sub_offset)
+
+    def records_of(content_type: str, redaction: Redaction) -> list[NewRecord]:
+        return wire.records_for(body, content_type, creating=True, redaction=redaction)
+
+    stream, created = await create_stream(
+        caller,
+        run_id,
+        stream_id,
+        content_type=content_type,
+        default_content_type=wire.DEFAULT_CONTENT_TYPE,
+        expiry=expiry,
+        closed=closed,
+        fork=fork,
+        records_of=records_of,
     )
-    stream, created = await services.create_stream.create_resolved(
-        caller, run_id, definition, initial=[*inherited, *records], closed=closed
-    )
-    if not created and getattr(stream.state, "soft_deleted", False):
-        raise errors.DefinitionConflict(
-            f"stream {stream_id!r} was deleted and its forks still read it: it cannot be created "
-            "again until they are gone"
-        )
-    if not created and stream.state.closed != closed:
-        raise errors.DefinitionConflict(
-            "the stream exists and is "
-            + ("closed" if stream.state.closed else "open")
-            + ": Stream-Closed on this request says otherwise"
-        )
     answer = {
         "Content-Type": stream.definition.content_type or wire.JSON,
         "Stream-Next-Offset": wire.offset_of(stream.head),
     }
     if created:
-        answer["Location"] = location_of(request, run_id, stream_id)
+        answer["Location"] = location_of(origin, at)
     if stream.state.closed:
         answer["Stream-Closed"] = TRUE
     return Answer(201 if created else 200, answer)
@@ -219,8 +210,9 @@ async def create(request: Request) -> Answer:
 # -- POST: append, close -------------------------------------------------------------------------
 
 
-def producer_claim(request: Request) -> ProducerClaim | None:
-    given = [header(request, name) for name in ("producer-id", "producer-epoch", "producer-seq")]
+def producer_claim(headers: RequestHeaders) -> ProducerClaim | None:
+    """The claim as the headers give it (its validity is the use case's: `check_claims`)."""
+    given = [header(headers, name) for name in ("producer-id", "producer-epoch", "producer-seq")]
     if all(value is None for value in given):
         return None
     producer_id, epoch, seq = given
@@ -229,8 +221,6 @@ def producer_claim(request: Request) -> ProducerClaim | None:
             "Producer-Id, Producer-Epoch and Producer-Seq go together: all three or none",
             field="Producer-Id",
         )
-    if not producer_id.strip() or not producer_id.isprintable():
-        raise errors.InvalidInput("Producer-Id must be a non-empty string", field="Producer-Id")
     return ProducerClaim(
         producer_id=producer_id.strip(),
         epoch=wire.decimal("Producer-Epoch", epoch, maximum=wire.MAX_PRODUCER_INTEGER),
@@ -238,16 +228,10 @@ def producer_claim(request: Request) -> ProducerClaim | None:
     )
 
 
-def writer_seq(request: Request) -> str | None:
-    value = header(request, "stream-seq")
-    if value is None:
-        return None
-    value = value.strip()
-    if not value or len(value) > 256 or not value.isprintable():
-        raise errors.InvalidInput(
-            "Stream-Seq must be 1 to 256 printable characters", field="Stream-Seq"
-        )
-    return value
+def writer_seq(headers: RequestHeaders) -> str | None:
+    """`Stream-Seq` as given, without surrounding blanks (its validity: `check_claims`)."""
+    value = header(headers, "stream-seq")
+    return None if value is None else value.strip()
 
 
 class AppendHead(NamedTuple):
@@ -255,53 +239,46 @@ class AppendHead(NamedTuple):
 
     services: Services
     caller: Caller
-    run_id: str
-    stream_id: str
+    headers: RequestHeaders
     key: StreamKey
     close: bool
     producer: ProducerClaim | None
     seq: str | None
 
 
-async def append(request: Request) -> Answer:
-    head = await append_head(request)
-    return await append_body(request, head, await request.body())
+async def append(
+    services: Services,
+    caller: Caller,
+    at: Where,
+    headers: RequestHeaders,
+    read_body: Callable[[], Awaitable[bytes]],
+) -> Answer:
+    """POST: append and/or close."""
+    head = append_head(services, caller, at, headers)
+    return await append_body(head, await read_body())
 
 
-async def append_head(request: Request, caller: Caller | None = None) -> AppendHead:
-    """The checks of an append that need only its head (token, scope, ID, protocol headers),
-    made before its body is read: a refused append's body never is. `caller` is the request's,
-    when it was authenticated already."""
-    if caller is None:
-        services, caller = await authenticated(request)
-    else:
-        services = request.app.state.services
-    run_id, stream_id = where(request)
-    caller.require("streams:write")
-    key = caller.key(run_id, stream_id)
-    close = wire.is_true(header(request, "stream-closed"))
-    return AppendHead(
-        services,
-        caller,
-        run_id,
-        stream_id,
-        key,
-        close,
-        producer_claim(request),
-        writer_seq(request),
-    )
+def append_head(
+    services: Services, caller: Caller, at: Where, headers: RequestHeaders
+) -> AppendHead:
+    """The decisions of an append that need only its head (scope, ID, protocol headers), made
+    before its body is read: a refused append's body never is."""
+    use_case = services.append_records
+    key = use_case.writing(caller, at.run_id, at.stream_id)
+    close = wire.is_true(header(headers, "stream-closed"))
+    producer, seq = producer_claim(headers), writer_seq(headers)
+    use_case.check_claims(producer, seq)
+    return AppendHead(services, caller, headers, key, close, producer, seq)
 
 
-async def append_body(request: Request, head: AppendHead, body: bytes) -> Answer:
-    services, caller, run_id, stream_id, key, close, producer, seq = head
-    if not body and not close:
-        raise errors.InvalidInput(
-            "an append needs a body (only a close, Stream-Closed: true, may have none)"
-        )
-    definition = await services.definitions.get(key, runs=caller.runs)
+async def append_body(head: AppendHead, body: bytes) -> Answer:
+    services, caller, headers, key, close, producer, seq = head
+    use_case = services.append_records
+    use_case.check_content(has_content=bool(body), close=close)
+    definition = await use_case.writable(caller, key)
     records: list[NewRecord] = []
     if body:
-        given = header(request, "content-type")
+        given = header(headers, "content-type")
         if not given:
             raise errors.InvalidInput("an append with a body needs its Content-Type")
         kind = stream_content_type(definition)
@@ -323,14 +300,14 @@ async def append_body(request: Request, head: AppendHead, body: bytes) -> Answer
             input_stream=definition.direction == "input",
         )
     try:
-        produced = await services.append_records.produce(
-            caller, run_id, stream_id, records, producer=producer, writer_seq=seq, close=close
+        produced = await use_case.produce_checked(
+            caller, key, definition, records, producer=producer, writer_seq=seq, close=close
         )
     except errors.StreamClosed as error:
-        closed_head = error.extra.get("head")
-        if closed_head is None:
-            closed_head = (await services.durable_reads.page(key, None, 1)).position.head
-        return closed_answer(error, closed_head)
+        stream_head = error.extra.get("head")
+        if stream_head is None:
+            stream_head = (await services.durable_reads.page(key, None, 1)).position.head
+        return closed_answer(error, stream_head)
     except errors.ProducerEpochStale as error:
         return problem_answer(error, {"Producer-Epoch": str(error.extra.get("current_epoch", ""))})
     except errors.ProducerSequenceGap as error:
@@ -363,10 +340,8 @@ def closed_answer(error: errors.DomainError, head: int) -> Answer:
 # -- DELETE --------------------------------------------------------------------------------------
 
 
-async def erase(request: Request) -> None:
-    services, caller = await authenticated(request)
-    run_id, stream_id = where(request)
-    await services.delete_stream(caller, run_id, stream_id)
+async def erase(services: Services, caller: Caller, at: Where) -> None:
+    await services.delete_stream(caller, at.run_id, at.stream_id)
 
 
 # -- GET / HEAD: read ----------------------------------------------------------------------------
@@ -378,10 +353,8 @@ class ReadQuery(msgspec.Struct, frozen=True):
     client_cursor: str | None
 
 
-def read_query(request: Request) -> ReadQuery:
-    pairs = parse_qsl(
-        request.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True
-    )
+def read_query(query_string: bytes) -> ReadQuery:
+    pairs = parse_qsl(query_string.decode("latin-1"), keep_blank_values=True)
     found: dict[str, list[str]] = {}
     for name, value in pairs:
         found.setdefault(name, []).append(value)
@@ -447,15 +420,24 @@ def metadata(definition: StreamDefinition, head: int, closed: bool) -> dict[str,
     return headers
 
 
-async def read(request: Request) -> Any:
-    services, caller = await authenticated(request)
-    run_id, stream_id = where(request)
+async def read(
+    services: Services,
+    caller: Caller,
+    at: Where,
+    headers: RequestHeaders,
+    query_string: bytes,
+    *,
+    head_only: bool,
+    long_poll_seconds: float,
+) -> Any:
+    """GET, or HEAD (`head_only`: the metadata alone)."""
+    run_id, stream_id, _ = at
     reads = services.durable_reads
-    if is_head(request):
+    if head_only:
         key, definition = await reads.open(caller, run_id, stream_id)
         position = (await reads.page(key, None, 1)).position
         return Answer(200, metadata(definition, position.head, position.closed))
-    query = read_query(request)
+    query = read_query(query_string)
     key, definition = await reads.open(caller, run_id, stream_id)
     content_type = stream_content_type(definition)
     page = await reads.page(key, query.cursor, PAGE_RECORDS)
@@ -472,9 +454,7 @@ async def read(request: Request) -> Any:
     head, closed = position.head, position.closed
     if query.live == "long-poll" and not records:
         if not (closed and start >= head):
-            waited = await reads.wait(
-                key, start, request.app.state.long_poll_seconds, caller=caller
-            )
+            waited = await reads.wait(key, start, long_poll_seconds, caller=caller)
             records, head, closed = trimmed(waited.records), max(waited.head, start), waited.closed
         if not records:
             answer = {"Stream-Next-Offset": wire.offset_of(start), "Stream-Up-To-Date": TRUE}
@@ -500,7 +480,7 @@ async def read(request: Request) -> Any:
         tag = etag(page, start, end, at_the_end)
         answer["ETag"] = tag
         answer["Cache-Control"] = AT_THE_TAIL if up_to_date else HISTORY
-        if query.live is None and matches(request.headers.get("if-none-match"), tag):
+        if query.live is None and matches(headers.get("if-none-match"), tag):
             return Answer(304, answer)
     return Answer(200, answer, body_of(records, content_type))
 

@@ -1,6 +1,10 @@
 """The Durable Streams routes below /api/durable-streams: a stream's URL is
 `/v1/stream/{streamID}` (run `default`) or `/v1/stream/{runID}/{streamID}`. Each method is
-declared once per URL form (two operation ids) and handled by `protocol`."""
+declared once per URL form (two operation ids) and handled by `protocol`, which is handed plain
+values: the services, the caller, the path's parameters, the headers (`_plain`).
+
+A route added below the surface (say, a subscription's) is one more handler here, and its
+function in `protocol` (or a module beside it) taking the same plain values."""
 
 from __future__ import annotations
 
@@ -10,10 +14,14 @@ from litestar import Controller, Request, delete, get, post, put
 from litestar.openapi.spec import Operation
 from litestar.types import ASGIApp
 
+from application.access import Caller
 from domain.definition import MAX_IDLE_SECONDS
 from domain.ids import ID_PATTERN
 from domain.producers import MAX_PRODUCER_ID_LENGTH, MAX_WRITER_SEQ_LENGTH
+from entrypoints.container import Services
 from entrypoints.durable_streams import protocol, wire
+from entrypoints.edge.head import RequestHeaders
+from entrypoints.edge.head_method import is_head
 from entrypoints.http.openapi import Answer, Header, Link, RequestBody, decimal_pattern, documented
 
 ON_A_STREAM = ("unauthenticated", "invalid-input", "unavailable", "forbidden", "not-found")
@@ -92,7 +100,9 @@ THE_STREAM = {"stream_id": "$request.path.stream_id"}
 IN_THE_RUN = {"run_id": "$request.path.run_id", **THE_STREAM}
 
 
-def _create(read: str, append: str, delete: str, where: dict[str, str]) -> type[Operation]:
+def _documented_create(
+    read: str, append: str, delete: str, where: dict[str, str]
+) -> type[Operation]:
     """A create's declarations; its 201 leads to the stream it made, at the same URL."""
     return documented(
         Answer(
@@ -142,8 +152,8 @@ def _create(read: str, append: str, delete: str, where: dict[str, str]) -> type[
     )
 
 
-_CREATE_ONE = _create("dsRead", "dsAppend", "dsDelete", THE_STREAM)
-_CREATE_IN_RUN = _create("dsReadInRun", "dsAppendInRun", "dsDeleteInRun", IN_THE_RUN)
+_CREATE_ONE = _documented_create("dsRead", "dsAppend", "dsDelete", THE_STREAM)
+_CREATE_IN_RUN = _documented_create("dsReadInRun", "dsAppendInRun", "dsDeleteInRun", IN_THE_RUN)
 _APPEND = documented(
     Answer(
         204,
@@ -233,6 +243,46 @@ ONE = "/{stream_id:str}"
 IN_RUN = "/{run_id:str}/{stream_id:str}"
 
 
+async def _plain(request: Request) -> tuple[Services, Caller, protocol.Where, RequestHeaders]:
+    """What a protocol function is handed of a request: the services, the request's caller
+    (authenticated before anything else), where it goes, and its headers."""
+    services: Services = request.app.state.services
+    headers = RequestHeaders(request.scope["headers"])
+    caller = await services.authenticate(headers.get("authorization"))
+    return services, caller, protocol.where(request.path_params), headers
+
+
+async def _create(request: Request) -> ASGIApp:
+    services, caller, at, headers = await _plain(request)
+    scope = request.scope
+    origin = protocol.Origin(scope.get("scheme", "http"), scope.get("server"))
+    return await protocol.create(services, caller, at, headers, request.body, origin)
+
+
+async def _append(request: Request) -> ASGIApp:
+    services, caller, at, headers = await _plain(request)
+    return await protocol.append(services, caller, at, headers, request.body)
+
+
+async def _read(request: Request) -> ASGIApp:
+    services, caller, at, headers = await _plain(request)
+    answer: ASGIApp = await protocol.read(
+        services,
+        caller,
+        at,
+        headers,
+        request.scope.get("query_string", b""),
+        head_only=is_head(request.scope),
+        long_poll_seconds=request.app.state.long_poll_seconds,
+    )
+    return answer
+
+
+async def _erase(request: Request) -> None:
+    services, caller, at, _ = await _plain(request)
+    await protocol.erase(services, caller, at)
+
+
 class DurableStreamsController(Controller):
     path = protocol.PREFIX + protocol.STREAM_PATH
     tags = ["durable-streams"]
@@ -244,7 +294,7 @@ class DurableStreamsController(Controller):
         operation_class=_CREATE_ONE,
     )
     async def create_one(self, request: Request) -> ASGIApp:
-        return await protocol.create(request)
+        return await _create(request)
 
     @put(
         IN_RUN,
@@ -253,25 +303,25 @@ class DurableStreamsController(Controller):
         operation_class=_CREATE_IN_RUN,
     )
     async def create_in_run(self, request: Request) -> ASGIApp:
-        return await protocol.create(request)
+        return await _create(request)
 
     @post(
         ONE, operation_id="dsAppend", summary="Append, close (run default)", operation_class=_APPEND
     )
     async def append_one(self, request: Request) -> ASGIApp:
-        return await protocol.append(request)
+        return await _append(request)
 
     @post(IN_RUN, operation_id="dsAppendInRun", summary="Append, close", operation_class=_APPEND)
     async def append_in_run(self, request: Request) -> ASGIApp:
-        return await protocol.append(request)
+        return await _append(request)
 
     @get(ONE, operation_id="dsRead", summary="Read (run default)", operation_class=_READ)
     async def read_one(self, request: Request) -> ASGIApp:
-        return await protocol.read(request)
+        return await _read(request)
 
     @get(IN_RUN, operation_id="dsReadInRun", summary="Read", operation_class=_READ)
     async def read_in_run(self, request: Request) -> ASGIApp:
-        return await protocol.read(request)
+        return await _read(request)
 
     @delete(
         ONE,
@@ -281,7 +331,7 @@ class DurableStreamsController(Controller):
         operation_class=_DELETE,
     )
     async def delete_one(self, request: Request) -> None:
-        await protocol.erase(request)
+        await _erase(request)
 
     @delete(
         IN_RUN,
@@ -291,4 +341,4 @@ class DurableStreamsController(Controller):
         operation_class=_DELETE,
     )
     async def delete_in_run(self, request: Request) -> None:
-        await protocol.erase(request)
+        await _erase(request)

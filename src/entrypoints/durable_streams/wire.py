@@ -24,7 +24,7 @@ from domain.errors import InvalidInput
 from domain.ids import ID_PATTERN
 from domain.records import NewRecord, RecordInput, RecordKind, prepare_records
 from domain.text import check_media_type
-from entrypoints.http.body import MAX_JSON_DEPTH, nests_deeper_than
+from entrypoints.edge.json_depth import MAX_JSON_DEPTH, nests_deeper_than
 
 # -- offsets -------------------------------------------------------------------------------------
 # The offset of native sequence N (the position after record N) is 16 zeros, "_", N in 16

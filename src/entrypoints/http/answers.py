@@ -34,6 +34,10 @@ class JsonAnswer:
         )
         await send({"type": "http.response.body", "body": self._body})
 
+    @property
+    def status(self) -> int:
+        return self._status
+
 
 class EncodedJsonAnswer(JsonAnswer):
     """A JsonAnswer whose body is already JSON bytes (a page of records, `StoredPage.json`)."""

@@ -24,12 +24,12 @@ from entrypoints import tracing as exporting
 from entrypoints.config import Settings
 from entrypoints.console.route import ROUTES as CONSOLE_ROUTES
 from entrypoints.container import Container, Services, provided, start, stop, workers
-from entrypoints.durable_streams.browser import browser_headers
 from entrypoints.durable_streams.routes import DurableStreamsController
+from entrypoints.edge.browser import browser_headers
+from entrypoints.edge.head_method import serve_head
+from entrypoints.front import append_front
 from entrypoints.http import problems
-from entrypoints.http.head import serve_head
-from entrypoints.http.hot import hot_routes
-from entrypoints.http.methods import list_every_method_in_options
+from entrypoints.http.methods import every_method_in_options
 from entrypoints.http.objects import ObjectsController
 from entrypoints.http.observability import metrics, request_middleware
 from entrypoints.http.openapi import SECURITY, Answer, WireDocument, documented
@@ -109,7 +109,10 @@ metrics_route = get(
 )(metrics)
 
 
-def create_app(container: Container) -> Litestar:
+def create_app(container: Container, *, front: bool = True) -> Litestar:
+    """The application. `front=False` leaves the append routes to Litestar's router too (the
+    test that holds the two ways to one answer builds both)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.container = container
@@ -169,15 +172,19 @@ def create_app(container: Container) -> Litestar:
             # configuration would replace the root handler with its plain-text one.
             logging_config=None,
         )
-    list_every_method_in_options(app)
+    app.asgi_handler = every_method_in_options(app, app.asgi_handler)
     # Around the router and the exception handlers, so that a HEAD is routed as its GET and
     # answers its problems too (404, 401, 405).
     app.asgi_handler = serve_head(app.asgi_handler)
     origins = container.settings().cors_origins
     # Security headers on every answer, and CORS preflights answered before routing.
     app.asgi_handler = browser_headers(app.asgi_handler, origins)
-    # Outermost: the append route, Litestar's layers and these headers done once (hot.py).
-    app.asgi_handler = hot_routes(app, app.asgi_handler, MAX_REQUEST_BYTES, origins)
+    if front:
+        # Outermost: the append routes, served by the pipeline Litestar's layers run, without
+        # them (entrypoints/front.py).
+        app.asgi_handler = append_front(
+            lambda: app.state.services, app.asgi_handler, MAX_REQUEST_BYTES, origins
+        )
     app.asgi_handler = with_budget(app.asgi_handler, container.settings().request_timeout_seconds)
     if tracing.on():  # the request's span around everything (entrypoints/tracing.py)
         app.asgi_handler = traced_requests(app.asgi_handler)

@@ -2,35 +2,45 @@
 
 Litestar 2 adds an OPTIONS handler to each path by itself, but it answers from the methods of
 the first handler registered on the path only: OPTIONS on `…/records` said `OPTIONS, POST`,
-not GET (litestar-org/litestar#4169, fixed in Litestar 3). Once the application is built, each
-such handler is pointed at its whole path. OPTIONS needs no token: it says nothing a 405 would
-not."""
+not GET (litestar-org/litestar#4169, fixed in Litestar 3). Its answer is mended at our edge,
+from what Litestar says publicly: each route's methods (`HTTPRoute.methods`, by its
+`path_format`) and the route a request matched (`scope["path_template"]`), so Litestar's own
+handler stays as it is. OPTIONS needs no token: it says nothing a 405 would not."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from litestar import Litestar, Response
+from litestar import Litestar
 from litestar.routes import HTTPRoute
 
-from entrypoints.http.head import allowed
-
-_DEFAULT_OPTIONS_HANDLER = "options_handler"  # the name of Litestar's generated handler
+from entrypoints.edge.head_method import allowed
 
 
-def list_every_method_in_options(app: Litestar) -> None:
-    for route in app.routes:
-        if not isinstance(route, HTTPRoute):
-            continue
-        handler, _ = route.route_handler_map["OPTIONS"]
-        if handler.handler_name == _DEFAULT_OPTIONS_HANDLER:
-            # The replacement keeps the generated handler's signature (it takes the scope),
-            # which Litestar has already inspected to call it.
-            handler._fn = _answer_options(allowed(route.methods))
+def every_method_in_options(app: Litestar, asgi: Any) -> Any:
+    """`asgi` (the application's router), with the Allow header of each 204 answer to OPTIONS
+    listing every method of the route it matched."""
+    allow_of = {
+        route.path_format: allowed(route.methods).encode()
+        for route in app.routes
+        if isinstance(route, HTTPRoute)
+    }
 
+    async def adapter(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "OPTIONS":
+            await asgi(scope, receive, send)
+            return
 
-def _answer_options(allow: str) -> Any:
-    def options_handler(scope: Any) -> Response[None]:
-        return Response(content=None, status_code=204, headers={"Allow": allow})
+        async def with_allow(message: dict) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 204:
+                allow = allow_of.get(scope.get("path_template", ""))
+                if allow is not None:
+                    message["headers"] = [
+                        (name, allow if name.lower() == b"allow" else value)
+                        for name, value in message.get("headers", ())
+                    ]
+            await send(message)
 
-    return options_handler
+        await asgi(scope, receive, with_allow)
+
+    return adapter

@@ -23,9 +23,9 @@ from domain.digits import bounded_integer
 from domain.errors import ObjectTooLarge
 from domain.ids import ID_PATTERN
 from domain.objects import ObjectRequest
+from entrypoints.edge.head_method import is_head
 from entrypoints.http import problems
 from entrypoints.http.body import decode_body
-from entrypoints.http.head import is_head
 from entrypoints.http.openapi import Answer, Header, Link, RequestBody, documented
 from entrypoints.http.ranges import NotSatisfiable, Span, byte_span
 from entrypoints.http.streams import (
@@ -285,7 +285,7 @@ class ObjectsController(Controller):
             headers["Content-Range"] = f"bytes {span.first}-{span.last}/{intent.size}"
         headers["Content-Length"] = str(intent.size if span is None else span.length)
         status = 200 if span is None else 206
-        if is_head(request):
+        if is_head(request.scope):
             # Answered from the metadata: the store is not read.
             return Stream((), status_code=status, media_type=intent.content_type, headers=headers)
         chunks = body.read() if span is None else body.read(span.first, span.length)

@@ -1,68 +1,43 @@
-"""Every error is application/problem+json (RFC 9457) with a stable machine `code`."""
+"""The Litestar exception handlers: each translates what it is given into the one problem
+answer of entrypoints/edge/problems.py. Only Litestar's own exceptions (its 404, 405, 413,
+validation and body errors) are translated here; everything else is `edge.problem_for`'s."""
 
 from __future__ import annotations
 
-import logging
-from typing import Any
-
-import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, InternalServerException, ValidationException
 
-from domain.errors import Backpressure, DomainError
-from entrypoints.http.head import allowed, method_of
-from entrypoints.http.observability import HOT
+from domain.errors import DomainError
+from entrypoints.edge import problems as edge
+from entrypoints.edge.head_method import allowed, method_of
+from entrypoints.edge.problems import (
+    PROBLEM_JSON,
+    PROBLEM_TYPE_BASE,
+    STATUS_OF_CODE,
+    TITLE_OF_CODE,
+    Problem,
+)
 
-log = logging.getLogger("ductor_streams.http")
+__all__ = [
+    "PROBLEM_JSON",
+    "PROBLEM_TYPE_BASE",
+    "STATUS_OF_CODE",
+    "TITLE_OF_CODE",
+    "domain_error",
+    "http_error",
+    "internal_error",
+    "problem",
+    "respond",
+]
 
-PROBLEM_TYPE_BASE = "https://ductor.dev/problems/"
-PROBLEM_JSON = "application/problem+json"
 
-STATUS_OF_CODE: dict[str, int] = {
-    "unauthenticated": 401,
-    "forbidden": 403,
-    "not-found": 404,
-    "invalid-input": 400,
-    "cursor-ahead-of-head": 400,
-    "cursor-unknown": 400,
-    "cursor-expired": 410,
-    "record-too-large": 413,
-    "request-too-large": 413,
-    "object-too-large": 413,
-    "range-not-satisfiable": 416,
-    "backpressure": 429,
-    "too-many-subscriptions": 429,
-    "quota-exhausted": 409,
-    "stream-closed": 409,
-    "definition-conflict": 409,
-    "ack-regression": 409,
-    "ack-ahead-of-head": 400,
-    "cross-scope-ack": 403,
-    "too-many-consumers": 409,
-    "object-state-conflict": 409,
-    "too-many-open-objects": 409,
-    "digest-mismatch": 422,
-    "size-mismatch": 422,
-    "idempotency-key-reused": 422,
-    "content-class-forbidden": 422,
-    "egress-region-denied": 403,
-    "misdirected": 421,
-    "legal-hold-active": 409,
-    "stream-gone": 410,
-    "producer-epoch-stale": 403,
-    "producer-sequence-gap": 409,
-    "stream-seq-regression": 409,
-    "method-not-allowed": 405,
-    "unsupported-media-type": 415,
-    "unavailable": 503,
-    "internal": 500,
-}
-
-TITLE_OF_CODE: dict[str, str] = {
-    code: code.replace("-", " ").capitalize() for code in STATUS_OF_CODE
-}
-
-_encode = msgspec.json.Encoder().encode
+def respond(answer: Problem) -> Response[bytes]:
+    return Response(
+        content=answer.body,
+        status_code=answer.status,
+        media_type=PROBLEM_JSON,
+        headers=answer.headers or None,
+    )
 
 
 def problem(
@@ -71,30 +46,13 @@ def problem(
     *,
     status: int | None = None,
     headers: dict[str, str] | None = None,
-    **extra: Any,
+    **extra: object,
 ) -> Response[bytes]:
-    status = status or STATUS_OF_CODE.get(code, 400)
-    HOT.problem(code)
-    body = {
-        "type": PROBLEM_TYPE_BASE + code,
-        "title": TITLE_OF_CODE.get(code, code),
-        "status": status,
-        "detail": detail,
-        "code": code,
-        **extra,
-    }
-    return Response(
-        content=_encode(body), status_code=status, media_type=PROBLEM_JSON, headers=headers
-    )
+    return respond(edge.problem(code, detail, status=status, headers=headers, **extra))
 
 
 def domain_error(_: Request, error: DomainError) -> Response[bytes]:
-    headers: dict[str, str] = {}
-    if isinstance(error, Backpressure):
-        headers["Retry-After"] = str(error.retry_after)
-    if error.code == "unauthenticated":
-        headers["WWW-Authenticate"] = 'Bearer realm="ductor-streams"'
-    return problem(error.code, error.detail, headers=headers or None, **error.extra)
+    return respond(edge.of_domain_error(error))
 
 
 # What Litestar raises (as a 500) when the request body ends before it is complete: the client
@@ -104,19 +62,16 @@ _BODY_CUT_SHORT = "client disconnected prematurely"
 
 def http_error(request: Request, error: HTTPException) -> Response[bytes]:
     if isinstance(error, InternalServerException) and error.detail == _BODY_CUT_SHORT:
-        return problem(
-            "invalid-input",
-            "the request body ended before it was complete (shorter than its Content-Length, "
-            "or malformed chunked encoding): nothing was done",
-        )
+        return respond(edge.cut_short())
     status = error.status_code
+    if status == 413:
+        return respond(edge.too_large())
     code = {
         400: "invalid-input",
         401: "unauthenticated",
         403: "forbidden",
         404: "not-found",
         405: "method-not-allowed",
-        413: "request-too-large",
         415: "unsupported-media-type",
         503: "unavailable",
     }.get(status, "invalid-input" if status < 500 else "internal")
@@ -131,9 +86,7 @@ def http_error(request: Request, error: HTTPException) -> Response[bytes]:
             or detail
         )
     headers = None
-    if status == 413:
-        detail = "the request body is larger than this route accepts"
-    elif status == 405:
+    if status == 405:
         # RFC 9110 §15.5.6: a 405 lists the methods the path serves. The router names them in
         # the exception's headers, in no particular order.
         allow = allowed(
@@ -148,5 +101,4 @@ def http_error(request: Request, error: HTTPException) -> Response[bytes]:
 
 
 def internal_error(request: Request, error: Exception) -> Response[bytes]:
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=error)
-    return problem("internal", "an internal error occurred; nothing was half-applied", status=500)
+    return respond(edge.problem_for(error, request.method, request.url.path))

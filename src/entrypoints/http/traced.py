@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from application import tracing
-from entrypoints.http.head import method_of
+from entrypoints.edge.head_method import method_of
 
 
 def traced_requests(app: Any) -> Any:

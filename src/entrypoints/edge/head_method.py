@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from litestar import Request
-
 from application.expiry import not_an_access
 
 _HEAD = "ductor_streams.head"  # set in the scope of a HEAD request handled as GET
@@ -50,8 +48,9 @@ def serve_head(app: Any) -> Any:
     return adapter
 
 
-def is_head(request: Request) -> bool:
-    return request.scope.get(_HEAD, False) is True
+def is_head(scope: Any) -> bool:
+    """Whether the request is a HEAD, handled as its GET."""
+    return bool(scope.get(_HEAD, False))
 
 
 def method_of(scope: Any) -> str:

@@ -1,0 +1,55 @@
+"""Checks of what a request is, before its handler runs (the Litestar guard on every route,
+and the append front), for both API surfaces:
+
+- an ID never holds "/": `%2F` in a path is decoded into a separator by the router, so
+  `/v1/stream/a%2Fb` would name run `a`, stream `b`. The raw path is checked instead: 400.
+  A Durable Streams URL with a trailing slash names no stream: 404.
+- a body is stored as sent: a write whose `Content-Encoding` is anything but `identity`, or whose
+  `Transfer-Encoding` holds a coding other than `chunked`, would store the encoded bytes as its
+  content: 415."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from application.errors import NotFound
+from domain.errors import DomainError, InvalidInput
+from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, STREAM_PATH
+
+API = b"/api/"
+STREAMS = (DURABLE_STREAMS_PREFIX + STREAM_PATH + "/").encode()
+WRITES = frozenset({"POST", "PUT", "PATCH"})
+
+
+class UnsupportedMediaType(DomainError):
+    code = "unsupported-media-type"
+
+
+def _codings(value: bytes) -> list[bytes]:
+    return [c.strip().lower() for c in value.split(b",") if c.strip()]
+
+
+def check_scope(scope: Any) -> bool:
+    """The checks that need only the request's scope (raising the problem); answers whether the
+    request is on the Durable Streams surface's stream paths."""
+    raw = scope.get("raw_path") or scope["path"].encode("latin-1", "replace")
+    if not raw.startswith(API):
+        return False
+    if b"%2f" in raw.lower():
+        raise InvalidInput("an ID may not contain '/' (an encoded %2F in the path)", field="path")
+    method = scope["method"]
+    if raw.startswith(STREAMS) and raw.endswith(b"/"):
+        raise NotFound(f"no stream at {raw[:200].decode('latin-1')!r}: the path ends in '/'")
+    if method in WRITES:
+        for name, value in scope["headers"]:
+            if name == b"content-encoding" and any(c != b"identity" for c in _codings(value)):
+                raise UnsupportedMediaType(
+                    f"Content-Encoding {value[:40].decode('latin-1')!r} is not accepted: send the "
+                    "body as it is to be stored (identity)"
+                )
+            if name == b"transfer-encoding" and any(c != b"chunked" for c in _codings(value)):
+                raise UnsupportedMediaType(
+                    f"Transfer-Encoding {value[:40].decode('latin-1')!r} is not accepted: only "
+                    "chunked"
+                )
+    return raw.startswith(STREAMS)

@@ -1,0 +1,85 @@
+"""A request's head, read once: the few fields every request needs (request id, token,
+idempotency key, how its body is framed, whether the client closes), and lookups of the rest
+for the handlers that want more (the Durable Streams headers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from domain.digits import bounded_integer
+
+# The largest Content-Length the HTTP servers in front pass on (a u64 in hyper, under granian):
+# a longer one is refused before the application, so None below means "not declared".
+MAX_CONTENT_LENGTH = 2**64 - 1
+MAX_REQUEST_ID = 128
+
+
+class RequestHead:
+    """What one pass over a request's raw ASGI headers finds. `authorization` and
+    `idempotency_key` are the first of each (as a header lookup answers); the request id and
+    Content-Length are the last given."""
+
+    __slots__ = (
+        "authorization",
+        "closing",
+        "declared",
+        "has_body",
+        "idempotency_key",
+        "lengths",
+        "raw",
+        "request_id",
+    )
+
+    def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
+        self.raw = raw
+        self.request_id: str | None = None
+        self.authorization: str | None = None
+        self.idempotency_key: str | None = None
+        self.declared: int | None = None
+        self.lengths = 0  # one Content-Length alone is 1: then the body ends at its last byte
+        self.has_body = False
+        self.closing = False
+        for name, value in raw:
+            if name == b"authorization":
+                if self.authorization is None:
+                    self.authorization = value.decode("latin-1")
+            elif name == b"idempotency-key":
+                if self.idempotency_key is None:
+                    self.idempotency_key = value.decode("latin-1")
+            elif name == b"content-length":
+                self.declared = bounded_integer(value, MAX_CONTENT_LENGTH)
+                self.has_body = value not in (b"0", b"")
+                self.lengths += 1
+            elif name == b"transfer-encoding":
+                self.has_body = True
+                self.lengths += 2  # chunked framing: the Content-Length (if any) does not count
+            elif name == b"x-request-id":
+                self.request_id = value.decode("latin-1")[:MAX_REQUEST_ID]
+            elif name == b"connection" and value.lower() == b"close":
+                self.closing = True
+
+
+class RequestHeaders:
+    """A request's headers by name, case-insensitive (names are lower case in ASGI, values
+    latin-1): `get` answers the first of a repeated header, `getall` every one. Built from one
+    pass over the few there are, when a handler first asks."""
+
+    __slots__ = ("_by_name",)
+
+    def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
+        by_name: dict[bytes, list[bytes]] = {}
+        for key, value in raw:
+            values = by_name.get(key)
+            if values is None:
+                by_name[key] = [value]
+            else:
+                values.append(value)
+        self._by_name = by_name
+
+    def get(self, name: str) -> str | None:
+        values = self._by_name.get(name.lower().encode("latin-1"))
+        return None if values is None else values[0].decode("latin-1")
+
+    def getall(self, name: str) -> list[str]:
+        values = self._by_name.get(name.lower().encode("latin-1"))
+        return [] if values is None else [value.decode("latin-1") for value in values]

@@ -1,0 +1,201 @@
+"""Serving the HTTP API: the listening socket, and the ASGI server on it (granian in this
+process, granian supervising N processes, or uvicorn).
+
+The port is bound first, without SO_REUSEPORT, so that a port already in use (by another
+ductor-streams or anything else) is refused before anything starts, and held while the
+database is prepared. granian binds its own sockets (with SO_REUSEPORT on Linux: each of its
+worker processes has one), and has no public way to be handed ours: the listener is released
+just before granian binds the same address, and a second ductor-streams is still refused,
+because its own first bind (without SO_REUSEPORT) cannot share a port granian holds. uvicorn
+is handed the listener itself."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import signal
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from entrypoints.bootstrap import CommandError
+from entrypoints.config import PREFIX, Settings
+from entrypoints.logs import granian_logging
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The API's socket, bound without SO_REUSEPORT so that a port already in use (by another
+    ductor-streams or anything else) is refused rather than shared (CommandError)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        listener = socket.create_server((host, port), family=family, backlog=BACKLOG)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise CommandError(
+                f"port {port} on {host} is already in use; choose another with --port "
+                f"(or {PREFIX}PORT)"
+            ) from None
+        reason = error.strerror or str(error)
+        raise CommandError(
+            f"cannot listen on {host} port {port}: {reason}; choose another --host or --port"
+        ) from None
+    return listener
+
+
+def url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+BACKLOG = 2048
+
+# Both granian modes: HTTP/1.1 only (protocol detection for h2c cost about 11 KB per open
+# connection, measured with 1,000 idle subscribers), and no cap below the subscription cap on
+# requests in flight per process (granian's default, backlog / workers, would queue the
+# 1,025th subscriber of a process behind the others). Its lines go to our JSON log.
+GRANIAN_OPTIONS: dict[str, Any] = {
+    "backlog": BACKLOG,
+    "backpressure": 16384,
+    "log_access": False,
+    "log_level": "warning",
+    "log_dictconfig": granian_logging(),
+}
+
+
+def _http1(settings: Settings) -> Any:
+    from granian.http import HTTP1Settings
+
+    # A client that has not sent its whole request head by then is disconnected.
+    return HTTP1Settings(header_read_timeout=round(settings.header_read_timeout_seconds * 1000))
+
+
+def _released(listener: socket.socket) -> tuple[str, int]:
+    """The listener's address, the listener closed for granian to bind it (the module says
+    why)."""
+    address, port = listener.getsockname()[:2]
+    listener.close()
+    return address, port
+
+
+def serve_in_process(listener: socket.socket, settings: Settings) -> None:
+    """One server process: granian's embedded server on this process's event loop. A separate
+    supervisor process (as with --workers N) would cost ~40 MB for nothing with one worker."""
+    from granian.constants import HTTPModes, Interfaces
+    from granian.server.embed import Server
+
+    from entrypoints.http.app import app_from_env, begin_stopping
+
+    async def main() -> None:
+        app = app_from_env()
+        address, port = _released(listener)
+        server = Server(
+            app,
+            address=address,
+            port=port,
+            interface=Interfaces.ASGI,
+            http=HTTPModes.http1,
+            http1_settings=_http1(settings),
+            **GRANIAN_OPTIONS,
+        )
+
+        def stopping() -> None:
+            # granian drains in-flight requests before the application's shutdown runs, and a
+            # live subscription never finishes by itself: end those first.
+            begin_stopping(app)
+            server.stop()
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopping)
+        await server.serve()
+
+    with asyncio.Runner(loop_factory=fast_loop()) as runner:
+        runner.run(main())
+
+
+def serve_supervised(listener: socket.socket, workers: int, settings: Settings) -> None:
+    """`--workers N`: a supervisor process and N server processes sharing the socket."""
+    from granian import Granian
+    from granian.constants import HTTPModes, Interfaces, Loops
+
+    address, port = _released(listener)
+    Granian(
+        target="entrypoints.http.app:app_from_env",
+        factory=True,
+        address=address,
+        port=port,
+        interface=Interfaces.ASGI,
+        http=HTTPModes.http1,
+        http1_settings=_http1(settings),
+        workers=workers,
+        # The workers drain in-flight requests on SIGTERM, and a live subscription never ends by
+        # itself: after this many seconds a worker is stopped anyway (its subscribers resume
+        # elsewhere with Last-Event-ID; leased jobs are picked up again once their lease ends).
+        workers_kill_timeout=10,
+        loop=Loops.uvloop if fast_loop() is not None else Loops.asyncio,
+        **GRANIAN_OPTIONS,
+    ).serve()
+
+
+def serve_uvicorn(listener: socket.socket, settings: Settings) -> None:
+    import uvicorn
+
+    config = uvicorn.Config(
+        "entrypoints.http.app:app_from_env",
+        factory=True,
+        log_config=None,  # its loggers propagate to our JSON handler
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,  # live subscriptions never end by themselves
+        http=_uvicorn_protocol(settings.header_read_timeout_seconds),
+    )
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def _uvicorn_protocol(header_timeout: float) -> Any:
+    """uvicorn's HTTP/1.1 protocol with a deadline on each request head: uvicorn has none of
+    its own (its keep-alive timeout only covers the time between requests)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # no httptools (Windows): uvicorn's default protocol, without it
+        return "auto"
+
+    class WithHeaderDeadline(HttpToolsProtocol):
+        _head_deadline: asyncio.TimerHandle | None = None
+
+        def _await_head(self) -> None:
+            self._head_received()
+            self._head_deadline = self.loop.call_later(header_timeout, self.transport.close)
+
+        def _head_received(self) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
+
+        # uvicorn's own connection_made narrows asyncio.Protocol's BaseTransport (and ignores
+        # that in its source); this one keeps uvicorn's signature.
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._await_head()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self._head_deadline is None:
+                self._await_head()
+
+        def on_headers_complete(self) -> None:
+            self._head_received()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._head_received()
+            super().connection_lost(exc)
+
+    return WithHeaderDeadline
+
+
+def fast_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # not on Windows
+        return None
+    return uvloop.new_event_loop
