@@ -7,6 +7,8 @@
     python -m bench soak [--appends 2000000] [--streams 100] [--clients 32]   (bench/soak.py)
     python -m bench protocol [--duration 10] [--rounds 2] [--only appends,fanout]
                                           (bench/protocol.py: the Durable Streams surface)
+    python -m bench subscriptions [--duration 10] [--writers 16]
+                                          (bench/subscriptions.py: commit to webhook)
 
 See docs/benchmarks.md for what each measurement is and the figures measured.
 """
@@ -848,6 +850,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import soak
 
         return soak.main(argv[1:])
+    if argv[:1] == ["subscriptions"]:
+        from bench import subscriptions
+
+        return subscriptions.main(argv[1:])
     if argv[:1] == ["protocol"]:
         from bench import protocol
 

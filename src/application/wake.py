@@ -44,6 +44,7 @@ class WakeRegistry:
         self._listeners: defaultdict[StreamKey, set[Listener]] = defaultdict(set)
         self._on_deleted: list[Callable[[StreamKey], None]] = []
         self._on_missed: list[Callable[[], None]] = []
+        self._on_notified: list[Callable[[StreamKey], None]] = []
 
     def on_deleted(self, forget: Callable[[StreamKey], None]) -> None:
         """Call `forget(key)` whenever a stream is deleted (to drop what a cache keeps of it)."""
@@ -66,7 +67,14 @@ class WakeRegistry:
                 if not listeners:
                     del self._listeners[key]
 
+    def on_notified(self, hear: Callable[[StreamKey], None]) -> None:
+        """Call `hear(key)` whenever a stream is notified (the subscriptions' scheduler looks
+        for pending work at once, instead of at its next poll)."""
+        self._on_notified.append(hear)
+
     def notify(self, key: StreamKey) -> None:
+        for hear in self._on_notified:
+            hear(key)
         for listener in self._listeners.get(key, ()):
             listener.wake()
 

@@ -30,7 +30,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -547,7 +547,11 @@ class LeasedSweep:
             log.warning("%s could not record its run: %s", self.name, error)
 
 
-async def run_workers(
-    workers: list[Worker | Periodic | LeasedSweep], stopping: asyncio.Event
-) -> None:
+class Runs(Protocol):
+    """A background worker: runs until `stopping` is set."""
+
+    async def run(self, stopping: asyncio.Event) -> None: ...
+
+
+async def run_workers(workers: Sequence[Runs], stopping: asyncio.Event) -> None:
     await asyncio.gather(*(w.run(stopping) for w in workers))

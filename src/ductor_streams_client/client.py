@@ -267,6 +267,105 @@ class StreamsClient:
         """Revoke a token by its id: refused everywhere within 2 seconds."""
         await self._run(core.revoke_token(token_id))
 
+    # -- subscriptions ----------------------------------------------------------------------------
+
+    async def put_subscription(
+        self,
+        subscription_id: str,
+        *,
+        type: str,
+        pattern: tuple[str, str] | None = None,
+        streams: Iterable[tuple[str, str]] | None = None,
+        webhook_url: str | None = None,
+        wake_stream: tuple[str, str] | None = None,
+        lease_ttl_ms: int | None = None,
+        description: str | None = None,
+    ) -> models.Subscription:
+        """Create a subscription (needs streams:admin), or re-confirm the same configuration;
+        another one under the same id raises SubscriptionConflict. `type` is `webhook` (with
+        `webhook_url`) or `pull-wake` (with `wake_stream`, a (run, stream) pair); `pattern` is
+        a (run glob, stream glob) pair, `streams` (run, stream) pairs linked explicitly."""
+        return await self._run(
+            core.put_subscription(
+                subscription_id,
+                type,
+                pattern,
+                None if streams is None else list(streams),
+                webhook_url,
+                wake_stream,
+                lease_ttl_ms,
+                description,
+            )
+        )
+
+    async def get_subscription(self, subscription_id: str) -> models.Subscription:
+        """A subscription, its streams with their acknowledged sequences, and its wake."""
+        return await self._run(core.get_subscription(subscription_id))
+
+    async def delete_subscription(self, subscription_id: str) -> None:
+        await self._run(core.delete_subscription(subscription_id))
+
+    async def link_subscription_streams(
+        self, subscription_id: str, streams: Iterable[tuple[str, str]]
+    ) -> None:
+        """Link (run, stream) pairs explicitly, from their current head."""
+        await self._run(core.link_subscription_streams(subscription_id, list(streams)))
+
+    async def unlink_subscription_stream(
+        self, subscription_id: str, run_id: str, stream_id: str
+    ) -> None:
+        """Remove a stream's explicit link (a matching pattern keeps it linked)."""
+        await self._run(core.unlink_subscription_stream(subscription_id, run_id, stream_id))
+
+    async def stream_subscriptions(self, run_id: str, stream_id: str) -> models.SubscriptionList:
+        """The subscriptions that link this stream."""
+        return await self._run(core.stream_subscriptions(run_id, stream_id))
+
+    async def claim_subscription(self, subscription_id: str, worker: str) -> models.WakeClaim:
+        """Claim a pull-wake subscription's wake (AlreadyClaimed names the holder)."""
+        return await self._run(core.claim_subscription(subscription_id, worker))
+
+    async def ack_subscription(
+        self,
+        subscription_id: str,
+        token: str,
+        wake_id: str,
+        generation: int,
+        acks: Iterable[tuple[str, str, int]] = (),
+        *,
+        done: bool = False,
+    ) -> models.WakeAnswer:
+        """A pull-wake worker's ack ((run, stream, sequence) triples) and heartbeat; `done`
+        ends the wake. `token` is the claim's."""
+        flow = core.wake_ack(subscription_id, "/ack", token, wake_id, generation, list(acks), done)
+        return await self._run(flow)
+
+    async def subscription_callback(
+        self,
+        subscription_id: str,
+        token: str,
+        wake_id: str,
+        generation: int,
+        acks: Iterable[tuple[str, str, int]] = (),
+        *,
+        done: bool = False,
+    ) -> models.WakeAnswer:
+        """A webhook receiver's callback, by sequence; `token` is the notification's
+        `callback_token`."""
+        route = "/callback"
+        flow = core.wake_ack(subscription_id, route, token, wake_id, generation, list(acks), done)
+        return await self._run(flow)
+
+    async def release_subscription(
+        self, subscription_id: str, token: str, wake_id: str, generation: int
+    ) -> None:
+        """Give a claimed pull-wake back without acknowledging."""
+        await self._run(core.release_subscription(subscription_id, token, wake_id, generation))
+
+    async def webhook_jwks(self) -> dict[str, Any]:
+        """The service's webhook signing keys (a JWKS), for `verify_webhook`."""
+        return await self._run(core.webhook_jwks())
+
     # -- records ----------------------------------------------------------------------------------
 
     async def append(

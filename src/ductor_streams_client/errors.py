@@ -375,6 +375,63 @@ class TooManySubscriptions(StreamsError):
     code_of_class = "too-many-subscriptions"
 
 
+class SubscriptionNotFound(StreamsError):
+    """404: no such subscription (or another tenant's, or deleted)."""
+
+    code_of_class = "subscription-not-found"
+
+
+class SubscriptionConflict(StreamsError):
+    """409: a subscription with this id exists with another configuration."""
+
+    code_of_class = "subscription-conflict"
+
+
+class WebhookUrlRejected(StreamsError):
+    """400: the webhook URL may not be used (not https, or a private, link-local,
+    multicast, unspecified or metadata address)."""
+
+    code_of_class = "webhook-url-rejected"
+
+
+class WakeTokenInvalid(StreamsError):
+    """401: the callback or claim token is missing, forged, expired or another
+    subscription's."""
+
+    code_of_class = "wake-token-invalid"
+
+
+class Fenced(StreamsError):
+    """409: the wake named (generation, wake id) is no longer the subscription's current one."""
+
+    code_of_class = "fenced"
+
+
+class AlreadyClaimed(StreamsError):
+    """409: another worker holds the pull-wake subscription (`current_holder`)."""
+
+    code_of_class = "already-claimed"
+
+
+class NoPendingWork(StreamsError):
+    """409: a claim found no stream of the subscription past its cursor."""
+
+    code_of_class = "no-pending-work"
+
+
+class InvalidOffset(StreamsError):
+    """409: an ack names a stream the subscription does not link, goes back, or
+    passes the stream's head."""
+
+    code_of_class = "invalid-offset"
+
+
+class WrongSubscriptionType(StreamsError):
+    """400: a webhook route on a pull-wake subscription, or the reverse."""
+
+    code_of_class = "wrong-subscription-type"
+
+
 class InternalError(StreamsError):
     """500: a bug in the service (nothing was half-applied)."""
 
@@ -427,6 +484,15 @@ CLASS_OF_CODE: dict[str, type[StreamsError]] = {
         ContentClassForbidden,
         Backpressure,
         TooManySubscriptions,
+        SubscriptionNotFound,
+        SubscriptionConflict,
+        WebhookUrlRejected,
+        WakeTokenInvalid,
+        Fenced,
+        AlreadyClaimed,
+        NoPendingWork,
+        InvalidOffset,
+        WrongSubscriptionType,
         InternalError,
         Unavailable,
     )

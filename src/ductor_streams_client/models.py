@@ -413,3 +413,82 @@ Event = Closed | Gone | Deleted | Revoked
 
 FollowItem = Record | Event
 """What `follow()` yields: records, then (unless it fails) one final `Event`."""
+
+
+# -- subscriptions -----------------------------------------------------------------------------
+
+
+class SubscriptionStream(_Answer, frozen=True):
+    """A stream named by run and stream IDs (a subscription's wake stream)."""
+
+    run_id: str
+    stream_id: str
+
+
+class SubscriptionPattern(_Answer, frozen=True):
+    """Globs over run IDs and stream IDs (`*` matches any part of one ID)."""
+
+    run_id: str
+    stream_id: str
+
+
+class WebhookSigning(_Answer, frozen=True):
+    alg: str
+    kid: str
+    jwks_url: str
+
+
+class SubscriptionWebhook(_Answer, frozen=True):
+    url: str
+    signing: WebhookSigning
+
+
+class SubscriptionLink(_Answer, frozen=True):
+    """One stream of a subscription: how it is linked, its acknowledged sequence and head."""
+
+    run_id: str
+    stream_id: str
+    link_type: str
+    acked_sequence: int
+    head: int
+    pending: bool
+
+
+class SubscriptionWake(_Answer, frozen=True):
+    generation: int
+    wake_id: str
+    holder: str | None
+
+
+class Subscription(_Answer, frozen=True):
+    id: str
+    type: str
+    pattern: SubscriptionPattern | None
+    streams: tuple[SubscriptionLink, ...]
+    webhook: SubscriptionWebhook | None
+    wake_stream: SubscriptionStream | None
+    lease_ttl_ms: int
+    created_at: str
+    status: str
+    description: str | None
+    generation: int
+    wake: SubscriptionWake | None
+
+
+class SubscriptionList(_Answer, frozen=True):
+    subscriptions: tuple[Subscription, ...]
+
+
+class WakeClaim(_Answer, frozen=True):
+    """A claimed pull-wake: ack and release with `token`, fenced by (generation, wake_id)."""
+
+    wake_id: str
+    generation: int
+    token: str
+    streams: tuple[SubscriptionLink, ...]
+    lease_ttl_ms: int
+
+
+class WakeAnswer(_Answer, frozen=True):
+    ok: bool
+    next_wake: bool

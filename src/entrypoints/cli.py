@@ -19,6 +19,7 @@ import asyncpg
 
 from adapters.postgres.migrations import migrate
 from adapters.postgres.tokens import PostgresTokens
+from adapters.webhook_signing import PostgresKeyRows, WebhookKeys
 from application.access import SCOPES
 from application.ports import TokenRecord
 from application.tokens import (
@@ -193,6 +194,30 @@ def cmd_token_revoke(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_webhook_key_rotate(args: argparse.Namespace, settings: Settings) -> int:
+    """A new webhook signing key; the old ones stay published until their signatures expire."""
+    url = database_url(settings)
+
+    async def rotate() -> str:
+        conn = await asyncpg.connect(url, timeout=10)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+        pool = await asyncpg.create_pool(url, min_size=1, max_size=1, timeout=10)
+        try:
+            return await WebhookKeys(PostgresKeyRows(pool)).rotate()
+        finally:
+            await pool.close()
+
+    try:
+        kid = asyncio.run(rotate())
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        raise CommandError(f"cannot reach the database: {error}", exit_code=1) from None
+    print(kid)
+    return 0
+
+
 def _server_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server",
@@ -355,7 +380,18 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("token", metavar="TOKEN_OR_ID", help="the token, or its id (tok_…)")
     _server_option(revoke)
     revoke.set_defaults(func=cmd_token_revoke)
+    keys = sub.add_parser("webhook-key", help="manage the webhook signing keys")
+    keys_sub = keys.add_subparsers(dest="webhook_key_command", required=True)
+    rotate = keys_sub.add_parser(
+        "rotate",
+        help="sign webhooks with a new key",
+        description="Make a new Ed25519 webhook signing key and print its key id. Every "
+        "process signs with it within 30 seconds; the old keys stay in the JWKS for ten "
+        "minutes more, past a receiver's five-minute replay window.",
+    )
+    rotate.set_defaults(func=cmd_webhook_key_rotate)
     server_commands = {
+        cmd_webhook_key_rotate,
         cmd_serve,
         cmd_worker,
         cmd_migrate,

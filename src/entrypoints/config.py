@@ -100,6 +100,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     jwt_jwks_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
     jwt_jwks_refetch_seconds: Positive = 30.0
     jwt_jwks_refresh_seconds: Positive = 300.0
+    # Subscriptions (docs/configuration.md, "Subscriptions"): hosts a webhook may name whatever
+    # they resolve to, how often the scheduler looks for pending work, the webhook's timeout,
+    # the unit of the retry backoff (1 s: 1, 2, 4 ... 60 s), how many deliveries run at once per
+    # process, and the public URL callbacks and the JWKS are announced under.
+    webhook_allowed_hosts: tuple[str, ...] = ()
+    subscription_poll_seconds: Positive = 0.05
+    webhook_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 10.0
+    webhook_retry_base_seconds: Positive = 1.0
+    webhook_concurrency: Count = 32
+    public_url: str | None = None
 
     @property
     def embedded(self) -> bool:
@@ -120,6 +130,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         given["object_regions"] = [r.strip() for r in regions.split(",") if r.strip()]
         origins = given.get("cors_origins", "")
         given["cors_origins"] = [o.strip() for o in origins.split(",") if o.strip()]
+        hosts = given.get("webhook_allowed_hosts", "")
+        given["webhook_allowed_hosts"] = [
+            h.strip().lower().rstrip(".") for h in hosts.split(",") if h.strip()
+        ]
         if "log_level" in given:
             given["log_level"] = given["log_level"].upper()
         try:

@@ -31,6 +31,7 @@ from adapters.memory.access import MemoryStreamAccess
 from adapters.memory.cleanup import MemoryCleanup
 from adapters.memory.deliveries import MemoryInputDeliveries
 from adapters.memory.streams import MemoryStreams
+from adapters.memory.subscriptions import MemorySubscriptions, memory_heads
 from adapters.memory.sweeps import MemorySweepLeases
 from adapters.memory.tokens import MemoryTokens
 from adapters.objects.filesystem import FilesystemObjectStore
@@ -43,11 +44,14 @@ from adapters.postgres.figures import PostgresFigures
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
 from adapters.postgres.journal import PostgresCompactionJobs, PostgresJournalCompactor
 from adapters.postgres.streams import PostgresStreams
+from adapters.postgres.subscriptions import PostgresSubscriptions, PostgresWakeDeliveries
 from adapters.postgres.sweeps import PostgresSweepLeases
 from adapters.postgres.tokens import PostgresTokens
 from adapters.postgres.wake_bus import SERVER_KEEPALIVES, PostgresWakeBus
 from adapters.wait_service.memory import MemoryWaitService
 from adapters.wait_service.postgres import PostgresWaitService
+from adapters.webhook_signing import MemoryKeyRows, PostgresKeyRows, WebhookKeys
+from adapters.webhooks import HttpWebhookSender
 from application import waiting
 from application.acknowledge import Acknowledge
 from application.append_records import AppendRecords
@@ -78,10 +82,11 @@ from application.read_records import ReadRecords
 from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe
+from application.subscriptions import DeliverWakes, Subscriptions, WakeScheduler, WakeTokens
 from application.throughput import Throughput
 from application.tokens import Authenticate, IssueToken, MintToken, TenantTokens, TokenCache
 from application.wake import WakeRegistry
-from application.workers import LeasedSweep, Periodic, Worker
+from application.workers import LeasedSweep, Runs, Worker
 from entrypoints.config import InvalidSetting, Settings
 
 if TYPE_CHECKING:
@@ -226,6 +231,11 @@ async def open_wait_service(
         yield service
     finally:
         await service.close()
+
+
+async def open_wake_tokens(rows: PostgresKeyRows | MemoryKeyRows) -> AsyncIterator[WakeTokens]:
+    """The secret that signs callback and claim tokens, shared by every replica."""
+    yield WakeTokens(await rows.secret("wake-tokens"))
 
 
 def jwt_callers(settings: Settings) -> JwtCallers | None:
@@ -487,6 +497,48 @@ class Container(containers.DeclarativeContainer):
         heartbeat_seconds=settings.provided.sse_heartbeat_seconds,
         tokens=token_cache,
     )
+    # Subscriptions (application/subscriptions.py): their store, the webhook keys, the sender
+    # that checks every address it connects to, and the worker that delivers the wake outbox.
+    subscription_store = providers.Singleton(PostgresSubscriptions, pool)
+    key_rows = providers.Singleton(PostgresKeyRows, pool)
+    webhook_keys = providers.Singleton(WebhookKeys, key_rows)
+    wake_tokens = providers.Resource(open_wake_tokens, key_rows)
+    webhook_sender = providers.Singleton(
+        HttpWebhookSender,
+        allowed_hosts=providers.Callable(lambda s: frozenset(s.webhook_allowed_hosts), settings),
+        timeout=settings.provided.webhook_timeout_seconds,
+    )
+    subscriptions = providers.Singleton(
+        Subscriptions,
+        subscription_store,
+        wake_tokens,
+        webhook_sender.provided.check,
+        definitions=definitions,
+    )
+    wake_deliveries = providers.Singleton(
+        PostgresWakeDeliveries,
+        pool,
+        worker_id,
+        lease_seconds=settings.provided.worker_lease_seconds,
+    )
+    deliver_wakes = providers.Singleton(
+        DeliverWakes,
+        subscription_store,
+        subscriptions,
+        webhook_sender,
+        webhook_keys,
+        append_records,
+        retry_unit_seconds=settings.provided.webhook_retry_base_seconds,
+    )
+    wake_deliverer = providers.Singleton(
+        Worker,
+        "wake-deliverer",
+        wake_deliveries,
+        deliver_wakes.provided.run_job,
+        poll_seconds=settings.provided.subscription_poll_seconds,
+        batch=settings.provided.webhook_concurrency,
+        concurrency=settings.provided.webhook_concurrency,
+    )
 
 
 def memory_container(settings: Settings | None = None) -> Container:
@@ -508,6 +560,10 @@ def memory_container(settings: Settings | None = None) -> Container:
     container.tokens.override(providers.Object(MemoryTokens()))
     container.sweep_leases.override(providers.Object(MemorySweepLeases()))
     container.storage_cleanup.override(providers.Object(MemoryCleanup(streams)))
+    container.subscription_store.override(
+        providers.Object(MemorySubscriptions(memory_heads(streams)))
+    )
+    container.key_rows.override(providers.Object(MemoryKeyRows()))
     return container
 
 
@@ -541,6 +597,8 @@ class Services:
     forks: Forks
     definitions: Definitions
     deployment: Deployment
+    subscriptions: Subscriptions
+    webhook_keys: WebhookKeys
 
 
 async def provided(provider: providers.Provider[T]) -> T:
@@ -565,6 +623,8 @@ async def start(container: Container) -> Services:
         tenant_tokens=await provided(c.tenant_tokens),
         create_stream=await provided(c.create_stream),
         create_durable_stream=await provided(c.create_durable_stream),
+        subscriptions=await provided(c.subscriptions),
+        webhook_keys=await provided(c.webhook_keys),
         get_stream=await provided(c.get_stream),
         list_streams=await provided(c.list_streams),
         append_records=await provided(c.append_records),
@@ -600,7 +660,7 @@ def upload_sweep_name(settings: Settings) -> str:
     return f"sweep-abandoned-uploads:{regions}:{where}"
 
 
-async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]:
+async def workers(container: Container) -> list[Runs]:
     """The background workers: pruner, deletion worker, input dispatcher and journal
     compactor (leased job queues), and the leased sweeps, each run by one worker across every
     replica at a time: orphan sweeper (expires open intents), receipt sweeper (append receipts
@@ -611,6 +671,13 @@ async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]
     objects = await provided(container.objects)
     streams = await provided(container.streams)
     cleanup = await provided(container.cleanup)
+    subscription_store = await provided(container.subscription_store)
+    wake_deliverer = await provided(container.wake_deliverer)
+    wake_scheduler = WakeScheduler(
+        await provided(container.subscriptions),
+        await provided(container.wake),
+        settings.subscription_poll_seconds,
+    )
     window = timedelta(seconds=settings.idempotency_window_seconds)
 
     def sweep(
@@ -649,6 +716,13 @@ async def workers(container: Container) -> list[Worker | Periodic | LeasedSweep]
         sweep("forget-gap-evidence", cleanup.gap_evidence, every),
         sweep(upload_sweep_name(settings), cleanup.abandoned_uploads, every),
         sweep("expire-streams", expire_streams, settings.expiry_interval_seconds),
+        wake_deliverer,
+        sweep(
+            "forget-delivered-wakes",
+            lambda: subscription_store.forget_delivered(settings.cleanup_age_seconds),
+            every,
+        ),
+        wake_scheduler,
     ]
 
 

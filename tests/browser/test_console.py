@@ -448,7 +448,12 @@ def test_a_run_of_many_streams_is_shown_a_page_at_a_time(
         )
     listings: list[str] = []
     page.on(
-        "request", lambda r: listings.append(r.url) if f"/runs/{run}/streams" in r.url else None
+        "request",
+        lambda r: (
+            listings.append(r.url)
+            if f"/runs/{run}/streams" in r.url and "/subscriptions" not in r.url
+            else None
+        ),
     )
     open_console(page, console_server)
     page.goto(f"{console_server.base_url}/console#run={run}")
@@ -461,6 +466,29 @@ def test_a_run_of_many_streams_is_shown_a_page_at_a_time(
     expect(page.locator('[data-stream="s-54"]')).to_be_visible()
     expect(more).to_be_hidden()
     assert any("after=s-49" in url for url in listings), listings
+
+
+def test_a_streams_subscriptions_are_shown_with_their_acknowledged_sequence(
+    page: Page, console_server: ServerProcess, api: httpx.Client
+) -> None:
+    run = "subs-" + secrets.token_hex(3)
+    created(api.post(f"/runs/{run}/streams", json={"stream_id": "s", "direction": "output"}))
+    created(
+        api.post(f"/runs/{run}/streams/s/records", json={"records": [{"data": 1}, {"data": 2}]})
+    )
+    name = "sub-" + secrets.token_hex(3)
+    body = {
+        "type": "webhook",
+        "streams": [{"run_id": run, "stream_id": "s"}],
+        "webhook": {"url": "http://127.0.0.1:9/hook"},  # nothing listens: no delivery needed
+    }
+    created(api.put(f"/subscriptions/{name}", json=body))
+    open_console(page, console_server)
+    page.goto(f"{console_server.base_url}/console#run={run}")
+    row = page.locator(f'[data-stream="s"] tr[data-subscription="{name}"]')
+    expect(row.locator("[data-acked]")).to_have_text("2", timeout=WAIT_MS)
+    expect(row.locator("td").nth(1)).to_have_text("webhook")
+    expect(row.locator("td").nth(2)).to_have_text("explicit")
 
 
 def test_problems_are_shown_and_401_asks_for_a_token(

@@ -1,5 +1,5 @@
 // The Durable Streams reference server (npm @durable-streams/server), for comparison runs:
-//   node reference-server.mjs [--port N] [--data-dir DIR] [--long-poll-ms MS]
+//   node reference-server.mjs [--port N] [--data-dir DIR] [--long-poll-ms MS] [--webhooks]
 // In memory without --data-dir, file-backed (log files + LMDB) with it. Prints one line,
 // `listening on http://127.0.0.1:PORT` on stdout once it accepts connections (its log goes to
 // stderr); stops on SIGTERM/SIGINT.
@@ -11,6 +11,7 @@ const { values } = parseArgs({
     port: { type: "string", default: "0" },
     "data-dir": { type: "string" },
     "long-poll-ms": { type: "string", default: "30000" },
+    webhooks: { type: "boolean", default: false },
   },
 })
 
@@ -19,6 +20,7 @@ const server = new DurableStreamTestServer({
   port: Number(values.port),
   dataDir: values["data-dir"],
   longPollTimeout: Number(values["long-poll-ms"]),
+  webhooks: values.webhooks,
 })
 const url = await server.start()
 process.stdout.write(`listening on ${url}\n`)

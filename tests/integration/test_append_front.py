@@ -1,5 +1,6 @@
-"""The append route as the front (entrypoints/front.py) answers it, sent as raw bytes: each answer must be
-the one the Litestar route gave (the route's order of checks, its headers byte for byte)."""
+"""The append route as the front (entrypoints/front.py) answers it, sent as raw bytes: each
+answer must be the one the Litestar route gave (the route's order of checks, its headers byte
+for byte)."""
 
 from __future__ import annotations
 

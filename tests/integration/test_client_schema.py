@@ -41,6 +41,16 @@ SHARED: dict[str, type[msgspec.Struct]] = {
     "TokenView": models.TokenInfo,
     "TokenList": models.TokenList,
     "ObjectList": models.OpenObjectsPage,
+    "SubscriptionView": models.Subscription,
+    "SubscriptionList": models.SubscriptionList,
+    "LinkView": models.SubscriptionLink,
+    "PatternRef": models.SubscriptionPattern,
+    "StreamRef": models.SubscriptionStream,
+    "WebhookView": models.SubscriptionWebhook,
+    "Signing": models.WebhookSigning,
+    "WakeView": models.SubscriptionWake,
+    "ClaimAnswer": models.WakeClaim,
+    "WakeAnswer": models.WakeAnswer,
 }
 # Fields the server's schema leaves open (any JSON) that the client reads as a documented shape.
 NARROWED = {
@@ -68,6 +78,12 @@ ANSWERS = {
     "mintToken": "MintedToken",
     "listTokens": "TokenList",
     "listObjects": "ObjectList",
+    "putSubscription": "SubscriptionView",
+    "getSubscription": "SubscriptionView",
+    "listStreamSubscriptions": "SubscriptionList",
+    "claimSubscription": "ClaimAnswer",
+    "ackSubscription": "WakeAnswer",
+    "subscriptionCallback": "WakeAnswer",
 }
 
 

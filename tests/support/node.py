@@ -171,6 +171,7 @@ class ReferenceServer:
     data_dir: Path | None = None
     long_poll_ms: int = 30_000
     log_path: Path | None = None
+    webhooks: bool = False  # its webhook subscriptions (off by default in the reference)
     process: subprocess.Popen[str] | None = None
     base_url: str = field(default="", init=False)
 
@@ -189,6 +190,8 @@ class ReferenceServer:
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             command += ["--data-dir", str(self.data_dir)]
+        if self.webhooks:
+            command.append("--webhooks")
         log = self.log_path.open("a") if self.log_path else subprocess.DEVNULL
         try:
             self.process = subprocess.Popen(

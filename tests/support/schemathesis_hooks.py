@@ -36,6 +36,16 @@ DEPENDS_ON_STATE = frozenset(
         "idempotency-key-reused",
         "misdirected",
         "legal-hold-active",
+        # Subscriptions: an existing one's configuration, its wake and its claim.
+        "subscription-conflict",
+        "already-claimed",
+        "no-pending-work",
+        "fenced",
+        "invalid-offset",
+        "wrong-subscription-type",
+        # A webhook URL is refused for where its host is (a private address; DNS), which no
+        # schema can say.
+        "webhook-url-rejected",
     }
 )
 # An upload's bytes are held to the size its intent was prepared with.

@@ -12,6 +12,9 @@ WHERE d.delivered_at IS NULL
 UNION ALL
 SELECT 'deletion', count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
 FROM deletion_outbox WHERE done_at IS NULL
+UNION ALL
+SELECT 'subscription_wake', count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
+FROM ds_wake_deliveries WHERE delivered_at IS NULL
 """
 _OBJECTS = "SELECT state, count(*) FROM object_intents GROUP BY state"
 

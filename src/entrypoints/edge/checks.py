@@ -18,6 +18,7 @@ from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, STREAM_PATH
 
 API = b"/api/"
 STREAMS = (DURABLE_STREAMS_PREFIX + STREAM_PATH + "/").encode()
+SUBSCRIPTION_PATHS = (DURABLE_STREAMS_PREFIX + STREAM_PATH + "/__ds/subscriptions/").encode()
 WRITES = frozenset({"POST", "PUT", "PATCH"})
 
 
@@ -35,7 +36,9 @@ def check_scope(scope: Any) -> bool:
     raw = scope.get("raw_path") or scope["path"].encode("latin-1", "replace")
     if not raw.startswith(API):
         return False
-    if b"%2f" in raw.lower():
+    # A subscription's stream link is named by its URL-encoded path (PROTOCOL.md 6.4), slashes
+    # and all: the one place an encoded slash is meant.
+    if b"%2f" in raw.lower() and not raw.startswith(SUBSCRIPTION_PATHS):
         raise InvalidInput("an ID may not contain '/' (an encoded %2F in the path)", field="path")
     method = scope["method"]
     if raw.startswith(STREAMS) and raw.endswith(b"/"):

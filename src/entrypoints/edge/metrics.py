@@ -40,6 +40,9 @@ class HotPath:
         self.wake_replacements = 0
         self.wake_not_live = 0
         self.wake_live = 1
+        # The subscription wake deliverer's (application/subscriptions.py), when it runs here.
+        self.webhook_attempts = 0
+        self.webhook_failures = 0
 
     def observe(self, method: str, route: str, status: str, seconds: float) -> None:
         cell = self.requests.get((method, route, status))
@@ -106,6 +109,16 @@ class HotPath:
             "ductor_streams_wake_bus_not_live",
             "Times the wake bus was not known to be alive and live delivery polled",
             value=self.wake_not_live,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_webhook_attempts",
+            "Webhook deliveries attempted by this process's wake deliverer",
+            value=self.webhook_attempts,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_webhook_failures",
+            "Webhook deliveries that failed (retried with backoff) in this process",
+            value=self.webhook_failures,
         )
         yield CounterMetricFamily(
             "ductor_streams_live_tail_outages",

@@ -61,6 +61,16 @@ STATUS_OF_CODE: dict[str, int] = {
     "unsupported-media-type": 415,
     "unavailable": 503,
     "internal": 500,
+    # Subscriptions (docs/durable-streams.md, "Subscriptions").
+    "subscription-not-found": 404,
+    "subscription-conflict": 409,
+    "webhook-url-rejected": 400,
+    "wake-token-invalid": 401,
+    "fenced": 409,
+    "already-claimed": 409,
+    "no-pending-work": 409,
+    "invalid-offset": 409,
+    "wrong-subscription-type": 400,
 }
 
 TITLE_OF_CODE: dict[str, str] = {
@@ -134,7 +144,7 @@ def of_domain_error(error: DomainError, headers: dict[str, str] | None = None) -
     added: dict[str, str] = {}
     if isinstance(error, Backpressure):
         added["Retry-After"] = str(error.retry_after)
-    if error.code == "unauthenticated":
+    if error.code in ("unauthenticated", "wake-token-invalid"):
         added["WWW-Authenticate"] = 'Bearer realm="ductor-streams"'
     if headers:
         added.update(headers)

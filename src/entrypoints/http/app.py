@@ -25,6 +25,7 @@ from entrypoints.config import Settings
 from entrypoints.console.route import ROUTES as CONSOLE_ROUTES
 from entrypoints.container import Container, Services, provided, start, stop, workers
 from entrypoints.durable_streams.routes import DurableStreamsController
+from entrypoints.durable_streams.subscriptions import SubscriptionsController
 from entrypoints.edge.browser import browser_headers
 from entrypoints.edge.head_method import serve_head
 from entrypoints.front import append_front
@@ -36,6 +37,10 @@ from entrypoints.http.openapi import SECURITY, Answer, WireDocument, documented
 from entrypoints.http.outages import outage_handlers
 from entrypoints.http.request_checks import check_request
 from entrypoints.http.streams import RunsController, StreamsController
+from entrypoints.http.subscriptions import (
+    StreamSubscriptionsController,
+    SubscriptionsApiController,
+)
 from entrypoints.http.tokens import TokensController
 from entrypoints.http.traced import traced_requests
 from entrypoints.lean_imports import without_optional_integrations
@@ -117,6 +122,7 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.container = container
         app.state.long_poll_seconds = container.settings().long_poll_seconds
+        app.state.public_url = container.settings().public_url
         app.state.services = await start(container)
         stopping = asyncio.Event()
         background = None
@@ -140,6 +146,9 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
                 RunsController,
                 ObjectsController,
                 TokensController,
+                SubscriptionsApiController,
+                StreamSubscriptionsController,
+                SubscriptionsController,  # its static `__ds` routes before the streams'
                 DurableStreamsController,
                 healthz,
                 readyz,

@@ -89,6 +89,9 @@ async def metrics(request: Request) -> Response[bytes]:
         HOT.wake_replacements = bus.replacements
         HOT.wake_not_live = bus.not_live_episodes
         HOT.wake_live = int(bus.live)
+    deliverer = await provided(container.deliver_wakes)
+    HOT.webhook_attempts = deliverer.attempts
+    HOT.webhook_failures = deliverer.failures
     figures = await (await provided(container.figures))()
     if figures is None:  # the database cannot be read now: answered without its figures
         for gauge in (OUTBOX_PENDING, OUTBOX_LAG, OBJECTS):

@@ -154,7 +154,7 @@ def decimal_pattern(maximum: int, *, minimum: int = 0) -> str:
 
 
 # Path parameters that are IDs: each is checked against the one ID pattern (400 otherwise).
-ID_PARAMETERS = frozenset({"run_id", "stream_id", "consumer_id", "object_id"})
+ID_PARAMETERS = frozenset({"run_id", "stream_id", "consumer_id", "object_id", "subscription_id"})
 
 
 def problem_schema() -> dict[str, Any]:
@@ -246,7 +246,7 @@ def wire_schemas() -> tuple[dict[type, Any], dict[str, Any]]:
             for part in (*d.answers, d.request_body)
             if part is not None and part.body is not None
         },
-        key=lambda t: t.__name__,
+        key=lambda t: getattr(t, "__name__", str(t)),  # a union of structs has no name
     )
     (schemas, components) = msgspec.json.schema_components(
         types, schema_hook=_any_value, ref_template="#/components/schemas/{name}"

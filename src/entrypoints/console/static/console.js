@@ -219,6 +219,15 @@
       // An input stream's delivery status is in its own document, not in the run's list.
       const streams = await Promise.all(listed.map((s) => (s.direction === "input"
         ? getJson(`/runs/${enc(run)}/streams/${enc(s.stream_id)}`) : s)));
+      // Each stream's subscriptions (webhooks, pull-wake) and the cursor each holds on it.
+      await Promise.all(streams.map(async (s) => {
+        try {
+          const found = await getJson(`/runs/${enc(run)}/streams/${enc(s.stream_id)}/subscriptions`);
+          s.subscriptions = found.subscriptions;
+        } catch {
+          s.subscriptions = null;  // not shown rather than failing the run's view
+        }
+      }));
       if (run !== shownRun) return;
       clearProblem();
       renderStreams(run, streams);
@@ -316,6 +325,20 @@
           h("td", {}, c.consumer_id), h("td", {}, c.acked_sequence),
           h("td", { "data-lag": "" }, state.head - c.acked_sequence),
           h("td", { "data-holds-credit": "" }, c.holds_credit === false ? "no (tracks only)" : "yes")))),
+      stream.subscriptions ? table("Subscriptions", ["Subscription", "Type", "Link", "Acked", "Status"],
+        stream.subscriptions.map((sub) => {
+          const link = sub.streams.find((l) => l.run_id === stream.run_id && l.stream_id === stream.stream_id)
+            || { link_type: "-", acked_sequence: "-" };
+          const target = sub.webhook ? sub.webhook.url : sub.wake_stream
+            ? `wake stream ${sub.wake_stream.run_id}/${sub.wake_stream.stream_id}` : "";
+          return h("tr", { "data-subscription": sub.id },
+            h("td", { title: sub.description || "" }, sub.id),
+            h("td", { title: target }, sub.type),
+            h("td", {}, link.link_type),
+            h("td", { "data-acked": "" }, link.acked_sequence),
+            h("td", { class: sub.status === "failed" ? "bad" : "" },
+              sub.wake ? `${sub.status}, waking (generation ${sub.wake.generation})` : sub.status));
+        })) : null,
       table(openObjectsCaption(state), ["Object", "State", "Size", "Upload by"], (state.open_objects || []).map((o) =>
         h("tr", { "data-object": o.object_id },
           h("td", { class: "mono", title: o.object_id }, `${o.object_id.slice(0, 16)}…`),

@@ -1,0 +1,126 @@
+"""Subscriptions in memory: the same port as PostgreSQL (tests/unit, the memory container).
+Stream heads come from a callable over the memory streams; a stream the glob matches that is
+not linked yet is linked from its start when the subscription is next loaded, which is what
+PostgreSQL's trigger does when the stream is created."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TypeVar
+
+import msgspec
+
+from adapters.memory.streams import MemoryStreams
+from application.subscriptions import Change, Delivery, Heads
+from application.workers import Job
+from domain.stream import StreamKey, decode_state
+from domain.subscriptions import StreamPath, Subscription, matches
+
+_T = TypeVar("_T")
+StreamHeads = Callable[[str], dict[StreamPath, int]]
+
+
+class MemorySubscriptions:
+    def __init__(self, heads: StreamHeads, clock: Callable[[], float] = time.time) -> None:
+        self._heads = heads
+        self._clock = clock
+        self._rows: dict[tuple[str, str], bytes] = {}
+        self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.outbox: dict[tuple[str, str, int], tuple[Delivery, float]] = {}
+        self.delivered: set[tuple[str, str, int]] = set()
+
+    def _load(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
+        raw = self._rows.get((tenant, subscription_id))
+        if raw is None:
+            return None
+        sub = msgspec.msgpack.decode(raw, type=Subscription)
+        streams = self._heads(tenant)
+        if sub.config.pattern:
+            new = {p: 0 for p in streams if sub.link(p) is None and matches(sub.config.pattern, p)}
+            if new:
+                sub = sub.linked(new, explicit=False)
+                self._rows[(tenant, subscription_id)] = msgspec.msgpack.encode(sub)
+        return sub, {p: h for p, h in streams.items() if sub.link(p) is not None}
+
+    async def update(
+        self,
+        tenant: str,
+        subscription_id: str,
+        decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]],
+        discover: str | None = None,
+        extra: tuple[StreamPath, ...] = (),
+    ) -> _T:
+        async with self._locks[(tenant, subscription_id)]:
+            found = self._load(tenant, subscription_id)
+            streams = self._heads(tenant)
+            sub, heads = (None, {}) if found is None else found
+            heads = dict(heads)
+            heads.update({p: streams[p] for p in extra if p in streams})
+            if discover is not None and sub is None:
+                heads.update({p: h for p, h in streams.items() if matches(discover, p)})
+            change, answer = decide(sub, heads)
+            if change is not None:
+                if change.subscription is None:
+                    self._rows.pop((tenant, subscription_id), None)
+                    for key in [k for k in self.outbox if k[:2] == (tenant, subscription_id)]:
+                        del self.outbox[key]
+                else:
+                    self._rows[(tenant, subscription_id)] = msgspec.msgpack.encode(
+                        change.subscription
+                    )
+                    for d in change.deliveries:
+                        self.outbox.setdefault(
+                            (d.tenant, d.subscription_id, d.generation), (d, 0.0)
+                        )
+            return answer
+
+    async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
+        return self._load(tenant, subscription_id)
+
+    async def due(self, limit: int) -> list[tuple[str, str]]:
+        now = self._clock()
+        out = []
+        for tenant, sid in list(self._rows):
+            found = self._load(tenant, sid)
+            if found is None:
+                continue
+            sub, heads = found
+            leased_out = sub.wake is not None and (sub.wake.lease_until or now) < now
+            if (sub.wake is None and sub.has_pending(heads)) or leased_out:
+                out.append((tenant, sid))
+        return out[:limit]
+
+    async def of_stream(self, key: StreamKey) -> list[tuple[Subscription, Heads]]:
+        path = StreamPath(key.run_id, key.stream_id)
+        found = [self._load(t, s) for t, s in list(self._rows) if t == key.tenant]
+        return [f for f in found if f is not None and f[0].link(path) is not None]
+
+    async def delivery(self, job: Job) -> Delivery | None:
+        assert job.id is not None
+        key = (job.key.tenant, job.key.stream_id, job.id)
+        if key in self.delivered or key not in self.outbox:
+            return None
+        return self.outbox[key][0]
+
+    async def forget_delivered(self, age_seconds: float) -> int:
+        gone = [k for k in self.delivered if k in self.outbox]
+        for key in gone:
+            del self.outbox[key]
+        return len(gone)
+
+
+def memory_heads(streams: MemoryStreams) -> StreamHeads:
+    """The heads of a tenant's memory streams, as the subscriptions' store reads them."""
+
+    def heads(tenant: str) -> dict[StreamPath, int]:
+        rows = streams._rows  # the memory adapters share their process: no port for this
+        return {
+            StreamPath(key.run_id, key.stream_id): decode_state(row.state).head
+            for key, row in rows.items()
+            if key.tenant == tenant
+        }
+
+    return heads

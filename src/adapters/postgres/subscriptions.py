@@ -1,0 +1,339 @@
+"""Subscriptions in PostgreSQL (migration 0496): a row per subscription (its state as one
+document, with the columns the scheduler selects on), a row per linked stream with its cursor,
+and the wake outbox, claimed by the delivering workers with a lease like input deliveries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import asyncpg
+import msgspec
+
+from adapters.postgres.connections import Connection
+from application.subscriptions import Change, Delivery, Heads
+from application.workers import Job
+from domain.stream import StreamKey
+from domain.subscriptions import Link, StreamPath, Subscription, pattern_regex
+
+_T = TypeVar("_T")
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(Subscription).decode
+
+_LOCK = """SELECT state, failing FROM ds_subscriptions
+           WHERE tenant = $1 AND subscription_id = $2 FOR UPDATE"""
+_GET = "SELECT state, failing FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2"
+_LINKS = """SELECT run_id, stream_id, explicit, glob, acked FROM ds_subscription_links
+            WHERE tenant = $1 AND subscription_id = $2"""
+_HEADS = """SELECT run_id, stream_id, head FROM streams
+            WHERE tenant = $1 AND (run_id, stream_id) IN
+                  (SELECT * FROM unnest($2::text[], $3::text[]))"""
+_MATCHING = """SELECT run_id, stream_id, head FROM streams
+               WHERE tenant = $1
+                 AND ((CASE WHEN run_id = 'default' THEN stream_id
+                            ELSE run_id || '/' || stream_id END) ~ $2
+                      OR (run_id || '/' || stream_id) ~ $2)"""
+_INSERT = """INSERT INTO ds_subscriptions
+             (tenant, subscription_id, kind, pattern_regex, state, wake_active, lease_until,
+              failing)
+             VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), $8)"""
+_UPDATE = """UPDATE ds_subscriptions
+             SET state = $3, wake_active = $4, lease_until = to_timestamp($5), failing = $6
+             WHERE tenant = $1 AND subscription_id = $2"""
+_DELETE = "DELETE FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2"
+_UPSERT_LINKS = """INSERT INTO ds_subscription_links
+                   (tenant, subscription_id, run_id, stream_id, explicit, glob, acked)
+                   SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::bool[], $6::bool[],
+                                                $7::bigint[])
+                   ON CONFLICT (tenant, subscription_id, run_id, stream_id) DO UPDATE
+                   SET explicit = EXCLUDED.explicit, glob = EXCLUDED.glob, acked = EXCLUDED.acked"""
+_DROP_LINKS = """DELETE FROM ds_subscription_links
+                 WHERE tenant = $1 AND subscription_id = $2 AND (run_id, stream_id) IN
+                       (SELECT * FROM unnest($3::text[], $4::text[]))"""
+_ENQUEUE = """INSERT INTO ds_wake_deliveries
+              (tenant, subscription_id, generation, wake_id, kind, payload, url, wake_run,
+               wake_stream, created_by)
+              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+              ON CONFLICT DO NOTHING"""
+# Idle with a linked stream past its cursor, or leased past the lease.
+_DUE = """SELECT s.tenant, s.subscription_id FROM ds_subscriptions s
+          WHERE (NOT s.wake_active AND EXISTS (
+                    SELECT 1 FROM ds_subscription_links l
+                    JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
+                                    = (l.tenant, l.run_id, l.stream_id)
+                    WHERE l.tenant = s.tenant AND l.subscription_id = s.subscription_id
+                      AND t.head > l.acked))
+             OR s.lease_until < now()
+          LIMIT $1"""
+_OF_STREAM = """SELECT subscription_id FROM ds_subscription_links
+                WHERE tenant = $1 AND run_id = $2 AND stream_id = $3 ORDER BY subscription_id"""
+
+
+def _state(sub: Subscription) -> bytes:
+    return _encode(msgspec.structs.replace(sub, links=(), failing=False))
+
+
+class PostgresSubscriptions:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def _load(
+        self, conn: Connection, row: Any, tenant: str, subscription_id: str
+    ) -> Subscription:
+        sub = msgspec.structs.replace(_decode(row[0]), failing=row[1])
+        links = await conn.fetch(_LINKS, tenant, subscription_id)
+        return sub.with_links(
+            {StreamPath(r[0], r[1]): Link(StreamPath(r[0], r[1]), r[2], r[3], r[4]) for r in links}
+        )
+
+    async def _heads(self, conn: Connection, tenant: str, paths: set[StreamPath]) -> Heads:
+        if not paths:
+            return {}
+        ordered = sorted(paths)
+        rows = await conn.fetch(
+            _HEADS, tenant, [p.run_id for p in ordered], [p.stream_id for p in ordered]
+        )
+        return {StreamPath(r[0], r[1]): r[2] for r in rows}
+
+    async def update(
+        self,
+        tenant: str,
+        subscription_id: str,
+        decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]],
+        discover: str | None = None,
+        extra: tuple[StreamPath, ...] = (),
+    ) -> _T:
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(_LOCK, tenant, subscription_id)
+            sub = None if row is None else await self._load(conn, row, tenant, subscription_id)
+            paths = {link.path for link in sub.links} if sub else set()
+            heads = await self._heads(conn, tenant, paths | set(extra))
+            if discover is not None and sub is None:
+                rows = await conn.fetch(_MATCHING, tenant, pattern_regex(discover))
+                heads.update({StreamPath(r[0], r[1]): r[2] for r in rows})
+            change, answer = decide(sub, heads)
+            if change is not None:
+                await self._write(conn, tenant, subscription_id, sub, change)
+        return answer
+
+    async def _write(
+        self,
+        conn: Connection,
+        tenant: str,
+        subscription_id: str,
+        old: Subscription | None,
+        change: Change,
+    ) -> None:
+        new = change.subscription
+        if new is None:
+            await conn.execute(_DELETE, tenant, subscription_id)
+            return
+        wake = new.wake
+        lease = None if wake is None else wake.lease_until
+        if old is None:
+            regex = pattern_regex(new.config.pattern) if new.config.pattern else None
+            await conn.execute(
+                _INSERT,
+                tenant,
+                subscription_id,
+                new.config.type,
+                regex,
+                _state(new),
+                wake is not None,
+                lease,
+                new.failing,
+            )
+        else:
+            await conn.execute(
+                _UPDATE, tenant, subscription_id, _state(new), wake is not None, lease, new.failing
+            )
+        before = {link.path: link for link in old.links} if old else {}
+        after = {link.path: link for link in new.links}
+        changed = [link for path, link in after.items() if before.get(path) != link]
+        if changed:
+            await conn.execute(
+                _UPSERT_LINKS,
+                tenant,
+                subscription_id,
+                [k.path.run_id for k in changed],
+                [k.path.stream_id for k in changed],
+                [k.explicit for k in changed],
+                [k.glob for k in changed],
+                [k.acked for k in changed],
+            )
+        gone = [path for path in before if path not in after]
+        if gone:
+            await conn.execute(
+                _DROP_LINKS,
+                tenant,
+                subscription_id,
+                [p.run_id for p in gone],
+                [p.stream_id for p in gone],
+            )
+        for d in change.deliveries:
+            await conn.execute(
+                _ENQUEUE,
+                d.tenant,
+                d.subscription_id,
+                d.generation,
+                d.wake_id,
+                d.kind,
+                d.payload,
+                d.url,
+                d.wake_stream.run_id if d.wake_stream else None,
+                d.wake_stream.stream_id if d.wake_stream else None,
+                d.created_by,
+            )
+
+    async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(_GET, tenant, subscription_id)
+            if row is None:
+                return None
+            sub = await self._load(conn, row, tenant, subscription_id)
+            return sub, await self._heads(conn, tenant, {link.path for link in sub.links})
+
+    async def due(self, limit: int) -> list[tuple[str, str]]:
+        rows = await self._pool.fetch(_DUE, limit)
+        return [(r[0], r[1]) for r in rows]
+
+    async def of_stream(self, key: StreamKey) -> list[tuple[Subscription, Heads]]:
+        rows = await self._pool.fetch(_OF_STREAM, *key)
+        found = [await self.get(key.tenant, r[0]) for r in rows]
+        return [f for f in found if f is not None]
+
+    async def delivery(self, job: Job) -> Delivery | None:
+        row = await self._pool.fetchrow(
+            """SELECT generation, wake_id, kind, payload, url, wake_run, wake_stream, created_by
+               FROM ds_wake_deliveries
+               WHERE tenant = $1 AND subscription_id = $2 AND generation = $3
+                 AND delivered_at IS NULL""",
+            job.key.tenant,
+            job.key.stream_id,
+            job.id,
+        )
+        if row is None:
+            return None
+        return Delivery(
+            job.key.tenant,
+            job.key.stream_id,
+            row[0],
+            row[1],
+            row[2],
+            row[3],
+            url=row[4],
+            wake_stream=StreamPath(row[5], row[6]) if row[5] is not None else None,
+            created_by=row[7],
+        )
+
+    async def forget_delivered(self, age_seconds: float, batch: int = 1000) -> int:
+        """Remove delivered outbox rows older than `age_seconds`, in bounded batches."""
+        removed = 0
+        while True:
+            status = await self._pool.execute(
+                """DELETE FROM ds_wake_deliveries WHERE ctid IN (
+                       SELECT ctid FROM ds_wake_deliveries
+                       WHERE delivered_at < now() - make_interval(secs => $1) LIMIT $2)""",
+                age_seconds,
+                batch,
+            )
+            count = int(status.split()[-1])
+            removed += count
+            if count < batch:
+                return removed
+
+
+_KEY = "tenant = $2 AND subscription_id = $3 AND generation = $4 AND claimed_by = $1"
+
+
+class PostgresWakeDeliveries:
+    """The wake outbox as the workers' job queue (application.workers.JobQueue): a job is one
+    undelivered row, claimed with a lease; a subscription's rows are independent (a new wake
+    supersedes an old one, whose job then finds it ended and does nothing)."""
+
+    def __init__(self, pool: asyncpg.Pool, worker_id: str, lease_seconds: float = 6.0) -> None:
+        self._pool = pool
+        self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+
+    async def claim(self, limit: int) -> list[Job]:
+        rows = await self._pool.fetch(
+            """UPDATE ds_wake_deliveries d
+               SET claimed_by = $1, lease_until = now() + make_interval(secs => $2)
+               FROM (SELECT tenant, subscription_id, generation FROM ds_wake_deliveries
+                     WHERE delivered_at IS NULL AND next_attempt_at <= now()
+                       AND (lease_until IS NULL OR lease_until < now())
+                     ORDER BY next_attempt_at LIMIT $3 FOR UPDATE SKIP LOCKED) due
+               WHERE (d.tenant, d.subscription_id, d.generation)
+                     = (due.tenant, due.subscription_id, due.generation)
+               RETURNING d.tenant, d.subscription_id, d.generation, d.attempts""",
+            self.worker_id,
+            self.lease_seconds,
+            limit,
+        )
+        return [_job(r[0], r[1], r[2], r[3]) for r in rows]
+
+    async def renew(self, jobs: list[Job]) -> list[Job]:
+        lost = []
+        for job in jobs:
+            held = await self._pool.fetchval(
+                f"""UPDATE ds_wake_deliveries
+                    SET lease_until = now() + make_interval(secs => $5)
+                    WHERE {_KEY} AND delivered_at IS NULL RETURNING 1""",
+                self.worker_id,
+                job.key.tenant,
+                job.key.stream_id,
+                job.id,
+                self.lease_seconds,
+            )
+            if held is None:
+                lost.append(job)
+        return lost
+
+    async def done(self, job: Job, next_in: float | None) -> None:
+        await self._pool.execute(
+            f"""UPDATE ds_wake_deliveries
+                SET delivered_at = now(), claimed_by = NULL, lease_until = NULL, last_error = NULL
+                WHERE {_KEY}""",
+            self.worker_id,
+            job.key.tenant,
+            job.key.stream_id,
+            job.id,
+        )
+
+    async def failed(self, job: Job, error: str, retry_in: float) -> None:
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                f"""UPDATE ds_wake_deliveries
+                    SET claimed_by = NULL, lease_until = NULL, attempts = attempts + 1,
+                        last_error = $5, next_attempt_at = now() + make_interval(secs => $6)
+                    WHERE {_KEY}""",
+                self.worker_id,
+                job.key.tenant,
+                job.key.stream_id,
+                job.id,
+                error[:2000],
+                retry_in,
+            )
+            await conn.execute(
+                """UPDATE ds_subscriptions SET failing = true
+                   WHERE tenant = $1 AND subscription_id = $2""",
+                job.key.tenant,
+                job.key.stream_id,
+            )
+
+    async def release(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            await self._pool.execute(
+                f"UPDATE ds_wake_deliveries SET claimed_by = NULL, lease_until = NULL WHERE {_KEY}",
+                self.worker_id,
+                job.key.tenant,
+                job.key.stream_id,
+                job.id,
+            )
+
+
+def _job(tenant: str, subscription_id: str, generation: int, attempts: int) -> Job:
+    return Job(
+        key=StreamKey(tenant, "__subscription__", subscription_id), attempts=attempts, id=generation
+    )

@@ -1,0 +1,685 @@
+"""Subscriptions: create, read, delete, link streams; wake them (webhook or pull-wake); take
+their callbacks, claims, acks and releases (PROTOCOL.md sections 6 and 7).
+
+Every change is decided under the subscription's lock (`SubscriptionStore.update`: in
+PostgreSQL its row, `SELECT ... FOR UPDATE`), from the subscription, its links and the heads of
+its streams as locked, and what a wake must send is written to the outbox in that transaction.
+The outbox rows are delivered by a leased worker (`DeliverWakes`), like input deliveries: a
+process killed mid-delivery loses no wake (its lease runs out and another takes the row over)
+and a retried delivery carries the same generation and wake id, which the receiver's callback
+is fenced by. The scheduler (`WakeScheduler`) finds subscriptions that are idle with pending
+work, or whose lease ran out, and decides each under its lock, so any number of processes may
+run it side by side."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+
+from application.access import Caller, require_reader
+from application.definitions import Definitions
+from application.errors import NotFound
+from application.wake import WakeRegistry
+from application.workers import Job, ensure_claimed
+from domain import errors
+from domain.records import RecordInput
+from domain.stream import StreamKey
+from domain.subscriptions import (
+    AlreadyClaimed,
+    Fenced,
+    NoPendingWork,
+    StreamPath,
+    StreamStatus,
+    Subscription,
+    SubscriptionConfig,
+    SubscriptionConflict,
+    SubscriptionNotFound,
+    WakeTokenInvalid,
+    WrongSubscriptionType,
+    check_subscription_id,
+    retry_seconds,
+)
+
+log = logging.getLogger("ductor_streams.subscriptions")
+_T = TypeVar("_T")
+Heads = dict[StreamPath, int]
+# A job's key for a wake delivery: the run slot names no run, the stream slot the subscription.
+JOB_RUN = "__subscription__"
+WEBHOOK = "webhook"
+WAKE_EVENT = "wake-event"
+TOKEN_SECONDS = 86_400.0
+
+
+class Delivery(msgspec.Struct, frozen=True):
+    """An outbox row: one wake to hand over (a webhook POST, or an event on a wake stream)."""
+
+    tenant: str
+    subscription_id: str
+    generation: int
+    wake_id: str
+    kind: str  # WEBHOOK or WAKE_EVENT
+    payload: bytes
+    url: str | None = None
+    wake_stream: StreamPath | None = None
+    created_by: str = ""
+
+
+class Change(msgspec.Struct, frozen=True):
+    """What a decision stores: the subscription (None: delete it) and the wakes to send."""
+
+    subscription: Subscription | None
+    deliveries: tuple[Delivery, ...] = ()
+
+
+class SubscriptionStore(Protocol):
+    async def update(
+        self,
+        tenant: str,
+        subscription_id: str,
+        decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]],
+        discover: str | None = None,
+        extra: tuple[StreamPath, ...] = (),
+    ) -> _T:
+        """Lock the subscription (absent: None), load its links and the heads of its streams
+        (and of the streams the glob `discover` matches, and of `extra`), call `decide`, store
+        the change it answers (None: nothing) with its deliveries, commit, and answer the rest.
+        Links to streams that no longer exist are dropped; streams the pattern matches that
+        are not linked yet are linked from their start."""
+
+    async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None: ...
+
+    async def due(self, limit: int) -> list[tuple[str, str]]:
+        """Subscriptions (tenant, id) with something to decide: idle with pending records,
+        or leased past the lease."""
+
+    async def of_stream(self, key: StreamKey) -> list[tuple[Subscription, Heads]]:
+        """The subscriptions that link this stream (the console, the native API)."""
+
+    async def delivery(self, job: Job) -> Delivery | None: ...
+
+
+class WakeTokens:
+    """Callback and claim tokens: HMAC-signed (tenant, subscription, generation, wake id,
+    expiry), so a token of an earlier wake still proves who it was for and is fenced (409),
+    while a forged one is refused (401)."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    def issue(self, sub: Subscription, now: float) -> str:
+        assert sub.wake is not None
+        claims = msgspec.json.encode(
+            [sub.tenant, sub.id, sub.wake.generation, sub.wake.wake_id, int(now + TOKEN_SECONDS)]
+        )
+        body = base64.urlsafe_b64encode(claims).rstrip(b"=")
+        mac = hmac.new(self._secret, body, hashlib.sha256).digest()
+        return (body + b"." + base64.urlsafe_b64encode(mac).rstrip(b"=")).decode()
+
+    def verify(self, token: str, tenant: str | None, subscription_id: str, now: float) -> Any:
+        """The token's claims [tenant, id, generation, wake_id, exp], or WakeTokenInvalid."""
+        try:
+            body, _, mac = token.encode("ascii").partition(b".")
+            want = base64.urlsafe_b64encode(hmac.new(self._secret, body, hashlib.sha256).digest())
+            if not hmac.compare_digest(want.rstrip(b"="), mac):
+                raise ValueError("bad signature")
+            claims = msgspec.json.decode(base64.urlsafe_b64decode(body + b"=" * (-len(body) % 4)))
+            t, sid, _generation, _wake, exp = claims
+        except (ValueError, UnicodeError, msgspec.DecodeError, TypeError):
+            raise WakeTokenInvalid("the wake token is not valid") from None
+        if sid != subscription_id or (tenant is not None and t != tenant):
+            raise WakeTokenInvalid("the wake token is for another subscription")
+        if exp < now:
+            raise WakeTokenInvalid("the wake token expired")
+        return claims
+
+
+class UrlCheck(Protocol):
+    def __call__(self, url: str) -> None:
+        """Raise WebhookUrlRejected for a URL that may not be stored."""
+
+
+class AckRequest(msgspec.Struct, frozen=True):
+    stream: StreamPath
+    sequence: int
+
+
+class StreamView(msgspec.Struct, frozen=True):
+    path: str
+    link_type: str
+    acked: int
+    tail: int
+    pending: bool
+
+
+def views(statuses: list[StreamStatus]) -> list[StreamView]:
+    return [StreamView(s.path.path, s.link_type, s.acked, s.tail, s.pending) for s in statuses]
+
+
+class Subscriptions:
+    """The use cases over subscriptions, for both surfaces."""
+
+    def __init__(
+        self,
+        store: SubscriptionStore,
+        tokens: WakeTokens,
+        check_url: UrlCheck,
+        clock: Callable[[], float] = time.time,
+        definitions: Definitions | None = None,
+    ) -> None:
+        self._store = store
+        self._tokens = tokens
+        self._check_url = check_url
+        self._clock = clock
+        self._definitions = definitions
+
+    async def put(
+        self, caller: Caller, subscription_id: str, config: SubscriptionConfig, base_url: str
+    ) -> tuple[Subscription, Heads, bool]:
+        """Create (True) or re-confirm an identical configuration (False)."""
+        caller.require("streams:admin")
+        if config.webhook_url is not None:
+            self._check_url(config.webhook_url)
+        now = self._clock()
+
+        def decide(
+            sub: Subscription | None, heads: Heads
+        ) -> tuple[Change | None, tuple[Subscription, bool]]:
+            if sub is not None:
+                if sub.config.digest() != config.digest():
+                    raise SubscriptionConflict(
+                        f"subscription {subscription_id!r} exists with another configuration"
+                    )
+                return None, (sub, False)
+            new = Subscription(
+                tenant=caller.tenant,
+                id=subscription_id,
+                config=config,
+                created_at=now,
+                created_by=caller.principal,
+                base_url=base_url,
+            )
+            # Existing streams are linked at their tail: creating one replays nothing.
+            globbed = {p: h for p, h in heads.items() if p not in config.streams}
+            new = new.linked({p: heads.get(p, 0) for p in config.streams}, explicit=True)
+            new = new.linked(globbed, explicit=False) if config.pattern else new
+            return Change(new), (new, True)
+
+        sub, created = await self._store.update(
+            caller.tenant, subscription_id, decide, discover=config.pattern, extra=config.streams
+        )
+        found = await self._store.get(caller.tenant, subscription_id)
+        heads = found[1] if found else {}
+        return (found[0] if found else sub), heads, created
+
+    async def get(self, caller: Caller, subscription_id: str) -> tuple[Subscription, Heads]:
+        caller.require("streams:read")
+        check_subscription_id(subscription_id)
+        found = await self._store.get(caller.tenant, subscription_id)
+        if found is None:
+            raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
+        sub, heads = found
+        if caller.runs is not None:  # a run-restricted caller sees only its runs' streams
+            sub = sub.with_links({k.path: k for k in sub.links if k.path.run_id in caller.runs})
+        # Nor does a subscription show a stream its reader may not read (a stream's pinned
+        # readers): its path and acknowledged offset are the stream's, not the subscription's.
+        readable = {k.path: k for k in sub.links if await self._may_read(caller, k.path)}
+        if len(readable) != len(sub.links):
+            sub = sub.with_links(readable)
+        return sub, heads
+
+    async def _may_read(self, caller: Caller, path: StreamPath) -> bool:
+        if self._definitions is None:
+            return True
+        try:
+            definition = await self._definitions.get(
+                caller.key(path.run_id, path.stream_id), touch=False, runs=caller.runs
+            )
+        except errors.DomainError:
+            # Not there (yet, or any more; a link may name a stream before it is created), or
+            # served elsewhere: the link reveals no stream's content or pins.
+            return True
+        return definition.authorization.may_read(caller.principal)
+
+    async def delete(self, caller: Caller, subscription_id: str) -> None:
+        caller.require("streams:admin")
+        check_subscription_id(subscription_id)
+
+        def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, bool]:
+            if sub is None:
+                return None, False
+            return Change(None), True
+
+        if not await self._store.update(caller.tenant, subscription_id, decide):
+            raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
+
+    async def add_streams(
+        self, caller: Caller, subscription_id: str, paths: tuple[StreamPath, ...]
+    ) -> None:
+        caller.require("streams:admin")
+        check_subscription_id(subscription_id)
+
+        def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
+            if sub is None:
+                raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
+            return Change(sub.linked({p: heads.get(p, 0) for p in paths}, explicit=True)), None
+
+        await self._store.update(caller.tenant, subscription_id, decide, extra=paths)
+
+    async def remove_stream(self, caller: Caller, subscription_id: str, path: StreamPath) -> None:
+        caller.require("streams:admin")
+        check_subscription_id(subscription_id)
+
+        def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
+            if sub is None:
+                raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
+            return Change(sub.unlinked(path)), None
+
+        await self._store.update(caller.tenant, subscription_id, decide)
+
+    # -- delivery ---------------------------------------------------------------------------
+
+    def wake_change(self, sub: Subscription, heads: Heads) -> Change:
+        """A new wake for pending work, and what delivers it."""
+        now = self._clock()
+        woken = sub.issue_wake(heads)
+        assert woken.wake is not None
+        if sub.config.type == WEBHOOK:
+            payload = msgspec.json.encode(
+                {
+                    "subscription_id": sub.id,
+                    "wake_id": woken.wake.wake_id,
+                    "generation": woken.wake.generation,
+                    "streams": [wire_status(s) for s in woken.streams(heads)],
+                    "callback_url": f"{sub.base_url}/__ds/subscriptions/{sub.id}/callback",
+                    "callback_token": self._tokens.issue(woken, now),
+                }
+            )
+            delivery = Delivery(
+                sub.tenant,
+                sub.id,
+                woken.wake.generation,
+                woken.wake.wake_id,
+                WEBHOOK,
+                payload,
+                url=sub.config.webhook_url,
+                created_by=sub.created_by,
+            )
+        else:
+            first = next((s.path.path for s in woken.streams(heads) if s.pending), "")
+            payload = msgspec.json.encode(
+                {
+                    "type": "wake",
+                    "subscription_id": sub.id,
+                    "stream": first,
+                    "generation": woken.wake.generation,
+                    "ts": int(now * 1000),
+                }
+            )
+            delivery = Delivery(
+                sub.tenant,
+                sub.id,
+                woken.wake.generation,
+                woken.wake.wake_id,
+                WAKE_EVENT,
+                payload,
+                wake_stream=sub.config.wake_stream,
+                created_by=sub.created_by,
+            )
+        return Change(woken, (delivery,))
+
+    def tick(self, sub: Subscription | None, heads: Heads) -> tuple[Change | None, bool]:
+        """The scheduler's decision for one subscription: end a lease that ran out, and wake
+        pending work when idle."""
+        if sub is None:
+            return None, False
+        now = self._clock()
+        if sub.wake is not None and sub.wake.lease_until is not None and sub.wake.lease_until < now:
+            sub = sub.finished()
+            if not sub.has_pending(heads):
+                return Change(sub), False
+        if sub.wake is None and sub.has_pending(heads):
+            return self.wake_change(sub, heads), True
+        return (Change(sub) if sub.wake is None else None), False
+
+    async def wake_due(self, limit: int = 100, at_once: int = 8) -> int:
+        """Decide every due subscription, `at_once` side by side: each is its own row lock
+        and transaction, and one after another they made a busy tick take most of a second
+        (`python -m bench subscriptions`: commit to webhook p50 854 ms with 100 due at once)."""
+        due = await self._store.due(limit)
+        gate = asyncio.Semaphore(at_once)
+
+        async def one(tenant: str, subscription_id: str) -> bool:
+            async with gate:
+                woke: bool = await self._store.update(tenant, subscription_id, self.tick)
+                return woke
+
+        results = await asyncio.gather(*(one(t, s) for t, s in due), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                log.warning("deciding a due subscription failed: %s", result)
+        return sum(1 for result in results if result is True)
+
+    def _fenced_wake(
+        self, sub: Subscription | None, subscription_id: str, token: str, generation: int, wake: str
+    ) -> Subscription:
+        if sub is None:
+            raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
+        claims = self._tokens.verify(token, sub.tenant, subscription_id, self._clock())
+        if claims[2] != sub.generation or claims[3] != wake:
+            raise Fenced("wake generation is stale", generation=sub.generation)
+        sub.check_wake(generation, wake)
+        return sub
+
+    async def callback(
+        self,
+        token: str,
+        subscription_id: str,
+        generation: int,
+        wake_id: str,
+        acks: list[AckRequest],
+        done: bool,
+        kind: str,
+    ) -> bool:
+        """A webhook callback (kind WEBHOOK) or a pull-wake ack (WAKE_EVENT): apply the acks,
+        extend the lease, and on `done` end the wake (and wake again at once when work is
+        pending). Answers whether it woke again."""
+        tenant = self._tokens.verify(token, None, subscription_id, self._clock())[0]
+
+        def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, bool]:
+            sub = self._fenced_wake(sub, subscription_id, token, generation, wake_id)
+            _of_type(sub, kind)
+            sub = sub.acknowledged([(a.stream, a.sequence) for a in acks], heads)
+            if not done:
+                return Change(sub.leased(self._clock() + sub.config.lease_ttl_ms / 1000)), False
+            sub = sub.finished()
+            if sub.has_pending(heads):
+                return self.wake_change(sub, heads), True
+            return Change(sub), False
+
+        return await self._store.update(tenant, subscription_id, decide)
+
+    async def claim(
+        self, caller: Caller, subscription_id: str, worker: str
+    ) -> tuple[Subscription, Heads, str]:
+        caller.require("streams:write")
+        check_subscription_id(subscription_id)
+        now = self._clock()
+
+        def decide(
+            sub: Subscription | None, heads: Heads
+        ) -> tuple[Change | None, tuple[Subscription, str]]:
+            if sub is None:
+                raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
+            _of_type(sub, WAKE_EVENT)
+            wake = sub.wake
+            held = wake is not None and wake.holder is not None
+            if held and wake is not None and (wake.lease_until or 0) >= now:
+                raise AlreadyClaimed(
+                    "another worker holds this subscription",
+                    current_holder=wake.holder,
+                    generation=sub.generation,
+                )
+            deliveries: tuple[Delivery, ...] = ()
+            if held:  # its lease ran out: the claim is taken over with a new wake
+                sub = sub.finished()
+            if sub.wake is None:
+                if not sub.has_pending(heads):
+                    raise NoPendingWork("the subscription has no pending work")
+                change = self.wake_change(sub, heads)
+                assert change.subscription is not None
+                sub, deliveries = change.subscription, change.deliveries
+            sub = sub.leased(now + sub.config.lease_ttl_ms / 1000, holder=worker)
+            return Change(sub, deliveries), (sub, self._tokens.issue(sub, now))
+
+        sub, token = await self._store.update(caller.tenant, subscription_id, decide)
+        found = await self._store.get(caller.tenant, subscription_id)
+        return sub, (found[1] if found else {}), token
+
+    async def release(
+        self, token: str, subscription_id: str, generation: int, wake_id: str
+    ) -> None:
+        tenant = self._tokens.verify(token, None, subscription_id, self._clock())[0]
+
+        def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
+            sub = self._fenced_wake(sub, subscription_id, token, generation, wake_id)
+            _of_type(sub, WAKE_EVENT)
+            sub = sub.finished()
+            return (self.wake_change(sub, heads) if sub.has_pending(heads) else Change(sub)), None
+
+        await self._store.update(tenant, subscription_id, decide)
+
+    async def of_stream(
+        self, caller: Caller, run_id: str, stream_id: str
+    ) -> list[tuple[Subscription, Heads]]:
+        """The subscriptions linking a stream the caller may read (404 otherwise), each with
+        that stream's link alone: the listing of one stream reveals no other."""
+        caller.require("streams:read")
+        key = caller.key(run_id, stream_id)
+        if self._definitions is not None:
+            definition = await self._definitions.get(key, touch=False, runs=caller.runs)
+            require_reader(caller, definition)
+        path = StreamPath(run_id, stream_id)
+        return [
+            (sub.with_links({k.path: k for k in sub.links if k.path == path}), heads)
+            for sub, heads in await self._store.of_stream(key)
+        ]
+
+
+class WakeScheduler:
+    """Runs `Subscriptions.wake_due` whenever a stream is notified (in this process, or by the
+    wake bus from any), and at least every `poll_seconds`: a tick runs at a time, and the
+    notifications heard meanwhile make one more."""
+
+    name = "wake-scheduler"
+
+    def __init__(
+        self, subscriptions: Subscriptions, wake: WakeRegistry, poll_seconds: float
+    ) -> None:
+        self._subscriptions = subscriptions
+        self._poll = poll_seconds
+        self._heard = asyncio.Event()
+        wake.on_notified(lambda _key: self._heard.set())
+        self.ticks = 0
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            self._heard.clear()
+            try:
+                await self._subscriptions.wake_due()
+            except Exception as error:  # the database is out of reach: the next tick retries
+                log.warning("%s failed: %s", self.name, error)
+            self.ticks += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heard.wait(), self._poll)
+
+
+def _of_type(sub: Subscription, kind: str) -> None:
+    want = "webhook" if kind == WEBHOOK else "pull-wake"
+    if sub.config.type != want:
+        raise WrongSubscriptionType(f"subscription {sub.id!r} is not {want}")
+
+
+def wire_status(status: StreamStatus) -> dict[str, Any]:
+    return {
+        "path": status.path.path,
+        "link_type": status.link_type,
+        "acked_offset": offset_text(status.acked),
+        "tail_offset": offset_text(status.tail),
+        "has_pending": status.pending,
+    }
+
+
+def offset_text(sequence: int) -> str:
+    """The protocol offset after sequence N (docs/durable-streams.md, "Offsets")."""
+    return f"{0:016d}_{sequence:016d}"
+
+
+# -- the delivering worker -------------------------------------------------------------------
+
+
+class WebhookAnswer(msgspec.Struct, frozen=True):
+    status: int
+    body: bytes
+
+
+class WebhookFailed(Exception):
+    def __init__(self, detail: str, retry_in: float) -> None:
+        super().__init__(detail)
+        self.retry_in = retry_in
+
+
+class WebhookSender(Protocol):
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> WebhookAnswer:
+        """POST with the URL's rules checked against the address connected to (raises
+        WebhookUrlRejected, or OSError/TimeoutError for what did not get through)."""
+
+
+class WebhookSigner(Protocol):
+    async def signature(self, body: bytes, now: float) -> str:
+        """The `Webhook-Signature` header for `body` at `now`."""
+
+
+class AppendWake(Protocol):
+    async def __call__(
+        self,
+        caller: Caller,
+        run_id: str,
+        stream_id: str,
+        inputs: list[RecordInput],
+        idempotency_key: str | None = None,
+    ) -> object: ...
+
+
+class _Done(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    done: bool = False
+
+
+class DeliverWakes:
+    """The worker's job: hand one outbox row over. A webhook that answers 2xx is delivered;
+    `{"done": true}` in its answer acknowledges the wake's snapshot and ends it. Anything else
+    is retried (1 s to 60 s, 20% jitter) under the same generation, the subscription showing
+    `failed` meanwhile. A pull-wake event is appended to the wake stream with the wake as its
+    idempotency key, so a retry after a lost answer appends nothing twice."""
+
+    def __init__(
+        self,
+        store: SubscriptionStore,
+        subscriptions: Subscriptions,
+        sender: WebhookSender,
+        signer: WebhookSigner,
+        append: AppendWake,
+        retry_unit_seconds: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._subscriptions = subscriptions
+        self._sender = sender
+        self._signer = signer
+        self._append = append
+        self._unit = retry_unit_seconds
+        self._clock = clock
+        self.attempts = 0
+        self.failures = 0
+
+    async def run_job(self, job: Job) -> float | None:
+        delivery = await self._store.delivery(job)
+        if delivery is None:
+            return None
+        current = await self._store.get(delivery.tenant, delivery.subscription_id)
+        if (
+            current is None
+            or current[0].wake is None
+            or current[0].wake.wake_id != delivery.wake_id
+        ):
+            return None  # deleted, or this wake ended (a later one carries the work)
+        if delivery.kind == WAKE_EVENT:
+            await self._wake_event(delivery, job)
+            return None
+        ensure_claimed()
+        self.attempts += 1
+        assert delivery.url is not None
+        try:
+            headers = {
+                "content-type": "application/json",
+                "webhook-signature": await self._signer.signature(delivery.payload, self._clock()),
+            }
+            answer = await self._sender.post(delivery.url, delivery.payload, headers)
+        except (OSError, TimeoutError, errors.DomainError) as error:
+            self.failures += 1
+            raise WebhookFailed(
+                f"{type(error).__name__}: {error}", retry_seconds(job.attempts + 1, self._unit)
+            ) from None
+        if not 200 <= answer.status < 300:
+            self.failures += 1
+            raise WebhookFailed(
+                f"the webhook answered {answer.status}", retry_seconds(job.attempts + 1, self._unit)
+            )
+        try:
+            done = msgspec.json.decode(answer.body, type=_Done).done if answer.body else False
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            done = False
+        await self._delivered(delivery, done)
+        return None
+
+    async def _delivered(self, delivery: Delivery, done: bool) -> None:
+        now = self._clock()
+
+        def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
+            if sub is None or sub.wake is None or sub.wake.wake_id != delivery.wake_id:
+                return None, None
+            tails = sub.wake.tails
+            sub = msgspec.structs.replace(sub, failing=False)
+            if not done:  # the receiver calls back: its lease starts now
+                return Change(sub.leased(now + sub.config.lease_ttl_ms / 1000)), None
+            sub = sub.acknowledged(
+                [(p, t) for p, t in tails if sub.link(p) is not None and t >= _acked(sub, p)],
+                heads,
+            ).finished()
+            return (
+                self._subscriptions.wake_change(sub, heads)
+                if sub.has_pending(heads)
+                else Change(sub)
+            ), None
+
+        await self._store.update(delivery.tenant, delivery.subscription_id, decide)
+
+    async def _wake_event(self, delivery: Delivery, job: Job) -> None:
+        assert delivery.wake_stream is not None
+        caller = Caller(
+            tenant=delivery.tenant,
+            principal=delivery.created_by,
+            scopes=frozenset({"streams:write"}),
+        )
+        record = RecordInput(data=msgspec.Raw(delivery.payload))
+        ensure_claimed()
+        try:
+            await self._append(
+                caller,
+                delivery.wake_stream.run_id,
+                delivery.wake_stream.stream_id,
+                [record],
+                f"ds-wake:{delivery.subscription_id}:{delivery.wake_id}",
+            )
+        except (NotFound, errors.DomainError) as error:
+            raise WebhookFailed(
+                f"the wake stream {delivery.wake_stream.path!r}: {error}",
+                retry_seconds(job.attempts + 1, self._unit),
+            ) from None
+
+
+def _acked(sub: Subscription, path: StreamPath) -> int:
+    link = sub.link(path)
+    return 0 if link is None else link.acked
+
+
+def job_key(tenant: str, subscription_id: str) -> StreamKey:
+    return StreamKey(tenant, JOB_RUN, subscription_id)

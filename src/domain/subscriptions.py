@@ -1,0 +1,373 @@
+"""Subscriptions (PROTOCOL.md sections 6 and 7): durable cursors over a set of streams that wake
+a consumer (a webhook, or a pull-wake stream) when any of them has records past its cursor.
+
+Pure rules only: the configuration and its hash (re-confirming a subscription compares it),
+the glob over stream paths, the wake's fencing (`generation` and `wake_id`), the lease bounds,
+and the URL rules that need no network (the address rules are in `domain.webhook_urls`)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from typing import Literal
+
+import msgspec
+
+from domain.errors import DomainError, InvalidInput
+from domain.ids import ID_PATTERN
+
+SubscriptionType = Literal["webhook", "pull-wake"]
+LinkType = Literal["glob", "explicit"]
+
+DEFAULT_LEASE_TTL_MS = 30_000
+MIN_LEASE_TTL_MS = 1_000
+MAX_LEASE_TTL_MS = 600_000
+MAX_EXPLICIT_STREAMS = 1_000
+MAX_DESCRIPTION = 1_000
+MAX_URL = 2_048
+# Webhook retries: exponential from 1 s to 60 s, 20% jitter either way (section 7.1).
+RETRY_BASE_SECONDS = 1.0
+RETRY_CAP_SECONDS = 60.0
+RETRY_JITTER = 0.2
+
+_SUBSCRIPTION_ID = re.compile(ID_PATTERN)
+_SEGMENT = ID_PATTERN.removeprefix("^").removesuffix("$")
+_PATH = re.compile(rf"(?:({_SEGMENT})/)?({_SEGMENT})")
+_PATTERN_SEGMENT = re.compile(r"\*\*|[A-Za-z0-9._:*-]{1,128}")
+
+
+class SubscriptionConflict(DomainError):
+    code = "subscription-conflict"
+
+
+class SubscriptionNotFound(DomainError):
+    code = "subscription-not-found"
+
+
+class Fenced(DomainError):
+    code = "fenced"
+
+
+class AlreadyClaimed(DomainError):
+    code = "already-claimed"
+
+
+class NoPendingWork(DomainError):
+    code = "no-pending-work"
+
+
+class InvalidOffset(DomainError):
+    code = "invalid-offset"
+
+
+class WrongSubscriptionType(DomainError):
+    code = "wrong-subscription-type"
+
+
+class WakeTokenInvalid(DomainError):
+    code = "wake-token-invalid"
+
+
+class WebhookUrlRejected(DomainError):
+    code = "webhook-url-rejected"
+
+
+class StreamPath(msgspec.Struct, frozen=True, order=True):
+    """A stream-root-relative path: `stream` (run `default`) or `run/stream`."""
+
+    run_id: str
+    stream_id: str
+
+    @property
+    def path(self) -> str:
+        return self.stream_id if self.run_id == DEFAULT_RUN else f"{self.run_id}/{self.stream_id}"
+
+
+DEFAULT_RUN = "default"
+
+
+def parse_path(value: str, field: str = "streams") -> StreamPath:
+    match = _PATH.fullmatch(value.strip("/")) if isinstance(value, str) else None
+    if match is None:
+        raise InvalidInput(
+            f"{field}: {str(value)[:140]!r} is not a stream path (`stream` or `run/stream`, "
+            f"each part matching {ID_PATTERN})",
+            field=field,
+        )
+    run_id, stream_id = match.groups()
+    return StreamPath(run_id or DEFAULT_RUN, stream_id)
+
+
+def check_subscription_id(value: str) -> str:
+    if not _SUBSCRIPTION_ID.fullmatch(value):
+        raise InvalidInput(
+            f"subscription id {value[:140]!r} must match {ID_PATTERN}", field="subscription_id"
+        )
+    return value
+
+
+def check_pattern(pattern: str) -> str:
+    """`*` matches one path segment, `**` zero or more; at most two segments are ever matched
+    (a stream path is `stream` or `run/stream`), so a pattern has at most a few segments."""
+    segments = pattern.strip("/").split("/")
+    if not pattern or len(pattern) > 512 or len(segments) > 8:
+        raise InvalidInput(
+            "pattern must be 1-512 characters in at most 8 segments", field="pattern"
+        )
+    for segment in segments:
+        if not _PATTERN_SEGMENT.fullmatch(segment) or ("**" in segment and segment != "**"):
+            raise InvalidInput(
+                f"pattern segment {segment[:140]!r}: letters, digits, `._:-`, `*` within a "
+                "segment, or `**` alone",
+                field="pattern",
+            )
+    return "/".join(segments)
+
+
+def pattern_regex(pattern: str) -> str:
+    """The POSIX regular expression (PostgreSQL `~`, Python `re`) a canonical path must fully
+    match. `**` is zero or more whole segments."""
+    out = ""
+    segments = pattern.split("/")
+    for index, segment in enumerate(segments):
+        last = index == len(segments) - 1
+        if segment == "**":
+            out += ".*" if last else "([^/]+/)*"
+            continue
+        out += "".join("[^/]*" if ch == "*" else re.escape(ch) for ch in segment)
+        if not last:
+            out += "/"
+    return "^" + out + "$"
+
+
+def matches(pattern: str, path: StreamPath) -> bool:
+    """Whether the glob matches the stream, under either of its names (`s` and `default/s`
+    are the same stream)."""
+    regex = re.compile(pattern_regex(pattern))
+    full = f"{path.run_id}/{path.stream_id}"
+    return bool(regex.match(path.path) or regex.match(full))
+
+
+class WebhookConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    url: str
+
+
+class SubscriptionConfig(msgspec.Struct, frozen=True):
+    """What a PUT configures, normalized: its hash decides 200 (same) or 409 (different)."""
+
+    type: SubscriptionType
+    pattern: str | None
+    streams: tuple[StreamPath, ...]
+    webhook_url: str | None
+    wake_stream: StreamPath | None
+    lease_ttl_ms: int
+    description: str | None
+
+    def digest(self) -> bytes:
+        return hashlib.sha256(msgspec.json.encode(self)).digest()
+
+
+class SubscriptionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    type: str
+    pattern: str | None = None
+    streams: list[str] | None = None
+    webhook: WebhookConfig | None = None
+    wake_stream: str | None = None
+    lease_ttl_ms: int | None = None
+    description: str | None = None
+
+
+def configure(request: SubscriptionRequest, allow_no_streams: bool = False) -> SubscriptionConfig:
+    """The normalized configuration, or InvalidInput. The protocol needs a pattern or streams;
+    the native API lets a subscription start with neither (`allow_no_streams`)."""
+    if request.type not in ("webhook", "pull-wake"):
+        raise InvalidInput("type must be `webhook` or `pull-wake`", field="type")
+    pattern = check_pattern(request.pattern) if request.pattern is not None else None
+    if request.streams is not None and len(request.streams) > MAX_EXPLICIT_STREAMS:
+        raise InvalidInput(f"at most {MAX_EXPLICIT_STREAMS} streams", field="streams")
+    streams = tuple(sorted({parse_path(s) for s in request.streams or ()}))
+    if pattern is None and not streams and not allow_no_streams:
+        raise InvalidInput("give a pattern, streams, or both", field="pattern")
+    ttl = DEFAULT_LEASE_TTL_MS if request.lease_ttl_ms is None else request.lease_ttl_ms
+    if not MIN_LEASE_TTL_MS <= ttl <= MAX_LEASE_TTL_MS:
+        raise InvalidInput(
+            f"lease_ttl_ms must be {MIN_LEASE_TTL_MS}-{MAX_LEASE_TTL_MS}", field="lease_ttl_ms"
+        )
+    if request.description is not None and len(request.description) > MAX_DESCRIPTION:
+        raise InvalidInput(
+            f"description: at most {MAX_DESCRIPTION} characters", field="description"
+        )
+    url: str | None = None
+    wake: StreamPath | None = None
+    if request.type == "webhook":
+        if request.webhook is None:
+            raise InvalidInput("a webhook subscription needs webhook.url", field="webhook")
+        url = request.webhook.url
+        if len(url) > MAX_URL:
+            raise InvalidInput(f"webhook.url: at most {MAX_URL} characters", field="webhook")
+    else:
+        if request.wake_stream is None:
+            raise InvalidInput("a pull-wake subscription needs wake_stream", field="wake_stream")
+        wake = parse_path(request.wake_stream, "wake_stream")
+    return SubscriptionConfig(
+        type=request.type,  # type: ignore[arg-type]  # checked above
+        pattern=pattern,
+        streams=streams,
+        webhook_url=url,
+        wake_stream=wake,
+        lease_ttl_ms=ttl,
+        description=request.description,
+    )
+
+
+def new_wake_id() -> str:
+    return "w_" + secrets.token_hex(12)
+
+
+def retry_seconds(attempts: int, unit: float) -> float:
+    """The wait before retry number `attempts` (1 for the first): 1, 2, 4 ... 60 seconds (times
+    `unit`, 1 in production), each within 20% either way."""
+    base = min(RETRY_CAP_SECONDS, RETRY_BASE_SECONDS * 2 ** max(0, min(attempts - 1, 10)))
+    return float(base * unit * (1 + RETRY_JITTER * (2 * secrets.randbelow(1001) / 1000 - 1)))
+
+
+class Link(msgspec.Struct, frozen=True):
+    """One stream of a subscription: how it is linked and its cursor (the last sequence
+    processed, inclusive; 0 before the first record)."""
+
+    path: StreamPath
+    explicit: bool
+    glob: bool
+    acked: int
+
+    @property
+    def link_type(self) -> LinkType:
+        return "explicit" if self.explicit else "glob"
+
+
+class StreamStatus(msgspec.Struct, frozen=True):
+    path: StreamPath
+    link_type: LinkType
+    acked: int
+    tail: int
+
+    @property
+    def pending(self) -> bool:
+        return self.tail > self.acked
+
+
+class Wake(msgspec.Struct, frozen=True):
+    """The wake in flight: fenced by (generation, wake_id); `tails` is its snapshot, what a
+    synchronous `done` acknowledges."""
+
+    generation: int
+    wake_id: str
+    tails: tuple[tuple[StreamPath, int], ...]
+    holder: str | None = None
+    lease_until: float | None = None  # Unix seconds; None: not leased yet (being delivered)
+
+
+class Subscription(msgspec.Struct, frozen=True):
+    tenant: str
+    id: str
+    config: SubscriptionConfig
+    created_at: float  # Unix seconds
+    created_by: str
+    base_url: str
+    generation: int = 0
+    wake: Wake | None = None
+    failing: bool = False  # the last webhook attempt failed and a retry is scheduled
+    links: tuple[Link, ...] = ()
+
+    @property
+    def status(self) -> str:
+        return "failed" if self.failing else "active"
+
+    def link(self, path: StreamPath) -> Link | None:
+        for link in self.links:
+            if link.path == path:
+                return link
+        return None
+
+    def streams(self, heads: dict[StreamPath, int]) -> list[StreamStatus]:
+        return [
+            StreamStatus(link.path, link.link_type, link.acked, max(heads.get(link.path, 0), 0))
+            for link in self.links
+        ]
+
+    def has_pending(self, heads: dict[StreamPath, int]) -> bool:
+        return any(s.pending for s in self.streams(heads))
+
+    def with_links(self, links: dict[StreamPath, Link]) -> Subscription:
+        return msgspec.structs.replace(self, links=tuple(sorted(links.values(), key=_by_path)))
+
+    def linked(self, paths: dict[StreamPath, int], *, explicit: bool) -> Subscription:
+        """Links `paths` (explicitly or by the glob), new ones at the given cursor."""
+        links = {link.path: link for link in self.links}
+        for path, acked in paths.items():
+            old = links.get(path)
+            if old is None:
+                links[path] = Link(path, explicit=explicit, glob=not explicit, acked=acked)
+            elif explicit:
+                links[path] = msgspec.structs.replace(old, explicit=True)
+            else:
+                links[path] = msgspec.structs.replace(old, glob=True)
+        return self.with_links(links)
+
+    def unlinked(self, path: StreamPath) -> Subscription:
+        """Removes the explicit link only: a glob link stays while the pattern matches."""
+        links = {link.path: link for link in self.links}
+        old = links.get(path)
+        if old is None or not old.explicit:
+            return self
+        if old.glob:
+            links[path] = msgspec.structs.replace(old, explicit=False)
+        else:
+            del links[path]
+        return self.with_links(links)
+
+    def issue_wake(self, heads: dict[StreamPath, int]) -> Subscription:
+        tails = tuple((s.path, s.tail) for s in self.streams(heads))
+        generation = self.generation + 1
+        return msgspec.structs.replace(
+            self, generation=generation, wake=Wake(generation, new_wake_id(), tails)
+        )
+
+    def check_wake(self, generation: int, wake_id: str) -> Wake:
+        """The wake a callback, ack or release names, or Fenced."""
+        wake = self.wake
+        if wake is None or wake.generation != generation or wake.wake_id != wake_id:
+            raise Fenced("wake generation is stale", generation=self.generation)
+        return wake
+
+    def acknowledged(
+        self, acks: list[tuple[StreamPath, int]], heads: dict[StreamPath, int]
+    ) -> Subscription:
+        """Cursors moved to `acks` (last processed, inclusive): never back, never past the
+        tail, only on linked streams; all or nothing."""
+        links = {link.path: link for link in self.links}
+        for path, offset in acks:
+            link = links.get(path)
+            if link is None:
+                raise InvalidOffset(f"{path.path!r} is not a stream of this subscription")
+            if offset < link.acked:
+                raise InvalidOffset(f"ack of {path.path!r} regresses its cursor")
+            if offset > heads.get(path, 0):
+                raise InvalidOffset(f"ack of {path.path!r} is beyond the stream's tail")
+            links[path] = msgspec.structs.replace(link, acked=offset)
+        return self.with_links(links)
+
+    def finished(self) -> Subscription:
+        return msgspec.structs.replace(self, wake=None)
+
+    def leased(self, until: float, holder: str | None = None) -> Subscription:
+        assert self.wake is not None
+        wake = msgspec.structs.replace(
+            self.wake, lease_until=until, holder=holder if holder is not None else self.wake.holder
+        )
+        return msgspec.structs.replace(self, wake=wake)
+
+
+def _by_path(link: Link) -> StreamPath:
+    return link.path

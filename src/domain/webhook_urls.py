@@ -1,0 +1,110 @@
+"""Which webhook URLs and addresses the service may connect to (PROTOCOL.md section 12.8).
+
+A URL is `https://`, or `http://` to a loopback host for development. Whatever a name resolves
+to, the address actually connected to must be public: private (RFC 1918, unique-local),
+link-local (metadata endpoints such as 169.254.169.254 among them), multicast, unspecified,
+reserved, shared (CGNAT) and loopback addresses are refused, loopback only allowed when the URL
+names a loopback host. Hosts an operator lists (`WEBHOOK_ALLOWED_HOSTS`) skip the address
+rules: they are trusted by name."""
+
+from __future__ import annotations
+
+import ipaddress
+from urllib.parse import urlsplit
+
+import msgspec
+
+from domain.subscriptions import WebhookUrlRejected
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
+METADATA = frozenset(
+    {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
+)
+
+
+class WebhookTarget(msgspec.Struct, frozen=True):
+    scheme: str
+    host: str  # lower-case, without brackets
+    port: int
+    loopback: bool  # a loopback name: only loopback addresses will do
+    allowed_by_name: bool
+
+
+def _literal(host: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def is_loopback_host(host: str) -> bool:
+    address = _literal(host)
+    if address is not None:
+        return address.is_loopback
+    return host in LOOPBACK_NAMES or host.endswith(".localhost")
+
+
+def check_url(url: str, allowed_hosts: frozenset[str] = frozenset()) -> WebhookTarget:
+    """The URL's target, or WebhookUrlRejected. Done before storing and again at every
+    delivery (with the addresses then, see `check_address`)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as error:
+        raise WebhookUrlRejected(f"webhook URL is not a URL: {error}") from None
+    host = (parts.hostname or "").lower().rstrip(".")
+    if parts.scheme not in ("https", "http") or not host:
+        raise WebhookUrlRejected(
+            "webhook URL must be https:// (or http:// to loopback) with a host"
+        )
+    if parts.username is not None or parts.password is not None:
+        raise WebhookUrlRejected("webhook URL must not carry credentials")
+    if any(ch.isspace() or ord(ch) < 0x21 for ch in url):
+        raise WebhookUrlRejected("webhook URL must not contain spaces or control characters")
+    allowed = host in allowed_hosts
+    loopback = is_loopback_host(host)
+    if parts.scheme == "http" and not loopback and not allowed:
+        raise WebhookUrlRejected("plain http:// is allowed only to loopback; use https://")
+    address = _literal(host)
+    if address is not None and not allowed:
+        check_address(address, loopback_allowed=loopback)
+    return WebhookTarget(
+        scheme=parts.scheme,
+        host=host,
+        port=port or (443 if parts.scheme == "https" else 80),
+        loopback=loopback,
+        allowed_by_name=allowed,
+    )
+
+
+def check_address(address: IPAddress, *, loopback_allowed: bool) -> None:
+    """Refuse an address no webhook may reach (WebhookUrlRejected)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_loopback:
+        if loopback_allowed:
+            return
+        raise WebhookUrlRejected(f"webhook address {address} is loopback")
+    if address in METADATA:
+        raise WebhookUrlRejected(f"webhook address {address} is a metadata endpoint")
+    if address.is_unspecified:
+        raise WebhookUrlRejected(f"webhook address {address} is unspecified")
+    if address.is_multicast:
+        raise WebhookUrlRejected(f"webhook address {address} is multicast")
+    if address.is_link_local:
+        raise WebhookUrlRejected(f"webhook address {address} is link-local")
+    if address.is_private or address.is_reserved or not address.is_global:
+        raise WebhookUrlRejected(f"webhook address {address} is private or reserved")
+
+
+def check_target_address(target: WebhookTarget, address: IPAddress) -> None:
+    """The address a delivery resolved or connected to, against the URL's rules: a loopback
+    name must be at a loopback address, any other name at a public one."""
+    if target.allowed_by_name:
+        return
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if target.loopback and not address.is_loopback:
+        raise WebhookUrlRejected(f"{target.host} names loopback but is at {address}")
+    check_address(address, loopback_allowed=target.loopback)

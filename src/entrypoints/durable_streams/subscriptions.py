@@ -1,0 +1,366 @@
+"""The reserved subscription APIs below `/api/durable-streams/v1/stream/__ds/` (PROTOCOL.md
+sections 6 and 7), routed before the streams (a run ID never starts with `_`).
+
+Errors are problem+json like everywhere else, carrying also the protocol's own shape,
+`{"error": {"code": "FENCED", "message": ...}}`, which the protocol's clients read."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, delete, get, post, put
+from litestar.types import ASGIApp
+
+from application.access import Caller
+from application.subscriptions import (
+    WAKE_EVENT,
+    WEBHOOK,
+    AckRequest,
+    Heads,
+    offset_text,
+    wire_status,
+)
+from domain import errors
+from domain.subscriptions import (
+    InvalidOffset,
+    Subscription,
+    SubscriptionRequest,
+    check_subscription_id,
+    configure,
+    parse_path,
+)
+from entrypoints.container import Services
+from entrypoints.durable_streams import protocol, wire
+from entrypoints.durable_streams.answers import Answer
+from entrypoints.edge import problems as edge_problems
+from entrypoints.edge.problems import PROBLEM_JSON
+from entrypoints.edge.wake_links import DS, stream_root_url, wake_token
+from entrypoints.http.openapi import Answer as Documented
+from entrypoints.http.openapi import RequestBody, documented
+
+JSON_BODY = RequestBody("application/json", schema={"type": "object"})
+ON_SUBSCRIPTION = ("unauthenticated", "invalid-input", "forbidden", "subscription-not-found")
+_encode = msgspec.json.Encoder().encode
+
+
+class Acks(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    stream: str | None = None
+    path: str | None = None
+    offset: str = ""
+
+
+class CallbackBody(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    wake_id: str
+    generation: int
+    acks: list[Acks] | None = None
+    done: bool = False
+
+
+class ClaimBody(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    worker: str
+
+
+class StreamsBody(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    streams: list[str]
+
+
+async def _authenticated(request: Request) -> tuple[Services, Caller]:
+    services: Services = request.app.state.services
+    return services, await services.authenticate(request.headers.get("authorization"))
+
+
+def ds_problem(error: errors.DomainError) -> Answer:
+    """The application's problem answer (entrypoints/edge/problems.py), which the protocol's
+    subscription clients read as `error.code` (its upper-case spelling) and `error.message`."""
+    problem = edge_problems.problem(
+        error.code,
+        error.detail,
+        headers=edge_problems.of_domain_error(error).headers or None,
+        **error.extra,
+        error={
+            "code": error.code.upper().replace("-", "_"),
+            "message": error.detail,
+            **error.extra,
+        },
+    )
+    return Answer(problem.status, {"Content-Type": PROBLEM_JSON, **problem.headers}, problem.body)
+
+
+def _json(status: int, value: Any, content_type: str = "application/json") -> Answer:
+    return Answer(
+        status, {"Content-Type": content_type, "Cache-Control": "no-store"}, _encode(value)
+    )
+
+
+async def _body(request: Request, type_: type[Any]) -> Any:
+    raw = await request.body()
+    try:
+        return msgspec.json.decode(raw, type=type_)
+    except msgspec.ValidationError as error:
+        raise errors.InvalidInput(f"request body: {error}") from None
+    except msgspec.DecodeError:
+        raise errors.InvalidInput("request body must be JSON") from None
+
+
+def base_url(request: Request) -> str:
+    return stream_root_url(
+        request.app.state.public_url,
+        request.scope.get("server"),
+        request.scope.get("scheme", "http"),
+    )
+
+
+async def view(services: Services, sub: Subscription, heads: Heads) -> dict[str, Any]:
+    config = sub.config
+    webhook = None
+    if config.webhook_url is not None:
+        webhook = {
+            "url": config.webhook_url,
+            "signing": {
+                "alg": "ed25519",
+                "kid": await services.webhook_keys.kid(),
+                "jwks_url": f"{sub.base_url}{DS}/jwks.json",
+            },
+        }
+    return {
+        "id": sub.id,
+        "subscription_id": sub.id,
+        "type": config.type,
+        "pattern": config.pattern,
+        "streams": [
+            {"path": s.path.path, "link_type": s.link_type, "acked_offset": offset_text(s.acked)}
+            for s in sub.streams(heads)
+        ],
+        "webhook": webhook,
+        "wake_stream": config.wake_stream.path if config.wake_stream else None,
+        "lease_ttl_ms": config.lease_ttl_ms,
+        "created_at": wire.rfc3339(datetime.fromtimestamp(sub.created_at, UTC)),
+        "status": sub.status,
+        "description": config.description,
+    }
+
+
+def _acks(body: CallbackBody) -> list[AckRequest]:
+    out = []
+    for ack in body.acks or ():
+        name = ack.stream if ack.stream is not None else ack.path
+        if name is None:
+            raise errors.InvalidInput("each ack names its stream", field="acks")
+        if ack.offset == wire.START:
+            raise _invalid_offset("an ack offset must not be -1")
+        try:
+            sequence = wire.parse_offset(ack.offset, field="acks.offset")
+        except errors.InvalidInput as error:
+            raise _invalid_offset(error.detail) from None
+        if sequence is None:
+            raise _invalid_offset("an ack offset must not be `now`")
+        out.append(AckRequest(parse_path(name, "acks.stream"), sequence))
+    return out
+
+
+def _invalid_offset(detail: str) -> errors.DomainError:
+    return InvalidOffset(detail)
+
+
+async def _guarded(coro: Any) -> ASGIApp:
+    try:
+        result: ASGIApp = await coro
+        return result
+    except errors.DomainError as error:
+        return ds_problem(error)
+
+
+_PUT = documented(
+    Documented(201, "Created"),
+    Documented(200, "Re-confirmed: the same configuration"),
+    problems=(*ON_SUBSCRIPTION, "subscription-conflict", "webhook-url-rejected"),
+    request_body=JSON_BODY,
+)
+_GET = documented(Documented(200, "The subscription"), problems=ON_SUBSCRIPTION)
+_DELETE = documented(Documented(204, "Deleted"), problems=ON_SUBSCRIPTION)
+_WAKE = ("wake-token-invalid", "fenced", "invalid-offset", "wrong-subscription-type")
+_CALLBACK = documented(
+    Documented(200, "Applied: `{ok, next_wake}`"),
+    problems=(*ON_SUBSCRIPTION, *_WAKE),
+    request_body=JSON_BODY,
+)
+_CLAIM = documented(
+    Documented(200, "Claimed: the wake, its token and streams"),
+    problems=(*ON_SUBSCRIPTION, "already-claimed", "no-pending-work", "wrong-subscription-type"),
+    request_body=JSON_BODY,
+)
+_RELEASE = documented(
+    Documented(204, "Released"),
+    problems=(*ON_SUBSCRIPTION, *_WAKE),
+    request_body=JSON_BODY,
+)
+_JWKS = documented(Documented(200, "The webhook signing keys (JWKS)"), authenticated=False)
+_STREAMS = documented(Documented(204, "Linked"), problems=ON_SUBSCRIPTION, request_body=JSON_BODY)
+
+SUB = "/subscriptions/{subscription_id:str}"
+
+
+class SubscriptionsController(Controller):
+    path = protocol.PREFIX + protocol.STREAM_PATH + DS
+    tags = ["durable-streams"]
+
+    @get("/jwks.json", operation_id="dsJwks", summary="Webhook signing keys", operation_class=_JWKS)
+    async def jwks(self, request: Request) -> ASGIApp:
+        services: Services = request.app.state.services
+        keys = await services.webhook_keys.jwks()
+        return Answer(
+            200,
+            {"Content-Type": "application/jwk-set+json", "Cache-Control": "public, max-age=300"},
+            _encode(keys),
+        )
+
+    @put(
+        SUB, operation_id="dsSubscriptionPut", summary="Create a subscription", operation_class=_PUT
+    )
+    async def put_subscription(self, request: Request, subscription_id: str) -> ASGIApp:
+        async def run() -> Answer:
+            services, caller = await _authenticated(request)
+            caller.require("streams:admin")
+            check_subscription_id(subscription_id)
+            config = configure(await _body(request, SubscriptionRequest))
+            sub, heads, created = await services.subscriptions.put(
+                caller, subscription_id, config, base_url(request)
+            )
+            return _json(201 if created else 200, await view(services, sub, heads))
+
+        return await _guarded(run())
+
+    @get(SUB, operation_id="dsSubscriptionGet", summary="Read a subscription", operation_class=_GET)
+    async def get_subscription(self, request: Request, subscription_id: str) -> ASGIApp:
+        async def run() -> Answer:
+            services, caller = await _authenticated(request)
+            sub, heads = await services.subscriptions.get(caller, subscription_id)
+            return _json(200, await view(services, sub, heads))
+
+        return await _guarded(run())
+
+    @delete(
+        SUB,
+        operation_id="dsSubscriptionDelete",
+        summary="Delete a subscription",
+        status_code=200,  # the answer is an ASGI app that sends its own 204
+        operation_class=_DELETE,
+    )
+    async def delete_subscription(self, request: Request, subscription_id: str) -> ASGIApp:
+        async def run() -> Answer:
+            services, caller = await _authenticated(request)
+            await services.subscriptions.delete(caller, subscription_id)
+            return Answer(204, {})
+
+        return await _guarded(run())
+
+    @post(
+        SUB + "/streams",
+        operation_id="dsSubscriptionLink",
+        summary="Link streams",
+        operation_class=_STREAMS,
+    )
+    async def add_streams(self, request: Request, subscription_id: str) -> ASGIApp:
+        async def run() -> Answer:
+            services, caller = await _authenticated(request)
+            caller.require("streams:admin")
+            body = await _body(request, StreamsBody)
+            paths = tuple(sorted({parse_path(s) for s in body.streams}))
+            await services.subscriptions.add_streams(caller, subscription_id, paths)
+            return Answer(204, {})
+
+        return await _guarded(run())
+
+    @delete(
+        SUB + "/streams/{stream_path:path}",
+        operation_id="dsSubscriptionUnlink",
+        summary="Unlink an explicit stream",
+        status_code=200,  # the answer is an ASGI app that sends its own 204
+        operation_class=_DELETE,
+    )
+    async def remove_stream(
+        self, request: Request, subscription_id: str, stream_path: str
+    ) -> ASGIApp:
+        async def run() -> Answer:
+            services, caller = await _authenticated(request)
+            path = parse_path(stream_path.lstrip("/"))
+            await services.subscriptions.remove_stream(caller, subscription_id, path)
+            return Answer(204, {})
+
+        return await _guarded(run())
+
+    @post(
+        SUB + "/callback",
+        operation_id="dsWebhookCallback",
+        summary="Webhook callback",
+        operation_class=_CALLBACK,
+    )
+    async def callback(self, request: Request, subscription_id: str) -> ASGIApp:
+        return await _guarded(self._ack(request, subscription_id, WEBHOOK))
+
+    @post(
+        SUB + "/ack",
+        operation_id="dsPullWakeAck",
+        summary="Pull-wake ack",
+        operation_class=_CALLBACK,
+    )
+    async def ack(self, request: Request, subscription_id: str) -> ASGIApp:
+        return await _guarded(self._ack(request, subscription_id, WAKE_EVENT))
+
+    async def _ack(self, request: Request, subscription_id: str, kind: str) -> Answer:
+        services: Services = request.app.state.services
+        token = wake_token(request.headers.get("authorization"))
+        body = await _body(request, CallbackBody)
+        next_wake = await services.subscriptions.callback(
+            token, subscription_id, body.generation, body.wake_id, _acks(body), body.done, kind
+        )
+        return _json(200, {"ok": True, "next_wake": next_wake})
+
+    @post(
+        SUB + "/claim",
+        operation_id="dsPullWakeClaim",
+        summary="Pull-wake claim",
+        operation_class=_CLAIM,
+    )
+    async def claim(self, request: Request, subscription_id: str) -> ASGIApp:
+        async def run() -> Answer:
+            services, caller = await _authenticated(request)
+            body = await _body(request, ClaimBody)
+            if not 1 <= len(body.worker) <= 256:
+                raise errors.InvalidInput("worker: 1-256 characters", field="worker")
+            sub, heads, token = await services.subscriptions.claim(
+                caller, subscription_id, body.worker
+            )
+            assert sub.wake is not None
+            return _json(
+                200,
+                {
+                    "wake_id": sub.wake.wake_id,
+                    "generation": sub.wake.generation,
+                    "token": token,
+                    "streams": [wire_status(s) for s in sub.streams(heads)],
+                    "lease_ttl_ms": sub.config.lease_ttl_ms,
+                },
+            )
+
+        return await _guarded(run())
+
+    @post(
+        SUB + "/release",
+        operation_id="dsPullWakeRelease",
+        summary="Pull-wake release",
+        operation_class=_RELEASE,
+    )
+    async def release(self, request: Request, subscription_id: str) -> ASGIApp:
+        async def run() -> Answer:
+            services: Services = request.app.state.services
+            token = wake_token(request.headers.get("authorization"))
+            body = await _body(request, CallbackBody)
+            await services.subscriptions.release(
+                token, subscription_id, body.generation, body.wake_id
+            )
+            return Answer(204, {})
+
+        return await _guarded(run())

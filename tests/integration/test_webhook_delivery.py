@@ -1,0 +1,245 @@
+"""Webhook delivery end to end: a real server, a real worker process delivering, and a real
+receiver process (tests/support/webhook_receiver.py) on loopback.
+
+Signatures are verified independently (PyPI `cryptography`, against the JWKS fetched without a
+token); a receiver failing five times then succeeding is retried with backoff under one
+generation; a slow receiver does not hold up another; a worker killed mid-delivery is taken
+over and every pending stream is woken and acknowledged exactly."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV
+from tests.support.server import ROOT, ServerProcess, WorkerProcess, free_port
+
+RETRY_BASE = 0.1  # the backoff's unit: 0.1, 0.2, 0.4 ... s instead of 1, 2, 4 ... s
+WORKER_ENV = {
+    **SERVER_ENV,
+    "DUCTOR_STREAMS_WEBHOOK_RETRY_BASE_SECONDS": str(RETRY_BASE),
+    "DUCTOR_STREAMS_WORKER_LEASE_SECONDS": "1",
+    "DUCTOR_STREAMS_SUBSCRIPTION_POLL_SECONDS": "0.05",
+}
+
+
+@dataclass
+class Receiver:
+    port: int
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    def url(self, name: str, **query: object) -> str:
+        q = "&".join(f"{k}={v}" for k, v in query.items())
+        return f"http://127.0.0.1:{self.port}/{name}" + (f"?{q}" if q else "")
+
+    def entries(self, name: str, event: str = "start") -> list[dict[str, Any]]:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        found = [json.loads(line) for line in lines]
+        return [e for e in found if e["path"] == f"/{name}" and e["event"] == event]
+
+
+@dataclass
+class Deployment:
+    server: ServerProcess
+    worker: WorkerProcess
+    receiver: Receiver
+    database_url: str
+    data_dir: Path
+
+    @property
+    def root(self) -> str:
+        return self.server.base_url + "/api/durable-streams/v1/stream"
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(headers={"authorization": f"Bearer {BOOTSTRAP_TOKEN}"}, timeout=10)
+
+    def subscribe(self, url: str, pattern: str, ttl: int = 30_000) -> dict[str, Any]:
+        sid = "sub-" + secrets.token_hex(4)
+        with self.client() as c:
+            answer = c.put(
+                f"{self.root}/__ds/subscriptions/{sid}",
+                json={
+                    "type": "webhook",
+                    "pattern": pattern,
+                    "webhook": {"url": url},
+                    "lease_ttl_ms": ttl,
+                },
+            )
+        assert answer.status_code == 201, answer.text
+        body: dict[str, Any] = answer.json()
+        return body
+
+    def write(self, path: str, value: object, create: bool = True) -> None:
+        with self.client() as c:
+            answer = c.request(
+                "PUT" if create else "POST",
+                f"{self.root}/{path}",
+                headers={"content-type": "application/json"},
+                content=json.dumps(value),
+            )
+        assert answer.status_code in (200, 201, 204), answer.text
+
+    def subscription(self, sid: str) -> dict[str, Any]:
+        with self.client() as c:
+            answer = c.get(f"{self.root}/__ds/subscriptions/{sid}")
+        assert answer.status_code == 200, answer.text
+        body: dict[str, Any] = answer.json()
+        return body
+
+    def tail(self, path: str) -> str:
+        with self.client() as c:
+            return c.head(f"{self.root}/{path}").headers["stream-next-offset"]
+
+
+def wait_for(check: Callable[[], Any], seconds: float = 15.0) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"not within {seconds} s")
+
+
+@pytest.fixture(scope="module")
+def deployment(own_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    data_dir = tmp_path_factory.mktemp("webhooks")
+    port = free_port()
+    log = data_dir / "receiver.jsonl"
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.webhook_receiver", str(port), str(log)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+    )
+    assert receiver.stdout is not None and receiver.stdout.readline() == b"receiving\n"
+    server = ServerProcess(database_url=own_database, data_dir=data_dir, env=SERVER_ENV).start()
+    worker = WorkerProcess(database_url=own_database, data_dir=data_dir, env=WORKER_ENV).start()
+    yield Deployment(server, worker, Receiver(port, log, receiver), own_database, data_dir)
+    worker.stop()
+    server.stop()
+    receiver.kill()
+    receiver.wait()
+
+
+def body_of(entry: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(base64.b64decode(entry["body"]))
+    return found
+
+
+def verify(entry: dict[str, Any], jwks: dict[str, Any], raw: bytes | None = None) -> str:
+    """The kid that signed `entry`; raises InvalidSignature when it does not verify."""
+    header = entry["headers"]["webhook-signature"]
+    fields = dict(part.split("=", 1) for part in header.split(","))
+    key = next(k for k in jwks["keys"] if k["kid"] == fields["kid"])
+    assert (key["kty"], key["crv"], key["alg"]) == ("OKP", "Ed25519", "EdDSA")
+    public = Ed25519PublicKey.from_public_bytes(base64.urlsafe_b64decode(key["x"] + "=="))
+    signature = base64.urlsafe_b64decode(fields["ed25519"] + "==")
+    body = base64.b64decode(entry["body"]) if raw is None else raw
+    public.verify(signature, fields["t"].encode() + b"." + body)
+    assert abs(int(fields["t"]) - time.time()) < 300
+    return fields["kid"]
+
+
+def test_signatures_verify_against_the_public_jwks(deployment: Deployment) -> None:
+    run = "sig-" + secrets.token_hex(3)
+    sub = deployment.subscribe(deployment.receiver.url(run, done=1), f"{run}/*")
+    deployment.write(f"{run}/a", {"n": 1})
+    entry = wait_for(lambda: deployment.receiver.entries(run))[0]
+    answer = httpx.get(sub["webhook"]["signing"]["jwks_url"], timeout=5)  # no token
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("application/jwk-set+json")
+    jwks = answer.json()
+    assert verify(entry, jwks) == sub["webhook"]["signing"]["kid"]
+    with pytest.raises(InvalidSignature):
+        verify(entry, jwks, raw=base64.b64decode(entry["body"]) + b" ")
+    body = body_of(entry)
+    assert body["subscription_id"] == sub["id"]
+    assert [s["path"] for s in body["streams"]] == [f"{run}/a"]
+
+
+def test_a_receiver_failing_five_times_then_succeeding_is_retried_with_backoff(
+    deployment: Deployment,
+) -> None:
+    run = "flaky-" + secrets.token_hex(3)
+    sub = deployment.subscribe(deployment.receiver.url(run, fail=5, done=1), f"{run}/*")
+    deployment.write(f"{run}/a", {"n": 1})
+    entries = wait_for(lambda: (e := deployment.receiver.entries(run)) and len(e) >= 6 and e, 30)
+    time.sleep(0.5)
+    entries = deployment.receiver.entries(run)
+    assert len(entries) == 6  # five refusals, then the delivery: nothing after it
+    wakes = {(body_of(e)["generation"], body_of(e)["wake_id"]) for e in entries}
+    assert len(wakes) == 1  # every retry is the same wake
+    gaps = [b["at"] - a["at"] for a, b in itertools.pairwise(entries)]
+    for attempt, gap in enumerate(gaps, start=1):  # 0.1, 0.2, 0.4, 0.8, 1.6 s, each +-20%
+        assert gap >= RETRY_BASE * 2 ** (attempt - 1) * 0.8 - 0.02, gaps
+    state = wait_for(
+        lambda: (
+            (s := deployment.subscription(sub["id"]))["streams"][0]["acked_offset"]
+            == deployment.tail(f"{run}/a")
+            and s
+        )
+    )
+    assert state["status"] == "active"
+
+
+def test_a_slow_receiver_does_not_hold_up_another(deployment: Deployment) -> None:
+    slow, fast = "slow-" + secrets.token_hex(3), "fast-" + secrets.token_hex(3)
+    deployment.subscribe(deployment.receiver.url(slow, delay=4, done=1), f"{slow}/*")
+    deployment.subscribe(deployment.receiver.url(fast, done=1), f"{fast}/*")
+    deployment.write(f"{slow}/a", {"n": 1})
+    wait_for(lambda: deployment.receiver.entries(slow))
+    deployment.write(f"{fast}/a", {"n": 1})
+    fast_end = wait_for(lambda: deployment.receiver.entries(fast, "end"))[0]
+    assert not deployment.receiver.entries(slow, "end")  # still held by the slow receiver
+    slow_end = wait_for(lambda: deployment.receiver.entries(slow, "end"))[0]
+    assert fast_end["at"] < slow_end["at"]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_delivery_is_taken_over_and_every_stream_acked_exactly(
+    deployment: Deployment,
+) -> None:
+    run = "kill-" + secrets.token_hex(3)
+    sub = deployment.subscribe(deployment.receiver.url(run, hang_first=20, done=1), f"{run}/*")
+    paths = [f"{run}/s{i}" for i in range(3)]
+    for path in paths:
+        deployment.write(path, [{"n": 1}, {"n": 2}])
+    first = wait_for(lambda: deployment.receiver.entries(run))[0]
+    for path in paths:  # more records while the first wake is held
+        deployment.write(path, {"n": 3}, create=False)
+    deployment.worker.stop(signal.SIGKILL)
+    deployment.worker = WorkerProcess(
+        database_url=deployment.database_url, data_dir=deployment.data_dir, env=WORKER_ENV
+    ).start()
+    tails = {path: deployment.tail(path) for path in paths}
+
+    def acked() -> bool:
+        streams = deployment.subscription(sub["id"])["streams"]
+        return {s["path"]: s["acked_offset"] for s in streams} == tails
+
+    wait_for(acked, 30)
+    entries = deployment.receiver.entries(run)
+    again = body_of(entries[1])
+    assert (again["generation"], again["wake_id"]) == (
+        body_of(first)["generation"],
+        body_of(first)["wake_id"],
+    )  # the delivery was taken over, not a new wake
+    generations = [body_of(e)["generation"] for e in entries]
+    assert generations == sorted(generations)
+    assert len(set(generations)) == len(generations) - 1  # one wake was sent twice, no other

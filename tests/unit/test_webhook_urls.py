@@ -1,0 +1,57 @@
+"""Webhook URL rules (domain.webhook_urls): every refused form is refused before storing."""
+
+from __future__ import annotations
+
+import pytest
+
+from domain.subscriptions import WebhookUrlRejected
+from domain.webhook_urls import check_url
+
+REFUSED_URLS = [
+    "http://10.0.0.1/hook",  # private, and plain http off loopback
+    "https://10.0.0.1/hook",
+    "https://172.16.5.4/hook",
+    "https://192.168.1.1/hook",
+    "https://169.254.169.254/latest/meta-data",  # metadata
+    "https://169.254.10.10/hook",  # link-local
+    "https://[fe80::1]/hook",
+    "https://[fd00::1]/hook",  # unique-local
+    "https://[::ffff:10.0.0.1]/hook",  # IPv4-mapped private
+    "https://224.0.0.1/hook",  # multicast
+    "https://[ff02::1]/hook",
+    "https://0.0.0.0/hook",  # unspecified
+    "https://[::]/hook",
+    "https://100.64.0.1/hook",  # shared address space (CGNAT)
+    "http://example.com/hook",  # plain http to a public name
+    "ftp://example.com/hook",
+    "https://user:pw@example.com/hook",  # credentials
+    "https:///nohost",
+    "not a url",
+]
+
+
+@pytest.mark.parametrize("url", REFUSED_URLS)
+def test_a_refused_url_is_refused_before_it_is_stored(url: str) -> None:
+    with pytest.raises(WebhookUrlRejected):
+        check_url(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://hooks.example.com/x",
+        "http://127.0.0.1:8080/hook",
+        "http://127.0.0.5/hook",
+        "http://localhost:9/hook",
+        "http://[::1]:9/hook",
+        "https://8.8.8.8/hook",
+    ],
+)
+def test_https_and_http_to_loopback_are_accepted(url: str) -> None:
+    check_url(url)
+
+
+def test_an_allowed_host_may_be_plain_http_and_private() -> None:
+    check_url("http://hooks.internal/x", frozenset({"hooks.internal"}))
+    with pytest.raises(WebhookUrlRejected):
+        check_url("http://hooks.internal/x")
