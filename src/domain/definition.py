@@ -171,14 +171,28 @@ class StreamDefinition(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     fork: Fork | None = None
 
 
-# Documented: the document says "at most one" (resolve_definition refuses both, with its answer).
+# Documented: the document says "one of: sliding, absolute, never" (resolve_definition refuses
+# both, with its answer); a value given as null is as if absent.
+_ABSENT = {"type": "null"}
 _AT_MOST_ONE = msgspec.Meta(
     extra_json_schema={
-        "not": {
-            "properties": {"idle_seconds": {"type": "integer"}, "expires_at": {"type": "string"}},
-            "required": ["idle_seconds", "expires_at"],
-        },
-        "description": "At most one of idle_seconds and expires_at.",
+        "oneOf": [
+            {
+                "title": "Sliding",
+                "required": ["idle_seconds"],
+                "properties": {"idle_seconds": {"type": "integer"}, "expires_at": _ABSENT},
+            },
+            {
+                "title": "Absolute",
+                "required": ["expires_at"],
+                "properties": {"expires_at": {"type": "string"}, "idle_seconds": _ABSENT},
+            },
+            {
+                "title": "Never",
+                "properties": {"idle_seconds": _ABSENT, "expires_at": _ABSENT},
+            },
+        ],
+        "description": "idle_seconds or expires_at, not both (neither: it never expires).",
     }
 )
 

@@ -305,7 +305,8 @@ class RequestTooLarge(StreamsError):
 
 
 class ObjectTooLarge(StreamsError):
-    """413: an object over 32 MiB, or an upload past its prepared size."""
+    """413: an upload past its prepared size, or over 32 MiB (a prepare that declares more
+    than 32 MiB breaks its schema: `InvalidInput`)."""
 
     code_of_class = "object-too-large"
 

@@ -131,8 +131,9 @@ async def test_objects_over_32_mib_are_refused_at_prepare(
     fields = prepare_body()
     fields["size"] = 32 * 1024 * 1024 + 1
     refused = await api.post(f"{path}/objects", json=fields)
-    assert refused.status_code == 413
-    assert refused.json()["code"] == "object-too-large"
+    # Over the cap the document states (`size` at most 32 MiB): a schema-violating body, 400.
+    assert refused.status_code == 400
+    assert refused.json()["code"] == "invalid-input"
 
 
 async def test_only_the_preparing_principal_may_touch_the_intent(

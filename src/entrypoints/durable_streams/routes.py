@@ -8,53 +8,152 @@ function in `protocol` (or a module beside it) taking the same plain values."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from litestar import Controller, Request, delete, get, post, put
+from litestar.openapi.spec import Operation
 from litestar.types import ASGIApp
 
 from application.access import Caller
+from domain.definition import MAX_IDLE_SECONDS
+from domain.ids import ID_PATTERN
+from domain.producers import MAX_PRODUCER_ID_LENGTH, MAX_WRITER_SEQ_LENGTH
 from entrypoints.container import Services
-from entrypoints.durable_streams import protocol
+from entrypoints.durable_streams import protocol, wire
 from entrypoints.edge.head import RequestHeaders
 from entrypoints.edge.head_method import is_head
-from entrypoints.http.openapi import Answer, Header, RequestBody, documented
+from entrypoints.http.openapi import Answer, Header, Link, RequestBody, decimal_pattern, documented
 
 ON_A_STREAM = ("unauthenticated", "invalid-input", "unavailable", "forbidden", "not-found")
-ANY_BODY = RequestBody("*/*", schema={"type": "string", "format": "binary"})
-OFFSET = {"type": "string"}
-NEXT_OFFSET = Header("Stream-Next-Offset", "The offset after the stream's (or this read's) end")
+ANY_JSON: dict[str, Any] = {"description": "Any JSON value: one message, or an array of them"}
+NOT_EMPTY_JSON: dict[str, Any] = {
+    "description": "Any JSON value: one message, or a non-empty array of them",
+    "not": {"type": "array", "maxItems": 0},
+}
+# A stream carries the media type it was created with, any type: a body in JSON (a stream of
+# application/json), or bytes in the stream's own type.
+STREAM_BYTES: dict[str, Any] = {"type": "string", "format": "binary"}
+SOME_BYTES: dict[str, Any] = {**STREAM_BYTES, "minLength": 1}
+CREATE_BODY = RequestBody("*/*", content=((wire.JSON, ANY_JSON), ("*/*", STREAM_BYTES)))
+# An append needs a body (a close, Stream-Closed: true, may have none), in the stream's type.
+APPEND_BODY = RequestBody("*/*", content=((wire.JSON, NOT_EMPTY_JSON), ("*/*", SOME_BYTES)))
+ID_TEXT = ID_PATTERN.removeprefix("^").removesuffix("$")
+OFFSET_TEXT = "0{16}_[0-9]{16}"
+OFFSET = {"type": "string", "pattern": f"^{OFFSET_TEXT}$"}
+DECIMAL = {"type": "string", "pattern": decimal_pattern(wire.MAX_PRODUCER_INTEGER)}
+# What `isprintable` keeps of ASCII, with no space at either end (header values are trimmed).
+PRINTABLE = "[!-~](?:[ -~]{0,%d}[!-~])?"
+NEXT_OFFSET = Header(
+    "Stream-Next-Offset", "The offset after the stream's (or this read's) end", OFFSET
+)
+# A live=sse read says it in its control events instead.
+READ_TO = Header(
+    "Stream-Next-Offset", "The offset after this read's end (not on live=sse)", OFFSET, False
+)
+# Each event as the event-stream reader sees it: on live=sse, `data` carries the stream's bytes
+# (a JSON array for application/json, text for text/*, base64 otherwise) and `control` the
+# read's position (JSON). A stream created as text/event-stream reads as its own events.
+SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+    "oneOf": [
+        {"properties": {"event": {"const": "data"}}, "required": ["event"]},
+        {
+            "properties": {
+                "event": {"const": "control"},
+                "data": {"contentMediaType": "application/json"},
+            },
+            "required": ["event"],
+        },
+        {
+            "description": "an event of the stream's own (a stream of text/event-stream)",
+            "properties": {"event": {"not": {"enum": ["data", "control"]}}},
+        },
+    ],
+}
 CLOSED = Header("Stream-Closed", "Present when the stream is closed", {"const": "true"}, False)
 UP_TO_DATE = Header(
     "Stream-Up-To-Date", "This answer reaches the stream's head", {"const": "true"}, False
 )
 CURSOR = Header(
-    "Stream-Cursor", "Echo as `cursor` on the next live read", {"type": "string"}, False
+    "Stream-Cursor",
+    "Echo as `cursor` on the next live read",
+    {"type": "string", "pattern": "^[0-9]+$"},
+    False,
 )
 ETAG = Header("ETag", "Validates this range of the stream", required=False)
-PRODUCER_EPOCH = Header("Producer-Epoch", "The producer's epoch", {"type": "string"}, False)
-PRODUCER_SEQ = Header(
-    "Producer-Seq", "The highest accepted seq of the epoch", {"type": "string"}, False
+PRODUCER_EPOCH = Header("Producer-Epoch", "The producer's epoch", DECIMAL, False)
+PRODUCER_SEQ = Header("Producer-Seq", "The highest accepted seq of the epoch", DECIMAL, False)
+CLOSE = Header(
+    "Stream-Closed",
+    "`true` (in any case) closes the stream (after this body); any other value is as if absent",
+    {"type": "string"},
+    False,
 )
-STREAM_BYTES = {"type": "string", "format": "binary"}
+# Rules between parameters, which OpenAPI cannot state (each parameter has its own schema), said
+# in their descriptions and in docs/http-api.md ("The OpenAPI document"): Stream-TTL or
+# Stream-Expires-At, not both; Stream-Fork-Offset and Stream-Fork-Sub-Offset only with
+# Stream-Forked-From, a sub-offset above 0 only with an offset; Producer-Id, Producer-Epoch and
+# Producer-Seq all three or none; `live` only with `offset`.
+THE_STREAM = {"stream_id": "$request.path.stream_id"}
+IN_THE_RUN = {"run_id": "$request.path.run_id", **THE_STREAM}
 
-_CREATE = documented(
-    Answer(201, "Created", headers=(NEXT_OFFSET, CLOSED, Header("Location", "The stream's URL"))),
-    Answer(200, "It exists with this configuration", headers=(NEXT_OFFSET, CLOSED)),
-    problems=(*ON_A_STREAM, "definition-conflict", "request-too-large", "record-too-large"),
-    request_body=ANY_BODY,
-    request_headers=(
-        Header("Stream-TTL", "Sliding expiry in seconds", {"type": "string"}, False),
-        Header("Stream-Expires-At", "Absolute expiry (RFC 3339)", {"type": "string"}, False),
-        Header("Stream-Closed", "Create it closed", {"type": "string"}, False),
-        Header("Stream-Forked-From", "Fork this stream's path", {"type": "string"}, False),
-        Header("Stream-Fork-Offset", "Where the fork diverges", {"type": "string"}, False),
-        Header(
-            "Stream-Fork-Sub-Offset",
-            "Past the offset: messages or bytes",
-            {"type": "string"},
-            False,
+
+def _documented_create(
+    read: str, append: str, delete: str, where: dict[str, str]
+) -> type[Operation]:
+    """A create's declarations; its 201 leads to the stream it made, at the same URL."""
+    return documented(
+        Answer(
+            201,
+            "Created; the answer's Content-Type is the stream's",
+            headers=(NEXT_OFFSET, CLOSED, Header("Location", "The stream's URL")),
+            links=tuple(Link(operation, where) for operation in (read, append, delete)),
         ),
-    ),
-)
+        Answer(200, "It exists with this configuration", headers=(NEXT_OFFSET, CLOSED)),
+        problems=(*ON_A_STREAM, "definition-conflict", "request-too-large", "record-too-large"),
+        request_body=CREATE_BODY,
+        request_headers=(
+            Header(
+                "Stream-TTL",
+                "Sliding expiry in seconds (not with Stream-Expires-At)",
+                {"type": "string", "pattern": decimal_pattern(MAX_IDLE_SECONDS, minimum=1)},
+                False,
+            ),
+            Header(
+                "Stream-Expires-At",
+                "Absolute expiry, RFC 3339 with its offset, in the future (not with Stream-TTL)",
+                {"type": "string", "format": "date-time"},
+                False,
+            ),
+            Header(
+                "Stream-Closed", "`true` (any case): create it closed", {"type": "string"}, False
+            ),
+            Header(
+                "Stream-Forked-From",
+                "Fork the stream at this path (below the mount)",
+                {"type": "string", "pattern": f"^/v1/stream/(?:{ID_TEXT}/)?{ID_TEXT}$"},
+                False,
+            ),
+            Header(
+                "Stream-Fork-Offset",
+                "Where the fork diverges: a returned offset, or -1 (with Stream-Forked-From)",
+                {"type": "string", "pattern": f"^(?:-1|{OFFSET_TEXT})$"},
+                False,
+            ),
+            Header(
+                "Stream-Fork-Sub-Offset",
+                "Messages or bytes past the offset (with Stream-Forked-From; if not 0, an offset)",
+                DECIMAL,
+                False,
+            ),
+        ),
+    )
+
+
+_CREATE_ONE = _documented_create("dsRead", "dsAppend", "dsDelete", THE_STREAM)
+_CREATE_IN_RUN = _documented_create("dsReadInRun", "dsAppendInRun", "dsDeleteInRun", IN_THE_RUN)
 _APPEND = documented(
     Answer(
         204,
@@ -79,24 +178,36 @@ _APPEND = documented(
         "request-too-large",
         "stream-gone",
     ),
-    request_body=ANY_BODY,
+    request_body=APPEND_BODY,
     request_headers=(
-        Header("Stream-Closed", "Close the stream (after this body)", {"type": "string"}, False),
+        CLOSE,
         Header(
-            "Stream-Seq", "Writer sequence: byte-wise above the last one", {"type": "string"}, False
+            "Stream-Seq",
+            "Writer sequence: byte-wise above the last one",
+            {"type": "string", "pattern": f"^{PRINTABLE % (MAX_WRITER_SEQ_LENGTH - 2)}$"},
+            False,
         ),
-        Header("Producer-Id", "Idempotent producer", {"type": "string"}, False),
-        Header("Producer-Epoch", "The producer's epoch", {"type": "string"}, False),
-        Header("Producer-Seq", "The producer's batch number", {"type": "string"}, False),
+        Header(
+            "Producer-Id",
+            "Idempotent producer (with Producer-Epoch and Producer-Seq)",
+            {"type": "string", "pattern": f"^{PRINTABLE % (MAX_PRODUCER_ID_LENGTH - 2)}$"},
+            False,
+        ),
+        Header("Producer-Epoch", "The producer's epoch (with Producer-Id)", DECIMAL, False),
+        Header("Producer-Seq", "The producer's batch number (with Producer-Id)", DECIMAL, False),
     ),
 )
 _READ = documented(
     Answer(
         200,
-        "The stream's bytes (a JSON array for application/json; events for live=sse)",
-        media_type="application/octet-stream",
-        schema=STREAM_BYTES,
-        headers=(NEXT_OFFSET, UP_TO_DATE, CLOSED, CURSOR, ETAG),
+        "The stream's bytes in its own media type (a JSON array for application/json; "
+        "events for live=sse)",
+        content=(
+            (wire.JSON, {"type": "array"}),
+            ("text/event-stream", SSE_EVENT),
+            ("*/*", STREAM_BYTES),
+        ),
+        headers=(READ_TO, UP_TO_DATE, CLOSED, CURSOR, ETAG),
     ),
     Answer(
         204,
@@ -111,6 +222,16 @@ _READ = documented(
         "egress-region-denied",
         "stream-gone",
         "too-many-subscriptions",  # live=sse and a waiting live=long-poll are live connections
+    ),
+    query=(
+        Header(
+            "offset",
+            "Read from here: an offset the server returned, -1 (the start) or now (the head)",
+            {"type": "string", "pattern": f"^(?:-1|now|{OFFSET_TEXT})$"},
+            False,
+        ),
+        Header("live", "Wait for records (with an offset)", {"enum": ["long-poll", "sse"]}, False),
+        Header("cursor", "The last Stream-Cursor answered", {"type": "string"}, False),
     ),
 )
 _DELETE = documented(
@@ -166,36 +287,58 @@ class DurableStreamsController(Controller):
     path = protocol.PREFIX + protocol.STREAM_PATH
     tags = ["durable-streams"]
 
-    @put(ONE, operation_id="dsCreate", summary="Create a stream (run default)", opt=_CREATE)
+    @put(
+        ONE,
+        operation_id="dsCreate",
+        summary="Create a stream (run default)",
+        operation_class=_CREATE_ONE,
+    )
     async def create_one(self, request: Request) -> ASGIApp:
         return await _create(request)
 
-    @put(IN_RUN, operation_id="dsCreateInRun", summary="Create a stream", opt=_CREATE)
+    @put(
+        IN_RUN,
+        operation_id="dsCreateInRun",
+        summary="Create a stream",
+        operation_class=_CREATE_IN_RUN,
+    )
     async def create_in_run(self, request: Request) -> ASGIApp:
         return await _create(request)
 
-    @post(ONE, operation_id="dsAppend", summary="Append, close (run default)", opt=_APPEND)
+    @post(
+        ONE, operation_id="dsAppend", summary="Append, close (run default)", operation_class=_APPEND
+    )
     async def append_one(self, request: Request) -> ASGIApp:
         return await _append(request)
 
-    @post(IN_RUN, operation_id="dsAppendInRun", summary="Append, close", opt=_APPEND)
+    @post(IN_RUN, operation_id="dsAppendInRun", summary="Append, close", operation_class=_APPEND)
     async def append_in_run(self, request: Request) -> ASGIApp:
         return await _append(request)
 
-    @get(ONE, operation_id="dsRead", summary="Read (run default)", opt=_READ)
+    @get(ONE, operation_id="dsRead", summary="Read (run default)", operation_class=_READ)
     async def read_one(self, request: Request) -> ASGIApp:
         return await _read(request)
 
-    @get(IN_RUN, operation_id="dsReadInRun", summary="Read", opt=_READ)
+    @get(IN_RUN, operation_id="dsReadInRun", summary="Read", operation_class=_READ)
     async def read_in_run(self, request: Request) -> ASGIApp:
         return await _read(request)
 
     @delete(
-        ONE, operation_id="dsDelete", summary="Delete (run default)", status_code=204, opt=_DELETE
+        ONE,
+        operation_id="dsDelete",
+        summary="Delete (run default)",
+        status_code=204,
+        operation_class=_DELETE,
     )
     async def delete_one(self, request: Request) -> None:
         await _erase(request)
 
-    @delete(IN_RUN, operation_id="dsDeleteInRun", summary="Delete", status_code=204, opt=_DELETE)
+    @delete(
+        IN_RUN,
+        operation_id="dsDeleteInRun",
+        summary="Delete",
+        status_code=204,
+        operation_class=_DELETE,
+    )
     async def delete_in_run(self, request: Request) -> None:
         await _erase(request)

@@ -206,7 +206,7 @@ class SubscriptionsController(Controller):
     path = protocol.PREFIX + protocol.STREAM_PATH + DS
     tags = ["durable-streams"]
 
-    @get("/jwks.json", operation_id="dsJwks", summary="Webhook signing keys", opt=_JWKS)
+    @get("/jwks.json", operation_id="dsJwks", summary="Webhook signing keys", operation_class=_JWKS)
     async def jwks(self, request: Request) -> ASGIApp:
         services: Services = request.app.state.services
         keys = await services.webhook_keys.jwks()
@@ -216,7 +216,9 @@ class SubscriptionsController(Controller):
             _encode(keys),
         )
 
-    @put(SUB, operation_id="dsSubscriptionPut", summary="Create a subscription", opt=_PUT)
+    @put(
+        SUB, operation_id="dsSubscriptionPut", summary="Create a subscription", operation_class=_PUT
+    )
     async def put_subscription(self, request: Request, subscription_id: str) -> ASGIApp:
         async def run() -> Answer:
             services, caller = await _authenticated(request)
@@ -230,7 +232,7 @@ class SubscriptionsController(Controller):
 
         return await _guarded(run())
 
-    @get(SUB, operation_id="dsSubscriptionGet", summary="Read a subscription", opt=_GET)
+    @get(SUB, operation_id="dsSubscriptionGet", summary="Read a subscription", operation_class=_GET)
     async def get_subscription(self, request: Request, subscription_id: str) -> ASGIApp:
         async def run() -> Answer:
             services, caller = await _authenticated(request)
@@ -244,7 +246,7 @@ class SubscriptionsController(Controller):
         operation_id="dsSubscriptionDelete",
         summary="Delete a subscription",
         status_code=200,  # the answer is an ASGI app that sends its own 204
-        opt=_DELETE,
+        operation_class=_DELETE,
     )
     async def delete_subscription(self, request: Request, subscription_id: str) -> ASGIApp:
         async def run() -> Answer:
@@ -254,7 +256,12 @@ class SubscriptionsController(Controller):
 
         return await _guarded(run())
 
-    @post(SUB + "/streams", operation_id="dsSubscriptionLink", summary="Link streams", opt=_STREAMS)
+    @post(
+        SUB + "/streams",
+        operation_id="dsSubscriptionLink",
+        summary="Link streams",
+        operation_class=_STREAMS,
+    )
     async def add_streams(self, request: Request, subscription_id: str) -> ASGIApp:
         async def run() -> Answer:
             services, caller = await _authenticated(request)
@@ -271,7 +278,7 @@ class SubscriptionsController(Controller):
         operation_id="dsSubscriptionUnlink",
         summary="Unlink an explicit stream",
         status_code=200,  # the answer is an ASGI app that sends its own 204
-        opt=_DELETE,
+        operation_class=_DELETE,
     )
     async def remove_stream(
         self, request: Request, subscription_id: str, stream_path: str
@@ -288,12 +295,17 @@ class SubscriptionsController(Controller):
         SUB + "/callback",
         operation_id="dsWebhookCallback",
         summary="Webhook callback",
-        opt=_CALLBACK,
+        operation_class=_CALLBACK,
     )
     async def callback(self, request: Request, subscription_id: str) -> ASGIApp:
         return await _guarded(self._ack(request, subscription_id, WEBHOOK))
 
-    @post(SUB + "/ack", operation_id="dsPullWakeAck", summary="Pull-wake ack", opt=_CALLBACK)
+    @post(
+        SUB + "/ack",
+        operation_id="dsPullWakeAck",
+        summary="Pull-wake ack",
+        operation_class=_CALLBACK,
+    )
     async def ack(self, request: Request, subscription_id: str) -> ASGIApp:
         return await _guarded(self._ack(request, subscription_id, WAKE_EVENT))
 
@@ -306,7 +318,12 @@ class SubscriptionsController(Controller):
         )
         return _json(200, {"ok": True, "next_wake": next_wake})
 
-    @post(SUB + "/claim", operation_id="dsPullWakeClaim", summary="Pull-wake claim", opt=_CLAIM)
+    @post(
+        SUB + "/claim",
+        operation_id="dsPullWakeClaim",
+        summary="Pull-wake claim",
+        operation_class=_CLAIM,
+    )
     async def claim(self, request: Request, subscription_id: str) -> ASGIApp:
         async def run() -> Answer:
             services, caller = await _authenticated(request)
@@ -334,7 +351,7 @@ class SubscriptionsController(Controller):
         SUB + "/release",
         operation_id="dsPullWakeRelease",
         summary="Pull-wake release",
-        opt=_RELEASE,
+        operation_class=_RELEASE,
     )
     async def release(self, request: Request, subscription_id: str) -> ASGIApp:
         async def run() -> Answer:

@@ -14,7 +14,6 @@ from litestar import Litestar, Request, Response, get
 from litestar.enums import ScopeType
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from adapters.postgres.bounded import BoundedPool, bounded
@@ -30,11 +29,11 @@ from entrypoints.durable_streams.subscriptions import SubscriptionsController
 from entrypoints.edge.browser import browser_headers
 from entrypoints.edge.head_method import serve_head
 from entrypoints.front import append_front
-from entrypoints.http import openapi, problems
+from entrypoints.http import problems
 from entrypoints.http.methods import every_method_in_options
 from entrypoints.http.objects import ObjectsController
 from entrypoints.http.observability import metrics, request_middleware
-from entrypoints.http.openapi import Answer, documented
+from entrypoints.http.openapi import SECURITY, Answer, WireDocument, documented
 from entrypoints.http.outages import outage_handlers
 from entrypoints.http.request_checks import check_request
 from entrypoints.http.streams import RunsController, StreamsController
@@ -62,7 +61,7 @@ class Health(msgspec.Struct, frozen=True):
     "/healthz",
     operation_id="healthz",
     tags=["operations"],
-    opt=documented(Answer(200, "The process answers", Health), authenticated=False),
+    operation_class=documented(Answer(200, "The process answers", Health), authenticated=False),
 )
 async def healthz() -> Health:
     return Health(status="ok")
@@ -72,7 +71,7 @@ async def healthz() -> Health:
     "/readyz",
     operation_id="readyz",
     tags=["operations"],
-    opt=documented(
+    operation_class=documented(
         Answer(200, "Ready: PostgreSQL answers", Health),
         Answer(503, "Not ready: PostgreSQL does not answer", Health),
         authenticated=False,
@@ -95,6 +94,24 @@ async def readyz(request: Request) -> Response[Health]:
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
             return Response(Health(status="unavailable"), status_code=503)
     return Response(Health(status="ready"))
+
+
+# The handler lives beside the metrics it reads; its route is declared here, where the
+# document's declarations can be imported (observability.py is imported by problems.py).
+metrics_route = get(
+    "/metrics",
+    operation_id="metrics",
+    tags=["operations"],
+    operation_class=documented(
+        Answer(
+            200,
+            "Prometheus text exposition",
+            media_type="text/plain",
+            schema={"type": "string"},
+        ),
+        authenticated=False,
+    ),
+)(metrics)
 
 
 def create_app(container: Container, *, front: bool = True) -> Litestar:
@@ -135,7 +152,7 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
                 DurableStreamsController,
                 healthz,
                 readyz,
-                metrics,
+                metrics_route,
                 *CONSOLE_ROUTES,  # outside the API prefix: the page needs no token to load
             ],
             middleware=[request_middleware],
@@ -156,14 +173,14 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
                     "HEAD is served wherever GET is: GET's status and headers, no body."
                 ),
                 path="/schema",
-                render_plugins=[JsonRenderPlugin()],
+                render_plugins=[WireDocument()],
+                components=SECURITY,
             ),
             debug=False,
             # Logging is configured once, as JSON lines (entrypoints/logs.py): Litestar's own
             # configuration would replace the root handler with its plain-text one.
             logging_config=None,
         )
-    openapi.complete(app, elsewhere={"metrics": METRICS_DOCUMENTED})
     app.asgi_handler = every_method_in_options(app, app.asgi_handler)
     # Around the router and the exception handlers, so that a HEAD is routed as its GET and
     # answers its problems too (404, 401, 405).
@@ -195,17 +212,6 @@ def with_budget(asgi: ASGIApp, seconds: float) -> ASGIApp:
             await asgi(scope, receive, send)
 
     return bounded_request
-
-
-METRICS_DOCUMENTED = documented(
-    Answer(
-        200,
-        "Prometheus text exposition",
-        media_type="text/plain",
-        schema={"type": "string"},
-    ),
-    authenticated=False,
-)
 
 
 def begin_stopping(app: Litestar) -> None:

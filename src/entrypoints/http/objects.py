@@ -70,7 +70,7 @@ class ObjectsController(Controller):
         "",
         operation_id="prepareObject",
         summary="Prepare an object intent",
-        opt=documented(
+        operation_class=documented(
             Answer(
                 201,
                 "Prepared: upload the body to `upload.url`",
@@ -88,7 +88,6 @@ class ObjectsController(Controller):
             problems=(
                 *ON_A_STREAM,
                 *WITH_A_BODY,
-                "object-too-large",
                 "stream-closed",
                 "idempotency-key-reused",
                 "quota-exhausted",
@@ -113,7 +112,7 @@ class ObjectsController(Controller):
         "",
         operation_id="listObjects",
         summary="List the stream's open object intents",
-        opt=documented(
+        operation_class=documented(
             Answer(
                 200,
                 "Open (prepared or uploaded) intents after `after`, oldest first",
@@ -148,7 +147,7 @@ class ObjectsController(Controller):
         summary="Upload an object's body (streamed, checked against the intent)",
         request_max_body_size=None,  # the intent's size is the limit, enforced while streaming
         status_code=200,
-        opt=documented(
+        operation_class=documented(
             Answer(200, "Uploaded: size and digest matched the intent", ObjectView),
             problems=(
                 *ON_A_STREAM,
@@ -176,7 +175,7 @@ class ObjectsController(Controller):
         OBJECT + "/commit",
         operation_id="commitObject",
         summary="Commit an uploaded object",
-        opt=documented(
+        operation_class=documented(
             Answer(201, "Committed: a record carries the object", CommitAnswer),
             Answer(200, "Committed before: the original record's sequence", CommitAnswer),
             problems=(
@@ -200,7 +199,7 @@ class ObjectsController(Controller):
         operation_id="abortObject",
         summary="Abort an object",
         status_code=200,
-        opt=documented(
+        operation_class=documented(
             Answer(200, "Aborted (aborting again changes nothing)", ObjectView),
             problems=(*ON_A_STREAM, "object-state-conflict"),
         ),
@@ -215,7 +214,9 @@ class ObjectsController(Controller):
         OBJECT,
         operation_id="getObject",
         summary="Read an object's metadata and state",
-        opt=documented(Answer(200, "The object intent", ObjectView), problems=ON_A_STREAM),
+        operation_class=documented(
+            Answer(200, "The object intent", ObjectView), problems=ON_A_STREAM
+        ),
     )
     async def describe(
         self, request: Request, run_id: str, stream_id: str, object_id: str
@@ -227,7 +228,7 @@ class ObjectsController(Controller):
         OBJECT + "/body",
         operation_id="getObjectBody",
         summary="Download a committed body",
-        opt=documented(
+        operation_class=documented(
             Answer(
                 200,
                 "The whole body, in its content type",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from litestar import Request, Response, get
+from litestar import Request, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     Gauge,
@@ -77,7 +77,6 @@ def request_middleware(app: Any) -> Any:
     return middleware
 
 
-@get("/metrics", operation_id="metrics", tags=["operations"], include_in_schema=True)
 async def metrics(request: Request) -> Response[bytes]:
     container: Container = request.app.state.container
     SUBSCRIBERS.set((await provided(container.live_slots)).count())

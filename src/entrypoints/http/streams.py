@@ -62,6 +62,9 @@ DELIVERING = (*ON_A_STREAM, "egress-region-denied")
 WITH_A_BODY = ("request-too-large",)
 LOCATION = Header("Location", "The stream's URL")
 _THE_STREAM = {"run_id": "$request.path.run_id", "stream_id": "$response.body#/stream_id"}
+# An acknowledgement creates its consumer (the first time): it is listed, and may be removed.
+_THE_STREAM_ASKED = {"run_id": "$request.path.run_id", "stream_id": "$request.path.stream_id"}
+_CONSUMER = "$request.path.consumer_id"
 TO_THE_STREAM = tuple(
     Link(operation, _THE_STREAM)
     for operation in (
@@ -130,7 +133,7 @@ class StreamsController(Controller):
         "",
         operation_id="createStream",
         summary="Create a stream definition",
-        opt=documented(
+        operation_class=documented(
             Answer(201, "Created", StreamDocument, headers=(LOCATION,), links=TO_THE_STREAM),
             Answer(
                 200,
@@ -163,7 +166,7 @@ class StreamsController(Controller):
         "",
         operation_id="listStreams",
         summary="List a run's streams",
-        opt=documented(
+        operation_class=documented(
             Answer(
                 200,
                 "The run's streams after `after` this caller may read, ascending by stream_id",
@@ -194,7 +197,9 @@ class StreamsController(Controller):
         STREAM,
         operation_id="getStream",
         summary="Read a stream's definition and state",
-        opt=documented(Answer(200, "The stream document", StreamDocument), problems=ON_A_STREAM),
+        operation_class=documented(
+            Answer(200, "The stream document", StreamDocument), problems=ON_A_STREAM
+        ),
     )
     async def get_stream(self, request: Request, run_id: str, stream_id: str) -> StreamDocument:
         services, caller = await authenticated(request)
@@ -204,7 +209,7 @@ class StreamsController(Controller):
         STREAM + "/records",
         operation_id="appendRecords",
         summary="Append records",
-        opt=documented(
+        operation_class=documented(
             Answer(201, "Appended", AppendAnswer),
             Answer(
                 200,
@@ -253,7 +258,7 @@ class StreamsController(Controller):
         STREAM + "/records",
         operation_id="readRecords",
         summary="Read records after a cursor",
-        opt=documented(
+        operation_class=documented(
             Answer(200, "The records after the cursor, ascending", RecordsPage),
             problems=(
                 *DELIVERING,
@@ -287,7 +292,7 @@ class StreamsController(Controller):
         STREAM + "/subscribe",
         operation_id="subscribe",
         summary="Follow records live (SSE)",
-        opt=documented(
+        operation_class=documented(
             Answer(
                 200,
                 "Events `record` (id: the sequence), then `closed`, `gone` or `deleted` "
@@ -336,8 +341,16 @@ class StreamsController(Controller):
         operation_id="acknowledge",
         summary="Acknowledge a consumer's progress",
         status_code=200,
-        opt=documented(
-            Answer(200, "The consumer's acknowledgement and the stream's credit", AckAnswer),
+        operation_class=documented(
+            Answer(
+                200,
+                "The consumer's acknowledgement and the stream's credit",
+                AckAnswer,
+                links=(
+                    Link("listConsumers", _THE_STREAM_ASKED),
+                    Link("deleteConsumer", {**_THE_STREAM_ASKED, "consumer_id": _CONSUMER}),
+                ),
+            ),
             problems=(
                 *ON_A_STREAM,
                 *WITH_A_BODY,
@@ -360,7 +373,7 @@ class StreamsController(Controller):
         STREAM + "/consumers",
         operation_id="listConsumers",
         summary="List a stream's consumers",
-        opt=documented(
+        operation_class=documented(
             Answer(200, "The consumers after `after`, ascending by consumer_id", ConsumerList),
             problems=ON_A_STREAM,
         ),
@@ -390,7 +403,7 @@ class StreamsController(Controller):
         operation_id="deleteConsumer",
         summary="Remove a consumer (releases what it held back)",
         status_code=204,
-        opt=documented(
+        operation_class=documented(
             Answer(204, "Removed: credit no longer counts it; its ID may be created again"),
             problems=ON_A_STREAM,
         ),
@@ -406,7 +419,7 @@ class StreamsController(Controller):
         operation_id="closeStream",
         summary="Close a stream",
         status_code=200,
-        opt=documented(
+        operation_class=documented(
             Answer(200, "The stream document (closing again changes nothing)", StreamDocument),
             problems=ON_A_STREAM,
         ),
@@ -419,7 +432,7 @@ class StreamsController(Controller):
         STREAM + "/legal-hold",
         operation_id="setLegalHold",
         summary="Set the legal hold",
-        opt=documented(
+        operation_class=documented(
             Answer(200, "The legal hold", LegalHoldView),
             problems=(*ON_A_STREAM, *WITH_A_BODY),
             request_body=LegalHoldBody,
@@ -435,7 +448,7 @@ class StreamsController(Controller):
         operation_id="deleteStream",
         summary="Delete (erase) a stream",
         status_code=204,
-        opt=documented(
+        operation_class=documented(
             Answer(204, "Erased: every route for the stream answers 404 from now on"),
             problems=(*ON_A_STREAM, "legal-hold-active"),
         ),
@@ -453,7 +466,7 @@ class RunsController(Controller):
         "",
         operation_id="listRuns",
         summary="List the tenant's runs",
-        opt=documented(
+        operation_class=documented(
             Answer(200, "The runs after `after`, ascending by run_id", RunList),
             problems=(*EVERY_ROUTE, "forbidden"),
         ),
@@ -487,7 +500,7 @@ class RunsController(Controller):
         operation_id="deleteRun",
         summary="Delete (erase) every stream of a run, all or nothing",
         status_code=204,
-        opt=documented(
+        operation_class=documented(
             Answer(204, "Every stream of the run is erased"),
             problems=(*EVERY_ROUTE, "forbidden", "not-found", "misdirected", "legal-hold-active"),
         ),

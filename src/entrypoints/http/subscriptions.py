@@ -231,7 +231,7 @@ class SubscriptionsApiController(Controller):
         SUB,
         operation_id="putSubscription",
         summary="Create (201) or re-confirm (200) a subscription",
-        opt=documented(
+        operation_class=documented(
             Answer(201, "Created", SubscriptionView),
             Answer(200, "Re-confirmed: the same configuration", SubscriptionView),
             problems=(*PROBLEMS, *WITH_A_BODY, "subscription-conflict", "webhook-url-rejected"),
@@ -265,7 +265,9 @@ class SubscriptionsApiController(Controller):
         SUB,
         operation_id="getSubscription",
         summary="A subscription, its streams and their acknowledged sequences",
-        opt=documented(Answer(200, "The subscription", SubscriptionView), problems=PROBLEMS),
+        operation_class=documented(
+            Answer(200, "The subscription", SubscriptionView), problems=PROBLEMS
+        ),
     )
     async def get_subscription(self, request: Request, subscription_id: str) -> SubscriptionView:
         services, caller = await authenticated(request)
@@ -277,7 +279,7 @@ class SubscriptionsApiController(Controller):
         operation_id="deleteSubscription",
         summary="Delete a subscription",
         status_code=204,
-        opt=documented(Answer(204, "Deleted"), problems=PROBLEMS),
+        operation_class=documented(Answer(204, "Deleted"), problems=PROBLEMS),
     )
     async def delete_subscription(self, request: Request, subscription_id: str) -> None:
         services, caller = await authenticated(request)
@@ -288,7 +290,7 @@ class SubscriptionsApiController(Controller):
         operation_id="linkSubscriptionStreams",
         summary="Link streams explicitly (from their current head)",
         status_code=204,
-        opt=documented(
+        operation_class=documented(
             Answer(204, "Linked"), problems=(*PROBLEMS, *WITH_A_BODY), request_body=StreamsRequest
         ),
     )
@@ -304,7 +306,7 @@ class SubscriptionsApiController(Controller):
         operation_id="unlinkSubscriptionStream",
         summary="Remove a stream's explicit link (a matching pattern keeps it linked)",
         status_code=204,
-        opt=documented(Answer(204, "Unlinked"), problems=PROBLEMS),
+        operation_class=documented(Answer(204, "Unlinked"), problems=PROBLEMS),
     )
     async def remove_stream(
         self, request: Request, subscription_id: str, run_id: str, stream_id: str
@@ -318,7 +320,7 @@ class SubscriptionsApiController(Controller):
         operation_id="claimSubscription",
         summary="Claim a pull-wake subscription's wake",
         status_code=200,
-        opt=documented(
+        operation_class=documented(
             Answer(200, "Claimed", ClaimAnswer),
             problems=(*PROBLEMS, *WITH_A_BODY, "already-claimed", "no-pending-work"),
             request_body=ClaimRequest,
@@ -363,7 +365,7 @@ class SubscriptionsApiController(Controller):
         operation_id="subscriptionCallback",
         summary="A webhook's callback (Bearer: its callback token), by sequence",
         status_code=200,
-        opt=_WAKE,
+        operation_class=_WAKE,
     )
     async def callback(self, request: Request, subscription_id: str) -> WakeAnswer:
         return await self._ack(request, subscription_id, WEBHOOK)
@@ -373,7 +375,7 @@ class SubscriptionsApiController(Controller):
         operation_id="ackSubscription",
         summary="A pull-wake worker's ack or heartbeat (Bearer: its claim token)",
         status_code=200,
-        opt=_WAKE,
+        operation_class=_WAKE,
     )
     async def ack(self, request: Request, subscription_id: str) -> WakeAnswer:
         return await self._ack(request, subscription_id, WAKE_EVENT)
@@ -383,7 +385,7 @@ class SubscriptionsApiController(Controller):
         operation_id="releaseSubscription",
         summary="Give a claimed wake back (Bearer: its claim token)",
         status_code=204,
-        opt=documented(
+        operation_class=documented(
             Answer(204, "Released"),
             problems=(*PROBLEMS, *WITH_A_BODY, *WAKE_PROBLEMS),
             request_body=WakeRequest,
@@ -404,7 +406,7 @@ class StreamSubscriptionsController(Controller):
         "",
         operation_id="listStreamSubscriptions",
         summary="The subscriptions that link this stream, with its acknowledged sequence",
-        opt=documented(
+        operation_class=documented(
             Answer(200, "The stream's subscriptions", SubscriptionList),
             problems=(*EVERY_ROUTE, "forbidden", "not-found"),
         ),

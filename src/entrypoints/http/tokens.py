@@ -10,7 +10,7 @@ from litestar.params import Parameter
 
 from application.tokens import TOKEN_ID_PATTERN, MintedToken, TokenList, TokenRequest
 from entrypoints.http.body import decode_body
-from entrypoints.http.openapi import Answer, documented
+from entrypoints.http.openapi import Answer, Link, documented
 from entrypoints.http.streams import API_PREFIX, EVERY_ROUTE, WITH_A_BODY, authenticated
 
 
@@ -22,8 +22,13 @@ class TokensController(Controller):
         "",
         operation_id="mintToken",
         summary="Mint a token in the caller's tenant (shown once)",
-        opt=documented(
-            Answer(201, "Minted: the token itself is in this answer only", MintedToken),
+        operation_class=documented(
+            Answer(
+                201,
+                "Minted: the token itself is in this answer only",
+                MintedToken,
+                links=(Link("revokeToken", {"token_id": "$response.body#/id"}),),
+            ),
             problems=(*EVERY_ROUTE, *WITH_A_BODY, "forbidden"),
             request_body=TokenRequest,
         ),
@@ -38,7 +43,7 @@ class TokensController(Controller):
         "",
         operation_id="listTokens",
         summary="List the tenant's tokens (never a token itself)",
-        opt=documented(
+        operation_class=documented(
             Answer(200, "The tenant's tokens, revoked and expired ones included", TokenList),
             problems=(*EVERY_ROUTE, "forbidden"),
         ),
@@ -52,7 +57,7 @@ class TokensController(Controller):
         operation_id="revokeToken",
         summary="Revoke a token: refused everywhere within 2 seconds",
         status_code=204,
-        opt=documented(
+        operation_class=documented(
             Answer(204, "Revoked (revoking a revoked token again is fine)"),
             problems=(*EVERY_ROUTE, "forbidden", "not-found"),
         ),
