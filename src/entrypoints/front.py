@@ -48,6 +48,8 @@ DS_ROUTE_ONE = _DS + "/{stream_id}"
 DS_ROUTE_IN_RUN = _DS + "/{run_id}/{stream_id}"
 _DS_APPEND = re.compile(re.escape(_DS) + r"/([^/]+)(?:/([^/]+))?")
 _RID = b"x-request-id"
+# The protocol's reserved first segment (its subscription APIs, `…/__ds/…`): never a stream.
+RESERVED = "__ds"
 
 ASGI = Callable[[Any, Any, Any], Awaitable[None]]
 
@@ -67,7 +69,7 @@ def append_front(
                 await serve(scope, receive, send, NATIVE_ROUTE, match.groups())
                 return
             match = _DS_APPEND.fullmatch(path)
-            if match is not None:
+            if match is not None and match.group(1) != RESERVED:
                 first, second = match.groups()
                 if second is None:
                     await serve(scope, receive, send, DS_ROUTE_ONE, {"stream_id": first})

@@ -375,6 +375,26 @@ def test_a_rotated_webhook_key_signs_and_the_old_one_stays_published(
     assert kid in after and before <= after
 
 
+async def test_the_reserved_paths_are_never_a_stream(
+    api: httpx.AsyncClient, server: ServerProcess
+) -> None:
+    """`__ds` is the protocol's reserved segment: a POST to its JWKS is 405 (the route reads
+    only), not an append to a stream `jwks.json` of a run `__ds`, through the append front and
+    the router alike."""
+    root = f"{server.base_url}/api/durable-streams/v1/stream/__ds"
+    for method in ("POST", "PUT", "DELETE"):
+        answer = await api.request(
+            method,
+            f"{root}/jwks.json",
+            content=b"[1]",
+            headers={"content-type": "application/json"},
+        )
+        assert answer.status_code == 405, (method, answer.status_code, answer.text)
+        assert answer.headers["content-type"].startswith("application/problem+json")
+    public = await httpx.AsyncClient().get(f"{root}/jwks.json")
+    assert public.status_code == 200 and "keys" in public.json()
+
+
 async def test_odd_requests_to_the_wake_routes_are_problems_never_500(
     api: httpx.AsyncClient, server: ServerProcess
 ) -> None:
