@@ -200,12 +200,12 @@ def configure(request: SubscriptionRequest, allow_no_streams: bool = False) -> S
         )
     url: str | None = None
     wake: StreamPath | None = None
+    if request.webhook is not None and len(request.webhook.url) > MAX_URL:
+        raise InvalidInput(f"webhook.url: at most {MAX_URL} characters", field="webhook")
     if request.type == "webhook":
         if request.webhook is None:
             raise InvalidInput("a webhook subscription needs webhook.url", field="webhook")
         url = request.webhook.url
-        if len(url) > MAX_URL:
-            raise InvalidInput(f"webhook.url: at most {MAX_URL} characters", field="webhook")
     else:
         if request.wake_stream is None:
             raise InvalidInput("a pull-wake subscription needs wake_stream", field="wake_stream")

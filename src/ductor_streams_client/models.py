@@ -464,6 +464,9 @@ class Subscription(_Answer, frozen=True):
     id: str
     type: str
     pattern: SubscriptionPattern | None
+    # The pattern as the Durable Streams surface writes it (`run/stream` globs, `**`); `pattern`
+    # is null when it is no glob per ID.
+    path_pattern: str | None
     streams: tuple[SubscriptionLink, ...]
     webhook: SubscriptionWebhook | None
     wake_stream: SubscriptionStream | None

@@ -1,6 +1,6 @@
 """The OpenAPI document tells the truth: schemathesis, with every check, against a real server,
-over the whole document (all but the Durable Streams subscription routes below `__ds/`, whose
-bodies are not yet described; see schemathesis.toml).
+over the whole document, every operation (the Durable Streams subscription routes below `__ds/`
+included).
 
 The default run is bounded (a fixed seed, 10 examples per operation: about a minute on two slow
 cores); the `slow` run spends more examples per operation with a random seed. Both print the

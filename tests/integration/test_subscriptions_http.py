@@ -200,6 +200,7 @@ async def test_a_run_scoped_token_sees_and_makes_only_subscriptions_within_its_r
         assert linked.status_code == 404, linked.text
         assert (await scoped.delete(f"/subscriptions/{mine}")).status_code == 204
     assert (await api.get(f"/subscriptions/{wide}")).status_code == 200  # untouched
+    assert (await api.delete(f"/subscriptions/{wide}")).status_code == 204  # it matches all
 
 
 async def test_bad_input_is_a_problem_that_changes_nothing(

@@ -24,6 +24,11 @@ from application.subscriptions import (
 )
 from domain import errors
 from domain.subscriptions import (
+    MAX_DESCRIPTION,
+    MAX_EXPLICIT_STREAMS,
+    MAX_LEASE_TTL_MS,
+    MAX_URL,
+    MIN_LEASE_TTL_MS,
     InvalidOffset,
     Subscription,
     SubscriptionRequest,
@@ -35,12 +40,123 @@ from entrypoints.container import Services
 from entrypoints.durable_streams import protocol, wire
 from entrypoints.durable_streams.answers import Answer
 from entrypoints.edge import problems as edge_problems
+from entrypoints.edge.json_body import decode_json
 from entrypoints.edge.problems import PROBLEM_JSON
 from entrypoints.edge.wake_links import DS, stream_root_url, wake_token
+from entrypoints.http.openapi import STREAM_PATH_PATTERN, RequestBody, documented
 from entrypoints.http.openapi import Answer as Documented
-from entrypoints.http.openapi import RequestBody, documented
 
-JSON_BODY = RequestBody("application/json", schema={"type": "object"})
+# The request bodies, as the handlers below and domain.subscriptions.configure check them.
+_PATH_TEXT = {"type": "string", "pattern": "^/*" + STREAM_PATH_PATTERN[1:-1] + "/*$"}
+_GENERATION = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
+_WAKE_BODY = {
+    "type": "object",
+    "required": ["wake_id", "generation"],
+    "properties": {
+        "wake_id": {"type": "string"},
+        "generation": _GENERATION,
+        "acks": {
+            "type": ["array", "null"],
+            "items": {
+                "type": "object",
+                "description": "names its stream by `stream` or `path`; `offset` is the "
+                "protocol's (an offset the stream has not reached is 409 invalid-offset)",
+                "properties": {
+                    "stream": _PATH_TEXT,
+                    "path": _PATH_TEXT,
+                    "offset": {"type": "string"},
+                },
+                "anyOf": [
+                    {"required": ["stream"], "properties": {"stream": _PATH_TEXT}},
+                    {"required": ["path"], "properties": {"path": _PATH_TEXT}},
+                ],
+            },
+        },
+        "done": {"type": "boolean"},
+    },
+}
+_SEGMENT_GLOB = r"(?:\*\*|[A-Za-z0-9._:*-]{1,128})"
+_SUBSCRIPTION_BODY = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {
+        "type": {"enum": ["webhook", "pull-wake"]},
+        "pattern": {
+            "type": ["string", "null"],
+            "maxLength": 512,
+            "pattern": f"^/*{_SEGMENT_GLOB}(?:/{_SEGMENT_GLOB}){{0,7}}/*$",
+            "description": "`*` within a segment, `**` alone (zero or more segments)",
+        },
+        "streams": {
+            "type": ["array", "null"],
+            "maxItems": MAX_EXPLICIT_STREAMS,
+            "items": _PATH_TEXT,
+        },
+        "webhook": {
+            "type": ["object", "null"],
+            "required": ["url"],
+            "properties": {
+                "url": {
+                    "type": "string",
+                    "maxLength": MAX_URL,
+                    "description": "https, or http to loopback; checked against the addresses "
+                    "its host resolves to (webhook-url-rejected)",
+                }
+            },
+        },
+        "wake_stream": {"oneOf": [_PATH_TEXT, {"type": "null"}]},
+        "lease_ttl_ms": {
+            "type": ["integer", "null"],
+            "minimum": MIN_LEASE_TTL_MS,
+            "maximum": MAX_LEASE_TTL_MS,
+        },
+        "description": {"type": ["string", "null"], "maxLength": MAX_DESCRIPTION},
+    },
+    "allOf": [
+        {  # a pattern, or at least one stream
+            "anyOf": [
+                {"required": ["pattern"], "properties": {"pattern": {"type": "string"}}},
+                {
+                    "required": ["streams"],
+                    "properties": {"streams": {"type": "array", "minItems": 1}},
+                },
+            ]
+        },
+        {  # a webhook's URL, or a pull-wake's wake stream
+            "oneOf": [
+                {
+                    "properties": {"type": {"const": "webhook"}, "webhook": {"type": "object"}},
+                    "required": ["webhook"],
+                },
+                {
+                    "properties": {
+                        "type": {"const": "pull-wake"},
+                        "wake_stream": {"type": "string"},
+                    },
+                    "required": ["wake_stream"],
+                },
+            ]
+        },
+    ],
+}
+SUBSCRIPTION_BODY = RequestBody("application/json", schema=_SUBSCRIPTION_BODY)
+WAKE_BODY = RequestBody("application/json", schema=_WAKE_BODY)
+CLAIM_BODY = RequestBody(
+    "application/json",
+    schema={
+        "type": "object",
+        "required": ["worker"],
+        "properties": {"worker": {"type": "string", "minLength": 1, "maxLength": 256}},
+    },
+)
+STREAMS_BODY = RequestBody(
+    "application/json",
+    schema={
+        "type": "object",
+        "required": ["streams"],
+        "properties": {"streams": {"type": "array", "items": _PATH_TEXT}},
+    },
+)
 ON_SUBSCRIPTION = ("unauthenticated", "invalid-input", "forbidden", "subscription-not-found")
 _encode = msgspec.json.Encoder().encode
 
@@ -95,13 +211,7 @@ def _json(status: int, value: Any, content_type: str = "application/json") -> An
 
 
 async def _body(request: Request, type_: type[Any]) -> Any:
-    raw = await request.body()
-    try:
-        return msgspec.json.decode(raw, type=type_)
-    except msgspec.ValidationError as error:
-        raise errors.InvalidInput(f"request body: {error}") from None
-    except msgspec.DecodeError:
-        raise errors.InvalidInput("request body must be JSON") from None
+    return decode_json(await request.body(), type_)
 
 
 def base_url(request: Request) -> str:
@@ -176,7 +286,7 @@ _PUT = documented(
     Documented(201, "Created"),
     Documented(200, "Re-confirmed: the same configuration"),
     problems=(*ON_SUBSCRIPTION, "subscription-conflict", "webhook-url-rejected"),
-    request_body=JSON_BODY,
+    request_body=SUBSCRIPTION_BODY,
 )
 _GET = documented(Documented(200, "The subscription"), problems=ON_SUBSCRIPTION)
 _DELETE = documented(Documented(204, "Deleted"), problems=ON_SUBSCRIPTION)
@@ -184,20 +294,22 @@ _WAKE = ("wake-token-invalid", "fenced", "invalid-offset", "wrong-subscription-t
 _CALLBACK = documented(
     Documented(200, "Applied: `{ok, next_wake}`"),
     problems=(*ON_SUBSCRIPTION, *_WAKE),
-    request_body=JSON_BODY,
+    request_body=WAKE_BODY,
 )
 _CLAIM = documented(
     Documented(200, "Claimed: the wake, its token and streams"),
     problems=(*ON_SUBSCRIPTION, "already-claimed", "no-pending-work", "wrong-subscription-type"),
-    request_body=JSON_BODY,
+    request_body=CLAIM_BODY,
 )
 _RELEASE = documented(
     Documented(204, "Released"),
     problems=(*ON_SUBSCRIPTION, *_WAKE),
-    request_body=JSON_BODY,
+    request_body=WAKE_BODY,
 )
 _JWKS = documented(Documented(200, "The webhook signing keys (JWKS)"), authenticated=False)
-_STREAMS = documented(Documented(204, "Linked"), problems=ON_SUBSCRIPTION, request_body=JSON_BODY)
+_STREAMS = documented(
+    Documented(204, "Linked"), problems=ON_SUBSCRIPTION, request_body=STREAMS_BODY
+)
 
 SUB = "/subscriptions/{subscription_id:str}"
 

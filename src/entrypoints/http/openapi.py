@@ -155,6 +155,11 @@ def decimal_pattern(maximum: int, *, minimum: int = 0) -> str:
 
 # Path parameters that are IDs: each is checked against the one ID pattern (400 otherwise).
 ID_PARAMETERS = frozenset({"run_id", "stream_id", "consumer_id", "object_id", "subscription_id"})
+_ID = ID_PATTERN.removeprefix("^").removesuffix("$")
+# A Durable Streams stream path in a path parameter (a subscription's link): `stream` or
+# `run/stream`, each an ID.
+STREAM_PATH_PATTERN = f"^(?:{_ID}/)?{_ID}$"
+PATH_PATTERNS = {**dict.fromkeys(ID_PARAMETERS, ID_PATTERN), "stream_path": STREAM_PATH_PATTERN}
 
 
 def problem_schema() -> dict[str, Any]:
@@ -314,8 +319,8 @@ def _apply(operation: Operation, d: Documented) -> None:
             accepted = {body.media_type: _media(body.schema or {})}
         operation.request_body = OpenAPIRequestBody(required=True, content=accepted)
     parameters = [
-        replace(p, schema=JsonSchema(raw={"type": "string", "pattern": ID_PATTERN}))
-        if isinstance(p, Parameter) and p.param_in == "path" and p.name in ID_PARAMETERS
+        replace(p, schema=JsonSchema(raw={"type": "string", "pattern": PATH_PATTERNS[p.name]}))
+        if isinstance(p, Parameter) and p.param_in == "path" and p.name in PATH_PATTERNS
         else p
         for p in operation.parameters or ()
     ]

@@ -5,6 +5,7 @@ callback, which acknowledges by offset; the native `callback`/`ack` routes take 
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -15,6 +16,7 @@ from application.subscriptions import WAKE_EVENT, WEBHOOK, AckRequest, Heads
 from domain.errors import InvalidInput
 from domain.ids import ID_PATTERN, check_id
 from domain.subscriptions import (
+    DEFAULT_RUN,
     StreamPath,
     Subscription,
     SubscriptionRequest,
@@ -105,6 +107,9 @@ class SubscriptionView(msgspec.Struct, frozen=True):
     id: str
     type: str
     pattern: PatternRef | None
+    # The pattern as the protocol writes it (`run/stream` globs, `**`): a pattern made on that
+    # surface may not be a glob per ID (`**`, or more segments), and then `pattern` is null.
+    path_pattern: str | None
     streams: list[LinkView]
     webhook: WebhookView | None
     wake_stream: StreamRef | None
@@ -165,12 +170,25 @@ def _links(sub: Subscription, heads: Heads) -> list[LinkView]:
     ]
 
 
+_GLOB = re.compile(r"[A-Za-z0-9._:*-]{1,128}")
+
+
+def _pair(pattern: str) -> PatternRef | None:
+    """A protocol glob as a glob per ID, when it is one: `stream` (the default run) or
+    `run/stream`, neither `**`."""
+    segments = pattern.split("/")
+    if len(segments) == 1:
+        segments = [DEFAULT_RUN, *segments]
+    if len(segments) != 2 or not all(_GLOB.fullmatch(g) and "**" not in g for g in segments):
+        return None
+    return PatternRef(segments[0], segments[1])
+
+
 async def view(services: Services, sub: Subscription, heads: Heads) -> SubscriptionView:
     config = sub.config
     pattern = None
     if config.pattern is not None:
-        run, _, stream = config.pattern.partition("/")
-        pattern = PatternRef(run, stream)
+        pattern = _pair(config.pattern)
     webhook = None
     if config.webhook_url is not None:
         signing = Signing(
@@ -182,6 +200,7 @@ async def view(services: Services, sub: Subscription, heads: Heads) -> Subscript
         id=sub.id,
         type=config.type,
         pattern=pattern,
+        path_pattern=config.pattern,
         streams=_links(sub, heads),
         webhook=webhook,
         wake_stream=(
