@@ -24,8 +24,9 @@ import asyncpg
 import msgspec
 
 from bench.database import TENANT
-from bench.live import Http, _pct, _request
+from bench.live import _pct
 from bench.server import BIN, CpuMeter, free_port, stop_group
+from bench.sse_kit import Http, _request
 
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
 

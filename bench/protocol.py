@@ -33,7 +33,7 @@ from pathlib import Path
 import msgspec
 from tests.support.node import ReferenceServer, ensure_node_packages
 
-from bench import database, live, load, profile
+from bench import database, live, load, profile, sse_kit
 from bench.server import CpuMeter, Server, raise_fd_limit
 
 RUN_ID = "bench"
@@ -264,7 +264,7 @@ class ProtocolBench:
             return FanoutResult(a.followers, error=f"PUT {stream} answered {status}")
         print(f"(e) {a.followers} SSE followers ({a.duration:g}s + {a.warmup:g}s) ...", flush=True)
         result = FanoutResult(a.followers)
-        subs = live.Subscribers(
+        subs = sse_kit.Subscribers(
             self.server.port,
             f"{stream}?offset=-1&live=sse",
             self.token,
@@ -281,7 +281,7 @@ class ProtocolBench:
             return result
         meter = CpuMeter({"server": self.server.pid, "postgres": self.pg_pid})
 
-        def last_of(http: live.Http, answer: bytes) -> int:
+        def last_of(http: sse_kit.Http, answer: bytes) -> int:
             return int(http.headers.get(b"stream-next-offset", b"").rsplit(b"_", 1)[-1])
 
         return live.append_and_deliver(

@@ -1,0 +1,123 @@
+"""What goes on the wire: the service's paths and ceilings, how records are encoded, and the
+`Settings` both clients turn a `Call` into a request with."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import msgspec
+
+from ductor_streams_client._core.exchange import Call, Exchange, RetryPolicy
+
+API_PREFIX = "/api/workflow-streams"
+USER_AGENT = "ductor-streams-client/0.2"
+CHUNK = 256 * 1024
+MAX_BATCH_RECORDS = 1_000  # the service's per-append ceiling
+MAX_REQUEST_BYTES = 8 * 1024 * 1024  # its JSON body ceiling
+MAX_INLINE_RECORD_BYTES = 65_536  # its ceiling of one record's stored bytes (larger: an object)
+
+Progress = Callable[[int, int], None]
+"""Called as `progress(bytes_sent, total_bytes)` while an object body uploads."""
+
+encode_json = msgspec.json.Encoder().encode
+_encode = encode_json
+
+
+def segment(value: str) -> str:
+    return quote(str(value), safe="._:-~")
+
+
+def stream_path(run_id: str, stream_id: str | None = None, tail: str = "") -> str:
+    path = f"{API_PREFIX}/runs/{segment(run_id)}/streams"
+    if stream_id is not None:
+        path += "/" + segment(stream_id)
+    return path + tail
+
+
+def object_path(run_id: str, stream_id: str, object_id: str, tail: str = "") -> str:
+    return stream_path(run_id, stream_id, f"/objects/{segment(object_id)}{tail}")
+
+
+def new_key() -> str:
+    return str(uuid.uuid4())
+
+
+def encode_record(value: Any, content_type: str | None = None) -> bytes:
+    """One record of an append body, encoded: bytes go as `data_base64` (with `content_type`,
+    default `application/octet-stream`), anything else as the JSON `data` (with `content_type`
+    when given)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        record: dict[str, Any] = {"data_base64": base64.b64encode(bytes(value)).decode("ascii")}
+        record["content_type"] = content_type or "application/octet-stream"
+        return _encode(record)
+    if content_type:
+        return _encode({"data": value, "content_type": content_type})
+    return b'{"data":' + _encode(value) + b"}"
+
+
+def stored_size(value: Any) -> int:
+    """The bytes the service stores for a record of `value`: the bytes themselves, or the
+    compact JSON of the value (before any redaction)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return len(bytes(value))
+    return len(_encode(value))
+
+
+def append_body(parts: Iterable[bytes]) -> bytes:
+    return b'{"records":[' + b",".join(parts) + b"]}"
+
+
+class Settings:
+    """What both clients are configured with, and how they turn a `Call` into a request."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None,
+        timeout: float | httpx.Timeout,
+        idle_timeout: float,
+        retry: RetryPolicy | None,
+    ) -> None:
+        root = base_url.rstrip("/").removesuffix(API_PREFIX)
+        parts = httpx.URL(root)
+        if parts.scheme not in ("http", "https") or not parts.host:
+            raise ValueError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
+        self.base_url = root
+        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self.idle_timeout = idle_timeout
+        self.retry = retry or RetryPolicy()
+        self.headers = {"User-Agent": USER_AGENT}
+        # Surrounding whitespace is never part of a token: a token file's newline (`serve`
+        # writes the development token with one) would otherwise make every header illegal.
+        token = token.strip() if token else None
+        if token:
+            if not all(" " < char <= "~" for char in token):
+                raise ValueError(
+                    "token holds a character no Bearer token has (a space, a control "
+                    "character or non-ASCII)"
+                )
+            self.headers["Authorization"] = f"Bearer {token}"
+
+    def url(self, path: str) -> str:
+        if path.startswith(("http://", "https://")):
+            return path
+        return self.base_url + path
+
+    def timeout_of(self, call: Call) -> httpx.Timeout:
+        t = self.timeout
+        if call.read_timeout is not None:
+            return httpx.Timeout(
+                connect=t.connect, read=call.read_timeout, write=t.write, pool=t.pool
+            )
+        if call.extra_read:
+            read = None if t.read is None else t.read + call.extra_read
+            return httpx.Timeout(connect=t.connect, read=read, write=t.write, pool=t.pool)
+        return t
+
+    def exchange(self, call: Call) -> Exchange:
+        return Exchange(call, self.retry, self.base_url)
