@@ -58,3 +58,46 @@ async def test_delivered_wakes_are_forgotten_after_their_age(database_url: str) 
         assert await pool.fetchval(count, *key) == 0
     finally:
         await stop(container)
+
+
+async def test_a_stream_created_while_a_glob_subscription_is_made_is_linked(
+    database_url: str,
+) -> None:
+    """The race of migration 0497: a stream's creating transaction (its link trigger has run,
+    seeing no subscription yet) is still open when a glob subscription matching it is made (its
+    backfill cannot see the uncommitted stream). The subscription's creation waits for it, so
+    the stream is linked once both have committed."""
+    import asyncio
+
+    from tests.support.subscription_contract import ADMIN, BASE, create, uid, webhook
+
+    container = Container(settings=Settings(database_url=database_url, pool_min_size=1))
+    services = await start(container)
+    try:
+        run, sid = uid("run"), uid("sub")
+        await create(services, ADMIN, run, "template")
+        pool = await provided(container.pool)
+        links = (
+            "SELECT stream_id FROM ds_subscription_links"
+            " WHERE tenant = $1 AND subscription_id = $2 ORDER BY stream_id"
+        )
+        async with pool.acquire() as racer:
+            transaction = racer.transaction()
+            await transaction.start()
+            await racer.execute(
+                "INSERT INTO streams (tenant, run_id, stream_id, definition, created_at, version,"
+                " state) SELECT tenant, run_id, 'racer', definition, now(), version, state"
+                " FROM streams WHERE tenant = $1 AND run_id = $2 AND stream_id = 'template'",
+                ADMIN.tenant,
+                run,
+            )
+            making = asyncio.create_task(
+                services.subscriptions.put(ADMIN, sid, webhook(f"{run}/*"), BASE)
+            )
+            await asyncio.sleep(0.5)
+            assert not making.done()  # it waits for the creation under way
+            await transaction.commit()
+        await asyncio.wait_for(making, 10)
+        assert [r[0] for r in await pool.fetch(links, ADMIN.tenant, sid)] == ["racer", "template"]
+    finally:
+        await stop(container)

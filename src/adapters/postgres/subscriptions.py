@@ -33,6 +33,7 @@ _MATCHING = """SELECT run_id, stream_id, head FROM streams
                  AND ((CASE WHEN run_id = 'default' THEN stream_id
                             ELSE run_id || '/' || stream_id END) ~ $2
                       OR (run_id || '/' || stream_id) ~ $2)"""
+_LINKS_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('ds-links:' || $1, 0))"
 _INSERT = """INSERT INTO ds_subscriptions
              (tenant, subscription_id, kind, pattern_regex, state, wake_active, lease_until,
               failing)
@@ -109,6 +110,9 @@ class PostgresSubscriptions:
             paths = {link.path for link in sub.links} if sub else set()
             heads = await self._heads(conn, tenant, paths | set(extra))
             if discover is not None and sub is None:
+                # Not while a stream is being created, nor one created until this commits
+                # (migration 0497): every stream the glob matches is linked by one or the other.
+                await conn.execute(_LINKS_LOCK, tenant)
                 rows = await conn.fetch(_MATCHING, tenant, pattern_regex(discover))
                 heads.update({StreamPath(r[0], r[1]): r[2] for r in rows})
             change, answer = decide(sub, heads)
