@@ -87,6 +87,7 @@ class ProduceCommand:
         producer: ProducerClaim | None = None,
         writer_seq: str | None = None,
         close: bool = False,
+        content_conflict: str | None = None,
     ) -> None:
         self.caller = caller
         self.records = records
@@ -94,6 +95,7 @@ class ProduceCommand:
         self.producer = producer
         self.writer_seq = writer_seq
         self.close = close
+        self.content_conflict = content_conflict
 
     def decide(self, stream: Stream, offset: int | None) -> list[Event]:
         require_writer(self.caller, stream.definition)
@@ -103,6 +105,7 @@ class ProduceCommand:
             producer=self.producer,
             writer_seq=self.writer_seq,
             close=self.close,
+            content_conflict=self.content_conflict,
         )
 
     def answer(self, stream: Stream, events: list[Event]) -> Produced:
@@ -232,9 +235,12 @@ class AppendRecords:
         producer: ProducerClaim | None = None,
         writer_seq: str | None = None,
         close: bool = False,
+        content_conflict: str | None = None,
     ) -> Produced:
         """`produce`, once `writing`, `check_claims`, `check_content` and `writable` have
-        decided (the protocol makes them in its own order, around reading the body)."""
+        decided (the protocol makes them in its own order, around reading the body).
+        `content_conflict`: the body is not of the stream's content type, which the stream
+        decides under its lock (closed, or a conflict: `Stream.produce`)."""
         if len(records) > MAX_BATCH_RECORDS:
             raise errors.InvalidInput(
                 f"an append carries at most {MAX_BATCH_RECORDS} records, not {len(records)}"
@@ -257,6 +263,7 @@ class AppendRecords:
                 producer=producer,
                 writer_seq=writer_seq,
                 close=close,
+                content_conflict=content_conflict,
             )
             answer: Produced = await run_one(self._commits, key, command)
             return answer

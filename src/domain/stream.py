@@ -192,6 +192,7 @@ class Stream:
         producer: ProducerClaim | None = None,
         writer_seq: str | None = None,
         close: bool = False,
+        content_conflict: str | None = None,
     ) -> list[ev.Event]:
         """A Durable Streams write: append `records` and, with `close`, close the stream, in one
         decision (no records: close only). No events is a duplicate, which appends nothing: a
@@ -202,8 +203,17 @@ class Stream:
         without a claim, which are duplicates. Then the producer's claim, before `Stream-Seq`,
         so that a retry carrying both is the producer's duplicate, not a sequence regression
         (the conformance suite's "producer duplicate should return 204 even with Stream-Seq").
-        Then `Stream-Seq`, then credit and quotas exactly as `append`."""
+        Then `Stream-Seq`, then credit and quotas exactly as `append`.
+
+        `content_conflict`: the body is not of the stream's content type (why, in words). A
+        closed stream says it is closed (with its head) rather than that; an open one refuses it
+        as a conflict with its definition."""
         s = self.state
+        if content_conflict is not None:
+            self.require_live()
+            if s.closed:
+                raise errors.StreamClosed("the stream is closed", head=s.head)
+            raise errors.DefinitionConflict(content_conflict, field="Content-Type")
         if not records and not close:
             raise errors.InvalidInput("an append holds at least one record unless it closes")
         self.require_live()  # soft-deleted: 410 before anything else is looked at

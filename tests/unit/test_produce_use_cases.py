@@ -210,3 +210,25 @@ async def test_create_resolved_follows_the_expiry_rules(app) -> None:
     assert was_created and stream.head == 1 and stream.state.closed
     _, records = await container.streams().page(key, 0, 10)
     assert [r.payload for r in records] == [b"new"]
+
+
+async def test_a_body_of_another_content_type_is_decided_by_the_stream_under_its_lock(app) -> None:
+    """The stream, not the protocol module, decides a body that is not of its content type: a
+    conflict with its definition while open, its closure (with its head) once closed."""
+    _, s, _ = app
+    await created(s, content_type="text/plain")
+    use_case = s.append_records
+    key = use_case.writing(ALICE, "r", "x")
+    definition = await use_case.writable(ALICE, key)
+    with pytest.raises(errors.DefinitionConflict):
+        await use_case.produce_checked(
+            ALICE, key, definition, [], content_conflict="not text/plain"
+        )
+    await use_case.produce(ALICE, "r", "x", text(b"a"), close=True)
+    with pytest.raises(errors.StreamClosed) as closed:
+        await use_case.produce_checked(
+            ALICE, key, definition, [], content_conflict="not text/plain"
+        )
+    assert closed.value.extra == {"head": 1}
+    document = await s.get_stream(ALICE, "r", "x")
+    assert document.state.head == 1  # neither appended anything

@@ -277,21 +277,15 @@ async def append_body(head: AppendHead, body: bytes) -> Answer:
     use_case.check_content(has_content=bool(body), close=close)
     definition = await use_case.writable(caller, key)
     records: list[NewRecord] = []
+    conflict: str | None = None
     if body:
         given = header(headers, "content-type")
         if not given:
             raise errors.InvalidInput("an append with a body needs its Content-Type")
         kind = stream_content_type(definition)
         if wire.essence(wire.normalize_content_type(given)) != wire.essence(kind):
-            position = (await services.durable_reads.page(key, None, 1)).position
-            if position.closed:
-                return closed_answer(
-                    errors.StreamClosed("the stream is closed", head=position.head),
-                    position.head,
-                )
-            raise errors.DefinitionConflict(
-                f"the stream's content type is {kind!r}, not {given[:80]!r}", field="Content-Type"
-            )
+            conflict = f"the stream's content type is {kind!r}, not {given[:80]!r}"
+    if body and conflict is None:
         records = wire.records_for(
             body,
             kind,
@@ -301,7 +295,14 @@ async def append_body(head: AppendHead, body: bytes) -> Answer:
         )
     try:
         produced = await use_case.produce_checked(
-            caller, key, definition, records, producer=producer, writer_seq=seq, close=close
+            caller,
+            key,
+            definition,
+            records,
+            producer=producer,
+            writer_seq=seq,
+            close=close,
+            content_conflict=conflict,
         )
     except errors.StreamClosed as error:
         stream_head = error.extra.get("head")
