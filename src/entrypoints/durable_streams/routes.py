@@ -22,7 +22,7 @@ from entrypoints.container import Services
 from entrypoints.durable_streams import protocol, wire
 from entrypoints.edge.head import RequestHeaders
 from entrypoints.edge.head_method import is_head
-from entrypoints.http.openapi import Answer, Header, Link, RequestBody, decimal_pattern, documented
+from entrypoints.openapi import Answer, Header, Link, RequestBody, decimal_pattern, documented
 
 ON_A_STREAM = ("unauthenticated", "invalid-input", "unavailable", "forbidden", "not-found")
 ANY_JSON: dict[str, Any] = {"description": "Any JSON value: one message, or an array of them"}

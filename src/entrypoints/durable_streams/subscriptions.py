@@ -43,8 +43,8 @@ from entrypoints.edge import problems as edge_problems
 from entrypoints.edge.json_body import decode_json
 from entrypoints.edge.problems import PROBLEM_JSON
 from entrypoints.edge.wake_links import DS, stream_root_url, wake_token
-from entrypoints.http.openapi import STREAM_PATH_PATTERN, RequestBody, documented
-from entrypoints.http.openapi import Answer as Documented
+from entrypoints.openapi import STREAM_PATH_PATTERN, RequestBody, documented
+from entrypoints.openapi import Answer as Documented
 
 # The request bodies, as the handlers below and domain.subscriptions.configure check them.
 _PATH_TEXT = {"type": "string", "pattern": "^/*" + STREAM_PATH_PATTERN[1:-1] + "/*$"}

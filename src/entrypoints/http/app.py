@@ -33,7 +33,6 @@ from entrypoints.http import problems
 from entrypoints.http.methods import every_method_in_options
 from entrypoints.http.objects import ObjectsController
 from entrypoints.http.observability import metrics, request_middleware
-from entrypoints.http.openapi import SECURITY, Answer, WireDocument, documented
 from entrypoints.http.outages import outage_handlers
 from entrypoints.http.request_checks import check_request
 from entrypoints.http.streams import RunsController, StreamsController
@@ -45,6 +44,7 @@ from entrypoints.http.tokens import TokensController
 from entrypoints.http.traced import traced_requests
 from entrypoints.lean_imports import without_optional_integrations
 from entrypoints.logs import configure_logging
+from entrypoints.openapi import SECURITY, Answer, WireDocument, documented
 
 log = logging.getLogger("ductor_streams")
 

@@ -26,7 +26,6 @@ from domain.objects import ObjectRequest
 from entrypoints.edge.head_method import is_head
 from entrypoints.http import problems
 from entrypoints.http.body import decode_body
-from entrypoints.http.openapi import Answer, Header, Link, RequestBody, documented
 from entrypoints.http.ranges import NotSatisfiable, Span, byte_span
 from entrypoints.http.streams import (
     API_PREFIX,
@@ -35,6 +34,7 @@ from entrypoints.http.streams import (
     WITH_A_BODY,
     authenticated,
 )
+from entrypoints.openapi import Answer, Header, Link, RequestBody, documented
 
 OBJECT = "/{object_id:str}"
 LOCATION = Header("Location", "The object's URL")

@@ -37,8 +37,8 @@ from entrypoints.edge.head_method import is_head
 from entrypoints.http import appends
 from entrypoints.http.answers import EncodedJsonAnswer, HeadersAnswer
 from entrypoints.http.body import decode_body
-from entrypoints.http.openapi import Answer, Header, Link, documented
 from entrypoints.http.schemas import AckBody, AppendBody, LegalHoldBody
+from entrypoints.openapi import Answer, Header, Link, documented
 from entrypoints.sse.asgi import EventStreamResponse
 from entrypoints.sse.events import event_stream
 

@@ -27,8 +27,8 @@ from domain.subscriptions import (
 from entrypoints.container import Services
 from entrypoints.edge.wake_links import DS, stream_root_url, wake_token
 from entrypoints.http.body import decode_body
-from entrypoints.http.openapi import Answer, RequestBody, documented
 from entrypoints.http.streams import API_PREFIX, EVERY_ROUTE, WITH_A_BODY, authenticated
+from entrypoints.openapi import Answer, RequestBody, documented
 
 PROBLEMS = (*EVERY_ROUTE, "forbidden", "subscription-not-found")
 WAKE_PROBLEMS = ("wake-token-invalid", "fenced", "invalid-offset", "wrong-subscription-type")

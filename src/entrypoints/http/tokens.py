@@ -10,8 +10,8 @@ from litestar.params import Parameter
 
 from application.tokens import TOKEN_ID_PATTERN, MintedToken, TokenList, TokenRequest
 from entrypoints.http.body import decode_body
-from entrypoints.http.openapi import Answer, Link, documented
 from entrypoints.http.streams import API_PREFIX, EVERY_ROUTE, WITH_A_BODY, authenticated
+from entrypoints.openapi import Answer, Link, documented
 
 
 class TokensController(Controller):

@@ -37,7 +37,7 @@ from litestar.openapi.spec import (
 
 from domain.ids import ID_PATTERN
 from domain.text import JSON_TEXT, TEXT_PATTERN
-from entrypoints.http.problems import PROBLEM_JSON, PROBLEM_TYPE_BASE, STATUS_OF_CODE
+from entrypoints.edge.problems import PROBLEM_JSON, PROBLEM_TYPE_BASE, STATUS_OF_CODE
 
 BEARER = "bearer"
 
