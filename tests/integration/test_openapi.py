@@ -3,14 +3,13 @@ over the whole document, every operation (the Durable Streams subscription route
 included).
 
 The default run is bounded (a fixed seed, 10 examples per operation: about a minute on two slow
-cores); the `slow` run spends more examples per operation with a random seed. Both print the
+cores); the `slow` run spends more examples per operation with a fixed seed of its own. Both print the
 cases and failures per check."""
 
 from __future__ import annotations
 
 import json
 import re
-import secrets
 import subprocess
 import sys
 from collections import Counter
@@ -269,4 +268,6 @@ def test_schemathesis_finds_nothing(server: ServerProcess, tmp_path: Path) -> No
 def test_schemathesis_finds_nothing_with_a_larger_budget(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    assert_no_failure(server, tmp_path, max_examples=50, seed=secrets.randbelow(2**32))
+    # A fixed seed like the default run's: the suite stays deterministic (a failure found with
+    # another seed is reproduced by passing it here).
+    assert_no_failure(server, tmp_path, max_examples=50, seed=2420612874)
