@@ -3,8 +3,8 @@ over the whole document, every operation (the Durable Streams subscription route
 included).
 
 The default run is bounded (a fixed seed, 10 examples per operation: about a minute on two slow
-cores); the `slow` run spends more examples per operation with a fixed seed of its own. Both print the
-cases and failures per check."""
+cores); the `slow` run spends more examples per operation with a fixed seed of its own. Both
+print the cases and failures per check."""
 
 from __future__ import annotations
 
