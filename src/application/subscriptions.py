@@ -35,6 +35,7 @@ from domain.records import RecordInput
 from domain.stream import StreamKey
 from domain.subscriptions import (
     DEFAULT_RUN,
+    MAX_WORKER,
     AlreadyClaimed,
     Fenced,
     NoPendingWork,
@@ -448,6 +449,8 @@ class Subscriptions:
     async def claim(
         self, caller: Caller, subscription_id: str, worker: str
     ) -> tuple[Subscription, Heads, str]:
+        if not 1 <= len(worker) <= MAX_WORKER:
+            raise errors.InvalidInput(f"worker: 1-{MAX_WORKER} characters", field="worker")
         caller.require("streams:write")
         check_subscription_id(subscription_id)
         now = self._clock()

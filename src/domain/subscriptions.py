@@ -26,6 +26,7 @@ MAX_LEASE_TTL_MS = 600_000
 MAX_EXPLICIT_STREAMS = 1_000
 MAX_DESCRIPTION = 1_000
 MAX_URL = 2_048
+MAX_WORKER = 256  # a pull-wake worker's name
 # Webhook retries: exponential from 1 s to 60 s, 20% jitter either way (section 7.1).
 RETRY_BASE_SECONDS = 1.0
 RETRY_CAP_SECONDS = 60.0

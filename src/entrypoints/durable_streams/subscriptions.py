@@ -28,6 +28,7 @@ from domain.subscriptions import (
     MAX_EXPLICIT_STREAMS,
     MAX_LEASE_TTL_MS,
     MAX_URL,
+    MAX_WORKER,
     MIN_LEASE_TTL_MS,
     InvalidOffset,
     Subscription,
@@ -146,7 +147,7 @@ CLAIM_BODY = RequestBody(
     schema={
         "type": "object",
         "required": ["worker"],
-        "properties": {"worker": {"type": "string", "minLength": 1, "maxLength": 256}},
+        "properties": {"worker": {"type": "string", "minLength": 1, "maxLength": MAX_WORKER}},
     },
 )
 STREAMS_BODY = RequestBody(
@@ -440,8 +441,6 @@ class SubscriptionsController(Controller):
         async def run() -> Answer:
             services, caller = await _authenticated(request)
             body = await _body(request, ClaimBody)
-            if not 1 <= len(body.worker) <= 256:
-                raise errors.InvalidInput("worker: 1-256 characters", field="worker")
             sub, heads, token = await services.subscriptions.claim(
                 caller, subscription_id, body.worker
             )
