@@ -36,7 +36,8 @@ from entrypoints.container import Services
 from entrypoints.durable_streams import wire
 from entrypoints.durable_streams.answers import Answer, problem_answer
 from entrypoints.edge.head import RequestHeaders
-from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, STREAM_PATH
+from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX
+from entrypoints.edge.wake_links import stream_root_url
 from entrypoints.sse.asgi import EventStreamResponse
 
 PREFIX = DURABLE_STREAMS_PREFIX
@@ -117,17 +118,8 @@ class Origin(NamedTuple):
 def location_of(origin: Origin, at: Where) -> str:
     """The stream's URL. Its authority is the server's own address (the socket it answered
     on), never the client's Host header: a Location must not carry what a client made up."""
-    path = f"{PREFIX}{STREAM_PATH}/"
-    path += f"{at.run_id}/{at.stream_id}" if at.in_run else at.stream_id
-    if not origin.server:
-        return path
-    address, port = origin.server
-    if address is None:
-        return path
-    host = f"[{address}]" if ":" in address else address
-    scheme = origin.scheme
-    default = {"http": 80, "https": 443}.get(scheme)
-    return f"{scheme}://{host}{'' if port in (None, default) else f':{port}'}{path}"
+    stream = f"{at.run_id}/{at.stream_id}" if at.in_run else at.stream_id
+    return f"{stream_root_url(None, origin.server, origin.scheme)}/{stream}"
 
 
 # -- PUT: create ---------------------------------------------------------------------------------

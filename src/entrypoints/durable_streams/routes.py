@@ -22,6 +22,7 @@ from entrypoints.container import Services
 from entrypoints.durable_streams import protocol, wire
 from entrypoints.edge.head import RequestHeaders
 from entrypoints.edge.head_method import is_head
+from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, STREAM_PATH
 from entrypoints.openapi import Answer, Header, Link, RequestBody, decimal_pattern, documented
 
 ON_A_STREAM = ("unauthenticated", "invalid-input", "unavailable", "forbidden", "not-found")
@@ -284,7 +285,7 @@ async def _erase(request: Request) -> None:
 
 
 class DurableStreamsController(Controller):
-    path = protocol.PREFIX + protocol.STREAM_PATH
+    path = DURABLE_STREAMS_PREFIX + STREAM_PATH
     tags = ["durable-streams"]
 
     @put(

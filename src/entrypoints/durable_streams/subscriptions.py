@@ -38,10 +38,11 @@ from domain.subscriptions import (
     parse_path,
 )
 from entrypoints.container import Services
-from entrypoints.durable_streams import protocol, wire
+from entrypoints.durable_streams import wire
 from entrypoints.durable_streams.answers import Answer
 from entrypoints.edge import problems as edge_problems
 from entrypoints.edge.json_body import decode_json
+from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, STREAM_PATH
 from entrypoints.edge.problems import PROBLEM_JSON
 from entrypoints.edge.wake_links import DS, stream_root_url, wake_token
 from entrypoints.openapi import STREAM_PATH_PATTERN, RequestBody, documented
@@ -316,7 +317,7 @@ SUB = "/subscriptions/{subscription_id:str}"
 
 
 class SubscriptionsController(Controller):
-    path = protocol.PREFIX + protocol.STREAM_PATH + DS
+    path = DURABLE_STREAMS_PREFIX + STREAM_PATH + DS
     tags = ["durable-streams"]
 
     @get("/jwks.json", operation_id="dsJwks", summary="Webhook signing keys", operation_class=_JWKS)

@@ -17,8 +17,8 @@ class WakeTokenMissing(DomainError):
 def stream_root_url(
     public_url: str | None, server: tuple[str | None, int | None] | None, scheme: str
 ) -> str:
-    """The stream root's URL as the client reached it (as for `Location`: the socket's own
-    address, never the Host header), unless DUCTOR_STREAMS_PUBLIC_URL names it."""
+    """The stream root's URL as the client reached it (the socket's own address, never the
+    Host header: a `Location` is made from it too), unless DUCTOR_STREAMS_PUBLIC_URL names it."""
     path = DURABLE_STREAMS_PREFIX + STREAM_PATH
     if public_url:
         return public_url.rstrip("/") + path
