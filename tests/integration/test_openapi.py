@@ -8,11 +8,13 @@ print the cases and failures per check."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,8 @@ import pytest
 from application.tokens import TOKEN_ID_PATTERN
 from domain.ids import ID_PATTERN
 from entrypoints.http.problems import PROBLEM_JSON, STATUS_OF_CODE
-from tests.conftest import BOOTSTRAP_TOKEN
+from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV
+from tests.support.postgres import create_test_database, drop_test_database
 from tests.support.server import ROOT, ServerProcess
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
@@ -260,14 +263,29 @@ def assert_no_failure(server: ServerProcess, tmp_path: Path, *, max_examples: in
     assert code == 0, output[-20000:]
 
 
-def test_schemathesis_finds_nothing(server: ServerProcess, tmp_path: Path) -> None:
-    assert_no_failure(server, tmp_path, max_examples=10, seed=12)
+@pytest.fixture
+def fresh_server(postgres_admin_url: str, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server on a database of its own: a schemathesis run with a fixed seed then meets the
+    same state every time, whatever the tests before it left on the session's server."""
+    url, name = asyncio.run(create_test_database(postgres_admin_url))
+    (tmp_path / "server").mkdir()
+    process = ServerProcess(database_url=url, data_dir=tmp_path / "server", env=SERVER_ENV)
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        asyncio.run(drop_test_database(postgres_admin_url, name))
+
+
+def test_schemathesis_finds_nothing(fresh_server: ServerProcess, tmp_path: Path) -> None:
+    assert_no_failure(fresh_server, tmp_path, max_examples=10, seed=12)
 
 
 @pytest.mark.slow
 def test_schemathesis_finds_nothing_with_a_larger_budget(
-    server: ServerProcess, tmp_path: Path
+    fresh_server: ServerProcess, tmp_path: Path
 ) -> None:
     # A fixed seed like the default run's: the suite stays deterministic (a failure found with
     # another seed is reproduced by passing it here).
-    assert_no_failure(server, tmp_path, max_examples=50, seed=2420612874)
+    assert_no_failure(fresh_server, tmp_path, max_examples=50, seed=2420612874)

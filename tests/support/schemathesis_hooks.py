@@ -152,7 +152,8 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
     detail = problem.get("detail", "")
     if _outside_the_document(case, response) or any(rule in detail for rule in BETWEEN_PARAMETERS):
         return False
-    if operation == "appendRecords" and (
+    # The same stream may be appended to on either surface.
+    if operation in ("appendRecords", "dsAppend", "dsAppendInRun") and (
         INPUT_STREAM_ONLY in detail or any(never in detail for never in NEVER_FITS)
     ):
         return False
