@@ -34,7 +34,7 @@ from pathlib import Path
 from tests.support.node import ReferenceServer
 from tests.support.server import free_port
 
-from bench import database, load
+from bench import database, load, profile
 from bench.server import CpuMeter, Server, raise_fd_limit, tree_memory
 
 LUA = Path(__file__).with_name("spread.lua")
@@ -60,6 +60,7 @@ class Window:
     tmp: Path
     rows: dict[str, Row] = field(default_factory=dict)
     rss: dict[int, int] = field(default_factory=dict)
+    profile: str | None = None
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -71,6 +72,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workers", default="1,2", help="serve --workers values compared")
     parser.add_argument("--only", default=",".join(ALL))
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--profile",
+        metavar="LOAD",
+        help="py-spy on our server during that load's window (hot, spread100, spread1000, runs)",
+    )
     args = parser.parse_args(argv)
     args.selected = [n for n in args.only.split(",") if n]
     unknown = set(args.selected) - set(ALL)
@@ -88,9 +94,11 @@ def wrk(
     token: str,
     content_type: str = "application/json",
     roots: dict[str, int] | None = None,
+    profile_pid: int | None = None,
 ) -> load.LoadResult:
     """wrk for the window's duration (after its warm-up), each request to a random path; the
-    CPU of the `roots` process trees meanwhile (% of one core) in the result's `detail`."""
+    CPU of the `roots` process trees meanwhile (% of one core) in the result's `detail`; with
+    `profile_pid`, py-spy's summary of that process during the window in `window.profile`."""
     a = window.args
     paths_file = window.tmp / f"paths-{secrets.token_hex(3)}.txt"
     paths_file.write_text("\n".join(paths) + "\n")
@@ -132,10 +140,16 @@ def wrk(
 
     if a.warmup > 0:
         go(a.warmup)
+    spy = None
+    if profile_pid is not None:
+        raw = window.tmp / "profile.txt"
+        spy = profile.start(profile_pid, a.duration, raw)
     meter = CpuMeter(roots or {})
     meter.start()
     result = go(a.duration)
     result.detail = {k: round(v) for k, v in meter.stop().items()}
+    if spy is not None and (summary := profile.finish(spy, raw)) is not None:
+        window.profile = summary
     return result
 
 
@@ -174,6 +188,7 @@ def layouts() -> dict[str, tuple[str, list[tuple[str, str]]]]:
 
 
 def ours(window: Window, url: str, pg_pid: int, token: str, workers: int, names: list[str]) -> None:
+    a = window.args
     server = Server(
         url,
         token,
@@ -192,7 +207,9 @@ def ours(window: Window, url: str, pg_pid: int, token: str, workers: int, names:
             body = json.dumps({"records": [{"data": json.loads(RECORD)}]}).encode()
             print(f"  {label}, --workers {workers} ...", flush=True)
             roots = {"server": server.pid, "postgres": pg_pid}
-            row = _row(name, label, wrk(window, server.port, paths, body, token, roots=roots))
+            spied = server.pid if a.profile == name and workers == 1 else None
+            result = wrk(window, server.port, paths, body, token, roots=roots, profile_pid=spied)
+            row = _row(name, label, result)
             suffix = "" if workers == 1 else f"@w{workers}"
             if suffix:
                 row.name, row.label = name + suffix, f"{label}, --workers {workers}"
@@ -471,6 +488,8 @@ def main(argv: list[str]) -> int:
     finally:
         print()
         print(report(window))
+        if window.profile is not None:
+            print(f"\npy-spy profile of our server during {args.profile}:\n{window.profile}")
         print(
             f"\n{os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}; "
             f"total {time.monotonic() - started:.0f}s",

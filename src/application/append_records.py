@@ -255,8 +255,8 @@ class AppendRecords:
                     limit=MAX_INLINE_RECORD_BYTES,
                 )
 
-        async def attempt() -> Produced:
-            command = ProduceCommand(
+        def command() -> ProduceCommand:
+            return ProduceCommand(
                 caller,
                 records,
                 self._clock(),
@@ -265,12 +265,13 @@ class AppendRecords:
                 close=close,
                 content_conflict=content_conflict,
             )
-            answer: Produced = await run_one(self._commits, key, command)
-            return answer
 
         if records and definition.limits.unread_policy == "block":
-            return await self._blocking(key, definition, attempt)
-        return await attempt()
+            return await self._blocking(
+                key, definition, lambda: run_one(self._commits, key, command())
+            )
+        answer: Produced = await run_one(self._commits, key, command())
+        return answer
 
     async def _append(
         self,

@@ -240,9 +240,11 @@ class Stream:
         events: list[ev.Event] = []
         if records:
             [appended] = self.append(records, now)
-            events.append(
-                msgspec.structs.replace(appended, producer=producer, writer_seq=writer_seq)
-            )
+            if producer is not None or writer_seq is not None:
+                appended = msgspec.structs.replace(
+                    appended, producer=producer, writer_seq=writer_seq
+                )
+            events.append(appended)
         if close:
             events.append(
                 ev.StreamClosed(

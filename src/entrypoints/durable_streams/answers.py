@@ -8,6 +8,19 @@ from typing import Any
 from domain.errors import DomainError
 from entrypoints.edge.problems import PROBLEM_JSON, of_domain_error
 
+_NAMES: dict[str, bytes] = {}
+
+
+def _name(name: str) -> bytes:
+    """A header name as sent (lower case), encoded once per name: the names are the
+    protocol's few, and a name not seen before is encoded without being kept past a bound."""
+    encoded = _NAMES.get(name)
+    if encoded is None:
+        encoded = name.lower().encode("latin-1")
+        if len(_NAMES) < 256:
+            _NAMES[name] = encoded
+    return encoded
+
 
 class Answer:
     __slots__ = ("body", "extra", "headers", "status")
@@ -20,9 +33,7 @@ class Answer:
         self.extra: list[tuple[bytes, bytes]] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        headers = [
-            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()
-        ]
+        headers = [(_name(k), v.encode("latin-1")) for k, v in self.headers.items()]
         headers += self.extra
         if self.status not in (204, 304):
             headers.append((b"content-length", b"%d" % len(self.body)))

@@ -202,9 +202,14 @@ async def create(
 # -- POST: append, close -------------------------------------------------------------------------
 
 
+_PRODUCER_HEADERS = ("producer-id", "producer-epoch", "producer-seq")
+
+
 def producer_claim(headers: RequestHeaders) -> ProducerClaim | None:
     """The claim as the headers give it (its validity is the use case's: `check_claims`)."""
-    given = [header(headers, name) for name in ("producer-id", "producer-epoch", "producer-seq")]
+    if not any(name in headers for name in _PRODUCER_HEADERS):
+        return None  # most writes: no lookup of each
+    given = [header(headers, name) for name in _PRODUCER_HEADERS]
     if all(value is None for value in given):
         return None
     producer_id, epoch, seq = given
@@ -275,7 +280,8 @@ async def append_body(head: AppendHead, body: bytes) -> Answer:
         if not given:
             raise errors.InvalidInput("an append with a body needs its Content-Type")
         kind = stream_content_type(definition)
-        if wire.essence(wire.normalize_content_type(given)) != wire.essence(kind):
+        # The stream's own type as stored is the common case, and is the same type.
+        if given != kind and wire.essence(wire.normalize_content_type(given)) != wire.essence(kind):
             conflict = f"the stream's content type is {kind!r}, not {given[:80]!r}"
     if body and conflict is None:
         records = wire.records_for(

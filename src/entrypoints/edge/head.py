@@ -67,19 +67,23 @@ class RequestHeaders:
     __slots__ = ("_by_name",)
 
     def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
-        by_name: dict[bytes, list[bytes]] = {}
+        by_name: dict[str, list[bytes]] = {}
         for key, value in raw:
-            values = by_name.get(key)
+            name = key.decode("latin-1")
+            values = by_name.get(name)
             if values is None:
-                by_name[key] = [value]
+                by_name[name] = [value]
             else:
                 values.append(value)
         self._by_name = by_name
 
+    def __contains__(self, name: str) -> bool:
+        return name.lower() in self._by_name
+
     def get(self, name: str) -> str | None:
-        values = self._by_name.get(name.lower().encode("latin-1"))
+        values = self._by_name.get(name.lower())
         return None if values is None else values[0].decode("latin-1")
 
     def getall(self, name: str) -> list[str]:
-        values = self._by_name.get(name.lower().encode("latin-1"))
+        values = self._by_name.get(name.lower())
         return [] if values is None else [value.decode("latin-1") for value in values]
