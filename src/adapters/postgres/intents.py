@@ -58,6 +58,17 @@ ORDER BY expires_at LIMIT $2
 """
 
 
+# The events `project_objects` writes rows for (every other event leaves the intents as they are).
+PROJECTED = (
+    ObjectPrepared,
+    ObjectUploaded,
+    ObjectCommitted,
+    ObjectAborted,
+    ObjectExpired,
+    RecordsPruned,
+)
+
+
 async def project_objects(conn: Connection, key: StreamKey, events: list[Event]) -> None:
     for event in events:
         match event:

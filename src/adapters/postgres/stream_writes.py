@@ -18,7 +18,7 @@ import msgspec
 
 from adapters.postgres.connections import Connection
 from adapters.postgres.erasure import WAKE_CHANNEL
-from adapters.postgres.intents import project_objects
+from adapters.postgres.intents import PROJECTED, project_objects
 from adapters.postgres.journal import schedule_compaction
 from adapters.postgres.producers import write_producers
 from adapters.postgres.traces import TRACES_CHANNEL, trace_announcement
@@ -379,7 +379,8 @@ async def write(
     `producers`: those loaded before the commands were decided."""
     arguments = await before_write(conn, key, stream, changes, producers, inline)
     await execute_write(conn, arguments)
-    await after_write(conn, key, changes)
+    if has_after_write(changes):
+        await after_write(conn, key, changes)
 
 
 async def execute_write(conn: Connection, arguments: StreamWrite) -> None:
@@ -393,6 +394,16 @@ async def execute_writes(conn: Connection, writes: Sequence[StreamWrite]) -> Non
         await conn.execute(_WRITE_MANY, *_batch_write(writes))
 
 
+# Events after which `after_write` has a statement to run (with a snapshot: the compaction job).
+_AFTER = (StreamSoftDeleted, *PROJECTED)
+
+
+def has_after_write(changes: Changes) -> bool:
+    """Whether `after_write` has anything to do: most groups (appends alone) have not, and
+    skip the call (a batch of streams makes it once per stream)."""
+    return changes.snapshot is not None or any(isinstance(e, _AFTER) for e in changes.events)
+
+
 async def before_write(
     conn: Connection,
     key: StreamKey,
@@ -403,7 +414,9 @@ async def before_write(
 ) -> StreamWrite:
     """The producers' rows and a large group's records (by COPY), then `_WRITE`'s
     arguments for the rest (the producers first: a snapshot takes them all)."""
-    await write_producers(conn, key, producers or {}, stream.state.producers, changes)
+    if producers or stream.state.producers or changes.snapshot is not None:
+        # (with none loaded and none now, only a snapshot has producers to write: all of them)
+        await write_producers(conn, key, producers or {}, stream.state.producers, changes)
     if changes.appended and tracing.on():
         await announce_trace(conn, key, changes)
     rows = _record_rows(key, changes)
