@@ -286,3 +286,44 @@ async def test_a_refused_batch_is_committed_stream_by_stream_each_answering_alon
     assert [o.answer.first_sequence for o in results[2]] == [1]
     assert isinstance(results[3][0], Failed)
     assert (await repo.page(keys[0], 0, 10))[0].head == 2
+
+
+async def test_a_batch_locks_its_rows_in_key_order_whatever_order_it_was_given(
+    pool: asyncpg.Pool,
+) -> None:
+    """The order every process locks in is what keeps overlapping batches from deadlocking: a
+    batch given its streams last-first still locks the first in key order before it waits for
+    the last. (The hammering test above sees a broken order only when a deadlock happens to
+    occur; this sees it at once.)"""
+    repo = PostgresStreams(pool)
+    run = new_key()
+    keys = [run._replace(stream_id=f"k{i}") for i in range(10)]
+    for key in keys:
+        await repo.create(key, definition(key.stream_id), NOW)
+    *earlier, last = keys
+    lock_one = "SELECT 1 FROM streams WHERE tenant = $1 AND run_id = $2 AND stream_id = $3"
+    async with pool.acquire() as blocker, blocker.transaction():
+        await blocker.execute(lock_one + " FOR UPDATE", *last)
+        given = [last, *reversed(earlier)]
+        batch = asyncio.create_task(repo.update_many([(k, [append()]) for k in given]))
+        for _ in range(200):  # until the batch waits for the blocker's lock
+            waiting = await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database() AND query LIKE '%FOR UPDATE OF s%'"
+            )
+            if waiting:
+                break
+            await asyncio.sleep(0.02)
+        assert waiting, "the batch never waited for the last stream's lock"
+        async with pool.acquire() as probe, probe.transaction():
+            free = await probe.fetch(
+                "SELECT stream_id FROM streams WHERE tenant = $1 AND run_id = $2 "
+                "AND stream_id = ANY($3::text[]) FOR UPDATE SKIP LOCKED",
+                run.tenant,
+                run.run_id,
+                [k.stream_id for k in earlier],
+            )
+        assert [r[0] for r in free] == []  # each one before the last was locked before it
+    results = await batch
+    assert all(not isinstance(r, BaseException) for r in results)
+    assert all(o.answer.first_sequence == 1 for r in results for o in r)
