@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from application import tracing
 from application.access import Caller, require_reader
 from application.definitions import Definitions
 from application.group_commit import GroupCommit, run_one
@@ -85,6 +86,7 @@ class Acknowledge:
         self._clock = clock
         self._max_consumers = max_consumers
 
+    @tracing.use_case("acknowledge")
     async def __call__(
         self, caller: Caller, run_id: str, stream_id: str, consumer_id: str, sequence: int
     ) -> AckAnswer:

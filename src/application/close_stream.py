@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from application import tracing
 from application.access import Caller, require_writer
 from application.definitions import Definitions
 from application.group_commit import GroupCommit, run_one
@@ -38,6 +39,7 @@ class CloseStream:
         self._commits = commits
         self._clock = clock
 
+    @tracing.use_case("close stream")
     async def __call__(self, caller: Caller, run_id: str, stream_id: str) -> StreamDocument:
         caller.require("streams:write")
         key = caller.key(run_id, stream_id)

@@ -7,6 +7,7 @@ from datetime import datetime
 
 import msgspec
 
+from application import tracing
 from application.access import Caller, require_reader
 from application.definitions import Definitions
 from application.group_commit import GroupCommit, run_one
@@ -52,6 +53,7 @@ class DeleteConsumer:
         self._commits = commits
         self._clock = clock
 
+    @tracing.use_case("delete consumer")
     async def __call__(self, caller: Caller, run_id: str, stream_id: str, consumer_id: str) -> None:
         caller.require("streams:admin")
         key = caller.key(run_id, stream_id)
@@ -65,6 +67,7 @@ class ListConsumers:
         self._definitions = definitions
         self._streams = streams
 
+    @tracing.use_case("list consumers")
     async def __call__(
         self,
         caller: Caller,

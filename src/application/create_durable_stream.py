@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from application import tracing
 from application.access import Caller
 from application.create_stream import CreateStream
 from application.definitions import Definitions
@@ -62,6 +63,7 @@ class CreateDurableStream:
         caller.require("streams:write")
         caller.key(run_id, stream_id)
 
+    @tracing.use_case("create durable stream")
     async def __call__(
         self,
         caller: Caller,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from application import tracing
 from application.access import Caller
 from application.definitions import Definitions
 from application.errors import NotFound
@@ -40,6 +41,7 @@ class DeleteStream:
         self._commits = commits
         self._clock = clock
 
+    @tracing.use_case("delete stream")
     async def __call__(self, caller: Caller, run_id: str, stream_id: str) -> None:
         caller.require("streams:admin")
         key = caller.key(run_id, stream_id)
@@ -56,6 +58,7 @@ class DeleteRun:
         self._definitions = definitions
         self._clock = clock
 
+    @tracing.use_case("delete run")
     async def __call__(self, caller: Caller, run_id: str) -> None:
         caller.require("streams:admin")
         caller.run(run_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from application import tracing
 from application.access import Caller, require_reader
 from application.definitions import sources_within
 from application.errors import NotFound
@@ -25,6 +26,7 @@ class GetStream:
         self._deliveries = deliveries
         self._access = access
 
+    @tracing.use_case("get stream")
     async def __call__(self, caller: Caller, run_id: str, stream_id: str) -> StreamDocument:
         caller.require("streams:read")
         key = caller.key(run_id, stream_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
+from application import tracing
 from application.access import Caller
 from application.expiry import AccessLog
 from application.ports import RunSummary, StreamRepository
@@ -28,6 +29,7 @@ class ListRuns:
         self._streams = streams
         self._access = access
 
+    @tracing.use_case("list runs")
     async def __call__(
         self,
         caller: Caller,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from application import tracing
 from application.access import Caller
 from application.definitions import sources_within
 from application.errors import NotFound
@@ -38,6 +39,7 @@ class ListStreams:
         self._access = access
         self._recorded = recorded
 
+    @tracing.use_case("list streams")
     async def __call__(
         self,
         caller: Caller,

@@ -51,6 +51,7 @@ class ReadRecords:
         page = await self.stored(caller, run_id, stream_id, cursor, limit, wait)
         return page.view()
 
+    @tracing.use_case("read records")
     async def stored(
         self,
         caller: Caller,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from application import tracing
 from application.access import Caller
 from application.definitions import Definitions
 from application.group_commit import GroupCommit, run_one
@@ -40,6 +41,7 @@ class SetLegalHold:
         self._commits = commits
         self._clock = clock
 
+    @tracing.use_case("set legal hold")
     async def __call__(
         self, caller: Caller, run_id: str, stream_id: str, enabled: bool, reason: str | None
     ) -> LegalHoldView:

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from application import tracing
 from application.access import Caller, require_reader
 from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
@@ -214,6 +215,7 @@ class Subscriptions:
         self._clock = clock
         self._definitions = definitions
 
+    @tracing.use_case("put subscription")
     async def put(
         self, caller: Caller, subscription_id: str, config: SubscriptionConfig, base_url: str
     ) -> tuple[Subscription, Heads, bool]:
@@ -260,6 +262,7 @@ class Subscriptions:
         heads = found[1] if found else {}
         return (found[0] if found else sub), heads, created
 
+    @tracing.use_case("get subscription")
     async def get(self, caller: Caller, subscription_id: str) -> tuple[Subscription, Heads]:
         caller.require("streams:read")
         check_subscription_id(subscription_id)
@@ -288,6 +291,7 @@ class Subscriptions:
             return True
         return definition.authorization.may_read(caller.principal)
 
+    @tracing.use_case("delete subscription")
     async def delete(self, caller: Caller, subscription_id: str) -> None:
         caller.require("streams:admin")
         check_subscription_id(subscription_id)
@@ -300,6 +304,7 @@ class Subscriptions:
         if not await self._store.update(caller.tenant, subscription_id, decide):
             raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
 
+    @tracing.use_case("add subscription streams")
     async def add_streams(
         self, caller: Caller, subscription_id: str, paths: tuple[StreamPath, ...]
     ) -> None:
@@ -314,6 +319,7 @@ class Subscriptions:
 
         await self._store.update(caller.tenant, subscription_id, decide, extra=paths)
 
+    @tracing.use_case("remove subscription stream")
     async def remove_stream(self, caller: Caller, subscription_id: str, path: StreamPath) -> None:
         caller.require("streams:admin")
         check_subscription_id(subscription_id)
@@ -418,6 +424,7 @@ class Subscriptions:
         sub.check_wake(generation, wake)
         return sub
 
+    @tracing.use_case("wake callback")
     async def callback(
         self,
         token: str,
@@ -446,6 +453,7 @@ class Subscriptions:
 
         return await self._store.update(tenant, subscription_id, decide)
 
+    @tracing.use_case("claim wake")
     async def claim(
         self, caller: Caller, subscription_id: str, worker: str
     ) -> tuple[Subscription, Heads, str]:
@@ -484,6 +492,7 @@ class Subscriptions:
         found = await self._store.get(caller.tenant, subscription_id)
         return sub, (found[1] if found else {}), token
 
+    @tracing.use_case("release wake")
     async def release(
         self, token: str, subscription_id: str, generation: int, wake_id: str
     ) -> None:

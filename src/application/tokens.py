@@ -34,6 +34,7 @@ from typing import Annotated
 
 import msgspec
 
+from application import tracing
 from application.access import SCOPES, Caller, Scope
 from application.errors import Forbidden, NotFound, Unauthenticated
 from application.jwts import JwtCallers
@@ -137,6 +138,7 @@ class RevokeToken:
         self._tokens = tokens
         self._cache = cache
 
+    @tracing.use_case("revoke token")
     async def __call__(self, token_or_id: str) -> str:
         # The token itself first: a configured bootstrap token could look like an id.
         candidates = [token_id(token_hash(token_or_id))]
@@ -154,6 +156,7 @@ class ListTokens:
     def __init__(self, tokens: TokenStore) -> None:
         self._tokens = tokens
 
+    @tracing.use_case("list tokens")
     async def __call__(self, tenant: str | None = None) -> list[TokenRecord]:
         if tenant is not None:
             check_id("tenant", tenant)
@@ -245,6 +248,7 @@ class MintToken:
         self._max = max_seconds
         self._clock = clock
 
+    @tracing.use_case("mint token")
     async def __call__(self, caller: Caller, request: TokenRequest) -> MintedToken:
         caller.require("streams:admin")
         unknown = sorted(set(request.scopes) - set(SCOPES))

@@ -121,8 +121,33 @@ async def test_a_durable_streams_create_and_append_are_children_of_the_callers_s
     append = only(exporter, "POST /api/durable-streams/v1/stream/{run_id}/{stream_id}")
     for request in (create, append):
         assert format(request.parent.span_id, "016x") == CALLER_SPAN  # type: ignore[union-attr]
-    assert child_of(only(exporter, "create stream"), create)
+    durable_create = only(exporter, "create durable stream")
+    assert child_of(durable_create, create)
+    assert child_of(only(exporter, "create stream"), durable_create)
     assert child_of(only(exporter, "produce"), append)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "use_case"),
+    [
+        ("GET", "/streams/s", "get stream"),
+        ("GET", "/streams/s/records?cursor=0", "read records"),
+        ("GET", "/streams", "list streams"),
+        ("POST", "/streams/s/close", "close stream"),
+        ("DELETE", "/streams/s", "delete stream"),
+    ],
+)
+async def test_each_use_case_is_a_span_of_its_own_under_the_request(
+    client: AsyncTestClient, exporter: InMemorySpanExporter, method: str, path: str, use_case: str
+) -> None:
+    base = "/api/workflow-streams/runs/r5"
+    created = await client.post(f"{base}/streams", json={"stream_id": "s", "direction": "output"})
+    assert created.is_success, created.text
+    exporter.clear()
+    answer = await client.request(method, base + path, headers={"traceparent": TRACEPARENT})
+    assert answer.is_success, answer.text
+    [request] = [s for s in exporter.get_finished_spans() if s.name.startswith(method + " ")]
+    assert child_of(only(exporter, use_case), request)
 
 
 async def test_a_malformed_traceparent_starts_a_trace_of_our_own(
