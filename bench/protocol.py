@@ -49,7 +49,7 @@ CONFIGS = {
 
 
 def _record(size: int = 100) -> dict[str, object]:
-    """A JSON message whose compact encoding is exactly `size` bytes (as bench/__main__.py)."""
+    """A JSON message whose compact encoding is exactly `size` bytes (as bench/payloads.py)."""
     head = {"i": 0, "kind": "token", "text": ""}
     head["text"] = "x" * (size - len(json.dumps(head, separators=(",", ":"))))
     return head
@@ -168,7 +168,7 @@ class ProtocolBench:
     # -- (a)-(d) ---------------------------------------------------------------------------------
 
     def prepare_appends(self) -> None:
-        # Native creation with the unread ceilings raised (as bench/__main__.py does), so that
+        # Native creation with the unread ceilings raised (as bench/orchestrator.py does), so that
         # credit never refuses: the protocol has no acknowledgements, and a stream created by
         # PUT has the default ceiling of 10,000 unread records. (a) appends to it through the
         # protocol: a native stream reads and appends as application/json there.

@@ -1,14 +1,19 @@
 """The report of `python -m bench`: the table of measurements, the ratios with their targets,
-and the live-delivery, objects and dispatch lines with their PASS / MISS verdicts."""
+and the live-delivery, objects and dispatch lines with their PASS / MISS verdicts; then the
+py-spy summaries and the JSON file of the results."""
 
 from __future__ import annotations
 
+import json
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench import dispatch, live, objects
 
 if TYPE_CHECKING:
-    from bench.__main__ import Bench
+    from bench.orchestrator import Bench
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -290,3 +295,33 @@ def report_dispatch(d: dispatch.Dispatch) -> list[str]:
         + (f"; {s.error}" if s.error else "")
     )
     return lines
+
+
+def print_profiles(bench: Bench) -> None:
+    """The py-spy summaries the run sampled: (2) or (4) under --profile / --profile-batch, (7a)
+    and (7b) under --profile-catchup."""
+    if bench.profile_summary:
+        which = "(4)" if bench.args.profile_batch else "(2)"
+        print(f"\npy-spy profile of the server during {which} (% of sampled server CPU):")
+        print(bench.profile_summary)
+        print(f"(raw collapsed stacks: {Path(tempfile.gettempdir()) / 'ductor-bench-profile.txt'})")
+    for name, summary in bench.catchup_profiles.items():
+        label = {"sse": "(7a) SSE catch-up", "page": "(7b) pages of 1,000"}[name]
+        print(f"\npy-spy profile of the server during {label} (% of sampled server CPU):")
+        print(summary)
+        raw = Path(tempfile.gettempdir()) / f"ductor-bench-profile-{name}.txt"
+        print(f"(raw collapsed stacks: {raw})")
+
+
+def write_json(bench: Bench, path: Path) -> None:
+    """--json: the facts, the table's measurements and the live results."""
+    payload = {
+        "facts": bench.facts,
+        "duration": bench.args.duration,
+        "results": {k: asdict(v) for k, v in bench.results.items()},
+        "live": {
+            k: [asdict(x) for x in v] if isinstance(v, list) else asdict(v)
+            for k, v in bench.live.items()
+        },
+    }
+    path.write_text(json.dumps(payload, indent=2, default=str))
