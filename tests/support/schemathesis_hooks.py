@@ -11,17 +11,24 @@ homed in another region). Those refusals are not counted against the document (d
 Two more are set aside, neither a refusal of a valid request: one citing a rule between two
 parameters (OpenAPI gives each parameter its own schema and no way to relate them; the
 document states those rules in words), and a request schemathesis calls valid that breaks its
-own declared schema. The operations the run leaves out are listed in schemathesis.toml."""
+own declared schema. And a created stream that one request erased through its other surface's
+URL (a Durable Streams DELETE of a native stream) is not found by the next: schemathesis counts
+only a DELETE at or above the URL it was created at, so the hooks record every create and
+erasure and set such an `ST302` aside. The operations the run leaves out are listed in
+schemathesis.toml."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
+from urllib.parse import unquote
 
 import jsonschema
 import schemathesis
 from schemathesis.core.deserialization import deserialize_yaml
 from schemathesis.core.media_types import YAML_MEDIA_TYPES
+from schemathesis.openapi.checks import EnsureResourceAvailability
 from schemathesis.specs.openapi.checks import RejectedPositiveData
 
 DEPENDS_ON_STATE = frozenset(
@@ -68,6 +75,13 @@ BETWEEN_PARAMETERS = (
     "Producer-Id, Producer-Epoch and Producer-Seq go together",
     "needs an offset",  # live=long-poll or live=sse without an offset
 )
+# One stream, two surfaces: a native stream `run/stream` is the Durable Streams stream
+# `{run_id}/{stream_id}`, and `{stream_id}` alone names it in the run `default`.
+DEFAULT_RUN = "default"
+CREATES = frozenset({"createStream", "dsCreate", "dsCreateInRun"})
+ERASES_A_STREAM = frozenset({"deleteStream", "dsDelete", "dsDeleteInRun"})
+ERASES_A_RUN = "deleteRun"
+
 # The service honours `wait` up to 60 s; a bounded run cannot spend that on every read.
 LONGEST_WAIT = 0.2
 
@@ -143,8 +157,77 @@ def _outside_the_document(case: Any, response: Any) -> bool:
     return False
 
 
+def _stream_named(case: Any) -> tuple[str, str] | None:
+    """The (run, stream) a request's path names, on either surface."""
+    parameters = case.path_parameters or {}
+    if "stream_id" not in parameters or "subscription_id" in parameters:
+        return None
+    run = parameters.get("run_id", DEFAULT_RUN)
+    return unquote(str(run)), unquote(str(parameters["stream_id"]))
+
+
+class Erasures:
+    """When each stream was last created and last erased, through any route, in call order (the
+    run has one worker). Schemathesis counts a stream as deleted only by a DELETE at or above the
+    URL it was created at: a native stream erased through its Durable Streams URL (a link it
+    infers from the request's `stream_id`), then used through a native link, looks to it like a
+    created resource not found."""
+
+    def __init__(self) -> None:
+        self._clock = itertools.count(1)
+        self._created: dict[tuple[str, str], int] = {}
+        self._erased: dict[tuple[str, str], int] = {}
+        self._runs_erased: dict[str, int] = {}
+
+    def observe(self, case: Any, response: Any) -> None:
+        if not 200 <= response.status_code < 300:
+            return
+        operation = case.operation.definition.raw.get("operationId")
+        if operation == ERASES_A_RUN:
+            self._runs_erased[unquote(str(case.path_parameters["run_id"]))] = next(self._clock)
+            return
+        stream = _stream_named(case)
+        if operation == "createStream":  # the ID is the request's, or one the service chose
+            try:
+                stream_id = json.loads(response.content)["stream_id"]
+            except (ValueError, KeyError, TypeError):
+                return
+            stream = (unquote(str(case.path_parameters["run_id"])), stream_id)
+            self._created[stream] = next(self._clock)
+        elif operation in CREATES and stream is not None:
+            self._created[stream] = next(self._clock)
+        elif operation in ERASES_A_STREAM and stream is not None:
+            self._erased[stream] = next(self._clock)
+
+    def erased_since_created(self, stream: tuple[str, str]) -> bool:
+        erased = max(self._erased.get(stream, 0), self._runs_erased.get(stream[0], 0))
+        return erased > self._created.get(stream, 0)
+
+
+ERASURES = Erasures()
+
+
+@schemathesis.hook
+def after_call(context: Any, case: Any, response: Any) -> None:
+    ERASURES.observe(case, response)
+
+
+def _erased_elsewhere(failure: Any, case: Any, response: Any) -> bool:
+    """A created stream not found because a call in between erased it (on either surface)."""
+    if not isinstance(failure, EnsureResourceAvailability) or response.status_code != 404:
+        return False
+    stream = _stream_named(case)
+    return (
+        stream is not None
+        and _problem(response).get("code") == "not-found"
+        and ERASURES.erased_since_created(stream)
+    )
+
+
 @schemathesis.hook
 def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
+    if _erased_elsewhere(failure, case, response):
+        return False
     if not isinstance(failure, RejectedPositiveData):
         return True
     problem = _problem(response)
