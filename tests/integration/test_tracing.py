@@ -209,7 +209,8 @@ async def test_durable_streams_writes_descend_from_the_callers_span(
     )
     for request in (create, append):
         assert hex_id(request.parent_span_id) == CALLER_SPAN
-    await receiver.wait_for("create stream", lambda s: child_of(s, create))
+    durable = await receiver.wait_for("create durable stream", lambda s: child_of(s, create))
+    await receiver.wait_for("create stream", lambda s: child_of(s, durable))
     await receiver.wait_for("produce", lambda s: child_of(s, append))
 
 
