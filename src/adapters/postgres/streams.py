@@ -506,18 +506,14 @@ class PostgresStreams(RecordReads):
         # write moves them to their column.
         inline = bool(state.consumers)
         # Only the producers this group names (and, near the bound, the least recent).
-        producers: dict[str, Producer] = {}
-        unloaded = 0
-        if any(getattr(c, "producer", None) is not None for c in commands):
-            producers, unloaded = await producers_for(conn, key, commands)
+        producers, unloaded = await producers_for(conn, key, commands)
         receipts: dict[str, Receipt] = {}
         if receipts_read is not None:
             receipts = receipts_read
         elif keys := [c.idempotency.key for c in commands if c.idempotency is not None]:
             for r in await conn.fetch(_RECEIPTS, *key, keys):
                 receipts[r[0]] = Receipt(r[0], r[1], r[2])
-        if any(isinstance(c, PruneCommand) for c in commands):
-            await _check_fences(conn, key, commands)
+        await _check_fences(conn, key, commands)
         offsets: dict[int, int] = {}
         if wanted := [c.offset_of for c in commands if c.offset_of is not None]:
             # Each row is a (sequence, end offset) pair; asyncpg-stubs' Record is no pair.
