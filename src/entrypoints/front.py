@@ -72,10 +72,11 @@ def append_front(
             if match is not None and match.group(1) != RESERVED:
                 first, second = match.groups()
                 if second is None:
-                    await serve(scope, receive, send, DS_ROUTE_ONE, {"stream_id": first})
+                    at = protocol.Where(protocol.DEFAULT_RUN, first, False)
+                    await serve(scope, receive, send, DS_ROUTE_ONE, at)
                 else:
-                    params = {"run_id": first, "stream_id": second}
-                    await serve(scope, receive, send, DS_ROUTE_IN_RUN, params)
+                    at = protocol.Where(first, second, True)
+                    await serve(scope, receive, send, DS_ROUTE_IN_RUN, at)
                 return
         await router(scope, receive, send)
 
@@ -102,8 +103,7 @@ def append_front(
                     )
                     exchange.status = answer.status
                 else:
-                    at = protocol.where(where)
-                    decided = protocol.append_head(running, caller, at, RequestHeaders(head.raw))
+                    decided = protocol.append_head(running, caller, where, RequestHeaders(head.raw))
                     answer = await protocol.append_body(decided, await body.read(max_body))
                     answer.extra = extra
                     exchange.status = answer.status

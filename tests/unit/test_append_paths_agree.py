@@ -5,7 +5,7 @@ be the same, status, headers and body (the order of the headers aside)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 from litestar import Litestar
@@ -37,6 +37,8 @@ class Case(NamedTuple):
     body: bytes
     headers: dict[str, str]
     token: str | None = WRITER
+    repeated: tuple[tuple[str, bytes], ...] = ()  # headers added as they are, after `headers`
+    status: int | None = None  # the answer's status, where the case is there for one
 
 
 # In order: each case sees the state the ones before it left, on both applications alike.
@@ -75,6 +77,32 @@ TABLE = [
     Case("ds stream-seq", DS, b"s1", {**TEXT, "stream-seq": "0001"}),
     Case("ds stream-seq regression", DS, b"s0", {**TEXT, "stream-seq": "0000"}),
     Case("ds stream-seq too long", DS, b"s2", {**TEXT, "stream-seq": "9" * 256}),
+    Case(
+        "ds content type twice",
+        DS,
+        b"x",
+        TEXT,
+        repeated=(("content-type", b"text/plain"),),
+        status=400,
+    ),
+    Case(
+        "ds stream-seq twice",
+        DS,
+        b"x",
+        {**TEXT, "stream-seq": "0002"},
+        repeated=(("stream-seq", b"0003"),),
+        status=400,
+    ),
+    Case(
+        "ds producer epoch twice",
+        DS,
+        b"x",
+        {**TEXT, **producer(1, 1)},
+        repeated=(("producer-epoch", b"1"),),
+        status=400,
+    ),
+    Case("ds stream-seq not ascii", DS, b"x", TEXT, WRITER, (("stream-seq", b"\xe9"),), 400),
+    Case("ds closed twice", DS, b"x", TEXT, WRITER, (("stream-closed", b"true"),) * 2, 400),
     Case("ds empty", DS, b"", TEXT),
     Case("ds no content type", DS, b"x", {}),
     Case("ds content type mismatch", DS, b"{}", JSON),
@@ -108,6 +136,40 @@ async def _started(front: bool) -> AsyncIterator[AsyncTestClient[Litestar]]:
         yield client
 
 
+async def _raw_post(
+    app: Any, path: str, headers: list[tuple[bytes, bytes]], body: bytes
+) -> tuple[int, list[tuple[str, str]], bytes]:
+    """A POST straight into the ASGI application, its headers exactly as given."""
+    headers = [(b"host", b"testserver"), (b"content-length", b"%d" % len(body)), *headers]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("testserver", 80),
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start = sent[0]
+    answer = sorted((n.decode("latin-1"), v.decode("latin-1")) for n, v in start["headers"])
+    content = b"".join(m.get("body", b"") for m in sent[1:])
+    return start["status"], answer, content
+
+
 @pytest.fixture
 async def with_front() -> AsyncIterator[AsyncTestClient[Litestar]]:
     async for client in _started(True):
@@ -130,17 +192,27 @@ async def test_every_append_is_answered_alike_by_the_front_and_by_litestar(
 ) -> None:
     statuses = set()
     for number, case in enumerate(TABLE):
-        headers = {**case.headers, "x-request-id": f"case-{number}"}
+        given = {**case.headers, "x-request-id": f"case-{number}"}
         if case.token is not None:
-            headers["authorization"] = f"Bearer {case.token}"
-        answers = [
-            await client.post(case.path, content=case.body, headers=headers)
-            for client in (with_front, through_litestar)
-        ]
-        front, litestar = (
-            (a.status_code, sorted(a.headers.multi_items()), a.content) for a in answers
-        )
+            given["authorization"] = f"Bearer {case.token}"
+        if case.repeated:  # sent as they are (the test client would join them with ", ")
+            raw = [(n.encode(), v.encode()) for n, v in given.items()] + [
+                (n.encode(), v) for n, v in case.repeated
+            ]
+            front, litestar = [
+                await _raw_post(client.app, case.path, raw, case.body)
+                for client in (with_front, through_litestar)
+            ]
+        else:
+            answers = [
+                await client.post(case.path, content=case.body, headers=given)
+                for client in (with_front, through_litestar)
+            ]
+            front, litestar = (
+                (a.status_code, sorted(a.headers.multi_items()), a.content) for a in answers
+            )
         assert front == litestar, case.name
+        assert case.status in (None, front[0]), (case.name, front)
         statuses.add(front[0])
     # The table reaches every kind of answer it is meant to.
     assert {200, 201, 204, 400, 401, 403, 404, 409, 413, 415, 422} <= statuses

@@ -202,17 +202,32 @@ async def create(
 # -- POST: append, close -------------------------------------------------------------------------
 
 
-_PRODUCER_HEADERS = ("producer-id", "producer-epoch", "producer-seq")
+# An append's protocol headers, found in one pass over the raw headers (every append reads
+# them), in the order the head decides them; each may be given once (`SINGLE`).
+_WRITE_HEADERS = ("stream-closed", "producer-id", "producer-epoch", "producer-seq", "stream-seq")
+_CONTENT_TYPE = len(_WRITE_HEADERS)
+_WRITE_SLOTS = {name.encode(): slot for slot, name in enumerate((*_WRITE_HEADERS, "content-type"))}
+_WRITE_COUNT = len(_WRITE_SLOTS)
 
 
-def producer_claim(headers: RequestHeaders) -> ProducerClaim | None:
-    """The claim as the headers give it (its validity is the use case's: `check_claims`)."""
-    if not any(name in headers for name in _PRODUCER_HEADERS):
-        return None  # most writes: no lookup of each
-    given = [header(headers, name) for name in _PRODUCER_HEADERS]
-    if all(value is None for value in given):
+def single(name: str, values: list[bytes] | None) -> str | None:
+    """`header` of a value picked raw (`RequestHeaders.pick`): at most once, and ASCII."""
+    if values is None:
         return None
-    producer_id, epoch, seq = given
+    if len(values) > 1:
+        raise errors.InvalidInput(f"{name} may be given once", field=name)
+    value = values[0]
+    if not value.isascii():
+        raise errors.InvalidInput(f"{name} must be ASCII text", field=name)
+    return value.decode("ascii")
+
+
+def producer_claim(given: list[list[bytes] | None]) -> ProducerClaim | None:
+    """The claim as the headers give it (its validity is the use case's: `check_claims`).
+    `given`: the append's headers as picked by `_WRITE_SLOTS`."""
+    if given[1] is None and given[2] is None and given[3] is None:
+        return None  # most writes
+    producer_id, epoch, seq = (single(_WRITE_HEADERS[i], given[i]) for i in (1, 2, 3))
     if producer_id is None or epoch is None or seq is None:
         raise errors.InvalidInput(
             "Producer-Id, Producer-Epoch and Producer-Seq go together: all three or none",
@@ -225,9 +240,9 @@ def producer_claim(headers: RequestHeaders) -> ProducerClaim | None:
     )
 
 
-def writer_seq(headers: RequestHeaders) -> str | None:
+def writer_seq(given: list[list[bytes] | None]) -> str | None:
     """`Stream-Seq` as given, without surrounding blanks (its validity: `check_claims`)."""
-    value = header(headers, "stream-seq")
+    value = single("stream-seq", given[4])
     return None if value is None else value.strip()
 
 
@@ -236,7 +251,7 @@ class AppendHead(NamedTuple):
 
     services: Services
     caller: Caller
-    headers: RequestHeaders
+    content_type: list[bytes] | None  # as given (checked once the body is read)
     key: StreamKey
     close: bool
     producer: ProducerClaim | None
@@ -262,21 +277,25 @@ def append_head(
     before its body is read: a refused append's body never is."""
     use_case = services.append_records
     key = use_case.writing(caller, at.run_id, at.stream_id)
-    close = wire.is_true(header(headers, "stream-closed"))
-    producer, seq = producer_claim(headers), writer_seq(headers)
-    use_case.check_claims(producer, seq)
-    return AppendHead(services, caller, headers, key, close, producer, seq)
+    given = headers.pick(_WRITE_SLOTS, _WRITE_COUNT)
+    close = given[0] is not None and wire.is_true(single("stream-closed", given[0]))
+    producer = seq = None
+    claimed, epoch, number, stream_seq = given[1:_CONTENT_TYPE]
+    if claimed is not None or epoch is not None or number is not None or stream_seq is not None:
+        producer, seq = producer_claim(given), writer_seq(given)
+        use_case.check_claims(producer, seq)
+    return AppendHead(services, caller, given[_CONTENT_TYPE], key, close, producer, seq)
 
 
 async def append_body(head: AppendHead, body: bytes) -> Answer:
-    services, caller, headers, key, close, producer, seq = head
+    services, caller, content_type, key, close, producer, seq = head
     use_case = services.append_records
     use_case.check_content(has_content=bool(body), close=close)
     definition = await use_case.writable(caller, key)
     records: list[NewRecord] = []
     conflict: str | None = None
     if body:
-        given = header(headers, "content-type")
+        given = single("content-type", content_type)
         if not given:
             raise errors.InvalidInput("an append with a body needs its Content-Type")
         kind = stream_content_type(definition)

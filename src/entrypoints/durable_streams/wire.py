@@ -36,7 +36,7 @@ NOW = "now"
 
 
 def offset_of(sequence: int) -> str:
-    return f"{0:016d}_{sequence:016d}"
+    return f"0000000000000000_{sequence:016d}"  # one field formatted: half the time of two
 
 
 def parse_offset(value: str, *, field: str = "offset") -> int | None:
@@ -151,7 +151,7 @@ def essence(content_type: str) -> str:
 
 
 def is_json(content_type: str) -> bool:
-    return essence(content_type) == JSON
+    return content_type == JSON or essence(content_type) == JSON
 
 
 def is_text(content_type: str) -> bool:

@@ -4,7 +4,7 @@ for the handlers that want more (the Durable Streams headers)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from domain.digits import bounded_integer
 
@@ -61,29 +61,50 @@ class RequestHead:
 
 class RequestHeaders:
     """A request's headers by name, case-insensitive (names are lower case in ASGI, values
-    latin-1): `get` answers the first of a repeated header, `getall` every one. Built from one
-    pass over the few there are, when a handler first asks."""
+    latin-1): `get` answers the first of a repeated header, `getall` every one, `pick` the
+    values of a few names in one pass (an append's protocol headers). The map by name is built
+    from one pass over the few there are, when a handler first asks by name."""
 
-    __slots__ = ("_by_name",)
+    __slots__ = ("_by_name", "raw")
 
     def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
-        by_name: dict[str, list[bytes]] = {}
-        for key, value in raw:
-            name = key.decode("latin-1")
-            values = by_name.get(name)
-            if values is None:
-                by_name[name] = [value]
-            else:
-                values.append(value)
-        self._by_name = by_name
+        self.raw = raw
+        self._by_name: dict[str, list[bytes]] | None = None
+
+    def _names(self) -> dict[str, list[bytes]]:
+        by_name = self._by_name
+        if by_name is None:
+            by_name = self._by_name = {}
+            for key, value in self.raw:
+                name = key.decode("latin-1")
+                values = by_name.get(name)
+                if values is None:
+                    by_name[name] = [value]
+                else:
+                    values.append(value)
+        return by_name
 
     def __contains__(self, name: str) -> bool:
-        return name.lower() in self._by_name
+        return name.lower() in self._names()
 
     def get(self, name: str) -> str | None:
-        values = self._by_name.get(name.lower())
+        values = self._names().get(name.lower())
         return None if values is None else values[0].decode("latin-1")
 
     def getall(self, name: str) -> list[str]:
-        values = self._by_name.get(name.lower())
+        values = self._names().get(name.lower())
         return [] if values is None else [value.decode("latin-1") for value in values]
+
+    def pick(self, slots: Mapping[bytes, int], count: int) -> list[list[bytes] | None]:
+        """The raw values of the names `slots` numbers (lower case, 0 to `count` - 1), each
+        name's in the order given; None for a name not given."""
+        picked: list[list[bytes] | None] = [None] * count
+        for key, value in self.raw:
+            slot = slots.get(key)
+            if slot is not None:
+                values = picked[slot]
+                if values is None:
+                    picked[slot] = [value]
+                else:
+                    values.append(value)
+        return picked
