@@ -31,12 +31,11 @@ from adapters.postgres.producers import all_producers, producers_for
 from adapters.postgres.record_reads import RecordReads
 from adapters.postgres.stream_writes import (
     SOFT_DELETED,
+    StreamWrites,
     after_write,
     before_write,
-    execute_write,
     execute_writes,
     has_after_write,
-    stream_write,
     write,
 )
 from application import tracing
@@ -419,7 +418,7 @@ class PostgresStreams(RecordReads):
     ) -> list[list[Outcome] | Exception]:
         """One transaction for many streams: every row locked by one statement in the key's
         order, each stream decided as `_update` decides it, the writes of all in one statement
-        (`_WRITE_MANY`), one COMMIT, one WAL flush; each NOTIFY is delivered at that commit."""
+        (`_WRITE`), one COMMIT, one WAL flush; each NOTIFY is delivered at that commit."""
         with tracing.span(
             "postgresql transaction",
             kind="client",
@@ -471,11 +470,11 @@ class PostgresStreams(RecordReads):
                 results.append(settled.outcomes)
                 done.append(settled)
             writing = [d for d in done if not d.changes.deleted and d.changes.events]
-            arguments = [
-                await before_write(conn, d.key, d.stream, d.changes, d.producers, d.inline)
-                for d in writing
-            ]
-            await execute_writes(conn, arguments)
+            writes = StreamWrites()
+            for d in writing:
+                await before_write(conn, writes, d.key, d.stream, d.changes, d.producers, d.inline)
+            if writing:
+                await execute_writes(conn, writes)
             for d in writing:
                 if has_after_write(d.changes):
                     await after_write(conn, d.key, d.changes)
@@ -605,7 +604,9 @@ class PostgresStreams(RecordReads):
                     stream.apply(event)
                 changes = Changes(events=events)
                 inline = bool(stream.state.consumers)  # as in update: moved to their column
-                await execute_write(conn, stream_write(stream, changes, [], inline))
+                writes = StreamWrites()
+                writes.add(stream, changes, [], inline)
+                await execute_writes(conn, writes)
                 await conn.execute(SOFT_DELETED, *stream.key)
             erased = [s for s in streams if s.key not in kept]
             await erase(conn, tenant, run_id, [s.key.stream_id for s in erased], "deleted")
