@@ -16,6 +16,7 @@ import warnings
 from typing import Any
 
 import httpx
+from tests.support.asgi import http_scope
 
 from application.access import SCOPES
 from application.tokens import IssueToken, make_caller
@@ -54,25 +55,13 @@ async def measure(kind: str, count: int) -> tuple[float, dict[int, int]]:
         )
         assert created.status_code == 201, created.text
     path, body = ROUTES[kind]
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"host", b"bench"),
-            (b"authorization", f"Bearer {TOKEN}".encode()),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
+    headers = [
+        (b"host", b"bench"),
+        (b"authorization", f"Bearer {TOKEN}".encode()),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    scope = http_scope("POST", path, headers, host="127.0.0.1")
     statuses: dict[int, int] = {}
 
     async def receive() -> dict[str, Any]:

@@ -15,6 +15,7 @@ from application.access import SCOPES
 from application.tokens import IssueToken, make_caller
 from entrypoints.container import memory_container
 from entrypoints.http.app import MAX_REQUEST_BYTES, create_app
+from tests.support.asgi import http_scope
 
 WRITER = "dst_writer_" + "a" * 16
 READER = "dst_reader_" + "b" * 16
@@ -141,20 +142,7 @@ async def _raw_post(
 ) -> tuple[int, list[tuple[str, str]], bytes]:
     """A POST straight into the ASGI application, its headers exactly as given."""
     headers = [(b"host", b"testserver"), (b"content-length", b"%d" % len(body)), *headers]
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": headers,
-        "client": ("127.0.0.1", 1),
-        "server": ("testserver", 80),
-    }
+    scope = http_scope("POST", path, headers)
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
