@@ -213,25 +213,16 @@ class StreamWrites:
         )
 
     def arguments(self) -> list[str]:
-        return [
-            _encode(rows).decode()
-            for rows in (
-                self.streams,
-                self.records,
-                self.events,
-                self.receipts,
-                self.consumers,
-                self.gone,
-                self.deliveries,
-            )
-        ]
+        return [_encode(getattr(self, table)).decode() for table in _PARAMETERS]
+
+
+# `_WRITE`'s parameters, in order: each a table's rows (`StreamWrites`' lists of those names).
+_PARAMETERS = ("streams", "records", "events", "receipts", "consumers", "gone", "deliveries")
 
 
 def _rows(name: str, columns: str) -> str:
     return f"json_to_recordset(${_PARAMETERS.index(name) + 1}::json) AS {name[0]}({columns})"
 
-
-_PARAMETERS = ("streams", "records", "events", "receipts", "consumers", "gone", "deliveries")
 
 # One round trip writes everything the transaction's streams' commands caused, their NOTIFYs
 # included. Data-modifying CTEs always run to completion, referenced or not; an empty array
