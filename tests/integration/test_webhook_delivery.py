@@ -130,8 +130,9 @@ def deployment(own_database: str, tmp_path_factory: pytest.TempPathFactory) -> I
     assert receiver.stdout is not None and receiver.stdout.readline() == b"receiving\n"
     server = ServerProcess(database_url=own_database, data_dir=data_dir, env=SERVER_ENV).start()
     worker = WorkerProcess(database_url=own_database, data_dir=data_dir, env=WORKER_ENV).start()
-    yield Deployment(server, worker, Receiver(port, log, receiver), own_database, data_dir)
-    worker.stop()
+    deployed = Deployment(server, worker, Receiver(port, log, receiver), own_database, data_dir)
+    yield deployed
+    deployed.worker.stop()  # the one running now: a test may have replaced the first
     server.stop()
     receiver.kill()
     receiver.wait()
