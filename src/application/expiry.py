@@ -132,6 +132,11 @@ class AccessLog:
         if expiry.expires_at is not None:
             if now < expiry.expires_at:
                 return False
+            if held is not None:
+                # Absolute: no access counts, and the hold is at hand. (Asking for the access
+                # row would find none once the sweep erased the stream after the caller loaded
+                # it: the stream would be answered as if alive.)
+                return not held
         elif (known := self._known.get(key)) is not None and not expiry.passed(
             now, known, self.slack
         ):

@@ -215,6 +215,22 @@ async def test_expires_at_is_404_once_passed(app) -> None:
         await s.list_streams(ALICE, "r")
 
 
+async def test_a_stream_the_sweep_erases_while_it_is_read_is_404_not_its_document(
+    app, monkeypatch
+) -> None:
+    container, s, clock = app
+    at = clock.now + timedelta(seconds=30)
+    await s.create_stream(ALICE, "r", request(stream_id="x", expiry={"expires_at": at.isoformat()}))
+    clock.advance(31)
+
+    async def erased_meanwhile(key: object) -> None:
+        return None  # the sweep erased it (its access row too) after the read loaded it
+
+    monkeypatch.setattr(container.stream_access(), "last_access", erased_meanwhile)
+    with pytest.raises(NotFound):
+        await s.get_stream(ALICE, "r", "x")
+
+
 async def test_a_legal_hold_suspends_expiry_and_lifting_it_lets_it_expire(app) -> None:
     _, s, clock = app
     at = clock.now + timedelta(seconds=30)
