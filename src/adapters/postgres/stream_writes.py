@@ -221,8 +221,33 @@ _PARAMETERS = ("streams", "records", "events", "receipts", "consumers", "gone", 
 
 
 def _rows(name: str, columns: str) -> str:
+    """A table's rows as `_WRITE` reads them: its JSON parameter as a row set, aliased by the
+    name's first letter."""
     return f"json_to_recordset(${_PARAMETERS.index(name) + 1}::json) AS {name[0]}({columns})"
 
+
+_KEY_COLUMNS = "tenant text, run_id text, stream_id text"
+_RECORDS = _rows(
+    "records",
+    f"{_KEY_COLUMNS}, sequence bigint, appended_at timestamptz, kind int2, content_type text, "
+    "size int4, end_offset int8, payload text",
+)
+_EVENTS = _rows("events", f"{_KEY_COLUMNS}, version int8, type text, payload text")
+_RECEIPTS = _rows(
+    "receipts", f"{_KEY_COLUMNS}, idempotency_key text, fingerprint text, answer text"
+)
+_CONSUMERS = _rows(
+    "consumers",
+    f"{_KEY_COLUMNS}, consumer_id text, principal text, acked_sequence int8, "
+    "updated_at timestamptz, holds_credit boolean",
+)
+_GONE = _rows("gone", f"{_KEY_COLUMNS}, consumer_id text")
+_DELIVERIES = _rows("deliveries", f"{_KEY_COLUMNS}, sequence bigint")
+_STREAMS = _rows(
+    "streams",
+    f"{_KEY_COLUMNS}, version bigint, head bigint, earliest bigint, closed boolean, "
+    "legal_hold boolean, state text, write_consumers boolean, consumers text",
+)
 
 # One round trip writes everything the transaction's streams' commands caused, their NOTIFYs
 # included. Data-modifying CTEs always run to completion, referenced or not; an empty array
@@ -234,73 +259,42 @@ WITH new_records AS (
          payload)
     SELECT r.tenant, r.run_id, r.stream_id, r.sequence, r.appended_at, r.kind, r.content_type,
            r.size, r.end_offset, decode(r.payload, 'base64')
-    FROM {
-    _rows(
-        "records",
-        "tenant text, run_id text, stream_id text, sequence bigint, "
-        "appended_at timestamptz, kind int2, content_type text, size int4, "
-        "end_offset int8, payload text",
-    )
-}
+    FROM {_RECORDS}
 ), new_events AS (
     INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
     SELECT e.tenant, e.run_id, e.stream_id, e.version, e.type, decode(e.payload, 'base64')
-    FROM {
-    _rows(
-        "events", "tenant text, run_id text, stream_id text, version int8, type text, payload text"
-    )
-}
+    FROM {_EVENTS}
 ), new_receipts AS (
     INSERT INTO append_receipts (tenant, run_id, stream_id, idempotency_key, fingerprint, answer)
     SELECT r.tenant, r.run_id, r.stream_id, r.idempotency_key, decode(r.fingerprint, 'base64'),
            decode(r.answer, 'base64')
-    FROM {
-    _rows(
-        "receipts",
-        "tenant text, run_id text, stream_id text, idempotency_key text, "
-        "fingerprint text, answer text",
-    )
-}
+    FROM {_RECEIPTS}
 ), acked AS (
     INSERT INTO stream_consumers
         (tenant, run_id, stream_id, consumer_id, principal, acked_sequence, updated_at,
          holds_credit)
     SELECT c.tenant, c.run_id, c.stream_id, c.consumer_id, c.principal, c.acked_sequence,
            c.updated_at, c.holds_credit
-    FROM {
-    _rows(
-        "consumers",
-        "tenant text, run_id text, stream_id text, consumer_id text, "
-        "principal text, acked_sequence int8, updated_at timestamptz, "
-        "holds_credit boolean",
-    )
-}
+    FROM {_CONSUMERS}
     ON CONFLICT (tenant, run_id, stream_id, consumer_id) DO UPDATE
     SET principal = excluded.principal, acked_sequence = excluded.acked_sequence,
         updated_at = excluded.updated_at, holds_credit = excluded.holds_credit
 ), removed AS (
     DELETE FROM stream_consumers c
-    USING {_rows("gone", "tenant text, run_id text, stream_id text, consumer_id text")}
+    USING {_GONE}
     WHERE c.tenant = g.tenant AND c.run_id = g.run_id AND c.stream_id = g.stream_id
       AND c.consumer_id = g.consumer_id
 ), deliveries AS (
     INSERT INTO input_deliveries (tenant, run_id, stream_id, sequence)
     SELECT d.tenant, d.run_id, d.stream_id, d.sequence
-    FROM {_rows("deliveries", "tenant text, run_id text, stream_id text, sequence bigint")}
+    FROM {_DELIVERIES}
 )
 UPDATE streams AS t
 SET version = s.version, head = s.head, earliest = s.earliest, closed = s.closed,
     legal_hold = s.legal_hold, state = decode(s.state, 'base64'),
     consumers = CASE WHEN s.write_consumers THEN decode(s.consumers, 'base64')
                      ELSE t.consumers END
-FROM {
-    _rows(
-        "streams",
-        "tenant text, run_id text, stream_id text, version bigint, "
-        "head bigint, earliest bigint, closed boolean, legal_hold boolean, state text, "
-        "write_consumers boolean, consumers text",
-    )
-}
+FROM {_STREAMS}
 WHERE t.tenant = s.tenant AND t.run_id = s.run_id AND t.stream_id = s.stream_id
 RETURNING pg_notify('{WAKE_CHANNEL}', s.tenant || '/' || s.run_id || '/' || s.stream_id || ' '
                     || s.head::text)
