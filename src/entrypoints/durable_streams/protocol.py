@@ -61,33 +61,9 @@ _encode = msgspec.json.Encoder().encode
 # -- helpers -------------------------------------------------------------------------------------
 
 
-# Headers that say one thing: given twice, which one counts is ambiguous (400, not first-wins).
-SINGLE = frozenset(
-    {
-        "content-type",
-        "stream-ttl",
-        "stream-expires-at",
-        "stream-closed",
-        "stream-seq",
-        "producer-id",
-        "producer-epoch",
-        "producer-seq",
-    }
-)
-
-
 def header(headers: RequestHeaders, name: str) -> str | None:
-    """A protocol header's value: at most once, and ASCII (obs-text bytes would be stored or
-    answered as mojibake): otherwise 400."""
-    values = headers.getall(name)
-    if not values:
-        return None
-    if len(values) > 1 and name in SINGLE:
-        raise errors.InvalidInput(f"{name} may be given once", field=name)
-    value = values[0]
-    if not value.isascii():
-        raise errors.InvalidInput(f"{name} must be ASCII text", field=name)
-    return value
+    """A protocol header's value (`single`)."""
+    return single(name, headers.raw_values(name))
 
 
 class Where(NamedTuple):
@@ -203,7 +179,7 @@ async def create(
 
 
 # An append's protocol headers, found in one pass over the raw headers (every append reads
-# them), in the order the head decides them; each may be given once (`SINGLE`).
+# them), in the order the head decides them.
 _WRITE_HEADERS = ("stream-closed", "producer-id", "producer-epoch", "producer-seq", "stream-seq")
 _CONTENT_TYPE = len(_WRITE_HEADERS)
 _WRITE_SLOTS = {name.encode(): slot for slot, name in enumerate((*_WRITE_HEADERS, "content-type"))}
@@ -211,7 +187,9 @@ _WRITE_COUNT = len(_WRITE_SLOTS)
 
 
 def single(name: str, values: list[bytes] | None) -> str | None:
-    """`header` of a value picked raw (`RequestHeaders.pick`): at most once, and ASCII."""
+    """A protocol header's value from its raw values: at most once (each says one thing: given
+    twice, which one counts is ambiguous: 400, not first-wins), and ASCII (obs-text bytes would
+    be stored or answered as mojibake): otherwise 400."""
     if values is None:
         return None
     if len(values) > 1:

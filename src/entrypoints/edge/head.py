@@ -91,6 +91,10 @@ class RequestHeaders:
         values = self._names().get(name.lower())
         return None if values is None else values[0].decode("latin-1")
 
+    def raw_values(self, name: str) -> list[bytes] | None:
+        """Every value of `name` as given (None when it is not)."""
+        return self._names().get(name.lower())
+
     def getall(self, name: str) -> list[str]:
         values = self._names().get(name.lower())
         return [] if values is None else [value.decode("latin-1") for value in values]
