@@ -1,7 +1,9 @@
 """What the write statement stores is what was appended, byte for byte, however the rows
 travel to PostgreSQL (adapters/postgres/stream_writes.py: each table's rows as one JSON array,
-bytes as base64): every byte value, quotes, backslashes, escapes and non-ASCII text, a key
-holding quotes, alone or in a batch of many streams committed together."""
+bytes as base64, sent as a string constant of the simple query that also commits): every byte
+value, quotes, backslashes, dollar signs (a dollar-quoted constant's delimiter among them),
+escapes and non-ASCII text, a key holding quotes and dollars, alone or in a batch of many
+streams committed together."""
 
 from __future__ import annotations
 
@@ -24,13 +26,14 @@ AWKWARD: Any = {
     "big": 2**62,
     "float": 1.5e300,
 }
-KEY = 'it\'s-"a"\\key'
+KEY = 'it\'s-"a"\\key-$w$-$$-$w'
+CONTENT_TYPE = 'x/y; q="a\'b $w$ \\$"'
 
 
 def records() -> list[dict[str, Any]]:
     return [
         {"data": AWKWARD},
-        {"data_base64": base64.b64encode(EVERY_BYTE).decode(), "content_type": 'x/y; q="a\'b"'},
+        {"data_base64": base64.b64encode(EVERY_BYTE).decode(), "content_type": CONTENT_TYPE},
         {"data": "plain"},
     ]
 
@@ -41,7 +44,7 @@ async def check_stored(api: httpx.AsyncClient, run_id: str, stream_id: str) -> N
     assert got[0]["data"] == AWKWARD
     assert got[0]["content_type"] == "application/json"
     assert base64.b64decode(got[1]["data_base64"]) == EVERY_BYTE
-    assert got[1]["content_type"] == 'x/y; q="a\'b"'
+    assert got[1]["content_type"] == CONTENT_TYPE
     assert got[2]["data"] == "plain"
     sizes = [len(json.dumps(AWKWARD, separators=(",", ":"), ensure_ascii=False).encode()), 256, 7]
     assert [r["size"] for r in got] == sizes

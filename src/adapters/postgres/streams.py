@@ -31,11 +31,14 @@ from adapters.postgres.producers import all_producers, producers_for
 from adapters.postgres.record_reads import RecordReads
 from adapters.postgres.stream_writes import (
     SOFT_DELETED,
+    Known,
     StreamWrites,
-    after_write,
+    Transaction,
     before_write,
+    commit_writes,
     execute_writes,
     has_after_write,
+    prepare_session,
     write,
 )
 from application import tracing
@@ -201,6 +204,10 @@ class PostgresStreams(RecordReads):
         self._times: dict[bytes, datetime] = {}  # page(): appended_at by its timestamptz_send
         # Forks' chains (`_CHAIN`), with the creation time of the fork they belong to.
         self._chains: dict[StreamKey, tuple[datetime, list[ForkLink]]] = {}
+        # The state each recently written stream's row holds (`_remember`), oldest first: its
+        # next transaction locks the row checking it is still at that version (the count of
+        # rows locked says so) instead of reading the state back, one round trip less.
+        self._known: dict[StreamKey, Known] = {}
         if wake is not None:  # the wake bus hears deletions on every replica
             wake.on_deleted(self.forget)
             wake.on_missed(self.forget_all)
@@ -209,11 +216,24 @@ class PostgresStreams(RecordReads):
         """The stream was deleted (here or on another replica): drop what is kept of it."""
         self._definitions.pop(key, None)
         self._chains.pop(key, None)
+        self._known.pop(key, None)
 
     def forget_all(self) -> None:
         """Deleted notifications may have been missed (the listen connection dropped)."""
         self._definitions.clear()
         self._chains.clear()
+        self._known.clear()
+
+    def _remember(self, writes: StreamWrites) -> None:
+        """After their commit: the states the write left in its streams' rows, the most recent
+        `KNOWN_STATES` of them kept (`_known`)."""
+        known = self._known
+        for row in writes.streams:
+            key = StreamKey(row.tenant, row.run_id, row.stream_id)
+            known.pop(key, None)  # (re-inserted last: the most recent)
+            known[key] = Known(row.tenant, row.run_id, row.stream_id, row.state)
+            if len(known) > KNOWN_STATES:
+                del known[next(iter(known))]
 
     async def create(
         self,
@@ -359,26 +379,54 @@ class PostgresStreams(RecordReads):
             return await self._update_in(key, commands)
 
     async def _update_in(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._pool.acquire() as conn:
+            try:
+                settled = await self._update_on(conn, key, commands)
+            except asyncpg.InvalidSQLStatementNameError:
+                # A connection opened without the pool's init: its transaction was rolled
+                # back; the write is prepared on it and the transaction run again.
+                await prepare_session(conn)
+                settled = await self._update_on(conn, key, commands)
+        self._forget_erased(settled)
+        return settled.outcomes
+
+    async def _update_on(
+        self, conn: Connection, key: StreamKey, commands: Sequence[Command]
+    ) -> _Settled:
+        needs_consumers = any(getattr(c, "needs_consumers", False) for c in commands)
+        known = self._known.get(key) if not needs_consumers else None
+        async with Transaction(conn, [known] if known is not None else None) as transaction:
             # Never touch the pool while holding the row lock: with every connection waiting
             # on this row, a second acquire by the holder would wait forever.
-            needs_consumers = any(getattr(c, "needs_consumers", False) for c in commands)
-            row = await conn.fetchrow(_LOCK, *key, key not in self._definitions, needs_consumers)
-            if row is None:
-                raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-            settled = await self._settle(conn, key, (row[0], row[1], row[2]), commands, None)
+            if transaction.locked:
+                assert known is not None
+                row: tuple[bytes, bytes | None, bytes | None] = (known.state, None, None)
+            else:
+                locked = await conn.fetchrow(
+                    _LOCK, *key, key not in self._definitions, needs_consumers
+                )
+                if locked is None:
+                    raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+                row = (locked[0], locked[1], locked[2])
+            settled = await self._settle(conn, key, row, commands, None)
+            writes = StreamWrites()
+            after: list[tuple[StreamKey, Changes]] = []
             if not settled.changes.deleted and settled.changes.events:
-                await write(
+                await before_write(
                     conn,
+                    writes,
                     key,
                     settled.stream,
                     settled.changes,
                     settled.producers,
                     settled.inline,
                 )
+                if has_after_write(settled.changes):
+                    after.append((key, settled.changes))
             committing()
-        self._forget_erased(settled)
-        return settled.outcomes
+            await commit_writes(conn, transaction, writes, after)
+        self._remember(writes)
+        return settled
 
     async def update_many(
         self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
@@ -429,17 +477,37 @@ class PostgresStreams(RecordReads):
     async def _update_many_in(
         self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
     ) -> list[list[Outcome] | Exception]:
+        async with self._pool.acquire() as conn:
+            try:
+                results, done = await self._update_many_on(conn, groups)
+            except asyncpg.InvalidSQLStatementNameError:
+                await prepare_session(conn)  # as in `_update_in`
+                results, done = await self._update_many_on(conn, groups)
+        for settled in done:
+            self._forget_erased(settled)
+        return results
+
+    async def _update_many_on(
+        self, conn: Connection, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> tuple[list[list[Outcome] | Exception], list[_Settled]]:
         keys = [key for key, _ in groups]
-        async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                _LOCK_MANY,
-                [k.tenant for k in keys],
-                [k.run_id for k in keys],
-                [k.stream_id for k in keys],
-                [k not in self._definitions for k in keys],
-                [any(getattr(c, "needs_consumers", False) for c in cs) for _, cs in groups],
-            )
-            locked = {StreamKey(r[0], r[1], r[2]): (r[3], r[4], r[5]) for r in rows}
+        consumers = [any(getattr(c, "needs_consumers", False) for c in cs) for _, cs in groups]
+        known = None if any(consumers) else [self._known.get(key) for key in keys]
+        every = None if known is None or None in known else [k for k in known if k is not None]
+        async with Transaction(conn, every) as transaction:
+            locked: dict[StreamKey, tuple[bytes, bytes | None, bytes | None]]
+            if every is not None and transaction.locked:
+                locked = {key: (k.state, None, None) for key, k in zip(keys, every, strict=True)}
+            else:
+                rows = await conn.fetch(
+                    _LOCK_MANY,
+                    [k.tenant for k in keys],
+                    [k.run_id for k in keys],
+                    [k.stream_id for k in keys],
+                    [k not in self._definitions for k in keys],
+                    consumers,
+                )
+                locked = {StreamKey(r[0], r[1], r[2]): (r[3], r[4], r[5]) for r in rows}
             receipts: dict[StreamKey, dict[str, Receipt]] = {}
             wanted = [
                 (key, c.idempotency.key)
@@ -473,15 +541,11 @@ class PostgresStreams(RecordReads):
             writes = StreamWrites()
             for d in writing:
                 await before_write(conn, writes, d.key, d.stream, d.changes, d.producers, d.inline)
-            if writing:
-                await execute_writes(conn, writes)
-            for d in writing:
-                if has_after_write(d.changes):
-                    await after_write(conn, d.key, d.changes)
+            after = [(d.key, d.changes) for d in writing if has_after_write(d.changes)]
             committing()
-        for settled in done:
-            self._forget_erased(settled)
-        return results
+            await commit_writes(conn, transaction, writes, after)
+        self._remember(writes)
+        return results, done
 
     async def _settle(
         self,
@@ -644,6 +708,10 @@ class PostgresStreams(RecordReads):
     async def journal(self, key: StreamKey) -> list[Event]:
         return await read_journal(self._pool, key)
 
+
+# How many streams' states `_known` keeps: a few MB at most (a state without its producers and
+# consumers is a few hundred bytes), more streams than one process appends to at once.
+KNOWN_STATES = 10_000
 
 # The attributes of a transaction's span (OpenTelemetry's database conventions).
 _DB = {"db.system.name": "postgresql", "db.operation.name": "transaction"}

@@ -1,0 +1,171 @@
+"""A commit of a stream this process wrote last takes two round trips to PostgreSQL: `BEGIN`
+with the row locked if it still holds the state written (adapters/postgres/stream_writes.py,
+`Transaction`), then the write statement with `COMMIT`. Whenever the row holds anything else
+(another process wrote it, it was changed under us, deleted), the state is read under the lock
+as before, and nothing is decided from what this process remembered."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from adapters.postgres.stream_writes import LOCK_STATEMENT, WRITE_STATEMENT, prepare_session
+from adapters.postgres.streams import PostgresStreams
+from application.errors import NotFound
+from application.ports import Done, Failed
+from domain import errors
+from tests.support.builders import NOW, append, definition, new_key, record
+
+
+class Queries:
+    """Every statement sent on the pool's connections (asyncpg's query loggers)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def __call__(self, record: object) -> None:
+        self.sent.append(getattr(record, "query", ""))
+
+
+async def counted_pool(url: str, queries: Queries, init: bool) -> asyncpg.Pool:
+    async def setup(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(queries)
+        if init:
+            await prepare_session(conn)
+
+    async def keep(conn: asyncpg.Connection) -> None:
+        pass  # as the service's pool: no session state to reset
+
+    return await asyncpg.create_pool(url, min_size=1, max_size=2, init=setup, reset=keep)
+
+
+@pytest.fixture
+async def counted(database_url: str) -> AsyncIterator[tuple[asyncpg.Pool, Queries]]:
+    queries = Queries()
+    pool = await counted_pool(database_url, queries, init=True)
+    yield pool, queries
+    await pool.close()
+
+
+def first_sequences(outcomes: list) -> list[int]:
+    assert all(isinstance(o, Done) for o in outcomes), outcomes
+    return [o.answer.first_sequence for o in outcomes]
+
+
+async def test_a_hot_streams_commit_takes_two_round_trips(counted) -> None:
+    pool, queries = counted
+    repo, key = PostgresStreams(pool), new_key()
+    await repo.create(key, definition(), NOW)
+    await repo.update(key, [append([record()])])  # the first: its state is read under the lock
+    for n in range(5):
+        queries.sent.clear()
+        outcomes = await repo.update(key, [append([record()]), append([record()])])
+        assert first_sequences(outcomes) == [2 + 2 * n, 3 + 2 * n]
+        assert len(queries.sent) == 2, queries.sent
+        assert queries.sent[0].startswith(f"BEGIN; EXECUTE {LOCK_STATEMENT}(")
+        assert queries.sent[1].startswith(f"EXECUTE {WRITE_STATEMENT}(")
+        assert queries.sent[1].endswith("; COMMIT")
+
+
+async def test_a_batch_of_streams_commits_in_two_round_trips(counted) -> None:
+    pool, queries = counted
+    repo, run = PostgresStreams(pool), new_key()
+    keys = [run._replace(stream_id=f"s{i}") for i in range(5)]
+    for k in keys:
+        await repo.create(k, definition(k.stream_id), NOW)
+    await repo.update_many([(k, [append([record()])]) for k in keys])
+    queries.sent.clear()
+    results = await repo.update_many([(k, [append([record()])]) for k in reversed(keys)])
+    assert [first_sequences(r) for r in results] == [[2]] * 5  # type: ignore[arg-type]
+    assert len(queries.sent) == 2, queries.sent
+
+
+async def test_a_stream_another_process_wrote_is_read_again(counted, database_url: str) -> None:
+    """Two adapters (two processes) take turns on one stream and on a batch: each finds the row
+    moved on from what it wrote and reads it, so sequences stay contiguous."""
+    pool, _ = counted
+    other_pool = await counted_pool(database_url, Queries(), init=False)
+    try:
+        ours, theirs = PostgresStreams(pool), PostgresStreams(other_pool)
+        key = new_key()
+        await ours.create(key, definition(), NOW)
+        sequences = []
+        for n in range(6):
+            repo = (ours, theirs)[n % 2]
+            sequences += first_sequences(await repo.update(key, [append([record()] * 2)]))
+        assert sequences == [1, 3, 5, 7, 9, 11]
+        others = [key._replace(stream_id=f"b{i}") for i in range(3)]
+        for k in others:
+            await ours.create(k, definition(k.stream_id), NOW)
+        for n in range(4):
+            repo = (ours, theirs)[n % 2]
+            # one stream of the batch moved on, the others not: all are read again
+            mixed = [(k, [append([record()])]) for k in (others if n % 3 else [key, *others])]
+            results = await repo.update_many(mixed)
+            assert all(not isinstance(r, Exception) for r in results), results
+        stored = await ours.load(key)
+        assert stored is not None and stored.state.head == 12 + 2  # rounds 0 and 3 had it
+    finally:
+        await other_pool.close()
+
+
+async def test_concurrent_processes_on_one_stream_lose_nothing(counted, database_url) -> None:
+    pool, _ = counted
+    pools = [await counted_pool(database_url, Queries(), init=bool(i % 2)) for i in range(3)]
+    try:
+        repos = [PostgresStreams(p) for p in (pool, *pools)]
+        key = new_key()
+        await repos[0].create(key, definition(), NOW)
+
+        async def writer(repo: PostgresStreams) -> list[int]:
+            return [
+                s for _ in range(15) for s in first_sequences(await repo.update(key, [append()]))
+            ]
+
+        answered = await asyncio.gather(*(writer(r) for r in repos))
+        assert sorted(s for a in answered for s in a) == list(range(1, 61))
+        assert all(a == sorted(a) for a in answered)
+    finally:
+        for p in pools:
+            await p.close()
+
+
+async def test_a_row_changed_or_deleted_under_it_is_not_taken_for_the_state_written(
+    counted,
+) -> None:
+    pool, _ = counted
+    repo, key = PostgresStreams(pool), new_key()
+    await repo.create(key, definition(), NOW)
+    await repo.update(key, [append([record()])])
+    # Changed under it at the same version (no process of ours writes so; a test can): the
+    # row says the stream is closed, and the append is decided from the row, not the memory.
+    where = "WHERE tenant = $1 AND run_id = $2 AND stream_id = $3"
+    state = json.loads(await pool.fetchval(f"SELECT state FROM streams {where}", *key))
+    state["closed"] = True
+    await pool.execute(f"UPDATE streams SET state = $4 {where}", *key, json.dumps(state).encode())
+    [refused] = await repo.update(key, [append([record()])])
+    assert isinstance(refused, Failed) and isinstance(refused.error, errors.StreamClosed)
+    await pool.execute(f"DELETE FROM streams {where}", *key)
+    with pytest.raises(NotFound):
+        await repo.update(key, [append([record()])])
+
+
+async def test_a_connection_without_the_prepared_statements_prepares_them(
+    database_url: str,
+) -> None:
+    queries = Queries()
+    pool = await counted_pool(database_url, queries, init=False)
+    try:
+        repo, key = PostgresStreams(pool), new_key()
+        await repo.create(key, definition(), NOW)
+        for n in range(3):
+            assert first_sequences(await repo.update(key, [append([record()])])) == [n + 1]
+        async with pool.acquire() as conn:
+            names = await conn.fetch("SELECT name FROM pg_prepared_statements")
+        assert {WRITE_STATEMENT, LOCK_STATEMENT} <= {r["name"] for r in names}
+    finally:
+        await pool.close()
