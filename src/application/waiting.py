@@ -121,6 +121,14 @@ def committing() -> None:
         commit.sent = True
 
 
+def commit_refused() -> None:
+    """The server answered the COMMIT sent with an error: nothing was committed, and a failure
+    from here on (a transaction run again) is known again."""
+    commit = _commit.get()
+    if commit is not None:
+        commit.sent = False
+
+
 def watching_commit(context: contextvars.Context) -> CommitWatch:
     """In `context` (a task's about to run a write), note whether COMMIT gets sent."""
     commit = CommitWatch()

@@ -43,7 +43,7 @@ from adapters.postgres.deliveries import PostgresInputDeliveries
 from adapters.postgres.figures import PostgresFigures
 from adapters.postgres.jobs import PostgresDeletionJobs, PostgresRetentionJobs
 from adapters.postgres.journal import PostgresCompactionJobs, PostgresJournalCompactor
-from adapters.postgres.stream_writes import prepare_session
+from adapters.postgres.stream_writes import prepare_pooled
 from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.subscriptions import PostgresSubscriptions, PostgresWakeDeliveries
 from adapters.postgres.sweeps import PostgresSweepLeases
@@ -133,7 +133,7 @@ async def open_pool(settings: Settings) -> AsyncIterator[BoundedPool | None]:
         min_size=settings.pool_min_size,
         max_size=settings.pool_max_size,
         reset=_keep_session,
-        init=prepare_session,  # the write statement, prepared on each connection
+        init=prepare_pooled,  # the write statement, prepared on each connection
         timeout=min(settings.statement_timeout_seconds, settings.request_timeout_seconds),
         command_timeout=settings.statement_timeout_seconds,
         server_settings={

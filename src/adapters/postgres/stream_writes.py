@@ -11,7 +11,9 @@ delete, a prune, objects' intents, a compaction job) around them.
 from __future__ import annotations
 
 import contextlib
+import logging
 from datetime import datetime
+from hashlib import sha256
 
 import asyncpg
 import msgspec
@@ -24,6 +26,7 @@ from adapters.postgres.producers import write_producers
 from adapters.postgres.traces import TRACES_CHANNEL, trace_announcement
 from application import tracing
 from application.deciding import Changes
+from application.waiting import committing
 from domain.events import (
     ConsumerAcknowledged,
     ConsumerRemoved,
@@ -36,6 +39,8 @@ from domain.state import Producer, encode_consumers, encode_state_without_consum
 from domain.stream import Stream, StreamKey
 
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
+
+log = logging.getLogger("ductor_streams.writes")
 
 
 # The rows of each table that a write adds or changes, one struct per table, its fields named as
@@ -399,35 +404,59 @@ async def execute_writes(conn: Connection, writes: StreamWrites) -> None:
 # so that the write and its COMMIT go to PostgreSQL in one simple query; and `_LOCK_KNOWN`, so
 # that `BEGIN` and the row lock go in one too. A round trip costs this process about 50 µs of
 # CPU (asyncpg on uvloop); a hot stream's commit made four (`BEGIN`, the lock, the write,
-# `COMMIT`) and now makes two.
+# `COMMIT`) and now makes two. The rows travel in the statement's text, as psycopg2 sends every
+# parameter: PostgreSQL's log shows them where it logs a failing statement's text
+# (`log_min_error_statement`, docs/operations.md).
 WRITE_STATEMENT = "ductor_streams_write"
 LOCK_STATEMENT = "ductor_streams_lock"
 
-# The rows of the streams whose state this process wrote last, locked in the key's order if
-# each still holds that state (its bytes: a stream's version and creation time are in them):
-# the count of rows it returns says whether they all did (a simple query answers its last
-# statement's count, not its rows).
+# The rows of the given streams, every one locked in the key's order, and counted where its
+# state still hashes as this process last wrote it (the state holds the stream's version and
+# creation time): a simple query answers its last statement's count, not its rows, so the
+# count says whether they all did. Each row is locked whether or not it matches, so that the
+# caller, reading the others' state, takes no lock out of the key's order. Materialized: the
+# locks are taken whatever the outer query keeps.
 _LOCK_KNOWN = """
-SELECT 1
-FROM json_to_recordset($1::json) AS k(tenant text, run_id text, stream_id text, state text)
-JOIN streams s ON s.tenant = k.tenant AND s.run_id = k.run_id AND s.stream_id = k.stream_id
-WHERE s.state = decode(k.state, 'base64')
-ORDER BY s.tenant, s.run_id, s.stream_id
-FOR UPDATE OF s
+WITH locked AS MATERIALIZED (
+    SELECT sha256(s.state) = decode(k.digest, 'hex') AS same
+    FROM json_to_recordset($1::json) AS k(tenant text, run_id text, stream_id text, digest text)
+    JOIN streams s ON s.tenant = k.tenant AND s.run_id = k.run_id AND s.stream_id = k.stream_id
+    ORDER BY s.tenant, s.run_id, s.stream_id
+    FOR UPDATE OF s
+)
+SELECT 1 FROM locked WHERE same
 """
 
-_PREPARE = (
-    f"PREPARE {WRITE_STATEMENT}({', '.join('json' for _ in _PARAMETERS)}) AS {_WRITE};"
-    f"PREPARE {LOCK_STATEMENT}(json) AS {_LOCK_KNOWN}"
-)
+_PREPARED = {
+    WRITE_STATEMENT: f"PREPARE {WRITE_STATEMENT}({', '.join('json' for _ in _PARAMETERS)}) "
+    f"AS {_WRITE}",
+    LOCK_STATEMENT: f"PREPARE {LOCK_STATEMENT}(json) AS {_LOCK_KNOWN}",
+}
 
 
 async def prepare_session(conn: Connection) -> None:
-    """What a pooled connection holds for the write path: `_WRITE` and `_LOCK_KNOWN`, prepared
-    (the pool's `init`). A connection without them (opened before the schema was migrated, or
-    by a pool without this init) prepares them at its first write."""
-    with contextlib.suppress(asyncpg.UndefinedTableError):
-        await conn.execute(_PREPARE)
+    """Prepare `_WRITE` and `_LOCK_KNOWN` on `conn` (those it does not hold yet): the pool's
+    `init` (`prepare_pooled`), and a write's on a connection without them."""
+    held = await conn.fetch(
+        "SELECT name FROM pg_prepared_statements WHERE name = ANY($1::text[])", list(_PREPARED)
+    )
+    missing = set(_PREPARED) - {r[0] for r in held}
+    if missing:
+        await conn.execute(";".join(_PREPARED[name] for name in sorted(missing)))
+
+
+async def prepare_pooled(conn: Connection) -> None:
+    """The pool's `init`: `prepare_session`, unless the schema cannot have it yet (a connection
+    opened before the migrations ran): then its first write prepares them, or says why not."""
+    try:
+        await prepare_session(conn)
+    except asyncpg.PostgresError as error:
+        log.warning("the write statements were not prepared on a new connection: %s", error)
+
+
+def names_a_statement(error: asyncpg.InvalidSQLStatementNameError) -> bool:
+    """Whether `error` is about a statement of this module's (missing on the connection)."""
+    return any(name in str(error) for name in _PREPARED)
 
 
 def _literal(text: str) -> str:
@@ -446,6 +475,13 @@ class Known(msgspec.Struct, frozen=True):
     run_id: str
     stream_id: str
     state: bytes
+
+
+class _KnownRow(msgspec.Struct, frozen=True):
+    tenant: str
+    run_id: str
+    stream_id: str
+    digest: str  # SHA-256 of the state, hex
 
 
 class Transaction:
@@ -468,30 +504,29 @@ class Transaction:
 
     async def __aenter__(self) -> Transaction:
         known, conn = self._known, self._conn
-        if not known:
-            await conn.execute("BEGIN")
-            self._open = True
-            return self
         try:
-            status = await conn.execute(
-                f"BEGIN; EXECUTE {LOCK_STATEMENT}({_literal(_encode(known).decode())})"
-            )
+            if not known:
+                await conn.execute("BEGIN")
+            else:
+                rows = [
+                    _KnownRow(k.tenant, k.run_id, k.stream_id, sha256(k.state).hexdigest())
+                    for k in known
+                ]
+                status = await conn.execute(
+                    f"BEGIN; EXECUTE {LOCK_STATEMENT}({_literal(_encode(rows).decode())})"
+                )
+                self.locked = int(status.rsplit(" ", 1)[1]) == len(known)
         except BaseException:
             await self._roll_back()  # (the BEGIN may have been run)
             raise
         self._open = True
-        count = int(status.rsplit(" ", 1)[1])
-        self.locked = count == len(known)
-        if 0 < count < len(known):
-            # Some rows moved on (another process wrote them) or are gone: their locks would be
-            # taken after those held, out of the key's order. Nothing is held when they are
-            # all locked again, in order, by the caller.
-            await conn.execute("ROLLBACK; BEGIN")
         return self
 
     async def commit(self, writes: StreamWrites | None = None) -> None:
-        """COMMIT, with `writes` (when given) in the same round trip."""
+        """COMMIT, with `writes` (when given) in the same round trip. From here on a failure's
+        outcome is unknown (`committing`)."""
         self._open = False
+        committing()
         if writes is None:
             await self._conn.execute("COMMIT")
             return
@@ -506,11 +541,12 @@ class Transaction:
         await self._roll_back()
 
     async def _roll_back(self) -> None:
-        conn = self._conn
-        if not conn.is_closed() and conn.is_in_transaction():
-            # If it fails, the pool's release rolls back again, or closes the connection.
+        # Whatever asyncpg last heard of the transaction's state (a cancelled statement may
+        # not have told it yet): outside a transaction ROLLBACK is only a warning. If it
+        # fails, the pool's release rolls back again, or closes the connection.
+        if not self._conn.is_closed():
             with contextlib.suppress(Exception):
-                await conn.execute("ROLLBACK")
+                await self._conn.execute("ROLLBACK")
 
 
 async def commit_writes(

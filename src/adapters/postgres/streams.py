@@ -38,6 +38,7 @@ from adapters.postgres.stream_writes import (
     commit_writes,
     execute_writes,
     has_after_write,
+    names_a_statement,
     prepare_session,
     write,
 )
@@ -53,7 +54,7 @@ from application.ports import (
     RunSummary,
 )
 from application.retention import PruneCommand, expired_prefix, has_retention
-from application.waiting import committing
+from application.waiting import commit_refused, committing
 from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
 from domain.events import (
@@ -382,9 +383,12 @@ class PostgresStreams(RecordReads):
         async with self._pool.acquire() as conn:
             try:
                 settled = await self._update_on(conn, key, commands)
-            except asyncpg.InvalidSQLStatementNameError:
-                # A connection opened without the pool's init: its transaction was rolled
-                # back; the write is prepared on it and the transaction run again.
+            except asyncpg.InvalidSQLStatementNameError as error:
+                if not names_a_statement(error):
+                    raise
+                # A connection without the pool's init: the server refused the transaction
+                # (rolled back); the statements are prepared on it and the transaction run again.
+                commit_refused()
                 await prepare_session(conn)
                 settled = await self._update_on(conn, key, commands)
         self._forget_erased(settled)
@@ -423,7 +427,6 @@ class PostgresStreams(RecordReads):
                 )
                 if has_after_write(settled.changes):
                     after.append((key, settled.changes))
-            committing()
             await commit_writes(conn, transaction, writes, after)
         self._remember(writes)
         return settled
@@ -480,8 +483,11 @@ class PostgresStreams(RecordReads):
         async with self._pool.acquire() as conn:
             try:
                 results, done = await self._update_many_on(conn, groups)
-            except asyncpg.InvalidSQLStatementNameError:
-                await prepare_session(conn)  # as in `_update_in`
+            except asyncpg.InvalidSQLStatementNameError as error:
+                if not names_a_statement(error):
+                    raise
+                commit_refused()  # as in `_update_in`
+                await prepare_session(conn)
                 results, done = await self._update_many_on(conn, groups)
         for settled in done:
             self._forget_erased(settled)
@@ -542,7 +548,6 @@ class PostgresStreams(RecordReads):
             for d in writing:
                 await before_write(conn, writes, d.key, d.stream, d.changes, d.producers, d.inline)
             after = [(d.key, d.changes) for d in writing if has_after_write(d.changes)]
-            committing()
             await commit_writes(conn, transaction, writes, after)
         self._remember(writes)
         return results, done
