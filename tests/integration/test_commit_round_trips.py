@@ -1,6 +1,7 @@
 """A commit of a stream this process wrote last takes two round trips to PostgreSQL: `BEGIN`
 with the row locked if it still holds the state written (adapters/postgres/stream_writes.py,
-`Transaction`), then the write statement with `COMMIT`. Whenever the row holds anything else
+`Transaction`), then the write statement with `COMMIT`; a batch of streams, three (their rows
+are locked and read in one statement). Whenever the row holds anything else
 (another process wrote it, it was changed under us, deleted), the state is read under the lock
 as before, and nothing is decided from what this process remembered."""
 
@@ -71,7 +72,7 @@ async def test_a_hot_streams_commit_takes_two_round_trips(counted) -> None:
         assert queries.sent[1].endswith("; COMMIT")
 
 
-async def test_a_batch_of_streams_commits_in_two_round_trips(counted) -> None:
+async def test_a_batch_of_streams_commits_in_three_round_trips(counted) -> None:
     pool, queries = counted
     repo, run = PostgresStreams(pool), new_key()
     keys = [run._replace(stream_id=f"s{i}") for i in range(5)]
@@ -81,7 +82,9 @@ async def test_a_batch_of_streams_commits_in_two_round_trips(counted) -> None:
     queries.sent.clear()
     results = await repo.update_many([(k, [append([record()])]) for k in reversed(keys)])
     assert [first_sequences(r) for r in results] == [[2]] * 5  # type: ignore[arg-type]
-    assert len(queries.sent) == 2, queries.sent
+    # BEGIN, the rows locked and read, the write with COMMIT.
+    assert len(queries.sent) == 3, queries.sent
+    assert queries.sent[2].startswith(f"EXECUTE {WRITE_STATEMENT}(")
 
 
 async def test_a_stream_another_process_wrote_is_read_again(counted, database_url: str) -> None:
@@ -102,18 +105,24 @@ async def test_a_stream_another_process_wrote_is_read_again(counted, database_ur
         for k in others:
             await ours.create(k, definition(k.stream_id), NOW)
         batch = [(k, [append([record()])]) for k in others]
-        await ours.update_many(batch)  # this process now knows all three states
+        await ours.update_many(batch)
         await theirs.update(others[1], [append([record()])])  # one of them moves on
-        queries.sent.clear()
         results = await ours.update_many(batch)
-        # Two rows still hold what this process wrote, one does not: all three are locked
-        # in the first round trip, their states read in a second, then the write.
         assert [first_sequences(r) for r in results] == [[2], [3], [2]]  # type: ignore[arg-type]
-        assert len(queries.sent) == 3, queries.sent
-        queries.sent.clear()
-        results = await ours.update_many(batch)
-        assert [first_sequences(r) for r in results] == [[3], [4], [3]]  # type: ignore[arg-type]
-        assert len(queries.sent) == 2, queries.sent
+        # Alone: a stream the other process wrote since is locked on the condition of the
+        # state this one wrote, which fails (3 statements); then, for a while, read with the
+        # lock straight away (3). The others keep the condition (2).
+        await theirs.update(others[1], [append([record()])])
+        lock = f"BEGIN; EXECUTE {LOCK_STATEMENT}("
+        for k, first, begun in (
+            (others[1], 5, lock),
+            (others[1], 6, "BEGIN"),
+            (others[0], 3, lock),
+        ):
+            queries.sent.clear()
+            assert first_sequences(await ours.update(k, [append([record()])])) == [first]
+            assert queries.sent[0].startswith(begun), queries.sent
+            assert len(queries.sent) == (2 if k == others[0] else 3), queries.sent
     finally:
         await other_pool.close()
 
@@ -154,9 +163,13 @@ async def test_a_row_changed_or_deleted_under_it_is_not_taken_for_the_state_writ
     await pool.execute(f"UPDATE streams SET state = $4 {where}", *key, json.dumps(state).encode())
     [refused] = await repo.update(key, [append([record()])])
     assert isinstance(refused, Failed) and isinstance(refused.error, errors.StreamClosed)
-    await pool.execute(f"DELETE FROM streams {where}", *key)
+    # Deleted under it (another process's erasure): 404, not the state it remembers.
+    other = key._replace(stream_id="deleted")
+    await repo.create(other, definition(other.stream_id), NOW)
+    await repo.update(other, [append([record()])])
+    await pool.execute(f"DELETE FROM streams {where}", *other)
     with pytest.raises(NotFound):
-        await repo.update(key, [append([record()])])
+        await repo.update(other, [append([record()])])
 
 
 async def test_a_connection_without_the_prepared_statements_prepares_them(

@@ -410,27 +410,21 @@ async def execute_writes(conn: Connection, writes: StreamWrites) -> None:
 WRITE_STATEMENT = "ductor_streams_write"
 LOCK_STATEMENT = "ductor_streams_lock"
 
-# The rows of the given streams, every one locked in the key's order, and counted where its
-# state still hashes as this process last wrote it (the state holds the stream's version and
-# creation time): a simple query answers its last statement's count, not its rows, so the
-# count says whether they all did. Each row is locked whether or not it matches, so that the
-# caller, reading the others' state, takes no lock out of the key's order. Materialized: the
-# locks are taken whatever the outer query keeps.
+# A stream's row locked if its state still hashes as this process last wrote it (the state
+# holds the stream's version and creation time): a simple query answers its last statement's
+# count, not its rows, so the count says whether it did. (A row that another transaction
+# changed meanwhile may stay locked without being counted: the caller then reads it, and takes
+# no other lock.)
 _LOCK_KNOWN = """
-WITH locked AS MATERIALIZED (
-    SELECT sha256(s.state) = decode(k.digest, 'hex') AS same
-    FROM json_to_recordset($1::json) AS k(tenant text, run_id text, stream_id text, digest text)
-    JOIN streams s ON s.tenant = k.tenant AND s.run_id = k.run_id AND s.stream_id = k.stream_id
-    ORDER BY s.tenant, s.run_id, s.stream_id
-    FOR UPDATE OF s
-)
-SELECT 1 FROM locked WHERE same
+SELECT 1 FROM streams
+WHERE tenant = $1 AND run_id = $2 AND stream_id = $3 AND sha256(state) = decode($4, 'hex')
+FOR UPDATE
 """
 
 _PREPARED = {
     WRITE_STATEMENT: f"PREPARE {WRITE_STATEMENT}({', '.join('json' for _ in _PARAMETERS)}) "
     f"AS {_WRITE}",
-    LOCK_STATEMENT: f"PREPARE {LOCK_STATEMENT}(json) AS {_LOCK_KNOWN}",
+    LOCK_STATEMENT: f"PREPARE {LOCK_STATEMENT}(text, text, text, text) AS {_LOCK_KNOWN}",
 }
 
 
@@ -477,26 +471,19 @@ class Known(msgspec.Struct, frozen=True):
     state: bytes
 
 
-class _KnownRow(msgspec.Struct, frozen=True):
-    tenant: str
-    run_id: str
-    stream_id: str
-    digest: str  # SHA-256 of the state, hex
-
-
 class Transaction:
-    """A write transaction in as few round trips as it can: `BEGIN` on entry, with the rows of
-    `known` locked in the same round trip (`locked` says whether every one of them still held
-    its known state, so that it need not be read); `commit(writes)` sends `_WRITE` and
-    `COMMIT` as one simple query (if the write fails, the server skips the COMMIT). Any error
-    rolls it back.
+    """A write transaction in as few round trips as it can: `BEGIN` on entry, with the row of
+    `known` (a stream this process wrote last) locked in the same round trip (`locked` says
+    whether it still held the known state, so that it need not be read); `commit(writes)` sends
+    `_WRITE` and `COMMIT` as one simple query (if the write fails, the server skips the COMMIT).
+    Any error rolls it back.
 
     asyncpg's own transaction would send its COMMIT alone, a round trip more, so `BEGIN` and
     `ROLLBACK` are sent here as its would be."""
 
     __slots__ = ("_conn", "_known", "_open", "locked")
 
-    def __init__(self, conn: Connection, known: list[Known] | None = None) -> None:
+    def __init__(self, conn: Connection, known: Known | None = None) -> None:
         self._conn = conn
         self._known = known
         self._open = False
@@ -505,17 +492,17 @@ class Transaction:
     async def __aenter__(self) -> Transaction:
         known, conn = self._known, self._conn
         try:
-            if not known:
+            if known is None:
                 await conn.execute("BEGIN")
             else:
-                rows = [
-                    _KnownRow(k.tenant, k.run_id, k.stream_id, sha256(k.state).hexdigest())
-                    for k in known
-                ]
-                status = await conn.execute(
-                    f"BEGIN; EXECUTE {LOCK_STATEMENT}({_literal(_encode(rows).decode())})"
+                arguments = ", ".join(
+                    _literal(a) for a in (known.tenant, known.run_id, known.stream_id)
                 )
-                self.locked = int(status.rsplit(" ", 1)[1]) == len(known)
+                digest = sha256(known.state).hexdigest()
+                status = await conn.execute(
+                    f"BEGIN; EXECUTE {LOCK_STATEMENT}({arguments}, '{digest}')"
+                )
+                self.locked = status == "SELECT 1"
         except BaseException:
             await self._roll_back()  # (the BEGIN may have been run)
             raise
