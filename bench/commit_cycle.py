@@ -1,0 +1,90 @@
+"""`python -m bench.commit_cycle [G] [N]`: the CPU a commit costs this process, through the
+PostgreSQL adapter alone: N commits of G single-record appends to one stream
+(`PostgresStreams.update_many`, as the group commit's leader calls it), against an embedded
+PostgreSQL started for the run, on a pool set up as the service's is. Prints the process's CPU
+time (`time.process_time`, system calls included) per commit and per append, the wall time per
+commit, and the statements sent per commit (each a round trip).
+
+No HTTP, no event-loop contention: what it measures is the leader's share of a hot stream's
+append, which the wrk benchmarks cannot separate from the rest. Compare two checkouts by running
+it in each, alternately (the shared machine moves it by 10-20% from one minute to the next)."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import shutil
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncpg
+from tests.support.builders import WRITER, definition, new_key, record
+
+from adapters.postgres.stream_writes import prepare_pooled
+from adapters.postgres.streams import PostgresStreams
+from application.append_records import AppendCommand
+from bench.database import start_database
+from entrypoints.serving import fast_loop
+
+WARM_UP = 200
+RECORD = record(b'{"msg":"hello world, 31 bytes!"}')
+
+
+async def measure(url: str, group: int, commits: int) -> tuple[float, float, float]:
+    statements = [0]
+
+    def count(_: object) -> None:
+        statements[0] += 1
+
+    async def setup(conn: asyncpg.Connection) -> None:
+        await prepare_pooled(conn)
+        conn.add_query_logger(count)
+
+    async def keep(_: asyncpg.Connection) -> None:
+        pass  # as the service's pool: nothing to reset
+
+    pool = await asyncpg.create_pool(url, min_size=2, max_size=2, init=setup, reset=keep)
+    try:
+        streams = PostgresStreams(pool)
+        key = new_key()
+        await streams.create(key, definition(), datetime.now(UTC))
+
+        async def commit() -> None:
+            now = datetime.now(UTC)
+            commands = [AppendCommand(WRITER, [RECORD], None, now) for _ in range(group)]
+            [result] = await streams.update_many([(key, commands)])
+            assert not isinstance(result, Exception), result
+
+        for _ in range(WARM_UP):
+            await commit()
+        statements[0] = 0
+        cpu, wall = time.process_time(), time.perf_counter()
+        for _ in range(commits):
+            await commit()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        return cpu / commits, wall / commits, statements[0] / commits
+    finally:
+        await pool.close()
+
+
+def main(argv: list[str]) -> int:
+    group = int(argv[0]) if argv else 15
+    commits = int(argv[1]) if len(argv) > 1 else 2_000
+    tmp = tempfile.mkdtemp(prefix="ductor-commit-cycle-")
+    atexit.register(shutil.rmtree, tmp, True)  # after the embedded server stops (registered later)
+    url, _ = start_database(Path(tmp))
+    with asyncio.Runner(loop_factory=fast_loop()) as runner:  # the server's loop (uvloop)
+        cpu, wall, statements = runner.run(measure(url, group, commits))
+    print(
+        f"{group} appends per commit: {cpu * 1e6:.1f} µs of CPU per commit, "
+        f"{cpu / group * 1e6:.1f} µs per append; {wall * 1e6:.0f} µs of wall time per commit; "
+        f"{statements:.2f} statements per commit (over {commits})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
