@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from hashlib import sha256
+from typing import TypeVar
 
 import asyncpg
 import msgspec
@@ -26,7 +28,7 @@ from adapters.postgres.producers import write_producers
 from adapters.postgres.traces import TRACES_CHANNEL, trace_announcement
 from application import tracing
 from application.deciding import Changes
-from application.waiting import committing
+from application.waiting import commit_refused, committing
 from domain.events import (
     ConsumerAcknowledged,
     ConsumerRemoved,
@@ -41,6 +43,7 @@ from domain.stream import Stream, StreamKey
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
 
 log = logging.getLogger("ductor_streams.writes")
+T = TypeVar("T")
 
 
 # The rows of each table that a write adds or changes, one struct per table, its fields named as
@@ -406,7 +409,7 @@ async def execute_writes(conn: Connection, writes: StreamWrites) -> None:
 # CPU (asyncpg on uvloop); a hot stream's commit made four (`BEGIN`, the lock, the write,
 # `COMMIT`) and now makes two. The rows travel in the statement's text, as psycopg2 sends every
 # parameter: PostgreSQL's log shows them where it logs a failing statement's text
-# (`log_min_error_statement`, docs/operations.md).
+# (`log_min_error_statement`; docs/configuration.md, "What PostgreSQL sees").
 WRITE_STATEMENT = "ductor_streams_write"
 LOCK_STATEMENT = "ductor_streams_lock"
 
@@ -448,9 +451,18 @@ async def prepare_pooled(conn: Connection) -> None:
         log.warning("the write statements were not prepared on a new connection: %s", error)
 
 
-def names_a_statement(error: asyncpg.InvalidSQLStatementNameError) -> bool:
-    """Whether `error` is about a statement of this module's (missing on the connection)."""
-    return any(name in str(error) for name in _PREPARED)
+async def with_statements(conn: Connection, transaction: Callable[[], Awaitable[T]]) -> T:
+    """Run `transaction` on `conn`; if the connection lacks this module's prepared statements
+    (a pool without `prepare_pooled`), the server refused it whole (rolled back): prepare them
+    and run it again."""
+    try:
+        return await transaction()
+    except asyncpg.InvalidSQLStatementNameError as error:
+        if not any(name in str(error) for name in _PREPARED):
+            raise
+    commit_refused()  # (its COMMIT, if sent, was refused: nothing was committed)
+    await prepare_session(conn)
+    return await transaction()
 
 
 def _literal(text: str) -> str:

@@ -39,8 +39,7 @@ from adapters.postgres.stream_writes import (
     commit_writes,
     execute_writes,
     has_after_write,
-    names_a_statement,
-    prepare_session,
+    with_statements,
     write,
 )
 from application import tracing
@@ -55,7 +54,7 @@ from application.ports import (
     RunSummary,
 )
 from application.retention import PruneCommand, expired_prefix, has_retention
-from application.waiting import commit_refused, committing
+from application.waiting import committing
 from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
 from domain.events import (
@@ -207,8 +206,8 @@ class PostgresStreams(RecordReads):
         # Forks' chains (`_CHAIN`), with the creation time of the fork they belong to.
         self._chains: dict[StreamKey, tuple[datetime, list[ForkLink]]] = {}
         # The state each recently written stream's row holds (`_remember`), oldest first: its
-        # next transaction locks the row checking it is still at that version (the count of
-        # rows locked says so) instead of reading the state back, one round trip less.
+        # next transaction locks the row with its BEGIN if the row's state still hashes as
+        # this (`Transaction`), instead of reading the state back: one round trip less.
         self._known: dict[StreamKey, Known] = {}
         # Streams whose known state another process's write made stale (when, oldest first):
         # not remembered for `CONTENDED_SECONDS`, so that two processes taking turns on a
@@ -394,16 +393,7 @@ class PostgresStreams(RecordReads):
 
     async def _update_in(self, key: StreamKey, commands: Sequence[Command]) -> list[Outcome]:
         async with self._pool.acquire() as conn:
-            try:
-                settled = await self._update_on(conn, key, commands)
-            except asyncpg.InvalidSQLStatementNameError as error:
-                if not names_a_statement(error):
-                    raise
-                # A connection without the pool's init: the server refused the transaction
-                # (rolled back); the statements are prepared on it and the transaction run again.
-                commit_refused()
-                await prepare_session(conn)
-                settled = await self._update_on(conn, key, commands)
+            settled = await with_statements(conn, lambda: self._update_on(conn, key, commands))
         self._forget_erased(settled)
         return settled.outcomes
 
@@ -503,14 +493,7 @@ class PostgresStreams(RecordReads):
         self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
     ) -> list[list[Outcome] | Exception]:
         async with self._pool.acquire() as conn:
-            try:
-                results, done = await self._update_many_on(conn, groups)
-            except asyncpg.InvalidSQLStatementNameError as error:
-                if not names_a_statement(error):
-                    raise
-                commit_refused()  # as in `_update_in`
-                await prepare_session(conn)
-                results, done = await self._update_many_on(conn, groups)
+            results, done = await with_statements(conn, lambda: self._update_many_on(conn, groups))
         for settled in done:
             self._forget_erased(settled)
         return results
