@@ -474,43 +474,35 @@ def _literal(text: str) -> str:
     return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-class Known(msgspec.Struct, frozen=True):
-    """A stream's state as this process last wrote it: what its row's `state` column holds."""
-
-    tenant: str
-    run_id: str
-    stream_id: str
-    state: bytes
-
-
 class Transaction:
     """A write transaction in as few round trips as it can: `BEGIN` on entry, with the row of
-    `known` (a stream this process wrote last) locked in the same round trip (`locked` says
-    whether it still held the known state, so that it need not be read); `commit(writes)` sends
-    `_WRITE` and `COMMIT` as one simple query (if the write fails, the server skips the COMMIT).
-    Any error rolls it back.
+    `key` locked in the same round trip when `state` is given (the state this process last
+    wrote there; `locked` says whether the row still held it, so that it need not be read);
+    `commit(writes)` sends `_WRITE` and `COMMIT` as one simple query (if the write fails, the
+    server skips the COMMIT). Any error rolls it back.
 
     asyncpg's own transaction would send its COMMIT alone, a round trip more, so `BEGIN` and
     `ROLLBACK` are sent here as its would be."""
 
-    __slots__ = ("_conn", "_known", "_open", "locked")
+    __slots__ = ("_conn", "_key", "_open", "_state", "locked")
 
-    def __init__(self, conn: Connection, known: Known | None = None) -> None:
+    def __init__(
+        self, conn: Connection, key: StreamKey | None = None, state: bytes | None = None
+    ) -> None:
         self._conn = conn
-        self._known = known
+        self._key = key
+        self._state = state
         self._open = False
         self.locked = False
 
     async def __aenter__(self) -> Transaction:
-        known, conn = self._known, self._conn
+        key, state, conn = self._key, self._state, self._conn
         try:
-            if known is None:
+            if key is None or state is None:
                 await conn.execute("BEGIN")
             else:
-                arguments = ", ".join(
-                    _literal(a) for a in (known.tenant, known.run_id, known.stream_id)
-                )
-                digest = sha256(known.state).hexdigest()
+                arguments = ", ".join(_literal(a) for a in key)
+                digest = sha256(state).hexdigest()
                 status = await conn.execute(
                     f"BEGIN; EXECUTE {LOCK_STATEMENT}({arguments}, '{digest}')"
                 )

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import asyncpg
 
@@ -32,7 +32,6 @@ from adapters.postgres.producers import all_producers, producers_for
 from adapters.postgres.record_reads import RecordReads
 from adapters.postgres.stream_writes import (
     SOFT_DELETED,
-    Known,
     StreamWrites,
     Transaction,
     before_write,
@@ -82,6 +81,8 @@ from domain.stream import (
 __all__ = ["WAKE_CHANNEL", "PostgresStreams"]
 
 log = logging.getLogger("ductor_streams.group_commit")
+K = TypeVar("K")
+V = TypeVar("V")
 
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
 
@@ -208,7 +209,7 @@ class PostgresStreams(RecordReads):
         # The state each recently written stream's row holds (`_remember`), oldest first: its
         # next transaction locks the row with its BEGIN if the row's state still hashes as
         # this (`Transaction`), instead of reading the state back: one round trip less.
-        self._known: dict[StreamKey, Known] = {}
+        self._known: dict[StreamKey, bytes] = {}
         # Streams whose known state another process's write made stale (when, oldest first):
         # not remembered for `CONTENDED_SECONDS`, so that two processes taking turns on a
         # stream do not each pay a lock that finds the other's state.
@@ -234,19 +235,16 @@ class PostgresStreams(RecordReads):
     def _remember(self, writes: StreamWrites) -> None:
         """After their commit: the states the write left in its streams' rows, the most recent
         `KNOWN_STATES` of them kept (`_known`)."""
-        known = self._known
         now = time.monotonic()
         for row in writes.streams:
             key = StreamKey(row.tenant, row.run_id, row.stream_id)
-            known.pop(key, None)  # (re-inserted last: the most recent)
             missed = self._contended.get(key)
+            if missed is not None and now - missed < CONTENDED_SECONDS:
+                self._known.pop(key, None)
+                continue
             if missed is not None:
-                if now - missed < CONTENDED_SECONDS:
-                    continue
                 del self._contended[key]
-            known[key] = Known(row.tenant, row.run_id, row.stream_id, row.state)
-            if len(known) > KNOWN_STATES:
-                del known[next(iter(known))]
+            _keep_recent(self._known, key, row.state)
 
     async def create(
         self,
@@ -402,21 +400,17 @@ class PostgresStreams(RecordReads):
     ) -> _Settled:
         needs_consumers = any(getattr(c, "needs_consumers", False) for c in commands)
         known = self._known.get(key) if not needs_consumers else None
-        async with Transaction(conn, known) as transaction:
+        async with Transaction(conn, key, known) as transaction:
             if known is not None and not transaction.locked:
                 # Another process wrote it (or it changed under us): for a while, its state is
                 # read with the lock straight away, not checked against what this one wrote.
                 self._known.pop(key, None)
-                contended = self._contended
-                contended.pop(key, None)
-                contended[key] = time.monotonic()
-                if len(contended) > KNOWN_STATES:
-                    del contended[next(iter(contended))]
+                _keep_recent(self._contended, key, time.monotonic())
             # Never touch the pool while holding the row lock: with every connection waiting
             # on this row, a second acquire by the holder would wait forever.
             if transaction.locked:
                 assert known is not None
-                row: tuple[bytes, bytes | None, bytes | None] = (known.state, None, None)
+                row: tuple[bytes, bytes | None, bytes | None] = (known, None, None)
             else:
                 locked = await conn.fetchrow(
                     _LOCK, *key, key not in self._definitions, needs_consumers
@@ -717,6 +711,16 @@ class PostgresStreams(RecordReads):
 # How many streams' states `_known` keeps: a few MB at most (a state without its producers and
 # consumers is a few hundred bytes), more streams than one process appends to at once.
 KNOWN_STATES = 10_000
+
+
+def _keep_recent(kept: dict[K, V], key: K, value: V, most: int = KNOWN_STATES) -> None:
+    """`kept[key] = value` as its most recent entry, the oldest dropped past `most`."""
+    kept.pop(key, None)
+    kept[key] = value
+    if len(kept) > most:
+        del kept[next(iter(kept))]
+
+
 CONTENDED_SECONDS = 1.0
 
 # The attributes of a transaction's span (OpenTelemetry's database conventions).
