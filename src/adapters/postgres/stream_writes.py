@@ -534,9 +534,11 @@ class Transaction:
     async def _roll_back(self) -> None:
         # Whatever asyncpg last heard of the transaction's state (a cancelled statement may
         # not have told it yet): outside a transaction ROLLBACK is only a warning. If it
-        # fails, the pool's release rolls back again, or closes the connection.
-        if not self._conn.is_closed():
-            with contextlib.suppress(Exception):
+        # fails, the pool's release rolls back again, or closes the connection; a connection
+        # lost meanwhile (PostgreSQL restarted) may already be released, and even asking it
+        # raises: the error that ended the transaction is the one that counts.
+        with contextlib.suppress(Exception):
+            if not self._conn.is_closed():
                 await self._conn.execute("ROLLBACK")
 
 
