@@ -55,6 +55,34 @@ class Measurement:
         self.latencies_ms = []
 
 
+def combined(rounds: list[Measurement]) -> Measurement:
+    """One window's measurements over several rounds as one: its counts and seconds summed, its
+    CPU weighted by each round's seconds, its p50 and p99 the highest of the rounds' (each
+    round's latencies are not kept), its notes the last round's."""
+    if len(rounds) == 1:
+        return rounds[0]
+    last = rounds[-1]
+    seconds = sum(m.seconds for m in rounds)
+    cpu = {
+        k: sum(m.cpu.get(k, 0.0) * m.seconds for m in rounds) / seconds if seconds else 0.0
+        for k in last.cpu
+    }
+    p50 = [m.p50_ms for m in rounds if m.p50_ms is not None]
+    p99 = [m.p99_ms for m in rounds if m.p99_ms is not None]
+    return Measurement(
+        last.name,
+        last.label,
+        ops=sum(m.ops for m in rounds),
+        records=sum(m.records for m in rounds),
+        seconds=seconds,
+        p50_ms=max(p50) if p50 else None,
+        p99_ms=max(p99) if p99 else None,
+        errors=sum(m.errors for m in rounds),
+        cpu=cpu,
+        note=last.note,
+    )
+
+
 def _percentile(ordered: list[float], p: float) -> float:
     index = min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))
     return ordered[index]

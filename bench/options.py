@@ -39,6 +39,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="NAME",
         help=f"run only these (repeatable or comma-separated): {', '.join(NAMES)}",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the selected windows of (1)-(4) this many times, in alternating order "
+        "(a b c, then c b a, ...), and report each one's totals over its rounds and each "
+        "round's (2)/(3): drift of a shared host then falls on every window alike",
+    )
     parser.add_argument("--clients", type=int, default=32, help="HTTP clients for (2) and (3)")
     parser.add_argument("--floor-connections", type=int, default=16, help="asyncpg for (1)")
     parser.add_argument("--batch-clients", type=int, default=8, help="clients/conns for (4)")
@@ -113,6 +121,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if unknown := only - set(NAMES):
         parser.error(f"unknown benchmark(s) {sorted(unknown)}; choose from {', '.join(NAMES)}")
     args.selected = [n for n in NAMES if not only or n in only]
+    if args.rounds < 1:
+        parser.error("--rounds is at least 1")
     args.wait_services = [s.strip() for s in args.dispatch_services.split(",") if s.strip()]
     if bad := set(args.wait_services) - {"postgres", "http"}:
         parser.error(f"unknown wait service(s) {sorted(bad)}; choose postgres, http")

@@ -47,6 +47,8 @@ class Bench:
         self.args = args
         self.tmp = tmp
         self.results: dict[str, Measurement] = {}
+        # With --rounds: each round's measurements (`results` holds their totals).
+        self.rounds: list[dict[str, Measurement]] = []
         self.facts: dict[str, object] = {}
         self.profile_summary: str | None = None
         self.catchup_profiles: dict[str, str] = {}
@@ -84,20 +86,31 @@ class Bench:
             self.server.create_stream(RUN_ID, "batch")
             _, state_size = asyncio.run(database.stream_row(self.url, RUN_ID, "single"))
             self.state_size = state_size
+            windows = [n for n in args.selected if n not in LIVE]
+            for round_ in range(args.rounds):
+                # Alternating order: a drift of the host over the run falls on each window alike.
+                measured: dict[str, Measurement] = {}
+                for name in windows if round_ % 2 == 0 else windows[::-1]:
+                    measured[name] = self._window(name, round_)
+                self.rounds.append(measured)
+            for name in windows:
+                self.results[name] = database.combined([r[name] for r in self.rounds])
             for name in args.selected:
-                print(
-                    f"running {name} ({args.duration:g}s + {args.warmup:g}s warm-up) ...",
-                    flush=True,
-                )
-                asyncio.run(database.checkpoint(self.url))
                 if name in LIVE:
-                    self.live[name] = WINDOWS[name](self)
-                else:
-                    self.results[name] = WINDOWS[name](self)
+                    self.live[name] = self._window(name, 0)
         finally:
             self.server.stop()
             if "jwt" in args.selected:
                 self.identity.stop()
+
+    def _window(self, name: str, round_: int) -> Any:
+        of = f", round {round_ + 1} of {self.args.rounds}" if self.args.rounds > 1 else ""
+        print(
+            f"running {name} ({self.args.duration:g}s + {self.args.warmup:g}s warm-up{of}) ...",
+            flush=True,
+        )
+        asyncio.run(database.checkpoint(self.url))
+        return WINDOWS[name](self)
 
     def meter(self, server: Server | None = None) -> CpuMeter:
         """The CPU of the server's process tree and of PostgreSQL's over one window."""

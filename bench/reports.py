@@ -30,6 +30,7 @@ def report(bench: Bench, names: tuple[str, ...]) -> str:
         f"machine: {bench.facts.get('cpus')} CPUs; PostgreSQL {pg.get('server_version')} embedded "
         f"(fsync={pg.get('fsync')}, synchronous_commit={pg.get('synchronous_commit')}); "
         f"load: {bench.facts.get('load generator')}; {bench.args.duration:g}s each"
+        + (f", {bench.args.rounds} rounds" if bench.args.rounds > 1 else "")
     )
     lines.append("")
     header = (
@@ -62,6 +63,13 @@ def report(bench: Bench, names: tuple[str, ...]) -> str:
     if "append" in r and "noop" in r and r["noop"].ops_per_s:
         ratio = r["append"].ops_per_s / r["noop"].ops_per_s
         checks.append(("(2)/(3) HTTP append vs no-op", f"{ratio:.1%}", ">= 60%", ratio >= 0.6))
+        if len(bench.rounds) > 1:
+            each = ", ".join(
+                f"{m['append'].ops_per_s / m['noop'].ops_per_s:.1%}"
+                for m in bench.rounds
+                if m["noop"].ops_per_s
+            )
+            checks.append(("(2)/(3) in each round", each, "report", None))
     if "append" in r and "jwt" in r and r["append"].ops_per_s:
         ratio = r["jwt"].ops_per_s / r["append"].ops_per_s
         checks.append(
