@@ -31,6 +31,9 @@ _T = TypeVar("_T")
 class AppendCommand:
     offset_of = None
     producer = None
+    # Committed by its stream's owner among this host's processes (application/group_commit.py):
+    # it pickles, and its decision needs nothing of the process that received it.
+    forwardable = True
 
     def __init__(
         self,
@@ -77,6 +80,7 @@ class ProduceCommand:
     idempotency: Idempotency | None = None
     offset_of = None
     surface = DURABLE_STREAMS  # counted by application/throughput.py
+    forwardable = True  # as AppendCommand's
 
     def __init__(
         self,

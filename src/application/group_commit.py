@@ -24,7 +24,16 @@ from itertools import islice
 from typing import TYPE_CHECKING, TypeVar
 
 from application import tracing
-from application.ports import AnsweringCommand, Command, Done, Failed, Outcome, StreamRepository
+from application.ports import (
+    AnsweringCommand,
+    Command,
+    CommitPeers,
+    Done,
+    Failed,
+    Outcome,
+    PeerUnavailable,
+    StreamRepository,
+)
 from application.throughput import Throughput
 from application.waiting import Unanswered, spending
 from domain.events import RecordsAppended
@@ -80,8 +89,32 @@ class GroupCommit:
         # Per commit group, the streams with requests waiting, oldest first.
         self._ready: dict[Hashable, dict[StreamKey, None]] = {}
         self._leaders: set[asyncio.Task[None]] = set()
+        self._peers: CommitPeers | None = None
+
+    def forward_to(self, peers: CommitPeers | None) -> None:
+        """Commit each stream's appends where its owner among `peers` is (None: here)."""
+        self._peers = peers
 
     async def submit(self, key: StreamKey, command: Command) -> Outcome:
+        """`command`'s outcome, committed with the others waiting for its stream: by this
+        process, or, for an append (`forwardable`) whose stream another process of this host
+        commits (`CommitPeers.owner`), by that one. While tracing, each process commits its
+        own, so that an append's trace stays in one process."""
+        peers = self._peers
+        if peers is not None and getattr(command, "forwardable", False) and not tracing.on():
+            owner = peers.owner(key)
+            if owner is not None:
+                with spending() as seconds:
+                    try:
+                        return await peers.submit(owner, key, command, seconds)
+                    except PeerUnavailable:
+                        pass  # nothing was sent: committed here
+        return await self.submit_here(key, command)
+
+    def enqueue(self, key: StreamKey, command: Command) -> asyncio.Future[Outcome]:
+        """`command` queued for its stream's next batch: the future of its outcome, which the
+        leader sets (or fails with its batch). What another process sent is queued so
+        (adapters/peers.py), bounded by that process's wait."""
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         queue = self._queues.get(key)
         pending = (command, future, tracing.current())
@@ -98,6 +131,11 @@ class GroupCommit:
                 leader = asyncio.create_task(self._lead(group), name=f"append-leader {group}")
                 self._leaders.add(leader)
                 leader.add_done_callback(self._leaders.discard)
+        return future
+
+    async def submit_here(self, key: StreamKey, command: Command) -> Outcome:
+        """`command`'s outcome, committed by this process's leader for its stream's group."""
+        future = self.enqueue(key, command)
         # The request waits within its budget (application/waiting.py), not for as long as a
         # silent database holds the batch: at the bound it answers 503, and says whether its
         # command could still commit (a leader took it) or never will (still queued: removed).

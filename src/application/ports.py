@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -79,6 +79,31 @@ class Failed(msgspec.Struct, frozen=True):
 
 
 Outcome = Done | Replayed | Failed
+
+
+class PeerUnavailable(Exception):
+    """The process that commits a stream could not be asked (not there, not listening, its
+    connection lost before the command was sent): nothing was sent, so this process commits."""
+
+
+class CommitPeers(Protocol):
+    """The other server processes of this host (`serve --workers N`), so that each stream's
+    appends are committed by one of them, its owner, whichever process received them: one
+    group commit per stream instead of one per process taking turns on its row lock. Every
+    decision is still made under the row lock; which process makes it is only a matter of
+    speed, so a process that cannot reach the owner commits itself."""
+
+    def owner(self, key: StreamKey) -> Hashable | None:
+        """The process that commits `key`'s appends, or None: this one."""
+        ...
+
+    async def submit(
+        self, owner: Hashable, key: StreamKey, command: Command, seconds: float
+    ) -> Outcome:
+        """`command`, committed by `owner`'s group commit, within `seconds`. Raises
+        `PeerUnavailable` when nothing was sent, and `Unanswered` (of unknown outcome) when it
+        was sent and not answered in time or the connection was lost meanwhile."""
+        ...
 
 
 class RunSummary(msgspec.Struct, frozen=True):

@@ -38,7 +38,13 @@ class Unanswered(TimeoutError):
         unknown = "; the write may have been committed" if outcome_unknown else ""
         super().__init__(f"{what} did not answer within {seconds:.1f} s{unknown}")
         self.what = what
+        self.seconds = seconds
         self.outcome_unknown = outcome_unknown
+
+    def __reduce__(self) -> tuple[type[Unanswered], tuple[str, float, bool]]:
+        # (pickled as itself: it crosses from the process that commits a stream to the one
+        # that received the append, adapters/peers.py)
+        return Unanswered, (self.what, self.seconds, self.outcome_unknown)
 
 
 class CommitOutcomeUnknown(ConnectionError):

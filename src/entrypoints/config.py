@@ -46,6 +46,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     dbos_topic: str = "{stream_id}"
     restate_ingress_url: str | None = None
     restate_target: str | None = None
+    # Set by `serve --workers N` for its processes: the private directory where each listens,
+    # so that a stream's appends are committed by one of them (adapters/peers.py).
+    peers_dir: Path | None = None
     pool_min_size: Annotated[int, msgspec.Meta(ge=0)] = 2
     pool_max_size: Count = 20
     statement_timeout_seconds: Positive = 10.0

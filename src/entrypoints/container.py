@@ -36,6 +36,7 @@ from adapters.memory.sweeps import MemorySweepLeases
 from adapters.memory.tokens import MemoryTokens
 from adapters.objects.filesystem import FilesystemObjectStore
 from adapters.objects.memory import MemoryObjectStore
+from adapters.peers import UnixPeers
 from adapters.postgres.access import PostgresStreamAccess
 from adapters.postgres.bounded import BoundedPool
 from adapters.postgres.cleanup import PostgresCleanup
@@ -153,6 +154,22 @@ async def open_pool(settings: Settings) -> AsyncIterator[BoundedPool | None]:
         yield BoundedPool(pool)
     finally:
         await pool.close()
+
+
+async def open_peers(settings: Settings, commits: GroupCommit) -> AsyncIterator[UnixPeers | None]:
+    """Under `serve --workers N`, this process among the others (`peers_dir`): each stream's
+    appends are committed by one of them (adapters/peers.py). None for a lone process."""
+    if settings.peers_dir is None:
+        yield None
+        return
+    peers = UnixPeers(settings.peers_dir, commits.enqueue)
+    await peers.start()
+    commits.forward_to(peers)
+    try:
+        yield peers
+    finally:
+        commits.forward_to(None)
+        await peers.close()
 
 
 async def open_wake_bus(
@@ -330,6 +347,7 @@ class Container(containers.DeclarativeContainer):
     # Records and appends, counted where they commit (every surface, every way in).
     throughput = providers.Singleton(Throughput)
     commits = providers.Singleton(GroupCommit, streams, throughput=throughput)
+    peers = providers.Resource(open_peers, settings, commits)
     figures = providers.Singleton(ReadFigures, providers.Singleton(PostgresFigures, pool))
 
     jwt_callers = providers.Singleton(jwt_callers, settings)

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import shutil
 import signal
 import socket
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -114,10 +117,21 @@ def serve_in_process(listener: socket.socket, settings: Settings) -> None:
 
 def serve_supervised(listener: socket.socket, workers: int, settings: Settings) -> None:
     """`--workers N`: a supervisor process and N server processes sharing the socket."""
+    address, port = _released(listener)
+    # Each process listens in this private directory (0700, made by mkdtemp) for the appends of
+    # the streams it commits (adapters/peers.py); they find it in their environment.
+    peers = tempfile.mkdtemp(prefix="ductor-streams-peers-")
+    os.environ[PREFIX + "PEERS_DIR"] = peers
+    try:
+        _granian(address, port, workers, settings)
+    finally:
+        shutil.rmtree(peers, ignore_errors=True)
+
+
+def _granian(address: str, port: int, workers: int, settings: Settings) -> None:
     from granian import Granian
     from granian.constants import HTTPModes, Interfaces, Loops
 
-    address, port = _released(listener)
     Granian(
         target="entrypoints.http.app:app_from_env",
         factory=True,
@@ -131,6 +145,10 @@ def serve_supervised(listener: socket.socket, workers: int, settings: Settings) 
         # itself: after this many seconds a worker is stopped anyway (its subscribers resume
         # elsewhere with Last-Event-ID; leased jobs are picked up again once their lease ends).
         workers_kill_timeout=10,
+        # A worker that dies (killed, out of memory) is started again; the others keep serving
+        # meanwhile, and the appends they had sent it to commit are answered as of unknown
+        # outcome (adapters/peers.py). Without this, granian stopped the whole server.
+        respawn_failed_workers=True,
         loop=Loops.uvloop if fast_loop() is not None else Loops.asyncio,
         **GRANIAN_OPTIONS,
     ).serve()

@@ -43,6 +43,10 @@ class HotPath:
         # The subscription wake deliverer's (application/subscriptions.py), when it runs here.
         self.webhook_attempts = 0
         self.webhook_failures = 0
+        # Under `serve --workers N` (adapters/peers.py): appends sent to the process that
+        # commits their stream, and appends committed here for another process.
+        self.appends_forwarded = 0
+        self.appends_received = 0
 
     def observe(self, method: str, route: str, status: str, seconds: float) -> None:
         cell = self.requests.get((method, route, status))
@@ -119,6 +123,16 @@ class HotPath:
             "ductor_streams_webhook_failures",
             "Webhook deliveries that failed (retried with backoff) in this process",
             value=self.webhook_failures,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_appends_forwarded",
+            "Appends this process sent to the process of its host that commits their stream",
+            value=self.appends_forwarded,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_appends_received",
+            "Appends another process of this host sent here to be committed",
+            value=self.appends_received,
         )
         yield CounterMetricFamily(
             "ductor_streams_live_tail_outages",

@@ -89,6 +89,10 @@ async def metrics(request: Request) -> Response[bytes]:
         HOT.wake_replacements = bus.replacements
         HOT.wake_not_live = bus.not_live_episodes
         HOT.wake_live = int(bus.live)
+    peers = await provided(container.peers)
+    if peers is not None:
+        HOT.appends_forwarded = peers.forwarded
+        HOT.appends_received = peers.received
     deliverer = await provided(container.deliver_wakes)
     HOT.webhook_attempts = deliverer.attempts
     HOT.webhook_failures = deliverer.failures

@@ -1,0 +1,450 @@
+"""This host's server processes (`serve --workers N`), each listening on a Unix socket of its
+own in one directory, so that each stream's appends are committed by one of them, its owner
+(`CommitPeers`, application/ports.py).
+
+Without it, every process ran its own group commit for a stream: two processes appending to
+one hot stream took turns on its row lock, each with half the group, so a second process made
+the stream slower (docs/architecture.md, "Processes that add throughput"). With it, a process
+that receives an append for a stream another process owns sends the command there and relays
+its outcome, so each stream has one group commit on the host however many processes take its
+requests.
+
+- **Who owns a stream**: rendezvous hashing of the stream's key over the processes whose sockets
+  are in the directory (listed again at most once a second): every process computes the same
+  owner, and a process that comes or goes moves only the streams it owns or will own.
+- **The wire**: one connection per pair, requests and answers framed by their length, in
+  MessagePack (msgspec): an append (native or Durable Streams) and its answer as typed structs,
+  an error pickled (only processes of the same user can open the socket: the directory is
+  created private by the supervisor). Pickling the command itself cost 35 µs a request, this
+  3. What one loop turn sends on a connection goes in one write: a group's answers leave
+  together.
+- **Failure**: ownership is only a matter of speed. Every decision is made under the stream's
+  row lock, whichever process makes it, so a process that cannot reach the owner (no listener,
+  a refused or failed connection) commits the append itself. Once a command is sent, a lost
+  connection or an answer later than the request's budget is of unknown outcome (503, "may
+  have been committed"), as a COMMIT without an answer is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import hashlib
+import logging
+import os
+import pickle
+import struct
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, cast
+
+import msgspec
+
+from application.access import Caller
+from application.append_records import AppendCommand, ProduceCommand, Produced
+from application.ports import (
+    Command,
+    Done,
+    Failed,
+    Idempotency,
+    Outcome,
+    PeerUnavailable,
+    Replayed,
+)
+from application.views import AppendAnswer
+from application.waiting import Unanswered
+from domain.producers import ProducerClaim
+from domain.records import NewRecord
+from domain.stream import StreamKey
+
+log = logging.getLogger("ductor_streams.peers")
+
+
+# -- the wire ---------------------------------------------------------------------------------
+
+
+class _Append(msgspec.Struct, array_like=True, tag=1):
+    caller: Caller
+    records: list[NewRecord]
+    idempotency: Idempotency | None
+    now: datetime
+
+
+class _Produce(msgspec.Struct, array_like=True, tag=2):
+    caller: Caller
+    records: list[NewRecord]
+    now: datetime
+    producer: ProducerClaim | None
+    writer_seq: str | None
+    close: bool
+    content_conflict: str | None
+
+
+class _Request(msgspec.Struct, array_like=True):
+    number: int
+    key: tuple[str, str, str]
+    command: _Append | _Produce
+
+
+class _Reply(msgspec.Struct, array_like=True):
+    """An outcome (`appended`, `produced` or `replayed`), or an error (`error`, pickled): the
+    command's refusal (`failed`, a `Failed` outcome) or what its commit raised."""
+
+    number: int
+    appended: AppendAnswer | None = None
+    produced: Produced | None = None
+    replayed: bytes | None = None
+    error: bytes | None = None
+    failed: bool = False
+
+
+def _wire(command: Command) -> _Append | _Produce:
+    if type(command) is AppendCommand:
+        records = list(command.records)
+        return _Append(command.caller, records, command.idempotency, command.now)
+    if type(command) is ProduceCommand:
+        return _Produce(
+            command.caller,
+            list(command.records),
+            command.now,
+            command.producer,
+            command.writer_seq,
+            command.close,
+            command.content_conflict,
+        )
+    raise PeerUnavailable(f"a {type(command).__name__} is committed where it is received")
+
+
+def _command(wire: _Append | _Produce) -> Command:
+    if type(wire) is _Append:
+        return AppendCommand(wire.caller, wire.records, wire.idempotency, wire.now)
+    assert type(wire) is _Produce
+    return ProduceCommand(
+        wire.caller,
+        wire.records,
+        wire.now,
+        producer=wire.producer,
+        writer_seq=wire.writer_seq,
+        close=wire.close,
+        content_conflict=wire.content_conflict,
+    )
+
+
+def _outcome(reply: _Reply) -> Outcome:
+    """What the owner answered (raises what its commit raised)."""
+    if reply.error is not None:
+        error = pickle.loads(reply.error)
+        if reply.failed:
+            return Failed(error)
+        raise error
+    if reply.replayed is not None:
+        return Replayed(reply.replayed)
+    return Done([], reply.appended if reply.appended is not None else reply.produced)
+
+
+def _reply(number: int, done: asyncio.Future[Outcome]) -> _Reply:
+    error = done.exception()
+    if error is not None:
+        return _Reply(number, error=_pickled(error))
+    outcome = done.result()
+    if type(outcome) is Failed:
+        return _Reply(number, error=_pickled(outcome.error), failed=True)
+    if type(outcome) is Replayed:
+        return _Reply(number, replayed=outcome.answer_json)
+    assert type(outcome) is Done
+    answer = outcome.answer  # (its events stay here: the sender needs the answer alone)
+    if type(answer) is AppendAnswer:
+        return _Reply(number, appended=answer)
+    return _Reply(number, produced=answer)
+
+
+def _pickled(error: BaseException) -> bytes:
+    """`error` pickled; one that would not come back as itself is sent as an outcome-unknown
+    503, and logged here."""
+    try:
+        payload = pickle.dumps(error, pickle.HIGHEST_PROTOCOL)
+        pickle.loads(payload)
+        return payload
+    except Exception:
+        log.error("an error could not be sent to the process that asked: %r", error, exc_info=error)
+        return pickle.dumps(Unanswered(_WHAT, 0, outcome_unknown=True), pickle.HIGHEST_PROTOCOL)
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_requests = msgspec.msgpack.Decoder(_Request)
+_replies = msgspec.msgpack.Decoder(_Reply)
+
+# Queues a command another process sent for this one's next batch (GroupCommit.enqueue).
+Enqueue = Callable[[StreamKey, Command], "asyncio.Future[Outcome]"]
+
+_WHAT = "the process that commits this stream"
+_HEADER = struct.Struct(">I")
+_SUFFIX = ".sock"
+# How often the directory is listed again (processes come and go), how long a process that
+# could not be reached is left out, how long a connection attempt may take.
+LIST_SECONDS = 1.0
+DOWN_SECONDS = 1.0
+CONNECT_SECONDS = 0.5
+# Owners computed, kept until the processes change (bounded: cleared when full).
+MAX_OWNERS = 10_000
+
+
+class _Expired(Exception):
+    pass
+
+
+class _Lost(Exception):
+    pass
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(_Expired())
+
+
+def _score(member: str, key: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8, salt=member.encode()[:16]).digest())
+
+
+class _Channel(asyncio.Protocol):
+    """One end of a connection between two processes: whole frames handed to `received`, and
+    what is sent in one loop turn written at once."""
+
+    def __init__(self, received: Callable[[_Channel, bytes], None]) -> None:
+        self._received = received
+        self._buffer = bytearray()
+        self._out: list[bytes] = []
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.on_lost: Callable[[], None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's is no subclass)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        at, end = 0, len(buffer)
+        while end - at >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(buffer, at)
+            if end - at - _HEADER.size < size:
+                break
+            at += _HEADER.size
+            frame = bytes(buffer[at : at + size])
+            at += size
+            try:
+                self._received(self, frame)
+            except Exception:
+                log.exception("a message from another server process could not be read")
+                self.close()
+                return
+        del buffer[:at]
+
+    def send(self, payload: bytes) -> None:
+        if self.closed:
+            return
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out += (_HEADER.pack(len(payload)), payload)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.transport is not None and not self.closed:
+            self.transport.write(b"".join(out))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self.connection_lost(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.on_lost is not None:
+            self.on_lost()
+
+
+class _Link:
+    """This process's connection to another: requests numbered, answers matched by number."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, asyncio.Future[Outcome]] = {}
+        self.sent = 0
+        self.channel = _Channel(self._answered)
+        self.channel.on_lost = self._lost
+
+    def _answered(self, _: _Channel, frame: bytes) -> None:
+        reply = _replies.decode(frame)
+        future = self.pending.pop(reply.number, None)
+        if future is None or future.done():
+            return
+        try:
+            future.set_result(_outcome(reply))
+        except Exception as error:
+            future.set_exception(error)
+
+    def _lost(self) -> None:
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(_Lost())
+        self.pending.clear()
+
+
+class UnixPeers:
+    """`CommitPeers` over Unix sockets in `directory`: this process's is `{name}.sock` (its pid
+    by default); `enqueue` queues what the others send for this process's group commit."""
+
+    def __init__(self, directory: Path, enqueue: Enqueue, name: str | None = None) -> None:
+        self.name = name or str(os.getpid())
+        self._dir = directory
+        self._path = directory / f"{self.name}{_SUFFIX}"
+        self._enqueue = enqueue
+        self._server: asyncio.AbstractServer | None = None
+        self._members: tuple[str, ...] = (self.name,)
+        self._listed = float("-inf")
+        self._down: dict[str, float] = {}
+        self._owners: dict[StreamKey, str | None] = {}
+        self._links: dict[str, _Link] = {}
+        self._connecting: dict[str, asyncio.Future[_Link]] = {}
+        self._served: set[_Channel] = set()
+        self._answering: set[asyncio.Future[Outcome]] = set()
+        self.forwarded = 0  # commands sent to their owner
+        self.received = 0  # commands committed here for another process
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path.unlink()  # left by a process that had this name (a pid reused)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(self._accepted, path=str(self._path))
+
+    async def close(self, drain_seconds: float = 5.0) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path.unlink()  # the others stop sending here at their next listing
+        if self._server is not None:
+            self._server.close()
+        for link in list(self._links.values()):
+            link.channel.close()
+        self._links.clear()
+        if self._answering:  # what was received is answered, as a draining server would
+            await asyncio.wait(self._answering, timeout=drain_seconds)
+        for channel in list(self._served):
+            channel.close()
+
+    # -- CommitPeers ---------------------------------------------------------------------------
+
+    def owner(self, key: StreamKey) -> str | None:
+        now = time.monotonic()
+        if now - self._listed >= LIST_SECONDS:
+            self._list(now)
+        try:
+            return self._owners[key]
+        except KeyError:
+            pass
+        owner: str | None = None
+        if len(self._members) > 1:
+            text = "\0".join(key).encode()
+            best = max(self._members, key=lambda member: _score(member, text))
+            owner = None if best == self.name else best
+        if len(self._owners) >= MAX_OWNERS:
+            self._owners.clear()
+        self._owners[key] = owner
+        return owner
+
+    async def submit(self, owner: Any, key: StreamKey, command: Command, seconds: float) -> Outcome:
+        wire = _wire(command)
+        link = await self._link(owner)
+        payload = _encode(_Request(link.sent, (key.tenant, key.run_id, key.stream_id), wire))
+        if link.channel.closed:
+            raise PeerUnavailable(f"the connection to process {owner} was lost")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outcome] = loop.create_future()
+        number = link.sent
+        link.sent += 1
+        link.pending[number] = future
+        link.channel.send(payload)
+        self.forwarded += 1
+        timer = loop.call_later(seconds, _expire, future)
+        try:
+            return await future
+        except (_Expired, _Lost):
+            raise Unanswered(_WHAT, seconds, outcome_unknown=True) from None
+        finally:
+            timer.cancel()
+            link.pending.pop(number, None)
+
+    # -- the others ----------------------------------------------------------------------------
+
+    def _list(self, now: float) -> None:
+        self._listed = now
+        try:
+            found = [e.name for e in os.scandir(self._dir)]
+        except OSError as error:
+            log.warning("the server processes' directory could not be listed: %s", error)
+            found = []
+        names = [n[: -len(_SUFFIX)] for n in found if n.endswith(_SUFFIX)]
+        members = tuple(sorted({self.name, *(n for n in names if self._down.get(n, 0.0) <= now)}))
+        if members != self._members:
+            self._members = members
+            self._owners.clear()
+
+    def _left_out(self, member: str, stale: bool) -> None:
+        """`member` could not be reached: left out for a while (its socket removed if nothing
+        listens on it: a process that is gone)."""
+        self._down[member] = time.monotonic() + DOWN_SECONDS
+        self._listed = float("-inf")  # its streams go to the others from the next request on
+        if stale:
+            with contextlib.suppress(OSError):
+                (self._dir / f"{member}{_SUFFIX}").unlink()
+
+    async def _link(self, owner: str) -> _Link:
+        link = self._links.get(owner)
+        if link is not None and not link.channel.closed:
+            return link
+        connecting = self._connecting.get(owner)
+        if connecting is None:
+            # In a context of its own, not the request's: the connection's callbacks run in
+            # the context it was made in, and would log as that request for good.
+            connecting = asyncio.get_running_loop().create_task(
+                self._connect(owner), context=contextvars.Context()
+            )
+            self._connecting[owner] = connecting
+            connecting.add_done_callback(lambda _: self._connecting.pop(owner, None))
+        return await asyncio.shield(connecting)
+
+    async def _connect(self, owner: str) -> _Link:
+        path = str(self._dir / f"{owner}{_SUFFIX}")
+        link = _Link()
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(CONNECT_SECONDS):
+                await loop.create_unix_connection(lambda: link.channel, path)
+        except (ConnectionRefusedError, FileNotFoundError) as error:
+            self._left_out(owner, stale=True)
+            raise PeerUnavailable(f"process {owner} is not listening: {error}") from None
+        except (OSError, TimeoutError) as error:
+            self._left_out(owner, stale=False)
+            raise PeerUnavailable(f"process {owner} could not be reached: {error}") from None
+        self._links[owner] = link
+        return link
+
+    def _accepted(self) -> _Channel:
+        channel = _Channel(self._command)
+        self._served.add(channel)
+        channel.on_lost = lambda: self._served.discard(channel)
+        return channel
+
+    def _command(self, channel: _Channel, frame: bytes) -> None:
+        request = _requests.decode(frame)
+        self.received += 1
+        future = self._enqueue(StreamKey(*request.key), _command(request.command))
+        self._answering.add(future)
+        number = request.number
+        future.add_done_callback(lambda done: self._answer(channel, number, done))
+
+    def _answer(self, channel: _Channel, number: int, done: asyncio.Future[Outcome]) -> None:
+        self._answering.discard(done)
+        channel.send(_encode(_reply(number, done)))
