@@ -75,11 +75,9 @@ class Changes(msgspec.Struct):
     appended: list[AppendedRecords] = msgspec.field(default_factory=list)
     receipts: list[Receipt] = msgspec.field(default_factory=list)
     snapshot: StreamSnapshotted | None = None  # the last of `events`, when one was taken
-
-    @property
-    def deleted(self) -> bool:
-        """A command erased the stream: the transaction erases it instead of writing."""
-        return any(isinstance(e, StreamDeleted) for e in self.events)
+    # A command erased the stream (a `StreamDeleted` among `events`): the transaction erases it
+    # instead of writing. Kept, not searched for: every stream of a batch asks several times.
+    deleted: bool = False
 
 
 def decide_all(
@@ -136,6 +134,7 @@ def decide_all(
             receipts[idem.key] = receipt
             changes.receipts.append(receipt)
         outcomes.append(Done(events=events, answer=answer))
+    changes.deleted = any(type(e) is StreamDeleted for e in changes.events)
     if changes.events and not stream.state.deleted:  # an erased stream keeps no journal
         changes.snapshot = snapshot_if_due(
             stream, version_before, snapshot_every, changes.events[-1].at
