@@ -4,7 +4,7 @@ own in one directory, so that each stream's appends are committed by one of them
 
 Without it, every process ran its own group commit for a stream: two processes appending to
 one hot stream took turns on its row lock, each with half the group, so a second process made
-the stream slower (docs/architecture.md, "Processes that add throughput"). With it, a process
+the stream slower (docs/architecture.md, "Processes and replicas"). With it, a process
 that receives an append for a stream another process owns sends the command there and relays
 its outcome, so each stream has one group commit on the host however many processes take its
 requests.
@@ -15,9 +15,9 @@ requests.
 - **The wire**: one connection per pair, requests and answers framed by their length, in
   MessagePack (msgspec): an append (native or Durable Streams) and its answer as typed structs,
   an error pickled (only processes of the same user can open the socket: the directory is
-  created private by the supervisor). Pickling the command itself cost 35 µs a request, this
-  3. What one loop turn sends on a connection goes in one write: a group's answers leave
-  together.
+  created private by the supervisor). Pickling the command cost 35 µs of CPU a request; this
+  costs about 3. What one loop turn sends on a connection goes in one write, so a group's
+  answers leave together.
 - **Failure**: ownership is only a matter of speed. Every decision is made under the stream's
   row lock, whichever process makes it, so a process that cannot reach the owner (no listener,
   a refused or failed connection) commits the append itself. Once a command is sent, a lost

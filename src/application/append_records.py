@@ -32,7 +32,8 @@ class AppendCommand:
     offset_of = None
     producer = None
     # Committed by its stream's owner among this host's processes (application/group_commit.py):
-    # it pickles, and its decision needs nothing of the process that received it.
+    # it crosses to that process whole (adapters/peers.py), and its decision needs nothing of
+    # the process that received it.
     forwardable = True
 
     def __init__(

@@ -141,25 +141,24 @@ async def test_what_the_owners_commit_raised_is_raised_where_the_append_was_rece
     assert raised.value.outcome_unknown and raised.value.what == "the database"
 
 
-async def test_an_error_that_cannot_cross_is_of_unknown_outcome(
-    tmp_path: Path, started: list[UnixPeers]
+class Odd(Exception):
+    """Pickles as Odd(message), which cannot be loaded."""
+
+    def __init__(self, a: int, b: int) -> None:
+        super().__init__(f"{a} {b}")
+
+
+@pytest.mark.parametrize(
+    ("answer", "seconds"),
+    [(Odd(1, 2), 2.0), (None, 0.2)],
+    ids=["an error that cannot cross", "no answer in time"],
+)
+async def test_an_answer_that_cannot_be_had_is_of_unknown_outcome(
+    tmp_path: Path, started: list[UnixPeers], answer: Exception | None, seconds: float
 ) -> None:
-    class Odd(Exception):
-        def __init__(self, a: int, b: int) -> None:  # pickles as Odd(message): cannot load
-            super().__init__(f"{a} {b}")
-
-    a, _ = await pair(tmp_path, started, answering(Odd(1, 2)))
+    a, _ = await pair(tmp_path, started, answering(answer))
     with pytest.raises(Unanswered) as raised:
-        await a.submit("b", owned_by(a, "b"), append(), 2.0)
-    assert raised.value.outcome_unknown
-
-
-async def test_an_owner_that_does_not_answer_in_time_is_of_unknown_outcome(
-    tmp_path: Path, started: list[UnixPeers]
-) -> None:
-    a, _ = await pair(tmp_path, started, answering(None))
-    with pytest.raises(Unanswered) as raised:
-        await a.submit("b", owned_by(a, "b"), append(), 0.2)
+        await a.submit("b", owned_by(a, "b"), append(), seconds)
     assert raised.value.outcome_unknown
 
 
