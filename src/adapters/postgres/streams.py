@@ -514,7 +514,7 @@ class PostgresStreams(RecordReads):
         # (A batch's rows are always read: locking them on the condition of their known states
         # measured slower, spread over 100 and 1,000 streams; docs/architecture.md.)
         async with Transaction(conn) as transaction:
-            wanted_rows = [
+            to_lock = [
                 _Wanted(
                     *key,
                     key not in self._definitions,
@@ -522,7 +522,7 @@ class PostgresStreams(RecordReads):
                 )
                 for key, commands in groups
             ]
-            rows = await conn.fetch(_LOCK_MANY, _encode_wanted(wanted_rows).decode())
+            rows = await conn.fetch(_LOCK_MANY, _encode_wanted(to_lock).decode())
             locked = {StreamKey(r[0], r[1], r[2]): (r[3], r[4], r[5]) for r in rows}
             receipts: dict[StreamKey, dict[str, Receipt]] = {}
             wanted = [
