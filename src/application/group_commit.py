@@ -203,18 +203,26 @@ class GroupCommit:
         (a batch commits several requests at once); each append's context is kept for the
         spans of its live delivery and dispatch."""
         contexts = [c for _, taken in batch for _, _, c in taken]
-        with tracing.span(
-            "group commit",
-            parent=contexts[0],
-            links=[c for c in contexts[1:] if c is not None],
-            attributes={
-                "ductor_streams.commands": len(contexts),
-                "ductor_streams.streams": len(batch),
-            },
-        ):
-            results = await self._streams.update_many(
-                [(key, [c for c, _, _ in taken]) for key, taken in batch]
-            )
+        # Its records may be read and delivered (woken by the commit's notification) before
+        # this task resumes to learn their sequences: until then they are these appends'.
+        for key, taken in batch:
+            tracing.APPENDS.committing(key, [c for _, _, c in taken if c is not None])
+        try:
+            with tracing.span(
+                "group commit",
+                parent=contexts[0],
+                links=[c for c in contexts[1:] if c is not None],
+                attributes={
+                    "ductor_streams.commands": len(contexts),
+                    "ductor_streams.streams": len(batch),
+                },
+            ):
+                results = await self._streams.update_many(
+                    [(key, [c for c, _, _ in taken]) for key, taken in batch]
+                )
+        finally:
+            for key, _ in batch:
+                tracing.APPENDS.committed(key)
         for (key, taken), result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
                 continue

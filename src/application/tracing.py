@@ -210,6 +210,17 @@ class AppendTraces:
         self._per_stream = per_stream
         self._streams = streams
         self._appends: OrderedDict[StreamKey, deque[tuple[int, int, SpanContext]]] = OrderedDict()
+        # Per stream, the contexts of the appends of the batch being committed: their records
+        # can be read (and delivered) before the leader learns their sequences.
+        self._committing: dict[StreamKey, list[SpanContext]] = {}
+
+    def committing(self, key: StreamKey, contexts: list[SpanContext]) -> None:
+        """A batch with these appends to `key` is being committed: a record of `key` past every
+        sequence recorded so far is theirs until `committed`."""
+        self._committing[key] = contexts
+
+    def committed(self, key: StreamKey) -> None:
+        self._committing.pop(key, None)
 
     def appended(self, key: StreamKey, first: int, last: int, context: SpanContext) -> None:
         appends = self._appends.get(key)
@@ -222,11 +233,14 @@ class AppendTraces:
         appends.append((first, last, context))
 
     def of(self, key: StreamKey, first: int, last: int) -> list[SpanContext]:
-        """The contexts of the appends that brought any of the sequences `first..last`."""
+        """The contexts of the appends that brought any of the sequences `first..last` (with
+        those being committed, for sequences past every one recorded)."""
         appends = self._appends.get(key)
-        if not appends:
-            return []
-        return [c for a, b, c in appends if a <= last and b >= first]
+        found = [c for a, b, c in appends if a <= last and b >= first] if appends else []
+        committing = self._committing.get(key)
+        if committing and (not appends or last > appends[-1][1]):
+            found += committing
+        return found
 
 
 # The process's: written by the group commit and a creation, read by live delivery and dispatch.

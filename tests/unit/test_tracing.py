@@ -258,3 +258,24 @@ def test_append_traces_stay_bounded() -> None:
             traces.appended(key, sequence, sequence, context)
     assert traces.of(keys[0], 1, 3) == []  # the least recently appended stream, forgotten
     assert traces.of(keys[2], 1, 3) == [context, context]  # its two latest appends
+
+
+def test_records_read_before_their_batch_has_learnt_its_sequences_link_to_its_appends() -> None:
+    """The commit's notification can wake a follower, whose delivery then reads the records,
+    before the leader resumes to record which sequences each append got."""
+    from opentelemetry.trace import SpanContext
+
+    traces = tracing.AppendTraces()
+    key = StreamKey("t", "r", "s")
+    earlier, first, second = (SpanContext(1, n, is_remote=False) for n in (1, 2, 3))
+    traces.appended(key, 1, 4, earlier)
+    traces.committing(key, [first, second])
+    assert traces.of(key, 5, 6) == [first, second]  # past every sequence recorded: theirs
+    assert traces.of(key, 4, 6) == [earlier, first, second]
+    assert traces.of(key, 2, 3) == [earlier]  # recorded already: not theirs
+    traces.committed(key)
+    traces.appended(key, 5, 5, first)
+    assert traces.of(key, 5, 6) == [first]
+    fresh = StreamKey("t", "r", "new")  # nothing recorded yet
+    traces.committing(fresh, [second])
+    assert traces.of(fresh, 1, 1) == [second]
