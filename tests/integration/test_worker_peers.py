@@ -70,7 +70,7 @@ async def test_each_streams_appends_are_committed_by_one_process_whichever_took_
                     acked[name].append((number, n))
                     n += 1
 
-        deadline = time.monotonic() + 4
+        deadline = time.monotonic() + 2.5
         await asyncio.gather(*(writer(i, deadline) for i in range(24)))
         counters = await counters_of_each_process(server)
         assert len(counters) == 2, counters  # both processes answered
@@ -140,9 +140,9 @@ async def test_a_worker_killed_under_idempotent_writers_loses_and_duplicates_not
             await client.aclose()
 
         writers = [asyncio.create_task(writer(i)) for i in range(24)]
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(1.5)
         workers[-1].send_signal(signal.SIGKILL)  # mid-commit, mid-forward
-        await asyncio.sleep(4.0)  # the supervisor starts another; writers go on meanwhile
+        await asyncio.sleep(3.0)  # the supervisor starts another; writers go on meanwhile
         stop.set()
         print(f"attempted {len(attempted)}, retried {len(retried)}: {sorted(set(retried))}")
         await asyncio.wait_for(asyncio.gather(*writers), 60)
