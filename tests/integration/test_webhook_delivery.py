@@ -49,8 +49,9 @@ class Receiver:
         return f"http://127.0.0.1:{self.port}/{name}" + (f"?{q}" if q else "")
 
     def entries(self, name: str, event: str = "start") -> list[dict[str, Any]]:
-        lines = self.log.read_text().splitlines() if self.log.exists() else []
-        found = [json.loads(line) for line in lines]
+        text = self.log.read_text() if self.log.exists() else ""
+        # Complete lines only: the receiver may be writing the last one as it is read.
+        found = [json.loads(line) for line in text.split("\n")[:-1] if line]
         return [e for e in found if e["path"] == f"/{name}" and e["event"] == event]
 
 
