@@ -1,9 +1,11 @@
 """A commit of a stream this process wrote last takes two round trips to PostgreSQL: `BEGIN`
 with the row locked if it still holds the state written (adapters/postgres/stream_writes.py,
-`Transaction`), then the write statement with `COMMIT`; a batch of streams, three (their rows
-are locked and read in one statement). Whenever the row holds anything else
-(another process wrote it, it was changed under us, deleted), the state is read under the lock
-as before, and nothing is decided from what this process remembered."""
+`Transaction`), then the write statement with `COMMIT`; so does a batch of streams this process
+wrote last (every row locked in the key's order, and counted where it still holds the state
+written), and any other batch takes three (its rows are locked and read in one statement).
+Whenever a row holds anything else (another process wrote it, it was changed under us,
+deleted), the state is read under the lock, and nothing is decided from what this process
+remembered."""
 
 from __future__ import annotations
 
@@ -14,7 +16,12 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from adapters.postgres.stream_writes import LOCK_STATEMENT, WRITE_STATEMENT, prepare_session
+from adapters.postgres.stream_writes import (
+    LOCK_MANY_STATEMENT,
+    LOCK_STATEMENT,
+    WRITE_STATEMENT,
+    prepare_session,
+)
 from adapters.postgres.streams import PostgresStreams
 from application.errors import NotFound
 from application.ports import Done, Failed
@@ -72,7 +79,7 @@ async def test_a_hot_streams_commit_takes_two_round_trips(counted) -> None:
         assert queries.sent[1].endswith("; COMMIT")
 
 
-async def test_a_batch_of_streams_commits_in_three_round_trips(counted) -> None:
+async def test_a_batch_of_streams_this_process_wrote_commits_in_two_round_trips(counted) -> None:
     pool, queries = counted
     repo, run = PostgresStreams(pool), new_key()
     keys = [run._replace(stream_id=f"s{i}") for i in range(5)]
@@ -82,9 +89,18 @@ async def test_a_batch_of_streams_commits_in_three_round_trips(counted) -> None:
     queries.sent.clear()
     results = await repo.update_many([(k, [append([record()])]) for k in reversed(keys)])
     assert [first_sequences(r) for r in results] == [[2]] * 5  # type: ignore[arg-type]
-    # BEGIN, the rows locked and read, the write with COMMIT.
+    # BEGIN with the rows locked as written, then the write with COMMIT.
+    assert len(queries.sent) == 2, queries.sent
+    assert queries.sent[0].startswith(f"BEGIN; EXECUTE {LOCK_MANY_STATEMENT}("), queries.sent
+    assert queries.sent[1].startswith(f"EXECUTE {WRITE_STATEMENT}(")
+    # One stream it never wrote: the batch's rows are read, all of them.
+    new = run._replace(stream_id="s9")
+    await repo.create(new, definition(new.stream_id), NOW)
+    queries.sent.clear()
+    results = await repo.update_many([(k, [append([record()])]) for k in (*keys, new)])
+    assert [first_sequences(r) for r in results] == [[3]] * 5 + [[1]]  # type: ignore[arg-type]
     assert len(queries.sent) == 3, queries.sent
-    assert queries.sent[2].startswith(f"EXECUTE {WRITE_STATEMENT}(")
+    assert queries.sent[0] == "BEGIN", queries.sent
 
 
 async def test_a_stream_another_process_wrote_is_read_again(counted, database_url: str) -> None:
@@ -107,22 +123,29 @@ async def test_a_stream_another_process_wrote_is_read_again(counted, database_ur
         batch = [(k, [append([record()])]) for k in others]
         await ours.update_many(batch)
         await theirs.update(others[1], [append([record()])])  # one of them moves on
+        queries.sent.clear()
         results = await ours.update_many(batch)
         assert [first_sequences(r) for r in results] == [[2], [3], [2]]  # type: ignore[arg-type]
+        # The condition failed (two rows of three held what this one wrote), and the rows were
+        # read: the lock, the read, the write.
+        assert len(queries.sent) == 3, queries.sent
+        assert queries.sent[0].startswith(f"BEGIN; EXECUTE {LOCK_MANY_STATEMENT}(")
         # Alone: a stream the other process wrote since is locked on the condition of the
         # state this one wrote, which fails (3 statements); then, for a while, read with the
-        # lock straight away (3). The others keep the condition (2).
-        await theirs.update(others[1], [append([record()])])
+        # lock straight away (3), as is the one the batch found moved on. The others keep the
+        # condition (2).
+        await theirs.update(others[2], [append([record()])])
         lock = f"BEGIN; EXECUTE {LOCK_STATEMENT}("
-        for k, first, begun in (
-            (others[1], 5, lock),
-            (others[1], 6, "BEGIN"),
-            (others[0], 3, lock),
+        for k, first, begun, sent in (
+            (others[2], 4, lock, 3),
+            (others[2], 5, "BEGIN", 3),
+            (others[1], 4, "BEGIN", 3),
+            (others[0], 3, lock, 2),
         ):
             queries.sent.clear()
             assert first_sequences(await ours.update(k, [append([record()])])) == [first]
             assert queries.sent[0].startswith(begun), queries.sent
-            assert len(queries.sent) == (2 if k == others[0] else 3), queries.sent
+            assert len(queries.sent) == sent, queries.sent
     finally:
         await other_pool.close()
 
@@ -172,6 +195,28 @@ async def test_a_row_changed_or_deleted_under_it_is_not_taken_for_the_state_writ
         await repo.update(other, [append([record()])])
 
 
+async def test_a_batch_whose_rows_changed_or_went_under_it_decides_from_the_rows(counted) -> None:
+    """The batch's condition fails as a whole: each stream is decided from its row as read."""
+    pool, _ = counted
+    repo, run = PostgresStreams(pool), new_key()
+    keys = [run._replace(stream_id=f"s{i}") for i in range(3)]
+    for k in keys:
+        await repo.create(k, definition(k.stream_id), NOW)
+    await repo.update_many([(k, [append([record()])]) for k in keys])
+    where = "WHERE tenant = $1 AND run_id = $2 AND stream_id = $3"
+    state = json.loads(await pool.fetchval(f"SELECT state FROM streams {where}", *keys[0]))
+    state["closed"] = True  # changed at the same version
+    await pool.execute(
+        f"UPDATE streams SET state = $4 {where}", *keys[0], json.dumps(state).encode()
+    )
+    await pool.execute(f"DELETE FROM streams {where}", *keys[1])
+    closed, gone, kept = await repo.update_many([(k, [append([record()])]) for k in keys])
+    assert isinstance(closed, list) and isinstance(closed[0], Failed), closed
+    assert isinstance(closed[0].error, errors.StreamClosed)
+    assert isinstance(gone, NotFound), gone
+    assert first_sequences(kept) == [2]  # type: ignore[arg-type]
+
+
 async def test_a_connection_without_the_prepared_statements_prepares_them(
     database_url: str,
 ) -> None:
@@ -184,6 +229,6 @@ async def test_a_connection_without_the_prepared_statements_prepares_them(
             assert first_sequences(await repo.update(key, [append([record()])])) == [n + 1]
         async with pool.acquire() as conn:
             names = await conn.fetch("SELECT name FROM pg_prepared_statements")
-        assert {WRITE_STATEMENT, LOCK_STATEMENT} <= {r["name"] for r in names}
+        assert {WRITE_STATEMENT, LOCK_STATEMENT, LOCK_MANY_STATEMENT} <= {r["name"] for r in names}
     finally:
         await pool.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from hashlib import sha256
 from typing import TypeVar
@@ -412,6 +412,7 @@ async def execute_writes(conn: Connection, writes: StreamWrites) -> None:
 # (`log_min_error_statement`; docs/configuration.md, "What PostgreSQL sees").
 WRITE_STATEMENT = "ductor_streams_write"
 LOCK_STATEMENT = "ductor_streams_lock"
+LOCK_MANY_STATEMENT = "ductor_streams_lock_many"
 
 # A stream's row locked if its state still hashes as this process last wrote it (the state
 # holds the stream's version and creation time): a simple query answers its last statement's
@@ -424,10 +425,35 @@ WHERE tenant = $1 AND run_id = $2 AND stream_id = $3 AND sha256(state) = decode(
 FOR UPDATE
 """
 
+# A batch's rows, every one locked in the key's order (as `_LOCK_MANY` locks them), counted
+# where the state still hashes as this process last wrote it: the count says whether they all
+# did. Each row is locked whether or not it matches, so that the caller, reading the others'
+# state, takes no lock out of the key's order. Materialized: the locks are taken whatever the
+# outer query keeps.
+_LOCK_KNOWN_MANY = """
+WITH locked AS MATERIALIZED (
+    SELECT sha256(s.state) = decode(k.digest, 'hex') AS same
+    FROM json_to_recordset($1::json) AS k(tenant text, run_id text, stream_id text, digest text)
+    JOIN streams s ON s.tenant = k.tenant AND s.run_id = k.run_id AND s.stream_id = k.stream_id
+    ORDER BY s.tenant, s.run_id, s.stream_id
+    FOR UPDATE OF s
+)
+SELECT 1 FROM locked WHERE same
+"""
+
+
+class _KnownRow(msgspec.Struct, frozen=True):
+    tenant: str
+    run_id: str
+    stream_id: str
+    digest: str  # SHA-256 of the state, hex
+
+
 _PREPARED = {
     WRITE_STATEMENT: f"PREPARE {WRITE_STATEMENT}({', '.join('json' for _ in _PARAMETERS)}) "
     f"AS {_WRITE}",
     LOCK_STATEMENT: f"PREPARE {LOCK_STATEMENT}(text, text, text, text) AS {_LOCK_KNOWN}",
+    LOCK_MANY_STATEMENT: f"PREPARE {LOCK_MANY_STATEMENT}(json) AS {_LOCK_KNOWN_MANY}",
 }
 
 
@@ -465,6 +491,9 @@ async def with_statements(conn: Connection, transaction: Callable[[], Awaitable[
     return await transaction()
 
 
+_encode_known = msgspec.json.Encoder().encode
+
+
 def _literal(text: str) -> str:
     """`text` as a string constant of a simple query, taken as it is whatever the server's
     `standard_conforming_strings`: dollar-quoted when it holds no `$` (base64 and most JSON),
@@ -484,21 +513,31 @@ class Transaction:
     asyncpg's own transaction would send its COMMIT alone, a round trip more, so `BEGIN` and
     `ROLLBACK` are sent here as its would be."""
 
-    __slots__ = ("_conn", "_key", "_open", "_state", "locked")
+    __slots__ = ("_conn", "_key", "_known", "_open", "_state", "locked")
 
     def __init__(
-        self, conn: Connection, key: StreamKey | None = None, state: bytes | None = None
+        self,
+        conn: Connection,
+        key: StreamKey | None = None,
+        state: bytes | None = None,
+        known: Sequence[tuple[StreamKey, bytes]] | None = None,
     ) -> None:
         self._conn = conn
         self._key = key
         self._state = state
+        self._known = known
         self._open = False
         self.locked = False
 
     async def __aenter__(self) -> Transaction:
         key, state, conn = self._key, self._state, self._conn
         try:
-            if key is None or state is None:
+            if self._known:
+                rows = [_KnownRow(*k, sha256(s).hexdigest()) for k, s in self._known]
+                argument = _literal(_encode_known(rows).decode())
+                status = await conn.execute(f"BEGIN; EXECUTE {LOCK_MANY_STATEMENT}({argument})")
+                self.locked = status == f"SELECT {len(rows)}"
+            elif key is None or state is None:
                 await conn.execute("BEGIN")
             else:
                 arguments = ", ".join(_literal(a) for a in key)
