@@ -18,7 +18,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 # How long a retired key stays published: past the five-minute replay window receivers use.
 RETIRED_KEY_SECONDS = 600.0
+# What each process reloads its keys after at the latest; a rotation is also announced on
+# KEYS_CHANNEL, and every process listening there (the wake bus) reloads at its next use.
 RELOAD_SECONDS = 30.0
+KEYS_CHANNEL = "ductor_streams_signing_keys"
 
 
 def _b64(data: bytes) -> str:
@@ -96,8 +99,13 @@ class WebhookKeys:
         t = str(int(now))
         return f"t={t},kid={kid},ed25519={_b64(key.sign(t.encode() + b'.' + body))}"
 
+    def forget(self) -> None:
+        """The keys changed (a rotation announced): read them again at the next use."""
+        self._loaded_at = -RELOAD_SECONDS
+
     async def rotate(self) -> str:
-        """A new signing key; the others are retired after RETIRED_KEY_SECONDS."""
+        """A new signing key; the others are retired after RETIRED_KEY_SECONDS. Every process
+        hears of it (KEYS_CHANNEL) and signs with it from its next use."""
         private = Ed25519PrivateKey.generate().private_bytes(
             serialization.Encoding.Raw,
             serialization.PrivateFormat.Raw,
@@ -106,7 +114,7 @@ class WebhookKeys:
         kid = public_jwk(private)["kid"]
         await self._rows.add(private, kid)
         await self._rows.retire_all_but(kid, time.time() + RETIRED_KEY_SECONDS)
-        self._loaded_at = -RELOAD_SECONDS
+        self.forget()
         return kid
 
 
@@ -129,9 +137,13 @@ class PostgresKeyRows:
         )
 
     async def retire_all_but(self, kid: str, at: float) -> None:
+        """Retire the others, and announce the change on KEYS_CHANNEL (delivered at commit)."""
         await self._pool.execute(
-            """UPDATE ds_signing_keys SET retire_after = to_timestamp($2)
-               WHERE kid <> $1 AND (retire_after IS NULL OR retire_after > to_timestamp($2))""",
+            f"""WITH retired AS (
+                   UPDATE ds_signing_keys SET retire_after = to_timestamp($2)
+                   WHERE kid <> $1 AND (retire_after IS NULL OR retire_after > to_timestamp($2))
+               )
+               SELECT pg_notify('{KEYS_CHANNEL}', $1)""",
             kid,
             at,
         )

@@ -177,6 +177,7 @@ async def open_wake_bus(
     wake: WakeRegistry,
     tokens: TokenCache | None = None,
     pool: BoundedPool | None = None,
+    keys: WebhookKeys | None = None,
 ) -> AsyncIterator[PostgresWakeBus | None]:
     assert settings.database_url is not None
     bus = PostgresWakeBus(
@@ -187,6 +188,7 @@ async def open_wake_bus(
         pool=pool,  # the repairs never share the connection they back up
         heartbeat_seconds=settings.wake_heartbeat_seconds,
         dead_seconds=settings.wake_dead_seconds,
+        keys_changed=None if keys is None else keys.forget,
     )
     await bus.start()
     try:
@@ -326,7 +328,10 @@ class Container(containers.DeclarativeContainer):
         PostgresTokens, pool
     )
     token_cache = providers.Singleton(TokenCache, settings.provided.token_cache_seconds)
-    wake_bus = providers.Resource(open_wake_bus, settings, wake, token_cache, pool)
+    # The webhook signing keys (adapters/webhook_signing.py): the wake bus hears rotations.
+    key_rows = providers.Singleton(PostgresKeyRows, pool)
+    webhook_keys = providers.Singleton(WebhookKeys, key_rows)
+    wake_bus = providers.Resource(open_wake_bus, settings, wake, token_cache, pool, webhook_keys)
     tails = providers.Singleton(LiveTails, streams, wake)
     # One cap per principal and process over every live connection: native subscriptions and
     # waiting reads, Durable Streams live=sse and long-poll reads.
@@ -517,11 +522,9 @@ class Container(containers.DeclarativeContainer):
         heartbeat_seconds=settings.provided.sse_heartbeat_seconds,
         tokens=token_cache,
     )
-    # Subscriptions (application/subscriptions.py): their store, the webhook keys, the sender
+    # Subscriptions (application/subscriptions.py): their store, the wake tokens, the sender
     # that checks every address it connects to, and the worker that delivers the wake outbox.
     subscription_store = providers.Singleton(PostgresSubscriptions, pool)
-    key_rows = providers.Singleton(PostgresKeyRows, pool)
-    webhook_keys = providers.Singleton(WebhookKeys, key_rows)
     wake_tokens = providers.Resource(open_wake_tokens, key_rows)
     webhook_sender = providers.Singleton(
         HttpWebhookSender,

@@ -11,6 +11,7 @@ import pytest
 from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.tokens import PostgresTokens
 from adapters.postgres.wake_bus import PostgresWakeBus
+from adapters.webhook_signing import PostgresKeyRows, WebhookKeys
 from application.access import SCOPES, Caller
 from application.delete_stream import DeleteCommand
 from application.live import LiveTails, RecordsDelivered, StreamGone
@@ -161,6 +162,38 @@ async def test_a_revocation_missed_while_disconnected_ends_the_open_connections_
             while not leases[doomed].ended:
                 await asyncio.sleep(0.05)
         assert not leases[kept].ended
+    finally:
+        await bus.stop()
+
+
+async def test_a_key_rotation_elsewhere_is_signed_with_at_once(
+    pool: asyncpg.Pool, database_url: str
+) -> None:
+    """Another process (the `webhook-key rotate` command) rotates the signing key: this one
+    hears it on the bus and signs with the new key at its next use, not up to 30 s later."""
+    ours, theirs = WebhookKeys(PostgresKeyRows(pool)), WebhookKeys(PostgresKeyRows(pool))
+    heard: list[None] = []
+
+    def changed() -> None:
+        heard.append(None)
+        ours.forget()
+
+    bus = PostgresWakeBus(
+        database_url,
+        WakeRegistry(),
+        application_name="ds-test-bus-" + secrets.token_hex(3),
+        keys_changed=changed,
+    )
+    await bus.start()
+    try:
+        await ours.kid()  # loaded now: without the announcement, kept for 30 s
+        connected = len(heard)  # (the bus forgets them once as it connects)
+        kid = await theirs.rotate()
+        async with asyncio.timeout(5):
+            while len(heard) == connected:
+                await asyncio.sleep(0.02)
+        assert await ours.kid() == kid
+        assert kid in {k["kid"] for k in (await ours.jwks())["keys"]}
     finally:
         await bus.stop()
 

@@ -51,6 +51,7 @@ from adapters.postgres.erasure import DELETED
 from adapters.postgres.streams import WAKE_CHANNEL
 from adapters.postgres.tokens import STILL_VALID, TOKENS_CHANNEL
 from adapters.postgres.traces import TRACES_CHANNEL, heard_trace
+from adapters.webhook_signing import KEYS_CHANNEL
 from application import tracing
 from application.tokens import TokenCache
 from application.wake import WakeRegistry
@@ -109,10 +110,14 @@ class PostgresWakeBus:
         pool: asyncpg.Pool | BoundedPool | None = None,
         heartbeat_seconds: float = 0.5,
         dead_seconds: float = 5.0,
+        keys_changed: Callable[[], None] | None = None,
     ) -> None:
         # Token revocations arrive on TOKENS_CHANNEL on the same connection (with the token's
         # id); each (re)connection forgets the whole cache, since one may have been missed.
         self._tokens = tokens
+        # A webhook key rotation arrives on KEYS_CHANNEL: the keys are read again at their next
+        # use (and at each reconnection, since one may have been missed).
+        self._keys_changed = keys_changed
         self._url = url
         self._registry = registry
         self._interval = head_check_seconds
@@ -209,6 +214,11 @@ class PostgresWakeBus:
         if self._tokens is not None:
             self._tokens.forget(payload)
 
+    def _on_keys_changed(self, _conn: object, _pid: int, _channel: str, _payload: object) -> None:
+        self._hear()
+        if self._keys_changed is not None:
+            self._keys_changed()
+
     def _set_live(self, live: bool, why: str = "") -> None:
         """Live: the connection delivered something within the suspicion bound, so a commit's
         notification would have been heard. Not live: every follower is woken every
@@ -271,6 +281,9 @@ class PostgresWakeBus:
                     if self._tokens is not None:
                         await conn.add_listener(TOKENS_CHANNEL, self._on_token_revoked)
                         self._tokens.listening()
+                    if self._keys_changed is not None:
+                        await conn.add_listener(KEYS_CHANNEL, self._on_keys_changed)
+                        self._keys_changed()  # a rotation may have come while not listening
                 self.connected.set()
                 self._hear()
                 backoff = RECONNECT_FIRST_SECONDS
