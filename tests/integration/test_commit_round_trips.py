@@ -26,6 +26,7 @@ from adapters.postgres.streams import PostgresStreams
 from application.errors import NotFound
 from application.ports import Done, Failed
 from domain import errors
+from domain.stream import StreamKey
 from tests.support.builders import NOW, append, definition, new_key, record
 
 
@@ -79,13 +80,22 @@ async def test_a_hot_streams_commit_takes_two_round_trips(counted) -> None:
         assert queries.sent[1].endswith("; COMMIT")
 
 
-async def test_a_batch_of_streams_this_process_wrote_commits_in_two_round_trips(counted) -> None:
-    pool, queries = counted
+async def streams_written_once(
+    pool: asyncpg.Pool, count: int
+) -> tuple[PostgresStreams, list[StreamKey]]:
+    """An adapter, and `count` streams of one run it created and wrote one batch to."""
     repo, run = PostgresStreams(pool), new_key()
-    keys = [run._replace(stream_id=f"s{i}") for i in range(5)]
+    keys = [run._replace(stream_id=f"s{i}") for i in range(count)]
     for k in keys:
         await repo.create(k, definition(k.stream_id), NOW)
     await repo.update_many([(k, [append([record()])]) for k in keys])
+    return repo, keys
+
+
+async def test_a_batch_of_streams_this_process_wrote_commits_in_two_round_trips(counted) -> None:
+    pool, queries = counted
+    repo, keys = await streams_written_once(pool, 5)
+    run = keys[0]
     queries.sent.clear()
     results = await repo.update_many([(k, [append([record()])]) for k in reversed(keys)])
     assert [first_sequences(r) for r in results] == [[2]] * 5  # type: ignore[arg-type]
@@ -198,11 +208,7 @@ async def test_a_row_changed_or_deleted_under_it_is_not_taken_for_the_state_writ
 async def test_a_batch_whose_rows_changed_or_went_under_it_decides_from_the_rows(counted) -> None:
     """The batch's condition fails as a whole: each stream is decided from its row as read."""
     pool, _ = counted
-    repo, run = PostgresStreams(pool), new_key()
-    keys = [run._replace(stream_id=f"s{i}") for i in range(3)]
-    for k in keys:
-        await repo.create(k, definition(k.stream_id), NOW)
-    await repo.update_many([(k, [append([record()])]) for k in keys])
+    repo, keys = await streams_written_once(pool, 3)
     where = "WHERE tenant = $1 AND run_id = $2 AND stream_id = $3"
     state = json.loads(await pool.fetchval(f"SELECT state FROM streams {where}", *keys[0]))
     state["closed"] = True  # changed at the same version
