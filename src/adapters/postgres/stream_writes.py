@@ -506,9 +506,11 @@ def _literal(text: str) -> str:
 class Transaction:
     """A write transaction in as few round trips as it can: `BEGIN` on entry, with the row of
     `key` locked in the same round trip when `state` is given (the state this process last
-    wrote there; `locked` says whether the row still held it, so that it need not be read);
-    `commit(writes)` sends `_WRITE` and `COMMIT` as one simple query (if the write fails, the
-    server skips the COMMIT). Any error rolls it back.
+    wrote there; `locked` says whether the row still held it, so that it need not be read), or
+    with a batch's rows when `known` gives each one's key and state (`locked`: every one still
+    held its state; each is locked either way, in the key's order); `commit(writes)` sends
+    `_WRITE` and `COMMIT` as one simple query (if the write fails, the server skips the
+    COMMIT). Any error rolls it back.
 
     asyncpg's own transaction would send its COMMIT alone, a round trip more, so `BEGIN` and
     `ROLLBACK` are sent here as its would be."""
