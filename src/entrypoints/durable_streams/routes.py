@@ -9,6 +9,7 @@ function in `protocol` (or a module beside it) taking the same plain values."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qsl
 
 from litestar import Controller, Request, delete, get, post, put
 from litestar.openapi.spec import Operation
@@ -22,6 +23,7 @@ from entrypoints.container import Services
 from entrypoints.durable_streams import protocol, wire
 from entrypoints.edge.head import RequestHeaders
 from entrypoints.edge.head_method import is_head
+from entrypoints.edge.leaving import ClientLeft, answer_to_nobody, unless_client_leaves
 from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, STREAM_PATH
 from entrypoints.openapi import Answer, Header, Link, RequestBody, decimal_pattern, documented
 
@@ -267,16 +269,31 @@ async def _append(request: Request) -> ASGIApp:
 
 async def _read(request: Request) -> ASGIApp:
     services, caller, at, headers = await _plain(request)
-    answer: ASGIApp = await protocol.read(
+    query_string = request.scope.get("query_string", b"")
+    read = protocol.read(
         services,
         caller,
         at,
         headers,
-        request.scope.get("query_string", b""),
+        query_string,
         head_only=is_head(request.scope),
         long_poll_seconds=request.app.state.long_poll_seconds,
     )
-    return answer
+    if not _long_poll(query_string):
+        answer: ASGIApp = await read
+        return answer
+    try:  # a long-poll ends when its client leaves (entrypoints/edge/leaving.py)
+        return await unless_client_leaves(request.receive, read)
+    except ClientLeft:
+        return answer_to_nobody
+
+
+def _long_poll(query_string: bytes) -> bool:
+    """Whether the read is a long-poll (never an event stream: it watches its client itself)."""
+    if b"long-poll" not in query_string:
+        return False  # (every read but a long-poll, without parsing)
+    lives = [v for k, v in parse_qsl(query_string.decode("latin-1")) if k == "live"]
+    return lives == ["long-poll"]
 
 
 async def _erase(request: Request) -> None:
