@@ -108,7 +108,10 @@ def _own_budget() -> Budget | None:
 
 def allowance() -> float:
     """How long the current task may wait on its next operation."""
-    budget = _own_budget()
+    return _allowance(_own_budget())
+
+
+def _allowance(budget: Budget | None) -> float:
     return _bound[0] if budget is None else min(_bound[0], max(budget.left, 0.0))
 
 
@@ -121,7 +124,7 @@ class spending:
     def __enter__(self) -> float:
         budget = self._budget = _own_budget()
         self._started = time.monotonic()
-        return _bound[0] if budget is None else min(_bound[0], max(budget.left, 0.0))
+        return _allowance(budget)
 
     def __exit__(self, *_: object) -> None:
         if self._budget is not None:

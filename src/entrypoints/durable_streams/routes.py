@@ -23,7 +23,7 @@ from entrypoints.container import Services
 from entrypoints.durable_streams import protocol, wire
 from entrypoints.edge.head import RequestHeaders
 from entrypoints.edge.head_method import is_head
-from entrypoints.edge.leaving import ClientLeft, answer_to_nobody, unless_client_leaves
+from entrypoints.edge.leaving import answered_unless_client_leaves
 from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, STREAM_PATH
 from entrypoints.openapi import Answer, Header, Link, RequestBody, decimal_pattern, documented
 
@@ -282,10 +282,8 @@ async def _read(request: Request) -> ASGIApp:
     if not _long_poll(query_string):
         answer: ASGIApp = await read
         return answer
-    try:  # a long-poll ends when its client leaves (entrypoints/edge/leaving.py)
-        return await unless_client_leaves(request.receive, read)
-    except ClientLeft:
-        return answer_to_nobody
+    # A long-poll ends when its client leaves (entrypoints/edge/leaving.py).
+    return await answered_unless_client_leaves(request.receive, read)
 
 
 def _long_poll(query_string: bytes) -> bool:

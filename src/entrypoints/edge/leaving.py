@@ -19,6 +19,7 @@ T = TypeVar("T")
 # The ASGI callables, as the rest of this framework-free package takes them.
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
+Answer = Callable[[Any, Receive, Send], Awaitable[None]]
 
 
 class ClientLeft(Exception):
@@ -50,6 +51,14 @@ async def unless_client_leaves(receive: Receive, operation: Awaitable[T]) -> T:
     with contextlib.suppress(asyncio.CancelledError):
         await work
     raise ClientLeft
+
+
+async def answered_unless_client_leaves(receive: Receive, answer: Awaitable[Answer]) -> Answer:
+    """`answer` (an ASGI answer, awaited), or `answer_to_nobody` if the client leaves first."""
+    try:
+        return await unless_client_leaves(receive, answer)
+    except ClientLeft:
+        return answer_to_nobody
 
 
 async def answer_to_nobody(scope: Any, receive: Receive, send: Send) -> None:

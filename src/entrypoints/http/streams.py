@@ -34,7 +34,7 @@ from domain.ids import ID_PATTERN
 from entrypoints.container import Services
 from entrypoints.edge.head import RequestHead
 from entrypoints.edge.head_method import is_head
-from entrypoints.edge.leaving import ClientLeft, answer_to_nobody, unless_client_leaves
+from entrypoints.edge.leaving import answered_unless_client_leaves
 from entrypoints.http import appends
 from entrypoints.http.answers import EncodedJsonAnswer, HeadersAnswer
 from entrypoints.http.body import decode_body
@@ -287,13 +287,14 @@ class StreamsController(Controller):
         # The page's JSON written in one pass, without a view per record: about a third of a
         # catch-up's server CPU per record (docs/architecture.md "Catch-up reads").
         read = services.read_records.stored(caller, run_id, stream_id, cursor, limit, wait)
-        if not wait:
+
+        async def answer() -> ASGIApp:
             return EncodedJsonAnswer((await read).json())
-        try:  # a read that waits ends when its client leaves (entrypoints/edge/leaving.py)
-            page = await unless_client_leaves(request.receive, read)
-        except ClientLeft:
-            return answer_to_nobody
-        return EncodedJsonAnswer(page.json())
+
+        if not wait:
+            return await answer()
+        # A read that waits ends when its client leaves (entrypoints/edge/leaving.py).
+        return await answered_unless_client_leaves(request.receive, answer())
 
     @get(
         STREAM + "/subscribe",
