@@ -58,7 +58,7 @@ class DeleteConsumer:
         caller.require("streams:admin")
         key = caller.key(run_id, stream_id)
         check_id("consumerID", consumer_id)
-        await self._definitions.get(key)
+        await self._definitions.get(key, runs=caller.runs)
         await run_one(self._commits, key, RemoveConsumerCommand(consumer_id, self._clock()))
 
 
@@ -82,7 +82,7 @@ class ListConsumers:
             raise errors.InvalidInput(f"limit must be 1 to {MAX_LIMIT}", field="limit")
         if after is not None:
             check_id("after", after)
-        require_reader(caller, await self._definitions.get(key))
+        require_reader(caller, await self._definitions.get(key, runs=caller.runs))
         # One more than asked says whether another page follows.
         page = await self._streams.consumers(key, after, limit + 1)
         more = len(page) > limit

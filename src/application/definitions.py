@@ -30,13 +30,15 @@ class Definitions:
         self,
         key: StreamKey,
         *,
+        runs: frozenset[str] | None,
         delivers_data: bool = False,
         touch: bool = True,
-        runs: frozenset[str] | None = None,
     ) -> StreamDefinition:
         """The definition of a stream this deployment serves and that has not expired. The
         request counts as an access (a read or a write) unless `touch` is False or it is
-        handled within `expiry.not_an_access` (HEAD)."""
+        handled within `expiry.not_an_access` (HEAD). `runs`: the caller's (`Caller.runs`),
+        always given, so that no use case forgets it: a stream outside them, or a fork whose
+        sources are, is not found."""
         definition = await self._streams.definition(key)
         if definition is None:
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")

@@ -446,7 +446,7 @@ class ListOpenObjects:
             raise errors.InvalidInput(f"limit must be 1 to {MAX_OBJECTS_LIMIT}", field="limit")
         if after is not None:
             check_id("after", after)
-        require_reader(caller, await self._definitions.get(key))
+        require_reader(caller, await self._definitions.get(key, runs=caller.runs))
         stream = await self._streams.load(key)
         if stream is None:
             raise NotFound(f"no stream {stream_id!r} in run {run_id!r}")

@@ -273,6 +273,9 @@ async def test_a_fork_of_a_stream_in_another_run_is_as_if_it_did_not_exist(
             await api.post(
                 f"/runs/{mine}/streams/{fork}/consumers/c/ack", json={"sequence": 1}, headers=token
             ),
+            await api.get(f"/runs/{mine}/streams/{fork}/consumers", headers=token),
+            await api.delete(f"/runs/{mine}/streams/{fork}/consumers/c", headers=token),
+            await api.get(f"/runs/{mine}/streams/{fork}/objects", headers=token),
             await ds.get(f"/{mine}/{fork}", headers=token),
             await ds.post(f"/{mine}/{fork}", content=b"[9]", headers={**token, **JSON}),
             await ds.delete(f"/{mine}/{fork}", headers=token),

@@ -260,10 +260,10 @@ async def test_head_does_not_count_as_an_access(app) -> None:
     key = ALICE.key("r", "x")
     for _ in range(3):
         clock.advance(10)
-        await definitions.get(key, touch=False)
+        await definitions.get(key, touch=False, runs=None)
     clock.advance(MARGIN)
     with pytest.raises(NotFound):
-        await definitions.get(key, touch=False)
+        await definitions.get(key, touch=False, runs=None)
 
 
 async def test_no_read_within_not_an_access_counts(app) -> None:
