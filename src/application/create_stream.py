@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from application import tracing
-from application.access import Caller
+from application.access import Caller, require_reader, require_writer
 from application.append_records import ProduceCommand
 from application.errors import NotFound
 from application.expiry import AccessLog, ExpireCommand
@@ -105,6 +105,11 @@ class CreateStream:
                 await self._streams.update(key, [command])
             now = self._clock()
             stream, created = await self._create_with(key, definition, now, then)
+        if not created:
+            # Its creation repeated answers the stream as it is: only to a caller its pinned
+            # authorization lets write it and read it (the answer is its document).
+            require_writer(caller, stream.definition)
+            require_reader(caller, stream.definition)
         if not created and stream.state.soft_deleted:
             raise DefinitionConflict(
                 f"stream {definition.stream_id!r} was deleted while forks still read it: its ID "

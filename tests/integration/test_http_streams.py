@@ -181,6 +181,36 @@ async def test_identical_create_again_is_200_with_the_same_document(
     assert second.json() == first.json()
 
 
+async def test_create_again_answers_the_document_only_to_a_writer_and_reader_of_its_pins(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    """A repeated create answers the stream's document (its head, consumers, legal hold): a
+    principal its pinned authorization does not let write it and read it gets 403, and learns
+    neither the document nor whether its definition matched (409)."""
+    pins = {"readers": ["alice", "bootstrap"], "writers": ["bob", "bootstrap"]}
+    definition = {"stream_id": "pinned", "direction": "output", "authorization": pins}
+    first = await api.post(f"/runs/{run_id}/streams", json=definition)
+    assert first.status_code == 201, first.text
+    for principal in ("alice", "bob", "carol"):
+        minted = await api.post(
+            "/tokens",
+            json={
+                "principal": principal,
+                "scopes": ["streams:read", "streams:write"],
+                "expires_in_seconds": 600,
+            },
+        )
+        assert minted.status_code == 201, minted.text
+        token = {"Authorization": f"Bearer {minted.json()['token']}"}
+        for body in (definition, {**definition, "content_class": "logs"}):
+            again = await api.post(f"/runs/{run_id}/streams", json=body, headers=token)
+            assert_problem(again, 403, "forbidden")
+            assert "head" not in again.text
+    again = await api.post(f"/runs/{run_id}/streams", json=definition)
+    assert again.status_code == 200, again.text
+    assert again.json() == first.json()
+
+
 async def test_create_spelling_out_the_defaults_is_the_identical_definition(
     api: httpx.AsyncClient, run_id: str
 ) -> None:
