@@ -168,7 +168,7 @@ class AppendRecords:
         definition = await self._definitions.get(key, runs=caller.runs)
         require_writer(caller, definition)
         records = prepare_records(
-            inputs, definition.redaction, json_text_without_nul=definition.direction == "input"
+            inputs, definition.redaction, input_stream=definition.direction == "input"
         )
         idempotency = (
             Idempotency(idempotency_key, fingerprint(records)) if idempotency_key else None

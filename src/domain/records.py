@@ -61,13 +61,14 @@ _json_encode = msgspec.json.Encoder().encode
 
 
 def prepare_records(
-    inputs: list[RecordInput], redaction: Redaction, *, json_text_without_nul: bool = False
+    inputs: list[RecordInput], redaction: Redaction, *, input_stream: bool = False
 ) -> list[NewRecord]:
     """Turn an append body into stored payloads: compact JSON, redacted, size-checked.
 
-    `json_text_without_nul` is for an input stream: its records reach the workflow wait service
-    as JSON text, which PostgreSQL's jsonb (the default wait service) cannot hold with U+0000
-    in a string; one such record would stop the stream's delivery for good.
+    `input_stream`: its records reach the workflow wait service as JSON, which must hold them
+    all. PostgreSQL's jsonb (the default wait service) cannot hold U+0000 in a string, and an
+    engine's client (DBOS's) cannot decode an integer longer than Python decodes (over 4,300
+    digits): one such record would stop the stream's delivery for good, so both are 400.
 
     Nothing is half-done: the first bad record raises and the caller appends none of the batch.
     This runs for every record a server receives, so the common case (inline JSON with the
@@ -77,7 +78,7 @@ def prepare_records(
     prepared: list[NewRecord] = []
     add = prepared.append
     unset, compact, json_kind = msgspec.UNSET, _compact, RecordKind.JSON
-    check_finite = _check_finite
+    check_finite = _check_deliverable if input_stream else _check_finite
     for index, item in enumerate(inputs):
         data, content_type = item.data, item.content_type
         if data is not unset and item.data_base64 is unset:
@@ -87,7 +88,7 @@ def prepare_records(
                 payload = compact(data, indent=-1)
                 check_finite(index, payload)
             kind, default = json_kind, "application/json"
-            if json_text_without_nul and has_escaped_nul(payload):
+            if input_stream and has_escaped_nul(payload):
                 raise InvalidInput(
                     f"records[{index}].data holds U+0000, which an input stream cannot deliver",
                     field=f"records[{index}].data",
@@ -133,6 +134,20 @@ def _check_finite(index: int, payload: bytes) -> None:
     except msgspec.ValidationError as error:
         # Unless it is that: an integer longer than Python decodes (over 4,300 digits), kept as is.
         _refuse_overflow(index, error)
+
+
+def _check_deliverable(index: int, payload: bytes) -> None:
+    """`_check_finite`, and 400 for an integer longer than Python decodes: an input stream's
+    record must decode wherever it is delivered."""
+    try:
+        _json_decode(payload)
+    except msgspec.ValidationError as error:
+        _refuse_overflow(index, error)
+        raise InvalidInput(
+            f"records[{index}].data holds an integer of over 4,300 digits, which an input "
+            "stream cannot deliver",
+            field=f"records[{index}].data",
+        ) from None
 
 
 def _refuse_overflow(index: int, error: msgspec.ValidationError) -> None:

@@ -785,6 +785,26 @@ async def test_an_input_streams_record_with_nul_is_refused_and_stores_nothing(
     assert literal.status_code == 201, literal.text
 
 
+async def test_an_input_streams_record_with_an_integer_python_cannot_decode_is_refused(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str
+) -> None:
+    """An engine's client (DBOS's) decodes each record in Python, which refuses an integer of
+    over 4,300 digits: one such record would stop the stream's delivery for good."""
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "in", "direction": "input"}
+    )
+    assert created.status_code == 201, created.text
+    before = await stored(pool, run_id)
+    response = await api.post(
+        f"/runs/{run_id}/streams/in/records",
+        content=b'{"records": [{"data": 1}, {"data": [%s]}]}' % (b"7" * 4301),
+        headers={"Content-Type": "application/json"},
+    )
+    body = assert_problem(response, 400, ("invalid-input",))
+    assert "records[1]" in body["detail"] and "4,300 digits" in body["detail"]
+    assert (await stored(pool, run_id)) == before
+
+
 async def test_numbers_a_double_holds_and_long_integers_are_kept_verbatim(
     api: httpx.AsyncClient, run_id: str
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -63,6 +64,23 @@ class TestPostgresWaitService(WaitServiceContract):
         bare = await asyncpg.create_pool(postgres_admin_url, min_size=0, max_size=2)
         yield PostgresHarness(own_pool, bare, own_database)
         await bare.close()
+
+    async def test_a_record_python_cannot_decode_is_held_as_it_is(self, harness) -> None:
+        """The table's columns come from the event's own fields; its record is never decoded
+        in Python, which refuses an integer of over 4,300 digits (one stored before input
+        streams refused them would have stopped the stream's delivery for good)."""
+        run_id = "run-" + secrets.token_hex(4)
+        digits = "9" * 5000
+        fields = {"id": f"wds:{TENANT}:{run_id}:in:1", "tenant": TENANT, "run_id": run_id}
+        head = json.dumps({**fields, "stream_id": "in", "sequence": 1})
+        event = (head[:-1] + ', "record": {"data": {"n": ' + digits + "}}}").encode()
+        await harness.service.publish(f"wds:{TENANT}:{run_id}:in:1", event)
+        assert await harness.received(run_id, "in") == [1]
+        payload = await harness._pool.fetchval(
+            "SELECT payload #>> '{record,data,n}' FROM workflow_wait_events WHERE run_id = $1",
+            run_id,
+        )
+        assert payload == digits
 
 
 class HttpHarness:

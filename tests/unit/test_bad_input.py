@@ -160,14 +160,27 @@ def test_an_input_streams_record_may_not_hold_nul_but_an_output_streams_may() ->
     nul = records(rb'[{"data": 1}, {"data": {"k": "a\u0000b"}}]')
     assert len(prepare_records(nul, Redaction())) == 2
     with pytest.raises(errors.InvalidInput, match=r"records\[1\].data holds U\+0000"):
-        prepare_records(nul, Redaction(), json_text_without_nul=True)
+        prepare_records(nul, Redaction(), input_stream=True)
     redacted = records(rb'[{"data": {"secret": "a\u0000b", "k": 1}}]')
-    [record] = prepare_records(
-        redacted, Redaction(json_pointers=("/secret",)), json_text_without_nul=True
-    )
+    [record] = prepare_records(redacted, Redaction(json_pointers=("/secret",)), input_stream=True)
     assert record.payload == b'{"secret":"[REDACTED]","k":1}'
     literal = records(rb'[{"data": "\\u0000"}]')
-    assert len(prepare_records(literal, Redaction(), json_text_without_nul=True)) == 1
+    assert len(prepare_records(literal, Redaction(), input_stream=True)) == 1
+
+
+def test_an_input_streams_record_may_not_hold_an_integer_python_cannot_decode() -> None:
+    """Over 4,300 digits an integer is kept on an output stream (clients read its JSON text),
+    and refused on an input stream, whose wait service must decode it; one digit fewer is
+    kept on both."""
+    body = b'[{"data": 1}, {"data": {"n": ' + b"1" * 4301 + b"}}]"
+    assert len(prepare_records(records(body), Redaction())) == 2
+    with pytest.raises(errors.InvalidInput, match=r"records\[1\].data holds an integer of over"):
+        prepare_records(records(body), Redaction(), input_stream=True)
+    fits = b'[{"data": ' + b"1" * 4300 + b"}]"
+    assert len(prepare_records(records(fits), Redaction(), input_stream=True)) == 1
+    overflow = b'[{"data": 1e400}]'
+    with pytest.raises(errors.InvalidInput, match="no IEEE double"):
+        prepare_records(records(overflow), Redaction(), input_stream=True)
 
 
 def test_a_records_content_type_must_be_a_media_type() -> None:

@@ -7,7 +7,18 @@ import msgspec
 
 from application.input_delivery import PublishFailed
 
-_decode = msgspec.json.Decoder()
+
+class _Fields(msgspec.Struct):
+    """The event's fields this table keys on: its `record` is stored as it is, never decoded
+    (a record decodes wherever JSON does, not always in Python: jsonb holds any number)."""
+
+    tenant: str
+    run_id: str
+    stream_id: str
+    sequence: int
+
+
+_decode = msgspec.json.Decoder(_Fields).decode
 
 
 class PostgresWaitService:
@@ -15,7 +26,7 @@ class PostgresWaitService:
         self._pool = pool
 
     async def publish(self, event_id: str, event: bytes) -> None:
-        fields = _decode.decode(event)
+        fields = _decode(event)
         try:
             await self._pool.execute(
                 """INSERT INTO workflow_wait_events
@@ -23,10 +34,10 @@ class PostgresWaitService:
                    VALUES ($1, $2, $3, $4, $5, $6::text::jsonb)
                    ON CONFLICT (event_id) DO NOTHING""",
                 event_id,
-                fields["tenant"],
-                fields["run_id"],
-                fields["stream_id"],
-                fields["sequence"],
+                fields.tenant,
+                fields.run_id,
+                fields.stream_id,
+                fields.sequence,
                 event.decode(),
             )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:

@@ -265,7 +265,7 @@ def json_records(
     return prepare_records(
         json_messages(body, allow_empty_array=allow_empty_array),
         redaction,
-        json_text_without_nul=input_stream,
+        input_stream=input_stream,
     )
 
 
