@@ -53,7 +53,14 @@ class InputDeliveries(Protocol):
 
 
 def event_id(key: StreamKey, sequence: int) -> str:
-    return f"wds:{key.tenant}:{key.run_id}:{key.stream_id}:{sequence}"
+    """`wds:<tenant>:<runID>:<streamID>:<sequence>`, each ID with its `:` written `%3A`: IDs
+    may hold `:` (never `%`), and run `a:b`'s stream `c` must not share its events' ids with
+    run `a`'s stream `b:c` (a wait service keeps one event per id)."""
+    return f"wds:{_part(key.tenant)}:{_part(key.run_id)}:{_part(key.stream_id)}:{sequence}"
+
+
+def _part(id_: str) -> str:
+    return id_.replace(":", "%3A") if ":" in id_ else id_
 
 
 class WaitEvent(msgspec.Struct, frozen=True):

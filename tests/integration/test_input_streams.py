@@ -65,6 +65,46 @@ async def test_input_records_land_in_the_wait_events_table_in_order(
     assert state == {"delivered_through": 3, "pending": 0, "last_error": None}
 
 
+async def delivered(api: httpx.AsyncClient, path: str) -> None:
+    async with asyncio.timeout(15):
+        while (await api.get(path)).json()["state"]["input_delivery"]["pending"]:
+            await asyncio.sleep(0.05)
+
+
+async def test_streams_whose_ids_join_alike_and_a_stream_created_again_deliver_their_own(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, dispatcher: None, run_id: str
+) -> None:
+    """IDs may hold `:`: run `R:x`'s stream `s` and run `R`'s stream `x:s` would join to one
+    event id, and the wait service keeps one event per id; each ID's `:` is written `%3A`. A
+    stream deleted and created again delivers its new records under the old event ids: its
+    old events go with it."""
+    first = await input_stream(api, f"{run_id}:x", "s")
+    second = await input_stream(api, run_id, "x:s")
+    await append(api, first, "first")
+    await append(api, second, "second")
+    await delivered(api, first)
+    await delivered(api, second)
+    rows = await pool.fetch(
+        "SELECT event_id, payload #>> '{record,data}' AS data FROM workflow_wait_events "
+        "WHERE run_id LIKE $1 ORDER BY data",
+        run_id + "%",
+    )
+    assert [(r["event_id"], r["data"]) for r in rows] == [
+        (f"wds:default:{run_id}%3Ax:s:1", "first"),
+        (f"wds:default:{run_id}:x%3As:1", "second"),
+    ]
+    assert (await api.delete(second)).status_code == 204
+    await input_stream(api, run_id, "x:s")
+    await append(api, second, "again")
+    await delivered(api, second)
+    data = await pool.fetch(
+        "SELECT payload #>> '{record,data}' AS data FROM workflow_wait_events "
+        "WHERE run_id = $1 AND stream_id = 'x:s'",
+        run_id,
+    )
+    assert [r["data"] for r in data] == ["again"]
+
+
 async def test_output_streams_create_no_delivery_rows(
     api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str
 ) -> None:
