@@ -22,7 +22,14 @@ from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
 from application.group_commit import GroupCommit, run_one
 from application.placement import Misdirected
-from application.ports import Clock, Idempotency, ObjectIntents, ObjectStore, StreamRepository
+from application.ports import (
+    Clock,
+    Idempotency,
+    ObjectIntents,
+    ObjectStore,
+    StoredObject,
+    StreamRepository,
+)
 from application.views import ObjectList, open_intents, open_object_view
 from domain import errors
 from domain.definition import MAX_OBJECT_BYTES
@@ -328,16 +335,17 @@ class Objects:
                 limit=intent.size,
             )
         store = self._stores.store(intent.storage_region)
-        stored = await store.put(intent.storage_key, chunks, max_size=intent.size)
+        # A body that is not the prepared one is never written at the intent's key: a twin
+        # upload may have put the right body there, and its commit may reference it already.
+        expected = StoredObject(size=intent.size, sha256=bytes.fromhex(intent.sha256))
+        stored = await store.put(intent.storage_key, chunks, max_size=intent.size, expect=expected)
         if stored.size != intent.size:
-            await store.delete(intent.storage_key)
             raise errors.SizeMismatch(
                 f"received {stored.size} bytes; the intent pins {intent.size}",
                 received=stored.size,
                 expected=intent.size,
             )
-        if stored.sha256.hex() != intent.sha256:
-            await store.delete(intent.storage_key)
+        if stored.sha256 != expected.sha256:
             raise errors.DigestMismatch("the body's SHA-256 is not the one prepared")
         try:
             await run_one(self._commits, key, UploadedCommand(object_id, self._clock()))
@@ -345,6 +353,15 @@ class Objects:
             # The stream was deleted while the body streamed in (its deletion may have run
             # before the body landed): nothing will ever reference it.
             await store.delete(intent.storage_key)
+            raise
+        except errors.ObjectStateConflict:
+            # Aborted or expired while the body streamed in: the deletion queued for its key
+            # may have run before the body landed, and nothing will ever reference it. (A
+            # twin upload, or its commit, keeps the body: it is the same one.)
+            with contextlib.suppress(NotFound):
+                again = await self._intent(key, object_id)
+                if again.state in ("aborted", "expired"):
+                    await store.delete(intent.storage_key)
             raise
         return object_view(await self._intent(key, object_id))
 

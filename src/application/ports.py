@@ -370,10 +370,19 @@ class StoredObject(msgspec.Struct, frozen=True):
 class ObjectStore(Protocol):
     """Bodies of large objects, under keys the server chooses (never a caller's)."""
 
-    async def put(self, key: str, chunks: AsyncIterator[bytes], *, max_size: int) -> StoredObject:
+    async def put(
+        self,
+        key: str,
+        chunks: AsyncIterator[bytes],
+        *,
+        max_size: int,
+        expect: StoredObject | None = None,
+    ) -> StoredObject:
         """Stream `chunks` to `key` while counting and hashing them, never holding the whole
         body in memory. More than `max_size` bytes raises `ObjectTooLarge` at once and leaves
-        nothing at `key`. Atomic: a reader sees the whole previous body or the whole new one."""
+        nothing at `key`. Atomic: a reader sees the whole previous body or the whole new one.
+        With `expect`, a body of another size or SHA-256 is not written at `key` (what was
+        there stays): its evidence is returned, for the caller to refuse it."""
 
     async def stat(self, key: str) -> StoredObject | None:
         """Size and SHA-256 of what is stored at `key`, computed or attested by the store."""

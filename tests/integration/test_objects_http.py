@@ -124,6 +124,68 @@ async def test_a_mismatched_upload_is_422_and_the_intent_stays_prepared(
     assert (await api.put(f"{body_path}/body", content=BODY)).status_code == 200
 
 
+async def paused(body: bytes, go_on: asyncio.Event):
+    """`body` as an upload's content: its first half, then the rest once `go_on` is set."""
+    half = len(body) // 2
+    yield body[:half]
+    await go_on.wait()
+    yield body[half:]
+
+
+async def test_a_bad_upload_racing_a_good_one_never_touches_the_committed_body(
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """Two uploads of one intent: the good one lands and is committed while a tampered one
+    still streams in. The tampered one is refused, and the committed body stays whole: a body
+    that is not the prepared one is never written at the intent's key."""
+    path = await new_stream(api, run_id)
+    intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
+    body_path = f"{path}/objects/{intent['object_id']}"
+    tampered = BODY[:-1] + bytes([BODY[-1] ^ 1])
+    go_on = asyncio.Event()
+    bad = asyncio.create_task(
+        api.put(
+            f"{body_path}/body",
+            content=paused(tampered, go_on),
+            headers={"Content-Length": str(len(tampered))},
+        )
+    )
+    await asyncio.sleep(0.5)  # its first half is in, its intent was found prepared
+    assert (await api.put(f"{body_path}/body", content=BODY)).status_code == 200
+    committed = await api.post(f"{body_path}/commit")
+    assert committed.status_code == 201, committed.text
+    go_on.set()
+    refused = await bad
+    assert refused.status_code == 422 and refused.json()["code"] == "digest-mismatch"
+    download = await api.get(f"{body_path}/body")
+    assert download.status_code == 200 and download.content == BODY
+    assert len(stored_files(server, run_id)) == 1
+
+
+async def test_an_upload_racing_its_abort_leaves_no_body_behind(
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """Aborted while its body streams in: the deletion queued for its key may run before the
+    body lands, so the upload removes what it wrote when it finds the intent aborted."""
+    path = await new_stream(api, run_id)
+    intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
+    body_path = f"{path}/objects/{intent['object_id']}"
+    go_on = asyncio.Event()
+    upload = asyncio.create_task(
+        api.put(
+            f"{body_path}/body",
+            content=paused(BODY, go_on),
+            headers={"Content-Length": str(len(BODY))},
+        )
+    )
+    await asyncio.sleep(0.5)
+    assert (await api.post(f"{body_path}/abort")).json()["state"] == "aborted"
+    go_on.set()
+    refused = await upload
+    assert refused.status_code == 409 and refused.json()["code"] == "object-state-conflict"
+    assert stored_files(server, run_id) == []
+
+
 async def test_objects_over_32_mib_are_refused_at_prepare(
     api: httpx.AsyncClient, run_id: str
 ) -> None:

@@ -107,6 +107,28 @@ class ObjectStoreContract:
         assert await store.stat(key) == evidence(previous)
         assert await read(store, key) == previous
 
+    @pytest.mark.parametrize("size", [100, 12 * MiB], ids=["one-part", "multipart"])
+    async def test_a_body_not_the_expected_one_is_not_written(self, store, size: int) -> None:
+        """With `expect`, another body is measured and refused: its evidence is answered, the
+        previous body stays at the key and an empty key stays empty."""
+        prefix = namespace() + "/"
+        kept, fresh = prefix + "obj-kept", prefix + "obj-fresh"
+        previous = os.urandom(size)
+        await store.put(kept, chunks_of(previous), max_size=32 * MiB)
+        other = os.urandom(size)
+        for key in (kept, fresh):
+            answered = await store.put(
+                key, chunks_of(other), max_size=32 * MiB, expect=evidence(previous)
+            )
+            assert answered == evidence(other)
+        assert await read(store, kept) == previous
+        assert await store.stat(fresh) is None
+        assert await listed(store, prefix) == {kept}
+        written = await store.put(
+            fresh, chunks_of(previous), max_size=32 * MiB, expect=evidence(previous)
+        )
+        assert written == evidence(previous) and await read(store, fresh) == previous
+
     async def test_a_failing_producer_leaves_the_key_as_it_was(self, store) -> None:
         prefix = namespace() + "/"
         kept, fresh = prefix + "obj-kept", prefix + "obj-fresh"

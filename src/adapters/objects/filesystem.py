@@ -44,7 +44,14 @@ class FilesystemObjectStore:
         """The file of `key`: always inside the root (ValueError for a key that is not safe)."""
         return self._root.joinpath(*key_segments(key))
 
-    async def put(self, key: str, chunks: AsyncIterator[bytes], *, max_size: int) -> StoredObject:
+    async def put(
+        self,
+        key: str,
+        chunks: AsyncIterator[bytes],
+        *,
+        max_size: int,
+        expect: StoredObject | None = None,
+    ) -> StoredObject:
         path = self.path(key)
         file, temp = await asyncio.to_thread(_create_temp, path)
         digest = hashlib.sha256()
@@ -61,7 +68,15 @@ class FilesystemObjectStore:
                     pending.clear()
             if pending:
                 await asyncio.to_thread(_write, file, digest, bytes(pending))
+            stored = StoredObject(size=size, sha256=digest.digest())
+            if expect is not None and stored != expect:
+                raise _NotExpected(stored)
             await asyncio.to_thread(_publish, file, temp, path)
+        except _NotExpected as refused:
+            file.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            return refused.stored
         except BaseException:
             # Synchronous on purpose: it must run even when the task is being cancelled. The
             # buffered file's lock makes close wait for a write still running in its thread.
@@ -69,7 +84,7 @@ class FilesystemObjectStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
             raise
-        return StoredObject(size=size, sha256=digest.digest())
+        return stored
 
     async def stat(self, key: str) -> StoredObject | None:
         return await asyncio.to_thread(_stat, self.path(key))
@@ -161,6 +176,13 @@ def _create_temp(path: Path) -> tuple[BinaryIO, str]:
 def _write(file: BinaryIO, digest: hashlib._Hash, chunk: bytes) -> None:
     digest.update(chunk)
     file.write(chunk)
+
+
+class _NotExpected(Exception):
+    """The body is not the one expected: its temporary file is removed, never published."""
+
+    def __init__(self, stored: StoredObject) -> None:
+        self.stored = stored
 
 
 def _publish(file: BinaryIO, temp: str, path: Path) -> None:

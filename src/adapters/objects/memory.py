@@ -22,7 +22,14 @@ class MemoryObjectStore:
         self._uploads: dict[int, float] = {}
         self._next_upload = 0
 
-    async def put(self, key: str, chunks: AsyncIterator[bytes], *, max_size: int) -> StoredObject:
+    async def put(
+        self,
+        key: str,
+        chunks: AsyncIterator[bytes],
+        *,
+        max_size: int,
+        expect: StoredObject | None = None,
+    ) -> StoredObject:
         key_segments(key)
         parts: list[bytes] = []
         size = 0
@@ -40,8 +47,10 @@ class MemoryObjectStore:
                 raise RuntimeError("the upload was swept as abandoned before it completed")
         finally:
             self._uploads.pop(upload, None)
-        self._bodies[key] = b"".join(parts)  # one assignment: the whole old body or the new one
-        return StoredObject(size=size, sha256=digest.digest())
+        stored = StoredObject(size=size, sha256=digest.digest())
+        if expect is None or stored == expect:
+            self._bodies[key] = b"".join(parts)  # one assignment: the whole old body or the new
+        return stored
 
     async def stat(self, key: str) -> StoredObject | None:
         key_segments(key)

@@ -121,7 +121,14 @@ class S3ObjectStore:
             raise RuntimeError("S3ObjectStore.start() has not been awaited")
         return self._s3
 
-    async def put(self, key: str, chunks: AsyncIterator[bytes], *, max_size: int) -> StoredObject:
+    async def put(
+        self,
+        key: str,
+        chunks: AsyncIterator[bytes],
+        *,
+        max_size: int,
+        expect: StoredObject | None = None,
+    ) -> StoredObject:
         key_segments(key)
         s3 = self._client
         digest = hashlib.sha256()
@@ -140,6 +147,11 @@ class S3ObjectStore:
                         upload = await _Multipart.create(s3, self._bucket)
                     await upload.send(bytes(part))
                     part.clear()
+            stored = StoredObject(size=size, sha256=digest.digest())
+            if expect is not None and stored != expect:
+                if upload is not None:
+                    await upload.discard()
+                return stored  # nothing written at `key`
             if upload is None:
                 await s3.put_object(
                     Bucket=self._bucket,
@@ -149,7 +161,7 @@ class S3ObjectStore:
                     ChecksumSHA256=_b64(digest.digest()),
                     Metadata={_SHA256: digest.hexdigest()},
                 )
-                return StoredObject(size=size, sha256=digest.digest())
+                return stored
             if part:
                 await upload.send(bytes(part))
             await upload.complete()
@@ -161,7 +173,7 @@ class S3ObjectStore:
             await self._copy(upload.key, key, digest.digest())
         finally:
             await upload.discard()
-        return StoredObject(size=size, sha256=digest.digest())
+        return stored
 
     async def _copy(self, source: str, key: str, sha256: bytes) -> None:
         answer = await self._client.copy_object(
