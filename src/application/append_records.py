@@ -298,15 +298,25 @@ class AppendRecords:
     async def _blocking(
         self, key: StreamKey, definition: StreamDefinition, attempt: Callable[[], Awaitable[_T]]
     ) -> _T:
-        """Credit returns only through acknowledgements: on backpressure, wait for a sign that
-        the stream changed and try again, until the pinned block timeout."""
-        deadline = time.monotonic() + definition.limits.block_timeout_seconds
-        with self._wake.listen(key) as listener:
-            while True:
-                try:
-                    return await attempt()
-                except errors.Backpressure:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise
-                    await listener.wait(remaining)
+        return await blocking(self._wake, key, definition, attempt)
+
+
+async def blocking(
+    wake: WakeRegistry,
+    key: StreamKey,
+    definition: StreamDefinition,
+    attempt: Callable[[], Awaitable[_T]],
+) -> _T:
+    """`attempt()` under `unread_policy: block` (an append's, or an object commit's record).
+    Credit returns only through acknowledgements: on backpressure, wait for a sign that the
+    stream changed and try again, until the pinned block timeout."""
+    deadline = time.monotonic() + definition.limits.block_timeout_seconds
+    with wake.listen(key) as listener:
+        while True:
+            try:
+                return await attempt()
+            except errors.Backpressure:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                await listener.wait(remaining)

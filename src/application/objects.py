@@ -18,6 +18,7 @@ import msgspec
 
 from application import tracing
 from application.access import Caller, require_reader, require_writer
+from application.append_records import blocking
 from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
 from application.group_commit import GroupCommit, run_one
@@ -31,8 +32,9 @@ from application.ports import (
     StreamRepository,
 )
 from application.views import ObjectList, open_intents, open_object_view
+from application.wake import WakeRegistry
 from domain import errors
-from domain.definition import MAX_OBJECT_BYTES
+from domain.definition import MAX_OBJECT_BYTES, StreamDefinition
 from domain.events import Event, ObjectCommitted
 from domain.ids import check_id
 from domain.objects import AuthorizationReceipt, ObjectIntent, ObjectReference, ObjectRequest
@@ -229,8 +231,12 @@ class Objects:
         stores: ObjectStores,
         clock: Clock,
         max_open_objects: int | None = None,
+        wake: WakeRegistry | None = None,
     ) -> None:
         self._definitions = definitions
+        # A commit under `unread_policy: block` waits for credit as an append does (without a
+        # registry, as in some unit tests, it answers backpressure at once).
+        self._wake = wake
         # Open (prepared or uploaded) intents a stream may have at once (None: no bound).
         self._max_open = max_open_objects
         self._intents = intents
@@ -247,15 +253,15 @@ class Objects:
 
     async def _own(
         self, caller: Caller, run_id: str, stream_id: str, object_id: str
-    ) -> tuple[StreamKey, ObjectIntent]:
+    ) -> tuple[StreamKey, ObjectIntent, StreamDefinition]:
         """Upload, commit and abort belong to the principal of the authorization receipt."""
         caller.require("streams:write")
         key = caller.key(run_id, stream_id)
-        await self._definitions.get(key, runs=caller.runs)
+        definition = await self._definitions.get(key, runs=caller.runs)
         intent = await self._intent(key, object_id)
         if intent.receipt.principal != caller.principal:
             raise Forbidden("only the principal that prepared this object may change it")
-        return key, intent
+        return key, intent, definition
 
     @tracing.use_case("object prepare")
     async def prepare(
@@ -323,7 +329,7 @@ class Objects:
         """Stream the body to the store. A body longer than the intent declared is refused
         (`object-too-large`) as soon as it passes the declared size, or before any of it is read
         when its announced length (`Content-Length`) already does; nothing of it stays stored."""
-        key, intent = await self._own(caller, run_id, stream_id, object_id)
+        key, intent, _ = await self._own(caller, run_id, stream_id, object_id)
         if intent.state != "prepared":
             raise errors.ObjectStateConflict(f"object {object_id!r} is {intent.state}")
         if intent.expires_at <= self._clock():
@@ -370,7 +376,7 @@ class Objects:
         self, caller: Caller, run_id: str, stream_id: str, object_id: str
     ) -> tuple[CommitAnswer, bool]:
         """The answer, and whether this commit appended the record (False: a repeat)."""
-        key, intent = await self._own(caller, run_id, stream_id, object_id)
+        key, intent, definition = await self._own(caller, run_id, stream_id, object_id)
         if intent.state == "committed":
             assert intent.sequence is not None
             return CommitAnswer(sequence=intent.sequence, object_id=object_id), False
@@ -380,8 +386,14 @@ class Objects:
         if evidence is None:
             raise errors.ObjectStateConflict(f"no body is stored for object {object_id!r}")
         command = CommitCommand(intent, evidence.size, evidence.sha256.hex(), self._clock())
+
+        async def attempt() -> CommitAnswer:
+            return await run_one(self._commits, key, command)
+
         try:
-            return await run_one(self._commits, key, command), True
+            if self._wake is not None and definition.limits.unread_policy == "block":
+                return await blocking(self._wake, key, definition, attempt), True
+            return await attempt(), True
         except errors.ObjectStateConflict:
             again = await self._intent(key, object_id)  # committed meanwhile by a twin request
             if again.state == "committed" and again.sequence is not None:
@@ -392,7 +404,7 @@ class Objects:
     async def abort(
         self, caller: Caller, run_id: str, stream_id: str, object_id: str
     ) -> ObjectView:
-        key, intent = await self._own(caller, run_id, stream_id, object_id)
+        key, intent, _ = await self._own(caller, run_id, stream_id, object_id)
         if intent.state == "committed":
             raise errors.ObjectStateConflict(f"object {object_id!r} is committed")
         if intent.state in OPEN_STATES:

@@ -387,6 +387,7 @@ class Container(containers.DeclarativeContainer):
         object_stores,
         clock,
         max_open_objects=settings.provided.max_open_objects_per_stream,
+        wake=wake,
     )
     list_objects = providers.Singleton(ListOpenObjects, definitions, streams, streams)
     delete_bodies = providers.Singleton(

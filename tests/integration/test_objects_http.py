@@ -186,6 +186,27 @@ async def test_an_upload_racing_its_abort_leaves_no_body_behind(
     assert stored_files(server, run_id) == []
 
 
+async def test_a_commit_under_the_block_policy_waits_for_credit_as_an_append_does(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    limits = {"max_unread_items": 1, "unread_policy": "block", "block_timeout_seconds": 10}
+    path = await new_stream(api, run_id, limits=limits)
+    first = await api.post(f"{path}/records", json={"records": [{"data": 1}]})
+    assert first.status_code == 201, first.text
+    body = b"a small body"
+    intent = (await api.post(f"{path}/objects", json=prepare_body(body))).json()
+    body_path = f"{path}/objects/{intent['object_id']}"
+    assert (await api.put(f"{body_path}/body", content=body)).status_code == 200
+    committing = asyncio.create_task(api.post(f"{body_path}/commit"))
+    await asyncio.sleep(0.7)
+    assert not committing.done()  # no credit: it waits, not 429 at once
+    acked = await api.post(f"{path}/consumers/reader/ack", json={"sequence": 1})
+    assert acked.status_code == 200, acked.text
+    committed = await asyncio.wait_for(committing, 15)
+    assert committed.status_code == 201, committed.text
+    assert committed.json()["sequence"] == 2
+
+
 async def test_objects_over_32_mib_are_refused_at_prepare(
     api: httpx.AsyncClient, run_id: str
 ) -> None:
