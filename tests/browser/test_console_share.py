@@ -47,6 +47,8 @@ def test_a_minted_link_opens_one_run_read_only_for_someone_else(
                 f"/runs/{run}/streams/out/records", json={"records": [{"data": f"in {run}"}]}
             )
             assert appended.status_code == 201
+        kept = api.post(f"/runs/{shared}/streams/out/consumers/minters/ack", json={"sequence": 0})
+        assert kept.status_code == 200, kept.text
 
         # The admin, in its own context: open the run, make a link, copy it.
         admin = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -71,6 +73,9 @@ def test_a_minted_link_opens_one_run_read_only_for_someone_else(
         # What the link's token is: read-only, this run only, ten minutes.
         minted = next(t for t in api.get("/tokens").json()["tokens"] if t["runs"] == [shared])
         assert minted["scopes"] == ["streams:read"]
+        # Under a principal of its own, not the minter's: the link's holder cannot ack the
+        # minter's consumers or spend its live connections.
+        assert minted["principal"].startswith("shared-link-")
 
     # Someone else: a fresh context with nothing but the link.
     other = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -99,6 +104,14 @@ def test_a_minted_link_opens_one_run_read_only_for_someone_else(
                 json={"records": [{"data": 1}]},
                 headers={"Authorization": f"Bearer {token}"},
             )
-        assert refused.status_code == 403
+            assert refused.status_code == 403
+            # The minter's consumer is the minter's: the link's holder cannot move it on.
+            minters = client.post(
+                f"/runs/{shared}/streams/out/consumers/minters/ack",
+                json={"sequence": 1},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert minters.status_code == 403, minters.text
+            assert minters.json()["code"] == "cross-scope-ack"
     finally:
         other.close()

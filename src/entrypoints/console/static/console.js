@@ -564,6 +564,8 @@
     $("share-status").textContent = "";
   }
 
+  const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+
   async function share(run) {
     const minutes = Math.min(1440, Math.max(1, Number.parseInt($("share-minutes").value, 10) || 10));
     $("share-status").textContent = "Making a link…";
@@ -571,7 +573,10 @@
       const answer = await api("/tokens", {
         method: "POST",
         headers: { "Content-Type": "application/json" },
+        // A principal of its own: the link's holder must not act as the minter (ack the
+        // minter's consumers, spend the minter's live connections).
         body: JSON.stringify({
+          principal: `shared-link-${hex(crypto.getRandomValues(new Uint8Array(4)))}`,
           scopes: ["streams:read"], expires_in_seconds: minutes * 60, runs: [run],
         }),
       });
