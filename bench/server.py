@@ -58,6 +58,7 @@ class Server:
             DUCTOR_STREAMS_LOG_LEVEL="WARNING",
             # The live benchmarks hold 1,000 subscriptions of one principal (default cap 1,000).
             DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_PRINCIPAL="100000",
+            DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_TENANT="100000",
         )
         env.update(settings or {})
         self._spawn(

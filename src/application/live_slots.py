@@ -1,10 +1,12 @@
-"""The per-principal cap on live connections, in this process.
+"""The per-principal and per-tenant caps on live connections, in this process.
 
 Every request that holds its connection open waiting for records takes one slot of its
 principal while it is open, whichever surface and kind it is: a native subscription
 (`/subscribe`), a native read that waits (`records?wait=S`), a Durable Streams `live=sse` read
 and a `live=long-poll` read. One more past the cap is refused (429, `Retry-After`) before
-anything streams or waits; everyone else is served as before.
+anything streams or waits; everyone else is served as before. The slot counts for its tenant
+too: a tenant's administrator may mint tokens for any number of principals, and the tenant's
+cap keeps them all from taking the process's connections from other tenants.
 
 The cap is per process: each replica bounds its own memory, so with N replicas behind a load
 balancer a principal may hold up to N times the cap in all (docs/configuration.md)."""
@@ -35,14 +37,17 @@ class Slot:
 
 
 class LiveSlots:
-    def __init__(self, max_per_principal: int) -> None:
+    def __init__(self, max_per_principal: int, max_per_tenant: int | None = None) -> None:
         self._max = max_per_principal
+        self._max_tenant = max_per_tenant
         self._active: dict[tuple[str, str], weakref.WeakSet[Slot]] = {}
+        self._tenants: dict[str, weakref.WeakSet[Slot]] = {}
 
     def admit(self, caller: Caller) -> Slot:
         self.check(caller)
         slot = Slot()
         self._active.setdefault((caller.tenant, caller.principal), weakref.WeakSet()).add(slot)
+        self._tenants.setdefault(caller.tenant, weakref.WeakSet()).add(slot)
         return slot
 
     def check(self, caller: Caller) -> None:
@@ -50,6 +55,13 @@ class LiveSlots:
         if self.held_by(caller) >= self._max:
             raise TooManySubscriptions(
                 f"principal {caller.principal!r} already holds {self._max} live connections "
+                "(subscriptions and waiting reads) on this server",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+        limit = self._max_tenant
+        if limit is not None and len(self._tenants.get(caller.tenant, ())) >= limit:
+            raise TooManySubscriptions(
+                f"the tenant's principals already hold {limit} live connections "
                 "(subscriptions and waiting reads) on this server",
                 retry_after=RETRY_AFTER_SECONDS,
             )
@@ -64,6 +76,11 @@ class LiveSlots:
             active.discard(slot)
             if not active:
                 del self._active[who]
+        tenant = self._tenants.get(caller.tenant)
+        if tenant is not None:
+            tenant.discard(slot)
+            if not tenant:
+                del self._tenants[caller.tenant]
 
     def held_by(self, caller: Caller) -> int:
         return len(self._active.get((caller.tenant, caller.principal), ()))

@@ -64,6 +64,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     sse_heartbeat_seconds: Positive = 15.0
     head_check_seconds: Positive = 2.0
     max_subscriptions_per_principal: Count = 1_000
+    # Every principal of a tenant together: a tenant's administrator may mint any number.
+    max_subscriptions_per_tenant: Count = 10_000
     # Open (prepared or uploaded) object intents per stream; each lives in the stream's state,
     # which every commit of the stream rewrites: ~600 B each (docs/configuration.md says why 32).
     max_open_objects_per_stream: Count = 32

@@ -335,7 +335,11 @@ class Container(containers.DeclarativeContainer):
     tails = providers.Singleton(LiveTails, streams, wake)
     # One cap per principal and process over every live connection: native subscriptions and
     # waiting reads, Durable Streams live=sse and long-poll reads.
-    live_slots = providers.Singleton(LiveSlots, settings.provided.max_subscriptions_per_principal)
+    live_slots = providers.Singleton(
+        LiveSlots,
+        settings.provided.max_subscriptions_per_principal,
+        settings.provided.max_subscriptions_per_tenant,
+    )
 
     deployment = providers.Singleton(
         Deployment,

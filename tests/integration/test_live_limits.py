@@ -26,6 +26,7 @@ from tests.conftest import SERVER_ENV, api_client
 from tests.support.server import ServerProcess
 
 CAP = 6  # DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_PRINCIPAL of this module's server
+TENANT_CAP = 10  # DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_TENANT of this module's server
 LONG_POLL_SECONDS = 8  # long enough to hold while the test looks, short enough to time out
 NATIVE = "/api/workflow-streams"
 PROTOCOL = "/api/durable-streams/v1/stream"
@@ -40,6 +41,7 @@ def capped(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         env={
             **SERVER_ENV,
             "DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_PRINCIPAL": str(CAP),
+            "DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_TENANT": str(TENANT_CAP),
             "DUCTOR_STREAMS_LONG_POLL_SECONDS": str(LONG_POLL_SECONDS),
         },
     ).start()
@@ -246,6 +248,39 @@ async def test_one_token_past_the_cap_is_refused_on_every_kind_and_everyone_else
             await live.disconnect()
         await until_held(capped, 0)
         await fill_to_the_cap(capped, client, run_id)
+
+
+async def test_a_tenants_principals_together_are_capped_and_other_tenants_are_served(
+    capped: ServerProcess, admin: httpx.AsyncClient, tokens, run_id: str
+) -> None:
+    """A tenant's administrator may mint tokens for any number of principals: together they
+    hold at most the tenant's cap, and another tenant's principal is served meanwhile."""
+    await create(admin, run_id)
+    first = await tokens.create(principal="first-" + run_id, scopes=("streams:read",))
+    second = await tokens.create(principal="second-" + run_id, scopes=("streams:read",))
+    elsewhere = "t2-" + run_id
+    outsider = await tokens.create(tenant=elsewhere, principal="first-" + run_id)
+    async with (
+        client_of(capped, first) as ones,
+        client_of(capped, second) as twos,
+        client_of(capped, outsider) as others,
+    ):
+        created = await others.post(
+            f"{NATIVE}/runs/{run_id}/streams", json={"stream_id": "s", "direction": "output"}
+        )
+        assert created.status_code == 201, created.text
+        held = [native_sse(ones, run_id) for _ in range(CAP)]
+        held += [native_sse(twos, run_id) for _ in range(TENANT_CAP - CAP)]
+        for live in held:
+            assert await live.status_within() == 200, live.text
+        await until_held(capped, TENANT_CAP)
+        # Below its own cap, the second principal is refused: the tenant's is reached.
+        await assert_refused(native_sse(twos, run_id))
+        theirs = native_sse(others, run_id)
+        assert await theirs.status_within() == 200, theirs.text
+        for live in [*held, theirs]:
+            await live.disconnect()
+        await until_held(capped, 0)
 
 
 async def test_slots_come_back_when_clients_disconnect(
