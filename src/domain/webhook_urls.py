@@ -62,6 +62,12 @@ def check_url(url: str, allowed_hosts: frozenset[str] = frozenset()) -> WebhookT
         raise WebhookUrlRejected("webhook URL must not carry credentials")
     if any(ch.isspace() or ord(ch) < 0x21 for ch in url):
         raise WebhookUrlRejected("webhook URL must not contain spaces or control characters")
+    if not url.isascii():
+        # An HTTP request line is ASCII: such a URL could never be delivered to.
+        raise WebhookUrlRejected(
+            "webhook URL must be ASCII: an internationalized host in its IDNA form (xn--…), "
+            "other characters percent-encoded"
+        )
     allowed = host in allowed_hosts
     loopback = is_loopback_host(host)
     if parts.scheme == "http" and not loopback and not allowed:

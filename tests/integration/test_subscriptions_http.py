@@ -218,6 +218,8 @@ async def test_bad_input_is_a_problem_that_changes_nothing(
         b'{"type":"webhook","streams":["a/b/c/d"],"webhook":{"url":"https://x.example/h"}}',
         b'{"type":"webhook","pattern":"a/*","webhook":{"url":"http://169.254.169.254/"}}',
         b'{"type":"webhook","pattern":"a/*","webhook":{"url":"https://[fd00::1]/"}}',
+        # never deliverable: an HTTP request line is ASCII
+        '{"type":"webhook","pattern":"a/*","webhook":{"url":"https://bücher.example/h"}}'.encode(),
         b'{"type":"teapot","pattern":"a/*"}',
     ]:
         answer = await api.put(

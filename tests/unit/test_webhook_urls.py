@@ -27,6 +27,8 @@ REFUSED_URLS = [
     "https://user:pw@example.com/hook",  # credentials
     "https:///nohost",
     "not a url",
+    "https://bücher.example/hook",  # not ASCII: no request line could carry it
+    "https://hooks.example.com/ü",
 ]
 
 
