@@ -22,6 +22,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _QUOTED = r'"(?:[ !#-\[\]-~]|\\[ -~])*"'
 _MEDIA_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(?: *; *(?:{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))?)*")
+_ESSENCE = re.compile(rf"{_TOKEN}/{_TOKEN}")
+_PARAMETER = re.compile(rf" *; *(?:({_TOKEN})=({_TOKEN}|{_QUOTED}))?")
 MAX_MEDIA_TYPE_CHARS = 255
 
 # The same rules for the OpenAPI document, as field annotations that only document: the checks
@@ -60,6 +62,20 @@ def check_media_type(field: str, value: str) -> str:
             field=field,
         )
     return value
+
+
+def media_type_parts(value: str) -> tuple[str, list[tuple[str, str]]]:
+    """A media type that `check_media_type` accepts, as its `type/subtype` and its parameters'
+    names and values, in order, by the same grammar: an empty parameter (`text/plain;`) is
+    none, and a quoted value keeps its `;` (`x="a;b"`) and its quotes."""
+    head = _ESSENCE.match(value)
+    assert head is not None, value  # (checked)
+    parameters = [
+        (m.group(1), m.group(2))
+        for m in _PARAMETER.finditer(value, head.end())
+        if m.group(1) is not None
+    ]
+    return head.group(), parameters
 
 
 def check_json_text(field: str, document: Any) -> Any:

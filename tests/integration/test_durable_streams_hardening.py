@@ -60,6 +60,19 @@ async def test_protocol_appends_apply_the_streams_redaction(
     ] * 2
 
 
+async def test_a_content_type_with_an_empty_parameter_is_stored_without_it(
+    ds: httpx.AsyncClient, run_id: str
+) -> None:
+    """`application/json;` is a media type with no parameter: stored (and served) as
+    `application/json`, the same configuration as a PUT without the `;`."""
+    created = await ds.put(f"/{run_id}/semi", headers={"Content-Type": "application/json;"})
+    assert created.status_code == 201, created.text
+    head = await ds.head(f"/{run_id}/semi")
+    assert head.headers["content-type"] == "application/json"
+    again = await ds.put(f"/{run_id}/semi", headers={"Content-Type": "application/json"})
+    assert again.status_code == 200, again.text
+
+
 async def test_a_nul_in_json_for_an_input_stream_is_refused_as_natively(
     ds: httpx.AsyncClient, api: httpx.AsyncClient, run_id: str
 ) -> None:

@@ -79,6 +79,24 @@ def test_content_types_normalize_and_classify() -> None:
         wire.normalize_content_type("not a type")
 
 
+@pytest.mark.parametrize(
+    ("sent", "stored"),
+    [
+        ("application/json;", "application/json"),  # an empty parameter is none
+        ("text/plain ; ; charset=utf-8 ;", "text/plain; charset=utf-8"),
+        ('text/plain; x="a;b"', 'text/plain; x="a;b"'),  # a quoted value keeps its `;`
+        ('text/plain;Q="a b";charset="utf-8"', 'text/plain; q="a b"; charset=utf-8'),
+    ],
+)
+def test_a_content_type_is_stored_as_a_media_type_it_would_itself_accept(
+    sent: str, stored: str
+) -> None:
+    """By the grammar that checks it: it was split at every `;`, so that `application/json;`
+    was stored as `application/json; =`, which it would refuse, and served so ever after."""
+    assert wire.normalize_content_type(sent) == stored
+    assert wire.normalize_content_type(stored) == stored
+
+
 def test_json_mode_flattens_exactly_one_level() -> None:
     def messages(body: bytes) -> list[bytes]:
         return [r.payload for r in wire.json_records(body, allow_empty_array=False)]

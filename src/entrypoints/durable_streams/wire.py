@@ -23,7 +23,7 @@ from domain.digits import bounded_integer
 from domain.errors import InvalidInput
 from domain.ids import ID_PATTERN
 from domain.records import NewRecord, RecordInput, RecordKind, prepare_records
-from domain.text import check_media_type
+from domain.text import check_media_type, media_type_parts
 from entrypoints.edge.json_depth import MAX_JSON_DEPTH, nests_deeper_than
 
 # -- offsets -------------------------------------------------------------------------------------
@@ -135,14 +135,12 @@ def normalize_content_type(value: str, *, field: str = "Content-Type") -> str:
     lower-cased), so that `TEXT/PLAIN` and `text/plain` are one stream configuration."""
     value = value.strip()
     check_media_type(field, value)
-    essence, *params = value.split(";")
-    parts = [essence.strip().lower()]
-    for param in params:
-        name, _, val = param.strip().partition("=")
-        val = val.strip()
+    essence, parameters = media_type_parts(value)
+    parts = [essence.lower()]
+    for name, val in parameters:
         if _QUOTED_TOKEN.fullmatch(val):  # `"utf-8"` and `utf-8` are one value (RFC 9110 5.6.6)
             val = val[1:-1]
-        parts.append(f"{name.strip().lower()}={val}")
+        parts.append(f"{name.lower()}={val}")
     return "; ".join(parts)
 
 
