@@ -12,8 +12,11 @@ claims mapped onto a caller:
 
 Anything else about a JWT that does not hold is 401, with a reason that names no tenant and no
 run. A verified JWT is remembered, by its exact text, until it expires (its `exp` plus the
-leeway the verification allowed): the append path pays one dictionary lookup per request. A
-JWT cannot be revoked; an open connection admitted with one ends when it expires."""
+leeway the verification allowed) or for `reverify_seconds`, whichever comes first: the append
+path pays one dictionary lookup per request, and a JWT whose key the provider stops publishing
+(a key retired after a compromise) is refused once it is verified again, with the key set
+refreshed meanwhile. A JWT cannot be revoked; an open connection admitted with one ends when it
+expires."""
 
 from __future__ import annotations
 
@@ -33,6 +36,9 @@ _ID = re.compile(ID_PATTERN)
 LEEWAY_SECONDS = 30
 # Beyond this many remembered JWTs, the memory starts over (a flood of distinct ones).
 MAX_REMEMBERED = 10_000
+# A remembered JWT is verified again after this long (its signature against the key set as
+# then refreshed), so that one signed with a key the provider no longer publishes is refused.
+REVERIFY_SECONDS = 60.0
 # How many runs a JWT's `runs` claim may list.
 MAX_RUNS = 100
 
@@ -90,21 +96,23 @@ class JwtCallers:
         tenant_claim: str = "tenant",
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        reverify_seconds: float = REVERIFY_SECONDS,
     ) -> None:
         self._verifier = verifier
+        self._reverify = reverify_seconds
         self._tenant_claim = tenant_claim
         self._clock = clock
         self._wall_clock = wall_clock
-        self._known: dict[str, Caller] = {}
+        # token -> (its caller, when it is verified again)
+        self._known: dict[str, tuple[Caller, float]] = {}
 
     is_jwt = staticmethod(is_jwt)
 
     async def __call__(self, token: str) -> Caller:
-        caller = self._known.get(token)
-        if caller is not None:
-            assert caller.token_deadline is not None
-            if self._clock() < caller.token_deadline:
-                return caller
+        known = self._known.get(token)
+        if known is not None:
+            if self._clock() < known[1]:
+                return known[0]
             del self._known[token]
         claims = await self._verifier.verify(token)
         exp = claims.get("exp")
@@ -123,5 +131,6 @@ class JwtCallers:
         )
         if len(self._known) >= MAX_REMEMBERED:
             self._known.clear()
-        self._known[token] = caller
+        assert caller.token_deadline is not None
+        self._known[token] = (caller, min(caller.token_deadline, self._clock() + self._reverify))
         return caller

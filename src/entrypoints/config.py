@@ -105,6 +105,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     jwt_jwks_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
     jwt_jwks_refetch_seconds: Positive = 30.0
     jwt_jwks_refresh_seconds: Positive = 300.0
+    jwt_reverify_seconds: Positive = 60.0
     # Subscriptions (docs/configuration.md, "Subscriptions"): hosts a webhook may name whatever
     # they resolve to, how often the scheduler looks for pending work, the webhook's timeout,
     # the unit of the retry backoff (1 s: 1, 2, 4 ... 60 s), how many deliveries run at once per

@@ -275,7 +275,9 @@ def jwt_callers(settings: Settings) -> JwtCallers | None:
         refetch_seconds=settings.jwt_jwks_refetch_seconds,
         refresh_seconds=settings.jwt_jwks_refresh_seconds,
     )
-    return JwtCallers(verifier, settings.jwt_tenant_claim)
+    return JwtCallers(
+        verifier, settings.jwt_tenant_claim, reverify_seconds=settings.jwt_reverify_seconds
+    )
 
 
 def engine_wait_service(

@@ -27,6 +27,7 @@ from tests.support.server import ServerProcess
 FETCH_TIMEOUT = 1.0
 REFETCH = 2.0
 REFRESH = 3.0
+REVERIFY = 2.0
 JSON = {"Content-Type": "application/json"}
 
 
@@ -51,6 +52,7 @@ def server(
         DUCTOR_STREAMS_JWT_JWKS_TIMEOUT_SECONDS=str(FETCH_TIMEOUT),
         DUCTOR_STREAMS_JWT_JWKS_REFETCH_SECONDS=str(REFETCH),
         DUCTOR_STREAMS_JWT_JWKS_REFRESH_SECONDS=str(REFRESH),
+        DUCTOR_STREAMS_JWT_REVERIFY_SECONDS=str(REVERIFY),
         DUCTOR_STREAMS_MAX_TOKEN_SECONDS="3600",
     )
     process = ServerProcess(
@@ -323,7 +325,8 @@ async def test_key_rotation(
         response = await anonymous.get(f"{API}/runs", headers=bearer(new.sign(claims())))
         assert response.status_code == 200, response.text
         # The old key is still published: it still verifies.
-        response = await anonymous.get(f"{API}/runs", headers=bearer(old.sign(claims())))
+        remembered = bearer(old.sign(claims()))  # verified now, then remembered
+        response = await anonymous.get(f"{API}/runs", headers=remembered)
         assert response.status_code == 200, response.text
         # The provider stops publishing the old key: once the set is refreshed (in the
         # background, after REFRESH seconds), a JWT signed with it is refused.
@@ -339,6 +342,11 @@ async def test_key_rotation(
             await asyncio.sleep(0.5)
         response = await anonymous.get(f"{API}/runs", headers=bearer(new.sign(claims())))
         assert response.status_code == 200
+        # The one remembered since it verified (its exp an hour away) is verified again
+        # within REVERIFY seconds, and refused.
+        await asyncio.sleep(REVERIFY)
+        response = await anonymous.get(f"{API}/runs", headers=remembered)
+        assert_problem(response, 401, "unauthenticated")
     finally:
         provider.published = [*keys.values(), new]
 

@@ -7,7 +7,13 @@ import pytest
 from adapters.memory.tokens import MemoryTokens
 from application.access import SCOPES, Caller
 from application.errors import Forbidden, NotFound, Unauthenticated
-from application.jwts import LEEWAY_SECONDS, JwtCallers, caller_from_claims, is_jwt
+from application.jwts import (
+    LEEWAY_SECONDS,
+    REVERIFY_SECONDS,
+    JwtCallers,
+    caller_from_claims,
+    is_jwt,
+)
 from application.tokens import Authenticate, MintToken, TenantTokens, TokenCache, TokenRequest
 from domain.errors import InvalidInput
 
@@ -114,6 +120,27 @@ async def test_a_verified_jwt_is_remembered_until_it_expires() -> None:
     with pytest.raises(Unauthenticated):
         await jwts("eyJ.a.b")
     assert verifier.calls == 2
+
+
+async def test_a_remembered_jwt_is_verified_again_and_refused_once_its_key_is_gone() -> None:
+    """A provider that stops publishing a key (retired after a compromise): a JWT signed with
+    it, remembered for hours of `exp`, is refused once `REVERIFY_SECONDS` have passed."""
+    now = [1000.0]
+    verifier = CountingVerifier({"sub": "s", "tenant": "t", "exp": 1000 + 8 * 3600})
+    jwts = JwtCallers(verifier, clock=lambda: now[0], wall_clock=lambda: now[0])
+    first = await jwts("eyJ.a.b")
+    now[0] += REVERIFY_SECONDS - 1
+    assert await jwts("eyJ.a.b") is first and verifier.calls == 1
+    now[0] += 1
+    assert (await jwts("eyJ.a.b")).principal == "s" and verifier.calls == 2
+
+    async def gone(token: str) -> dict:
+        raise Unauthenticated("the JWT's key (kid) is not one the identity provider publishes")
+
+    verifier.verify = gone  # type: ignore[method-assign]
+    now[0] += REVERIFY_SECONDS
+    with pytest.raises(Unauthenticated):
+        await jwts("eyJ.a.b")
 
 
 async def test_authenticate_sends_jwts_to_the_verifier_and_the_rest_to_the_store() -> None:
