@@ -53,6 +53,12 @@ class Credit(msgspec.Struct, frozen=True):
     max_unread_bytes: int
 
 
+def tracking_share(max_consumers: int) -> int:
+    """How many of a stream's consumers that only track their position one principal may
+    have: a tenth of their room, at least one."""
+    return max(1, max_consumers // 10)
+
+
 class Stream:
     """One stream: its immutable definition and its state, changed only by `apply`.
 
@@ -330,10 +336,13 @@ class Stream:
         stream, or administer it); it decides what a new consumer is, and is ignored for an
         existing one, which stays what it was created as. `max_consumers` bounds each kind
         (holding credit, tracking) separately, so that principals that may only read can never
-        use up the room of those that hold credit."""
+        use up the room of those that hold credit; and one principal's tracking consumers to a
+        tenth of their room (`tracking_share`), so that one reader (a shared link's, say) can
+        never use up the others'."""
         self.require_live()
         s = self.state
-        existing = self.require_consumers().get(consumer_id)
+        consumers = self.require_consumers()
+        existing = consumers.get(consumer_id)
         if existing is not None and existing.principal != principal:
             raise errors.CrossScopeAck(
                 f"consumer {consumer_id!r} belongs to another principal",
@@ -349,6 +358,20 @@ class Stream:
                     max_consumers=max_consumers,
                     holds_credit=holds_credit,
                 )
+            if not holds_credit:
+                share = tracking_share(max_consumers)
+                mine = sum(
+                    1 for c in consumers.values() if c.principal == principal and not c.holds_credit
+                )
+                if mine >= share:
+                    raise errors.TooManyConsumers(
+                        f"principal {principal!r} has {mine} consumers that only track their "
+                        f"position on this stream, its most (a tenth of the stream's "
+                        f"{max_consumers}): an admin removes one before another can be created",
+                        consumers=mine,
+                        max_consumers=share,
+                        holds_credit=holds_credit,
+                    )
         if existing is not None:
             holds_credit = existing.holds_credit
         if sequence < 0:

@@ -196,13 +196,22 @@ async def test_a_stream_holds_a_bounded_number_of_consumers_of_each_kind(
     # The existing ones go on acknowledging.
     assert (await ack(bounded, path, "w0", 2)).status_code == 200
     # Readers have their own room: they can never use up the writers' (nor the reverse).
-    reader = bearer(await tokens.create(principal="reader", scopes=(READ,)))
-    for n in range(MAX_CONSUMERS):
-        assert (await ack(bounded, path, f"r{n}", 0, headers=reader)).status_code == 200
+    # And each reader a tenth of it (here 1): one reader never uses up the other readers'.
+    readers = [
+        bearer(await tokens.create(principal=f"reader{n}", scopes=(READ,)))
+        for n in range(MAX_CONSUMERS + 1)
+    ]
+    assert (await ack(bounded, path, "r0", 0, headers=readers[0])).status_code == 200
     refused = assert_problem(
-        await ack(bounded, path, "r-extra", 0, headers=reader), 409, "too-many-consumers"
+        await ack(bounded, path, "r0-extra", 0, headers=readers[0]), 409, "too-many-consumers"
     )
-    assert refused["holds_credit"] is False
+    assert refused["holds_credit"] is False and refused["max_consumers"] == 1
+    for n in range(1, MAX_CONSUMERS):
+        assert (await ack(bounded, path, f"r{n}", 0, headers=readers[n])).status_code == 200
+    refused = assert_problem(
+        await ack(bounded, path, "r-extra", 0, headers=readers[-1]), 409, "too-many-consumers"
+    )
+    assert refused["holds_credit"] is False and refused["max_consumers"] == MAX_CONSUMERS
     # An admin's removal makes room.
     assert (await bounded.delete(f"{path}/consumers/w1")).status_code == 204
     assert (await ack(bounded, path, "w-extra", 0)).status_code == 200

@@ -19,7 +19,7 @@ from application.deciding import snapshot_if_due
 from domain import errors
 from domain import events as ev
 from domain.state import copy_state, slowest_holding
-from domain.stream import Stream
+from domain.stream import Stream, tracking_share
 from tests.support.builders import NOW, definition, new_key, record
 
 MAX_UNREAD_ITEMS = 8
@@ -116,6 +116,10 @@ class StreamMachine(RuleBasedStateMachine):
         sequence = data.draw(st.integers(min_value=0, max_value=head + 2))
         offset = sum(self.sizes[:sequence]) if self.earliest <= sequence <= head else None
         owner = self.acks.get(consumer)
+        room_full = sum(h == holds for h in self.holding.values()) >= MAX_CONSUMERS
+        # A principal's own consumers that only track: at most its share of their room.
+        mine = sum(1 for c, (p, _) in self.acks.items() if p == principal and not self.holding[c])
+        share_full = not holds and mine >= tracking_share(MAX_CONSUMERS)
         try:
             events = self.stream.acknowledge(
                 consumer,
@@ -131,7 +135,7 @@ class StreamMachine(RuleBasedStateMachine):
             return
         except errors.TooManyConsumers:
             assert owner is None
-            assert sum(h == holds for h in self.holding.values()) >= MAX_CONSUMERS
+            assert room_full or share_full
             return
         except errors.AckAheadOfHead:
             assert sequence > head
@@ -140,7 +144,7 @@ class StreamMachine(RuleBasedStateMachine):
             assert owner is not None and sequence < owner[1]
             return
         assert owner is None or (owner[0] == principal and sequence >= owner[1])
-        assert owner is not None or sum(h == holds for h in self.holding.values()) < MAX_CONSUMERS
+        assert owner is not None or not (room_full or share_full)
         assert sequence <= head
         self._apply(events)
         self.acks[consumer] = (principal, sequence)
