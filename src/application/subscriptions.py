@@ -49,6 +49,7 @@ from domain.subscriptions import (
     WakeTokenInvalid,
     WrongSubscriptionType,
     check_subscription_id,
+    matches,
     retry_seconds,
 )
 
@@ -249,8 +250,11 @@ class Subscriptions:
                 created_by=caller.principal,
                 base_url=base_url,
             )
-            # Existing streams are linked at their tail: creating one replays nothing.
-            globbed = {p: h for p, h in heads.items() if p not in config.streams}
+            # Existing streams are linked at their tail: creating one replays nothing. A stream
+            # named and matched by the pattern is linked both ways, so that unlinking it by name
+            # keeps its glob link while the pattern matches it.
+            pattern = config.pattern
+            globbed = {p: h for p, h in heads.items() if pattern and matches(pattern, p)}
             new = new.linked({p: heads.get(p, 0) for p in config.streams}, explicit=True)
             new = new.linked(globbed, explicit=False) if config.pattern else new
             return Change(new), (new, True)

@@ -83,6 +83,34 @@ async def test_a_native_subscription_is_the_protocols_too(
     assert (await api.get(f"/subscriptions/{name}")).status_code == 404
 
 
+async def test_unlinking_a_named_stream_the_pattern_matches_keeps_its_glob_link(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    """A stream named in `streams` and matched by the pattern is linked both ways: unlinked by
+    name, it stays linked by the glob, and its next records still wake the subscription."""
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "a", "direction": "output"}
+    )
+    assert created.status_code == 201
+    name = sid()
+    body = {
+        "type": "webhook",
+        "pattern": {"run_id": run_id, "stream_id": "*"},
+        "streams": [{"run_id": run_id, "stream_id": "a"}],
+        "webhook": {"url": HOOK},
+    }
+    put = await api.put(f"/subscriptions/{name}", json=body)
+    assert put.status_code == 201, put.text
+    assert [s["link_type"] for s in put.json()["streams"]] == ["explicit"]
+    assert (await api.delete(f"/subscriptions/{name}/streams/{run_id}/a")).status_code == 204
+    await api.post(f"/runs/{run_id}/streams/a/records", json={"records": [{"data": 1}]})
+    got = (await api.get(f"/subscriptions/{name}")).json()
+    assert [(s["stream_id"], s["link_type"], s["pending"]) for s in got["streams"]] == [
+        ("a", "glob", True)
+    ]
+    assert (await api.delete(f"/subscriptions/{name}")).status_code == 204
+
+
 async def test_creating_needs_admin_and_another_tenant_sees_nothing(
     server: ServerProcess, tokens: Tokens, api: httpx.AsyncClient
 ) -> None:
