@@ -101,3 +101,82 @@ async def test_a_stream_created_while_a_glob_subscription_is_made_is_linked(
         assert [r[0] for r in await pool.fetch(links, ADMIN.tenant, sid)] == ["racer", "template"]
     finally:
         await stop(container)
+
+
+async def test_a_link_erased_while_a_decision_is_made_is_not_written_back(
+    database_url: str,
+) -> None:
+    """A stream's erasure removes its links without the subscription's lock. A decision that
+    read a link before and moved its cursor after must not write it back: kept, it would name an
+    erased stream, and a stream created again under its ID would start from that cursor (its
+    first records would never wake the subscription)."""
+    from domain.subscriptions import Link, StreamPath
+    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
+
+    container = Container(settings=Settings(database_url=database_url, pool_min_size=1))
+    services = await start(container)
+    try:
+        run, sid = uid("run"), uid("sub")
+        await create(services, ADMIN, run, "a")
+        await append(services, ADMIN, run, "a", 3)
+        await services.subscriptions.put(ADMIN, sid, webhook(streams=[f"{run}/a"]), BASE)
+        pool = await provided(container.pool)
+        store = await provided(container.subscription_store)
+        path = StreamPath(run, "a")
+        heads = store._heads
+
+        async def erased_meanwhile(conn: Any, tenant: str, paths: Any) -> Any:
+            found = await heads(conn, tenant, paths)  # the links are read by now
+            async with pool.acquire() as other:  # the erasure commits meanwhile
+                await other.execute(
+                    "DELETE FROM streams WHERE tenant = $1 AND run_id = $2 AND stream_id = 'a'",
+                    ADMIN.tenant,
+                    run,
+                )
+            return found
+
+        store._heads = erased_meanwhile
+
+        def decide(sub: Any, _heads: Any) -> Any:
+            from application.subscriptions import Change
+
+            return Change(sub.with_links({path: Link(path, True, False, 2)})), None
+
+        await store.update(ADMIN.tenant, sid, decide)
+        store._heads = heads
+        links = "SELECT acked FROM ds_subscription_links WHERE tenant = $1 AND subscription_id = $2"
+        assert await pool.fetch(links, ADMIN.tenant, sid) == []
+    finally:
+        await stop(container)
+
+
+async def test_a_stream_created_again_starts_every_link_to_it_at_zero(database_url: str) -> None:
+    """Migration 0498: a link row already there when a stream is created (named before it
+    existed, or written back from a previous incarnation) gets the new stream's cursor, 0."""
+    from tests.support.subscription_contract import ADMIN, BASE, create, uid, webhook
+
+    container = Container(settings=Settings(database_url=database_url, pool_min_size=1))
+    services = await start(container)
+    try:
+        run, sid = uid("run"), uid("sub")
+        await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/*"), BASE)
+        pool = await provided(container.pool)
+        await pool.execute(
+            "INSERT INTO ds_subscription_links"
+            " (tenant, subscription_id, run_id, stream_id, explicit, glob, acked)"
+            " VALUES ($1, $2, $3, 'a', true, false, 10)",
+            ADMIN.tenant,
+            sid,
+            run,
+        )
+        await create(services, ADMIN, run, "a")
+        row = await pool.fetchrow(
+            "SELECT explicit, glob, acked FROM ds_subscription_links"
+            " WHERE tenant = $1 AND subscription_id = $2 AND run_id = $3",
+            ADMIN.tenant,
+            sid,
+            run,
+        )
+        assert tuple(row) == (True, True, 0)
+    finally:
+        await stop(container)

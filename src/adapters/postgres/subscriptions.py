@@ -48,6 +48,14 @@ _UPSERT_LINKS = """INSERT INTO ds_subscription_links
                                                 $7::bigint[])
                    ON CONFLICT (tenant, subscription_id, run_id, stream_id) DO UPDATE
                    SET explicit = EXCLUDED.explicit, glob = EXCLUDED.glob, acked = EXCLUDED.acked"""
+# A link the decision read and changed: updated only if it is still there (a stream's erasure
+# removes its links without the subscription's lock, and must not see them written back).
+_UPDATE_LINKS = """UPDATE ds_subscription_links AS l
+                   SET explicit = c.explicit, glob = c.glob, acked = c.acked
+                   FROM unnest($3::text[], $4::text[], $5::bool[], $6::bool[], $7::bigint[])
+                        AS c(run_id, stream_id, explicit, glob, acked)
+                   WHERE l.tenant = $1 AND l.subscription_id = $2
+                     AND (l.run_id, l.stream_id) = (c.run_id, c.stream_id)"""
 _DROP_LINKS = """DELETE FROM ds_subscription_links
                  WHERE tenant = $1 AND subscription_id = $2 AND (run_id, stream_id) IN
                        (SELECT * FROM unnest($3::text[], $4::text[]))"""
@@ -154,17 +162,21 @@ class PostgresSubscriptions:
         before = {link.path: link for link in old.links} if old else {}
         after = {link.path: link for link in new.links}
         changed = [link for path, link in after.items() if before.get(path) != link]
-        if changed:
-            await conn.execute(
-                _UPSERT_LINKS,
-                tenant,
-                subscription_id,
-                [k.path.run_id for k in changed],
-                [k.path.stream_id for k in changed],
-                [k.explicit for k in changed],
-                [k.glob for k in changed],
-                [k.acked for k in changed],
-            )
+        for statement, links in (
+            (_UPDATE_LINKS, [k for k in changed if k.path in before]),
+            (_UPSERT_LINKS, [k for k in changed if k.path not in before]),
+        ):
+            if links:
+                await conn.execute(
+                    statement,
+                    tenant,
+                    subscription_id,
+                    [k.path.run_id for k in links],
+                    [k.path.stream_id for k in links],
+                    [k.explicit for k in links],
+                    [k.glob for k in links],
+                    [k.acked for k in links],
+                )
         gone = [path for path in before if path not in after]
         if gone:
             await conn.execute(

@@ -1,0 +1,21 @@
+-- A stream just created has no records, so every link to it starts at 0. A link row may already
+-- be there when it is created: one that named it by ID before it existed (at 0), or one that a
+-- subscription's decision, made while the stream's previous incarnation was being erased, wrote
+-- back after the erasure removed it, with that incarnation's cursor. Kept, such a cursor would
+-- pass over the new stream's first records: they would never wake the subscription.
+CREATE OR REPLACE FUNCTION ds_link_new_stream() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended('ds-links:' || NEW.tenant, 0));
+    UPDATE ds_subscription_links SET acked = 0
+    WHERE tenant = NEW.tenant AND run_id = NEW.run_id AND stream_id = NEW.stream_id
+      AND acked <> 0;
+    INSERT INTO ds_subscription_links (tenant, subscription_id, run_id, stream_id, explicit, glob, acked)
+    SELECT s.tenant, s.subscription_id, NEW.run_id, NEW.stream_id, false, true, 0
+    FROM ds_subscriptions s
+    WHERE s.tenant = NEW.tenant AND s.pattern_regex IS NOT NULL
+      AND ((CASE WHEN NEW.run_id = 'default' THEN NEW.stream_id
+                 ELSE NEW.run_id || '/' || NEW.stream_id END) ~ s.pattern_regex
+           OR (NEW.run_id || '/' || NEW.stream_id) ~ s.pattern_regex)
+    ON CONFLICT (tenant, subscription_id, run_id, stream_id) DO UPDATE SET glob = true;
+    RETURN NULL;
+END $$;
