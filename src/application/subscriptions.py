@@ -693,8 +693,15 @@ class DeliverWakes:
             sub = msgspec.structs.replace(sub, failing=False)
             if not done:  # the receiver calls back: its lease starts now
                 return Change(sub.leased(now + sub.config.lease_ttl_ms / 1000)), None
+            # What the wake named, for each stream still linked and not behind its tail then;
+            # a stream now behind it was erased and created again meanwhile: the receiver saw
+            # none of the new one's records, whose cursor stays.
             sub = sub.acknowledged(
-                [(p, t) for p, t in tails if sub.link(p) is not None and t >= _acked(sub, p)],
+                [
+                    (p, t)
+                    for p, t in tails
+                    if sub.link(p) is not None and _acked(sub, p) <= t <= heads.get(p, 0)
+                ],
                 heads,
             ).finished()
             return (

@@ -245,3 +245,30 @@ def test_a_worker_killed_mid_delivery_is_taken_over_and_every_stream_acked_exact
     generations = [body_of(e)["generation"] for e in entries]
     assert generations == sorted(generations)
     assert len(set(generations)) == len(generations) - 1  # one wake was sent twice, no other
+
+
+def test_a_done_for_a_stream_erased_and_created_again_meanwhile_ends_the_wake(
+    deployment: Deployment,
+) -> None:
+    """The receiver answers `{"done": true}` for a wake that named a stream's tail; meanwhile
+    the stream was erased and created again, shorter. Its new records were never seen: they
+    wake the subscription again, and the done is not refused (it was, and the delivery was
+    retried forever while nothing else woke)."""
+    run = "again-" + secrets.token_hex(3)
+    sub = deployment.subscribe(deployment.receiver.url(run, hang_first=2, done=1), f"{run}/a")
+    deployment.write(f"{run}/a", [{"n": n} for n in range(5)])
+    first = wait_for(lambda: deployment.receiver.entries(run))[0]
+    with deployment.client() as c:
+        assert c.delete(f"{deployment.root}/{run}/a").status_code == 204
+    deployment.write(f"{run}/a", [{"n": 1}, {"n": 2}])
+    tail = deployment.tail(f"{run}/a")
+
+    def acked_anew() -> bool:
+        streams = deployment.subscription(sub["id"])["streams"]
+        return [s["acked_offset"] for s in streams] == [tail]
+
+    wait_for(acked_anew, 20)
+    entries = deployment.receiver.entries(run)
+    assert len(entries) == 2, entries  # the first wake, then one for the new stream
+    assert body_of(entries[1])["generation"] > body_of(first)["generation"]
+    assert deployment.subscription(sub["id"])["status"] == "active"
