@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime
 from typing import Any, Protocol
 
 import msgspec
@@ -35,8 +36,15 @@ class PublishFailed(Exception):
 
 
 class WaitService(Protocol):
-    async def publish(self, event_id: str, event: bytes) -> None:
-        """Hand one event over; idempotent by `event_id`. Raises PublishFailed."""
+    async def publish(
+        self, event_id: str, event: bytes, *, stream_created_at: datetime | None = None
+    ) -> None:
+        """Hand one event over; idempotent by `event_id`. Raises PublishFailed.
+        `stream_created_at`: the incarnation of the stream whose record it is. A wait service
+        in the service's own database hands nothing over once that stream is erased (or
+        deleted while forks read it), nor for an incarnation created again under its ID, which
+        would reuse the event's id: the erasure would not see it, and the new record of that
+        sequence would find its id taken."""
 
 
 class InputDeliveries(Protocol):
@@ -130,7 +138,7 @@ class Dispatch:
             # Retention may not remove undelivered input (the pruner stops short of it); a
             # missing record here is a bug worth shouting about, not a reason to skip it.
             raise PublishFailed(f"record {sequence} is not readable", retry_in=60.0)
-        record = found[1][0]
+        record, created = found[1][0], found[0].created_at
         # Right before the effect: a partitioned dispatcher whose claim may be taken over
         # publishes nothing. A publish started in time is cancelled with its job when the claim
         # stops being trusted, a quarter of a lease before anyone else may claim the record.
@@ -146,7 +154,7 @@ class Dispatch:
             record=record_view(record),
         )
         if not tracing.on():
-            await self._wait_service.publish(eid, _encode(event))
+            await self._wait_service.publish(eid, _encode(event), stream_created_at=created)
             return
         with tracing.span(
             "input dispatch",
@@ -154,4 +162,4 @@ class Dispatch:
             links=tracing.APPENDS.of(key, sequence, sequence),
             attributes={**tracing.stream_attributes(key), "ductor_streams.sequence": sequence},
         ):
-            await self._wait_service.publish(eid, _encode(event))
+            await self._wait_service.publish(eid, _encode(event), stream_created_at=created)

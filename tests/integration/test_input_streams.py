@@ -9,7 +9,8 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.support.server import WorkerProcess
+from tests.integration.test_durable_streams import ds_client
+from tests.support.server import ServerProcess, WorkerProcess
 from tests.support.wait_stub import WaitServiceStub
 
 FAST = {
@@ -103,6 +104,29 @@ async def test_streams_whose_ids_join_alike_and_a_stream_created_again_deliver_t
         run_id,
     )
     assert [r["data"] for r in data] == ["again"]
+
+
+async def test_a_deleted_input_stream_that_forks_still_read_delivers_nothing_more(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, server: ServerProcess, run_id: str
+) -> None:
+    """Deleted while a fork reads its records, an input stream stays (soft-deleted) for the
+    fork's sake: its undelivered records are not its workflow's input any more."""
+    path = await input_stream(api, run_id, "in")
+    await append(api, path, 1, 2, 3)
+    async with ds_client(server) as ds:
+        forked = await ds.put(
+            f"/{run_id}/fork",
+            headers={
+                "Content-Type": "application/json",
+                "Stream-Forked-From": f"/v1/stream/{run_id}/in",
+            },
+        )
+        assert forked.status_code == 201, forked.text
+    pending = "SELECT count(*) FROM input_deliveries WHERE run_id = $1 AND stream_id = 'in'"
+    assert await pool.fetchval(pending, run_id) == 3  # no dispatcher runs here
+    assert (await api.delete(path)).status_code == 204
+    assert await pool.fetchval(pending, run_id) == 0
+    assert (await api.get(path)).status_code == 410  # gone, while the fork reads on
 
 
 async def test_output_streams_create_no_delivery_rows(

@@ -12,14 +12,20 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
+import msgspec
 import pytest
 
 from adapters.wait_service.dbos import DbosWaitService
 from adapters.wait_service.http import HttpWaitService
 from adapters.wait_service.postgres import PostgresWaitService
 from adapters.wait_service.restate import RestateWaitService
+from application.input_delivery import event_id
+from domain.stream import StreamKey
+from entrypoints.config import Settings
+from entrypoints.container import Container
 from tests.support.engines import RestateServer, dbos_app, restate_service, restate_time
 from tests.support.postgres import with_database
 from tests.support.server import free_port
@@ -36,6 +42,10 @@ class PostgresHarness:
 
     async def prepare(self, run_id: str, stream_ids: list[str]) -> None:
         pass
+
+    def container(self) -> Container:
+        """The streams in the same database: the events land while their streams are there."""
+        return Container(settings=Settings(database_url=self._url, pool_min_size=1))
 
     async def received(self, run_id: str, stream_id: str) -> list[int]:
         rows = await self._pool.fetch(
@@ -81,6 +91,50 @@ class TestPostgresWaitService(WaitServiceContract):
             run_id,
         )
         assert payload == digits
+
+
+async def test_an_event_lands_only_while_its_streams_incarnation_is_there(
+    own_pool: asyncpg.Pool, own_database: str
+) -> None:
+    """A record read before its stream was erased (or deleted while forks read it), or created
+    again under its ID, is handed over to nobody: the erasure would not have seen its event, and
+    the new incarnation's record of that sequence would have found its id taken."""
+    from datetime import timedelta
+
+    from application.access import SCOPES, Caller
+    from domain.definition import DefinitionRequest
+    from entrypoints.container import start, stop
+
+    service = PostgresWaitService(own_pool)
+    container = Container(settings=Settings(database_url=own_database, pool_min_size=1))
+    services = await start(container)
+    caller = Caller(tenant=TENANT, principal="p", scopes=frozenset(SCOPES))
+    try:
+        run_id = "run-" + secrets.token_hex(4)
+        request = msgspec.convert({"direction": "input", "stream_id": "in"}, DefinitionRequest)
+        await services.create_stream(caller, run_id, request)
+        created = await own_pool.fetchval(
+            "SELECT created_at FROM streams WHERE tenant = $1 AND run_id = $2", TENANT, run_id
+        )
+
+        async def publish(sequence: int, incarnation: Any) -> list[int]:
+            key = StreamKey(TENANT, run_id, "in")
+            fields = {"tenant": TENANT, "run_id": run_id, "stream_id": "in", "sequence": sequence}
+            event = json.dumps({"id": event_id(key, sequence), **fields, "record": {}}).encode()
+            await service.publish(event_id(key, sequence), event, stream_created_at=incarnation)
+            rows = await own_pool.fetch(
+                "SELECT sequence FROM workflow_wait_events WHERE run_id = $1 ORDER BY 1", run_id
+            )
+            return [r[0] for r in rows]
+
+        assert await publish(1, created - timedelta(seconds=1)) == []  # another incarnation
+        assert await publish(1, created) == [1]
+        await services.delete_stream(caller, run_id, "in")
+        assert await publish(2, created) == []  # erased: nothing lands, nothing stays
+        await services.create_stream(caller, run_id, request)
+        assert await publish(1, created) == []  # the old incarnation's record 1: not the new
+    finally:
+        await stop(container)
 
 
 class HttpHarness:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import secrets
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -22,7 +22,7 @@ from application.workers import Worker
 from domain.definition import DefinitionRequest
 from domain.records import RecordInput
 from domain.stream import StreamKey
-from entrypoints.container import memory_container, start, stop
+from entrypoints.container import memory_container, provided, start, stop
 
 TENANT = "acme"
 CALLER = Caller(tenant=TENANT, principal="p", scopes=frozenset({"streams:read", "streams:write"}))
@@ -43,12 +43,15 @@ class WaitServiceHarness(Protocol):
 
 
 class Pipeline:
-    def __init__(self, container, services, service: WaitService) -> None:
+    def __init__(self, container, services, service: WaitService, deliveries, streams) -> None:
         self.container, self.services = container, services
-        self.deliveries = container.input_deliveries()
-        self.dispatch = Dispatch(
-            container.streams(), container.streams(), service, self.deliveries, 0.02
-        )
+        self.deliveries = deliveries
+        self.dispatch = Dispatch(streams, streams, service, self.deliveries, 0.02)
+
+    @classmethod
+    async def of(cls, container, services, service: WaitService) -> Pipeline:
+        deliveries = await provided(container.input_deliveries)
+        return cls(container, services, service, deliveries, await provided(container.streams))
 
     async def input(self, run_id: str, stream_id: str) -> None:
         request = msgspec.convert({"direction": "input", "stream_id": stream_id}, DefinitionRequest)
@@ -88,18 +91,21 @@ async def eventually(check: Callable[[], object], timeout: float = 30.0) -> None
 
 class WaitServiceContract:
     @contextlib.asynccontextmanager
-    async def pipeline(self, service: WaitService) -> AsyncIterator[Pipeline]:
-        container = memory_container()
+    async def pipeline(self, service: WaitService, harness: Any = None) -> AsyncIterator[Pipeline]:
+        """The streams on the memory adapters, or where the harness keeps them (a wait service
+        in the service's own database hands over the records of the streams it finds there)."""
+        make = getattr(harness, "container", None)
+        container = make() if make is not None else memory_container()
         services = await start(container)
         try:
-            yield Pipeline(container, services, service)
+            yield await Pipeline.of(container, services, service)
         finally:
             await stop(container)
 
     async def test_each_streams_records_arrive_once_in_sequence_order(self, harness) -> None:
         run_id = "run-" + secrets.token_hex(4)
         await harness.prepare(run_id, ["a", "b"])
-        async with self.pipeline(harness.service) as p:
+        async with self.pipeline(harness.service, harness) as p:
             await p.input(run_id, "a")
             await p.input(run_id, "b")
             for i in range(4):
@@ -141,7 +147,7 @@ class WaitServiceContract:
     async def test_an_outage_is_retried_with_backoff_and_loses_nothing(self, harness) -> None:
         run_id = "run-" + secrets.token_hex(4)
         await harness.prepare(run_id, ["a"])
-        async with self.pipeline(harness.service) as p:
+        async with self.pipeline(harness.service, harness) as p:
             await p.input(run_id, "a")
             await p.append(run_id, "a", 1, 2, 3)
             outage = harness.outage()
@@ -172,7 +178,7 @@ class WaitServiceContract:
     async def test_a_refusal_is_the_deliverys_last_error_and_never_dropped(self, harness) -> None:
         run_id = "run-" + secrets.token_hex(4)
         await harness.prepare(run_id, ["a"])
-        async with self.pipeline(harness.refusing) as p:
+        async with self.pipeline(harness.refusing, harness) as p:
             await p.input(run_id, "a")
             await p.append(run_id, "a", 1, 2)
             async with p.running():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
 import msgspec
 import pytest
@@ -30,7 +31,9 @@ class Flaky:
         self.accepted: list[str] = []
         self.calls = 0
 
-    async def publish(self, event_id: str, event: bytes) -> None:
+    async def publish(
+        self, event_id: str, event: bytes, *, stream_created_at: datetime | None = None
+    ) -> None:
         self.calls += 1
         if self.calls % 2:
             raise PublishFailed("busy", retry_in=0.0)

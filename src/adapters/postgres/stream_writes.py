@@ -318,6 +318,10 @@ SOFT_DELETED = f"""
 WITH unswept AS (
     -- nothing is left to expire: only the cascade of its last fork's erasure erases it
     DELETE FROM stream_access WHERE {_KEY}
+), undelivered AS (
+    -- a deleted input stream delivers nothing more to its workflow (its forks read its
+    -- records, they are not its input)
+    DELETE FROM input_deliveries WHERE {_KEY}
 )
 UPDATE streams SET soft_deleted = true WHERE {_KEY}
 """

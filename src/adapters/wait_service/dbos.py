@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -81,7 +82,9 @@ class DbosWaitService:
             return f"{type(error).__name__}: {_first_line(error)}"
         return None
 
-    async def publish(self, event_id: str, event: bytes) -> None:
+    async def publish(
+        self, event_id: str, event: bytes, *, stream_created_at: datetime | None = None
+    ) -> None:
         from dbos import WorkflowSerializationFormat
         from dbos._error import DBOSNonExistentWorkflowError
 

@@ -6,6 +6,8 @@ dropped — a refusal may be fixed on the other side."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import httpx
 
 from application.input_delivery import PublishFailed
@@ -18,7 +20,9 @@ class HttpWaitService:
         self._url = url
         self._client = httpx.AsyncClient(timeout=timeout)
 
-    async def publish(self, event_id: str, event: bytes) -> None:
+    async def publish(
+        self, event_id: str, event: bytes, *, stream_created_at: datetime | None = None
+    ) -> None:
         try:
             answer = await self._client.post(
                 self._url,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -12,6 +13,8 @@ class MemoryWaitService:
         self.events: dict[str, dict[str, Any]] = {}
         self.publishes = 0
 
-    async def publish(self, event_id: str, event: bytes) -> None:
+    async def publish(
+        self, event_id: str, event: bytes, *, stream_created_at: datetime | None = None
+    ) -> None:
         self.publishes += 1
         self.events.setdefault(event_id, msgspec.json.decode(event))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
 import msgspec
 
@@ -20,25 +22,40 @@ class _Fields(msgspec.Struct):
 
 _decode = msgspec.json.Decoder(_Fields).decode
 
+# The event lands only while its stream's incarnation is there and not deleted: the stream's row
+# is held (FOR KEY SHARE) until this commits, so an erasure, which locks the row first, either
+# ends before (and this inserts nothing) or begins after (and erases the event with the rest).
+_INSERT = """
+INSERT INTO workflow_wait_events (event_id, tenant, run_id, stream_id, sequence, payload)
+SELECT $1, $2, $3, $4, $5, $6::text::jsonb
+WHERE $7::timestamptz IS NULL OR EXISTS (
+    SELECT 1 FROM streams
+    WHERE tenant = $2 AND run_id = $3 AND stream_id = $4 AND created_at = $7
+      AND NOT soft_deleted
+    FOR KEY SHARE
+)
+ON CONFLICT (event_id) DO NOTHING
+"""
+
 
 class PostgresWaitService:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def publish(self, event_id: str, event: bytes) -> None:
+    async def publish(
+        self, event_id: str, event: bytes, *, stream_created_at: datetime | None = None
+    ) -> None:
         fields = _decode(event)
         try:
             await self._pool.execute(
-                """INSERT INTO workflow_wait_events
-                       (event_id, tenant, run_id, stream_id, sequence, payload)
-                   VALUES ($1, $2, $3, $4, $5, $6::text::jsonb)
-                   ON CONFLICT (event_id) DO NOTHING""",
+                _INSERT,
                 event_id,
                 fields.tenant,
                 fields.run_id,
                 fields.stream_id,
                 fields.sequence,
                 event.decode(),
+                stream_created_at,
             )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
             raise PublishFailed(f"wait events table: {type(error).__name__}") from error

@@ -16,6 +16,7 @@ deployment registered, a handler added)."""
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from urllib.parse import quote
 
 import httpx
@@ -64,7 +65,9 @@ class RestateWaitService:
             return f"unreachable ({type(error).__name__})"
         return None if answer.is_success else f"health check answered {answer.status_code}"
 
-    async def publish(self, event_id: str, event: bytes) -> None:
+    async def publish(
+        self, event_id: str, event: bytes, *, stream_created_at: datetime | None = None
+    ) -> None:
         run_id = _run_of.decode(event).run_id
         try:
             answer = await self._client.post(
