@@ -58,6 +58,10 @@ async def test_create_append_read_head_delete_round_trip(
     assert read.headers["stream-up-to-date"] == "true"
     assert "stream-closed" not in read.headers
     tag = read.headers["etag"]
+    # A cache keeps a copy per token: who may read is the token's to say.
+    assert {"origin", "authorization"} <= {
+        v.strip().lower() for v in read.headers["vary"].split(",")
+    }
     assert (await ds.get(url, headers={"If-None-Match": tag})).status_code == 304
     later = await ds.get(url, params={"offset": offset(1)})
     assert later.content == b"world"

@@ -53,6 +53,7 @@ SSE_SECONDS = 60.0
 NO_STORE = "no-store"
 AT_THE_TAIL = "no-cache"  # may change with the next append: revalidate (ETag)
 HISTORY = "private, max-age=60, stale-while-revalidate=300"
+VARY = "Origin, Authorization"
 TRUE = "true"
 
 _encode = msgspec.json.Encoder().encode
@@ -476,6 +477,9 @@ async def read(
         tag = etag(page, start, end, at_the_end)
         answer["ETag"] = tag
         answer["Cache-Control"] = AT_THE_TAIL if up_to_date else HISTORY
+        # Who may read it is the token's to say: a cache keeps one copy per token (a browser
+        # that reads with another token, another tenant's, asks again).
+        answer["Vary"] = VARY
         if query.live is None and matches(headers.get("if-none-match"), tag):
             return Answer(304, answer)
     return Answer(200, answer, body_of(records, content_type))
