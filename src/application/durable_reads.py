@@ -119,8 +119,9 @@ class DurableReads:
     async def _wait(self, key: StreamKey, cursor: int, timeout: float, lease: Lease) -> Waited:
         follow = self._tails.follow(key, cursor, max(self._heartbeat, timeout + 1), lease)
         head, closed = cursor, False
+        deadline = asyncio.timeout(timeout)
         try:
-            async with contextlib.aclosing(follow), asyncio.timeout(timeout):
+            async with contextlib.aclosing(follow), deadline:
                 async for delivery in follow:
                     match delivery:
                         case RecordsDelivered(records=records):
@@ -144,7 +145,10 @@ class DurableReads:
                         case Revoked():
                             raise Unauthenticated("unknown, revoked or expired token")
         except TimeoutError:
-            pass
+            # The wait's own deadline: nothing came. Any other timeout (the database did not
+            # answer within its bound: `Unanswered`) is an outage, not "up to date".
+            if not deadline.expired():
+                raise
         return Waited([], head, closed)
 
     async def follow(

@@ -92,3 +92,23 @@ async def test_a_wait_times_out_empty(services: Services) -> None:
     key, _ = await services.durable_reads.open(CALLER, "r", "quiet")
     waited = await services.durable_reads.wait(key, 0, 0.05, caller=CALLER)
     assert (waited.records, waited.closed) == ([], False)
+
+
+async def test_a_long_poll_whose_database_does_not_answer_is_an_outage_not_up_to_date(
+    services: Services,
+) -> None:
+    """`Unanswered` is a TimeoutError: the long-poll's own deadline must not take it for its
+    own, and answer "nothing new" (204, up to date) while PostgreSQL was out of reach."""
+    from application.waiting import Unanswered
+
+    await create(services, "silent")
+    key, _ = await services.durable_reads.open(CALLER, "r", "silent")
+    tails = services.durable_reads._tails  # type: ignore[attr-defined]
+
+    async def silent(*_: object, **__: object):  # type: ignore[no-untyped-def]
+        raise Unanswered("the database", 5.0)
+        yield  # an async generator
+
+    tails.follow = silent
+    with pytest.raises(Unanswered):
+        await services.durable_reads.wait(key, 0, 10.0, caller=CALLER)
