@@ -4,6 +4,7 @@ problem+json that changes nothing; pull-wake claim/ack/release by sequence."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 
 import httpx
@@ -109,6 +110,31 @@ async def test_unlinking_a_named_stream_the_pattern_matches_keeps_its_glob_link(
         ("a", "glob", True)
     ]
     assert (await api.delete(f"/subscriptions/{name}")).status_code == 204
+
+
+async def test_the_same_subscription_made_at_once_by_many_is_one_201_and_the_rest_200(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    """None of them finds a row to lock: the first insert wins, the others decide again from
+    its row (they got a 500 from the unique key)."""
+    for attempt in range(3):
+        name = sid()
+        body = {
+            "type": "webhook",
+            "streams": [{"run_id": run_id, "stream_id": f"s{attempt}"}],
+            "webhook": {"url": HOOK},
+        }
+        other = {**body, "description": "another configuration"}
+        answers = await asyncio.gather(
+            *(api.put(f"/subscriptions/{name}", json=body) for _ in range(6)),
+            api.put(f"/subscriptions/{name}", json=other),
+        )
+        statuses = sorted(a.status_code for a in answers[:-1])
+        if answers[-1].status_code == 201:  # the other configuration was made first
+            assert statuses == [409] * 6, [a.text for a in answers]
+        else:
+            assert answers[-1].status_code == 409, answers[-1].text
+            assert statuses == [200] * 5 + [201], [a.text for a in answers]
 
 
 async def test_creating_needs_admin_and_another_tenant_sees_nothing(

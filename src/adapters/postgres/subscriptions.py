@@ -37,7 +37,8 @@ _LINKS_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('ds-links:' || $1, 
 _INSERT = """INSERT INTO ds_subscriptions
              (tenant, subscription_id, kind, pattern_regex, state, wake_active, lease_until,
               failing)
-             VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), $8)"""
+             VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), $8)
+             ON CONFLICT (tenant, subscription_id) DO NOTHING"""
 _UPDATE = """UPDATE ds_subscriptions
              SET state = $3, wake_active = $4, lease_until = to_timestamp($5), failing = $6
              WHERE tenant = $1 AND subscription_id = $2"""
@@ -78,6 +79,10 @@ _OF_STREAM = """SELECT subscription_id FROM ds_subscription_links
                 WHERE tenant = $1 AND run_id = $2 AND stream_id = $3 ORDER BY subscription_id"""
 
 
+class _Raced(Exception):
+    """The subscription was created by another transaction since this one found none."""
+
+
 def _state(sub: Subscription) -> bytes:
     return _encode(msgspec.structs.replace(sub, links=(), failing=False))
 
@@ -112,6 +117,21 @@ class PostgresSubscriptions:
         discover: str | None = None,
         extra: tuple[StreamPath, ...] = (),
     ) -> _T:
+        try:
+            return await self._update(tenant, subscription_id, decide, discover, extra)
+        except _Raced:
+            # Another transaction created it meanwhile (nothing was locked: there was no row):
+            # decided again, from the row it made, under its lock.
+            return await self._update(tenant, subscription_id, decide, discover, extra)
+
+    async def _update(
+        self,
+        tenant: str,
+        subscription_id: str,
+        decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]],
+        discover: str | None,
+        extra: tuple[StreamPath, ...],
+    ) -> _T:
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(_LOCK, tenant, subscription_id)
             sub = None if row is None else await self._load(conn, row, tenant, subscription_id)
@@ -144,7 +164,7 @@ class PostgresSubscriptions:
         lease = None if wake is None else wake.lease_until
         if old is None:
             regex = pattern_regex(new.config.pattern) if new.config.pattern else None
-            await conn.execute(
+            inserted = await conn.execute(
                 _INSERT,
                 tenant,
                 subscription_id,
@@ -155,6 +175,8 @@ class PostgresSubscriptions:
                 lease,
                 new.failing,
             )
+            if inserted == "INSERT 0 0":
+                raise _Raced
         else:
             await conn.execute(
                 _UPDATE, tenant, subscription_id, _state(new), wake is not None, lease, new.failing
