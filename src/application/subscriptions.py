@@ -273,14 +273,18 @@ class Subscriptions:
         found = await self._store.get(caller.tenant, subscription_id)
         sub = _visible(caller, found[0] if found else None, subscription_id)
         heads = found[1] if found else {}
-        if caller.runs is not None:  # a run-restricted caller sees only its runs' streams
+        return await self._shown(caller, sub), heads
+
+    async def _shown(self, caller: Caller, sub: Subscription) -> Subscription:
+        """`sub` as `caller` may see it: a run-restricted caller sees only its runs' streams,
+        and no caller a stream it may not read (a stream's pinned readers): a link's path and
+        acknowledged offset are the stream's, not the subscription's."""
+        if caller.runs is not None:
             sub = sub.with_links({k.path: k for k in sub.links if k.path.run_id in caller.runs})
-        # Nor does a subscription show a stream its reader may not read (a stream's pinned
-        # readers): its path and acknowledged offset are the stream's, not the subscription's.
         readable = {k.path: k for k in sub.links if await self._may_read(caller, k.path)}
         if len(readable) != len(sub.links):
             sub = sub.with_links(readable)
-        return sub, heads
+        return sub
 
     async def _may_read(self, caller: Caller, path: StreamPath) -> bool:
         if self._definitions is None:
@@ -327,6 +331,7 @@ class Subscriptions:
     async def remove_stream(self, caller: Caller, subscription_id: str, path: StreamPath) -> None:
         caller.require("streams:admin")
         check_subscription_id(subscription_id)
+        caller.run(path.run_id)  # another run's stream is not there for a run-scoped token
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
             sub = _visible(caller, sub, subscription_id)
@@ -494,7 +499,7 @@ class Subscriptions:
 
         sub, token = await self._store.update(caller.tenant, subscription_id, decide)
         found = await self._store.get(caller.tenant, subscription_id)
-        return sub, (found[1] if found else {}), token
+        return await self._shown(caller, sub), (found[1] if found else {}), token
 
     @tracing.use_case("release wake")
     async def release(

@@ -332,6 +332,38 @@ async def test_pull_wake_claim_ack_release_by_sequence(api: httpx.AsyncClient, r
     assert got["streams"][0]["acked_sequence"] == 1 and got["wake"] is None
 
 
+async def test_a_claim_shows_no_stream_its_worker_may_not_read(
+    server: ServerProcess, tokens: Tokens, api: httpx.AsyncClient, run_id: str
+) -> None:
+    """As the subscription's own document: a claim's answer lists only the streams its caller
+    may read (a stream's pinned readers), not every linked stream's path and tail."""
+    pinned = {"stream_id": "pinned", "direction": "output", "authorization": {"readers": ["a"]}}
+    for definition in (pinned, {"stream_id": "open", "direction": "output"}):
+        assert (await api.post(f"/runs/{run_id}/streams", json=definition)).status_code == 201
+    await api.post(f"/runs/{run_id}/streams", json={"stream_id": "wake", "direction": "output"})
+    name = sid()
+    put = await api.put(
+        f"/subscriptions/{name}",
+        json={
+            "type": "pull-wake",
+            "streams": [
+                {"run_id": run_id, "stream_id": "pinned"},
+                {"run_id": run_id, "stream_id": "open"},
+            ],
+            "wake_stream": {"run_id": run_id, "stream_id": "wake"},
+        },
+    )
+    assert put.status_code == 201, put.text
+    for stream in ("pinned", "open"):
+        await api.post(f"/runs/{run_id}/streams/{stream}/records", json={"records": [{"data": 1}]})
+    worker = await tokens.create(principal="bob", scopes=("streams:read", "streams:write"))
+    async with api_client(server, worker) as b:
+        claim = await b.post(f"/subscriptions/{name}/claim", json={"worker": "w1"})
+        assert claim.status_code == 200, claim.text
+        assert [s["stream_id"] for s in claim.json()["streams"]] == ["open"]
+        assert "pinned" not in claim.text
+
+
 def _public_methods(cls: type) -> set[str]:
     return {name for name in vars(cls) if not name.startswith("_")}
 
