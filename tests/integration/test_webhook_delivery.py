@@ -272,3 +272,26 @@ def test_a_done_for_a_stream_erased_and_created_again_meanwhile_ends_the_wake(
     assert len(entries) == 2, entries  # the first wake, then one for the new stream
     assert body_of(entries[1])["generation"] > body_of(first)["generation"]
     assert deployment.subscription(sub["id"])["status"] == "active"
+
+
+def test_a_pull_wake_failing_for_a_missing_wake_stream_is_active_once_delivered(
+    deployment: Deployment,
+) -> None:
+    """Its status is `failed` while a retry is scheduled, and `active` again once a retry is
+    delivered (it stayed `failed` for good)."""
+    run = "pw-" + secrets.token_hex(3)
+    sid = "sub-" + secrets.token_hex(4)
+    deployment.write(f"{run}/e1", [])
+    with deployment.client() as c:
+        answer = c.put(
+            f"{deployment.root}/__ds/subscriptions/{sid}",
+            json={"type": "pull-wake", "streams": [f"{run}/e1"], "wake_stream": f"{run}/wake"},
+        )
+    assert answer.status_code == 201, answer.text
+    deployment.write(f"{run}/e1", {"n": 1}, create=False)
+    wait_for(lambda: deployment.subscription(sid)["status"] == "failed", 20)
+    deployment.write(f"{run}/wake", [])
+    wait_for(lambda: deployment.subscription(sid)["status"] == "active", 30)
+    with deployment.client() as c:
+        woken = c.get(f"{deployment.root}/{run}/wake", params={"offset": "-1"})
+    assert len(woken.json()) == 1, woken.text

@@ -328,19 +328,38 @@ class PostgresWakeDeliveries:
                 lost.append(job)
         return lost
 
+    # The subscription's row first, then its outbox row: the order a subscription's deletion
+    # takes them in (its row, then the cascade), so that the two never deadlock.
+
     async def done(self, job: Job, next_in: float | None) -> None:
-        await self._pool.execute(
-            f"""UPDATE ds_wake_deliveries
-                SET delivered_at = now(), claimed_by = NULL, lease_until = NULL, last_error = NULL
-                WHERE {_KEY}""",
-            self.worker_id,
-            job.key.tenant,
-            job.key.stream_id,
-            job.id,
-        )
+        """Delivered: the subscription is not failing any more (a pull-wake's wake stream that
+        was missing and now exists, a webhook answered after its attempt timed out)."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                """UPDATE ds_subscriptions SET failing = false
+                   WHERE tenant = $1 AND subscription_id = $2 AND failing""",
+                job.key.tenant,
+                job.key.stream_id,
+            )
+            await conn.execute(
+                f"""UPDATE ds_wake_deliveries
+                    SET delivered_at = now(), claimed_by = NULL, lease_until = NULL,
+                        last_error = NULL
+                    WHERE {_KEY}""",
+                self.worker_id,
+                job.key.tenant,
+                job.key.stream_id,
+                job.id,
+            )
 
     async def failed(self, job: Job, error: str, retry_in: float) -> None:
         async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                """UPDATE ds_subscriptions SET failing = true
+                   WHERE tenant = $1 AND subscription_id = $2""",
+                job.key.tenant,
+                job.key.stream_id,
+            )
             await conn.execute(
                 f"""UPDATE ds_wake_deliveries
                     SET claimed_by = NULL, lease_until = NULL, attempts = attempts + 1,
@@ -352,12 +371,6 @@ class PostgresWakeDeliveries:
                 job.id,
                 error[:2000],
                 retry_in,
-            )
-            await conn.execute(
-                """UPDATE ds_subscriptions SET failing = true
-                   WHERE tenant = $1 AND subscription_id = $2""",
-                job.key.tenant,
-                job.key.stream_id,
             )
 
     async def release(self, jobs: list[Job]) -> None:
