@@ -238,3 +238,19 @@ async def test_a_connection_without_the_prepared_statements_prepares_them(
         assert {WRITE_STATEMENT, LOCK_STATEMENT, LOCK_MANY_STATEMENT} <= {r["name"] for r in names}
     finally:
         await pool.close()
+
+
+async def test_the_definitions_kept_are_bounded(counted, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every request looks its stream's definition up: a long-lived process keeps the most
+    recent ones, not one for every stream it ever served."""
+    from adapters.postgres import streams as module
+
+    monkeypatch.setattr(module, "DEFINITIONS", 3)
+    pool, _ = counted
+    repo = PostgresStreams(pool)
+    keys = [new_key() for _ in range(5)]
+    for key in keys:
+        await repo.create(key, definition(), NOW)
+    for key in keys:
+        assert await repo.definition(key) == definition()
+    assert list(repo._definitions) == keys[-3:]

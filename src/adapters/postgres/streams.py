@@ -361,10 +361,17 @@ class PostgresStreams(RecordReads):
             return known[1]
         assert payload is not None and state.created_at is not None
         definition = decode_definition(payload)
-        self._definitions[key] = (state.created_at, definition)
-        if len(self._definitions) > 10_000:
-            del self._definitions[next(iter(self._definitions))]
+        self._keep_definition(key, state.created_at, definition)
         return definition
+
+    def _keep_definition(
+        self, key: StreamKey, created_at: datetime, definition: StreamDefinition
+    ) -> None:
+        """Kept, the oldest dropped past `DEFINITIONS` (every stream a long-lived process ever
+        served would otherwise stay)."""
+        self._definitions[key] = (created_at, definition)
+        if len(self._definitions) > DEFINITIONS:
+            del self._definitions[next(iter(self._definitions))]
 
     async def list_run(
         self, tenant: str, run_id: str, after: str | None = None, limit: int | None = None
@@ -386,7 +393,7 @@ class PostgresStreams(RecordReads):
         if row is None:
             return None
         definition = decode_definition(row[0])
-        self._definitions[key] = (row[1], definition)
+        self._keep_definition(key, row[1], definition)
         return definition
 
     async def created_at(self, key: StreamKey) -> datetime | None:
@@ -758,6 +765,8 @@ def _keep_recent(kept: dict[K, V], key: K, value: V, most: int = KNOWN_STATES) -
 
 
 CONTENDED_SECONDS = 1.0
+# Decoded definitions kept (immutable; each with its stream's creation time).
+DEFINITIONS = 10_000
 
 # The attributes of a transaction's span (OpenTelemetry's database conventions).
 _DB = {"db.system.name": "postgresql", "db.operation.name": "transaction"}
