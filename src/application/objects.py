@@ -436,14 +436,23 @@ class Objects:
             )
         return ObjectBody(intent, self._stores.store(intent.storage_region))
 
-    async def expire_due(self, limit: int = 100) -> int:
+    async def expire_due(self, limit: int = 100, rounds: int = 10) -> int:
         """The orphan sweeper: expire open intents past their expiry (their bodies are queued
-        for deletion with the event). Idempotent, so sweepers may race."""
-        now = self._clock()
-        due = await self._intents.expired_intents(now, limit)
-        for key, object_id in due:
-            await run_one(self._commits, key, ExpireCommand(object_id, now))
-        return len(due)
+        for deletion with the event), `limit` at a time, until none is due or `rounds` are
+        done (one batch a sweep fell behind more than 3 abandoned intents a second, and an
+        intent past its deadline still counts against the stream's open intents and pledge
+        until it is swept). Idempotent, so sweepers may race."""
+        expired = 0
+        for _ in range(rounds):
+            now = self._clock()
+            due = await self._intents.expired_intents(now, limit)
+            for key, object_id in due:
+                with contextlib.suppress(NotFound):  # erased meanwhile: nothing to expire
+                    await run_one(self._commits, key, ExpireCommand(object_id, now))
+            expired += len(due)
+            if len(due) < limit:
+                break
+        return expired
 
 
 DEFAULT_OBJECTS_LIMIT = 100

@@ -607,6 +607,8 @@ class Stream:
             raise errors.ObjectStateConflict(
                 f"object {object_id!r} is {intent.state}: upload its body before committing"
             )
+        if intent.expires_at <= now:  # its deadline to upload and commit: the sweep expires it
+            raise errors.ObjectStateConflict(f"object {object_id!r} expired")
         if stored_size != intent.size:
             raise errors.SizeMismatch(
                 f"the store holds {stored_size} bytes; the intent pins {intent.size}",

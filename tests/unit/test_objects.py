@@ -160,6 +160,29 @@ async def test_the_sweeper_expires_open_intents_and_queues_their_bodies(app) -> 
     assert replayed.state == (await container.streams().load(ALICE.key("r", "s"))).state
 
 
+async def test_the_sweeper_expires_every_due_intent_in_rounds_of_its_batch(app) -> None:
+    """One batch a sweep fell behind anything above a batch of abandoned intents a sweep."""
+    container, s = app
+    for n in range(7):
+        await s.objects.prepare(ALICE, "r", "s", prepare_request(key=f"k{n}", expires_in_seconds=1))
+    objects = container.objects()
+    objects._clock = lambda: utc_now() + timedelta(seconds=5)
+    assert await objects.expire_due(limit=2) == 7
+    assert (await s.get_stream(ALICE, "r", "s")).state.open_objects == []
+
+
+async def test_an_uploaded_intent_past_its_deadline_is_not_committed(app) -> None:
+    """Its deadline is to upload and commit: past it, the sweep may expire it at any moment,
+    and a commit is refused as an upload is (it was accepted until the sweep came)."""
+    container, s = app
+    view, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request(expires_in_seconds=1))
+    await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY))
+    container.objects()._clock = lambda: utc_now() + timedelta(seconds=5)
+    with pytest.raises(errors.ObjectStateConflict, match="expired"):
+        await s.objects.commit(ALICE, "r", "s", view.object_id)
+    assert (await s.get_stream(ALICE, "r", "s")).state.head == 0
+
+
 async def test_expires_at_is_the_open_intents_deadline_and_null_once_it_is_settled(app) -> None:
     _, s = app
     view, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request(expires_in_seconds=600))
