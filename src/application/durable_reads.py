@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
+from typing import NoReturn
 
 import msgspec
 
@@ -27,7 +28,7 @@ from application.live import (
 )
 from application.live_slots import LiveSlots, Slot
 from application.ports import Position, RecordReader, StoredRecord
-from application.read_records import check_cursor
+from application.read_records import check_cursor, require_live
 from application.tokens import Lease, TokenCache
 from domain import errors
 from domain.definition import StreamDefinition
@@ -141,7 +142,7 @@ class DurableReads:
                                 reason=gone.reason,
                             )
                         case StreamGone():
-                            raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
+                            await self._gone(key)
                         case Revoked():
                             raise Unauthenticated("unknown, revoked or expired token")
         except TimeoutError:
@@ -150,6 +151,14 @@ class DurableReads:
             if not deadline.expired():
                 raise
         return Waited([], head, closed)
+
+    async def _gone(self, key: StreamKey) -> NoReturn:
+        """The stream a wait followed is gone: deleted while forks read it (410, as the next
+        read answers), or erased (404)."""
+        found = await self._reader.page(key, 0, 1)
+        if found is not None:
+            require_live(key, found[0])
+        raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
 
     async def follow(
         self, key: StreamKey, definition: StreamDefinition, cursor: int, *, caller: Caller

@@ -17,6 +17,8 @@ from httpx_sse import aconnect_sse
 from adapters.postgres.streams import PostgresStreams
 from domain.definition import Fork
 from domain.stream import StreamKey
+from tests.conftest import BOOTSTRAP_TOKEN
+from tests.support.server import ServerProcess
 
 
 async def create(api: httpx.AsyncClient, run_id: str, stream_id: str) -> None:
@@ -117,3 +119,27 @@ async def test_a_fork_reads_stitched_and_its_deleted_source_answers_410(
     assert (await api.delete(f"{base}/f")).status_code == 204
     assert (await api.get(f"{base}/src")).status_code == 404  # released with its last fork
     await create(api, run_id, "src")
+
+
+async def test_a_long_poll_on_a_source_deleted_while_it_waits_answers_410(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, server: ServerProcess, run_id: str
+) -> None:
+    """Deleted while its fork reads it, the source answers 410 to a long-poll waiting on it
+    then, as to the next read (a waiting long-poll answered 404)."""
+    await create(api, run_id, "src")
+    await append(api, run_id, "src", 1)
+    await fork(pool, run_id, "src", "f", 1)
+    async with httpx.AsyncClient(
+        base_url=f"{server.base_url}/api/durable-streams/v1/stream",
+        headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"},
+        timeout=30,
+    ) as ds:
+        tail = (await ds.head(f"/{run_id}/src")).headers["stream-next-offset"]
+        waiting = asyncio.create_task(
+            ds.get(f"/{run_id}/src", params={"offset": tail, "live": "long-poll"})
+        )
+        await asyncio.sleep(0.3)
+        assert (await api.delete(f"/runs/{run_id}/streams/src")).status_code == 204
+        answer = await waiting
+        assert answer.status_code == 410, answer.text
+        assert answer.json()["code"] == "stream-gone"
