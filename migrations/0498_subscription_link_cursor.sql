@@ -3,6 +3,9 @@
 -- subscription's decision, made while the stream's previous incarnation was being erased, wrote
 -- back after the erasure removed it, with that incarnation's cursor. Kept, such a cursor would
 -- pass over the new stream's first records: they would never wake the subscription.
+-- The subscriptions it links are held (FOR KEY SHARE) until the creation commits: a subscription
+-- being deleted meanwhile is waited for, then not linked, where its link's foreign key failed
+-- the creation (a 500).
 CREATE OR REPLACE FUNCTION ds_link_new_stream() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(hashtextextended('ds-links:' || NEW.tenant, 0));
@@ -16,6 +19,7 @@ BEGIN
       AND ((CASE WHEN NEW.run_id = 'default' THEN NEW.stream_id
                  ELSE NEW.run_id || '/' || NEW.stream_id END) ~ s.pattern_regex
            OR (NEW.run_id || '/' || NEW.stream_id) ~ s.pattern_regex)
+    FOR KEY SHARE OF s
     ON CONFLICT (tenant, subscription_id, run_id, stream_id) DO UPDATE SET glob = true;
     RETURN NULL;
 END $$;

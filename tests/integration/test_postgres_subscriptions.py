@@ -180,3 +180,38 @@ async def test_a_stream_created_again_starts_every_link_to_it_at_zero(database_u
         assert tuple(row) == (True, True, 0)
     finally:
         await stop(container)
+
+
+async def test_a_stream_created_while_a_matching_subscription_is_deleted_is_created(
+    database_url: str,
+) -> None:
+    """The creation's trigger links the streams a glob matches: one matching a subscription
+    whose deletion is under way waits for it, then links nothing (its link's foreign key failed
+    the creation, a 500)."""
+    import asyncio
+
+    from tests.support.subscription_contract import ADMIN, BASE, create, uid, webhook
+
+    container = Container(settings=Settings(database_url=database_url, pool_min_size=1))
+    services = await start(container)
+    try:
+        run, sid = uid("run"), uid("sub")
+        await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/*"), BASE)
+        pool = await provided(container.pool)
+        async with pool.acquire() as deleting:
+            transaction = deleting.transaction()
+            await transaction.start()
+            await deleting.execute(
+                "DELETE FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2",
+                ADMIN.tenant,
+                sid,
+            )
+            creating = asyncio.create_task(create(services, ADMIN, run, "a"))
+            await asyncio.sleep(0.5)
+            assert not creating.done()  # it waits for the deletion under way
+            await transaction.commit()
+        await asyncio.wait_for(creating, 10)
+        links = "SELECT count(*) FROM ds_subscription_links WHERE tenant = $1 AND run_id = $2"
+        assert await pool.fetchval(links, ADMIN.tenant, run) == 0
+    finally:
+        await stop(container)
