@@ -393,7 +393,11 @@ async def test_a_server_killed_between_upload_and_commit_commits_after_restart(
 
 
 async def test_pruning_an_object_record_removes_its_body(
-    api: httpx.AsyncClient, server: ServerProcess, object_worker: WorkerProcess, run_id: str
+    api: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    server: ServerProcess,
+    object_worker: WorkerProcess,
+    run_id: str,
 ) -> None:
     path = await new_stream(api, run_id, retention={"max_records": 1})
     ids = []
@@ -409,3 +413,8 @@ async def test_pruning_an_object_record_removes_its_body(
     [left] = stored_files(server, run_id)
     assert os.path.basename(left).startswith(ids[1] + ".")  # the key is unique to its intent
     assert (await api.get(f"{path}/objects/{ids[1]}/body")).content == BODY
+    # The pruned record's object is gone with it: its intent too, so that no later prune reads
+    # it again (nor queues its body again once its done deletion is forgotten).
+    assert (await api.get(f"{path}/objects/{ids[0]}")).status_code == 404
+    intents = "SELECT object_id FROM object_intents WHERE run_id = $1"
+    assert [r[0] for r in await pool.fetch(intents, run_id)] == [ids[1]]

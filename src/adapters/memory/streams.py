@@ -390,7 +390,8 @@ class MemoryStreams:
                     intent = self._intents[key, oid] = replace(self._intents[key, oid], state=state)
                     self.deletions.append((key, intent.storage_region, intent.storage_key, state))
                 case RecordsPruned(through_sequence=through):
-                    for (k, _), intent in self._intents.items():
+                    # A pruned record's object goes with it, its intent too (as on PostgreSQL).
+                    for (k, oid), intent in list(self._intents.items()):
                         if (
                             k == key
                             and intent.state == "committed"
@@ -400,6 +401,7 @@ class MemoryStreams:
                             self.deletions.append(
                                 (key, intent.storage_region, intent.storage_key, "pruned")
                             )
+                            del self._intents[k, oid]
 
     async def figures(self) -> StoredFigures:
         """What /metrics reports from the store (FiguresSource). Bodies to delete are kept

@@ -40,10 +40,17 @@ SELECT tenant, run_id, stream_id, storage_region, storage_key, $5 FROM object_in
 WHERE {_KEY} AND object_id = $4
 ON CONFLICT (storage_region, storage_key) DO NOTHING
 """
+# A pruned record's object goes with it: its intent is removed as its body is queued for
+# deletion. (Kept, every prune of the stream read all its committed intents again, and once a
+# done deletion was forgotten queued its body again: rows and deletions without bound.)
 _QUEUE_PRUNED = f"""
+WITH pruned AS (
+    DELETE FROM object_intents
+    WHERE {_KEY} AND state = 'committed' AND sequence <= $4
+    RETURNING tenant, run_id, stream_id, storage_region, storage_key
+)
 INSERT INTO deletion_outbox (tenant, run_id, stream_id, storage_region, storage_key, reason)
-SELECT tenant, run_id, stream_id, storage_region, storage_key, 'pruned' FROM object_intents
-WHERE {_KEY} AND state = 'committed' AND sequence <= $4
+SELECT tenant, run_id, stream_id, storage_region, storage_key, 'pruned' FROM pruned
 ON CONFLICT (storage_region, storage_key) DO NOTHING
 """
 _SELECT = f"""
