@@ -427,9 +427,20 @@ class LiveTails:
             if lease is not None:
                 lease.on_end(tail.wake_followers)
             tail.beat_every(heartbeat_seconds)
-            await tail.ready.wait()
-            last = cursor
             spoke = tail.ticks  # the tick of this follower's last word
+            while not self.ending:
+                changed = tail.changed  # taken before looking, so that `ready` is not missed
+                if tail.ready.is_set():
+                    break
+                # The tail's first read has not come back (the database is out of reach, and
+                # the tail retries): the follower hears heartbeats meanwhile, as when idle.
+                if tail.ticks - spoke >= 2:
+                    spoke = tail.ticks
+                    yield Idle()
+                    continue
+                await changed.waiter()
+            last = cursor
+            spoke = tail.ticks
             while not self.ending:
                 changed = tail.changed  # taken before looking, so no change is missed
                 if lease is not None and lease.ended:

@@ -456,3 +456,28 @@ async def test_a_tail_stopped_while_failing_leaves_the_outage_to_the_next_read()
     await streams.update(key, [append()])
     assert await collect(tails.follow(key, 0, 60.0), until=1) == [1]
     assert not tails.outages.open and tails.outages.episodes == 1
+
+
+async def test_a_follower_hears_heartbeats_while_its_tails_first_read_keeps_failing() -> None:
+    """The database out of reach before the tail first read: the follower is not silent for the
+    whole outage (a proxy would time the connection out), it hears a heartbeat each interval,
+    then its records once the tail reads."""
+    wake = WakeRegistry()
+    streams = MemoryStreams(wake)
+    reader = FailingReader(streams)
+    tails = LiveTails(reader, wake, retry_first_seconds=0.01, retry_max_seconds=0.02)
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append()])
+    reader.failing = True
+    follow = tails.follow(key, 0, 0.05)
+    async with asyncio.timeout(2):
+        assert isinstance(await anext(follow), Idle)
+        assert isinstance(await anext(follow), Idle)
+    reader.failing = False
+    async with asyncio.timeout(2):
+        while isinstance(delivered := await anext(follow), Idle):
+            pass
+    assert isinstance(delivered, RecordsDelivered)
+    assert [r.sequence for r in delivered.records] == [1]
+    await follow.aclose()
