@@ -390,8 +390,19 @@ class LiveTails:
             tail.wake_followers()
 
     @contextlib.asynccontextmanager
-    async def joined(self, key: StreamKey) -> AsyncIterator[StreamTail]:
+    async def joined(
+        self, key: StreamKey, created_at: datetime | None = None
+    ) -> AsyncIterator[StreamTail]:
         tail = self._tails.get(key)
+        if (
+            tail is not None
+            and created_at is not None
+            and tail.created_at is not None
+            and tail.created_at < created_at
+        ):
+            # The stream it follows was deleted and created again elsewhere, and this process
+            # has not heard yet: its followers are told it is gone, its ring is never served.
+            tail._gone()
         if tail is None or tail.deleted:  # a stream created again is followed by a new tail
             tail = StreamTail(
                 key,
@@ -417,13 +428,20 @@ class LiveTails:
                 await tail.stop()  # also a deleted tail a newer one replaced
 
     async def follow(
-        self, key: StreamKey, cursor: int, heartbeat_seconds: float, lease: Lease | None = None
+        self,
+        key: StreamKey,
+        cursor: int,
+        heartbeat_seconds: float,
+        lease: Lease | None = None,
+        created_at: datetime | None = None,
     ) -> AsyncGenerator[Delivery, None]:
         """Every record with sequence > cursor, ascending, without gaps or duplicates; `Idle`
         while nothing happens; then `StreamEnded` once closed and delivered, or `Overtaken`, or
         `StreamGone` once the stream is deleted, or `Revoked` once `lease` ends (its token was
-        revoked or expired: checked before each delivery, and its end wakes the follower)."""
-        async with self.joined(key) as tail:
+        revoked or expired: checked before each delivery, and its end wakes the follower).
+        `created_at`: the stream the cursor was checked against; another one under its key
+        (deleted and created again meanwhile) is `StreamGone`, never its records."""
+        async with self.joined(key, created_at) as tail:
             if lease is not None:
                 lease.on_end(tail.wake_followers)
             tail.beat_every(heartbeat_seconds)
@@ -439,6 +457,9 @@ class LiveTails:
                     yield Idle()
                     continue
                 await changed.waiter()
+            if created_at is not None and tail.created_at not in (None, created_at):
+                yield StreamGone()
+                return
             last = cursor
             spoke = tail.ticks
             while not self.ending:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator
+from datetime import datetime
 
 from application.access import Caller, require_reader
 from application.definitions import Definitions
@@ -47,14 +48,14 @@ class Subscribe:
     ) -> AsyncGenerator[Delivery, None]:
         """Check everything that can be refused, then hand back the deliveries: an async
         generator the caller must close (`contextlib.aclosing`) to end the subscription."""
-        key, definition = await self._checked(caller, run_id, stream_id, cursor)
+        key, definition, created_at = await self._checked(caller, run_id, stream_id, cursor)
 
         async def deliveries(slot: Slot) -> AsyncGenerator[Delivery, None]:
             lease = self._tokens.hold(caller)
             try:
                 # Each delivery and heartbeat is an access: an open subscription keeps an
                 # idle-expiring stream alive.
-                follow = self._tails.follow(key, cursor, self._heartbeat, lease)
+                follow = self._tails.follow(key, cursor, self._heartbeat, lease, created_at)
                 async with contextlib.aclosing(
                     self._definitions.access.keep_touching(key, definition, follow)
                 ) as follow:
@@ -74,7 +75,7 @@ class Subscribe:
 
     async def _checked(
         self, caller: Caller, run_id: str, stream_id: str, cursor: int
-    ) -> tuple[StreamKey, StreamDefinition]:
+    ) -> tuple[StreamKey, StreamDefinition, datetime | None]:
         caller.require("streams:read")
         if self._tails.ending:
             raise Stopping("this server is stopping; subscribe again (to another one)")
@@ -89,7 +90,7 @@ class Subscribe:
         position, _ = found
         require_live(key, position)
         check_cursor(cursor, position.head, position.earliest)
-        return key, definition
+        return key, definition, position.created_at
 
     def end_all(self) -> None:
         """End every live subscription of this process now (it is stopping)."""

@@ -481,3 +481,35 @@ async def test_a_follower_hears_heartbeats_while_its_tails_first_read_keeps_fail
     assert isinstance(delivered, RecordsDelivered)
     assert [r.sequence for r in delivered.records] == [1]
     await follow.aclose()
+
+
+async def test_a_stream_created_again_elsewhere_never_gets_the_old_tails_records(live) -> None:
+    """Deleted and created again by another process, whose deletion this one has not heard
+    yet: a follower checked against the new stream is not served the old tail's ring (the old
+    stream's records), it gets a new tail; the old tail's followers are told it is gone."""
+    from datetime import timedelta
+
+    streams, tails, wake = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append([record(b'{"old":1}') for _ in range(3)])])
+    old_follow = tails.follow(key, 0, 1.0)
+    assert isinstance(await anext(old_follow), RecordsDelivered)  # the ring holds 1..3
+    heard = wake.notify_deleted
+    wake.notify_deleted = lambda k: None  # the deletion is not heard here (yet)
+    await streams.update(key, [DeleteCommand(NOW)])
+    wake.notify_deleted = heard
+    later = NOW + timedelta(seconds=1)
+    await streams.create(key, definition(), later)
+    await streams.update(key, [append([record(b'{"new":1}')])])
+    new_follow = tails.follow(key, 0, 1.0, created_at=later)
+    async with asyncio.timeout(2):
+        delivered = await anext(new_follow)
+    assert isinstance(delivered, RecordsDelivered)
+    assert [r.payload for r in delivered.records] == [b'{"new":1}']
+    assert await anext(old_follow) == StreamGone()
+    # A follower checked against the old stream, joining the new one's tail, is told it is gone.
+    stale = tails.follow(key, 0, 1.0, created_at=NOW)
+    assert await anext(stale) == StreamGone()
+    for follow in (old_follow, new_follow, stale):
+        await follow.aclose()
