@@ -338,6 +338,11 @@ class TokenStore(Protocol):
     async def get(self, token_id: str) -> TokenRecord | None:
         """The token with this id (revoked or expired too), or None."""
 
+    async def forget_ended(self, older_than: timedelta) -> int:
+        """Remove the tokens that expired more than `older_than` ago (they refuse every request
+        already; the listing shows them until then); answer how many. A revoked token that
+        never expires is kept: its record keeps it revoked if its value is stored again."""
+
 
 class JwtVerifier(Protocol):
     async def verify(self, token: str) -> Mapping[str, Any]:

@@ -702,6 +702,7 @@ async def workers(container: Container) -> list[Runs]:
     streams = await provided(container.streams)
     cleanup = await provided(container.cleanup)
     subscription_store = await provided(container.subscription_store)
+    tokens = await provided(container.tokens)
     wake_deliverer = await provided(container.wake_deliverer)
     wake_scheduler = WakeScheduler(
         await provided(container.subscriptions),
@@ -744,6 +745,11 @@ async def workers(container: Container) -> list[Runs]:
         sweep("forget-delivered-inputs", cleanup.delivered_inputs, every),
         sweep("forget-done-deletions", cleanup.done_deletions, every),
         sweep("forget-gap-evidence", cleanup.gap_evidence, every),
+        sweep(
+            "forget-ended-tokens",
+            lambda: tokens.forget_ended(timedelta(seconds=settings.cleanup_age_seconds)),
+            every,
+        ),
         sweep(upload_sweep_name(settings), cleanup.abandoned_uploads, every),
         sweep("expire-streams", expire_streams, settings.expiry_interval_seconds),
         wake_deliverer,

@@ -104,3 +104,26 @@ class TokenStoreContract:
         expires_at = await store.put(token_hash("x" + secrets.token_hex(8)), caller(tenant()), 60)
         assert expires_at is not None
         assert await store.put(token_hash("y" + secrets.token_hex(8)), caller(tenant())) is None
+
+    async def test_tokens_expired_long_enough_ago_are_forgotten_and_revoked_ones_kept(
+        self, store
+    ) -> None:
+        """Every minted token adds a record: those that expired more than the cleanup age ago
+        go (a long-lived deployment kept them all); a revoked token that never expires stays,
+        so that storing its value again (a bootstrap token) leaves it revoked."""
+        from datetime import timedelta
+
+        who = caller(tenant())
+        expired = await IssueToken(store)(who, expires_in_seconds=1)
+        revoked = await IssueToken(store)(who, "bootstrap-" + secrets.token_hex(8))
+        kept = await IssueToken(store)(who, expires_in_seconds=3600)
+        await store.revoke(token_id(token_hash(revoked)))
+        await asyncio.sleep(1.05)
+        await store.forget_ended(timedelta(hours=1))
+        assert await store.get(token_id(token_hash(expired))) is not None  # not old enough yet
+        assert await store.forget_ended(timedelta(0)) >= 1
+        assert await store.get(token_id(token_hash(expired))) is None
+        assert await store.get(token_id(token_hash(kept))) is not None
+        assert await store.get(token_id(token_hash(revoked))) is not None
+        assert await IssueToken(store)(who, revoked) == revoked
+        assert await store.find(token_hash(revoked)) is None

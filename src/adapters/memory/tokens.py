@@ -75,6 +75,17 @@ class MemoryTokens:
             revoked_at=row.revoked_at,
         )
 
+    async def forget_ended(self, older_than: timedelta) -> int:
+        cutoff = self._clock() - older_than
+        ended = [
+            tid
+            for tid, digest in self._ids.items()
+            if (expires_at := self._tokens[digest].expires_at) is not None and expires_at < cutoff
+        ]
+        for tid in ended:
+            del self._tokens[self._ids.pop(tid)]
+        return len(ended)
+
     async def list(self, tenant: str | None = None) -> list[TokenRecord]:
         records = [
             TokenRecord(

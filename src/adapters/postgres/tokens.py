@@ -4,7 +4,7 @@ database's clock (now()), and a revocation notifies every process's wake bus on
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import asyncpg
 
@@ -56,6 +56,16 @@ ORDER BY tenant, created_at, token_id
 """
 
 _GET = f"SELECT {_COLUMNS} FROM api_tokens WHERE token_id = $1"
+
+# Tokens expired long enough ago, a bounded batch a statement (they refuse every request
+# already; the listing shows them until then). A revoked token that never expires stays: its
+# row is what keeps it revoked should its value be stored again (a bootstrap token, at the
+# next start).
+_FORGET_ENDED = """
+DELETE FROM api_tokens WHERE token_hash = ANY(ARRAY(
+    SELECT token_hash FROM api_tokens WHERE expires_at < now() - $1::interval LIMIT $2
+))
+"""
 
 
 def _record(row: asyncpg.Record) -> TokenRecord:
@@ -112,3 +122,12 @@ class PostgresTokens:
     async def get(self, token_id: str) -> TokenRecord | None:
         row = await self._pool.fetchrow(_GET, token_id)
         return None if row is None else _record(row)
+
+    async def forget_ended(self, older_than: timedelta, batch: int = 1000) -> int:
+        removed = 0
+        while True:
+            status = await self._pool.execute(_FORGET_ENDED, older_than, batch)
+            count = int(status.rsplit(" ", 1)[1])  # "DELETE n"
+            removed += count
+            if count < batch:
+                return removed
