@@ -35,6 +35,7 @@ SWEEPS = {
     "forget-delivered-inputs",
     "forget-done-deletions",
     "forget-gap-evidence",
+    "forget-ended-tokens",
 }
 BODY = os.urandom(100_000)
 
