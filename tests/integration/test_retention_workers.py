@@ -197,21 +197,3 @@ async def test_a_killed_worker_s_claims_are_taken_over_after_the_lease(
     assert left == 0
     records = await pool.fetchval("SELECT count(*) FROM stream_records WHERE run_id = $1", run_id)
     assert records == 100  # one retained record per stream
-
-
-async def test_a_pruned_input_records_copies_in_the_wait_events_go_with_it(
-    api: httpx.AsyncClient, pool: asyncpg.Pool, worker: WorkerProcess, run_id: str
-) -> None:
-    """The default wait service keeps each input record's event (the record in it): retention
-    removes those copies with the records (an input stream is pruned below what was delivered
-    only), or they stayed for good."""
-    answer = await api.post(
-        f"/runs/{run_id}/streams",
-        json={"stream_id": "in", "direction": "input", "retention": {"max_records": 2}},
-    )
-    assert answer.status_code == 201, answer.text
-    path = f"/runs/{run_id}/streams/in"
-    await append(api, path, 5)
-    await earliest_becomes(api, path, 4)
-    events = "SELECT sequence FROM workflow_wait_events WHERE run_id = $1 ORDER BY sequence"
-    assert [r[0] for r in await pool.fetch(events, run_id)] == [4, 5]

@@ -311,14 +311,7 @@ RETURNING pg_notify('{WAKE_CHANNEL}', s.tenant || '/' || s.run_id || '/' || s.st
 """
 
 
-# A prune removes the records and the default wait service's copies of them (an input stream
-# is pruned only below what was delivered): retention's promise holds for every copy kept here.
-_DELETE_PRUNED = f"""
-WITH copies AS (
-    DELETE FROM workflow_wait_events WHERE {_KEY} AND sequence <= $4
-)
-DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4
-"""
+_DELETE_PRUNED = f"DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4"
 
 
 SOFT_DELETED = f"""
