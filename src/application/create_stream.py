@@ -15,6 +15,7 @@ from application.access import Caller, require_reader, require_writer
 from application.append_records import ProduceCommand
 from application.errors import NotFound
 from application.expiry import AccessLog, ExpireCommand
+from application.input_delivery import check_input_ids
 from application.placement import Deployment
 from application.ports import Clock, Command, StreamRepository
 from application.throughput import Throughput
@@ -85,6 +86,8 @@ class CreateStream:
         self, caller: Caller, run_id: str, definition: StreamDefinition, then: _Then
     ) -> tuple[Stream, bool]:
         key = caller.key(run_id, definition.stream_id)  # a bad ID is 400 before placement
+        if definition.direction == "input":
+            check_input_ids(key)
         self._deployment.require_home(definition)
         now = self._clock()
         expires_at = definition.expiry.expires_at

@@ -21,6 +21,7 @@ from application.log_context import about_stream
 from application.ports import RecordReader, StreamRepository
 from application.views import InputDeliveryStatus, record_view
 from application.workers import Job, claim_renewed, ensure_claimed, retry_delay
+from domain.errors import InvalidInput
 from domain.stream import StreamKey
 
 log = logging.getLogger("ductor_streams.dispatcher")
@@ -61,14 +62,25 @@ class InputDeliveries(Protocol):
 
 
 def event_id(key: StreamKey, sequence: int) -> str:
-    """`wds:<tenant>:<runID>:<streamID>:<sequence>`, each ID with its `:` written `%3A`: IDs
-    may hold `:` (never `%`), and run `a:b`'s stream `c` must not share its events' ids with
-    run `a`'s stream `b:c` (a wait service keeps one event per id)."""
-    return f"wds:{_part(key.tenant)}:{_part(key.run_id)}:{_part(key.stream_id)}:{sequence}"
+    """`wds:<tenant>:<runID>:<streamID>:<sequence>`, as the contract pins it: unambiguous
+    because an input stream's IDs hold no `:` (`check_input_ids`)."""
+    return f"wds:{key.tenant}:{key.run_id}:{key.stream_id}:{sequence}"
 
 
-def _part(id_: str) -> str:
-    return id_.replace(":", "%3A") if ":" in id_ else id_
+def check_input_ids(key: StreamKey) -> None:
+    """An input stream's tenant, run ID and stream ID hold no `:`, its events' ids' separator:
+    run `a:b`'s stream `c` and run `a`'s stream `b:c` would share them, and a wait service
+    keeps one event per id (the other's records would never reach their workflow)."""
+    for name, value in (
+        ("tenant", key.tenant),
+        ("run ID", key.run_id),
+        ("stream ID", key.stream_id),
+    ):
+        if ":" in value:
+            raise InvalidInput(
+                f"an input stream's {name} cannot hold ':', the separator of its events' ids "
+                f"(wds:<tenant>:<runID>:<streamID>:<sequence>); {value[:140]!r} does"
+            )
 
 
 class WaitEvent(msgspec.Struct, frozen=True):

@@ -72,38 +72,37 @@ async def delivered(api: httpx.AsyncClient, path: str) -> None:
             await asyncio.sleep(0.05)
 
 
-async def test_streams_whose_ids_join_alike_and_a_stream_created_again_deliver_their_own(
+async def test_an_input_streams_ids_hold_no_colon_and_a_stream_created_again_delivers_its_own(
     api: httpx.AsyncClient, pool: asyncpg.Pool, dispatcher: None, run_id: str
 ) -> None:
-    """IDs may hold `:`: run `R:x`'s stream `s` and run `R`'s stream `x:s` would join to one
-    event id, and the wait service keeps one event per id; each ID's `:` is written `%3A`. A
-    stream deleted and created again delivers its new records under the old event ids: its
+    """Its events' ids join its IDs with `:` (wds:<tenant>:<runID>:<streamID>:<sequence>): run
+    `R:x`'s stream `s` and run `R`'s stream `x:s` would share them, and a wait service keeps one
+    event per id, so an input stream's IDs with a `:` are refused (an output stream's are not).
+    A stream deleted and created again delivers its new records under the old event ids: its
     old events go with it."""
-    first = await input_stream(api, f"{run_id}:x", "s")
-    second = await input_stream(api, run_id, "x:s")
-    await append(api, first, "first")
-    await append(api, second, "second")
-    await delivered(api, first)
-    await delivered(api, second)
-    rows = await pool.fetch(
-        "SELECT event_id, payload #>> '{record,data}' AS data FROM workflow_wait_events "
-        "WHERE run_id LIKE $1 ORDER BY data",
-        run_id + "%",
-    )
-    assert [(r["event_id"], r["data"]) for r in rows] == [
-        (f"wds:default:{run_id}%3Ax:s:1", "first"),
-        (f"wds:default:{run_id}:x%3As:1", "second"),
-    ]
-    assert (await api.delete(second)).status_code == 204
-    await input_stream(api, run_id, "x:s")
-    await append(api, second, "again")
-    await delivered(api, second)
+    for run, stream in ((f"{run_id}:x", "s"), (run_id, "x:s")):
+        refused = await api.post(
+            f"/runs/{run}/streams", json={"stream_id": stream, "direction": "input"}
+        )
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["code"] == "invalid-input" and "':'" in refused.json()["detail"]
+        output = await api.post(
+            f"/runs/{run}/streams", json={"stream_id": stream, "direction": "output"}
+        )
+        assert output.status_code == 201, output.text
+    path = await input_stream(api, run_id, "in")
+    await append(api, path, "first")
+    await delivered(api, path)
+    assert (await api.delete(path)).status_code == 204
+    await input_stream(api, run_id, "in")
+    await append(api, path, "again")
+    await delivered(api, path)
     data = await pool.fetch(
-        "SELECT payload #>> '{record,data}' AS data FROM workflow_wait_events "
-        "WHERE run_id = $1 AND stream_id = 'x:s'",
+        "SELECT event_id, payload #>> '{record,data}' AS data FROM workflow_wait_events "
+        "WHERE run_id = $1",
         run_id,
     )
-    assert [r["data"] for r in data] == ["again"]
+    assert [(r["event_id"], r["data"]) for r in data] == [(f"wds:default:{run_id}:in:1", "again")]
 
 
 async def test_a_deleted_input_stream_that_forks_still_read_delivers_nothing_more(
