@@ -63,19 +63,17 @@ class InputDeliveries(Protocol):
 
 def event_id(key: StreamKey, sequence: int) -> str:
     """`wds:<tenant>:<runID>:<streamID>:<sequence>`, as the contract pins it: unambiguous
-    because an input stream's IDs hold no `:` (`check_input_ids`)."""
+    because an input stream's tenant and stream ID hold no `:` (`check_input_ids`), so the id
+    reads back from both ends, its run ID (which may hold `:`) what is left between."""
     return f"wds:{key.tenant}:{key.run_id}:{key.stream_id}:{sequence}"
 
 
 def check_input_ids(key: StreamKey) -> None:
-    """An input stream's tenant, run ID and stream ID hold no `:`, its events' ids' separator:
-    run `a:b`'s stream `c` and run `a`'s stream `b:c` would share them, and a wait service
-    keeps one event per id (the other's records would never reach their workflow)."""
-    for name, value in (
-        ("tenant", key.tenant),
-        ("run ID", key.run_id),
-        ("stream ID", key.stream_id),
-    ):
+    """An input stream's tenant and stream ID hold no `:`, its events' ids' separator: run
+    `a:b`'s stream `c` and run `a`'s stream `b:c` would share them (and tenant `t:a`'s run `b`
+    with tenant `t`'s run `a:b`), and a wait service keeps one event per id: the other's
+    records would never reach their workflow. A run ID may hold `:` (`wf:42`)."""
+    for name, value in (("tenant", key.tenant), ("stream ID", key.stream_id)):
         if ":" in value:
             raise InvalidInput(
                 f"an input stream's {name} cannot hold ':', the separator of its events' ids "
