@@ -309,7 +309,7 @@ async def test_a_batch_locks_its_rows_in_key_order_whatever_order_it_was_given(
         for _ in range(200):  # until the batch waits for the blocker's lock
             waiting = await pool.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database() AND query LIKE '%FOR UPDATE OF s%'"
+                "AND datname = current_database() AND query LIKE '%FOR NO KEY UPDATE OF s%'"
             )
             if waiting:
                 break

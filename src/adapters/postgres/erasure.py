@@ -63,9 +63,16 @@ RETURNING pg_notify('{WAKE_CHANNEL}', tenant || '/' || run_id || '/' || stream_i
 _ERASE = erase_statement()
 
 
+_LOCK_FOR_ERASURE = f"SELECT 1 FROM streams WHERE {_OF_THEM} FOR UPDATE"
+
+
 async def erase(
     conn: Connection, tenant: str, run_id: str, stream_ids: list[str], reason: str
 ) -> None:
     """Erase these streams of one run (`reason`: "deleted" or "expired"); the caller holds their
-    row locks."""
+    row locks (a commit's, FOR NO KEY UPDATE). FOR UPDATE is taken first, in a statement of its
+    own: it waits for what holds a row FOR KEY SHARE (the default wait service's insert of an
+    event), so that the erasing statement, whose snapshot is taken after, sees what that wrote
+    and erases it too."""
+    await conn.execute(_LOCK_FOR_ERASURE, tenant, run_id, stream_ids)
     await conn.execute(_ERASE, tenant, run_id, stream_ids, ERASED_STREAM + reason)

@@ -426,7 +426,7 @@ LOCK_MANY_STATEMENT = "ductor_streams_lock_many"
 _LOCK_KNOWN = """
 SELECT 1 FROM streams
 WHERE tenant = $1 AND run_id = $2 AND stream_id = $3 AND sha256(state) = decode($4, 'hex')
-FOR UPDATE
+FOR NO KEY UPDATE
 """
 
 # A batch's rows, every one locked in the key's order (as `_LOCK_MANY` locks them), counted
@@ -440,7 +440,7 @@ WITH locked AS MATERIALIZED (
     FROM json_to_recordset($1::json) AS k(tenant text, run_id text, stream_id text, digest text)
     JOIN streams s ON s.tenant = k.tenant AND s.run_id = k.run_id AND s.stream_id = k.stream_id
     ORDER BY s.tenant, s.run_id, s.stream_id
-    FOR UPDATE OF s
+    FOR NO KEY UPDATE OF s
 )
 SELECT 1 FROM locked WHERE same
 """

@@ -112,10 +112,14 @@ SELECT tenant, run_id, stream_id, 1, 'stream_created', $7 FROM created
 RETURNING 1
 """
 
+# A commit's row locks are FOR NO KEY UPDATE, the lock its UPDATE of the row takes anyway (no
+# key column ever changes): exclusive among commits, and never waiting for (nor kept waiting by)
+# a FOR KEY SHARE, which the default wait service's insert and foreign keys' checks take. A
+# deletion takes FOR UPDATE first (adapters/postgres/erasure.py).
 _LOCK = f"""
 SELECT state, CASE WHEN $4::boolean THEN definition END,
        CASE WHEN $5::boolean THEN COALESCE(consumers, '{{}}'::bytea) END
-FROM streams WHERE {_KEY} FOR UPDATE
+FROM streams WHERE {_KEY} FOR NO KEY UPDATE
 """
 
 # The consumers, apart from the snapshot (migration 0488): read only by a decision that needs
@@ -153,7 +157,7 @@ FROM json_to_recordset($1::json)
      AS k(tenant text, run_id text, stream_id text, definition boolean, consumers boolean)
 JOIN streams s ON s.tenant = k.tenant AND s.run_id = k.run_id AND s.stream_id = k.stream_id
 ORDER BY s.tenant, s.run_id, s.stream_id
-FOR UPDATE OF s
+FOR NO KEY UPDATE OF s
 """
 
 

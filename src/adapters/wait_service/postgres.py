@@ -23,8 +23,9 @@ class _Fields(msgspec.Struct):
 _decode = msgspec.json.Decoder(_Fields).decode
 
 # The event lands only while its stream's incarnation is there and not deleted: the stream's row
-# is held (FOR KEY SHARE) until this commits, so an erasure, which locks the row first, either
-# ends before (and this inserts nothing) or begins after (and erases the event with the rest).
+# is held (FOR KEY SHARE, which no commit's lock waits for) until this commits, so an erasure,
+# which takes FOR UPDATE first, either ends before (and this inserts nothing) or erases the
+# event with the rest.
 _INSERT = """
 INSERT INTO workflow_wait_events (event_id, tenant, run_id, stream_id, sequence, payload)
 SELECT $1, $2, $3, $4, $5, $6::text::jsonb
