@@ -205,6 +205,10 @@ async def test_a_commit_under_the_block_policy_waits_for_credit_as_an_append_doe
     committed = await asyncio.wait_for(committing, 15)
     assert committed.status_code == 201, committed.text
     assert committed.json()["sequence"] == 2
+    # Appended when it got credit, not when it began to wait (0.7 s before the ack).
+    page = (await api.get(f"{path}/records", params={"cursor": 0})).json()["records"]
+    first_at, object_at = (datetime.fromisoformat(r["appended_at"]) for r in page)
+    assert object_at - first_at >= timedelta(seconds=0.6), (first_at, object_at)
 
 
 async def test_objects_over_32_mib_are_refused_at_prepare(
