@@ -3,12 +3,26 @@
 -- subscription's decision, made while the stream's previous incarnation was being erased, wrote
 -- back after the erasure removed it, with that incarnation's cursor. Kept, such a cursor would
 -- pass over the new stream's first records: they would never wake the subscription.
--- The subscriptions it links are held (FOR KEY SHARE) until the creation commits: a subscription
--- being deleted meanwhile is waited for, then not linked, where its link's foreign key failed
--- the creation (a 500).
+-- The subscriptions it touches (those with a link to it, those whose glob matches it) are held
+-- first (FOR KEY SHARE, in their ID's order), then their links, the order a subscription's
+-- decision takes them in (its row FOR UPDATE, then its links), so the two never deadlock; and a
+-- subscription being deleted meanwhile is waited for, then not linked (its link's foreign key
+-- failed the creation with a 500).
 CREATE OR REPLACE FUNCTION ds_link_new_stream() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(hashtextextended('ds-links:' || NEW.tenant, 0));
+    PERFORM 1 FROM ds_subscriptions s
+    WHERE s.tenant = NEW.tenant
+      AND (s.subscription_id IN (
+               SELECT l.subscription_id FROM ds_subscription_links l
+               WHERE l.tenant = NEW.tenant AND l.run_id = NEW.run_id
+                 AND l.stream_id = NEW.stream_id)
+           OR (s.pattern_regex IS NOT NULL
+               AND ((CASE WHEN NEW.run_id = 'default' THEN NEW.stream_id
+                          ELSE NEW.run_id || '/' || NEW.stream_id END) ~ s.pattern_regex
+                    OR (NEW.run_id || '/' || NEW.stream_id) ~ s.pattern_regex)))
+    ORDER BY s.subscription_id
+    FOR KEY SHARE OF s;
     UPDATE ds_subscription_links SET acked = 0
     WHERE tenant = NEW.tenant AND run_id = NEW.run_id AND stream_id = NEW.stream_id
       AND acked <> 0;

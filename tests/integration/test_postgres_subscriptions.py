@@ -215,3 +215,57 @@ async def test_a_stream_created_while_a_matching_subscription_is_deleted_is_crea
         assert await pool.fetchval(links, ADMIN.tenant, run) == 0
     finally:
         await stop(container)
+
+
+async def test_a_stream_created_while_a_decision_holds_its_subscription_never_deadlocks(
+    database_url: str,
+) -> None:
+    """A subscription's decision holds its row (FOR UPDATE), then writes its links; the
+    creation's trigger holds the subscriptions it touches first, then their links. The other
+    order (the trigger resetting a stale link's cursor first) made a cycle: a deadlock, one of
+    the two failing (the creation with a 500)."""
+    import asyncio
+
+    from tests.support.subscription_contract import ADMIN, BASE, create, uid, webhook
+
+    container = Container(settings=Settings(database_url=database_url, pool_min_size=1))
+    services = await start(container)
+    try:
+        run, sid = uid("run"), uid("sub")
+        await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/*"), BASE)
+        pool = await provided(container.pool)
+        link = (
+            "INSERT INTO ds_subscription_links"
+            " (tenant, subscription_id, run_id, stream_id, explicit, glob, acked)"
+            " VALUES ($1, $2, $3, 'a', true, false, 10)"
+        )
+        await pool.execute(link, ADMIN.tenant, sid, run)
+        async with pool.acquire() as deciding:
+            transaction = deciding.transaction()
+            await transaction.start()
+            await deciding.execute(
+                "SELECT 1 FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2"
+                " FOR UPDATE",
+                ADMIN.tenant,
+                sid,
+            )
+            creating = asyncio.create_task(create(services, ADMIN, run, "a"))
+            await asyncio.sleep(0.5)
+            assert not creating.done()  # it waits for the decision
+            await deciding.execute(
+                "UPDATE ds_subscription_links SET acked = 5"
+                " WHERE tenant = $1 AND subscription_id = $2 AND run_id = $3",
+                ADMIN.tenant,
+                sid,
+                run,
+            )
+            await transaction.commit()
+        await asyncio.wait_for(creating, 10)
+        acked = await pool.fetchval(
+            "SELECT acked FROM ds_subscription_links WHERE tenant = $1 AND run_id = $2",
+            ADMIN.tenant,
+            run,
+        )
+        assert acked == 0  # the new stream's cursor, whatever the decision wrote before
+    finally:
+        await stop(container)
