@@ -397,11 +397,14 @@ class LiveTails:
         if (
             tail is not None
             and created_at is not None
-            and tail.created_at is not None
-            and tail.created_at < created_at
+            and tail.created_at not in (None, created_at)
+            and (found := await self._reader.page(key, 0, 1)) is not None
+            and found[0].created_at == created_at
         ):
             # The stream it follows was deleted and created again elsewhere, and this process
             # has not heard yet: its followers are told it is gone, its ring is never served.
+            # (Which one is current is read, not judged by the creation times: they come from
+            # the creating processes' clocks.)
             tail._gone()
         if tail is None or tail.deleted:  # a stream created again is followed by a new tail
             tail = StreamTail(

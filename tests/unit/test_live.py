@@ -483,10 +483,14 @@ async def test_a_follower_hears_heartbeats_while_its_tails_first_read_keeps_fail
     await follow.aclose()
 
 
-async def test_a_stream_created_again_elsewhere_never_gets_the_old_tails_records(live) -> None:
+@pytest.mark.parametrize("skew", [1, -1], ids=["later", "earlier"])
+async def test_a_stream_created_again_elsewhere_never_gets_the_old_tails_records(
+    live, skew: int
+) -> None:
     """Deleted and created again by another process, whose deletion this one has not heard
     yet: a follower checked against the new stream is not served the old tail's ring (the old
-    stream's records), it gets a new tail; the old tail's followers are told it is gone."""
+    stream's records), it gets a new tail; the old tail's followers are told it is gone. The
+    creation times come from the creating processes' clocks: the new one may be the earlier."""
     from datetime import timedelta
 
     streams, tails, wake = live
@@ -499,7 +503,7 @@ async def test_a_stream_created_again_elsewhere_never_gets_the_old_tails_records
     wake.notify_deleted = lambda k: None  # the deletion is not heard here (yet)
     await streams.update(key, [DeleteCommand(NOW)])
     wake.notify_deleted = heard
-    later = NOW + timedelta(seconds=1)
+    later = NOW + timedelta(seconds=skew)
     await streams.create(key, definition(), later)
     await streams.update(key, [append([record(b'{"new":1}')])])
     new_follow = tails.follow(key, 0, 1.0, created_at=later)
