@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
+from datetime import datetime
 from typing import NoReturn
 
 import msgspec
@@ -96,7 +97,15 @@ class DurableReads:
         check_cursor(cursor, position.head, position.earliest)
         return Page(position, records)
 
-    async def wait(self, key: StreamKey, cursor: int, timeout: float, *, caller: Caller) -> Waited:
+    async def wait(
+        self,
+        key: StreamKey,
+        cursor: int,
+        timeout: float,
+        *,
+        caller: Caller,
+        created_at: datetime | None = None,
+    ) -> Waited:
         """The first records after `cursor` appended within `timeout` seconds, on the shared
         tail; or none, at once when the stream is (or becomes) closed at `cursor`. Refused
         (401) as soon as `caller`'s token is revoked or expires meanwhile. Refused (429)
@@ -104,7 +113,7 @@ class DurableReads:
         slot = self._slots.admit(caller)
         lease = self._tokens.hold(caller)
         try:
-            return await self._wait(key, cursor, timeout, lease)
+            return await self._wait(key, cursor, timeout, lease, created_at)
         finally:
             self._tokens.release(lease)
             self._slots.release(caller, slot)
@@ -117,9 +126,19 @@ class DurableReads:
     def release_live(self, caller: Caller, slot: Slot) -> None:
         self._slots.release(caller, slot)
 
-    async def _wait(self, key: StreamKey, cursor: int, timeout: float, lease: Lease) -> Waited:
-        follow = self._tails.follow(key, cursor, max(self._heartbeat, timeout + 1), lease)
-        head, closed = cursor, False
+    async def _wait(
+        self,
+        key: StreamKey,
+        cursor: int,
+        timeout: float,
+        lease: Lease,
+        created_at: datetime | None,
+    ) -> Waited:
+        # `created_at`: the stream the cursor was checked against (LiveTails.follow).
+        follow = self._tails.follow(
+            key, cursor, max(self._heartbeat, timeout + 1), lease, created_at
+        )
+        head, closed, deleted = cursor, False, False
         deadline = asyncio.timeout(timeout)
         try:
             async with contextlib.aclosing(follow), deadline:
@@ -142,7 +161,8 @@ class DurableReads:
                                 reason=gone.reason,
                             )
                         case StreamGone():
-                            await self._gone(key)
+                            deleted = True  # said after the deadline's scope: it may pass
+                            break
                         case Revoked():
                             raise Unauthenticated("unknown, revoked or expired token")
         except TimeoutError:
@@ -150,6 +170,8 @@ class DurableReads:
             # answer within its bound: `Unanswered`) is an outage, not "up to date".
             if not deadline.expired():
                 raise
+        if deleted:
+            await self._gone(key)
         return Waited([], head, closed)
 
     async def _gone(self, key: StreamKey) -> NoReturn:
@@ -161,18 +183,23 @@ class DurableReads:
         raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
 
     async def follow(
-        self, key: StreamKey, definition: StreamDefinition, cursor: int, *, caller: Caller
+        self,
+        key: StreamKey,
+        definition: StreamDefinition,
+        cursor: int,
+        *,
+        caller: Caller,
+        created_at: datetime | None = None,
     ) -> AsyncGenerator[Delivery, None]:
-        """Every record after `cursor`, live (see `LiveTails.follow`); each delivery and
-        heartbeat is an access, so an open follower keeps an idle-expiring stream alive. It
-        ends with `Revoked` once `caller`'s token is revoked or expires. The caller closes it
-        (`contextlib.aclosing`)."""
+        """Every record after `cursor`, live (see `LiveTails.follow`, `created_at` the stream
+        the cursor was checked against); each delivery and heartbeat is an access, so an open
+        follower keeps an idle-expiring stream alive. It ends with `Revoked` once `caller`'s
+        token is revoked or expires. The caller closes it (`contextlib.aclosing`)."""
         lease = self._tokens.hold(caller)
         try:
+            tails = self._tails.follow(key, cursor, self._heartbeat, lease, created_at)
             async with contextlib.aclosing(
-                self._definitions.access.keep_touching(
-                    key, definition, self._tails.follow(key, cursor, self._heartbeat, lease)
-                )
+                self._definitions.access.keep_touching(key, definition, tails)
             ) as follow:
                 async for delivery in follow:
                     yield delivery

@@ -385,6 +385,7 @@ class Objects:
         evidence = await self._stores.store(intent.storage_region).stat(intent.storage_key)
         if evidence is None:
             raise errors.ObjectStateConflict(f"no body is stored for object {object_id!r}")
+
         async def attempt() -> CommitAnswer:
             # Timed when tried: a commit that waited for credit is appended (and its deadline
             # judged) as of then, not as of the wait's start.

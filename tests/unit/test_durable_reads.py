@@ -112,3 +112,22 @@ async def test_a_long_poll_whose_database_does_not_answer_is_an_outage_not_up_to
     tails.follow = silent
     with pytest.raises(Unanswered):
         await services.durable_reads.wait(key, 0, 10.0, caller=CALLER)
+
+
+async def test_a_long_poll_checked_against_a_stream_since_replaced_is_not_found(
+    services: Services,
+) -> None:
+    """The offset was checked against one incarnation of the stream; the tail follows another
+    (deleted and created again meanwhile): the wait answers 404, never the other's records."""
+    from datetime import UTC, datetime
+
+    from application.errors import NotFound
+    from domain.stream import StreamKey
+
+    await create(services, "replaced")
+    key, _ = await services.durable_reads.open(CALLER, "r", "replaced")
+    assert isinstance(key, StreamKey)
+    await services.append_records.produce(CALLER, "r", "replaced", [text(b"new")])
+    long_ago = datetime(2000, 1, 1, tzinfo=UTC)
+    with pytest.raises(NotFound):
+        await services.durable_reads.wait(key, 0, 2.0, caller=CALLER, created_at=long_ago)

@@ -451,7 +451,9 @@ async def read(
     head, closed = position.head, position.closed
     if query.live == "long-poll" and not records:
         if not (closed and start >= head):
-            waited = await reads.wait(key, start, long_poll_seconds, caller=caller)
+            waited = await reads.wait(
+                key, start, long_poll_seconds, caller=caller, created_at=position.created_at
+            )
             records, head, closed = trimmed(waited.records), max(waited.head, start), waited.closed
         if not records:
             answer = {"Stream-Next-Offset": wire.offset_of(start), "Stream-Up-To-Date": TRUE}
@@ -571,7 +573,9 @@ def sse(
                     break
                 page = await reads.page(key, last, PAGE_RECORDS)
             async with contextlib.aclosing(
-                reads.follow(key, definition, last, caller=caller)
+                reads.follow(
+                    key, definition, last, caller=caller, created_at=page.position.created_at
+                )
             ) as follow:
                 async for delivery in follow:
                     match delivery:
