@@ -117,12 +117,14 @@ class PostgresSubscriptions:
         discover: str | None = None,
         extra: tuple[StreamPath, ...] = (),
     ) -> _T:
-        try:
-            return await self._update(tenant, subscription_id, decide, discover, extra)
-        except _Raced:
-            # Another transaction created it meanwhile (nothing was locked: there was no row):
-            # decided again, from the row it made, under its lock.
-            return await self._update(tenant, subscription_id, decide, discover, extra)
+        while True:
+            try:
+                return await self._update(tenant, subscription_id, decide, discover, extra)
+            except _Raced:
+                # Another transaction created it meanwhile (nothing was locked: there was no
+                # row): decided again, from the row it made, under its lock (or, deleted
+                # again meanwhile, from none).
+                continue
 
     async def _update(
         self,
