@@ -298,6 +298,9 @@ class MemoryStreams:
             del row.journal[: row.snapshot_at]
             row.snapshot_at = 0
         self._project_objects(key, changes.events)
+        if stream.state.soft_deleted:
+            # Deleted while forks read it: delivers nothing more (as on PostgreSQL).
+            self.deliveries.pop(key, None)
         row.state = encode_state(stream.state)
         self._drop_pruned(row, stream.state.earliest)
 
