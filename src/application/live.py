@@ -278,6 +278,11 @@ class StreamTail:
         self.deleted = True
         self.wake_followers()
 
+    def follows(self, created_at: datetime) -> bool:
+        """Whether this tail follows (or, not having read yet, will follow) the stream created
+        then."""
+        return self.created_at is None or self.created_at == created_at
+
     def same_stream(self, created_at: datetime | None) -> bool:
         """Whether a page read now is of the stream this tail follows (not one deleted and
         created again under its key); the first page read says which that is."""
@@ -394,18 +399,20 @@ class LiveTails:
         self, key: StreamKey, created_at: datetime | None = None
     ) -> AsyncIterator[StreamTail]:
         tail = self._tails.get(key)
-        if (
-            tail is not None
-            and created_at is not None
-            and tail.created_at not in (None, created_at)
-            and (found := await self._reader.page(key, 0, 1)) is not None
-            and found[0].created_at == created_at
-        ):
-            # The stream it follows was deleted and created again elsewhere, and this process
-            # has not heard yet: its followers are told it is gone, its ring is never served.
-            # (Which one is current is read, not judged by the creation times: they come from
-            # the creating processes' clocks.)
-            tail._gone()
+        if created_at is not None and tail is not None and not tail.follows(created_at):
+            found = await self._reader.page(key, 0, 1)
+            tail = self._tails.get(key)  # (it may have been replaced or left meanwhile)
+            if (
+                tail is not None
+                and not tail.follows(created_at)
+                and found is not None
+                and found[0].created_at == created_at
+            ):
+                # The stream it follows was deleted and created again elsewhere, and this
+                # process has not heard yet: its followers are told it is gone, its ring is
+                # never served. (Which one is current is read, not judged by the creation
+                # times: they come from the creating processes' clocks.)
+                tail._gone()
         if tail is None or tail.deleted:  # a stream created again is followed by a new tail
             tail = StreamTail(
                 key,
@@ -460,7 +467,7 @@ class LiveTails:
                     yield Idle()
                     continue
                 await changed.waiter()
-            if created_at is not None and tail.created_at not in (None, created_at):
+            if created_at is not None and not tail.follows(created_at):
                 yield StreamGone()
                 return
             last = cursor
