@@ -132,6 +132,23 @@ async def paused(body: bytes, go_on: asyncio.Event):
     yield body[half:]
 
 
+async def upload_paused(
+    api: httpx.AsyncClient, body_path: str, body: bytes
+) -> tuple[asyncio.Task[httpx.Response], asyncio.Event]:
+    """An upload of `body` under way, its first half in (its intent found prepared), the rest
+    sent once the event is set."""
+    go_on = asyncio.Event()
+    upload = asyncio.create_task(
+        api.put(
+            f"{body_path}/body",
+            content=paused(body, go_on),
+            headers={"Content-Length": str(len(body))},
+        )
+    )
+    await asyncio.sleep(0.5)
+    return upload, go_on
+
+
 async def test_a_bad_upload_racing_a_good_one_never_touches_the_committed_body(
     api: httpx.AsyncClient, server: ServerProcess, run_id: str
 ) -> None:
@@ -141,16 +158,7 @@ async def test_a_bad_upload_racing_a_good_one_never_touches_the_committed_body(
     path = await new_stream(api, run_id)
     intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
     body_path = f"{path}/objects/{intent['object_id']}"
-    tampered = BODY[:-1] + bytes([BODY[-1] ^ 1])
-    go_on = asyncio.Event()
-    bad = asyncio.create_task(
-        api.put(
-            f"{body_path}/body",
-            content=paused(tampered, go_on),
-            headers={"Content-Length": str(len(tampered))},
-        )
-    )
-    await asyncio.sleep(0.5)  # its first half is in, its intent was found prepared
+    bad, go_on = await upload_paused(api, body_path, BODY[:-1] + bytes([BODY[-1] ^ 1]))
     assert (await api.put(f"{body_path}/body", content=BODY)).status_code == 200
     committed = await api.post(f"{body_path}/commit")
     assert committed.status_code == 201, committed.text
@@ -170,15 +178,7 @@ async def test_an_upload_racing_its_abort_leaves_no_body_behind(
     path = await new_stream(api, run_id)
     intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
     body_path = f"{path}/objects/{intent['object_id']}"
-    go_on = asyncio.Event()
-    upload = asyncio.create_task(
-        api.put(
-            f"{body_path}/body",
-            content=paused(BODY, go_on),
-            headers={"Content-Length": str(len(BODY))},
-        )
-    )
-    await asyncio.sleep(0.5)
+    upload, go_on = await upload_paused(api, body_path, BODY)
     assert (await api.post(f"{body_path}/abort")).json()["state"] == "aborted"
     go_on.set()
     refused = await upload

@@ -22,6 +22,15 @@ class TestPostgresSubscriptions(SubscriptionStoreContract):
         await stop(container)
 
 
+@pytest.fixture
+async def deployed(database_url: str) -> AsyncIterator[tuple[Any, Any]]:
+    """The use cases on this database, as a server process has them: (container, services)."""
+    container = Container(settings=Settings(database_url=database_url, pool_min_size=1))
+    services = await start(container)
+    yield container, services
+    await stop(container)
+
+
 async def test_delivered_wakes_are_forgotten_after_their_age(database_url: str) -> None:
 
     from adapters.postgres.subscriptions import PostgresSubscriptions
@@ -104,7 +113,7 @@ async def test_a_stream_created_while_a_glob_subscription_is_made_is_linked(
 
 
 async def test_a_link_erased_while_a_decision_is_made_is_not_written_back(
-    database_url: str,
+    deployed: tuple[Any, Any],
 ) -> None:
     """A stream's erasure removes its links without the subscription's lock. A decision that
     read a link before and moved its cursor after must not write it back: kept, it would name an
@@ -113,77 +122,71 @@ async def test_a_link_erased_while_a_decision_is_made_is_not_written_back(
     from domain.subscriptions import Link, StreamPath
     from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
 
-    container = Container(settings=Settings(database_url=database_url, pool_min_size=1))
-    services = await start(container)
-    try:
-        run, sid = uid("run"), uid("sub")
-        await create(services, ADMIN, run, "a")
-        await append(services, ADMIN, run, "a", 3)
-        await services.subscriptions.put(ADMIN, sid, webhook(streams=[f"{run}/a"]), BASE)
-        pool = await provided(container.pool)
-        store = await provided(container.subscription_store)
-        path = StreamPath(run, "a")
-        heads = store._heads
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    await create(services, ADMIN, run, "a")
+    await append(services, ADMIN, run, "a", 3)
+    await services.subscriptions.put(ADMIN, sid, webhook(streams=[f"{run}/a"]), BASE)
+    pool = await provided(container.pool)
+    store = await provided(container.subscription_store)
+    path = StreamPath(run, "a")
+    heads = store._heads
 
-        async def erased_meanwhile(conn: Any, tenant: str, paths: Any) -> Any:
-            found = await heads(conn, tenant, paths)  # the links are read by now
-            async with pool.acquire() as other:  # the erasure commits meanwhile
-                await other.execute(
-                    "DELETE FROM streams WHERE tenant = $1 AND run_id = $2 AND stream_id = 'a'",
-                    ADMIN.tenant,
-                    run,
-                )
-            return found
+    async def erased_meanwhile(conn: Any, tenant: str, paths: Any) -> Any:
+        found = await heads(conn, tenant, paths)  # the links are read by now
+        async with pool.acquire() as other:  # the erasure commits meanwhile
+            await other.execute(
+                "DELETE FROM streams WHERE tenant = $1 AND run_id = $2 AND stream_id = 'a'",
+                ADMIN.tenant,
+                run,
+            )
+        return found
 
-        store._heads = erased_meanwhile
+    store._heads = erased_meanwhile
 
-        def decide(sub: Any, _heads: Any) -> Any:
-            from application.subscriptions import Change
+    def decide(sub: Any, _heads: Any) -> Any:
+        from application.subscriptions import Change
 
-            return Change(sub.with_links({path: Link(path, True, False, 2)})), None
+        return Change(sub.with_links({path: Link(path, True, False, 2)})), None
 
-        await store.update(ADMIN.tenant, sid, decide)
-        store._heads = heads
-        links = "SELECT acked FROM ds_subscription_links WHERE tenant = $1 AND subscription_id = $2"
-        assert await pool.fetch(links, ADMIN.tenant, sid) == []
-    finally:
-        await stop(container)
+    await store.update(ADMIN.tenant, sid, decide)
+    store._heads = heads
+    links = "SELECT acked FROM ds_subscription_links WHERE tenant = $1 AND subscription_id = $2"
+    assert await pool.fetch(links, ADMIN.tenant, sid) == []
 
 
-async def test_a_stream_created_again_starts_every_link_to_it_at_zero(database_url: str) -> None:
+async def test_a_stream_created_again_starts_every_link_to_it_at_zero(
+    deployed: tuple[Any, Any],
+) -> None:
     """Migration 0498: a link row already there when a stream is created (named before it
     existed, or written back from a previous incarnation) gets the new stream's cursor, 0."""
     from tests.support.subscription_contract import ADMIN, BASE, create, uid, webhook
 
-    container = Container(settings=Settings(database_url=database_url, pool_min_size=1))
-    services = await start(container)
-    try:
-        run, sid = uid("run"), uid("sub")
-        await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/*"), BASE)
-        pool = await provided(container.pool)
-        await pool.execute(
-            "INSERT INTO ds_subscription_links"
-            " (tenant, subscription_id, run_id, stream_id, explicit, glob, acked)"
-            " VALUES ($1, $2, $3, 'a', true, false, 10)",
-            ADMIN.tenant,
-            sid,
-            run,
-        )
-        await create(services, ADMIN, run, "a")
-        row = await pool.fetchrow(
-            "SELECT explicit, glob, acked FROM ds_subscription_links"
-            " WHERE tenant = $1 AND subscription_id = $2 AND run_id = $3",
-            ADMIN.tenant,
-            sid,
-            run,
-        )
-        assert tuple(row) == (True, True, 0)
-    finally:
-        await stop(container)
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/*"), BASE)
+    pool = await provided(container.pool)
+    await pool.execute(
+        "INSERT INTO ds_subscription_links"
+        " (tenant, subscription_id, run_id, stream_id, explicit, glob, acked)"
+        " VALUES ($1, $2, $3, 'a', true, false, 10)",
+        ADMIN.tenant,
+        sid,
+        run,
+    )
+    await create(services, ADMIN, run, "a")
+    row = await pool.fetchrow(
+        "SELECT explicit, glob, acked FROM ds_subscription_links"
+        " WHERE tenant = $1 AND subscription_id = $2 AND run_id = $3",
+        ADMIN.tenant,
+        sid,
+        run,
+    )
+    assert tuple(row) == (True, True, 0)
 
 
 async def test_a_stream_created_while_a_matching_subscription_is_deleted_is_created(
-    database_url: str,
+    deployed: tuple[Any, Any],
 ) -> None:
     """The creation's trigger links the streams a glob matches: one matching a subscription
     whose deletion is under way waits for it, then links nothing (its link's foreign key failed
@@ -192,33 +195,29 @@ async def test_a_stream_created_while_a_matching_subscription_is_deleted_is_crea
 
     from tests.support.subscription_contract import ADMIN, BASE, create, uid, webhook
 
-    container = Container(settings=Settings(database_url=database_url, pool_min_size=1))
-    services = await start(container)
-    try:
-        run, sid = uid("run"), uid("sub")
-        await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/*"), BASE)
-        pool = await provided(container.pool)
-        async with pool.acquire() as deleting:
-            transaction = deleting.transaction()
-            await transaction.start()
-            await deleting.execute(
-                "DELETE FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2",
-                ADMIN.tenant,
-                sid,
-            )
-            creating = asyncio.create_task(create(services, ADMIN, run, "a"))
-            await asyncio.sleep(0.5)
-            assert not creating.done()  # it waits for the deletion under way
-            await transaction.commit()
-        await asyncio.wait_for(creating, 10)
-        links = "SELECT count(*) FROM ds_subscription_links WHERE tenant = $1 AND run_id = $2"
-        assert await pool.fetchval(links, ADMIN.tenant, run) == 0
-    finally:
-        await stop(container)
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/*"), BASE)
+    pool = await provided(container.pool)
+    async with pool.acquire() as deleting:
+        transaction = deleting.transaction()
+        await transaction.start()
+        await deleting.execute(
+            "DELETE FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2",
+            ADMIN.tenant,
+            sid,
+        )
+        creating = asyncio.create_task(create(services, ADMIN, run, "a"))
+        await asyncio.sleep(0.5)
+        assert not creating.done()  # it waits for the deletion under way
+        await transaction.commit()
+    await asyncio.wait_for(creating, 10)
+    links = "SELECT count(*) FROM ds_subscription_links WHERE tenant = $1 AND run_id = $2"
+    assert await pool.fetchval(links, ADMIN.tenant, run) == 0
 
 
 async def test_a_stream_created_while_a_decision_holds_its_subscription_never_deadlocks(
-    database_url: str,
+    deployed: tuple[Any, Any],
 ) -> None:
     """A subscription's decision holds its row (FOR UPDATE), then writes its links; the
     creation's trigger holds the subscriptions it touches first, then their links. The other
@@ -228,44 +227,39 @@ async def test_a_stream_created_while_a_decision_holds_its_subscription_never_de
 
     from tests.support.subscription_contract import ADMIN, BASE, create, uid, webhook
 
-    container = Container(settings=Settings(database_url=database_url, pool_min_size=1))
-    services = await start(container)
-    try:
-        run, sid = uid("run"), uid("sub")
-        await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/*"), BASE)
-        pool = await provided(container.pool)
-        link = (
-            "INSERT INTO ds_subscription_links"
-            " (tenant, subscription_id, run_id, stream_id, explicit, glob, acked)"
-            " VALUES ($1, $2, $3, 'a', true, false, 10)"
-        )
-        await pool.execute(link, ADMIN.tenant, sid, run)
-        async with pool.acquire() as deciding:
-            transaction = deciding.transaction()
-            await transaction.start()
-            await deciding.execute(
-                "SELECT 1 FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2"
-                " FOR UPDATE",
-                ADMIN.tenant,
-                sid,
-            )
-            creating = asyncio.create_task(create(services, ADMIN, run, "a"))
-            await asyncio.sleep(0.5)
-            assert not creating.done()  # it waits for the decision
-            await deciding.execute(
-                "UPDATE ds_subscription_links SET acked = 5"
-                " WHERE tenant = $1 AND subscription_id = $2 AND run_id = $3",
-                ADMIN.tenant,
-                sid,
-                run,
-            )
-            await transaction.commit()
-        await asyncio.wait_for(creating, 10)
-        acked = await pool.fetchval(
-            "SELECT acked FROM ds_subscription_links WHERE tenant = $1 AND run_id = $2",
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/*"), BASE)
+    pool = await provided(container.pool)
+    link = (
+        "INSERT INTO ds_subscription_links"
+        " (tenant, subscription_id, run_id, stream_id, explicit, glob, acked)"
+        " VALUES ($1, $2, $3, 'a', true, false, 10)"
+    )
+    await pool.execute(link, ADMIN.tenant, sid, run)
+    async with pool.acquire() as deciding:
+        transaction = deciding.transaction()
+        await transaction.start()
+        await deciding.execute(
+            "SELECT 1 FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2 FOR UPDATE",
             ADMIN.tenant,
+            sid,
+        )
+        creating = asyncio.create_task(create(services, ADMIN, run, "a"))
+        await asyncio.sleep(0.5)
+        assert not creating.done()  # it waits for the decision
+        await deciding.execute(
+            "UPDATE ds_subscription_links SET acked = 5"
+            " WHERE tenant = $1 AND subscription_id = $2 AND run_id = $3",
+            ADMIN.tenant,
+            sid,
             run,
         )
-        assert acked == 0  # the new stream's cursor, whatever the decision wrote before
-    finally:
-        await stop(container)
+        await transaction.commit()
+    await asyncio.wait_for(creating, 10)
+    acked = await pool.fetchval(
+        "SELECT acked FROM ds_subscription_links WHERE tenant = $1 AND run_id = $2",
+        ADMIN.tenant,
+        run,
+    )
+    assert acked == 0  # the new stream's cursor, whatever the decision wrote before
