@@ -269,8 +269,11 @@ class StreamTail:
                         return
                     await listener.wait(self._recheck)
                     if listener.deleted:
-                        self._gone()
-                        return
+                        # A deletion was heard: of this tail's stream, or of an earlier one
+                        # under its key (deleted and created again elsewhere, heard late; the
+                        # notification names no incarnation). The next read tells: gone, or
+                        # another incarnation, ends the tail there.
+                        listener.deleted = False
         finally:
             outages.left(self.key)
 

@@ -517,3 +517,24 @@ async def test_a_stream_created_again_elsewhere_never_gets_the_old_tails_records
     assert await anext(stale) == StreamGone()
     for follow in (old_follow, new_follow, stale):
         await follow.aclose()
+
+
+async def test_a_deletion_heard_late_of_an_earlier_stream_does_not_end_its_successor(
+    live,
+) -> None:
+    """The deletion notification names no incarnation: heard after the stream was created again
+    (and followed), it is of the earlier one, and the followers of the new one go on."""
+    streams, tails, wake = live
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    follow = tails.follow(key, 0, 1.0)
+    waiting = asyncio.ensure_future(anext(follow))
+    await asyncio.sleep(0.01)
+    wake.notify_deleted(key)  # an earlier incarnation's deletion, heard late
+    await asyncio.sleep(0.01)
+    await streams.update(key, [append()])
+    async with asyncio.timeout(2):
+        delivered = await waiting
+    assert isinstance(delivered, RecordsDelivered), delivered
+    assert [r.sequence for r in delivered.records] == [1]
+    await follow.aclose()
