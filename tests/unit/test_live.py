@@ -28,6 +28,7 @@ from application.placement import Deployment
 from application.read_records import ReadRecords
 from application.tokens import TokenCache
 from application.wake import WakeRegistry
+from domain.stream import StreamKey
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 
 
@@ -403,15 +404,24 @@ class FailingReader:
         return getattr(self._streams, name)
 
 
-async def test_a_tail_that_cannot_read_backs_off_says_so_once_and_delivers_once_back(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def failing_tails(
+    retry_max_seconds: float,
+) -> tuple[MemoryStreams, FailingReader, LiveTails, StreamKey]:
+    """A stream on the memory adapter, read through a reader that fails when told to, and the
+    tails that follow it (retrying from 10 ms up to `retry_max_seconds`)."""
     wake = WakeRegistry()
     streams = MemoryStreams(wake)
     reader = FailingReader(streams)
-    tails = LiveTails(reader, wake, retry_first_seconds=0.01, retry_max_seconds=0.08)
+    tails = LiveTails(reader, wake, retry_first_seconds=0.01, retry_max_seconds=retry_max_seconds)
     key = new_key()
     await streams.create(key, definition(), NOW)
+    return streams, reader, tails, key
+
+
+async def test_a_tail_that_cannot_read_backs_off_says_so_once_and_delivers_once_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    streams, reader, tails, key = await failing_tails(retry_max_seconds=0.08)
     follower = asyncio.ensure_future(collect(tails.follow(key, 0, 60.0), until=3))
     tail = None
     while tail is None or not tail.ready.is_set():
@@ -439,12 +449,7 @@ async def test_a_tail_that_cannot_read_backs_off_says_so_once_and_delivers_once_
 
 
 async def test_a_tail_stopped_while_failing_leaves_the_outage_to_the_next_read() -> None:
-    wake = WakeRegistry()
-    streams = MemoryStreams(wake)
-    reader = FailingReader(streams)
-    tails = LiveTails(reader, wake, retry_first_seconds=0.01, retry_max_seconds=0.02)
-    key = new_key()
-    await streams.create(key, definition(), NOW)
+    streams, reader, tails, key = await failing_tails(retry_max_seconds=0.02)
     reader.failing = True
     follower = asyncio.ensure_future(collect(tails.follow(key, 0, 60.0), until=1))
     await asyncio.sleep(0.05)
@@ -462,12 +467,7 @@ async def test_a_follower_hears_heartbeats_while_its_tails_first_read_keeps_fail
     """The database out of reach before the tail first read: the follower is not silent for the
     whole outage (a proxy would time the connection out), it hears a heartbeat each interval,
     then its records once the tail reads."""
-    wake = WakeRegistry()
-    streams = MemoryStreams(wake)
-    reader = FailingReader(streams)
-    tails = LiveTails(reader, wake, retry_first_seconds=0.01, retry_max_seconds=0.02)
-    key = new_key()
-    await streams.create(key, definition(), NOW)
+    streams, reader, tails, key = await failing_tails(retry_max_seconds=0.02)
     await streams.update(key, [append()])
     reader.failing = True
     follow = tails.follow(key, 0, 0.05)
