@@ -37,3 +37,21 @@ BEGIN
     ON CONFLICT (tenant, subscription_id, run_id, stream_id) DO UPDATE SET glob = true;
     RETURN NULL;
 END $$;
+
+-- A stream erased is unlinked the same way round: the subscriptions with a link to it are held
+-- first (FOR KEY SHARE, in their ID's order), then their links deleted. Deleting the links
+-- first deadlocked a run's deletion (several streams, their links one after the other) with a
+-- subscription's decision (its row FOR UPDATE, then its links).
+CREATE OR REPLACE FUNCTION ds_unlink_erased_stream() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM ds_subscriptions s
+    WHERE s.tenant = OLD.tenant
+      AND s.subscription_id IN (
+          SELECT l.subscription_id FROM ds_subscription_links l
+          WHERE l.tenant = OLD.tenant AND l.run_id = OLD.run_id AND l.stream_id = OLD.stream_id)
+    ORDER BY s.subscription_id
+    FOR KEY SHARE OF s;
+    DELETE FROM ds_subscription_links
+    WHERE tenant = OLD.tenant AND run_id = OLD.run_id AND stream_id = OLD.stream_id;
+    RETURN NULL;
+END $$;

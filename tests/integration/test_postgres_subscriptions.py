@@ -112,13 +112,16 @@ async def test_a_stream_created_while_a_glob_subscription_is_made_is_linked(
         await stop(container)
 
 
-async def test_a_link_erased_while_a_decision_is_made_is_not_written_back(
+async def test_a_stream_erased_while_a_decision_is_made_is_unlinked_after_it(
     deployed: tuple[Any, Any],
 ) -> None:
-    """A stream's erasure removes its links without the subscription's lock. A decision that
-    read a link before and moved its cursor after must not write it back: kept, it would name an
-    erased stream, and a stream created again under its ID would start from that cursor (its
-    first records would never wake the subscription)."""
+    """A stream's erasure unlinks it from the subscriptions holding links to it, each held
+    first (migration 0498): one erased while a decision holds its subscription waits for the
+    decision, then removes the link the decision wrote. (Written back after the erasure, the
+    link named an erased stream, and a stream created again under its ID started from its
+    cursor: its first records never woke the subscription.)"""
+    import asyncio
+
     from domain.subscriptions import Link, StreamPath
     from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
 
@@ -131,15 +134,21 @@ async def test_a_link_erased_while_a_decision_is_made_is_not_written_back(
     store = await provided(container.subscription_store)
     path = StreamPath(run, "a")
     heads = store._heads
+    erasing: list[asyncio.Task[Any]] = []
 
     async def erased_meanwhile(conn: Any, tenant: str, paths: Any) -> Any:
         found = await heads(conn, tenant, paths)  # the links are read by now
-        async with pool.acquire() as other:  # the erasure commits meanwhile
-            await other.execute(
-                "DELETE FROM streams WHERE tenant = $1 AND run_id = $2 AND stream_id = 'a'",
-                ADMIN.tenant,
-                run,
+        erasing.append(
+            asyncio.create_task(
+                pool.execute(
+                    "DELETE FROM streams WHERE tenant = $1 AND run_id = $2 AND stream_id = 'a'",
+                    ADMIN.tenant,
+                    run,
+                )
             )
+        )
+        await asyncio.sleep(0.3)
+        assert not erasing[0].done()  # the erasure waits for the decision
         return found
 
     store._heads = erased_meanwhile
@@ -151,6 +160,7 @@ async def test_a_link_erased_while_a_decision_is_made_is_not_written_back(
 
     await store.update(ADMIN.tenant, sid, decide)
     store._heads = heads
+    await asyncio.wait_for(erasing[0], 10)
     links = "SELECT acked FROM ds_subscription_links WHERE tenant = $1 AND subscription_id = $2"
     assert await pool.fetch(links, ADMIN.tenant, sid) == []
 

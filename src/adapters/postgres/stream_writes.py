@@ -314,6 +314,8 @@ RETURNING pg_notify('{WAKE_CHANNEL}', s.tenant || '/' || s.run_id || '/' || s.st
 _DELETE_PRUNED = f"DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4"
 
 
+_LOCK_FOR_DELETE = f"SELECT 1 FROM streams WHERE {_KEY} FOR UPDATE"
+
 SOFT_DELETED = f"""
 WITH unswept AS (
     -- nothing is left to expire: only the cascade of its last fork's erasure erases it
@@ -648,6 +650,10 @@ async def after_write(conn: Connection, key: StreamKey, changes: Changes) -> Non
     """What the write statement does not hold: a soft delete, a prune, objects' intents and
     the journal's compaction after a snapshot."""
     if any(isinstance(e, StreamSoftDeleted) for e in changes.events):
+        # FOR UPDATE first (the commit holds FOR NO KEY UPDATE): an input event's insert that
+        # holds the row FOR KEY SHARE is waited for, and one that comes after sees the stream
+        # soft-deleted, and inserts nothing.
+        await conn.execute(_LOCK_FOR_DELETE, *key)
         await conn.execute(SOFT_DELETED, *key)
     pruned = [e for e in changes.events if isinstance(e, RecordsPruned)]
     if pruned:

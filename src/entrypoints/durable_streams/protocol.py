@@ -572,9 +572,11 @@ def sse(
                 if up_to_date:
                     break
                 page = await reads.page(key, last, PAGE_RECORDS)
+                if page.position.created_at != first.position.created_at:
+                    return  # deleted and created again meanwhile: nothing more of this one
             async with contextlib.aclosing(
                 reads.follow(
-                    key, definition, last, caller=caller, created_at=page.position.created_at
+                    key, definition, last, caller=caller, created_at=first.position.created_at
                 )
             ) as follow:
                 async for delivery in follow:
