@@ -66,13 +66,21 @@ _ERASE = erase_statement()
 _LOCK_FOR_ERASURE = f"SELECT 1 FROM streams WHERE {_OF_THEM} FOR UPDATE"
 
 
+async def lock_for_deletion(
+    conn: Connection, tenant: str, run_id: str, stream_ids: list[str]
+) -> None:
+    """FOR UPDATE on these streams' rows, whose caller holds them already (a commit's lock,
+    FOR NO KEY UPDATE), in a statement of its own before a deletion (an erasure, a soft delete):
+    it waits for what holds a row FOR KEY SHARE (the default wait service's insert of an input
+    event), so that the deleting statement, whose snapshot is taken after, sees what that wrote,
+    and an insert that comes after sees the deletion."""
+    await conn.execute(_LOCK_FOR_ERASURE, tenant, run_id, stream_ids)
+
+
 async def erase(
     conn: Connection, tenant: str, run_id: str, stream_ids: list[str], reason: str
 ) -> None:
     """Erase these streams of one run (`reason`: "deleted" or "expired"); the caller holds their
-    row locks (a commit's, FOR NO KEY UPDATE). FOR UPDATE is taken first, in a statement of its
-    own: it waits for what holds a row FOR KEY SHARE (the default wait service's insert of an
-    event), so that the erasing statement, whose snapshot is taken after, sees what that wrote
-    and erases it too."""
-    await conn.execute(_LOCK_FOR_ERASURE, tenant, run_id, stream_ids)
+    row locks, and `lock_for_deletion` is taken first (what it waited for is erased too)."""
+    await lock_for_deletion(conn, tenant, run_id, stream_ids)
     await conn.execute(_ERASE, tenant, run_id, stream_ids, ERASED_STREAM + reason)

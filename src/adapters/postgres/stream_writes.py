@@ -21,7 +21,7 @@ import asyncpg
 import msgspec
 
 from adapters.postgres.connections import Connection
-from adapters.postgres.erasure import WAKE_CHANNEL
+from adapters.postgres.erasure import WAKE_CHANNEL, lock_for_deletion
 from adapters.postgres.intents import PROJECTED, project_objects
 from adapters.postgres.journal import schedule_compaction
 from adapters.postgres.producers import write_producers
@@ -313,8 +313,6 @@ RETURNING pg_notify('{WAKE_CHANNEL}', s.tenant || '/' || s.run_id || '/' || s.st
 
 _DELETE_PRUNED = f"DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4"
 
-
-_LOCK_FOR_DELETE = f"SELECT 1 FROM streams WHERE {_KEY} FOR UPDATE"
 
 SOFT_DELETED = f"""
 WITH unswept AS (
@@ -650,10 +648,7 @@ async def after_write(conn: Connection, key: StreamKey, changes: Changes) -> Non
     """What the write statement does not hold: a soft delete, a prune, objects' intents and
     the journal's compaction after a snapshot."""
     if any(isinstance(e, StreamSoftDeleted) for e in changes.events):
-        # FOR UPDATE first (the commit holds FOR NO KEY UPDATE): an input event's insert that
-        # holds the row FOR KEY SHARE is waited for, and one that comes after sees the stream
-        # soft-deleted, and inserts nothing.
-        await conn.execute(_LOCK_FOR_DELETE, *key)
+        await lock_for_deletion(conn, key.tenant, key.run_id, [key.stream_id])
         await conn.execute(SOFT_DELETED, *key)
     pruned = [e for e in changes.events if isinstance(e, RecordsPruned)]
     if pruned:
