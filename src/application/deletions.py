@@ -3,29 +3,48 @@
 Never under a legal hold (the job waits), never anywhere else (the region is the one recorded
 with the body), and idempotent (deleting what is gone is not an error). The bodies of an erased
 stream were released when it was deleted (which a hold refuses): a stream created again under
-its ID, held or not, has bodies of its own under other keys, so they do not wait for it."""
+its ID, held or not, has bodies of its own under other keys, so they do not wait for it.
+
+An upload arms its body's deletion before it puts a byte (`UPLOADING`), due once no put of it
+can still land; the intent's reaching `uploaded` disarms it. So a process killed between its put
+and its bookkeeping leaves no body that nothing references: the armed deletion finds the intent
+never uploaded (or aborted, expired, gone) and removes it."""
 
 from __future__ import annotations
 
 import logging
 
 from application.log_context import about_stream
-from application.objects import ObjectStores
-from application.ports import StreamRepository
+from application.objects import ObjectStores, object_id_in
+from application.ports import Clock, ObjectIntents, StreamRepository
 from application.workers import Job, ensure_claimed
 
 log = logging.getLogger("ductor_streams.deletions")
 
 # The outbox reason of the bodies of an erased stream: "stream-deleted", "stream-expired".
 ERASED_STREAM = "stream-"
+# The outbox reason of a body an upload is putting: armed before the put, due when no put of it
+# can still land, disarmed when its intent is uploaded. A deletion queued for the body meanwhile
+# (abort, expiry, pruning, erasure) takes the row over, and is not due before that either.
+UPLOADING = "upload"
+# The intent states whose body a commit references or may reference: an armed upload deletion
+# found in one of these is done without removing the body.
+_KEPT = ("uploaded", "committed")
 
 
 class DeleteBodies:
     def __init__(
-        self, streams: StreamRepository, stores: ObjectStores, hold_recheck_seconds: float = 30.0
+        self,
+        streams: StreamRepository,
+        stores: ObjectStores,
+        intents: ObjectIntents,
+        clock: Clock,
+        hold_recheck_seconds: float = 30.0,
     ) -> None:
         self._streams = streams
         self._stores = stores
+        self._intents = intents
+        self._clock = clock
         self._recheck = hold_recheck_seconds
 
     async def run_job(self, job: Job) -> float | None:
@@ -36,6 +55,15 @@ class DeleteBodies:
             about_stream(job.key, stream.definition.placement.log_region)
             if stream.state.legal_hold.enabled:
                 return self._recheck
+        if job.reason == UPLOADING:
+            intent = await self._intents.intent(job.key, object_id_in(job.storage_key))
+            if intent is not None and intent.storage_key == job.storage_key:
+                if intent.state in _KEPT:
+                    # A twin upload armed it after the first had disarmed it: the body is the
+                    # intent's own. (Its abort, expiry or pruning will queue the deletion again.)
+                    return None
+                if intent.state == "prepared" and intent.expires_at > self._clock():
+                    return self._recheck  # due early (clocks apart): an upload may still land
         ensure_claimed()  # a claim this worker could not renew is not acted on
         await self._stores.store(job.storage_region).delete(job.storage_key)
         log.info("deleted an object body in region %s", job.storage_region)

@@ -8,6 +8,7 @@ by object ID (a repeat returns the original sequence)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import secrets
@@ -78,6 +79,17 @@ def object_id_for(key: StreamKey, created_at: datetime, idempotency_key: str) ->
     return "obj-" + digest[:32]
 
 
+def storage_key_for(key: StreamKey, object_id: str) -> str:
+    """Unique to one intent: a stream deleted and created again under the same ID reuses object
+    IDs, and its bodies must never meet the deleted stream's queued deletions."""
+    return "/".join((*key, f"{object_id}.{secrets.token_hex(8)}"))
+
+
+def object_id_in(storage_key: str) -> str:
+    """The object ID a key of `storage_key_for` was made for."""
+    return storage_key.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+
+
 # Said to another principal that reuses a key: nothing of the first request's intent is answered.
 _KEY_IN_USE = "idempotency_key {!r} is in use on this stream by another request"
 
@@ -98,6 +110,7 @@ class ObjectView(msgspec.Struct, frozen=True):
 
 
 OPEN_STATES = ("prepared", "uploaded")
+UPLOAD_GRACE_SECONDS = 60.0
 
 
 def object_view(intent: ObjectIntent) -> ObjectView:
@@ -232,7 +245,11 @@ class Objects:
         clock: Clock,
         max_open_objects: int | None = None,
         wake: WakeRegistry | None = None,
+        upload_grace_seconds: float = UPLOAD_GRACE_SECONDS,
     ) -> None:
+        # How long past an intent's deadline its armed upload deletion waits: a store may still
+        # finish a put its client stopped sending at the deadline.
+        self._grace = timedelta(seconds=upload_grace_seconds)
         self._definitions = definitions
         # A commit under `unread_policy: block` waits for credit as an append does (without a
         # registry, as in some unit tests, it answers backpressure at once).
@@ -301,9 +318,7 @@ class Objects:
             content_type=request.content_type,
             schema=request.schema,
             storage_region=region,
-            # Unique to this intent: a stream deleted and created again under the same ID reuses
-            # object IDs, and its bodies must never meet the deleted stream's queued deletions.
-            storage_key="/".join((*key, f"{object_id}.{secrets.token_hex(8)}")),
+            storage_key=storage_key_for(key, object_id),
             receipt=AuthorizationReceipt(
                 principal=caller.principal, scopes=tuple(sorted(caller.scopes)), decided_at=now
             ),
@@ -341,10 +356,27 @@ class Objects:
                 limit=intent.size,
             )
         store = self._stores.store(intent.storage_region)
+        # Armed before the first byte: if this process dies after the put and before the intent
+        # is uploaded (or before it removes the body of an intent aborted meanwhile), the body
+        # is still removed, once no put of it can land. Reaching `uploaded` disarms it.
+        await self._intents.uploading(
+            key, intent.storage_region, intent.storage_key, intent.expires_at + self._grace
+        )
         # A body that is not the prepared one is never written at the intent's key: a twin
         # upload may have put the right body there, and its commit may reference it already.
         expected = StoredObject(size=intent.size, sha256=bytes.fromhex(intent.sha256))
-        stored = await store.put(intent.storage_key, chunks, max_size=intent.size, expect=expected)
+        # No later than the intent's deadline (it could not be uploaded after it anyway), so
+        # that the armed deletion is due only once every put of the body has ended.
+        left = (intent.expires_at - self._clock()).total_seconds()
+        try:
+            async with asyncio.timeout(max(left, 0.0)):
+                stored = await store.put(
+                    intent.storage_key, chunks, max_size=intent.size, expect=expected
+                )
+        except TimeoutError:
+            raise errors.ObjectStateConflict(
+                f"object {object_id!r} expired while its body was uploading"
+            ) from None
         if stored.size != intent.size:
             raise errors.SizeMismatch(
                 f"received {stored.size} bytes; the intent pins {intent.size}",

@@ -364,6 +364,14 @@ class ObjectIntents(Protocol):
     async def expired_intents(self, now: datetime, limit: int) -> list[tuple[StreamKey, str]]:
         """Open (prepared or uploaded) intents whose expiry has passed."""
 
+    async def uploading(
+        self, key: StreamKey, storage_region: str, storage_key: str, due: datetime
+    ) -> None:
+        """Arm the deletion of a body an upload is about to put, due at `due` (when no put of it
+        can still land) or later if it was armed for later. A deletion queued for the body
+        already, done or not, is due again then too. The intent's `ObjectUploaded` disarms it;
+        an abort, expiry, pruning or erasure takes it over without making it due sooner."""
+
 
 class StoredObject(msgspec.Struct, frozen=True):
     """What an object store holds under a key: the evidence a commit checks."""

@@ -400,6 +400,8 @@ class Container(containers.DeclarativeContainer):
         DeleteBodies,
         streams,
         object_stores,
+        streams,
+        clock,
         hold_recheck_seconds=settings.provided.prune_interval_seconds,
     )
     worker_id = providers.Singleton(new_worker_id)

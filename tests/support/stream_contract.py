@@ -21,9 +21,16 @@ from application.append_records import AppendCommand, ProduceCommand, Produced
 from application.close_stream import CloseCommand
 from application.consumers import RemoveConsumerCommand
 from application.delete_stream import DeleteCommand
+from application.deletions import ERASED_STREAM, UPLOADING
 from application.errors import NotFound
 from application.expiry import ExpireCommand
-from application.objects import AbortCommand, CommitCommand, PrepareCommand, UploadedCommand
+from application.objects import (
+    AbortCommand,
+    CommitCommand,
+    PrepareCommand,
+    UploadedCommand,
+    storage_key_for,
+)
 from application.ports import Done, Failed, ForkLink, Replayed
 from application.retention import PruneCommand
 from application.set_legal_hold import LegalHoldCommand
@@ -411,6 +418,18 @@ async def queued_bodies(repo, key) -> list[str]:
     return [r[0] for r in rows]
 
 
+async def queued_reasons(repo, key) -> dict[str, str]:
+    """Each storage key on the deletion outbox for this stream, not done, with its reason."""
+    if hasattr(repo, "deletions"):
+        return {k: why for stream, _, k, why in repo.deletions if stream == key}
+    rows = await repo._pool.fetch(
+        "SELECT storage_key, reason FROM deletion_outbox WHERE tenant = $1 AND run_id = $2 "
+        "AND stream_id = $3 AND done_at IS NULL",
+        *key,
+    )
+    return {r[0]: r[1] for r in rows}
+
+
 class JournalContract:
     """Snapshots bound the journal; replay of what is kept still rebuilds the stored state."""
 
@@ -551,6 +570,49 @@ class ObjectIntentsContract:
         assert sorted(await queued_bodies(repo, key)) == sorted(
             i.storage_key for i in (kept, dropped, late)
         )
+
+    async def test_an_armed_upload_is_disarmed_by_its_upload_and_taken_over_by_a_deletion(
+        self, repo
+    ) -> None:
+        """An upload arms its body's deletion before the put: reaching `uploaded` disarms it,
+        and an abort (or expiry, pruning, erasure) queued meanwhile takes the one row over."""
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        due = NOW + timedelta(hours=1)
+        intents = {}
+        for object_id in ("up", "gone", "erased"):
+            intents[object_id] = ObjectIntent(
+                object_id=object_id,
+                idempotency_key=object_id,
+                state="prepared",
+                size=3,
+                sha256="ab" * 32,
+                content_type="x/y",
+                schema=None,
+                storage_region="local",
+                storage_key=storage_key_for(key, object_id),
+                receipt=AuthorizationReceipt("writer", ("streams:write",), NOW),
+                expires_at=due,
+                created_at=NOW,
+            )
+            [done] = await repo.update(key, [PrepareCommand(intents[object_id], WRITER, NOW)])
+            assert isinstance(done, Done)
+            await repo.uploading(key, "local", intents[object_id].storage_key, due)
+            await repo.uploading(key, "local", intents[object_id].storage_key, due)  # twice
+        assert await queued_reasons(repo, key) == {
+            i.storage_key: UPLOADING for i in intents.values()
+        }
+        await repo.update(key, [UploadedCommand("up", NOW)])
+        await repo.update(key, [AbortCommand("gone", NOW)])
+        assert await queued_reasons(repo, key) == {
+            intents["gone"].storage_key: "aborted",
+            intents["erased"].storage_key: UPLOADING,
+        }
+        await repo.update(key, [DeleteCommand(NOW)])
+        reasons = await queued_reasons(repo, key)
+        assert reasons.pop(intents["gone"].storage_key) == "aborted"
+        assert set(reasons) == {intents["up"].storage_key, intents["erased"].storage_key}
+        assert all(r.startswith(ERASED_STREAM) for r in reasons.values())
 
 
 def forked(source: Stream, stream_id: str, through: int, **changes: object) -> StreamDefinition:

@@ -113,7 +113,9 @@ async def test_an_erased_streams_bodies_do_not_wait_for_a_hold_on_its_successor(
     key = new_key()
     await streams.create(key, definition(), NOW)
     await streams.update(key, [LegalHoldCommand(True, "the new stream's case", NOW)])
-    delete = DeleteBodies(streams, ObjectStores({"local": store}), hold_recheck_seconds=7)
+    delete = DeleteBodies(
+        streams, ObjectStores({"local": store}), streams, lambda: NOW, hold_recheck_seconds=7
+    )
     for name, reason, waits in (("a", "aborted", True), ("b", "stream-deleted", False)):
         await store.put(name, one_chunk(), max_size=10)
         job = Job(key, 0, 1, storage_region="local", storage_key=name, reason=reason)

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
-from application.deletions import ERASED_STREAM
+from application.deletions import ERASED_STREAM, UPLOADING
 from application.errors import NotFound
 from application.fork_reads import (
     ForkLink,
@@ -308,13 +308,19 @@ class MemoryStreams:
         """Everything the stream holds goes; the bodies its intents name are queued."""
         del self._rows[key]
         self.deliveries.pop(key, None)
-        queued = {(region, storage_key) for _, region, storage_key, _ in self.deletions}
         for k, object_id in [ik for ik in self._intents if ik[0] == key]:
             intent = self._intents.pop((k, object_id))
-            if (intent.storage_region, intent.storage_key) not in queued:
-                self.deletions.append(
-                    (key, intent.storage_region, intent.storage_key, ERASED_STREAM + reason)
-                )
+            self._queue(key, intent, ERASED_STREAM + reason)
+
+    def _queue(self, key: StreamKey, intent: ObjectIntent, why: str) -> None:
+        """A body is queued once; a deletion an upload armed is taken over (as on PostgreSQL)."""
+        body = (intent.storage_region, intent.storage_key)
+        for n, (_, region, storage_key, queued_why) in enumerate(self.deletions):
+            if (region, storage_key) == body:
+                if queued_why == UPLOADING:
+                    self.deletions[n] = (key, *body, why)
+                return
+        self.deletions.append((key, *body, why))
 
     async def delete_run(
         self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None
@@ -383,7 +389,11 @@ class MemoryStreams:
                 case ObjectPrepared(intent=intent):
                     self._intents[key, intent.object_id] = intent
                 case ObjectUploaded(object_id=oid):
-                    self._intents[key, oid] = replace(self._intents[key, oid], state="uploaded")
+                    intent = self._intents[key, oid] = replace(
+                        self._intents[key, oid], state="uploaded"
+                    )
+                    armed = (key, intent.storage_region, intent.storage_key, UPLOADING)
+                    self.deletions = [d for d in self.deletions if d != armed]
                 case ObjectCommitted(object_id=oid, sequence=sequence):
                     self._intents[key, oid] = replace(
                         self._intents[key, oid], state="committed", sequence=sequence
@@ -391,7 +401,7 @@ class MemoryStreams:
                 case ObjectAborted(object_id=oid) | ObjectExpired(object_id=oid):
                     state = "aborted" if isinstance(event, ObjectAborted) else "expired"
                     intent = self._intents[key, oid] = replace(self._intents[key, oid], state=state)
-                    self.deletions.append((key, intent.storage_region, intent.storage_key, state))
+                    self._queue(key, intent, state)
                 case RecordsPruned(through_sequence=through):
                     # A pruned record's object goes with it, its intent too (as on PostgreSQL).
                     for (k, oid), intent in list(self._intents.items()):
@@ -401,9 +411,7 @@ class MemoryStreams:
                             and intent.sequence is not None  # a committed intent has one
                             and intent.sequence <= through
                         ):
-                            self.deletions.append(
-                                (key, intent.storage_region, intent.storage_key, "pruned")
-                            )
+                            self._queue(key, intent, "pruned")
                             del self._intents[k, oid]
 
     async def figures(self) -> StoredFigures:
@@ -446,6 +454,13 @@ class MemoryStreams:
                     del row.receipts[key], row.receipts_created[key]
                     forgotten += 1
         return forgotten
+
+    async def uploading(
+        self, key: StreamKey, storage_region: str, storage_key: str, due: datetime
+    ) -> None:
+        """Armed once (memory keeps neither due times nor done deletions)."""
+        if not any((r, k) == (storage_region, storage_key) for _, r, k, _ in self.deletions):
+            self.deletions.append((key, storage_region, storage_key, UPLOADING))
 
     async def expired_intents(self, now: datetime, limit: int) -> list[tuple[StreamKey, str]]:
         return [

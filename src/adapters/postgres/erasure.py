@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from adapters.postgres.connections import Connection
+from adapters.postgres.intents import TAKE_OVER
 from application.deletions import ERASED_STREAM
 
 WAKE_CHANNEL = "ductor_streams"
@@ -52,7 +53,7 @@ WITH bodies AS (
     INSERT INTO deletion_outbox (tenant, run_id, stream_id, storage_region, storage_key, reason)
     SELECT tenant, run_id, stream_id, storage_region, storage_key, $4 FROM object_intents
     WHERE {_OF_THEM}
-    ON CONFLICT (storage_region, storage_key) DO NOTHING
+    {TAKE_OVER}
 ),
 {deletes}
 DELETE FROM streams WHERE {_OF_THEM}

@@ -8,6 +8,7 @@ import asyncpg
 import msgspec
 
 from adapters.postgres.connections import Connection
+from application.deletions import UPLOADING
 from domain.events import (
     Event,
     ObjectAborted,
@@ -34,11 +35,35 @@ _STATE = f"""
 UPDATE object_intents SET state = $5, sequence = coalesce($6, sequence), updated_at = $7
 WHERE {_KEY} AND object_id = $4
 """
+# A body is queued once (a unique key). A deletion an upload armed (`UPLOADING`) is taken over
+# by the one queued now, done or not, but not made due before the upload's put has ended.
+TAKE_OVER = f"""
+ON CONFLICT (storage_region, storage_key) DO UPDATE
+SET reason = EXCLUDED.reason, done_at = NULL, claimed_by = NULL, lease_until = NULL,
+    attempts = 0, next_attempt_at = greatest(deletion_outbox.next_attempt_at, now())
+WHERE deletion_outbox.reason = '{UPLOADING}'"""
 _QUEUE_ONE = f"""
 INSERT INTO deletion_outbox (tenant, run_id, stream_id, storage_region, storage_key, reason)
 SELECT tenant, run_id, stream_id, storage_region, storage_key, $5 FROM object_intents
 WHERE {_KEY} AND object_id = $4
-ON CONFLICT (storage_region, storage_key) DO NOTHING
+{TAKE_OVER}
+"""
+# Armed whatever the row holds: a deletion done already (an abort's, run before this put lands)
+# is due again once the put has ended. A worker's claim of the row is dropped, so its `done`
+# (which matches its claim) does not mark the armed deletion done.
+_UPLOADING = f"""
+INSERT INTO deletion_outbox
+    (tenant, run_id, stream_id, storage_region, storage_key, reason, next_attempt_at)
+VALUES ($1, $2, $3, $4, $5, '{UPLOADING}', $6)
+ON CONFLICT (storage_region, storage_key) DO UPDATE
+SET done_at = NULL, claimed_by = NULL, lease_until = NULL, attempts = 0,
+    next_attempt_at = greatest(deletion_outbox.next_attempt_at, EXCLUDED.next_attempt_at)
+"""
+_DISARM = f"""
+DELETE FROM deletion_outbox d USING object_intents i
+WHERE i.tenant = $1 AND i.run_id = $2 AND i.stream_id = $3 AND i.object_id = $4
+  AND d.storage_region = i.storage_region AND d.storage_key = i.storage_key
+  AND d.reason = '{UPLOADING}'
 """
 # A pruned record's object goes with it: its intent is removed as its body is queued for
 # deletion. (Kept, every prune of the stream read all its committed intents again, and once a
@@ -51,7 +76,7 @@ WITH pruned AS (
 )
 INSERT INTO deletion_outbox (tenant, run_id, stream_id, storage_region, storage_key, reason)
 SELECT tenant, run_id, stream_id, storage_region, storage_key, 'pruned' FROM pruned
-ON CONFLICT (storage_region, storage_key) DO NOTHING
+{TAKE_OVER}
 """
 _SELECT = f"""
 SELECT object_id, idempotency_key, state, size, sha256, content_type, schema, storage_region,
@@ -97,6 +122,7 @@ async def project_objects(conn: Connection, key: StreamKey, events: list[Event])
                 )
             case ObjectUploaded(object_id=oid):
                 await conn.execute(_STATE, *key, oid, "uploaded", None, event.at)
+                await conn.execute(_DISARM, *key, oid)
             case ObjectCommitted(object_id=oid, sequence=sequence):
                 await conn.execute(_STATE, *key, oid, "committed", sequence, event.at)
             case ObjectAborted(object_id=oid) | ObjectExpired(object_id=oid):
@@ -126,6 +152,12 @@ async def read_intent(pool: asyncpg.Pool, key: StreamKey, object_id: str) -> Obj
         created_at=row[11],
         sequence=row[12],
     )
+
+
+async def arm_upload(
+    pool: asyncpg.Pool, key: StreamKey, storage_region: str, storage_key: str, due: datetime
+) -> None:
+    await pool.execute(_UPLOADING, *key, storage_region, storage_key, due)
 
 
 async def read_expired_intents(
