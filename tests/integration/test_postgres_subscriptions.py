@@ -273,3 +273,52 @@ async def test_a_stream_created_while_a_decision_holds_its_subscription_never_de
         run,
     )
     assert acked == 0  # the new stream's cursor, whatever the decision wrote before
+
+
+async def test_a_stream_linked_by_name_while_it_is_erased_and_created_again_starts_at_zero(
+    deployed: tuple[Any, Any],
+) -> None:
+    """Adding a stream to a subscription links it at its head, read in the decision. If the
+    stream was erased and created again between that read and the decision's commit, the new
+    stream's link started from the old one's head: its first records never woke the
+    subscription. The decision now holds stream creations off from before it reads the heads
+    until it commits, and the creation's trigger then starts the link at 0."""
+    import asyncio
+
+    from domain.subscriptions import StreamPath
+    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
+
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    await create(services, ADMIN, run, "a")
+    await append(services, ADMIN, run, "a", 3)
+    await services.subscriptions.put(ADMIN, sid, webhook(streams=[f"{run}/b"]), BASE)
+    pool = await provided(container.pool)
+    store = await provided(container.subscription_store)
+    heads = store._heads
+    again: list[asyncio.Task[Any]] = []
+
+    async def erase_and_create() -> None:
+        await services.delete_stream(ADMIN, run, "a")
+        await create(services, ADMIN, run, "a")
+
+    async def recreated_meanwhile(conn: Any, tenant: str, paths: Any) -> Any:
+        found = await heads(conn, tenant, paths)  # the old stream's head, 3
+        again.append(asyncio.create_task(erase_and_create()))
+        await asyncio.sleep(0.5)  # time enough for both, unless the creation waits
+        return found
+
+    store._heads = recreated_meanwhile
+    try:
+        await services.subscriptions.add_streams(ADMIN, sid, (StreamPath(run, "a"),))
+    finally:
+        store._heads = heads
+    await asyncio.wait_for(again[0], 10)
+    acked = await pool.fetchval(
+        "SELECT acked FROM ds_subscription_links"
+        " WHERE tenant = $1 AND subscription_id = $2 AND run_id = $3 AND stream_id = 'a'",
+        ADMIN.tenant,
+        sid,
+        run,
+    )
+    assert acked == 0

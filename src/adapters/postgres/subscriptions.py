@@ -135,14 +135,22 @@ class PostgresSubscriptions:
         extra: tuple[StreamPath, ...],
     ) -> _T:
         async with self._pool.acquire() as conn, conn.transaction():
+            if extra or discover is not None:
+                # A decision that may link streams (by name or by its glob) first waits for the
+                # stream creations under way, and holds every later one off until it commits
+                # (their trigger takes this lock shared, migration 0497). The heads it links
+                # them at are read after: a stream erased and created again between that read
+                # and this commit would have had its new incarnation's link start from the old
+                # one's head. (Taken before the subscription's row, as the trigger takes it
+                # before the subscriptions it holds: the two never deadlock.)
+                await conn.execute(_LINKS_LOCK, tenant)
             row = await conn.fetchrow(_LOCK, tenant, subscription_id)
             sub = None if row is None else await self._load(conn, row, tenant, subscription_id)
             paths = {link.path for link in sub.links} if sub else set()
             heads = await self._heads(conn, tenant, paths | set(extra))
             if discover is not None and sub is None:
                 # Not while a stream is being created, nor one created until this commits
-                # (migration 0497): every stream the glob matches is linked by one or the other.
-                await conn.execute(_LINKS_LOCK, tenant)
+                # (the lock above): every stream the glob matches is linked by one or the other.
                 rows = await conn.fetch(_MATCHING, tenant, pattern_regex(discover))
                 heads.update({StreamPath(r[0], r[1]): r[2] for r in rows})
             change, answer = decide(sub, heads)
