@@ -16,10 +16,13 @@ leeway the verification allowed) or for `reverify_seconds`, whichever comes firs
 path pays one dictionary lookup per request, and a JWT whose key the provider stops publishing
 (a key retired after a compromise) is refused once it is verified again, with the key set
 refreshed meanwhile. A JWT cannot be revoked; an open connection admitted with one ends when it
-expires."""
+expires, or when it no longer verifies: the connection asks again every `reverify_seconds`
+(`still_valid`), so a key the provider stops publishing ends the connections it admitted too.
+The key set out of reach changes nothing (the verifier keeps the keys it knows)."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -39,8 +42,15 @@ MAX_REMEMBERED = 10_000
 # A remembered JWT is verified again after this long (its signature against the key set as
 # then refreshed), so that one signed with a key the provider no longer publishes is refused.
 REVERIFY_SECONDS = 60.0
+# A caller admitted with a JWT has a token ID of this prefix (never a minted token's `tok_`).
+JWT_ID_PREFIX = "jwt-"
 # How many runs a JWT's `runs` claim may list.
 MAX_RUNS = 100
+
+
+def jwt_id(token: str) -> str:
+    """The ID a JWT's open connections are held under (its digest: never the JWT itself)."""
+    return JWT_ID_PREFIX + hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
 def is_jwt(token: str) -> bool:
@@ -105,6 +115,12 @@ class JwtCallers:
         self._wall_clock = wall_clock
         # token -> (its caller, when it is verified again)
         self._known: dict[str, tuple[Caller, float]] = {}
+        # jwt_id -> the JWT, for `still_valid` (bounded as `_known` is)
+        self._by_id: dict[str, str] = {}
+
+    @property
+    def reverify_seconds(self) -> float:
+        return self._reverify
 
     is_jwt = staticmethod(is_jwt)
 
@@ -127,10 +143,29 @@ class JwtCallers:
             principal=caller.principal,
             scopes=caller.scopes,
             runs=caller.runs,
+            token_id=jwt_id(token),
             token_deadline=self._clock() + left,
         )
         if len(self._known) >= MAX_REMEMBERED:
             self._known.clear()
-        assert caller.token_deadline is not None
+        if len(self._by_id) >= MAX_REMEMBERED:
+            self._by_id.clear()
+        assert caller.token_deadline is not None and caller.token_id is not None
         self._known[token] = (caller, min(caller.token_deadline, self._clock() + self._reverify))
+        self._by_id[caller.token_id] = token
         return caller
+
+    async def still_valid(self, token_id: str) -> bool:
+        """Whether the JWT an open connection was admitted with still verifies: as a request
+        with it would be (verified again once `reverify_seconds` have passed). One this process
+        no longer remembers (a flood of distinct JWTs made it start over) is taken as valid: its
+        connection still ends at its `exp`."""
+        token = self._by_id.get(token_id)
+        if token is None:
+            return True
+        try:
+            await self(token)
+        except Unauthenticated:
+            self._by_id.pop(token_id, None)
+            return False
+        return True

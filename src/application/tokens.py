@@ -37,7 +37,7 @@ import msgspec
 from application import tracing
 from application.access import SCOPES, Caller, Scope
 from application.errors import Forbidden, NotFound, Unauthenticated
-from application.jwts import JwtCallers
+from application.jwts import JWT_ID_PREFIX, JwtCallers
 from application.ports import TokenRecord, TokenStore
 from domain.definition import Principal
 from domain.errors import InvalidInput
@@ -321,13 +321,23 @@ class Lease:
     """An open connection's hold on the token it was admitted with. `ended` turns true once the
     token is revoked or expires; `on_end` names what wakes the connection then."""
 
-    __slots__ = ("_timer", "_wake", "ended", "token_id")
+    __slots__ = ("_check", "_checking", "_timer", "_wake", "ended", "token_id")
 
     def __init__(self, token_id: str | None) -> None:
         self.token_id = token_id
         self.ended = False
         self._wake: Callable[[], None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        # A JWT's: the next time it is verified again, and that verification while it runs.
+        self._check: asyncio.TimerHandle | None = None
+        self._checking: asyncio.Task[None] | None = None
+
+    def _stop(self) -> None:
+        for handle in (self._timer, self._check):
+            if handle is not None:
+                handle.cancel()
+        if self._checking is not None and self._checking is not asyncio.current_task():
+            self._checking.cancel()
 
     def on_end(self, wake: Callable[[], None]) -> None:
         self._wake = wake
@@ -338,8 +348,7 @@ class Lease:
         if self.ended:
             return
         self.ended = True
-        if self._timer is not None:
-            self._timer.cancel()
+        self._stop()
         if self._wake is not None:
             self._wake()
 
@@ -353,8 +362,10 @@ class TokenCache:
         ttl_seconds: float = 10.0,
         unconfirmed_ttl_seconds: float = UNCONFIRMED_TTL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        jwts: JwtCallers | None = None,
     ) -> None:
         self._ttl = ttl_seconds
+        self._jwts = jwts  # the JWTs a connection admitted with one is verified again by
         self._unconfirmed_ttl = min(unconfirmed_ttl_seconds, ttl_seconds)
         self._clock = clock
         # token id -> (hash, caller, when it was looked up, when it must be looked up again)
@@ -372,7 +383,13 @@ class TokenCache:
     def hold(self, caller: Caller) -> Lease:
         """A lease for a connection that stays open on `caller`'s token; `release` it."""
         lease = Lease(caller.token_id)
-        if caller.token_id is None:  # a JWT: it cannot be revoked, but it expires
+        if caller.token_id is None:
+            return self._until_deadline(caller, lease)
+        if caller.token_id.startswith(JWT_ID_PREFIX):
+            # A JWT cannot be revoked, but it expires, and stops verifying once the provider
+            # stops publishing its key.
+            if self._jwts is not None:
+                self._recheck_later(lease, self._jwts)
             return self._until_deadline(caller, lease)
         self._leases.setdefault(caller.token_id, set()).add(lease)
         if caller.token_id in self._revoked:
@@ -388,9 +405,21 @@ class TokenCache:
                 lease._timer = asyncio.get_running_loop().call_later(delay, lease.end)
         return lease
 
+    def _recheck_later(self, lease: Lease, jwts: JwtCallers) -> None:
+        async def check(token_id: str) -> None:
+            if not await jwts.still_valid(token_id):
+                lease.end()
+            elif not lease.ended:
+                self._recheck_later(lease, jwts)
+
+        def start() -> None:
+            assert lease.token_id is not None
+            lease._checking = asyncio.get_running_loop().create_task(check(lease.token_id))
+
+        lease._check = asyncio.get_running_loop().call_later(jwts.reverify_seconds, start)
+
     def release(self, lease: Lease) -> None:
-        if lease._timer is not None:
-            lease._timer.cancel()
+        lease._stop()
         held = self._leases.get(lease.token_id or "")
         if held is not None:
             held.discard(lease)

@@ -329,7 +329,10 @@ class Container(containers.DeclarativeContainer):
     tokens: providers.Singleton[PostgresTokens | MemoryTokens] = providers.Singleton(
         PostgresTokens, pool
     )
-    token_cache = providers.Singleton(TokenCache, settings.provided.token_cache_seconds)
+    jwt_callers = providers.Singleton(jwt_callers, settings)
+    token_cache = providers.Singleton(
+        TokenCache, settings.provided.token_cache_seconds, jwts=jwt_callers
+    )
     # The webhook signing keys (adapters/webhook_signing.py): the wake bus hears rotations.
     key_rows = providers.Singleton(PostgresKeyRows, pool)
     webhook_keys = providers.Singleton(WebhookKeys, key_rows)
@@ -361,7 +364,6 @@ class Container(containers.DeclarativeContainer):
     peers = providers.Resource(open_peers, settings, commits)
     figures = providers.Singleton(ReadFigures, providers.Singleton(PostgresFigures, pool))
 
-    jwt_callers = providers.Singleton(jwt_callers, settings)
     authenticate = providers.Singleton(Authenticate, tokens, token_cache, jwt_callers)
     issue_token = providers.Singleton(IssueToken, tokens)
     mint_token = providers.Singleton(MintToken, tokens, settings.provided.max_token_seconds)

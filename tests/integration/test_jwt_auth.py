@@ -351,6 +351,47 @@ async def test_key_rotation(
         provider.published = [*keys.values(), new]
 
 
+async def test_an_open_connection_ends_once_its_jwts_key_is_withdrawn(
+    anonymous: httpx.AsyncClient,
+    api: httpx.AsyncClient,
+    provider: IdentityProvider,
+    keys: dict[str, Key],
+) -> None:
+    """A JWT cannot be revoked, but its key can be withdrawn (after a compromise): the native
+    and Durable Streams live connections it admitted are verified again every REVERIFY
+    seconds, and end once it no longer verifies, not at its `exp` an hour away."""
+    withdrawn = Key("ES256")
+    provider.published = [*keys.values(), withdrawn]
+    try:
+        await asyncio.sleep(REFETCH)
+        run_id = "jwt-live-" + str(time.time_ns())
+        await setup_stream(api, run_id)
+        token = bearer(withdrawn.sign(claims(lifetime=3600)))
+
+        async def follow(url: str, first: asyncio.Event) -> None:
+            async with anonymous.stream("GET", url, headers=token) as answer:
+                assert answer.status_code == 200
+                async for line in answer.aiter_lines():
+                    if line.startswith("data:"):
+                        first.set()
+
+        native, protocol = asyncio.Event(), asyncio.Event()
+        followers = [
+            asyncio.create_task(follow(f"{API}/runs/{run_id}/streams/s/subscribe", native)),
+            asyncio.create_task(follow(f"{DS}/{run_id}/s?offset=-1&live=sse", protocol)),
+        ]
+        async with asyncio.timeout(10):
+            await native.wait()
+            await protocol.wait()
+        provider.published = list(keys.values())
+        # The key set is refreshed in the background by a verification past REFRESH, which
+        # still passes; the next one, REVERIFY later, is refused.
+        async with asyncio.timeout(REFRESH + REFETCH + 3 * REVERIFY + 5):
+            await asyncio.gather(*followers)
+    finally:
+        provider.published = list(keys.values())
+
+
 async def test_the_jwks_endpoint_down(
     anonymous: httpx.AsyncClient, provider: IdentityProvider, keys: dict[str, Key]
 ) -> None:

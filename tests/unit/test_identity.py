@@ -243,3 +243,31 @@ def test_identity_settings() -> None:
     assert settings.jwt_tenant_claim == "tenant" and settings.jwt_jwks_refetch_seconds == 30
     assert not Settings.from_env({}).accepts_jwts
     assert Settings.from_env({}).max_token_seconds == 86_400
+
+
+async def test_a_connection_admitted_with_a_jwt_ends_once_the_jwt_no_longer_verifies() -> None:
+    """A key the provider stops publishing ends the open connections its JWTs admitted: each
+    lease verifies its JWT again every `reverify_seconds`, and never once released."""
+    import asyncio
+
+    verifier = CountingVerifier({"sub": "s", "tenant": "t", "exp": 10**10})
+    jwts = JwtCallers(verifier, reverify_seconds=0.05)
+    cache = TokenCache(jwts=jwts)
+    caller = await jwts("eyJ.a.b")
+    assert caller.token_id is not None and "eyJ" not in caller.token_id
+    kept, lease = cache.hold(caller), cache.hold(caller)
+    cache.release(kept)
+    await asyncio.sleep(0.3)
+    assert not lease.ended and verifier.calls >= 3  # verified again, and still valid
+    calls = verifier.calls
+
+    async def gone(token: str) -> dict:
+        raise Unauthenticated("the JWT's key (kid) is not one the identity provider publishes")
+
+    verifier.verify = gone  # type: ignore[method-assign]
+    ended = asyncio.Event()
+    lease.on_end(ended.set)
+    await asyncio.wait_for(ended.wait(), 2)
+    cache.release(lease)
+    await asyncio.sleep(0.2)
+    assert verifier.calls == calls  # nothing verifies for a released or ended lease
