@@ -128,6 +128,52 @@ async def test_a_deleted_input_stream_that_forks_still_read_delivers_nothing_mor
     assert (await api.get(path)).status_code == 410  # gone, while the fork reads on
 
 
+async def test_a_soft_delete_waits_for_an_input_event_landing_and_one_after_lands_nothing(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, server: ServerProcess, run_id: str
+) -> None:
+    """An input event lands only while its stream is there and not deleted, holding the
+    stream's row (FOR KEY SHARE) until it commits. A soft delete (forks still read the stream)
+    takes the row FOR UPDATE first: it waits for an event landing, and an event after it lands
+    nothing. (Holding only the commit's FOR NO KEY UPDATE, it passed the event by: the event
+    landed after the stream was deleted.)"""
+    from adapters.wait_service.postgres import _INSERT
+
+    path = await input_stream(api, run_id, "in")
+    await append(api, path, 1)
+    async with ds_client(server) as ds:
+        forked = await ds.put(
+            f"/{run_id}/fork",
+            headers={
+                "Content-Type": "application/json",
+                "Stream-Forked-From": f"/v1/stream/{run_id}/in",
+            },
+        )
+        assert forked.status_code == 201, forked.text
+    created = await pool.fetchval(
+        "SELECT created_at FROM streams WHERE run_id = $1 AND stream_id = 'in'", run_id
+    )
+
+    def event(sequence: int) -> tuple[object, ...]:
+        fields = ("default", run_id, "in", sequence)
+        return (f"wds:default:{run_id}:in:{sequence}", *fields, "{}", created)
+
+    async with pool.acquire() as landing:
+        transaction = landing.transaction()
+        await transaction.start()
+        await landing.execute(_INSERT, *event(1))  # landing: the stream's row held
+        deleting = asyncio.create_task(api.delete(path))
+        await asyncio.sleep(0.5)
+        assert not deleting.done()  # the soft delete waits for it
+        await transaction.commit()
+    assert (await asyncio.wait_for(deleting, 10)).status_code == 204
+    await pool.execute(_INSERT, *event(2))  # after the deletion: lands nothing
+    landed = await pool.fetch(
+        "SELECT sequence FROM workflow_wait_events WHERE run_id = $1 ORDER BY 1", run_id
+    )
+    assert [r[0] for r in landed] == [1]
+    assert (await api.get(path)).status_code == 410
+
+
 async def test_output_streams_create_no_delivery_rows(
     api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str
 ) -> None:
