@@ -84,11 +84,18 @@ class DurableReads:
         require_reader(caller, definition)
         return key, definition
 
-    async def page(self, key: StreamKey, cursor: int | None, limit: int) -> Page:
+    async def page(
+        self,
+        key: StreamKey,
+        cursor: int | None,
+        limit: int,
+        created_at: datetime | None = None,
+    ) -> Page:
         """The records after `cursor` (None: the head, so none), at most `limit`, with the
-        position read in the same snapshot."""
+        position read in the same snapshot; of the stream created at `created_at` when one is
+        given (another, created again under its ID since, is not found)."""
         found = await self._reader.page(key, cursor or 0, limit if cursor is not None else 1)
-        if found is None:
+        if found is None or (created_at is not None and found[0].created_at != created_at):
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
         position, records = found
         _gone_if_soft_deleted(position)

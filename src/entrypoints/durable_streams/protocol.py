@@ -23,6 +23,7 @@ import msgspec
 from application.access import Caller
 from application.create_durable_stream import ForkOf
 from application.durable_reads import Page
+from application.errors import NotFound
 from application.live import Idle, RecordsDelivered, StreamEnded
 from application.live_slots import Slot
 from application.ports import StoredRecord
@@ -571,9 +572,14 @@ def sse(
                     return
                 if up_to_date:
                     break
-                page = await reads.page(key, last, PAGE_RECORDS)
-                if page.position.created_at != first.position.created_at:
-                    return  # deleted and created again meanwhile: nothing more of this one
+                try:
+                    page = await reads.page(
+                        key, last, PAGE_RECORDS, created_at=first.position.created_at
+                    )
+                except (NotFound, errors.DomainError):
+                    # Deleted (and perhaps created again) or overtaken by retention meanwhile:
+                    # ended as a live read ends then, and the client's reconnection is told why.
+                    return
             async with contextlib.aclosing(
                 reads.follow(
                     key, definition, last, caller=caller, created_at=first.position.created_at
