@@ -13,6 +13,7 @@ never uploaded (or aborted, expired, gone) and removes it."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from application.log_context import about_stream
 from application.objects import ObjectStores, object_id_in
@@ -30,6 +31,7 @@ UPLOADING = "upload"
 # The intent states whose body a commit references or may reference: an armed upload deletion
 # found in one of these is done without removing the body.
 _KEPT = ("uploaded", "committed")
+ZERO = timedelta(0)
 
 
 class DeleteBodies:
@@ -67,4 +69,7 @@ class DeleteBodies:
         ensure_claimed()  # a claim this worker could not renew is not acted on
         await self._stores.store(job.storage_region).delete(job.storage_key)
         log.info("deleted an object body in region %s", job.storage_region)
+        if job.upload_until is not None and (left := job.upload_until - self._clock()) > ZERO:
+            # An upload's put of it may still land: deleted once more when none can.
+            return left.total_seconds()
         return None

@@ -148,24 +148,25 @@ class JwtCallers:
         )
         if len(self._known) >= MAX_REMEMBERED:
             self._known.clear()
-        if len(self._by_id) >= MAX_REMEMBERED:
-            self._by_id.clear()
         assert caller.token_deadline is not None and caller.token_id is not None
         self._known[token] = (caller, min(caller.token_deadline, self._clock() + self._reverify))
+        # Most recently verified last: past the bound, the least recently verified goes.
+        self._by_id.pop(caller.token_id, None)
+        if len(self._by_id) >= MAX_REMEMBERED:
+            del self._by_id[next(iter(self._by_id))]
         self._by_id[caller.token_id] = token
         return caller
 
     async def still_valid(self, token_id: str) -> bool:
         """Whether the JWT an open connection was admitted with still verifies: as a request
         with it would be (verified again once `reverify_seconds` have passed). One this process
-        no longer remembers (a flood of distinct JWTs made it start over) is taken as valid: its
-        connection still ends at its `exp`."""
+        no longer remembers (a flood of more than `MAX_REMEMBERED` distinct JWTs since pushed it
+        out) is taken as valid: its connection still ends at its `exp`."""
         token = self._by_id.get(token_id)
         if token is None:
             return True
         try:
             await self(token)
         except Unauthenticated:
-            self._by_id.pop(token_id, None)
-            return False
+            return False  # kept: every other connection it admitted asks too
         return True

@@ -358,39 +358,49 @@ class Objects:
         store = self._stores.store(intent.storage_region)
         # Armed before the first byte: if this process dies after the put and before the intent
         # is uploaded (or before it removes the body of an intent aborted meanwhile), the body
-        # is still removed, once no put of it can land. Reaching `uploaded` disarms it.
-        await self._intents.uploading(
-            key, intent.storage_region, intent.storage_key, intent.expires_at + self._grace
-        )
+        # is still removed, once no put of it can land. The put's end, seen here, disarms it.
+        body = (key, intent.storage_region, intent.storage_key)
+        await self._intents.uploading(*body, intent.expires_at + self._grace)
         # A body that is not the prepared one is never written at the intent's key: a twin
         # upload may have put the right body there, and its commit may reference it already.
         expected = StoredObject(size=intent.size, sha256=bytes.fromhex(intent.sha256))
         # No later than the intent's deadline (it could not be uploaded after it anyway), so
         # that the armed deletion is due only once every put of the body has ended.
         left = (intent.expires_at - self._clock()).total_seconds()
+        deadline = asyncio.timeout(max(left, 0.0))
         try:
-            async with asyncio.timeout(max(left, 0.0)):
+            async with deadline:
                 stored = await store.put(
                     intent.storage_key, chunks, max_size=intent.size, expect=expected
                 )
+        except errors.ObjectTooLarge:
+            await self._intents.upload_ended(*body)  # refused: nothing of it was stored
+            raise
         except TimeoutError:
+            # The put's end is not seen (a store may finish one its client gave up on): the
+            # row stays armed, and falls due when none can land.
+            if not deadline.expired():
+                raise  # the store's own (an outage's), not the intent's deadline
             raise errors.ObjectStateConflict(
                 f"object {object_id!r} expired while its body was uploading"
             ) from None
-        if stored.size != intent.size:
-            raise errors.SizeMismatch(
-                f"received {stored.size} bytes; the intent pins {intent.size}",
-                received=stored.size,
-                expected=intent.size,
-            )
-        if stored.sha256 != expected.sha256:
+        if stored.size != intent.size or stored.sha256 != expected.sha256:
+            await self._intents.upload_ended(*body)  # not the prepared body: never written
+            if stored.size != intent.size:
+                raise errors.SizeMismatch(
+                    f"received {stored.size} bytes; the intent pins {intent.size}",
+                    received=stored.size,
+                    expected=intent.size,
+                )
             raise errors.DigestMismatch("the body's SHA-256 is not the one prepared")
         try:
+            # Marking it uploaded ends the put's arming in the same transaction.
             await run_one(self._commits, key, UploadedCommand(object_id, self._clock()))
         except NotFound:
             # The stream was deleted while the body streamed in (its deletion may have run
             # before the body landed): nothing will ever reference it.
             await store.delete(intent.storage_key)
+            await self._intents.upload_ended(*body)
             raise
         except errors.ObjectStateConflict:
             # Aborted or expired while the body streamed in: the deletion queued for its key
@@ -400,6 +410,7 @@ class Objects:
                 again = await self._intent(key, object_id)
                 if again.state in ("aborted", "expired"):
                     await store.delete(intent.storage_key)
+            await self._intents.upload_ended(*body)
             raise
         return object_view(await self._intent(key, object_id))
 

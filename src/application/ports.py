@@ -368,9 +368,14 @@ class ObjectIntents(Protocol):
         self, key: StreamKey, storage_region: str, storage_key: str, due: datetime
     ) -> None:
         """Arm the deletion of a body an upload is about to put, due at `due` (when no put of it
-        can still land) or later if it was armed for later. A deletion queued for the body
-        already, done or not, is due again then too. The intent's `ObjectUploaded` disarms it;
-        an abort, expiry, pruning or erasure takes it over without making it due sooner."""
+        can still land) or later if it was armed for later, and count the put as under way. A
+        deletion queued for the body already, done or not, runs again then too. The intent's
+        `ObjectUploaded`, or `upload_ended`, ends the put; once none is under way, a row only
+        armed is done. An abort, expiry, pruning or erasure takes it over: due at once, and
+        again at `due` while a put is under way."""
+
+    async def upload_ended(self, key: StreamKey, storage_region: str, storage_key: str) -> None:
+        """A put that armed the body's deletion has ended, and what it left is handled."""
 
 
 class StoredObject(msgspec.Struct, frozen=True):

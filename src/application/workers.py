@@ -31,6 +31,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 import msgspec
@@ -124,6 +125,8 @@ class Job(msgspec.Struct, frozen=True):
     storage_region: str | None = None
     storage_key: str | None = None
     reason: str | None = None  # why a body is to be removed (deletion jobs)
+    # Deletion jobs: until when a put of the body may still land (it is deleted again then).
+    upload_until: datetime | None = None
     # The worker the queue recorded as the claim's holder, where an effect in PostgreSQL is
     # fenced by it (a prune checks, in its own transaction, that this worker still holds it).
     claimed_by: str | None = None

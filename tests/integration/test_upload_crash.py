@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import secrets
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
@@ -17,6 +18,8 @@ import pytest
 from dependency_injector import providers
 
 from adapters.objects.filesystem import FilesystemObjectStore
+from adapters.postgres.cleanup import PostgresCleanup
+from adapters.postgres.figures import PostgresFigures
 from adapters.postgres.jobs import PostgresDeletionJobs
 from adapters.postgres.streams import PostgresStreams
 from application.access import SCOPES, Caller
@@ -47,6 +50,7 @@ class DyingStore:
         self.started = asyncio.Event()
         self.gate = asyncio.Event()
         self.dying = True
+        self.raising: BaseException | None = None
 
     async def put(
         self,
@@ -57,6 +61,8 @@ class DyingStore:
         expect: StoredObject | None = None,
     ) -> StoredObject:
         self.started.set()
+        if self.raising is not None:
+            raise self.raising
         await self.gate.wait()
         stored = await self.inner.put(key, chunks, max_size=max_size, expect=expect)
         if self.dying:
@@ -85,6 +91,7 @@ def request(key: str, expires_in: int) -> ObjectRequest:
 async def setup(own_database: str, own_pool: asyncpg.Pool, tmp_path: Path):
     store = DyingStore(FilesystemObjectStore(tmp_path / "objects"))
     stores = ObjectStores({"local": store})
+    run_id = "run-" + secrets.token_hex(4)
     container = Container(settings=Settings(database_url=own_database, pool_min_size=1))
     container.object_stores.override(providers.Object(stores))
     services = await start(container)
@@ -96,15 +103,15 @@ async def setup(own_database: str, own_pool: asyncpg.Pool, tmp_path: Path):
     deleter = DeleteBodies(repo, stores, repo, utc_now, hold_recheck_seconds=30)
 
     async def drain() -> int:
-        """Run every deletion due now, as the deletion worker does; answer how many ran."""
+        """Run every deletion due now, as the deletion worker does; answer how many of this
+        test's run ran (the module's database holds the other tests' too)."""
         ran = 0
         while claimed := await jobs.claim(100):
             for job in claimed:
                 await jobs.done(job, await deleter.run_job(job))
-                ran += 1
+                ran += job.key.run_id == run_id
         return ran
 
-    run_id = "run-" + secrets.token_hex(4)
     definition = msgspec.convert({"direction": "output", "stream_id": "s"}, DefinitionRequest)
     await services.create_stream(CALLER, run_id, definition)
     yield objects, store, drain, run_id
@@ -119,17 +126,19 @@ async def test_a_body_put_after_its_aborts_deletion_ran_is_removed_though_the_up
     upload = asyncio.create_task(objects.upload(CALLER, run_id, "s", view.object_id, body()))
     await store.started.wait()  # armed, and the put under way
     await objects.abort(CALLER, run_id, "s", view.object_id)
-    # The abort's deletion is not due while the put may still land: before the arming, it ran
-    # at once, removed nothing, and was done.
-    assert await drain() == 0
+    # The abort's deletion runs at once and removes nothing yet; before the arming it was
+    # then done, and the body the put landed afterwards stayed for good.
+    assert await drain() == 1
     store.gate.set()
     with pytest.raises(_Died):
         await upload
     [key] = [k async for k in store.inner.keys(f"acme/{run_id}/")]
     assert await store.inner.stat(key) is not None  # the body no record will ever reference
+    assert await drain() == 0
     await asyncio.sleep(2.2)  # past the intent's deadline: no put of it can land any more
-    assert await drain() == 1
+    assert await drain() == 1  # the same deletion, again
     assert [k async for k in store.inner.keys(f"acme/{run_id}/")] == []
+    assert await drain() == 0
 
 
 async def test_a_body_stored_by_an_upload_that_died_before_marking_it_is_removed(setup) -> None:
@@ -145,24 +154,26 @@ async def test_a_body_stored_by_an_upload_that_died_before_marking_it_is_removed
     assert [k async for k in store.inner.keys(f"acme/{run_id}/")] == []
 
 
-async def test_an_uploaded_body_is_kept_by_a_twins_arming_and_removed_by_its_abort(
-    setup, own_pool: asyncpg.Pool
-) -> None:
-    """A twin upload may arm the deletion again after the first upload disarmed it: the body
-    is the intent's own, and stays; the abort that follows takes the done row over."""
+async def test_a_committed_body_is_kept_by_a_twins_arming(setup, own_pool: asyncpg.Pool) -> None:
+    """A twin upload may arm the deletion again after the first upload disarmed it: when it
+    falls due, the body is the committed intent's own, and stays."""
     objects, store, drain, run_id = setup
     store.dying = False
     store.gate.set()
-    view, _ = await objects.prepare(CALLER, run_id, "s", request("k3", expires_in=60))
+    view, _ = await objects.prepare(CALLER, run_id, "s", request("k3", expires_in=2))
     await objects.upload(CALLER, run_id, "s", view.object_id, body())
+    await objects.commit(CALLER, run_id, "s", view.object_id)
     [key] = [k async for k in store.inner.keys(f"acme/{run_id}/")]
+    due = await PostgresStreams(own_pool).intent(StreamKey("acme", run_id, "s"), view.object_id)
+    assert due is not None
     twin = PostgresStreams(own_pool).uploading
-    await twin(StreamKey("acme", run_id, "s"), "local", key, utc_now())
+    await twin(StreamKey("acme", run_id, "s"), "local", key, due.expires_at)
+    assert await drain() == 0
+    await asyncio.sleep(2.2)
     assert await drain() == 1
     assert await store.inner.stat(key) is not None
-    await objects.abort(CALLER, run_id, "s", view.object_id)
-    assert await drain() == 1
-    assert await store.inner.stat(key) is None
+    done = "SELECT done_at IS NOT NULL FROM deletion_outbox WHERE storage_key = $1"
+    assert await own_pool.fetchval(done, key)
 
 
 async def test_a_put_that_runs_past_the_intents_deadline_is_cut_off(setup) -> None:
@@ -172,3 +183,60 @@ async def test_a_put_that_runs_past_the_intents_deadline_is_cut_off(setup) -> No
     with pytest.raises(errors.ObjectStateConflict, match="expired while its body was uploading"):
         await asyncio.wait_for(objects.upload(CALLER, run_id, "s", view.object_id, body()), 10)
     assert [k async for k in store.inner.keys(f"acme/{run_id}/")] == []
+
+
+async def test_a_twin_uploads_put_landing_after_the_first_upload_and_an_abort_is_removed(
+    setup, own_pool: asyncpg.Pool
+) -> None:
+    """Two uploads of one intent arm one row. The first to mark the intent uploaded ends only
+    its own put (the row is kept, the cleanup leaves it); the abort takes it over and deletes at
+    once, and once more when no put can land any more: the twin's late put is removed then."""
+    objects, store, drain, run_id = setup
+    store.dying = False
+    store.gate.set()
+    view, _ = await objects.prepare(CALLER, run_id, "s", request("k5", expires_in=2))
+    key = StreamKey("acme", run_id, "s")
+    intent = await PostgresStreams(own_pool).intent(key, view.object_id)
+    assert intent is not None
+    # The twin arms first; the first upload arms the same row, puts, and disarms it.
+    await PostgresStreams(own_pool).uploading(key, "local", intent.storage_key, intent.expires_at)
+    await objects.upload(CALLER, run_id, "s", view.object_id, body())
+    await PostgresCleanup(own_pool).forget_done_deletions(timedelta(0))
+    under_way = "SELECT uploads_under_way FROM deletion_outbox WHERE storage_key = $1"
+    assert await own_pool.fetchval(under_way, intent.storage_key) == 1  # the twin's, kept
+    await objects.abort(CALLER, run_id, "s", view.object_id)
+    assert await drain() == 1  # deleted at once...
+    assert await store.inner.stat(intent.storage_key) is None
+    await store.inner.put(intent.storage_key, body(), max_size=len(BODY))  # the twin's put
+    assert await drain() == 0  # ...and again when no put can land any more
+    await asyncio.sleep(2.2)
+    assert await drain() == 1
+    assert await store.inner.stat(intent.storage_key) is None
+    assert await drain() == 0
+
+
+async def test_a_stores_own_timeout_is_no_expiry(setup) -> None:
+    """Only the intent's deadline answers "expired"; a store's own timeout is an outage's."""
+    objects, store, _, run_id = setup
+    store.raising = TimeoutError()
+    view, _ = await objects.prepare(CALLER, run_id, "s", request("k6", expires_in=60))
+    with pytest.raises(TimeoutError):
+        await objects.upload(CALLER, run_id, "s", view.object_id, body())
+
+
+async def test_an_armed_deletion_is_no_backlog_before_it_is_due(
+    setup, own_pool: asyncpg.Pool
+) -> None:
+    objects, store, _, run_id = setup
+
+    async def backlog() -> int:
+        figures = await PostgresFigures(own_pool).figures()
+        [deletion] = [b for b in figures.backlogs if b.outbox == "deletion"]
+        return deletion.pending
+
+    before = await backlog()
+    view, _ = await objects.prepare(CALLER, run_id, "s", request("k7", expires_in=60))
+    upload = asyncio.create_task(objects.upload(CALLER, run_id, "s", view.object_id, body()))
+    await store.started.wait()  # armed
+    assert await backlog() == before
+    upload.cancel()

@@ -574,8 +574,9 @@ class ObjectIntentsContract:
     async def test_an_armed_upload_is_disarmed_by_its_upload_and_taken_over_by_a_deletion(
         self, repo
     ) -> None:
-        """An upload arms its body's deletion before the put: reaching `uploaded` disarms it,
-        and an abort (or expiry, pruning, erasure) queued meanwhile takes the one row over."""
+        """An upload arms its body's deletion before the put: the end of every put that armed
+        it (the last one reaching `uploaded`) disarms it, and an abort (or expiry, pruning,
+        erasure) queued meanwhile takes the one row over."""
         key = new_key()
         await repo.create(key, definition(), NOW)
         due = NOW + timedelta(hours=1)
@@ -602,6 +603,9 @@ class ObjectIntentsContract:
         assert await queued_reasons(repo, key) == {
             i.storage_key: UPLOADING for i in intents.values()
         }
+        # Two puts under way: one ends (a refused body), the other marks the intent uploaded.
+        await repo.upload_ended(key, "local", intents["up"].storage_key)
+        assert intents["up"].storage_key in await queued_reasons(repo, key)
         await repo.update(key, [UploadedCommand("up", NOW)])
         await repo.update(key, [AbortCommand("gone", NOW)])
         assert await queued_reasons(repo, key) == {

@@ -255,7 +255,7 @@ async def test_a_connection_admitted_with_a_jwt_ends_once_the_jwt_no_longer_veri
     cache = TokenCache(jwts=jwts)
     caller = await jwts("eyJ.a.b")
     assert caller.token_id is not None and "eyJ" not in caller.token_id
-    kept, lease = cache.hold(caller), cache.hold(caller)
+    kept, lease, other = cache.hold(caller), cache.hold(caller), cache.hold(caller)
     cache.release(kept)
     await asyncio.sleep(0.3)
     assert not lease.ended and verifier.calls >= 3  # verified again, and still valid
@@ -265,9 +265,12 @@ async def test_a_connection_admitted_with_a_jwt_ends_once_the_jwt_no_longer_veri
         raise Unauthenticated("the JWT's key (kid) is not one the identity provider publishes")
 
     verifier.verify = gone  # type: ignore[method-assign]
-    ended = asyncio.Event()
+    ended, other_ended = asyncio.Event(), asyncio.Event()
     lease.on_end(ended.set)
+    other.on_end(other_ended.set)
     await asyncio.wait_for(ended.wait(), 2)
+    await asyncio.wait_for(other_ended.wait(), 2)  # every connection it admitted, not the first
     cache.release(lease)
+    cache.release(other)
     await asyncio.sleep(0.2)
     assert verifier.calls == calls  # nothing verifies for a released or ended lease

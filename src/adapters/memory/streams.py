@@ -88,6 +88,7 @@ class MemoryStreams:
         self._rows: dict[StreamKey, _Row] = {}
         self._intents: dict[tuple[StreamKey, str], ObjectIntent] = {}
         self.deletions: list[tuple[StreamKey, str, str, str]] = []  # key, region, storage key, why
+        self._uploads: dict[tuple[str, str], int] = {}  # region, storage key -> puts under way
         self.deliveries: dict[StreamKey, dict[int, DeliveryRow]] = {}
         self._locks: defaultdict[StreamKey, asyncio.Lock] = defaultdict(asyncio.Lock)
         # The fork links (what `stream_forks` holds in PostgreSQL): source -> each fork that
@@ -392,8 +393,7 @@ class MemoryStreams:
                     intent = self._intents[key, oid] = replace(
                         self._intents[key, oid], state="uploaded"
                     )
-                    armed = (key, intent.storage_region, intent.storage_key, UPLOADING)
-                    self.deletions = [d for d in self.deletions if d != armed]
+                    self._ended(key, intent.storage_region, intent.storage_key)
                 case ObjectCommitted(object_id=oid, sequence=sequence):
                     self._intents[key, oid] = replace(
                         self._intents[key, oid], state="committed", sequence=sequence
@@ -458,9 +458,27 @@ class MemoryStreams:
     async def uploading(
         self, key: StreamKey, storage_region: str, storage_key: str, due: datetime
     ) -> None:
-        """Armed once (memory keeps neither due times nor done deletions)."""
-        if not any((r, k) == (storage_region, storage_key) for _, r, k, _ in self.deletions):
+        """Armed once, its puts counted (memory keeps neither due times nor done deletions)."""
+        body = (storage_region, storage_key)
+        self._uploads[body] = self._uploads.get(body, 0) + 1
+        if not any((r, k) == body for _, r, k, _ in self.deletions):
             self.deletions.append((key, storage_region, storage_key, UPLOADING))
+
+    async def upload_ended(self, key: StreamKey, storage_region: str, storage_key: str) -> None:
+        self._ended(key, storage_region, storage_key)
+
+    def _ended(self, key: StreamKey, storage_region: str, storage_key: str) -> None:
+        """One put fewer under way; the last one leaves a row only armed done (gone here)."""
+        body = (storage_region, storage_key)
+        left = self._uploads.get(body, 0) - 1
+        if left < 0:
+            return
+        if left == 0:
+            del self._uploads[body]
+            armed = (key, storage_region, storage_key, UPLOADING)
+            self.deletions = [d for d in self.deletions if d != armed]
+        else:
+            self._uploads[body] = left
 
     async def expired_intents(self, now: datetime, limit: int) -> list[tuple[StreamKey, str]]:
         return [

@@ -22,13 +22,14 @@ def _not_held(alias: str) -> str:
           AND s.stream_id = {alias}.stream_id AND s.legal_hold)"""
 
 
-def aged_rows(table: str, pick: str, age: str, also: str = "") -> str:
+def aged_rows(table: str, pick: str, age: str, also: str = "", where: str = "") -> str:
     """The batch statement for `delete_in_batches`: rows of `table` whose `age` column is older
-    than $1, not of a held stream, oldest first, picked by `pick` (ctid or id)."""
+    than $1, not of a held stream (and, with `where`, of which that holds of `t`), oldest
+    first, picked by `pick` (ctid or id)."""
     return f"""
 DELETE FROM {table} WHERE {pick} = ANY(ARRAY(
     SELECT t.{pick} FROM {table} t
-    WHERE t.{age} < now() - $1::interval AND t.{age} >= $3 AND {_not_held("t")}
+    WHERE t.{age} < now() - $1::interval AND t.{age} >= $3 AND {_not_held("t")}{where}
     ORDER BY t.{age}
     LIMIT $2
 )){also}
@@ -53,7 +54,15 @@ DELETE FROM input_deliveries WHERE ctid = ANY(ARRAY(
 RETURNING delivered_at
 """
 
-_DONE_DELETIONS = aged_rows("deletion_outbox", "id", "done_at", " AND done_at IS NOT NULL")
+# A done row a put of its body may still land after is kept until then (`upload_until`): the
+# deletion that takes it over must still run again at that time.
+_DONE_DELETIONS = aged_rows(
+    "deletion_outbox",
+    "id",
+    "done_at",
+    " AND done_at IS NOT NULL",
+    where=" AND (t.upload_until IS NULL OR t.upload_until < now())",
+)
 _GAP_EVIDENCE = aged_rows("gap_evidence", "id", "repaired_at")
 
 

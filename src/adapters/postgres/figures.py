@@ -1,4 +1,8 @@
-"""The figures /metrics reports from PostgreSQL: outbox backlogs and object intents."""
+"""The figures /metrics reports from PostgreSQL: outbox backlogs and object intents.
+
+The deletion backlog counts the bodies due for deletion: one armed by an upload under way is
+not due before no put of it can land (application/deletions.py), and is no backlog until
+then."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ FROM input_deliveries d JOIN stream_records r USING (tenant, run_id, stream_id, 
 WHERE d.delivered_at IS NULL
 UNION ALL
 SELECT 'deletion', count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
-FROM deletion_outbox WHERE done_at IS NULL
+FROM deletion_outbox WHERE done_at IS NULL AND next_attempt_at <= now()
 UNION ALL
 SELECT 'subscription_wake', count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
 FROM ds_wake_deliveries WHERE delivered_at IS NULL

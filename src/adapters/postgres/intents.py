@@ -36,11 +36,12 @@ UPDATE object_intents SET state = $5, sequence = coalesce($6, sequence), updated
 WHERE {_KEY} AND object_id = $4
 """
 # A body is queued once (a unique key). A deletion an upload armed (`UPLOADING`) is taken over
-# by the one queued now, done or not, but not made due before the upload's put has ended.
+# by the one queued now, done or not: due at once, and, while a put that armed it may still land,
+# again at its `upload_until` (the worker deletes twice).
 TAKE_OVER = f"""
 ON CONFLICT (storage_region, storage_key) DO UPDATE
 SET reason = EXCLUDED.reason, done_at = NULL, claimed_by = NULL, lease_until = NULL,
-    attempts = 0, next_attempt_at = greatest(deletion_outbox.next_attempt_at, now())
+    attempts = 0, next_attempt_at = now(), created_at = now()
 WHERE deletion_outbox.reason = '{UPLOADING}'"""
 _QUEUE_ONE = f"""
 INSERT INTO deletion_outbox (tenant, run_id, stream_id, storage_region, storage_key, reason)
@@ -48,22 +49,44 @@ SELECT tenant, run_id, stream_id, storage_region, storage_key, $5 FROM object_in
 WHERE {_KEY} AND object_id = $4
 {TAKE_OVER}
 """
-# Armed whatever the row holds: a deletion done already (an abort's, run before this put lands)
-# is due again once the put has ended. A worker's claim of the row is dropped, so its `done`
-# (which matches its claim) does not mark the armed deletion done.
+# Armed whatever the row holds. An armed row falls due once the last put that armed it can no
+# longer land; a deletion already queued (an abort's, perhaps done before this put lands) keeps
+# its time and is run again at `upload_until`. A worker's claim of the row is dropped, so its
+# `done` (which matches its claim) does not mark the armed deletion done.
 _UPLOADING = f"""
 INSERT INTO deletion_outbox
-    (tenant, run_id, stream_id, storage_region, storage_key, reason, next_attempt_at)
-VALUES ($1, $2, $3, $4, $5, '{UPLOADING}', $6)
+    (tenant, run_id, stream_id, storage_region, storage_key, reason, next_attempt_at,
+     upload_until, uploads_under_way)
+VALUES ($1, $2, $3, $4, $5, '{UPLOADING}', $6, $6, 1)
 ON CONFLICT (storage_region, storage_key) DO UPDATE
 SET done_at = NULL, claimed_by = NULL, lease_until = NULL, attempts = 0,
-    next_attempt_at = greatest(deletion_outbox.next_attempt_at, EXCLUDED.next_attempt_at)
+    uploads_under_way = deletion_outbox.uploads_under_way + 1,
+    upload_until = greatest(deletion_outbox.upload_until, EXCLUDED.upload_until),
+    next_attempt_at = CASE WHEN deletion_outbox.reason = '{UPLOADING}'
+                           THEN greatest(deletion_outbox.next_attempt_at, EXCLUDED.next_attempt_at)
+                           ELSE deletion_outbox.next_attempt_at END
 """
+# A put that armed the row has ended (its outcome handled): one fewer under way. The last one
+# clears `upload_until` (nothing can land any more) and, for a row still only armed, marks it
+# done; a deletion that took the row over runs as queued, once. The row is matched by `$1..$3`
+# (and `$4`, `$5`: the body's region and key), or, as `_DISARM`, through the intent it names.
+_ENDED = f"""
+SET uploads_under_way = greatest(d.uploads_under_way - 1, 0),
+    upload_until = CASE WHEN d.uploads_under_way <= 1 THEN NULL ELSE d.upload_until END,
+    done_at = CASE WHEN d.uploads_under_way <= 1 AND d.reason = '{UPLOADING}'
+                   THEN coalesce(d.done_at, now()) ELSE d.done_at END"""
+_PUT_ENDED = f"""
+UPDATE deletion_outbox d {_ENDED}
+WHERE d.storage_region = $4 AND d.storage_key = $5 AND d.uploads_under_way > 0
+  AND (d.tenant, d.run_id, d.stream_id) = ($1, $2, $3)
+"""
+# In the transaction that marks the intent uploaded: its put has ended.
 _DISARM = f"""
-DELETE FROM deletion_outbox d USING object_intents i
+UPDATE deletion_outbox d {_ENDED}
+FROM object_intents i
 WHERE i.tenant = $1 AND i.run_id = $2 AND i.stream_id = $3 AND i.object_id = $4
   AND d.storage_region = i.storage_region AND d.storage_key = i.storage_key
-  AND d.reason = '{UPLOADING}'
+  AND d.uploads_under_way > 0
 """
 # A pruned record's object goes with it: its intent is removed as its body is queued for
 # deletion. (Kept, every prune of the stream read all its committed intents again, and once a
@@ -158,6 +181,12 @@ async def arm_upload(
     pool: asyncpg.Pool, key: StreamKey, storage_region: str, storage_key: str, due: datetime
 ) -> None:
     await pool.execute(_UPLOADING, *key, storage_region, storage_key, due)
+
+
+async def upload_ended(
+    pool: asyncpg.Pool, key: StreamKey, storage_region: str, storage_key: str
+) -> None:
+    await pool.execute(_PUT_ENDED, *key, storage_region, storage_key)
 
 
 async def read_expired_intents(

@@ -159,6 +159,7 @@ class PostgresDeletionJobs(_LeasedJobs):
             storage_region=row["storage_region"],
             storage_key=row["storage_key"],
             reason=row["reason"],
+            upload_until=row["upload_until"],
         )
 
     def _id(self, job: Job) -> tuple[object, ...]:

@@ -27,7 +27,12 @@ from adapters.postgres.cleanup import aged_rows, delete_in_batches
 from adapters.postgres.connections import Connection
 from adapters.postgres.erasure import WAKE_CHANNEL, erase
 from adapters.postgres.forks import fork_facts, link_fork, release_sources, run_forks
-from adapters.postgres.intents import arm_upload, read_expired_intents, read_intent
+from adapters.postgres.intents import (
+    arm_upload,
+    read_expired_intents,
+    read_intent,
+    upload_ended,
+)
 from adapters.postgres.journal import read_journal
 from adapters.postgres.producers import all_producers, producers_for
 from adapters.postgres.record_reads import RecordReads
@@ -755,6 +760,9 @@ class PostgresStreams(RecordReads):
         self, key: StreamKey, storage_region: str, storage_key: str, due: datetime
     ) -> None:
         await arm_upload(self._pool, key, storage_region, storage_key, due)
+
+    async def upload_ended(self, key: StreamKey, storage_region: str, storage_key: str) -> None:
+        await upload_ended(self._pool, key, storage_region, storage_key)
 
     async def journal(self, key: StreamKey) -> list[Event]:
         return await read_journal(self._pool, key)
