@@ -108,7 +108,10 @@ async def setup(own_database: str, own_pool: asyncpg.Pool, tmp_path: Path):
         ran = 0
         while claimed := await jobs.claim(100):
             for job in claimed:
-                await jobs.done(job, await deleter.run_job(job))
+                try:
+                    await jobs.done(job, await deleter.run_job(job))
+                except OSError as error:  # retried later, as the worker does
+                    await jobs.failed(job, str(error), 30)
                 ran += job.key.run_id == run_id
         return ran
 
@@ -227,16 +230,26 @@ async def test_a_stores_own_timeout_is_no_expiry(setup) -> None:
 async def test_an_armed_deletion_is_no_backlog_before_it_is_due(
     setup, own_pool: asyncpg.Pool
 ) -> None:
-    objects, store, _, run_id = setup
+    objects, store, drain, run_id = setup
 
     async def backlog() -> int:
         figures = await PostgresFigures(own_pool).figures()
         [deletion] = [b for b in figures.backlogs if b.outbox == "deletion"]
         return deletion.pending
 
+    await drain()  # what the other tests left due
     before = await backlog()
     view, _ = await objects.prepare(CALLER, run_id, "s", request("k7", expires_in=60))
     upload = asyncio.create_task(objects.upload(CALLER, run_id, "s", view.object_id, body()))
     await store.started.wait()  # armed
     assert await backlog() == before
+    # A deletion that fails waits for its retry, and stays in the backlog meanwhile.
+    await objects.abort(CALLER, run_id, "s", view.object_id)
+    store.inner.delete = failing  # type: ignore[method-assign]
+    await drain()
+    assert await backlog() == before + 1
     upload.cancel()
+
+
+async def failing(key: str) -> None:
+    raise OSError("the object store is out of reach")

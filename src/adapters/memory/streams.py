@@ -435,7 +435,8 @@ class MemoryStreams:
                     len(waiting),
                     (now - min(waiting)).total_seconds() if waiting else 0.0,
                 ),
-                Backlog("deletion", len(self.deletions), 0.0),
+                # An upload's armed deletion is no backlog while its put is under way.
+                Backlog("deletion", sum(d[3] != UPLOADING for d in self.deletions), 0.0),
             ],
             objects,
         )

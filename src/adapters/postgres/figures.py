@@ -1,8 +1,8 @@
 """The figures /metrics reports from PostgreSQL: outbox backlogs and object intents.
 
-The deletion backlog counts the bodies due for deletion: one armed by an upload under way is
-not due before no put of it can land (application/deletions.py), and is no backlog until
-then."""
+The deletion backlog counts the bodies to delete, those waiting for a retry or a legal hold
+included; one armed by an upload under way (application/deletions.py) is no backlog until it
+falls due (when no put of it can land), and its age counts from then."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ SELECT 'input_delivery', count(*), coalesce(extract(epoch FROM now() - min(r.app
 FROM input_deliveries d JOIN stream_records r USING (tenant, run_id, stream_id, sequence)
 WHERE d.delivered_at IS NULL
 UNION ALL
-SELECT 'deletion', count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
-FROM deletion_outbox WHERE done_at IS NULL AND next_attempt_at <= now()
+SELECT 'deletion', count(*),
+       coalesce(extract(epoch FROM now() - min(CASE WHEN reason = 'upload' THEN next_attempt_at
+                                                    ELSE created_at END)), 0)
+FROM deletion_outbox WHERE done_at IS NULL AND NOT (reason = 'upload' AND next_attempt_at > now())
 UNION ALL
 SELECT 'subscription_wake', count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
 FROM ds_wake_deliveries WHERE delivered_at IS NULL
