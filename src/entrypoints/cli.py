@@ -194,6 +194,16 @@ def cmd_token_revoke(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _ahead_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= seconds <= 86_400:
+        raise argparse.ArgumentTypeError("the seconds are 0 to 86400")
+    return seconds
+
+
 def cmd_webhook_key_rotate(args: argparse.Namespace, settings: Settings) -> int:
     """A new webhook signing key; the old ones stay published until their signatures expire."""
     url = database_url(settings)
@@ -206,7 +216,7 @@ def cmd_webhook_key_rotate(args: argparse.Namespace, settings: Settings) -> int:
             await conn.close()
         pool = await asyncpg.create_pool(url, min_size=1, max_size=1, timeout=10)
         try:
-            return await WebhookKeys(PostgresKeyRows(pool)).rotate()
+            return await WebhookKeys(PostgresKeyRows(pool)).rotate(args.publish_ahead)
         finally:
             await pool.close()
 
@@ -386,8 +396,18 @@ def build_parser() -> argparse.ArgumentParser:
         "rotate",
         help="sign webhooks with a new key",
         description="Make a new Ed25519 webhook signing key and print its key id. Every "
-        "process signs with it within 30 seconds; the old keys stay in the JWKS for ten "
-        "minutes more, past a receiver's five-minute replay window.",
+        "process publishes it at once and signs with it from --publish-ahead seconds on (at "
+        "once by default); the old keys stay in the JWKS for ten minutes more, past a "
+        "receiver's five-minute replay window.",
+    )
+    rotate.add_argument(
+        "--publish-ahead",
+        type=_ahead_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="publish the new key in the JWKS now and sign with it only this many seconds "
+        "later (0 to 86400; default 0, at once), so that receivers that keep the key set "
+        "(for up to its max-age, 300 s) hold it before it signs; the old keys sign until then",
     )
     rotate.set_defaults(func=cmd_webhook_key_rotate)
     server_commands = {

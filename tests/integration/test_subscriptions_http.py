@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 
+import asyncpg
 import httpx
 import pytest
 
@@ -463,6 +464,51 @@ def test_a_rotated_webhook_key_signs_and_the_old_one_stays_published(
             break
         time.sleep(0.5)
     assert kid in after and before <= after
+
+
+async def test_a_webhook_key_published_ahead_is_in_the_jwks_before_it_signs(
+    server: ServerProcess, database_url: str, pool: asyncpg.Pool
+) -> None:
+    """`webhook-key rotate --publish-ahead S`: the key is published at once on every process
+    and signs only S seconds later; the keys it replaces sign until then."""
+    import asyncio
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from adapters.webhook_signing import PostgresKeyRows, WebhookKeys
+    from tests.support.server import ROOT
+
+    def rotate(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "entrypoints.cli", "webhook-key", "rotate", *extra],
+            cwd=ROOT,
+            env={**os.environ, "DUCTOR_STREAMS_DATABASE_URL": database_url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    for bad in ("-1", "86401", "nan", "soon"):
+        refused = rotate("--publish-ahead", bad)
+        assert refused.returncode == 2 and "--publish-ahead" in refused.stderr, refused.stderr
+    signing = WebhookKeys(PostgresKeyRows(pool))
+    old_kid = await signing.kid()
+    done = rotate("--publish-ahead", "4")
+    assert done.returncode == 0, done.stderr
+    rotated_at = time.monotonic()
+    kid = done.stdout.strip()
+    jwks_url = server.base_url + "/api/durable-streams/v1/stream/__ds/jwks.json"
+    async with httpx.AsyncClient(timeout=5) as client:
+        async with asyncio.timeout(5):
+            while kid not in {k["kid"] for k in (await client.get(jwks_url)).json()["keys"]}:
+                await asyncio.sleep(0.2)
+    signing.forget()  # as the rotation's announcement does
+    assert await signing.kid() == old_kid
+    assert time.monotonic() - rotated_at < 4  # so the old key signed while the new was out
+    await asyncio.sleep(4.2 - (time.monotonic() - rotated_at))
+    assert await signing.kid() == kid
 
 
 async def test_the_reserved_paths_are_never_a_stream(

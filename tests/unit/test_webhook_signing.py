@@ -31,3 +31,28 @@ async def test_a_rotated_key_stays_published_while_the_new_one_signs() -> None:
     assert {k["kid"] for k in jwks["keys"]} == {old_kid, new_kid}
     assert verify_webhook(body, old, jwks)
     assert f"kid={new_kid}," in await keys.signature(body, time.time())
+
+
+async def test_a_key_published_ahead_signs_only_from_its_time_and_the_old_one_until_then() -> None:
+    """`rotate(publish_ahead)`: receivers that keep the key set hold the new key before it
+    signs; the old key signs until then and stays published RETIRED_KEY_SECONDS more."""
+    from adapters.webhook_signing import RETIRED_KEY_SECONDS
+
+    now = [1_000_000.0]
+    rows = MemoryKeyRows()
+    keys, other = WebhookKeys(rows, clock=lambda: now[0]), WebhookKeys(rows, clock=lambda: now[0])
+    old_kid = await keys.kid()
+    assert await other.kid() == old_kid  # the other process has loaded its keys
+    new_kid = await keys.rotate(publish_ahead=300)
+    for process in (keys, other):
+        other.forget()  # as the rotation's announcement does
+        assert {k["kid"] for k in (await process.jwks())["keys"]} == {old_kid, new_kid}
+        assert await process.kid() == old_kid
+    now[0] += 299
+    assert await other.kid() == old_kid
+    now[0] += 1  # its time: every process switches at its next use, without a reload
+    assert await keys.kid() == new_kid and await other.kid() == new_kid
+    assert old_kid in {k["kid"] for k in (await other.jwks())["keys"]}
+    now[0] += RETIRED_KEY_SECONDS
+    keys.forget()
+    assert {k["kid"] for k in (await keys.jwks())["keys"]} == {new_kid}
