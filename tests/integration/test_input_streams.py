@@ -34,6 +34,19 @@ async def append(api: httpx.AsyncClient, path: str, *values: object) -> None:
     assert answer.status_code == 201, answer.text
 
 
+async def fork_of_in(server: ServerProcess, run_id: str) -> None:
+    """A Durable Streams fork (`fork`) of the run's stream `in`: it reads what `in` holds."""
+    async with ds_client(server) as ds:
+        forked = await ds.put(
+            f"/{run_id}/fork",
+            headers={
+                "Content-Type": "application/json",
+                "Stream-Forked-From": f"/v1/stream/{run_id}/in",
+            },
+        )
+        assert forked.status_code == 201, forked.text
+
+
 @pytest.fixture  # not shared: a live dispatcher would deliver the other tests' records
 def dispatcher(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     process = WorkerProcess(
@@ -112,15 +125,7 @@ async def test_a_deleted_input_stream_that_forks_still_read_delivers_nothing_mor
     fork's sake: its undelivered records are not its workflow's input any more."""
     path = await input_stream(api, run_id, "in")
     await append(api, path, 1, 2, 3)
-    async with ds_client(server) as ds:
-        forked = await ds.put(
-            f"/{run_id}/fork",
-            headers={
-                "Content-Type": "application/json",
-                "Stream-Forked-From": f"/v1/stream/{run_id}/in",
-            },
-        )
-        assert forked.status_code == 201, forked.text
+    await fork_of_in(server, run_id)
     pending = "SELECT count(*) FROM input_deliveries WHERE run_id = $1 AND stream_id = 'in'"
     assert await pool.fetchval(pending, run_id) == 3  # no dispatcher runs here
     assert (await api.delete(path)).status_code == 204
@@ -140,15 +145,7 @@ async def test_a_soft_delete_waits_for_an_input_event_landing_and_one_after_land
 
     path = await input_stream(api, run_id, "in")
     await append(api, path, 1)
-    async with ds_client(server) as ds:
-        forked = await ds.put(
-            f"/{run_id}/fork",
-            headers={
-                "Content-Type": "application/json",
-                "Stream-Forked-From": f"/v1/stream/{run_id}/in",
-            },
-        )
-        assert forked.status_code == 201, forked.text
+    await fork_of_in(server, run_id)
     created = await pool.fetchval(
         "SELECT created_at FROM streams WHERE run_id = $1 AND stream_id = 'in'", run_id
     )

@@ -406,6 +406,26 @@ class StreamRepositoryContract:
         assert set(await listed("")) == {"a_c", "ab", "abc", "abd", "ac", "b"}
 
 
+def prepared_intent(key, object_id: str, expires_in: int, **fields: object) -> ObjectIntent:
+    """A prepared intent of a 3-byte body on `key` (its storage key `key/object_id` unless
+    given), expiring `expires_in` seconds after NOW."""
+    intent = ObjectIntent(
+        object_id=object_id,
+        idempotency_key=object_id,
+        state="prepared",
+        size=3,
+        sha256="ab" * 32,
+        content_type="x/y",
+        schema=None,
+        storage_region="local",
+        storage_key="/".join((*key, object_id)),
+        receipt=AuthorizationReceipt("writer", ("streams:write",), NOW),
+        expires_at=NOW + timedelta(seconds=expires_in),
+        created_at=NOW,
+    )
+    return msgspec.structs.replace(intent, **fields)
+
+
 async def queued_bodies(repo, key) -> list[str]:
     """The storage keys on the deletion outbox for this stream, from either adapter."""
     if hasattr(repo, "deletions"):
@@ -526,20 +546,7 @@ class ObjectIntentsContract:
         await repo.create(key, definition(), NOW)
 
         def intent(object_id: str, expires_in: int) -> ObjectIntent:
-            return ObjectIntent(
-                object_id=object_id,
-                idempotency_key=object_id,
-                state="prepared",
-                size=3,
-                sha256="ab" * 32,
-                content_type="x/y",
-                schema={"type": "object"},
-                storage_region="local",
-                storage_key="/".join((*key, object_id)),
-                receipt=AuthorizationReceipt("writer", ("streams:write",), NOW),
-                expires_at=NOW + timedelta(seconds=expires_in),
-                created_at=NOW,
-            )
+            return prepared_intent(key, object_id, expires_in, schema={"type": "object"})
 
         kept, dropped, late = intent("o1", 60), intent("o2", 60), intent("o3", 1)
         for i in (kept, dropped, late):
@@ -582,19 +589,8 @@ class ObjectIntentsContract:
         due = NOW + timedelta(hours=1)
         intents = {}
         for object_id in ("up", "gone", "erased"):
-            intents[object_id] = ObjectIntent(
-                object_id=object_id,
-                idempotency_key=object_id,
-                state="prepared",
-                size=3,
-                sha256="ab" * 32,
-                content_type="x/y",
-                schema=None,
-                storage_region="local",
-                storage_key=storage_key_for(key, object_id),
-                receipt=AuthorizationReceipt("writer", ("streams:write",), NOW),
-                expires_at=due,
-                created_at=NOW,
+            intents[object_id] = prepared_intent(
+                key, object_id, 3600, storage_key=storage_key_for(key, object_id)
             )
             [done] = await repo.update(key, [PrepareCommand(intents[object_id], WRITER, NOW)])
             assert isinstance(done, Done)
