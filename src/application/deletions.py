@@ -6,9 +6,11 @@ stream were released when it was deleted (which a hold refuses): a stream create
 its ID, held or not, has bodies of its own under other keys, so they do not wait for it.
 
 An upload arms its body's deletion before it puts a byte (`UPLOADING`), due once no put of it
-can still land; the intent's reaching `uploaded` disarms it. So a process killed between its put
-and its bookkeeping leaves no body that nothing references: the armed deletion finds the intent
-never uploaded (or aborted, expired, gone) and removes it."""
+can still land, and counts its put as under way; the put's end, seen by its process (the intent
+marked `uploaded`, or the body refused or removed), ends that count, and the last one disarms
+it. So a process killed between its put and its bookkeeping leaves no body that nothing
+references: the armed deletion finds the intent never uploaded (or aborted, expired, gone) and
+removes it (docs/architecture.md, "Object bodies")."""
 
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ log = logging.getLogger("ductor_streams.deletions")
 # The outbox reason of the bodies of an erased stream: "stream-deleted", "stream-expired".
 ERASED_STREAM = "stream-"
 # The outbox reason of a body an upload is putting: armed before the put, due when no put of it
-# can still land, disarmed when its intent is uploaded. A deletion queued for the body meanwhile
-# (abort, expiry, pruning, erasure) takes the row over, and is not due before that either.
+# can still land (`upload_until`), disarmed when every put that armed it has ended. A deletion
+# queued for the body meanwhile (abort, expiry, pruning, erasure) takes the row over: it runs at
+# once, and again at `upload_until` while a put is under way.
 UPLOADING = "upload"
 # The intent states whose body a commit references or may reference: an armed upload deletion
 # found in one of these is done without removing the body.
@@ -61,8 +64,8 @@ class DeleteBodies:
             intent = await self._intents.intent(job.key, object_id_in(job.storage_key))
             if intent is not None and intent.storage_key == job.storage_key:
                 if intent.state in _KEPT:
-                    # A twin upload armed it after the first had disarmed it: the body is the
-                    # intent's own. (Its abort, expiry or pruning will queue the deletion again.)
+                    # A twin upload's arming, or one whose end its process did not see: the
+                    # body is the intent's own. (Its abort, expiry or pruning takes it over.)
                     return None
                 if intent.state == "prepared" and intent.expires_at > self._clock():
                     return self._recheck  # due early (clocks apart): an upload may still land

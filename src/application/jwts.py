@@ -115,7 +115,8 @@ class JwtCallers:
         self._wall_clock = wall_clock
         # token -> (its caller, when it is verified again)
         self._known: dict[str, tuple[Caller, float]] = {}
-        # jwt_id -> the JWT, for `still_valid` (bounded as `_known` is)
+        # jwt_id -> the JWT, for `still_valid`; at most MAX_REMEMBERED, least recently verified
+        # first out
         self._by_id: dict[str, str] = {}
 
     @property

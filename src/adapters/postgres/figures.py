@@ -7,17 +7,20 @@ falls due (when no put of it can land), and its age counts from then."""
 from __future__ import annotations
 
 from adapters.postgres.bounded import BoundedPool
+from application.deletions import UPLOADING
 from application.ports import Backlog, StoredFigures
 
-_BACKLOGS = """
+_BACKLOGS = f"""
 SELECT 'input_delivery', count(*), coalesce(extract(epoch FROM now() - min(r.appended_at)), 0)
 FROM input_deliveries d JOIN stream_records r USING (tenant, run_id, stream_id, sequence)
 WHERE d.delivered_at IS NULL
 UNION ALL
 SELECT 'deletion', count(*),
-       coalesce(extract(epoch FROM now() - min(CASE WHEN reason = 'upload' THEN next_attempt_at
+       coalesce(extract(epoch FROM now() - min(CASE WHEN reason = '{UPLOADING}'
+                                                    THEN next_attempt_at
                                                     ELSE created_at END)), 0)
-FROM deletion_outbox WHERE done_at IS NULL AND NOT (reason = 'upload' AND next_attempt_at > now())
+FROM deletion_outbox
+WHERE done_at IS NULL AND NOT (reason = '{UPLOADING}' AND next_attempt_at > now())
 UNION ALL
 SELECT 'subscription_wake', count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
 FROM ds_wake_deliveries WHERE delivered_at IS NULL
