@@ -281,8 +281,8 @@ async def test_a_stream_linked_by_name_while_it_is_erased_and_created_again_star
     """Adding a stream to a subscription links it at its head, read in the decision. If the
     stream was erased and created again between that read and the decision's commit, the new
     stream's link started from the old one's head: its first records never woke the
-    subscription. The decision now holds stream creations off from before it reads the heads
-    until it commits, and the creation's trigger then starts the link at 0."""
+    subscription. The decision now holds the streams it names (FOR KEY SHARE) from before it
+    reads their heads until it commits: the erasure waits for it, then unlinks them."""
     import asyncio
 
     from domain.subscriptions import StreamPath
@@ -303,9 +303,10 @@ async def test_a_stream_linked_by_name_while_it_is_erased_and_created_again_star
         await create(services, ADMIN, run, "a")
 
     async def recreated_meanwhile(conn: Any, tenant: str, paths: Any) -> Any:
-        found = await heads(conn, tenant, paths)  # the old stream's head, 3
+        found = await heads(conn, tenant, paths)  # the named stream's head is read by now
         again.append(asyncio.create_task(erase_and_create()))
-        await asyncio.sleep(0.5)  # time enough for both, unless the creation waits
+        await asyncio.sleep(0.5)  # time enough for both, unless the erasure waits
+        assert not again[0].done()  # it waits for the decision
         return found
 
     store._heads = recreated_meanwhile
@@ -321,4 +322,5 @@ async def test_a_stream_linked_by_name_while_it_is_erased_and_created_again_star
         sid,
         run,
     )
-    assert acked == 0
+    # The erasure, after the decision, unlinked it: no link at the old stream's head (3).
+    assert acked is None

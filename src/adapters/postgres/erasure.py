@@ -64,7 +64,8 @@ RETURNING pg_notify('{WAKE_CHANNEL}', tenant || '/' || run_id || '/' || stream_i
 _ERASE = erase_statement()
 
 
-_LOCK_FOR_ERASURE = f"SELECT 1 FROM streams WHERE {_OF_THEM} FOR UPDATE"
+# In the key's order, as every other statement that holds several streams' rows does.
+_LOCK_FOR_ERASURE = f"SELECT 1 FROM streams WHERE {_OF_THEM} ORDER BY stream_id FOR UPDATE"
 
 
 async def lock_for_deletion(

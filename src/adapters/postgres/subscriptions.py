@@ -28,6 +28,11 @@ _LINKS = """SELECT run_id, stream_id, explicit, glob, acked FROM ds_subscription
 _HEADS = """SELECT run_id, stream_id, head FROM streams
             WHERE tenant = $1 AND (run_id, stream_id) IN
                   (SELECT * FROM unnest($2::text[], $3::text[]))"""
+_HOLD_NAMED = """SELECT run_id, stream_id, head FROM streams
+                 WHERE tenant = $1 AND (run_id, stream_id) IN
+                       (SELECT * FROM unnest($2::text[], $3::text[]))
+                 ORDER BY run_id, stream_id
+                 FOR KEY SHARE"""
 _MATCHING = """SELECT run_id, stream_id, head FROM streams
                WHERE tenant = $1
                  AND ((CASE WHEN run_id = 'default' THEN stream_id
@@ -135,22 +140,31 @@ class PostgresSubscriptions:
         extra: tuple[StreamPath, ...],
     ) -> _T:
         async with self._pool.acquire() as conn, conn.transaction():
-            if extra or discover is not None:
-                # A decision that may link streams (by name or by its glob) first waits for the
-                # stream creations under way, and holds every later one off until it commits
-                # (their trigger takes this lock shared, migration 0497). The heads it links
-                # them at are read after: a stream erased and created again between that read
-                # and this commit would have had its new incarnation's link start from the old
-                # one's head. (Taken before the subscription's row, as the trigger takes it
-                # before the subscriptions it holds: the two never deadlock.)
-                await conn.execute(_LINKS_LOCK, tenant)
+            named: Heads = {}
+            if extra:
+                # The streams it may link by name are held (FOR KEY SHARE, in the key's order,
+                # before the subscription's row, as an erasure holds its streams before the
+                # subscriptions its trigger unlinks) and their heads read with them: none is
+                # erased, so none created again, until this commits. (Read unheld, a stream
+                # erased and created again before the commit had its new link start from the
+                # old one's head.) Appends (FOR NO KEY UPDATE) do not wait for it.
+                ordered = sorted(set(extra))
+                rows = await conn.fetch(
+                    _HOLD_NAMED,
+                    tenant,
+                    [p.run_id for p in ordered],
+                    [p.stream_id for p in ordered],
+                )
+                named = {StreamPath(r[0], r[1]): r[2] for r in rows}
             row = await conn.fetchrow(_LOCK, tenant, subscription_id)
             sub = None if row is None else await self._load(conn, row, tenant, subscription_id)
             paths = {link.path for link in sub.links} if sub else set()
-            heads = await self._heads(conn, tenant, paths | set(extra))
+            heads = await self._heads(conn, tenant, paths - set(named))
+            heads.update(named)
             if discover is not None and sub is None:
                 # Not while a stream is being created, nor one created until this commits
-                # (the lock above): every stream the glob matches is linked by one or the other.
+                # (migration 0497): every stream the glob matches is linked by one or the other.
+                await conn.execute(_LINKS_LOCK, tenant)
                 rows = await conn.fetch(_MATCHING, tenant, pattern_regex(discover))
                 heads.update({StreamPath(r[0], r[1]): r[2] for r in rows})
             change, answer = decide(sub, heads)
