@@ -25,6 +25,8 @@ RETIRED_KEY_SECONDS = 600.0
 # KEYS_CHANNEL, and every process listening there (the wake bus) reloads at its next use.
 RELOAD_SECONDS = 30.0
 KEYS_CHANNEL = "ductor_streams_signing_keys"
+# Rotations one at a time, across processes and hosts.
+_ROTATING = "SELECT pg_advisory_xact_lock(hashtextextended('ductor-streams:signing-keys', 0))"
 
 
 def _b64(data: bytes) -> str:
@@ -53,12 +55,19 @@ class KeyRow(NamedTuple):
 
 
 class KeyRows(Protocol):
-    async def keys(self) -> list[KeyRow]:
-        """Every key, oldest first."""
+    """The keys, on the clock of where they are kept (PostgreSQL's, for every process and the
+    rotating command alike): no host's own clock decides when a key signs or retires."""
 
-    async def add(self, private: bytes, kid: str, sign_after: float | None = None) -> None: ...
+    async def keys(self) -> tuple[list[KeyRow], float]:
+        """Every key, oldest first, and the store's time now (Unix seconds)."""
 
-    async def retire_all_but(self, kid: str, at: float) -> None: ...
+    async def add(self, private: bytes, kid: str) -> None:
+        """The first key, signing at once (nothing if there is one already)."""
+
+    async def rotate(self, private: bytes, kid: str, ahead: float, retired_after: float) -> None:
+        """At once, one rotation at a time: add the key, signing `ahead` seconds from now (0:
+        at once); retire the others `retired_after` seconds after it starts signing (one
+        retiring sooner keeps its time); announce the change (KEYS_CHANNEL)."""
 
     async def secret(self, name: str) -> bytes: ...
 
@@ -67,26 +76,30 @@ class WebhookKeys:
     """Signs webhook bodies (`Webhook-Signature: t=<unix>,kid=<kid>,ed25519=<base64url>`, over
     `<t>.<body>`) and answers the JWKS."""
 
-    def __init__(self, rows: KeyRows, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, rows: KeyRows, clock: Callable[[], float] = time.monotonic) -> None:
         self._rows = rows
-        self._clock = clock  # Unix seconds
+        self._clock = clock
+        self._offset = 0.0  # the store's time (Unix seconds) minus `clock`, at the last load
         self._loaded_at = -RELOAD_SECONDS
-        self._switch_at = math.inf  # when a key published ahead starts signing (Unix seconds)
+        self._switch_at = math.inf  # when a key published ahead starts signing (store time)
         self._signing: tuple[str, Ed25519PrivateKey] | None = None
         self._jwks: list[dict[str, str]] = []
 
+    def _now(self) -> float:
+        return self._clock() + self._offset
+
     async def _fresh(self) -> None:
         if (
-            time.monotonic() - self._loaded_at < RELOAD_SECONDS
+            self._clock() - self._loaded_at < RELOAD_SECONDS
             and self._signing is not None
-            and self._clock() < self._switch_at
+            and self._now() < self._switch_at
         ):
             return
-        rows = await self._rows.keys()
+        rows, now = await self._rows.keys()
         if not rows:
-            await self._rows.add(_new_private(), "")
-            rows = await self._rows.keys()
-        now = self._clock()
+            await self._rows.add(*_new_key())
+            rows, now = await self._rows.keys()
+        self._offset = now - self._clock()
         live = [k for k in rows if k.retire_after is None or k.retire_after > now]
         signing = [k for k in live if k.sign_after is None or k.sign_after <= now]
         newest = (signing or live or rows)[-1].private  # the newest that may sign
@@ -94,7 +107,7 @@ class WebhookKeys:
         self._jwks = [public_jwk(k.private) for k in live] or [public_jwk(newest)]
         ahead = [k.sign_after for k in live if k.sign_after is not None and k.sign_after > now]
         self._switch_at = min(ahead, default=math.inf)
-        self._loaded_at = time.monotonic()
+        self._loaded_at = self._clock()
 
     async def kid(self) -> str:
         await self._fresh()
@@ -121,56 +134,68 @@ class WebhookKeys:
         the others keep signing until then and are retired RETIRED_KEY_SECONDS after. Every
         process hears of it (KEYS_CHANNEL), publishes it from its next use, and signs with it
         from its first use past that time."""
-        private = _new_private()
-        kid = public_jwk(private)["kid"]
-        now = self._clock()
-        sign_after = now + publish_ahead if publish_ahead > 0 else None
-        await self._rows.add(private, kid, sign_after)
-        await self._rows.retire_all_but(kid, (sign_after or now) + RETIRED_KEY_SECONDS)
+        private, kid = _new_key()
+        await self._rows.rotate(private, kid, publish_ahead, RETIRED_KEY_SECONDS)
         self.forget()
         return kid
 
 
-def _new_private() -> bytes:
-    return Ed25519PrivateKey.generate().private_bytes(
+def _new_key() -> tuple[bytes, str]:
+    private = Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.Raw,
         serialization.PrivateFormat.Raw,
         serialization.NoEncryption(),
     )
+    return private, public_jwk(private)["kid"]
 
 
 class PostgresKeyRows:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def keys(self) -> list[KeyRow]:
-        rows = await self._pool.fetch(
-            """SELECT private_key, extract(epoch FROM retire_after)::float8,
-                      extract(epoch FROM sign_after)::float8
-               FROM ds_signing_keys ORDER BY created_at, kid"""
-        )
-        return [KeyRow(bytes(r[0]), r[1], r[2]) for r in rows]
+    async def keys(self) -> tuple[list[KeyRow], float]:
+        async with self._pool.acquire() as conn, conn.transaction():  # one snapshot, one now()
+            rows = await conn.fetch(
+                """SELECT private_key, extract(epoch FROM retire_after)::float8,
+                          extract(epoch FROM sign_after)::float8
+                   FROM ds_signing_keys ORDER BY created_at, kid"""
+            )
+            now = await conn.fetchval("SELECT extract(epoch FROM now())::float8")
+        return [KeyRow(bytes(r[0]), r[1], r[2]) for r in rows], now
 
-    async def add(self, private: bytes, kid: str, sign_after: float | None = None) -> None:
+    async def add(self, private: bytes, kid: str) -> None:
         await self._pool.execute(
-            "INSERT INTO ds_signing_keys (kid, private_key, sign_after)"
-            " VALUES ($1, $2, to_timestamp($3)) ON CONFLICT DO NOTHING",
-            kid or public_jwk(private)["kid"],
-            private,
-            sign_after,
-        )
-
-    async def retire_all_but(self, kid: str, at: float) -> None:
-        """Retire the others, and announce the change on KEYS_CHANNEL (delivered at commit)."""
-        await self._pool.execute(
-            f"""WITH retired AS (
-                   UPDATE ds_signing_keys SET retire_after = to_timestamp($2)
-                   WHERE kid <> $1 AND (retire_after IS NULL OR retire_after > to_timestamp($2))
-               )
-               SELECT pg_notify('{KEYS_CHANNEL}', $1)""",
+            "INSERT INTO ds_signing_keys (kid, private_key) VALUES ($1, $2) ON CONFLICT DO NOTHING",
             kid,
-            at,
+            private,
         )
+
+    async def rotate(self, private: bytes, kid: str, ahead: float, retired_after: float) -> None:
+        """One transaction, one rotation at a time (two at once each retired the other's key:
+        none was left to sign), its times on PostgreSQL's clock; the announcement is delivered
+        at its commit."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(_ROTATING)
+            await conn.execute(
+                """INSERT INTO ds_signing_keys (kid, private_key, sign_after)
+                   VALUES ($1, $2, CASE WHEN $3::float8 > 0
+                                        THEN now() + make_interval(secs => $3) END)""",
+                kid,
+                private,
+                ahead,
+            )
+            await conn.execute(
+                f"""WITH retiring AS (
+                       SELECT coalesce(sign_after, now()) + make_interval(secs => $2) AS at
+                       FROM ds_signing_keys WHERE kid = $1
+                   ), retired AS (
+                       UPDATE ds_signing_keys k SET retire_after = r.at FROM retiring r
+                       WHERE k.kid <> $1 AND (k.retire_after IS NULL OR k.retire_after > r.at)
+                   )
+                   SELECT pg_notify('{KEYS_CHANNEL}', $1)""",
+                kid,
+                retired_after,
+            )
 
     async def secret(self, name: str) -> bytes:
         await self._pool.execute(
@@ -184,24 +209,29 @@ class PostgresKeyRows:
 
 
 class MemoryKeyRows:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock  # Unix seconds: the store's time
         self._keys: list[KeyRow] = []
         self._secrets: dict[str, bytes] = {}
 
-    async def keys(self) -> list[KeyRow]:
-        return list(self._keys)
+    async def keys(self) -> tuple[list[KeyRow], float]:
+        return list(self._keys), self._clock()
 
-    async def add(self, private: bytes, kid: str, sign_after: float | None = None) -> None:
-        self._keys.append(KeyRow(private, None, sign_after))
+    async def add(self, private: bytes, kid: str) -> None:
+        if not self._keys:
+            self._keys.append(KeyRow(private, None, None))
 
-    async def retire_all_but(self, kid: str, at: float) -> None:
+    async def rotate(self, private: bytes, kid: str, ahead: float, retired_after: float) -> None:
+        now = self._clock()
+        sign_after = now + ahead if ahead > 0 else None
+        at = (sign_after or now) + retired_after
         self._keys = [
             k
-            if public_jwk(k.private)["kid"] == kid
-            or (k.retire_after is not None and k.retire_after <= at)
+            if k.retire_after is not None and k.retire_after <= at
             else k._replace(retire_after=at)
             for k in self._keys
         ]
+        self._keys.append(KeyRow(private, None, sign_after))
 
     async def secret(self, name: str) -> bytes:
         return self._secrets.setdefault(name, secrets.token_bytes(32))

@@ -19,7 +19,7 @@ import asyncpg
 
 from adapters.postgres.migrations import migrate
 from adapters.postgres.tokens import PostgresTokens
-from adapters.webhook_signing import PostgresKeyRows, WebhookKeys
+from adapters.webhook_signing import RELOAD_SECONDS, PostgresKeyRows, WebhookKeys
 from application.access import SCOPES
 from application.ports import TokenRecord
 from application.tokens import (
@@ -199,8 +199,12 @@ def _ahead_seconds(text: str) -> float:
         seconds = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= seconds <= 86_400:
-        raise argparse.ArgumentTypeError("the seconds are 0 to 86400")
+    if not (seconds == 0 or RELOAD_SECONDS <= seconds <= 86_400):
+        # Under the reload interval, a process that did not hear of the rotation would still
+        # serve a key set without the new key while others sign with it.
+        raise argparse.ArgumentTypeError(
+            f"the seconds are 0 (at once) or {RELOAD_SECONDS:g} to 86400"
+        )
     return seconds
 
 
@@ -406,8 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         metavar="SECONDS",
         help="publish the new key in the JWKS now and sign with it only this many seconds "
-        "later (0 to 86400; default 0, at once), so that receivers that keep the key set "
-        "(for up to its max-age, 300 s) hold it before it signs; the old keys sign until then",
+        "later (0, the default: at once; else 30 to 86400), so that receivers that keep the "
+        "key set hold it before it signs: 330 covers its max-age (300 s) and a process's "
+        "reload (30 s); the old keys sign until then",
     )
     rotate.set_defaults(func=cmd_webhook_key_rotate)
     server_commands = {

@@ -470,12 +470,13 @@ async def test_a_webhook_key_published_ahead_is_in_the_jwks_before_it_signs(
     server: ServerProcess, database_url: str, pool: asyncpg.Pool
 ) -> None:
     """`webhook-key rotate --publish-ahead S`: the key is published at once on every process
-    and signs only S seconds later; the keys it replaces sign until then."""
+    and signs only S seconds later, on PostgreSQL's clock; the keys it replaces sign until then
+    and stay published ten minutes after. Rotations run one at a time, so two at once never
+    retire each other's key."""
     import asyncio
     import os
     import subprocess
     import sys
-    import time
 
     from adapters.webhook_signing import PostgresKeyRows, WebhookKeys
     from tests.support.server import ROOT
@@ -490,25 +491,44 @@ async def test_a_webhook_key_published_ahead_is_in_the_jwks_before_it_signs(
             timeout=60,
         )
 
-    for bad in ("-1", "86401", "nan", "soon"):
+    for bad in ("-1", "10", "86401", "nan", "soon"):
         refused = rotate("--publish-ahead", bad)
         assert refused.returncode == 2 and "--publish-ahead" in refused.stderr, refused.stderr
-    signing = WebhookKeys(PostgresKeyRows(pool))
-    old_kid = await signing.kid()
-    done = rotate("--publish-ahead", "4")
+    done = rotate("--publish-ahead", "330")
     assert done.returncode == 0, done.stderr
-    rotated_at = time.monotonic()
     kid = done.stdout.strip()
+    ahead, retired = await pool.fetchrow(
+        "SELECT extract(epoch FROM k.sign_after - now()),"
+        " (SELECT max(extract(epoch FROM o.retire_after - k.sign_after))"
+        "  FROM ds_signing_keys o WHERE o.kid <> k.kid AND o.retire_after > now())"
+        " FROM ds_signing_keys k WHERE kid = $1",
+        kid,
+    )
+    assert 300 < ahead <= 330 and retired == 600
     jwks_url = server.base_url + "/api/durable-streams/v1/stream/__ds/jwks.json"
     async with httpx.AsyncClient(timeout=5) as client:
         async with asyncio.timeout(5):
             while kid not in {k["kid"] for k in (await client.get(jwks_url)).json()["keys"]}:
                 await asyncio.sleep(0.2)
-    signing.forget()  # as the rotation's announcement does
-    assert await signing.kid() == old_kid
-    assert time.monotonic() - rotated_at < 4  # so the old key signed while the new was out
-    await asyncio.sleep(4.2 - (time.monotonic() - rotated_at))
-    assert await signing.kid() == kid
+    signing = WebhookKeys(PostgresKeyRows(pool))
+    assert await signing.kid() != kid  # published, not signing yet
+
+    # Two rotations at once (one published two seconds ahead): one after the other, the last
+    # one's key signs once its time comes, and a key published before stays until then.
+    first, second = await asyncio.gather(
+        WebhookKeys(PostgresKeyRows(pool)).rotate(publish_ahead=2),
+        WebhookKeys(PostgresKeyRows(pool)).rotate(publish_ahead=2),
+    )
+    live = await pool.fetch(
+        "SELECT kid FROM ds_signing_keys WHERE retire_after IS NULL OR retire_after > now()"
+    )
+    assert {first, second} <= {r[0] for r in live}
+    await asyncio.sleep(2.2)
+    signing.forget()
+    assert await signing.kid() in {first, second}
+    assert await signing.kid() == (
+        await pool.fetchval("SELECT kid FROM ds_signing_keys WHERE retire_after IS NULL")
+    )
 
 
 async def test_the_reserved_paths_are_never_a_stream(

@@ -39,8 +39,9 @@ async def test_a_key_published_ahead_signs_only_from_its_time_and_the_old_one_un
     from adapters.webhook_signing import RETIRED_KEY_SECONDS
 
     now = [1_000_000.0]
-    rows = MemoryKeyRows()
-    keys, other = WebhookKeys(rows, clock=lambda: now[0]), WebhookKeys(rows, clock=lambda: now[0])
+    rows = MemoryKeyRows(clock=lambda: now[0])  # the store's clock decides; each process's
+    keys = WebhookKeys(rows, clock=lambda: now[0] - 5_000)  # own is only counted from it
+    other = WebhookKeys(rows, clock=lambda: now[0] + 7)
     old_kid = await keys.kid()
     assert await other.kid() == old_kid  # the other process has loaded its keys
     new_kid = await keys.rotate(publish_ahead=300)

@@ -576,7 +576,12 @@ def sse(
                     page = await reads.page(
                         key, last, PAGE_RECORDS, created_at=first.position.created_at
                     )
-                except (NotFound, errors.DomainError):
+                except (
+                    NotFound,
+                    errors.StreamGone,
+                    errors.CursorExpired,
+                    errors.CursorAheadOfHead,
+                ):
                     # Deleted (and perhaps created again) or overtaken by retention meanwhile:
                     # ended as a live read ends then, and the client's reconnection is told why.
                     return
