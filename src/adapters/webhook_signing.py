@@ -134,6 +134,9 @@ class WebhookKeys:
         the others keep signing until then and are retired RETIRED_KEY_SECONDS after. Every
         process hears of it (KEYS_CHANNEL), publishes it from its next use, and signs with it
         from its first use past that time."""
+        if publish_ahead > 0 and not (await self._rows.keys())[0]:
+            # The key the service would have made at its first use, to sign until then.
+            await self._rows.add(*_new_key())
         private, kid = _new_key()
         await self._rows.rotate(private, kid, publish_ahead, RETIRED_KEY_SECONDS)
         self.forget()

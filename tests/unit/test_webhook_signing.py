@@ -57,3 +57,15 @@ async def test_a_key_published_ahead_signs_only_from_its_time_and_the_old_one_un
     now[0] += RETIRED_KEY_SECONDS
     keys.forget()
     assert {k["kid"] for k in (await keys.jwks())["keys"]} == {new_kid}
+
+
+async def test_a_key_published_ahead_as_the_first_rotation_does_not_sign_before_its_time() -> None:
+    """Rotated before any key was made (none signed yet): a key to sign until then is made."""
+    now = [1_000_000.0]
+    rows = MemoryKeyRows(clock=lambda: now[0])
+    keys = WebhookKeys(rows, clock=lambda: now[0])
+    new_kid = await keys.rotate(publish_ahead=300)
+    published = {k["kid"] for k in (await keys.jwks())["keys"]}
+    assert await keys.kid() != new_kid and published == {await keys.kid(), new_kid}
+    now[0] += 300
+    assert await keys.kid() == new_kid
