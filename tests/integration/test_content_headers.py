@@ -1,5 +1,5 @@
 """A stream's bytes are served as what they are, never as a page of the service's origin: every
-answer below /api/ that can carry stream or object content has `nosniff` and a
+answer that sets no policy of its own (whatever its path's spelling) has `nosniff` and a
 Content-Security-Policy that runs nothing, and every answer says `Vary: Origin` whatever the
 Origin (allowed, another, or none), since what the CORS layer adds depends on it. Against a
 server with CORS origins configured, and against the session's server without any."""
@@ -123,6 +123,54 @@ def test_native_object_bodies_and_record_reads_are_served_inert(
         with api.stream("GET", f"{base}/o/subscribe", params={"cursor": 0}) as live:
             assert live.status_code == 200
             assert_inert(live)
+
+
+@pytest.mark.parametrize("slashes", ["//", "///"])
+def test_content_reached_under_a_doubled_slash_is_served_inert(
+    server: ServerProcess, slashes: str
+) -> None:
+    """The router reaches a handler under `//api/…` as under `/api/…`: the policy is not
+    decided by the path's spelling, so such a spelling cannot serve a stream's page live."""
+    url = html_protocol_stream(server.base_url)
+    doubled = server.base_url + slashes + url.removeprefix(server.base_url + "/")
+    read = httpx.get(doubled, headers=AUTH)
+    assert read.status_code == 200 and read.content == PAGE, (read.status_code, read.text)
+    assert read.headers["content-type"].startswith("text/html")
+    assert_inert(read)
+    refused = httpx.get(doubled, params={"offset": "nonsense"}, headers=AUTH)
+    assert refused.status_code == 400
+    assert_inert(refused)
+
+
+def test_answers_that_say_nothing_of_caching_are_kept_by_no_cache(server: ServerProcess) -> None:
+    """Records, stream documents, token lists and errors, through Litestar and through the
+    append front, carry one `Cache-Control: no-store`; an answer that says otherwise keeps its
+    own (a Durable Streams read of history, the console's page)."""
+    run = "cache-" + secrets.token_hex(4)
+    base = f"{server.base_url}{NATIVE}/runs/{run}/streams"
+    with httpx.Client(headers=AUTH, timeout=30) as api:
+        answers = [
+            api.post(base, json={"stream_id": "s", "direction": "output"}),
+            api.post(f"{base}/s/records", json={"records": [{"data": "x"}]}),
+            api.post(f"{base}/s/records", content=b"{"),
+            api.get(f"{base}/s/records", params={"cursor": 0}),
+            api.get(f"{base}/s"),
+            api.get(f"{server.base_url}{NATIVE}/tokens"),
+            api.get(f"{base}/missing"),
+        ]
+        for answer in answers:
+            assert answer.headers.get_list("cache-control") == ["no-store"], (
+                answer.request.url,
+                answer.status_code,
+                answer.headers,
+            )
+        url = html_protocol_stream(server.base_url)
+        history = api.get(url, params={"offset": "-1"})
+        assert history.status_code == 200
+        assert len(history.headers.get_list("cache-control")) == 1
+        assert history.headers["cache-control"] != "no-store"
+    console = httpx.get(server.base_url + "/console")
+    assert console.headers.get_list("cache-control") == ["no-cache"]
 
 
 def test_the_console_keeps_its_own_policy(any_server: ServerProcess) -> None:

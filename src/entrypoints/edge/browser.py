@@ -1,11 +1,14 @@
 """Browser-facing headers around the whole application: the security headers of PROTOCOL.md
 12.7 on every answer, and CORS for the origins in DUCTOR_STREAMS_CORS_ORIGINS (both surfaces).
 
-Below `/api/` an answer may carry a stream's or an object's bytes under the media type its
-writer chose (a protocol stream created as `text/html` is read as `text/html`, from the
-console's own origin): every answer there gets a Content-Security-Policy that runs nothing and
-loads nothing (`default-src 'none'; sandbox`), besides `nosniff`, so a browser that opens one
-renders it inert. The console's page sets its own policy, which is kept.
+An answer may carry a stream's or an object's bytes under the media type its writer chose (a
+protocol stream created as `text/html` is read as `text/html`, from the console's own origin):
+every answer that sets no policy of its own gets a Content-Security-Policy that runs nothing
+and loads nothing (`default-src 'none'; sandbox`), besides `nosniff`, so a browser that opens
+one renders it inert. It is not decided by the path: the router reaches the same handler
+under `//api/…` as under `/api/…`. The console's page sets its own policy, which is kept.
+An answer that says nothing of caching gets `Cache-Control: no-store`: what the service answers
+is a tenant's data.
 
 What the CORS headers say depends on the request's Origin (present, allowed or not), so every
 answer carries `Vary: Origin`: a cache never hands one origin's answer to another.
@@ -24,8 +27,11 @@ SECURITY = (
     (b"cross-origin-resource-policy", b"cross-origin"),
 )
 CONTENT_POLICY = (b"content-security-policy", b"default-src 'none'; sandbox")
+# What an answer says of caching when it says nothing itself: records, tokens and stream
+# documents are a tenant's data, and kept by no cache (a Durable Streams read says which of its
+# answers a cache may keep, and the console's page says its own).
+NOT_STORED = (b"cache-control", b"no-store")
 VARY = (b"vary", b"Origin")
-CONTENT_PATHS = "/api/"
 METHODS = b"GET, HEAD, POST, PUT, DELETE, OPTIONS"
 ALLOWED_HEADERS = (
     "authorization, content-type, if-none-match, idempotency-key, last-event-id, "
@@ -64,12 +70,10 @@ def allowed_origin(origins: Iterable[str]) -> Any:
 
 
 def _always(scope: dict) -> list[tuple[bytes, bytes]]:
-    """The headers every answer gets, whatever its origin: the security headers, below `/api/`
-    the content policy, and `Vary: Origin`."""
-    headers = [*SECURITY, VARY]
-    if scope.get("path", "").startswith(CONTENT_PATHS):
-        headers.append(CONTENT_POLICY)
-    return headers
+    """The headers every answer gets, whatever its path and origin: the security headers, the
+    content policy and `Cache-Control: no-store` (each unless the answer sets its own) and
+    `Vary: Origin`."""
+    return [*SECURITY, CONTENT_POLICY, NOT_STORED, VARY]
 
 
 def answer_headers(scope: dict, cors: Any) -> list[tuple[bytes, bytes]]:
