@@ -193,6 +193,13 @@ def within_runs(caller: Caller, config: SubscriptionConfig) -> bool:
     return all(run in runs for run in named)
 
 
+def _configured(caller: Caller, sub: Subscription) -> Subscription:
+    """`sub`'s configuration as `caller` may see it: a webhook's URL whole for a caller with
+    `streams:admin` (who may set it), its address alone for others (a reader, a share link's
+    token): what follows the path, or precedes the host, is often the receiver's credential."""
+    return sub if "streams:admin" in caller.scopes else sub.with_webhook_address()
+
+
 def _visible(caller: Caller, sub: Subscription | None, subscription_id: str) -> Subscription:
     if sub is None or not within_runs(caller, sub.config):
         raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
@@ -278,7 +285,9 @@ class Subscriptions:
     async def _shown(self, caller: Caller, sub: Subscription) -> Subscription:
         """`sub` as `caller` may see it: a run-restricted caller sees only its runs' streams,
         and no caller a stream it may not read (a stream's pinned readers): a link's path and
-        acknowledged offset are the stream's, not the subscription's."""
+        acknowledged offset are the stream's, not the subscription's. Only a caller who may
+        configure subscriptions sees a webhook's whole URL (`_configured`)."""
+        sub = _configured(caller, sub)
         if caller.runs is not None:
             sub = sub.with_links({k.path: k for k in sub.links if k.path.run_id in caller.runs})
         readable = {k.path: k for k in sub.links if await self._may_read(caller, k.path)}
@@ -519,7 +528,9 @@ class Subscriptions:
         self, caller: Caller, run_id: str, stream_id: str
     ) -> list[tuple[Subscription, Heads]]:
         """The subscriptions linking a stream the caller may read (404 otherwise), each with
-        that stream's link alone: the listing of one stream reveals no other."""
+        that stream's link alone: the listing of one stream reveals no other. A run-restricted
+        caller sees only those `get` would show it (everything they name in its runs: a wake
+        stream or a pattern names a run too), and a webhook's address as `get` shows it."""
         caller.require("streams:read")
         key = caller.key(run_id, stream_id)
         if self._definitions is not None:
@@ -527,8 +538,14 @@ class Subscriptions:
             require_reader(caller, definition)
         path = StreamPath(run_id, stream_id)
         return [
-            (sub.with_links({k.path: k for k in sub.links if k.path == path}), heads)
+            (
+                _configured(caller, sub).with_links(
+                    {k.path: k for k in sub.links if k.path == path}
+                ),
+                heads,
+            )
             for sub, heads in await self._store.of_stream(key)
+            if within_runs(caller, sub.config)
         ]
 
 

@@ -11,6 +11,7 @@ import hashlib
 import re
 import secrets
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
@@ -303,6 +304,19 @@ class Subscription(msgspec.Struct, frozen=True):
     def with_links(self, links: dict[StreamPath, Link]) -> Subscription:
         return msgspec.structs.replace(self, links=tuple(sorted(links.values(), key=_by_path)))
 
+    def with_webhook_address(self) -> Subscription:
+        """This subscription with its webhook URL cut to the receiver's address (scheme, host,
+        port, path): a URL's user information, query and fragment often hold the receiver's
+        credential, and are shown only to those who may configure subscriptions."""
+        url = self.config.webhook_url
+        if url is None:
+            return self
+        address = webhook_address(url)
+        if address == url:
+            return self
+        config = msgspec.structs.replace(self.config, webhook_url=address)
+        return msgspec.structs.replace(self, config=config)
+
     def linked(self, paths: dict[StreamPath, int], *, explicit: bool) -> Subscription:
         """Links `paths` (explicitly or by the glob), new ones at the given cursor."""
         links = {link.path: link for link in self.links}
@@ -372,3 +386,17 @@ class Subscription(msgspec.Struct, frozen=True):
 
 def _by_path(link: Link) -> StreamPath:
     return link.path
+
+
+def webhook_address(url: str) -> str:
+    """`url` without user information, query or fragment."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = host if port is None else f"{host}:{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))

@@ -258,6 +258,62 @@ async def test_a_run_scoped_token_sees_and_makes_only_subscriptions_within_its_r
     assert (await api.delete(f"/subscriptions/{wide}")).status_code == 204  # it matches all
 
 
+async def test_a_streams_subscriptions_show_a_run_scoped_reader_nothing_of_other_runs(
+    server: ServerProcess, api: httpx.AsyncClient, run_id: str
+) -> None:
+    """The listing of one stream's subscriptions is `get`'s view of each: a subscription that
+    names another run (its wake stream, here) is not listed to a token restricted to this run,
+    and a reader without `streams:admin` sees a webhook's address, not its query (often the
+    receiver's credential)."""
+    other = run_id + "-other"
+    for run, stream in ((run_id, "s"), (other, "wake")):
+        made = await api.post(
+            f"/runs/{run}/streams", json={"stream_id": stream, "direction": "output"}
+        )
+        assert made.status_code == 201, made.text
+    secret_hook = "http://127.0.0.1:9/hook?secret=SUPERSECRET"
+    waking, hooked = sid(), sid()
+    configs = {
+        waking: {
+            "type": "pull-wake",
+            "streams": [{"run_id": run_id, "stream_id": "s"}],
+            "wake_stream": {"run_id": other, "stream_id": "wake"},
+        },
+        hooked: {
+            "type": "webhook",
+            "streams": [{"run_id": run_id, "stream_id": "s"}],
+            "webhook": {"url": secret_hook},
+        },
+    }
+    for name, config in configs.items():
+        made = await api.put(f"/subscriptions/{name}", json=config)
+        assert made.status_code == 201, made.text
+    listing = f"/runs/{run_id}/streams/s/subscriptions"
+    whole = (await api.get(listing)).json()["subscriptions"]
+    assert {sub["id"] for sub in whole} == {waking, hooked}
+    assert [sub["webhook"]["url"] for sub in whole if sub["id"] == hooked] == [secret_hook]
+    minted = await api.post(
+        "/tokens",
+        json={"scopes": ["streams:read"], "expires_in_seconds": 600, "runs": [run_id]},
+    )
+    assert minted.status_code == 201, minted.text
+    ds = f"{server.base_url}/api/durable-streams/v1/stream/__ds/subscriptions"
+    async with api_client(server, minted.json()["token"]) as reader:
+        listed = await reader.get(listing)
+        assert listed.status_code == 200, listed.text
+        [shown] = listed.json()["subscriptions"]
+        assert shown["id"] == hooked
+        assert shown["webhook"]["url"] == "http://127.0.0.1:9/hook"
+        assert "SUPERSECRET" not in listed.text and other not in listed.text
+        for path in (f"/subscriptions/{hooked}", f"{ds}/{hooked}"):
+            got = await reader.get(path)
+            assert got.status_code == 200, got.text
+            assert "SUPERSECRET" not in got.text
+        assert (await reader.get(f"/subscriptions/{waking}")).status_code == 404
+    for name in configs:
+        assert (await api.delete(f"/subscriptions/{name}")).status_code == 204
+
+
 async def test_bad_input_is_a_problem_that_changes_nothing(
     api: httpx.AsyncClient, server: ServerProcess
 ) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from domain.subscriptions import WebhookUrlRejected
+from domain.subscriptions import WebhookUrlRejected, webhook_address
 from domain.webhook_urls import check_url
 
 REFUSED_URLS = [
@@ -57,3 +57,16 @@ def test_an_allowed_host_may_be_plain_http_and_private() -> None:
     check_url("http://hooks.internal/x", frozenset({"hooks.internal"}))
     with pytest.raises(WebhookUrlRejected):
         check_url("http://hooks.internal/x")
+
+
+@pytest.mark.parametrize(
+    ("url", "address"),
+    [
+        ("https://hooks.example/x?secret=S", "https://hooks.example/x"),
+        ("https://user:pw@hooks.example:8443/a/b#frag", "https://hooks.example:8443/a/b"),
+        ("http://[::1]:9/p?q=1", "http://[::1]:9/p"),
+        ("https://hooks.example", "https://hooks.example"),
+    ],
+)
+def test_a_webhooks_address_leaves_out_what_may_be_a_credential(url: str, address: str) -> None:
+    assert webhook_address(url) == address
