@@ -52,6 +52,7 @@ from domain.subscriptions import (
     matches,
     retry_seconds,
 )
+from domain.text import check_text
 
 log = logging.getLogger("ductor_streams.subscriptions")
 _T = TypeVar("_T")
@@ -477,6 +478,7 @@ class Subscriptions:
     ) -> tuple[Subscription, Heads, str]:
         if not 1 <= len(worker) <= MAX_WORKER:
             raise errors.InvalidInput(f"worker: 1-{MAX_WORKER} characters", field="worker")
+        check_text("worker", worker)
         caller.require("streams:write")
         check_subscription_id(subscription_id)
         now = self._clock()

@@ -17,6 +17,7 @@ import msgspec
 
 from domain.errors import DomainError, InvalidInput
 from domain.ids import ID_PATTERN
+from domain.text import check_text
 
 SubscriptionType = Literal["webhook", "pull-wake"]
 LinkType = Literal["glob", "explicit"]
@@ -196,10 +197,12 @@ def configure(request: SubscriptionRequest, allow_no_streams: bool = False) -> S
         raise InvalidInput(
             f"lease_ttl_ms must be {MIN_LEASE_TTL_MS}-{MAX_LEASE_TTL_MS}", field="lease_ttl_ms"
         )
-    if request.description is not None and len(request.description) > MAX_DESCRIPTION:
-        raise InvalidInput(
-            f"description: at most {MAX_DESCRIPTION} characters", field="description"
-        )
+    if request.description is not None:
+        if len(request.description) > MAX_DESCRIPTION:
+            raise InvalidInput(
+                f"description: at most {MAX_DESCRIPTION} characters", field="description"
+            )
+        check_text("description", request.description)
     url: str | None = None
     wake: StreamPath | None = None
     if request.webhook is not None and len(request.webhook.url) > MAX_URL:

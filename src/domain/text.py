@@ -13,8 +13,10 @@ import msgspec
 
 from domain.errors import InvalidInput
 
-# Unicode category Cc: C0 (including tab, CR and LF), DEL and C1.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Unicode category Cc: C0 (including tab, CR and LF), DEL and C1; and the bidirectional
+# embedding, override and isolate controls (U+202A-U+202E, U+2066-U+2069), which reorder the
+# text shown after them (a reason that reverses the date beside it in a page).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 # RFC 9110 §8.3.1: type "/" subtype *( OWS ";" OWS [ parameter ] ), a parameter's value a token
 # or a quoted-string. Narrowed to printable ASCII: no tab (in OWS or a quoted-string) and no
@@ -48,7 +50,11 @@ def has_control_character(value: str) -> bool:
 def check_text(field: str, value: str) -> str:
     """A stored name, key or reason: no control character."""
     if _CONTROL.search(value) is not None:
-        raise InvalidInput(f"{field} must not contain control characters", field=field)
+        raise InvalidInput(
+            f"{field} must not contain control characters (nor the bidirectional controls "
+            "U+202A-U+202E and U+2066-U+2069)",
+            field=field,
+        )
     return value
 
 

@@ -332,6 +332,11 @@ async def test_bad_input_is_a_problem_that_changes_nothing(
         # never deliverable: an HTTP request line is ASCII
         '{"type":"webhook","pattern":"a/*","webhook":{"url":"https://bücher.example/h"}}'.encode(),
         b'{"type":"teapot","pattern":"a/*"}',
+        # stored text is shown again: no control character, no bidirectional override
+        b'{"type":"webhook","pattern":"a/*","webhook":{"url":"https://x.example/h"},'
+        b'"description":"a\\u0000b"}',
+        b'{"type":"webhook","pattern":"a/*","webhook":{"url":"https://x.example/h"},'
+        b'"description":"case 42\\u202e"}',
     ]:
         answer = await api.put(
             f"{root}/{name}", content=bad, headers={"content-type": "application/json"}

@@ -120,7 +120,13 @@ def test_values_that_are_not_media_types_are_refused(value: str) -> None:
         check_media_type("content_type", value)
 
 
-@pytest.mark.parametrize("char", ["\x00", "\x01", "\t", "\n", "\r", "\x1b", "\x7f", "\x85", "\x9f"])
+@pytest.mark.parametrize(
+    "char",
+    [
+        *("\x00", "\x01", "\t", "\n", "\r", "\x1b", "\x7f", "\x85", "\x9f"),
+        *("\u202a", "\u202e", "\u2066", "\u2069"),  # bidirectional embedding, override, isolate
+    ],
+)
 def test_control_characters_are_refused_in_stored_text(char: str) -> None:
     with pytest.raises(errors.InvalidInput, match="control characters"):
         check_text("reason", f"a{char}b")
@@ -132,6 +138,8 @@ def test_control_characters_are_refused_in_stored_text(char: str) -> None:
 
 def test_text_with_printable_unicode_is_accepted() -> None:
     assert check_text("reason", "audit — Ünïcode 😀 “quoted”") == "audit — Ünïcode 😀 “quoted”"
+    # Right-to-left text and its marks, and a joined emoji, are text, not controls.
+    assert check_text("reason", "שלום\u200f 👩\u200d💻") == "שלום\u200f 👩\u200d💻"
     assert check_json_text("schema", {"a": [1, None, True, "ok"]}) == {"a": [1, None, True, "ok"]}
 
 
