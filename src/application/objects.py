@@ -342,18 +342,19 @@ class Objects:
         announced: int | None = None,
     ) -> ObjectView:
         """Stream the body to the store. A body longer than the intent declared is refused
-        (`object-too-large`) as soon as it passes the declared size, or before any of it is read
-        when its announced length (`Content-Length`) already does; nothing of it stays stored."""
+        (`size-mismatch`, as a shorter one is) as soon as it passes the declared size, or before
+        any of it is read when its announced length (`Content-Length`) already does; nothing of
+        it stays stored."""
         key, intent, _ = await self._own(caller, run_id, stream_id, object_id)
         if intent.state != "prepared":
             raise errors.ObjectStateConflict(f"object {object_id!r} is {intent.state}")
         if intent.expires_at <= self._clock():
             raise errors.ObjectStateConflict(f"object {object_id!r} expired")
         if announced is not None and announced > intent.size:
-            raise errors.ObjectTooLarge(
+            raise errors.SizeMismatch(
                 f"the body announces {announced} bytes; the intent declared {intent.size}",
-                size=announced,
-                limit=intent.size,
+                announced=announced,
+                expected=intent.size,
             )
         store = self._stores.store(intent.storage_region)
         # Armed before the first byte: if this process dies after the put and before the intent
@@ -375,7 +376,10 @@ class Objects:
                 )
         except errors.ObjectTooLarge:
             await self._intents.upload_ended(*body)  # refused: nothing of it was stored
-            raise
+            raise errors.SizeMismatch(
+                f"the body passes the {intent.size} bytes the intent declared",
+                expected=intent.size,
+            ) from None
         except TimeoutError:
             # The put's end is not seen (a store may finish one its client gave up on): the
             # row stays armed, and falls due when none can land.

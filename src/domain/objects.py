@@ -41,9 +41,9 @@ class ObjectRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A prepare body."""
 
     idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=255), DOCUMENTED_TEXT]
-    # Over the 32 MiB cap, a prepare breaks its schema: 400, like every other bad field (413 is
-    # for a request whose own content is too large; an upload past its declared size gets it).
-    size: Annotated[int, msgspec.Meta(ge=0, le=MAX_OBJECT_BYTES)]
+    # The 32 MiB cap is documented here but decided by the prepare: over it is 413
+    # `object-too-large`, the one answer for an object body too large wherever it is found.
+    size: Annotated[int, msgspec.Meta(ge=0, extra_json_schema={"maximum": MAX_OBJECT_BYTES})]
     sha256: Sha256Hex
     content_type: Annotated[
         str, msgspec.Meta(min_length=1, max_length=255), DOCUMENTED_MEDIA_TYPE

@@ -305,8 +305,7 @@ class RequestTooLarge(StreamsError):
 
 
 class ObjectTooLarge(StreamsError):
-    """413: an upload past its prepared size, or over 32 MiB (a prepare that declares more
-    than 32 MiB breaks its schema: `InvalidInput`)."""
+    """413: a prepare declaring more than 32 MiB, or an upload announcing more."""
 
     code_of_class = "object-too-large"
 
@@ -336,7 +335,8 @@ class DigestMismatch(StreamsError):
 
 
 class SizeMismatch(StreamsError):
-    """422: uploaded bytes differ in size from the intent."""
+    """422: uploaded bytes differ in size from the intent (shorter, or longer: refused as
+    they pass the prepared size)."""
 
     code_of_class = "size-mismatch"
 

@@ -207,14 +207,15 @@ async def test_an_upload_longer_than_declared_is_refused_and_nothing_of_it_is_st
 
     # Announced longer than declared: refused before any of it is read.
     announced = await api.put(upload, content=body + b"y" * 1000)
-    assert announced.status_code == 413, announced.text
-    assert announced.json()["code"] == "object-too-large"
+    assert announced.status_code == 422, announced.text
+    assert announced.json()["code"] == "size-mismatch"
+    assert announced.json()["expected"] == declared
     assert stored(server, run_id) == before
 
     # Without a length: refused as soon as it passes the declared size.
     streamed = await api.put(upload, content=chunked(declared + 3 * MIB))
-    assert streamed.status_code == 413, streamed.text
-    assert streamed.json()["code"] == "object-too-large"
+    assert streamed.status_code == 422, streamed.text
+    assert streamed.json()["code"] == "size-mismatch"
     assert stored(server, run_id) == before
 
     assert (await api.get(upload.removesuffix("/body"))).json()["state"] == "prepared"

@@ -119,7 +119,7 @@ async def test_a_mismatched_upload_is_422_and_the_intent_stays_prepared(
     short = await api.put(f"{body_path}/body", content=BODY[:-5])
     assert short.status_code == 422 and short.json()["code"] == "size-mismatch"
     long = await api.put(f"{body_path}/body", content=BODY + b"extra")
-    assert long.status_code == 413 and long.json()["code"] == "object-too-large"
+    assert long.status_code == 422 and long.json()["code"] == "size-mismatch"
     assert (await api.get(body_path)).json()["state"] == "prepared"
     assert (await api.put(f"{body_path}/body", content=BODY)).status_code == 200
 
@@ -218,9 +218,14 @@ async def test_objects_over_32_mib_are_refused_at_prepare(
     fields = prepare_body()
     fields["size"] = 32 * 1024 * 1024 + 1
     refused = await api.post(f"{path}/objects", json=fields)
-    # Over the cap the document states (`size` at most 32 MiB): a schema-violating body, 400.
-    assert refused.status_code == 400
-    assert refused.json()["code"] == "invalid-input"
+    # Over the cap the document states (`size` at most 32 MiB): the one answer for an object
+    # too large, wherever it is found, and nothing prepared.
+    assert refused.status_code == 413, refused.text
+    assert refused.headers["content-type"].startswith("application/problem+json")
+    problem = refused.json()
+    assert problem["code"] == "object-too-large", problem
+    assert problem["size"] == 32 * 1024 * 1024 + 1 and problem["limit"] == 32 * 1024 * 1024
+    assert (await api.get(f"{path}/objects")).json()["objects"] == []
 
 
 async def test_only_the_preparing_principal_may_touch_the_intent(

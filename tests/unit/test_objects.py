@@ -87,7 +87,7 @@ async def test_a_body_that_does_not_match_leaves_the_intent_prepared(app) -> Non
         await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(tampered))
     with pytest.raises(errors.SizeMismatch):
         await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY[:-1]))
-    with pytest.raises(errors.ObjectTooLarge):
+    with pytest.raises(errors.SizeMismatch):
         await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY + b"x"))
     assert (await s.objects.describe(ALICE, "r", "s", view.object_id)).state == "prepared"
     await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY))

@@ -92,6 +92,7 @@ class ObjectsController(Controller):
                 "idempotency-key-reused",
                 "quota-exhausted",
                 "too-many-open-objects",
+                "object-too-large",
             ),
             request_body=ObjectRequest,
         ),
