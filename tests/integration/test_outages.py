@@ -286,7 +286,9 @@ async def test_a_hung_postgresql_answers_503_within_bounds_and_the_service_recov
             ready = await plain.get("/readyz")
             took = time.monotonic() - started
             assert ready.status_code == 503, ready.text
-            assert ready.json() == {"status": "unavailable"}
+            assert ready.headers["content-type"].startswith("application/problem+json")
+            assert ready.headers["retry-after"] == "1"
+            assert ready.json()["code"] == "unavailable"
             assert took < 3.5, f"/readyz answered after {took:.1f} s"
 
             # A statement times out, then its connection is given up (the cancellation it

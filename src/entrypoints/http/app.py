@@ -28,6 +28,7 @@ from entrypoints.durable_streams.routes import DurableStreamsController
 from entrypoints.durable_streams.subscriptions import SubscriptionsController
 from entrypoints.edge.browser import browser_headers
 from entrypoints.edge.head_method import serve_head
+from entrypoints.edge.outages import RETRY_AFTER_SECONDS
 from entrypoints.front import append_front
 from entrypoints.http import problems
 from entrypoints.http.methods import every_method_in_options
@@ -73,11 +74,11 @@ async def healthz() -> Health:
     tags=["operations"],
     operation_class=documented(
         Answer(200, "Ready: PostgreSQL answers", Health),
-        Answer(503, "Not ready: PostgreSQL does not answer", Health),
+        problems=("unavailable",),
         authenticated=False,
     ),
 )
-async def readyz(request: Request) -> Response[Health]:
+async def readyz(request: Request) -> Response[Health] | Response[bytes]:
     container: Container = request.app.state.container
     pool = await provided(container.pool)
     if isinstance(pool, asyncpg.Pool | BoundedPool):
@@ -92,7 +93,13 @@ async def readyz(request: Request) -> Response[Health]:
             # timed out waits for its cancellation, which a silent network never answers.
             await bounded(probe(), seconds=half)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
-            return Response(Health(status="unavailable"), status_code=503)
+            # The same answer as any route's while PostgreSQL is out of reach.
+            return problems.problem(
+                "unavailable",
+                "not ready: PostgreSQL does not answer; retry shortly",
+                status=503,
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
     return Response(Health(status="ready"))
 
 
