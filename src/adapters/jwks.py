@@ -53,18 +53,25 @@ class _Key(NamedTuple):
     alg: str | None
 
 
-def _parse(body: bytes) -> dict[str, _Key]:
-    """The usable signing keys of a JWKS document, by kid. Raises ValueError if the document
-    is not a key set at all."""
+# Where a key without a `kid` is kept: no JWT's header can name it (a kid is a string).
+_NO_KID = None
+
+
+def _parse(body: bytes) -> dict[str | None, _Key]:
+    """The usable signing keys of a JWKS document, by kid (one without a kid under `_NO_KID`,
+    if it is the only such key). Raises ValueError if the document is not a key set at all."""
     document = msgspec.json.decode(body)
     if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
         raise ValueError("not a JWK set")
-    keys: dict[str, _Key] = {}
+    keys: dict[str | None, _Key] = {}
+    without_kid = 0
     for jwk in document["keys"]:
         if not isinstance(jwk, dict):
             continue
         kid, kty = jwk.get("kid"), jwk.get("kty")
-        if not isinstance(kid, str) or not isinstance(kty, str):
+        if kid is None:
+            without_kid += 1
+        if not isinstance(kid, str | None) or not isinstance(kty, str):
             continue
         if jwk.get("use", "sig") != "sig":
             continue
@@ -79,6 +86,8 @@ def _parse(body: bytes) -> dict[str, _Key]:
             crv if isinstance(crv, str) else None,
             alg if isinstance(alg, str) else None,
         )
+    if without_kid > 1:
+        keys.pop(_NO_KID, None)  # which of them a JWT without a kid means cannot be told
     return keys
 
 
@@ -101,7 +110,7 @@ class JwksVerifier:
         self._refetch = refetch_seconds
         self._refresh = refresh_seconds
         self._clock = clock
-        self._keys: dict[str, _Key] = {}
+        self._keys: dict[str | None, _Key] = {}
         self._fetched_at = -math.inf  # the last fetch that succeeded
         self._attempted_at = -math.inf  # the last fetch begun
         self._fetch: asyncio.Task[None] | None = None
@@ -118,12 +127,17 @@ class JwksVerifier:
         if alg not in ALGORITHMS:
             raise Unauthenticated(f"a JWT's algorithm must be one of {', '.join(ALGORITHMS)}")
         kid = header.get("kid")
-        if not isinstance(kid, str):
-            raise Unauthenticated("the JWT names no key (kid)")
-        key = self._keys.get(kid)
+        if kid is not None and not isinstance(kid, str):
+            raise Unauthenticated("the JWT's kid is not a string")
+        key = self._key(kid)
         if key is None:
             await self._fetch_now()
-            key = self._keys.get(kid)
+            key = self._key(kid)
+            if key is None and kid is None:
+                raise Unauthenticated(
+                    "the JWT names no key (kid), and the identity provider does not publish "
+                    "exactly one"
+                )
             if key is None:
                 raise Unauthenticated(
                     "the JWT's key (kid) is not one the identity provider publishes"
@@ -155,6 +169,16 @@ class JwksVerifier:
             raise Unauthenticated(f"the JWT has no {error.claim} claim") from None
         except Exception:
             raise Unauthenticated("the JWT does not verify") from None
+
+    def _key(self, kid: str | None) -> _Key | None:
+        """The key a JWT's `kid` names; a JWT without one means the key set's only key (RFC
+        7515 makes the kid optional; a provider with one key may leave it out): the only key
+        without a kid, or the only key at all."""
+        if kid is not None or _NO_KID in self._keys:
+            return self._keys.get(kid)
+        if len(self._keys) == 1:
+            return next(iter(self._keys.values()))
+        return None
 
     async def _fetch_now(self) -> None:
         """Fetch the key set (unless one was begun less than `refetch_seconds` ago and is

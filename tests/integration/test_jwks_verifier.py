@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
+import jwt
 import pytest
 
 from adapters.jwks import JwksVerifier
@@ -64,3 +65,29 @@ async def test_an_unreachable_provider_is_401_not_an_error() -> None:
     jwks = JwksVerifier("http://127.0.0.1:9/jwks.json", ISSUER, AUDIENCE, fetch_timeout_seconds=1)
     with pytest.raises(Unauthenticated):
         await jwks.verify(Key("RS256").sign(claims()))
+
+
+async def test_a_jwt_without_a_kid_is_verified_by_the_only_key_published(
+    provider: IdentityProvider,
+) -> None:
+    """RFC 7515 makes `kid` optional: a provider with one key may leave it out of its JWTs
+    (and out of its key set). With several keys, which one it means cannot be told."""
+    key = Key("ES256")
+    provider.published = [key]
+    without_kid = jwt.encode(claims(), key.private, algorithm="ES256")
+    assert "kid" not in jwt.get_unverified_header(without_kid)
+    assert (await verifier(provider).verify(without_kid))["sub"] == "someone"
+
+    bare = Key("RS256")
+    bare.jwk = {name: value for name, value in bare.jwk.items() if name != "kid"}
+    provider.published = [bare]
+    jwks = verifier(provider)
+    assert (await jwks.verify(jwt.encode(claims(), bare.private, algorithm="RS256")))["sub"]
+    with pytest.raises(Unauthenticated, match="kid"):
+        await jwks.verify(bare.sign(claims()))  # names a kid the set does not have
+    with pytest.raises(Unauthenticated):
+        await jwks.verify(without_kid)  # another key's signature
+
+    provider.published = [key, Key("ES256")]
+    with pytest.raises(Unauthenticated, match="exactly one"):
+        await verifier(provider).verify(without_kid)
