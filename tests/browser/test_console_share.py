@@ -115,3 +115,113 @@ def test_a_minted_link_opens_one_run_read_only_for_someone_else(
             assert minters.json()["code"] == "cross-scope-ack"
     finally:
         other.close()
+
+
+def _new_run(api: httpx.Client) -> str:
+    run = "links-" + secrets.token_hex(3)
+    created = api.post(f"/runs/{run}/streams", json={"stream_id": "out", "direction": "output"})
+    assert created.status_code == 201, created.text
+    return run
+
+
+def test_a_link_never_silently_replaces_the_tabs_token(
+    server: ServerProcess, browser: Browser
+) -> None:
+    """Login CSRF: a link carrying another token asks first; declined, the tab keeps its own."""
+    with httpx.Client(
+        base_url=server.base_url + API, headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
+    ) as api:
+        run = _new_run(api)
+        minted = api.post(
+            "/tokens",
+            json={"scopes": ["streams:read"], "expires_in_seconds": 600, "runs": [run]},
+        )
+        assert minted.status_code == 201, minted.text
+        other = minted.json()["token"]
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"{server.base_url}/console#token={BOOTSTRAP_TOKEN}")
+        expect(page.locator("#who")).to_have_text("token set for this tab", timeout=WAIT_MS)
+        stored = "() => sessionStorage.getItem('ductor-streams-token')"
+        asked: list[str] = []
+
+        def decline(dialog) -> None:  # type: ignore[no-untyped-def]
+            asked.append(dialog.message)
+            dialog.dismiss()
+
+        page.once("dialog", decline)
+        page.evaluate(f"() => {{ location.hash = 'token={other}&run={run}'; }}")
+        expect(page.locator("#run-title")).to_have_text(f"Run {run}", timeout=WAIT_MS)
+        assert asked and "another token" in asked[0]
+        assert page.evaluate(stored) == BOOTSTRAP_TOKEN
+        assert "token=" not in page.url
+
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.evaluate(f"() => {{ location.hash = 'token={other}&run={run}&x=1'; }}")
+        page.wait_for_function(f"() => ({stored[6:]}) === '{other}'")
+        # The same token again asks nothing.
+        page.evaluate(f"() => {{ location.hash = 'token={other}&run={run}'; }}")
+        expect(page.locator("#run-title")).to_have_text(f"Run {run}", timeout=WAIT_MS)
+
+        # Forgotten: nothing kept, and the token is asked for.
+        page.click("#forget-token")
+        assert page.evaluate(stored) is None
+        expect(page.locator("#token-dialog")).to_be_visible(timeout=WAIT_MS)
+        expect(page.locator("#who")).to_have_text("no token")
+    finally:
+        context.close()
+
+
+def test_ids_from_the_address_are_checked_before_any_request(
+    server: ServerProcess, browser: Browser
+) -> None:
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        paths: list[str] = []
+        page.on("request", lambda request: paths.append(urlsplit(request.url).path))
+        page.goto(f"{server.base_url}/console#token={BOOTSTRAP_TOKEN}&run=..&stream=..")
+        expect(page.locator("#problem")).to_contain_text("no run ID", timeout=WAIT_MS)
+        expect(page.locator("#runs-view")).to_be_visible()
+        page.wait_for_timeout(500)
+        elsewhere = [p for p in paths if p.startswith(f"{API}/streams") or p == f"{API}/subscribe"]
+        assert elsewhere == [], paths
+        assert f"{API}/runs" in paths  # the runs view instead
+    finally:
+        context.close()
+
+
+def test_a_link_made_can_be_revoked_from_the_console(
+    server: ServerProcess, browser: Browser
+) -> None:
+    with httpx.Client(
+        base_url=server.base_url + API, headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
+    ) as api:
+        run = _new_run(api)
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(f"{server.base_url}/console#token={BOOTSTRAP_TOKEN}&run={run}")
+            expect(page.locator("#run-title")).to_have_text(f"Run {run}", timeout=WAIT_MS)
+            page.click("#share-mint")
+            expect(page.locator("#share-link")).to_be_visible(timeout=WAIT_MS)
+            link = page.locator("#share-link").input_value()
+            token = parse_qs(urlsplit(link).fragment)["token"][0]
+            reader = {"Authorization": f"Bearer {token}"}
+            streams = f"{server.base_url}{API}/runs/{run}/streams"
+            assert httpx.get(streams, headers=reader).status_code == 200
+            page.click("#share-revoke")
+            expect(page.locator("#share-status")).to_contain_text("Link revoked", timeout=WAIT_MS)
+            expect(page.locator("#share-link")).to_be_hidden()
+            # Revocation reaches every process within about 2 s.
+            deadline = 40
+            while deadline:
+                answer = httpx.get(streams, headers=reader)
+                if answer.status_code == 401:
+                    break
+                deadline -= 1
+                page.wait_for_timeout(100)
+            assert answer.status_code == 401, answer.text
+        finally:
+            context.close()

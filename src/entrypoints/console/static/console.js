@@ -2,7 +2,9 @@
 // /api/workflow-streams, read with the Bearer header like any other client.
 //
 //   token     kept in this tab's sessionStorage (never a cookie, never the URL query); also
-//             taken from the fragment, #token=…&run=…, which is then removed from the address
+//             taken from the fragment, #token=…&run=… (asked first if it would replace the
+//             tab's token), which is then removed from the address bar. The browser's history
+//             keeps the link it was opened with: a shared link is short-lived and revocable
 //   api()     every request, and the problem+json answer of every error
 //   runs      GET /runs, by prefix, a page at a time
 //   run       GET /runs/{run}/streams every REFRESH_MS, the pages shown so far (one at
@@ -10,7 +12,8 @@
 //   follow    the live view of one stream: SSE read through fetch streaming (EventSource cannot
 //             send a Bearer header), resumed with the last sequence after any cut
 //   share     POST /tokens: a read-only token for the shown run only, expiring in minutes, and
-//             the link #token=…&run=… that opens the run with it (needs streams:admin)
+//             the link #token=…&run=… that opens the run with it (needs streams:admin);
+//             DELETE /tokens/{id} revokes the last one made
 "use strict";
 
 (() => {
@@ -22,6 +25,9 @@
   const STREAMS_PAGE = 50; // a run of thousands of streams is read a page at a time
   const $ = (id) => document.getElementById(id);
   const enc = encodeURIComponent;
+  // A run's or stream's ID as the service has them: anything else from the address is refused
+  // before it goes into a request's path (a "..", say, would move the request elsewhere).
+  const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 
   // -- DOM helpers (text only: nothing from the API is ever parsed as HTML) -------------------
 
@@ -68,11 +74,13 @@
 
   const token = () => sessionStorage.getItem(TOKEN_KEY);
 
+  const KEPT = "It stays in this tab only (session storage), never in a cookie or the address.";
+
   function askToken(why) {
     const dialog = $("token-dialog");
     $("token-why").textContent = why
-      ? `${why} Give a bearer token (streams:read); it stays in this tab only, never in a cookie or the address.`
-      : "Give a bearer token (streams:read); it stays in this tab only, never in a cookie or the address.";
+      ? `${why} Give a bearer token (streams:read). ${KEPT}`
+      : `Give a bearer token (streams:read). ${KEPT}`;
     if (dialog.open) return; // asked already: what is being typed stays
     $("token-input").value = "";
     dialog.showModal();
@@ -81,6 +89,20 @@
 
   function showWho() {
     $("who").textContent = token() ? "token set for this tab" : "no token";
+    $("forget-token").hidden = !token();
+  }
+
+  function forgetToken() {
+    sessionStorage.removeItem(TOKEN_KEY);
+    follow.stop();
+    leaveRun();
+    $("streams").replaceChildren();
+    $("runs-table").tBodies[0].replaceChildren();
+    resetShare();
+    showWho();
+    clearProblem();
+    history.replaceState(null, "", location.pathname);
+    askToken("The token is forgotten in this tab.");
   }
 
   // -- the API and its problems --------------------------------------------------------------
@@ -136,7 +158,7 @@
     const box = $("problem");
     box.replaceChildren(
       h("strong", {}, problem.title || "Error"),
-      problem.detail || String(problem.message || problem),
+      h("bdi", {}, problem.detail || String(problem.message || problem)),
     );
     box.hidden = false;
   }
@@ -298,7 +320,7 @@
       field("earliest", "Earliest", state.earliest),
       field("closed", "Closed", state.closed ? ["yes, ", when(state.closed_at)] : "no"),
       field("legal-hold", "Legal hold", hold.enabled
-        ? [`on: ${hold.reason || "(no reason)"}, since `, when(hold.updated_at)]
+        ? ["on: ", h("bdi", {}, hold.reason || "(no reason)"), ", since ", when(hold.updated_at)]
         : "off"),
       field("totals", "Total", `${state.total_items} records, ${bytes(state.total_bytes)}`),
       creditBar("items", state.credit.unread_items, state.credit.max_unread_items, String),
@@ -314,7 +336,7 @@
       state.input_delivery ? field("input-delivery", "Input delivery",
         `delivered through ${state.input_delivery.delivered_through}, ${state.input_delivery.pending} pending`,
         state.input_delivery.last_error
-          ? h("span", { class: "bad" }, `, last error: ${state.input_delivery.last_error}`)
+          ? h("span", { class: "bad" }, ", last error: ", h("bdi", {}, state.input_delivery.last_error))
           : "") : null);
     return h("div", {}, tags, list,
       // The document carries the first consumers by ID and the count of all of them.
@@ -557,11 +579,15 @@
 
   // -- share: a read-only link to the shown run ----------------------------------------------
 
+  let sharedTokenId = null; // the last link's token, until it is revoked
+
   function resetShare() {
     $("share-link").hidden = true;
     $("share-link").value = "";
     $("share-copy").hidden = true;
+    $("share-revoke").hidden = true;
     $("share-status").textContent = "";
+    sharedTokenId = null;
   }
 
   const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
@@ -586,11 +612,27 @@
       $("share-link").value = link;
       $("share-link").hidden = false;
       $("share-copy").hidden = false;
+      $("share-revoke").hidden = false;
+      sharedTokenId = minted.id;
       $("share-status").replaceChildren(
-        `Anyone with this link can read run ${run} until `, when(minted.expires_at), ", and nothing else.");
+        `Anyone with this link can read run ${run} until `, when(minted.expires_at),
+        `, and nothing else (token ${minted.id}; a browser that opens it keeps it in its history).`);
       clearProblem();
     } catch (problem) {
       $("share-status").textContent = "";
+      showProblem(problem);
+    }
+  }
+
+  async function revokeLink() {
+    if (!sharedTokenId) return;
+    try {
+      await api(`/tokens/${enc(sharedTokenId)}`, { method: "DELETE" });
+      const id = sharedTokenId;
+      resetShare();
+      $("share-status").textContent = `Link revoked (token ${id}).`;
+      clearProblem();
+    } catch (problem) {
       showProblem(problem);
     }
   }
@@ -608,17 +650,46 @@
 
   // -- where we are: the fragment ------------------------------------------------------------
 
+  let restartNeeded = false; // a link's token replaced the tab's: read everything again
+
   function route() {
     const params = new URLSearchParams(location.hash.slice(1));
     if (params.has("token")) {
-      // Taken into this tab's storage and out of the address (and its history).
-      sessionStorage.setItem(TOKEN_KEY, params.get("token"));
+      // Taken into this tab's storage and out of the address bar (the history keeps the link
+      // it was opened with). A link never silently swaps the token this tab already uses: the
+      // reader would take another tenant's runs for their own.
+      const given = params.get("token");
+      const current = token();
+      if (!current || current === given
+          || window.confirm("This link carries another token than the one this tab uses. Use the link's token instead?")) {
+        sessionStorage.setItem(TOKEN_KEY, given);
+        if (current && current !== given) restartNeeded = true;
+      }
       params.delete("token");
       history.replaceState(null, "", `${location.pathname}${location.search}#${params}`);
       showWho();
     }
+    if (restartNeeded) {
+      restartNeeded = false;
+      shownRun = null;
+      follow.run = null;
+    }
     const run = params.get("run");
     const stream = params.get("stream");
+    for (const [what, id] of [["run", run], ["stream", stream]]) {
+      if (id && !ID.test(id)) {
+        showProblem(new Problem(400, "Not an ID", `the address names ${what} ${JSON.stringify(id)}, which is no ${what} ID`));
+        history.replaceState(null, "", location.pathname);
+        leaveRun();
+        follow.stop();
+        $("runs-view").hidden = false;
+        $("run-view").hidden = true;
+        $("back").hidden = true;
+        $("follow-view").hidden = true;
+        loadRuns(false);
+        return;
+      }
+    }
     $("runs-view").hidden = Boolean(run);
     $("run-view").hidden = !run;
     $("back").hidden = !run;
@@ -670,6 +741,7 @@
       restart();
     });
     $("change-token").addEventListener("click", () => askToken(""));
+    $("forget-token").addEventListener("click", forgetToken);
     $("runs-search").addEventListener("submit", (e) => { e.preventDefault(); loadRuns(false); });
     $("runs-more").addEventListener("click", () => loadRuns(true));
     $("streams-more").addEventListener("click", () => { streamPages += 1; refreshRun(); });
@@ -683,6 +755,7 @@
     });
     $("share-form").addEventListener("submit", (e) => { e.preventDefault(); share(shownRun); });
     $("share-copy").addEventListener("click", copyLink);
+    $("share-revoke").addEventListener("click", revokeLink);
     $("follow-stop").addEventListener("click", () => { follow.stop(); follow.status("Stopped.", false); });
     window.addEventListener("hashchange", route);
     showWho();
