@@ -146,10 +146,54 @@ def pattern_regex(pattern: str) -> str:
 
 def matches(pattern: str, path: StreamPath) -> bool:
     """Whether the glob matches the stream, under either of its names (`s` and `default/s`
-    are the same stream)."""
-    regex = re.compile(pattern_regex(pattern))
-    full = f"{path.run_id}/{path.stream_id}"
-    return bool(regex.match(path.path) or regex.match(full))
+    are the same stream): what `pattern_regex` says in PostgreSQL, decided here without a
+    backtracking regular expression. Python's `re` took seconds of the event loop for a glob
+    such as `*d*e*f*a*u*l*t*` against a long ID it fails to match."""
+    segments = pattern.split("/")
+    full = [path.run_id, path.stream_id]
+    return _segments_match(segments, path.path.split("/")) or _segments_match(segments, full)
+
+
+def _segments_match(pattern: list[str], path: list[str]) -> bool:
+    """`**` is zero or more whole segments (a trailing one also matches what follows as one
+    text, `.*`); any other pattern segment matches exactly one segment. Paths have one or two
+    segments and patterns at most eight, so the table below is tiny."""
+    # reachable[j]: the first i pattern segments can match the first j path segments.
+    reachable = [True] + [False] * len(path)
+    for index, glob in enumerate(pattern):
+        if glob == "**":
+            last = index == len(pattern) - 1
+            if last:  # `/.*` after what matched so far (`.*` alone): one or more segments
+                return any(reachable[: len(path)])
+            for j in range(1, len(path) + 1):
+                reachable[j] = reachable[j] or reachable[j - 1]
+            continue
+        reachable = [False] + [
+            reachable[j] and _glob_match(glob, path[j]) for j in range(len(path))
+        ]
+    return reachable[len(path)]
+
+
+def _glob_match(glob: str, text: str) -> bool:
+    """`*` (any run of characters within a segment) against one segment, in time bounded by
+    the product of their lengths: the greedy match, going back only to the last `*`."""
+    g = t = 0
+    star = mark = -1
+    while t < len(text):
+        if g < len(glob) and glob[g] != "*" and glob[g] == text[t]:
+            g += 1
+            t += 1
+        elif g < len(glob) and glob[g] == "*":
+            star, mark = g, t
+            g += 1
+        elif star >= 0:
+            mark += 1
+            g, t = star + 1, mark
+        else:
+            return False
+    while g < len(glob) and glob[g] == "*":
+        g += 1
+    return g == len(glob)
 
 
 class WebhookConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
