@@ -13,6 +13,7 @@ from domain.text import (
     DOCUMENTED_JSON_TEXT,
     DOCUMENTED_TEXT,
     TEXT_CHARACTER,
+    check_json_size,
     check_json_text,
     check_text,
 )
@@ -20,6 +21,13 @@ from domain.text import (
 MAX_INLINE_RECORD_BYTES = 65_536
 MAX_OBJECT_BYTES = 33_554_432
 MAX_BATCH_RECORDS = 1_000
+# A definition is read by every request on its stream and kept decoded in each process's cache:
+# what a caller may put in it is bounded (a schema as compact JSON, redaction pointers, pinned
+# principals), so one stream cannot make every request on it, or the cache, heavy.
+MAX_SCHEMA_BYTES = 65_536
+MAX_REDACTION_POINTERS = 64
+MAX_POINTER_CHARS = 1_024
+MAX_PRINCIPALS = 100
 MAX_SEQUENCE = 2**63 - 1
 # The largest integer every JSON client holds exactly (an IEEE double's 53-bit significand); well
 # inside PostgreSQL's bigint, so any count or byte total up to it can be stored and added to.
@@ -98,12 +106,19 @@ class Expiry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 JsonPointer = Annotated[
-    str, msgspec.Meta(extra_json_schema={"pattern": f"^(?:/{TEXT_CHARACTER}*)?$"})
+    str,
+    msgspec.Meta(
+        max_length=MAX_POINTER_CHARS,
+        extra_json_schema={"pattern": f"^(?:/{TEXT_CHARACTER}*)?$"},
+    ),
 ]
 
 
 class Redaction(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    json_pointers: tuple[JsonPointer, ...] = ()
+    # Each pointer is applied to every record appended: their number is bounded.
+    json_pointers: Annotated[
+        tuple[JsonPointer, ...], msgspec.Meta(max_length=MAX_REDACTION_POINTERS)
+    ] = ()
 
 
 class Placement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -115,7 +130,7 @@ class Placement(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 # An empty list would make a stream no one can ever use; "*" is how to say "everyone".
-Principals = Annotated[tuple[Principal, ...], msgspec.Meta(min_length=1)]
+Principals = Annotated[tuple[Principal, ...], msgspec.Meta(min_length=1, max_length=MAX_PRINCIPALS)]
 
 
 class Authorization(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -243,6 +258,7 @@ def resolve_definition(
             f"content_class must be one of {sorted(_CONTENT_CLASSES)}", field="content_class"
         )
     check_json_text("schema", request.schema)
+    check_json_size("schema", request.schema, MAX_SCHEMA_BYTES)
     for pointer in request.redaction.json_pointers:
         check_text("redaction.json_pointers", pointer)
         parse_pointer(pointer)

@@ -18,6 +18,7 @@ from domain.text import (
     DOCUMENTED_JSON_TEXT,
     DOCUMENTED_MEDIA_TYPE,
     DOCUMENTED_TEXT,
+    check_json_size,
     check_json_text,
     check_media_type,
     check_text,
@@ -25,6 +26,9 @@ from domain.text import (
 
 # The longest an intent may stay open (docs/http-api.md, "Objects").
 MAX_INTENT_SECONDS = 24 * 3600
+# An open intent lives in its stream's state, which every commit on the stream rewrites, and an
+# object record carries its schema to every reader: both stay small.
+MAX_OBJECT_SCHEMA_BYTES = 4_096
 
 ObjectState = Literal["prepared", "uploaded", "committed", "aborted", "expired"]
 # `$(?!\n)`: msgspec matches with re.search, where `$` alone also matches before a final newline.
@@ -59,6 +63,7 @@ class ObjectRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             check_text("idempotency_key", self.idempotency_key)
             check_media_type("content_type", self.content_type)
             check_json_text("schema", self.schema)
+            check_json_size("schema", self.schema, MAX_OBJECT_SCHEMA_BYTES)
         except InvalidInput as error:
             raise ValueError(error.detail) from None
 

@@ -110,6 +110,14 @@ def check_json_text(field: str, document: Any) -> Any:
     return document
 
 
+def check_json_size(field: str, document: Any, limit: int) -> Any:
+    """A decoded JSON document the service stores and serves again (a schema): at most `limit`
+    bytes as compact JSON, so that what every read, cache and commit carries stays bounded."""
+    if document is not None and len(msgspec.json.encode(document)) > limit:
+        raise InvalidInput(f"{field}: at most {limit} bytes as compact JSON", field=field)
+    return document
+
+
 def has_escaped_nul(json_text: bytes) -> bool:
     """Whether compact JSON text carries U+0000 in a string (JSON text cannot hold it raw)."""
     return b"\\u0000" in json_text and _ESCAPED_NUL.search(json_text) is not None

@@ -14,8 +14,10 @@ import json
 from collections.abc import AsyncIterator
 
 import asyncpg
+import msgspec
 import pytest
 
+from adapters.postgres.definitions import DefinitionCache
 from adapters.postgres.stream_writes import (
     LOCK_MANY_STATEMENT,
     LOCK_STATEMENT,
@@ -240,17 +242,25 @@ async def test_a_connection_without_the_prepared_statements_prepares_them(
         await pool.close()
 
 
-async def test_the_definitions_kept_are_bounded(counted, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_definitions_kept_are_bounded(counted) -> None:
     """Every request looks its stream's definition up: a long-lived process keeps the most
-    recent ones, not one for every stream it ever served."""
-    from adapters.postgres import streams as module
-
-    monkeypatch.setattr(module, "DEFINITIONS", 3)
+    recent ones, not one for every stream it ever served, and not more than a bound in bytes
+    of them (a definition may hold a schema of up to 64 KiB)."""
     pool, _ = counted
     repo = PostgresStreams(pool)
+    repo._definitions = DefinitionCache(most=3)
     keys = [new_key() for _ in range(5)]
     for key in keys:
         await repo.create(key, definition(), NOW)
     for key in keys:
         assert await repo.definition(key) == definition()
-    assert list(repo._definitions) == keys[-3:]
+    assert [key for key in keys if key in repo._definitions] == keys[-3:]
+
+    heavy = msgspec.structs.replace(definition(), schema={"enum": ["x" * 60_000]})
+    repo._definitions = DefinitionCache(most_bytes=150_000)
+    fat = [new_key() for _ in range(4)]
+    for key in fat:
+        await repo.create(key, heavy, NOW)
+        assert await repo.definition(key) == heavy
+    assert [key for key in fat if key in repo._definitions] == fat[-2:]
+    assert repo._definitions.bytes <= 150_000

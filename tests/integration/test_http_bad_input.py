@@ -609,6 +609,20 @@ TEXT_CASES = [
         "schema-not-utf8", content=b'{"stream_id": "new", "direction": "output", "schema": "\xff"}'
     ),
     create("schema-nul", {"stream_id": "new", **OK, "schema": {"title": "a\x00b"}}),
+    # What every request on the stream and every cache carries is bounded.
+    create("schema-over-64-kib", {"stream_id": "new", **OK, "schema": {"title": "x" * 65_536}}),
+    create(
+        "redaction-65-pointers",
+        {"stream_id": "new", **OK, "redaction": {"json_pointers": [f"/p{n}" for n in range(65)]}},
+    ),
+    create(
+        "redaction-pointer-1025-chars",
+        {"stream_id": "new", **OK, "redaction": {"json_pointers": ["/" + "p" * 1024]}},
+    ),
+    create(
+        "authorization-101-readers",
+        {"stream_id": "new", **OK, "authorization": {"readers": [f"r{n}" for n in range(101)]}},
+    ),
     create("schema-key-control", {"stream_id": "new", **OK, "schema": {"a\x1b": 1}}),
     create(
         "authorization-reader-nul",
@@ -649,6 +663,7 @@ PREPARE_CASES = [
     prepare("content-type-not-a-media-type", content_type="pdf"),
     prepare("content-type-unterminated-quote", content_type='text/plain; a="b'),
     prepare("schema-nul", schema={"title": "\x00"}),
+    prepare("schema-over-4-kib", schema={"title": "x" * 4_096}),
     prepare("sha256-trailing-newline", sha256=SHA + "\n"),
     Case(
         "prepare-not-utf8",

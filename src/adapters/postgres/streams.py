@@ -25,6 +25,7 @@ import msgspec
 from adapters.postgres.bounded import bounded
 from adapters.postgres.cleanup import aged_rows, delete_in_batches
 from adapters.postgres.connections import Connection
+from adapters.postgres.definitions import DefinitionCache
 from adapters.postgres.erasure import WAKE_CHANNEL, erase
 from adapters.postgres.forks import fork_facts, link_fork, release_sources, run_forks
 from adapters.postgres.intents import (
@@ -227,7 +228,7 @@ class PostgresStreams(RecordReads):
         # Decoded definitions, with the creation time of the stream they belong to: a stream
         # deleted and created again under the same key is another stream, so an entry is used
         # only where that time is known to match, or until the deleted notification drops it.
-        self._definitions: dict[StreamKey, tuple[datetime, StreamDefinition]] = {}
+        self._definitions = DefinitionCache()
         self._times: dict[bytes, datetime] = {}  # page(): appended_at by its timestamptz_send
         # Forks' chains (`_CHAIN`), with the creation time of the fork they belong to.
         self._chains: dict[StreamKey, tuple[datetime, list[ForkLink]]] = {}
@@ -245,7 +246,7 @@ class PostgresStreams(RecordReads):
 
     def forget(self, key: StreamKey) -> None:
         """The stream was deleted (here or on another replica): drop what is kept of it."""
-        self._definitions.pop(key, None)
+        self._definitions.drop(key)
         self._chains.pop(key, None)
         self._known.pop(key, None)
         self._contended.pop(key, None)
@@ -363,24 +364,15 @@ class PostgresStreams(RecordReads):
     def _definition(
         self, key: StreamKey, state: StreamState, payload: bytes | None
     ) -> StreamDefinition:
-        """Definitions are immutable, so decoded ones are kept (the oldest dropped past 10k),
-        each with its stream's creation time: `state` says which stream this is."""
+        """Definitions are immutable, so decoded ones are kept (`DefinitionCache`), each with
+        its stream's creation time: `state` says which stream this is."""
         known = self._definitions.get(key)
         if known is not None and known[0] == state.created_at:
             return known[1]
         assert payload is not None and state.created_at is not None
         definition = decode_definition(payload)
-        self._keep_definition(key, state.created_at, definition)
+        self._definitions.keep(key, state.created_at, definition, len(payload))
         return definition
-
-    def _keep_definition(
-        self, key: StreamKey, created_at: datetime, definition: StreamDefinition
-    ) -> None:
-        """Kept, the oldest dropped past `DEFINITIONS` (every stream a long-lived process ever
-        served would otherwise stay)."""
-        self._definitions[key] = (created_at, definition)
-        if len(self._definitions) > DEFINITIONS:
-            del self._definitions[next(iter(self._definitions))]
 
     async def list_run(
         self, tenant: str, run_id: str, after: str | None = None, limit: int | None = None
@@ -402,7 +394,7 @@ class PostgresStreams(RecordReads):
         if row is None:
             return None
         definition = decode_definition(row[0])
-        self._keep_definition(key, row[1], definition)
+        self._definitions.keep(key, row[1], definition, len(row[0]))
         return definition
 
     async def created_at(self, key: StreamKey) -> datetime | None:
@@ -782,8 +774,6 @@ def _keep_recent(kept: dict[K, V], key: K, value: V, most: int = KNOWN_STATES) -
 
 
 CONTENDED_SECONDS = 1.0
-# Decoded definitions kept (immutable; each with its stream's creation time).
-DEFINITIONS = 10_000
 
 # The attributes of a transaction's span (OpenTelemetry's database conventions).
 _DB = {"db.system.name": "postgresql", "db.operation.name": "transaction"}
