@@ -29,6 +29,12 @@ from application.wake import Listener, WakeRegistry
 from domain.stream import StreamKey
 
 PAGE = 1_000
+# A delivery made for one follower (from the ring behind its newest batch, or read from the
+# source) holds at most this many payload bytes (and at least one record): a follower that
+# stops reading holds one delivery, and its encoding, in its transport's send. Pages of 1,000
+# records of up to 64 KiB each once held 46 MB per stalled follower.
+DELIVERY_BYTES = 1024 * 1024
+FIRST_SOURCE_PAGE = 64
 
 log = logging.getLogger("ductor_streams.live")
 
@@ -360,8 +366,19 @@ class StreamTail:
             return None
         start = last + 1 - first
         return RecordsDelivered(
-            [self._ring[i] for i in range(start, min(len(self._ring), start + PAGE))]
+            within_bytes([self._ring[i] for i in range(start, min(len(self._ring), start + PAGE))])
         )
+
+
+def within_bytes(records: list[StoredRecord], budget: int = DELIVERY_BYTES) -> list[StoredRecord]:
+    """The longest prefix of `records` whose payloads fit `budget` bytes, and at least the
+    first record."""
+    total = 0
+    for index, record in enumerate(records):
+        total += len(record.payload)
+        if total > budget and index > 0:
+            return records[:index]
+    return records
 
 
 class LiveTails:
@@ -475,6 +492,11 @@ class LiveTails:
                 return
             last = cursor
             spoke = tail.ticks
+            # How many records this follower reads from the source at a time: from a few,
+            # doubled while pages stay within a delivery's bytes, cut to fit when one does
+            # not, so that a follower catching up on large records reads about a delivery at
+            # a time (a page of 1,000 records of 64 KiB each is 64 MB per follower).
+            limit = FIRST_SOURCE_PAGE
             while not self.ending:
                 changed = tail.changed  # taken before looking, so no change is missed
                 if lease is not None and lease.ended:
@@ -485,7 +507,7 @@ class LiveTails:
                     return
                 delivery = tail.after(last)
                 if delivery is None:  # behind the ring: read the source by keyset pages
-                    found = await self._reader.page(key, last, PAGE)
+                    found = await self._reader.page(key, last, limit)
                     if (
                         found is None
                         or found[0].soft_deleted
@@ -501,7 +523,12 @@ class LiveTails:
                             requested=last + 1, earliest=position.earliest, latest=position.head
                         )
                         return
-                    delivery = RecordsDelivered(records)
+                    size = sum(len(r.payload) for r in records)
+                    if size > DELIVERY_BYTES:
+                        limit = max(1, len(records) * DELIVERY_BYTES // size)
+                    elif len(records) == limit and size * 2 <= DELIVERY_BYTES:
+                        limit = min(PAGE, limit * 2)
+                    delivery = RecordsDelivered(within_bytes(records))
                 if records := delivery.records:
                     if records[0].sequence != last + 1:
                         continue  # the ring moved on meanwhile: reread from the source

@@ -15,6 +15,9 @@ from application.delete_stream import DeleteCommand
 from application.errors import NotFound, Unauthenticated
 from application.expiry import AccessLog
 from application.live import (
+    DELIVERY_BYTES,
+    FIRST_SOURCE_PAGE,
+    PAGE,
     Idle,
     LiveTails,
     Overtaken,
@@ -28,6 +31,7 @@ from application.placement import Deployment
 from application.read_records import ReadRecords
 from application.tokens import TokenCache
 from application.wake import WakeRegistry
+from domain.definition import Limits
 from domain.stream import StreamKey
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 
@@ -46,6 +50,9 @@ class Prune:
 
     def answer(self, stream, events):
         return None
+
+
+BIG = Limits(max_unread_items=10**6, max_unread_bytes=10**12)
 
 
 @pytest.fixture
@@ -538,3 +545,41 @@ async def test_a_deletion_heard_late_of_an_earlier_stream_does_not_end_its_succe
     assert isinstance(delivered, RecordsDelivered), delivered
     assert [r.sequence for r in delivered.records] == [1]
     await follow.aclose()
+
+
+async def test_a_follower_behind_the_ring_reads_large_records_about_a_delivery_at_a_time() -> None:
+    """A delivery made for one follower holds at most DELIVERY_BYTES of payload (and at least
+    one record), and what it reads from the source at a time shrinks to about that."""
+    wake = WakeRegistry()
+    streams = MemoryStreams(wake)
+    reads: list[int] = []
+
+    class Counting:
+        async def page(self, key, cursor, limit):
+            reads.append(limit)
+            return await streams.page(key, cursor, limit)
+
+        def __getattr__(self, name):
+            return getattr(streams, name)
+
+    tails = LiveTails(Counting(), wake, ring_records=8)  # type: ignore[arg-type]
+    key = new_key()
+    await streams.create(key, msgspec.structs.replace(definition(), limits=BIG), NOW)
+    big = b"x" * 60_000
+    for _ in range(5):
+        await streams.update(key, [append([record(big)] * 40)])  # 200 records of 60 KB
+    follow = tails.follow(key, 0, 1.0)
+    seen = 0
+    async with asyncio.timeout(5):
+        async for delivery in follow:
+            if isinstance(delivery, RecordsDelivered):
+                assert delivery.records[0].sequence == seen + 1
+                assert sum(len(r.payload) for r in delivery.records) <= DELIVERY_BYTES
+                seen = delivery.records[-1].sequence
+                if seen == 200:
+                    break
+    await follow.aclose()
+    # The follower's reads (the tail's own read its first position, then pages of PAGE).
+    mine = [limit for limit in reads if limit not in (1, PAGE)]
+    assert mine[0] == FIRST_SOURCE_PAGE
+    assert max(mine[1:]) <= DELIVERY_BYTES // 60_000 + 1, reads

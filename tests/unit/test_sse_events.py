@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from application.live import Idle, Overtaken, RecordsDelivered, StreamEnded
 from application.ports import StoredRecord
 from domain.records import RecordKind
+from entrypoints.sse.asgi import WRITE_BYTES, EventStreamResponse
 from entrypoints.sse.events import event_stream
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -54,3 +55,23 @@ async def test_gone_carries_the_410_fields() -> None:
         "latest": 12,
         "reason": "retention",
     }
+
+
+async def test_a_large_frame_is_written_in_pieces_the_server_can_hold_back() -> None:
+    """A server stops a response's sends after a few waiting messages, whatever their size: a
+    frame is handed over in pieces of at most WRITE_BYTES, so a subscriber that stops reading
+    holds a few of those, not a few whole frames."""
+    frame = bytes(range(256)) * 1_000  # 256,000 bytes
+    sent: list[bytes] = []
+
+    async def chunks():
+        yield b": subscribed\n\n"
+        yield frame
+
+    async def send(message) -> None:
+        if message["type"] == "http.response.body":
+            sent.append(message["body"])
+
+    await EventStreamResponse(chunks(), [])._write(send)
+    assert max(len(piece) for piece in sent) <= WRITE_BYTES
+    assert b"".join(sent) == b": subscribed\n\n" + frame
