@@ -304,6 +304,12 @@ class RequestTooLarge(StreamsError):
     code_of_class = "request-too-large"
 
 
+class RequestTimeout(StreamsError):
+    """408: the request body stopped coming, or took too long to arrive; nothing was done."""
+
+    code_of_class = "request-timeout"
+
+
 class ObjectTooLarge(StreamsError):
     """413: a prepare declaring more than 32 MiB, or an upload announcing more."""
 
@@ -474,6 +480,7 @@ CLASS_OF_CODE: dict[str, type[StreamsError]] = {
         StreamGone,
         RecordTooLarge,
         RequestTooLarge,
+        RequestTimeout,
         ObjectTooLarge,
         UnsupportedMediaType,
         RangeNotSatisfiable,

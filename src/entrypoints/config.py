@@ -33,6 +33,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     host: str = "127.0.0.1"
     port: Port = 8080
     header_read_timeout_seconds: Positive = 30.0
+    # A request body's next piece is waited for this long, and a body (but an object upload's)
+    # must be complete this long after its request arrived: 408 otherwise (edge/body.py).
+    body_idle_seconds: Positive = 30.0
+    body_seconds: Positive = 120.0
     object_store: Literal["filesystem", "s3"] = "filesystem"
     region: str = "local"
     egress_region: str = "local"  # from_env: REGION when unset (and for object_regions)

@@ -13,7 +13,7 @@ import contextlib
 from typing import Any
 
 from entrypoints.edge.head import RequestHead
-from entrypoints.edge.problems import BodyCutShort, BodyTooLarge
+from entrypoints.edge.problems import BodyCutShort, BodyTimedOut, BodyTooLarge
 
 DRAIN_LIMIT = 64 * 1024 * 1024
 DRAIN_IDLE_SECONDS = 1.0
@@ -71,12 +71,13 @@ class Body:
                 raise BodyCutShort
 
     def closes(self, status: int) -> bool:
-        """Whether the answer closes the connection: a 413 before the body's end."""
-        return status == 413 and not self.done
+        """Whether the answer closes the connection: a 413 before the body's end, or a 408
+        (the body stopped coming)."""
+        return status in (408, 413) and not self.done
 
     async def finish(self, status: int) -> None:
         """Read what is left of the body after the answer `status`, as the module says."""
-        if self.done or self.head.closing:
+        if self.done or self.head.closing or status == 408:
             return
         if status == 413:
             declared = self.head.declared
@@ -93,3 +94,41 @@ class Body:
                 while not self.done and drained < limit:
                     async with asyncio.timeout(DRAIN_IDLE_SECONDS):
                         drained += len((await self.receive()).get("body", b""))
+
+
+def with_body_deadlines(app: Any, idle_seconds: float, total_seconds: float) -> Any:
+    """Each request's body must keep coming: a wait of more than `idle_seconds` for its next
+    piece, or a body not complete `total_seconds` after the request arrived, ends the request
+    (BodyTimedOut: 408, and the connection closed). A body a handler reads whole is held in
+    memory while it arrives, so a client that stops sending, or drips, would hold it there for
+    as long as it liked. An object upload, streamed to the store (`PUT …/body`), has the idle
+    bound only: 32 MiB may take a slow link a while. Once the body is complete, `receive` is
+    not bounded (an event stream waits on it for the client to leave)."""
+
+    async def bounded(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = None
+        if not (scope["method"] == "PUT" and scope["path"].endswith("/body")):
+            deadline = loop.time() + total_seconds
+        complete = False
+
+        async def timed_receive() -> dict:
+            nonlocal complete
+            if complete:
+                return await receive()
+            wait = idle_seconds if deadline is None else min(idle_seconds, deadline - loop.time())
+            try:
+                async with asyncio.timeout(max(wait, 0.0)):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyTimedOut from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                complete = True
+            return message
+
+        await app(scope, timed_receive, send)
+
+    return bounded

@@ -33,6 +33,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "cursor-expired": 410,
     "record-too-large": 413,
     "request-too-large": 413,
+    "request-timeout": 408,
     "object-too-large": 413,
     "range-not-satisfiable": 416,
     "backpressure": 429,
@@ -117,6 +118,11 @@ class BodyTooLarge(Exception):
     """The request body is (or says it is) larger than the route accepts: 413."""
 
 
+class BodyTimedOut(Exception):
+    """The request body stopped coming (no piece within the idle bound) or was not complete
+    within the total bound: 408, and the connection is closed."""
+
+
 class BodyCutShort(Exception):
     """The request body ended before it was complete: the client half-closed or disconnected
     short of its Content-Length, or sent a malformed chunked body. Nothing was done: 400."""
@@ -125,6 +131,14 @@ class BodyCutShort(Exception):
 def too_large() -> Problem:
     return problem(
         "request-too-large", "the request body is larger than this route accepts", status=413
+    )
+
+
+def timed_out() -> Problem:
+    return problem(
+        "request-timeout",
+        "the request body stopped coming, or took too long to arrive: nothing was done",
+        status=408,
     )
 
 
@@ -188,6 +202,8 @@ def problem_for(error: BaseException, method: str, path: str) -> Problem:
         return too_large()
     if isinstance(error, BodyCutShort):
         return cut_short()
+    if isinstance(error, BodyTimedOut):
+        return timed_out()
     if is_outage_family(error):
         return unavailable(method, path, error)
     return internal(method, path, error)

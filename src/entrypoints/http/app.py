@@ -26,6 +26,7 @@ from entrypoints.console.route import ROUTES as CONSOLE_ROUTES
 from entrypoints.container import Container, Services, provided, start, stop, workers
 from entrypoints.durable_streams.routes import DurableStreamsController
 from entrypoints.durable_streams.subscriptions import SubscriptionsController
+from entrypoints.edge.body import with_body_deadlines
 from entrypoints.edge.browser import browser_headers
 from entrypoints.edge.head_method import serve_head
 from entrypoints.edge.outages import RETRY_AFTER_SECONDS
@@ -202,6 +203,12 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
             lambda: app.state.services, app.asgi_handler, MAX_REQUEST_BYTES, origins
         )
     app.asgi_handler = with_budget(app.asgi_handler, container.settings().request_timeout_seconds)
+    # Outermost but for tracing: the front and Litestar read bodies through it.
+    app.asgi_handler = with_body_deadlines(
+        app.asgi_handler,
+        container.settings().body_idle_seconds,
+        container.settings().body_seconds,
+    )
     if tracing.on():  # the request's span around everything (entrypoints/tracing.py)
         app.asgi_handler = traced_requests(app.asgi_handler)
     return app
