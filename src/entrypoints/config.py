@@ -119,6 +119,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     webhook_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 10.0
     webhook_retry_base_seconds: Positive = 1.0
     webhook_concurrency: Count = 32
+    # Deliveries of one tenant under way at once, across every process (the others' go out
+    # meanwhile, whatever that tenant's receivers do).
+    webhook_tenant_concurrency: Count = 8
     public_url: str | None = None
 
     @property

@@ -554,6 +554,7 @@ class Container(containers.DeclarativeContainer):
         pool,
         worker_id,
         lease_seconds=settings.provided.worker_lease_seconds,
+        per_tenant=settings.provided.webhook_tenant_concurrency,
     )
     deliver_wakes = providers.Singleton(
         DeliverWakes,

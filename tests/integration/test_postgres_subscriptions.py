@@ -3,6 +3,8 @@ trigger that links what a glob matches included."""
 
 from __future__ import annotations
 
+import secrets
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -324,3 +326,59 @@ async def test_a_stream_linked_by_name_while_it_is_erased_and_created_again_star
     )
     # The erasure, after the decision, unlinked it: no link at the old stream's head (3).
     assert acked is None
+
+
+async def test_due_wakes_are_claimed_in_turn_across_tenants_a_few_of_each_at_most(
+    pool,
+) -> None:
+    """A tenant whose receivers hang holds at most `per_tenant` delivery slots across every
+    process: another tenant's wake, due later, goes out before the first tenant's backlog."""
+    from adapters.postgres.subscriptions import PostgresWakeDeliveries
+
+    noisy, quiet = "noisy-" + secrets.token_hex(3), "quiet-" + secrets.token_hex(3)
+    async with pool.acquire() as conn:
+        for tenant, count, after in ((noisy, 20, 0), (quiet, 2, 5)):
+            for n in range(count):
+                sub = f"s{n}"
+                await conn.execute(
+                    "INSERT INTO ds_subscriptions (tenant, subscription_id, kind, state)"
+                    " VALUES ($1, $2, 'webhook', '\\x')",
+                    tenant,
+                    sub,
+                )
+                await conn.execute(
+                    "INSERT INTO ds_wake_deliveries (tenant, subscription_id, generation,"
+                    " wake_id, kind, payload, url, created_by, next_attempt_at)"
+                    " VALUES ($1, $2, 1, 'w', 'webhook', '\\x', 'https://h.example/',"
+                    " 'p', now() - make_interval(secs => $3))",
+                    tenant,
+                    sub,
+                    60 - after - n * 0.01,  # the noisy tenant's are all due earlier
+                )
+    try:
+        one = PostgresWakeDeliveries(pool, "claims-1", per_tenant=4)
+        other = PostgresWakeDeliveries(pool, "claims-2", per_tenant=4)
+        mine = (noisy, quiet)  # other tests' wakes may be due in this database too
+
+        def counted(jobs) -> Counter:  # type: ignore[no-untyped-def]
+            return Counter(job.key.tenant for job in jobs if job.key.tenant in mine)
+
+        first = await one.claim(100)
+        assert counted(first) == {noisy: 4, quiet: 2}, counted(first)
+        # Under way in another process count too: the noisy tenant gets no more slots.
+        assert counted(await other.claim(100)) == {}
+        for job in first:
+            if job.key.tenant == noisy:
+                await one.done(job, None)
+        assert counted(await other.claim(100)) == {noisy: 4}
+    finally:
+        async with pool.acquire() as conn:
+            await conn.execute(
+                "DELETE FROM ds_subscriptions WHERE tenant = ANY($1)", [noisy, quiet]
+            )
+            # Other tests' wakes this test claimed go back to being due at once.
+            await conn.execute(
+                "UPDATE ds_wake_deliveries SET claimed_by = NULL, lease_until = NULL"
+                " WHERE claimed_by = ANY($1)",
+                ["claims-1", "claims-2"],
+            )

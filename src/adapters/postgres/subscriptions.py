@@ -308,30 +308,65 @@ class PostgresSubscriptions:
 _KEY = "tenant = $2 AND subscription_id = $3 AND generation = $4 AND claimed_by = $1"
 
 
+# The candidates are ranked without locks (a window cannot be taken FOR UPDATE), then locked
+# with SKIP LOCKED and checked again: a row another worker took meanwhile is skipped.
+_WAKE_DUE = (
+    "delivered_at IS NULL AND next_attempt_at <= now() "
+    "AND (lease_until IS NULL OR lease_until < now())"
+)
+_CLAIM = f"""
+UPDATE ds_wake_deliveries d
+SET claimed_by = $1, lease_until = now() + make_interval(secs => $2)
+FROM (
+    SELECT w.tenant, w.subscription_id, w.generation FROM ds_wake_deliveries w
+    WHERE (w.tenant, w.subscription_id, w.generation) IN (
+        SELECT c.tenant, c.subscription_id, c.generation
+        FROM (
+            SELECT tenant, subscription_id, generation, next_attempt_at,
+                   row_number() OVER (PARTITION BY tenant ORDER BY next_attempt_at) AS turn
+            FROM ds_wake_deliveries WHERE {_WAKE_DUE}
+        ) c
+        LEFT JOIN (
+            SELECT tenant, count(*) AS busy FROM ds_wake_deliveries
+            WHERE delivered_at IS NULL AND lease_until >= now() GROUP BY tenant
+        ) b ON b.tenant = c.tenant
+        WHERE c.turn + coalesce(b.busy, 0) <= $4
+        ORDER BY c.turn, c.next_attempt_at
+        LIMIT $3
+    ) AND w.delivered_at IS NULL AND w.next_attempt_at <= now()
+      AND (w.lease_until IS NULL OR w.lease_until < now())
+    FOR UPDATE SKIP LOCKED
+) due
+WHERE (d.tenant, d.subscription_id, d.generation)
+      = (due.tenant, due.subscription_id, due.generation)
+RETURNING d.tenant, d.subscription_id, d.generation, d.attempts
+"""
+
+
 class PostgresWakeDeliveries:
     """The wake outbox as the workers' job queue (application.workers.JobQueue): a job is one
     undelivered row, claimed with a lease; a subscription's rows are independent (a new wake
     supersedes an old one, whose job then finds it ended and does nothing)."""
 
-    def __init__(self, pool: asyncpg.Pool, worker_id: str, lease_seconds: float = 6.0) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        worker_id: str,
+        lease_seconds: float = 6.0,
+        per_tenant: int = 8,
+    ) -> None:
         self._pool = pool
         self.worker_id = worker_id
         self.lease_seconds = lease_seconds
+        self.per_tenant = per_tenant
 
     async def claim(self, limit: int) -> list[Job]:
+        """Due deliveries, taken in turn across tenants (each tenant's oldest first, then
+        each one's second, …), and no more of a tenant's than make `per_tenant` under way
+        across every process: a tenant whose receivers hang holds that many delivery slots at
+        most, and the others' webhooks go out meanwhile."""
         rows = await self._pool.fetch(
-            """UPDATE ds_wake_deliveries d
-               SET claimed_by = $1, lease_until = now() + make_interval(secs => $2)
-               FROM (SELECT tenant, subscription_id, generation FROM ds_wake_deliveries
-                     WHERE delivered_at IS NULL AND next_attempt_at <= now()
-                       AND (lease_until IS NULL OR lease_until < now())
-                     ORDER BY next_attempt_at LIMIT $3 FOR UPDATE SKIP LOCKED) due
-               WHERE (d.tenant, d.subscription_id, d.generation)
-                     = (due.tenant, due.subscription_id, due.generation)
-               RETURNING d.tenant, d.subscription_id, d.generation, d.attempts""",
-            self.worker_id,
-            self.lease_seconds,
-            limit,
+            _CLAIM, self.worker_id, self.lease_seconds, limit, self.per_tenant
         )
         return [_job(r[0], r[1], r[2], r[3]) for r in rows]
 
