@@ -86,8 +86,16 @@ def check_url(url: str, allowed_hosts: frozenset[str] = frozenset()) -> WebhookT
 
 def check_address(address: IPAddress, *, loopback_allowed: bool) -> None:
     """Refuse an address no webhook may reach (WebhookUrlRejected)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        elif address.sixtofour is not None or address.teredo is not None:
+            # 6to4 and Teredo carry an IPv4 address a relay may forward to (2002:a9fe:a9fe::
+            # is 169.254.169.254): it is held to the same rules.
+            embedded = address.sixtofour or address.teredo[1]  # type: ignore[index]
+            check_address(embedded, loopback_allowed=False)
+        elif address.is_site_local:  # fec0::/10, deprecated but still private in practice
+            raise WebhookUrlRejected(f"webhook address {address} is site-local")
     if address.is_loopback:
         if loopback_allowed:
             return

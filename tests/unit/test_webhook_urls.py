@@ -17,6 +17,10 @@ REFUSED_URLS = [
     "https://[fe80::1]/hook",
     "https://[fd00::1]/hook",  # unique-local
     "https://[::ffff:10.0.0.1]/hook",  # IPv4-mapped private
+    "https://[2002:a9fe:a9fe::]/hook",  # 6to4 of the metadata address
+    "https://[2002:0a00:0001::1]/hook",  # 6to4 of a private address
+    "https://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/hook",  # Teredo of 10.0.0.1
+    "https://[fec0::1]/hook",  # site-local
     "https://224.0.0.1/hook",  # multicast
     "https://[ff02::1]/hook",
     "https://0.0.0.0/hook",  # unspecified
