@@ -159,10 +159,16 @@ async def test_an_encoded_slash_is_no_separator_and_a_trailing_slash_names_no_st
             request("PUT", path, "Content-Type: text/plain\r\nContent-Length: 0\r\n"),
             half_close=False,
         )
-        assert answer.split(b"\r\n")[0] in (
-            b"HTTP/1.1 400 Bad Request",
-            b"HTTP/1.1 404 Not Found",
-        ), answer[:300]
+        assert answer.split(b"\r\n")[0] == b"HTTP/1.1 400 Bad Request", answer[:300]
+    # Decoded into a path no route matches, the same: 400, not 404, on both surfaces.
+    for path in (
+        f"/api/workflow-streams/runs/{run_id}%2Fx/streams",
+        f"/api/workflow-streams/runs/{run_id}/streams/se%2Fcret",
+        f"{PREFIX}/a%2Fb%2Fc",
+    ):
+        answer = raw_exchange(server, request("GET", path, ""), half_close=False)
+        assert answer.startswith(b"HTTP/1.1 400 "), (path, answer[:300])
+        assert b'"code":"invalid-input"' in answer and b"x-request-id" in answer.lower()
     assert (await ds.head(f"/{run_id}a/b")).status_code == 404
     assert (
         await api.post(f"/runs/{run_id}/streams", json={"stream_id": "nat1", "direction": "output"})

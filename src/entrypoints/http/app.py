@@ -163,7 +163,6 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
                 metrics_route,
                 *CONSOLE_ROUTES,  # outside the API prefix: the page needs no token to load
             ],
-            middleware=[request_middleware],
             guards=[check_request],
             lifespan=[lifespan],
             exception_handlers={
@@ -189,6 +188,9 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
             # configuration would replace the root handler with its plain-text one.
             logging_config=None,
         )
+    # Around the router, not as a route's middleware: the router's own answers (an unknown
+    # path's 404, a 405) carry the request's id and are counted and logged too.
+    app.asgi_handler = request_middleware(app.asgi_handler)
     app.asgi_handler = every_method_in_options(app, app.asgi_handler)
     # Around the router and the exception handlers, so that a HEAD is routed as its GET and
     # answers its problems too (404, 401, 405).

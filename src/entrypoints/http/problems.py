@@ -9,6 +9,7 @@ from litestar.exceptions import HTTPException, InternalServerException, Validati
 
 from domain.errors import DomainError
 from entrypoints.edge import problems as edge
+from entrypoints.edge.checks import check_scope
 from entrypoints.edge.head_method import allowed, method_of
 from entrypoints.edge.problems import (
     PROBLEM_JSON,
@@ -66,6 +67,13 @@ def http_error(request: Request, error: HTTPException) -> Response[bytes]:
     status = error.status_code
     if status == 413:
         return respond(edge.too_large())
+    if status == 404:
+        # The server decoded an encoded slash into a separator, and the path it made matches
+        # no route, so the guard that refuses one never ran: it is refused here the same way.
+        try:
+            check_scope(request.scope)
+        except DomainError as refused:
+            return respond(edge.of_domain_error(refused))
     code = {
         400: "invalid-input",
         401: "unauthenticated",
