@@ -182,8 +182,8 @@ def unavailable(method: str, path: str, error: BaseException) -> Problem:
         # failed: only a retry with the same Idempotency-Key is safe (docs/errors.md).
         return problem(
             "unavailable",
-            f"{what} did not confirm the write, which may have been committed; retry with the "
-            "same Idempotency-Key, or read before writing again",
+            f"{what} did not confirm the write, which may have been committed (or still be "
+            "committing); only a retry with the same Idempotency-Key is safe",
             status=503,
             headers=retry,
             outcome="unknown",
