@@ -30,7 +30,7 @@ from application.access import Caller, require_reader
 from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
 from application.wake import WakeRegistry
-from application.workers import Job, ensure_claimed
+from application.workers import OUTAGE_LOG_SECONDS, Job, Outage, backoff, ensure_claimed
 from domain import errors
 from domain.records import RecordInput
 from domain.stream import StreamKey
@@ -551,6 +551,11 @@ class Subscriptions:
         ]
 
 
+# The wake scheduler's retries while the database is out of reach.
+RETRY_FIRST_SECONDS = 0.05
+RETRY_MAX_SECONDS = 5.0
+
+
 class WakeScheduler:
     """Runs `Subscriptions.wake_due` whenever a stream is notified (in this process, or by the
     wake bus from any), and at least every `poll_seconds`: a tick runs at a time, and the
@@ -568,12 +573,25 @@ class WakeScheduler:
         self.ticks = 0
 
     async def run(self, stopping: asyncio.Event) -> None:
+        outage = Outage(self.name, OUTAGE_LOG_SECONDS, doing="decide wakes")
+        failures = 0
         while not stopping.is_set():
             self._heard.clear()
             try:
                 await self._subscriptions.wake_due()
-            except Exception as error:  # the database is out of reach: the next tick retries
-                log.warning("%s failed: %s", self.name, error)
+            except Exception as error:  # the database is out of reach: retried, backing off
+                outage.failed(error)
+                failures += 1
+                self.ticks += 1
+                # Not at the next notification: while PostgreSQL is away the wake bus polls
+                # every 0.25 s, and each tick would try (and log) again.
+                pause = backoff(failures, base=RETRY_FIRST_SECONDS / 2, cap=RETRY_MAX_SECONDS)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), pause)
+                continue
+            if failures:
+                outage.recovered()
+                failures = 0
             self.ticks += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._heard.wait(), self._poll)

@@ -345,8 +345,9 @@ class Outage:
     """A worker's claims failing in a row: logged when it starts, then at most once per
     `log_seconds` while it lasts, and once when a claim succeeds again."""
 
-    def __init__(self, name: str, log_seconds: float) -> None:
+    def __init__(self, name: str, log_seconds: float, doing: str = "claim jobs") -> None:
         self.name = name
+        self.doing = doing
         self.failures = 0
         self._log_seconds = log_seconds
         self._started = 0.0
@@ -358,17 +359,19 @@ class Outage:
         if self.failures == 1:
             self._started = self._logged_at = now
             log.warning(
-                "%s cannot claim jobs: the database is unreachable (%s: %s); retrying with backoff",
+                "%s cannot %s: the database is unreachable (%s: %s); retrying with backoff",
                 self.name,
+                self.doing,
                 type(error).__name__,
                 error,
             )
         elif now - self._logged_at >= self._log_seconds:
             self._logged_at = now
             log.warning(
-                "%s still cannot claim jobs: the database has been unreachable for %.0f s "
+                "%s still cannot %s: the database has been unreachable for %.0f s "
                 "(%d attempts; last: %s: %s)",
                 self.name,
+                self.doing,
                 now - self._started,
                 self.failures,
                 type(error).__name__,
@@ -378,8 +381,9 @@ class Outage:
     def recovered(self) -> None:
         if self.failures:
             log.info(
-                "%s claims jobs again: the database is reachable after %.0f s (%d failed attempts)",
+                "%s can %s again: the database is reachable after %.0f s (%d failed attempts)",
                 self.name,
+                self.doing,
                 time.monotonic() - self._started,
                 self.failures,
             )

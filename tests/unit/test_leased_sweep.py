@@ -45,4 +45,4 @@ async def test_a_store_out_of_reach_is_logged_once_and_the_sweep_runs_once_it_is
         leases.down = False
         await until(lambda: tick.finished >= 1)
     assert caplog.text.count("cannot claim") == 1
-    assert "claims jobs again" in caplog.text
+    assert "can claim jobs again" in caplog.text
