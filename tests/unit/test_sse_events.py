@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 from application.live import Idle, Overtaken, RecordsDelivered, StreamEnded
 from application.ports import StoredRecord
 from domain.records import RecordKind
+from entrypoints.sse import asgi as sse_asgi
 from entrypoints.sse.asgi import WRITE_BYTES, EventStreamResponse
 from entrypoints.sse.events import event_stream
 
@@ -75,3 +78,47 @@ async def test_a_large_frame_is_written_in_pieces_the_server_can_hold_back() -> 
     await EventStreamResponse(chunks(), [])._write(send)
     assert max(len(piece) for piece in sent) <= WRITE_BYTES
     assert b"".join(sent) == b": subscribed\n\n" + frame
+
+
+class _Stalled:
+    """A client that takes the response's head and then nothing."""
+
+    def __init__(self) -> None:
+        self.bodies = 0
+
+    async def send(self, message) -> None:
+        if message["type"] == "http.response.body":
+            self.bodies += 1
+            await asyncio.Event().wait()
+
+    async def receive(self):
+        await asyncio.Event().wait()
+
+
+async def _endless():
+    while True:
+        yield b": keep-alive\n\n"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_client_that_takes_nothing_ends_its_event_stream(monkeypatch) -> None:
+    monkeypatch.setattr(sse_asgi, "WRITE_STALL_SECONDS", 0.1)
+    client = _Stalled()
+    scope = {"type": "http", "app": SimpleNamespace(state=SimpleNamespace())}
+    async with asyncio.timeout(5):
+        await EventStreamResponse(_endless(), [])(scope, client.receive, client.send)
+    assert client.bodies == 1
+
+
+async def test_stopping_ends_the_event_streams_still_writing() -> None:
+    state = SimpleNamespace()
+    client = _Stalled()
+    scope = {"type": "http", "app": SimpleNamespace(state=state)}
+    serving = asyncio.create_task(
+        EventStreamResponse(_endless(), [])(scope, client.receive, client.send)
+    )
+    await asyncio.sleep(0.05)
+    assert not serving.done()
+    sse_asgi.stop_all(state, grace_seconds=0.05)
+    async with asyncio.timeout(5):
+        await serving

@@ -47,6 +47,7 @@ from entrypoints.http.traced import traced_requests
 from entrypoints.lean_imports import without_optional_integrations
 from entrypoints.logs import configure_logging
 from entrypoints.openapi import SECURITY, Answer, WireDocument, documented
+from entrypoints.sse import asgi as event_streams
 
 log = logging.getLogger("ductor_streams")
 
@@ -237,6 +238,8 @@ def begin_stopping(app: Litestar) -> None:
     services: Services | None = getattr(app.state, "services", None)
     if services is not None:
         services.subscribe.end_all()
+    # A subscriber that does not read keeps its event stream waiting to write: ended too.
+    event_streams.stop_all(app.state)
 
 
 def app_from_env() -> Litestar:

@@ -23,6 +23,13 @@ log = logging.getLogger("ductor_streams.sse")
 # (one 7.8 MB message) held about 47 MB per stalled subscriber; in pieces of this size, a few
 # hundred KB.
 WRITE_BYTES = 64 * 1024
+# A piece the client has not taken within this long ends the response: a subscriber that
+# stopped reading (or vanished without a word: the kernel would retransmit for about 15
+# minutes) holds no slot, no server shutdown and no follower for longer. It resumes with
+# Last-Event-ID when it reads again.
+WRITE_STALL_SECONDS = 30.0
+# The writers of this application's event streams, ended when the server stops (`stop_all`).
+_WRITERS = "event_stream_writers"
 
 
 class EventStreamResponse:
@@ -54,6 +61,9 @@ class EventStreamResponse:
             return
         writer = asyncio.get_running_loop().create_task(self._write(send))
         writer.add_done_callback(written)
+        writers = _writers(scope)
+        writers.add(writer)
+        writer.add_done_callback(writers.discard)
         try:
             listening = True
             while (await receive())["type"] != "http.disconnect":
@@ -70,19 +80,47 @@ class EventStreamResponse:
     async def _write(self, send: Send) -> None:
         try:
             async for chunk in self._chunks:
-                if len(chunk) <= WRITE_BYTES:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    continue
                 view = memoryview(chunk)
                 for start in range(0, len(chunk), WRITE_BYTES):
-                    piece = bytes(view[start : start + WRITE_BYTES])
-                    await send({"type": "http.response.body", "body": piece, "more_body": True})
+                    piece = (
+                        chunk
+                        if len(chunk) <= WRITE_BYTES
+                        else bytes(view[start : start + WRITE_BYTES])
+                    )
+                    async with asyncio.timeout(WRITE_STALL_SECONDS):
+                        await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             pass  # the client left while we were writing
+        except TimeoutError:
+            log.info("event stream ended: its client took nothing for %.0f s", WRITE_STALL_SECONDS)
         except Exception:
             # The status line is out: nothing better can be answered. The client sees the
             # stream end without `closed` and resumes with Last-Event-ID.
             log.exception("event stream ended by an error")
         finally:
             await self._chunks.aclose()
+
+
+def _writers(scope: Scope) -> set[asyncio.Task[None]]:
+    state = getattr(scope.get("app"), "state", None)
+    if state is None:
+        return set()
+    writers: set[asyncio.Task[None]] | None = getattr(state, _WRITERS, None)
+    if writers is None:
+        writers = set()
+        setattr(state, _WRITERS, writers)
+    return writers
+
+
+def stop_all(state: object, grace_seconds: float = 1.0) -> None:
+    """The server is stopping: the event streams still writing `grace_seconds` from now (a
+    client that does not read keeps its writer waiting in `send`) are ended. The others have
+    ended by then: their subscriptions were ended first."""
+    writers: set[asyncio.Task[None]] = getattr(state, _WRITERS, set())
+
+    def end() -> None:
+        for writer in list(writers):
+            writer.cancel()
+
+    asyncio.get_running_loop().call_later(grace_seconds, end)
