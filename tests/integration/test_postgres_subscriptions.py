@@ -371,6 +371,21 @@ async def test_due_wakes_are_claimed_in_turn_across_tenants_a_few_of_each_at_mos
             if job.key.tenant == noisy:
                 await one.done(job, None)
         assert counted(await other.claim(100)) == {noisy: 4}
+        # A retry (here: the noisy tenant's other wakes, failed once) waits behind a first
+        # attempt of the same tenant, however much older it is.
+        async with pool.acquire() as conn:
+            await conn.execute(
+                "UPDATE ds_wake_deliveries SET claimed_by = NULL, lease_until = NULL,"
+                " attempts = 1 WHERE tenant = $1 AND delivered_at IS NULL",
+                noisy,
+            )
+            await conn.execute(
+                "UPDATE ds_wake_deliveries SET attempts = 0, next_attempt_at = now()"
+                " WHERE tenant = $1 AND subscription_id = 's19'",
+                noisy,
+            )
+        claimed = [job.key.stream_id for job in await one.claim(100) if job.key.tenant == noisy]
+        assert len(claimed) == 4 and "s19" in claimed, claimed
     finally:
         async with pool.acquire() as conn:
             await conn.execute(

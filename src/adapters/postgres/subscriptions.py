@@ -323,7 +323,9 @@ FROM (
         SELECT c.tenant, c.subscription_id, c.generation
         FROM (
             SELECT tenant, subscription_id, generation, next_attempt_at,
-                   row_number() OVER (PARTITION BY tenant ORDER BY next_attempt_at) AS turn
+                   row_number() OVER (
+                       PARTITION BY tenant ORDER BY attempts > 0, next_attempt_at
+                   ) AS turn
             FROM ds_wake_deliveries WHERE {_WAKE_DUE}
         ) c
         LEFT JOIN (
@@ -361,10 +363,11 @@ class PostgresWakeDeliveries:
         self.per_tenant = per_tenant
 
     async def claim(self, limit: int) -> list[Job]:
-        """Due deliveries, taken in turn across tenants (each tenant's oldest first, then
-        each one's second, …), and no more of a tenant's than make `per_tenant` under way
-        across every process: a tenant whose receivers hang holds that many delivery slots at
-        most, and the others' webhooks go out meanwhile."""
+        """Due deliveries, taken in turn across tenants (each tenant's first, then each one's
+        second, …; a tenant's first attempts before its retries, oldest first), and no more of
+        a tenant's than make `per_tenant` under way across every process: a tenant whose
+        receivers hang holds that many delivery slots at most, and the others' webhooks go
+        out meanwhile; its own new wakes go before the retries of those that hang."""
         rows = await self._pool.fetch(
             _CLAIM, self.worker_id, self.lease_seconds, limit, self.per_tenant
         )
