@@ -134,3 +134,37 @@ def test_an_upload_may_take_longer_than_the_total_bound_while_it_keeps_coming(
     )
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
     assert took > TOTAL
+
+
+def test_a_route_whose_last_segment_is_body_is_no_upload(server: ServerProcess) -> None:
+    """A Durable Streams stream, or a subscription, may be named "body": its PUT is held to the
+    total bound like any body read whole."""
+    run = "body-" + secrets.token_hex(4)
+    pieces = [b"x"] * 20  # 10 s at 0.5 s apart, far past TOTAL
+    answer, took = raw(server, "PUT", f"/api/durable-streams/v1/stream/{run}/body", 20, pieces, 0.5)
+    assert_timed_out(answer)
+    assert took < TOTAL + 2, took
+
+
+def test_a_refused_body_that_drips_is_not_drained_forever_nor_logged_as_an_error(
+    server: ServerProcess,
+) -> None:
+    """Refused before its body was read (here: no token), the rest is drained while it comes,
+    up to the body's deadline; that deadline passing is no server error."""
+    host, port = server.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(
+            b"POST /api/workflow-streams/runs/r/streams/s/records HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer nope\r\nContent-Length: 1000\r\n\r\n"
+        )
+        answer = conn.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < TOTAL + 3:
+                conn.sendall(b"x")
+                time.sleep(0.5)
+        except OSError:
+            pass  # closed: the rest is not waited for any more
+    assert "Traceback" not in server.log()
+    assert '"level":"error"' not in server.log()

@@ -4,20 +4,23 @@ A body over the limit is refused 413 and the connection closed; up to LINGER_LIM
 is still read first (for at most LINGER_SECONDS), so that a client that writes a body a little
 over the limit before reading gets its answer rather than a reset; a longer rest is not read at
 all. Any other body the handler did not read (it failed before reading it all) is read to its
-end, bounded in bytes and idle time, for the same reason."""
+end, bounded in bytes, idle time and total time, for the same reason."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import math
+import re
 from typing import Any
 
 from entrypoints.edge.head import RequestHead
+from entrypoints.edge.paths import NATIVE_PREFIX
 from entrypoints.edge.problems import BodyCutShort, BodyTimedOut, BodyTooLarge
 
 DRAIN_LIMIT = 64 * 1024 * 1024
 DRAIN_IDLE_SECONDS = 1.0
+DRAIN_SECONDS = 30.0  # a rest that drips is not drained for longer
 LINGER_LIMIT = 16 * 1024 * 1024
 LINGER_SECONDS = 5.0
 
@@ -87,14 +90,21 @@ class Body:
                 return
             limit, seconds = LINGER_LIMIT, LINGER_SECONDS
         else:
-            limit, seconds = DRAIN_LIMIT, None
+            limit, seconds = DRAIN_LIMIT, DRAIN_SECONDS
         drained = 0
-        # A client that stops sending (it read the answer early) is not waited for long.
-        with contextlib.suppress(TimeoutError):
+        # A client that stops sending (it read the answer early) is not waited for long, nor
+        # one that drips past its body's deadline (`with_body_deadlines`).
+        with contextlib.suppress(TimeoutError, BodyTimedOut):
             async with asyncio.timeout(seconds):
                 while not self.done and drained < limit:
                     async with asyncio.timeout(DRAIN_IDLE_SECONDS):
                         drained += len((await self.receive()).get("body", b""))
+
+
+_WRITES = frozenset({"POST", "PUT", "PATCH"})
+# The object upload route (the one body streamed to a store, not held whole): the idle bound
+# only. Matched whole, since "body" is a valid stream or subscription ID too.
+_UPLOAD = re.compile(re.escape(NATIVE_PREFIX) + r"/runs/[^/]+/streams/[^/]+/objects/[^/]+/body")
 
 
 class _Watch:
@@ -137,12 +147,14 @@ def with_body_deadlines(app: Any, idle_seconds: float, total_seconds: float) -> 
     watch = _Watch()
 
     async def bounded(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["method"] not in _WRITES:
+            # No route reads the body of another method: an event stream's GET waits on
+            # `receive` for its client to leave, whatever its head declared.
             await app(scope, receive, send)
             return
         loop = asyncio.get_running_loop()
         deadline = math.inf
-        if not (scope["method"] == "PUT" and scope["path"].endswith("/body")):
+        if not (scope["method"] == "PUT" and _UPLOAD.fullmatch(scope["path"])):
             deadline = loop.time() + total_seconds
         complete = False
 
