@@ -376,6 +376,11 @@ class Objects:
                 )
         except errors.ObjectTooLarge:
             await self._intents.upload_ended(*body)  # refused: nothing of it was stored
+            if intent.size >= MAX_OBJECT_BYTES:  # past the declared size is past the cap
+                raise errors.ObjectTooLarge(
+                    f"an object body is at most {MAX_OBJECT_BYTES} bytes",
+                    limit=MAX_OBJECT_BYTES,
+                ) from None
             raise errors.SizeMismatch(
                 f"the body passes the {intent.size} bytes the intent declared",
                 expected=intent.size,

@@ -187,6 +187,22 @@ async def test_open_intents_per_stream_are_bounded_and_paged_outside_the_documen
     assert missing.status_code == 404
 
 
+async def test_an_upload_passing_32_mib_is_object_too_large(
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """An intent of the largest size: a body passing it passes the cap, which is 413
+    object-too-large (a smaller intent's is 422 size-mismatch), and nothing of it is stored."""
+    path = await new_stream(api, run_id)
+    intent = (await api.post(f"{path}/objects", json=prepare("cap", 32 * MIB))).json()
+    upload = f"{path}/objects/{intent['object_id']}/body"
+    before = stored(server, run_id)
+    streamed = await api.put(upload, content=chunked(32 * MIB + MIB))
+    assert streamed.status_code == 413, streamed.text
+    assert streamed.json()["code"] == "object-too-large"
+    assert stored(server, run_id) == before
+    assert (await api.get(upload.removesuffix("/body"))).json()["state"] == "prepared"
+
+
 async def test_an_intent_lives_at_most_a_day(api: httpx.AsyncClient, run_id: str) -> None:
     path = await new_stream(api, run_id)
     day = await api.post(f"{path}/objects", json=prepare("day", 1, expires_in_seconds=86400))
@@ -210,6 +226,7 @@ async def test_an_upload_longer_than_declared_is_refused_and_nothing_of_it_is_st
     assert announced.status_code == 422, announced.text
     assert announced.json()["code"] == "size-mismatch"
     assert announced.json()["expected"] == declared
+    assert announced.headers.get("connection") == "close"  # its rest is not read
     assert stored(server, run_id) == before
 
     # Without a length: refused as soon as it passes the declared size.

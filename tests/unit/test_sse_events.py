@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
@@ -101,13 +102,15 @@ async def _endless():
         await asyncio.sleep(0.01)
 
 
-async def test_a_client_that_takes_nothing_ends_its_event_stream(monkeypatch) -> None:
+async def test_a_client_that_takes_nothing_ends_its_event_stream(monkeypatch, caplog) -> None:
     monkeypatch.setattr(sse_asgi, "WRITE_STALL_SECONDS", 0.1)
+    caplog.set_level(logging.INFO, "ductor_streams.sse")
     client = _Stalled()
     scope = {"type": "http", "app": SimpleNamespace(state=SimpleNamespace())}
     async with asyncio.timeout(5):
         await EventStreamResponse(_endless(), [])(scope, client.receive, client.send)
     assert client.bodies == 1
+    assert "its client took nothing" in caplog.text
 
 
 async def test_stopping_ends_the_event_streams_still_writing() -> None:

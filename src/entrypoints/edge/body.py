@@ -1,10 +1,11 @@
 """A request's body under the route's limit, and what is left of it after the answer.
 
-A body over the limit is refused 413 and the connection closed; up to LINGER_LIMIT of the rest
-is still read first (for at most LINGER_SECONDS), so that a client that writes a body a little
-over the limit before reading gets its answer rather than a reset; a longer rest is not read at
-all. Any other body the handler did not read (it failed before reading it all) is read to its
-end, bounded in bytes, idle time and total time, for the same reason."""
+A body over the limit is refused 413 (or, past an object intent's size, 422) and the
+connection closed; up to LINGER_LIMIT of the rest is still read first (for at most
+LINGER_SECONDS), so that a client that writes a body a little over the limit before reading
+gets its answer rather than a reset; a longer rest is not read at all. Any other body the
+handler did not read (it failed before reading it all) is read to its end, bounded in bytes,
+idle time and total time, for the same reason."""
 
 from __future__ import annotations
 
@@ -75,15 +76,16 @@ class Body:
                 raise BodyCutShort
 
     def closes(self, status: int) -> bool:
-        """Whether the answer closes the connection: a 413 before the body's end, or a 408
+        """Whether the answer closes the connection: a 413 or 422 before the body's end (a body
+        refused as it passed a size: its rest is not what the client meant to send), or a 408
         (the body stopped coming)."""
-        return status in (408, 413) and not self.done
+        return status in (408, 413, 422) and not self.done
 
     async def finish(self, status: int) -> None:
         """Read what is left of the body after the answer `status`, as the module says."""
         if self.done or self.head.closing or status == 408:
             return
-        if status == 413:
+        if status in (413, 422):
             declared = self.head.declared
             left = None if declared is None else declared - self.received
             if left is not None and left > LINGER_LIMIT:

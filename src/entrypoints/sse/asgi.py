@@ -24,9 +24,10 @@ log = logging.getLogger("ductor_streams.sse")
 # hundred KB.
 WRITE_BYTES = 64 * 1024
 # A piece the client has not taken within this long ends the response: a subscriber that
-# stopped reading (or vanished without a word: the kernel would retransmit for about 15
-# minutes) holds no slot, no server shutdown and no follower for longer. It resumes with
-# Last-Event-ID when it reads again.
+# stopped reading holds no slot, no server shutdown and no follower for longer. It resumes
+# with Last-Event-ID when it reads again. (One that vanished without a word while its stream
+# was idle is found only once what is written fills the connection's buffers, or TCP gives
+# up on it.)
 WRITE_STALL_SECONDS = 30.0
 # The writers of this application's event streams, ended when the server stops (`stop_all`).
 _WRITERS = "event_stream_writers"
@@ -90,10 +91,10 @@ class EventStreamResponse:
                     async with asyncio.timeout(WRITE_STALL_SECONDS):
                         await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:  # before OSError, whose subclass it is
+            log.info("event stream ended: its client took nothing for %.0f s", WRITE_STALL_SECONDS)
         except OSError:
             pass  # the client left while we were writing
-        except TimeoutError:
-            log.info("event stream ended: its client took nothing for %.0f s", WRITE_STALL_SECONDS)
         except Exception:
             # The status line is out: nothing better can be answered. The client sees the
             # stream end without `closed` and resumes with Last-Event-ID.
