@@ -322,17 +322,20 @@ FROM (
     WHERE (w.tenant, w.subscription_id, w.generation) IN (
         SELECT c.tenant, c.subscription_id, c.generation
         FROM (
-            SELECT tenant, subscription_id, generation, next_attempt_at,
+            SELECT tenant, subscription_id, generation, kind, next_attempt_at,
                    row_number() OVER (
-                       PARTITION BY tenant ORDER BY attempts > 0, next_attempt_at
+                       PARTITION BY tenant, kind = 'webhook'
+                       ORDER BY attempts > 0 AND next_attempt_at > now() - interval '1 minute',
+                                next_attempt_at
                    ) AS turn
             FROM ds_wake_deliveries WHERE {_WAKE_DUE}
         ) c
         LEFT JOIN (
             SELECT tenant, count(*) AS busy FROM ds_wake_deliveries
-            WHERE delivered_at IS NULL AND lease_until >= now() GROUP BY tenant
+            WHERE delivered_at IS NULL AND lease_until >= now() AND kind = 'webhook'
+            GROUP BY tenant
         ) b ON b.tenant = c.tenant
-        WHERE c.turn + coalesce(b.busy, 0) <= $4
+        WHERE c.kind <> 'webhook' OR c.turn + coalesce(b.busy, 0) <= $4
         ORDER BY c.turn, c.next_attempt_at
         LIMIT $3
     ) AND w.delivered_at IS NULL AND w.next_attempt_at <= now()
@@ -364,10 +367,12 @@ class PostgresWakeDeliveries:
 
     async def claim(self, limit: int) -> list[Job]:
         """Due deliveries, taken in turn across tenants (each tenant's first, then each one's
-        second, …; a tenant's first attempts before its retries, oldest first), and no more of
-        a tenant's than make `per_tenant` under way across every process: a tenant whose
-        receivers hang holds that many delivery slots at most, and the others' webhooks go
-        out meanwhile; its own new wakes go before the retries of those that hang."""
+        second, …; a tenant's first attempts before its retries, but for retries due for a
+        minute already, oldest first), and no more of a tenant's webhooks than make
+        `per_tenant` under way across every process: a tenant whose receivers hang holds that
+        many delivery slots at most, and the others' webhooks go out meanwhile; its own new
+        wakes go before the retries of those that hang. Wake events (pull-wake: an append of
+        the service's own, no receiver) are not capped."""
         rows = await self._pool.fetch(
             _CLAIM, self.worker_id, self.lease_seconds, limit, self.per_tenant
         )
