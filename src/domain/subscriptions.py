@@ -352,9 +352,10 @@ class Subscription(msgspec.Struct, frozen=True):
         return msgspec.structs.replace(self, links=tuple(sorted(links.values(), key=_by_path)))
 
     def with_webhook_address(self) -> Subscription:
-        """This subscription with its webhook URL cut to the receiver's address (scheme, host,
-        port, path): a URL's user information, query and fragment often hold the receiver's
-        credential, and are shown only to those who may configure subscriptions."""
+        """This subscription with its webhook URL cut to the receiver's origin (scheme, host,
+        port): a URL's user information, path (`/services/T…/B…/secret`), query and fragment
+        often hold the receiver's credential, and are shown only to those who may configure
+        subscriptions."""
         url = self.config.webhook_url
         if url is None:
             return self
@@ -436,7 +437,7 @@ def _by_path(link: Link) -> StreamPath:
 
 
 def webhook_address(url: str) -> str:
-    """`url` without user information, query or fragment."""
+    """`url`'s origin: without user information, path, query or fragment."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
@@ -446,4 +447,4 @@ def webhook_address(url: str) -> str:
     except ValueError:
         port = None
     netloc = host if port is None else f"{host}:{port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    return urlunsplit((parts.scheme, netloc, "", "", ""))
