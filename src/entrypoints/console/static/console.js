@@ -678,7 +678,8 @@
     const stream = params.get("stream");
     for (const [what, id] of [["run", run], ["stream", stream]]) {
       if (id && !ID.test(id)) {
-        showProblem(new Problem(400, "Not an ID", `the address names ${what} ${JSON.stringify(id)}, which is no ${what} ID`));
+        const refused = new Problem(400, "Not an ID", `the address names ${what} ${JSON.stringify(id)}, which is no ${what} ID`);
+        showProblem(refused);
         history.replaceState(null, "", location.pathname);
         leaveRun();
         follow.stop();
@@ -686,7 +687,8 @@
         $("run-view").hidden = true;
         $("back").hidden = true;
         $("follow-view").hidden = true;
-        loadRuns(false);
+        // Said again once the runs are shown: their answer clears the problem shown before.
+        loadRuns(false).finally(() => showProblem(refused));
         return;
       }
     }
