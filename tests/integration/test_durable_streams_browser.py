@@ -50,6 +50,12 @@ def test_a_preflight_from_an_allowed_origin_needs_no_token(
     )
     assert "POST" in answer.headers["access-control-allow-methods"]
     assert answer.headers["x-content-type-options"] == "nosniff"
+    assert answer.headers["x-request-id"]  # every answer has one, a preflight's too
+    given = httpx.options(
+        browser_server.base_url + path,
+        headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST", "X-Request-ID": "p1"},
+    )
+    assert given.headers["x-request-id"] == "p1"
 
 
 def test_answers_to_an_allowed_origin_expose_the_protocol_headers(

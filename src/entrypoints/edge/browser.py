@@ -22,6 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from entrypoints.edge.exchange import Exchange
+from entrypoints.edge.head import RequestHead
+
 SECURITY = (
     (b"x-content-type-options", b"nosniff"),
     (b"cross-origin-resource-policy", b"cross-origin"),
@@ -44,6 +47,7 @@ EXPOSED = (
     b"Producer-Expected-Seq, Producer-Received-Seq, stream-sse-data-encoding, Content-Type, "
     b"Idempotent-Replayed, WWW-Authenticate, Allow, Repr-Digest, Content-Range"
 )
+PREFLIGHT = "preflight"  # the route label of a CORS preflight answered here
 _TOKEN_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
@@ -112,16 +116,22 @@ def browser_headers(app: Any, origins: Iterable[str]) -> Any:
             asked = _requested_headers(_header(scope, b"access-control-request-headers"))
             listed = ALLOWED_HEADERS.split(", ")
             allow = ", ".join([*listed, *(n for n in asked if n not in listed)])
-            headers = [
-                *_always(scope),
-                (b"access-control-allow-origin", origin),
-                (b"access-control-allow-methods", METHODS),
-                (b"access-control-allow-headers", allow.encode()),
-                (b"access-control-max-age", b"600"),
-                (b"content-length", b"0"),
-            ]
-            await send({"type": "http.response.start", "status": 204, "headers": headers})
-            await send({"type": "http.response.body", "body": b""})
+            # Answered here, before the router and the request pipeline around it: its id,
+            # metric and debug line are given here too.
+            head = RequestHead(scope.get("headers", ()))
+            with Exchange("OPTIONS", scope["path"], head, route=PREFLIGHT) as exchange:
+                headers = [
+                    *_always(scope),
+                    (b"access-control-allow-origin", origin),
+                    (b"access-control-allow-methods", METHODS),
+                    (b"access-control-allow-headers", allow.encode()),
+                    (b"access-control-max-age", b"600"),
+                    (b"content-length", b"0"),
+                    (b"x-request-id", exchange.request_id.encode()),
+                ]
+                exchange.status = 204
+                await send({"type": "http.response.start", "status": 204, "headers": headers})
+                await send({"type": "http.response.body", "body": b""})
             return
 
         always = _always(scope)
