@@ -35,9 +35,7 @@ def test_a_minted_link_opens_one_run_read_only_for_someone_else(
     server: ServerProcess, browser: Browser
 ) -> None:
     shared, hidden = "shared-" + secrets.token_hex(3), "hidden-" + secrets.token_hex(3)
-    with httpx.Client(
-        base_url=server.base_url + API, headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
-    ) as api:
+    with admin_api(server) as api:
         for run in (shared, hidden):
             created = api.post(
                 f"/runs/{run}/streams", json={"stream_id": "out", "direction": "output"}
@@ -117,6 +115,13 @@ def test_a_minted_link_opens_one_run_read_only_for_someone_else(
         other.close()
 
 
+def admin_api(server: ServerProcess) -> httpx.Client:
+    """The API with the bootstrap token (all scopes)."""
+    return httpx.Client(
+        base_url=server.base_url + API, headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
+    )
+
+
 def _new_run(api: httpx.Client) -> str:
     run = "links-" + secrets.token_hex(3)
     created = api.post(f"/runs/{run}/streams", json={"stream_id": "out", "direction": "output"})
@@ -128,9 +133,7 @@ def test_a_link_never_silently_replaces_the_tabs_token(
     server: ServerProcess, browser: Browser
 ) -> None:
     """Login CSRF: a link carrying another token asks first; declined, the tab keeps its own."""
-    with httpx.Client(
-        base_url=server.base_url + API, headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
-    ) as api:
+    with admin_api(server) as api:
         run = _new_run(api)
         minted = api.post(
             "/tokens",
@@ -199,9 +202,7 @@ def test_ids_from_the_address_are_checked_before_any_request(
 def test_a_link_made_can_be_revoked_from_the_console(
     server: ServerProcess, browser: Browser
 ) -> None:
-    with httpx.Client(
-        base_url=server.base_url + API, headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
-    ) as api:
+    with admin_api(server) as api:
         run = _new_run(api)
         context = browser.new_context()
         try:
