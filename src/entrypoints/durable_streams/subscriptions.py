@@ -37,6 +37,7 @@ from domain.subscriptions import (
     configure,
     parse_path,
 )
+from domain.text import TEXT_PATTERN
 from entrypoints.container import Services
 from entrypoints.durable_streams import wire
 from entrypoints.durable_streams.answers import Answer
@@ -112,7 +113,11 @@ _SUBSCRIPTION_BODY = {
             "minimum": MIN_LEASE_TTL_MS,
             "maximum": MAX_LEASE_TTL_MS,
         },
-        "description": {"type": ["string", "null"], "maxLength": MAX_DESCRIPTION},
+        "description": {
+            "type": ["string", "null"],
+            "maxLength": MAX_DESCRIPTION,
+            "pattern": TEXT_PATTERN,
+        },
     },
     "allOf": [
         {  # a pattern, or at least one stream
@@ -148,7 +153,14 @@ CLAIM_BODY = RequestBody(
     schema={
         "type": "object",
         "required": ["worker"],
-        "properties": {"worker": {"type": "string", "minLength": 1, "maxLength": MAX_WORKER}},
+        "properties": {
+            "worker": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_WORKER,
+                "pattern": TEXT_PATTERN,
+            }
+        },
     },
 )
 STREAMS_BODY = RequestBody(

@@ -24,6 +24,7 @@ from domain.subscriptions import (
     check_subscription_id,
     configure,
 )
+from domain.text import DOCUMENTED_TEXT
 from entrypoints.container import Services
 from entrypoints.edge.wake_links import DS, stream_root_url, wake_token
 from entrypoints.http.body import decode_body
@@ -63,7 +64,7 @@ class _Common(
     pattern: PatternRef | None = None
     streams: Annotated[list[StreamRef], msgspec.Meta(max_length=1000)] | None = None
     lease_ttl_ms: Annotated[int, msgspec.Meta(ge=1000, le=600_000)] | None = None
-    description: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
+    description: Annotated[str, msgspec.Meta(max_length=1000), DOCUMENTED_TEXT] | None = None
 
 
 class WebhookSubscriptionRequest(_Common, frozen=True, tag="webhook"):
@@ -148,7 +149,7 @@ class WakeAnswer(msgspec.Struct, frozen=True):
 
 
 class ClaimRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    worker: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_WORKER)]
+    worker: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_WORKER), DOCUMENTED_TEXT]
 
 
 class ClaimAnswer(msgspec.Struct, frozen=True):
