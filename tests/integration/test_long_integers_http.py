@@ -88,7 +88,8 @@ async def test_native_digits_of_5000_are_400(api: httpx.AsyncClient, run_id: str
     assert_problem(limits, 400, "invalid-input")
 
 
-@pytest.mark.parametrize("token", [HUGE, "²", "01"])
+# A pointer is at most 1,024 characters: a 1,000-digit index is still far past any integer.
+@pytest.mark.parametrize("token", [HUGE[:1000], "²", "01"])
 async def test_a_redaction_index_of_any_digits_never_fails_an_append(
     api: httpx.AsyncClient, run_id: str, token: str
 ) -> None:
