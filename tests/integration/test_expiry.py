@@ -136,6 +136,11 @@ async def test_reads_on_any_replica_keep_an_idle_stream_alive_then_it_is_404_eve
             assert time.monotonic() < deadline, "an idle stream did not expire"
             await asyncio.sleep(0.1)
         assert await statuses(api_a, run_id, "s") == ALL_404
+        # Replica B decides from what it knows of the accesses too: watched the same way.
+        deadline = time.monotonic() + FLUSH_SECONDS + 3
+        while (await api_b.head(path)).status_code != 404:
+            assert time.monotonic() < deadline, "an idle stream did not expire on replica B"
+            await asyncio.sleep(0.1)
         assert (await api_b.get(path)).status_code == 404
         listed = await api_b.get(f"/runs/{run_id}/streams")
         assert [d["stream_id"] for d in listed.json()["streams"]] == ["forever"]
