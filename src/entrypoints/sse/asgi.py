@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 
 from litestar.types import Receive, Scope, Send
 
@@ -81,13 +81,7 @@ class EventStreamResponse:
     async def _write(self, send: Send) -> None:
         try:
             async for chunk in self._chunks:
-                view = memoryview(chunk)
-                for start in range(0, len(chunk), WRITE_BYTES):
-                    piece = (
-                        chunk
-                        if len(chunk) <= WRITE_BYTES
-                        else bytes(view[start : start + WRITE_BYTES])
-                    )
+                for piece in _pieces(chunk):
                     async with asyncio.timeout(WRITE_STALL_SECONDS):
                         await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -101,6 +95,17 @@ class EventStreamResponse:
             log.exception("event stream ended by an error")
         finally:
             await self._chunks.aclose()
+
+
+def _pieces(chunk: bytes) -> Iterator[bytes]:
+    """`chunk` as pieces of at most WRITE_BYTES (itself, when it is no larger), each copied
+    only when it is sent: a stalled client holds one piece, not a copy of the whole frame."""
+    if len(chunk) <= WRITE_BYTES:
+        yield chunk
+        return
+    view = memoryview(chunk)
+    for start in range(0, len(chunk), WRITE_BYTES):
+        yield bytes(view[start : start + WRITE_BYTES])
 
 
 def _writers(scope: Scope) -> set[asyncio.Task[None]]:
