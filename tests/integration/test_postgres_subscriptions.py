@@ -422,3 +422,95 @@ async def test_due_wakes_are_claimed_in_turn_across_tenants_a_few_of_each_at_mos
                 " WHERE claimed_by = ANY($1)",
                 ["claims-1", "claims-2"],
             )
+
+
+async def _backlog(pool, tenant: str, count: int, start: int = 0) -> None:  # type: ignore[no-untyped-def]
+    """`count` due webhooks of `tenant`, one per subscription, in one statement each."""
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO ds_subscriptions (tenant, subscription_id, kind, state)"
+            " SELECT $1, 's' || i, 'webhook', '\\x' FROM generate_series($2::int, $3::int) i",
+            tenant,
+            start,
+            start + count - 1,
+        )
+        await conn.execute(
+            "INSERT INTO ds_wake_deliveries (tenant, subscription_id, generation, wake_id, kind,"
+            " payload, url, created_by, attempts, next_attempt_at)"
+            " SELECT $1, 's' || i, 1, 'w', 'webhook', '\\x', 'https://h.example/', 'p', i % 2,"
+            " now() - make_interval(secs => i % 90) FROM generate_series($2::int, $3::int) i",
+            tenant,
+            start,
+            start + count - 1,
+        )
+        await conn.execute("ANALYZE ds_wake_deliveries")
+
+
+async def test_a_claim_reads_no_more_of_a_tenant_for_a_larger_backlog(pool) -> None:  # type: ignore[no-untyped-def]
+    """A claim's cost does not grow with a tenant's backlog: a tenant with 2,000 or 20,000 due
+    webhooks on receivers that hang (all its slots under way) costs a claim the same pages.
+    Ranking every due row, as the claim once did, read ten times as many."""
+    import json
+
+    from adapters.postgres.subscriptions import _CLAIM, PostgresWakeDeliveries
+
+    tenant = "backlog-" + secrets.token_hex(3)
+    queue = PostgresWakeDeliveries(pool, "claims-cost", per_tenant=4)
+
+    async def pages() -> int:
+        async with pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                plan = await conn.fetchval(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _CLAIM,
+                    queue.worker_id,
+                    queue.lease_seconds,
+                    32,
+                    queue.per_tenant,
+                    "",
+                    1_000_000,
+                )
+            finally:
+                await tx.rollback()
+        top = json.loads(plan)[0]["Plan"]
+        return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
+
+    try:
+        await _backlog(pool, tenant, 2_000)
+        first = await queue.claim(100)
+        assert sum(job.key.tenant == tenant for job in first) == 4  # its slots: all under way
+        small = await pages()
+        await _backlog(pool, tenant, 18_000, start=2_000)
+        large = await pages()
+        assert large < small * 1.5 + 50, (small, large)
+    finally:
+        async with pool.acquire() as conn:
+            await conn.execute("DELETE FROM ds_subscriptions WHERE tenant = $1", tenant)
+
+
+async def test_claims_walk_the_tenants_a_window_at_a_time_and_come_back(pool) -> None:  # type: ignore[no-untyped-def]
+    """With more tenants than a claim looks at, successive claims take the next ones in turn
+    and then start again: every tenant's wakes go out, none is skipped for good."""
+    from adapters.postgres.subscriptions import PostgresWakeDeliveries
+
+    prefix = "walk-" + secrets.token_hex(3)
+    tenants = [f"{prefix}-{n}" for n in range(5)]
+    for tenant in tenants:
+        await _backlog(pool, tenant, 3)
+    queue = PostgresWakeDeliveries(pool, "claims-walk", per_tenant=1, tenant_window=2)
+    try:
+        seen: list[set[str]] = []
+        for _ in range(12):
+            jobs = [job for job in await queue.claim(100) if job.key.tenant.startswith(prefix)]
+            seen.append({job.key.tenant for job in jobs})
+            # A claim looks at two tenants at most, and each has one slot.
+            assert len(jobs) <= 2 and len(seen[-1]) == len(jobs), jobs
+            for job in jobs:
+                await queue.done(job, None)
+        served = [tenant for claimed in seen for tenant in sorted(claimed)]
+        # Every wake of every tenant went out, each tenant served again after the others.
+        assert Counter(served) == {tenant: 3 for tenant in tenants}, served
+    finally:
+        async with pool.acquire() as conn:
+            await conn.execute("DELETE FROM ds_subscriptions WHERE tenant = ANY($1)", tenants)
