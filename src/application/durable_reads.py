@@ -90,10 +90,14 @@ class DurableReads:
         cursor: int | None,
         limit: int,
         created_at: datetime | None = None,
+        *,
+        from_start: bool = False,
     ) -> Page:
         """The records after `cursor` (None: the head, so none), at most `limit`, with the
         position read in the same snapshot; of the stream created at `created_at` when one is
-        given (another, created again under its ID since, is not found)."""
+        given (another, created again under its ID since, is not found). `from_start`: the
+        cursor is the stream's start, so the earliest records retention kept are the answer
+        rather than 410."""
         found = await self._reader.page(key, cursor or 0, limit if cursor is not None else 1)
         if found is None or (created_at is not None and found[0].created_at != created_at):
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
@@ -101,7 +105,8 @@ class DurableReads:
         _gone_if_soft_deleted(position)
         if cursor is None:
             return Page(position, [])
-        check_cursor(cursor, position.head, position.earliest)
+        if not from_start:
+            check_cursor(cursor, position.head, position.earliest)
         return Page(position, records)
 
     async def wait(

@@ -333,9 +333,12 @@ def worker(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     process.stop()
 
 
-async def test_an_offset_before_retention_is_410(
+async def test_an_offset_before_retention_is_410_and_the_start_is_what_it_kept(
     ds: httpx.AsyncClient, api: httpx.AsyncClient, run_id: str, worker: WorkerProcess
 ) -> None:
+    """An offset this server issued whose next record retention removed is 410; `-1` (or no
+    offset) is the start of the stream (PROTOCOL.md section 8), the earliest record kept, in
+    every read mode: a new reader can always read from the start."""
     created = await api.post(
         f"/runs/{run_id}/streams",
         json={"stream_id": "kept", "direction": "output", "retention": {"max_records": 2}},
@@ -346,5 +349,21 @@ async def test_an_offset_before_retention_is_410(
     async with asyncio.timeout(15):
         while (await api.get(f"/runs/{run_id}/streams/kept")).json()["state"]["earliest"] != 4:
             await asyncio.sleep(0.1)
-    assert_problem(await ds.get(f"/{run_id}/kept", params={"offset": "-1"}), 410, "cursor-expired")
+    assert_problem(
+        await ds.get(f"/{run_id}/kept", params={"offset": offset(1)}), 410, "cursor-expired"
+    )
     assert (await ds.get(f"/{run_id}/kept", params={"offset": offset(3)})).json() == [3, 4]
+    for params in ({"offset": "-1"}, {}, {"offset": "-1", "live": "long-poll"}):
+        start = await ds.get(f"/{run_id}/kept", params=params)
+        assert start.status_code == 200 and start.json() == [3, 4], (params, start.text)
+        assert start.headers["Stream-Next-Offset"] == offset(5)
+    async with ds.stream(
+        "GET", f"/{run_id}/kept", params={"offset": "-1", "live": "sse"}
+    ) as events:
+        assert events.status_code == 200
+        text = ""
+        async for chunk in events.aiter_text():
+            text += chunk
+            if "event: control" in text:
+                break
+    assert "event: data\ndata:[3,4]" in text.replace("\r\n", "\n"), text

@@ -349,6 +349,9 @@ class ReadQuery(msgspec.Struct, frozen=True):
     cursor: int | None  # None: `now`
     live: str | None
     client_cursor: str | None
+    # `-1` or no offset: the start of the stream, whatever retention removed (the earliest
+    # record retained), where an offset this server issued, past what retention removed, is 410.
+    from_start: bool = False
 
 
 def read_query(query_string: bytes) -> ReadQuery:
@@ -366,7 +369,8 @@ def read_query(query_string: bytes) -> ReadQuery:
     if live is not None and offset is None:
         raise errors.InvalidInput(f"live={live} needs an offset", field="offset")
     cursor = 0 if offset is None else wire.parse_offset(offset)
-    return ReadQuery(cursor, live, found.get("cursor", [None])[0])
+    from_start = offset is None or offset == wire.START
+    return ReadQuery(cursor, live, found.get("cursor", [None])[0], from_start)
 
 
 def trimmed(records: list[StoredRecord]) -> list[StoredRecord]:
@@ -438,16 +442,19 @@ async def read(
     query = read_query(query_string)
     key, definition = await reads.open(caller, run_id, stream_id)
     content_type = stream_content_type(definition)
-    page = await reads.page(key, query.cursor, PAGE_RECORDS)
+    page = await reads.page(key, query.cursor, PAGE_RECORDS, from_start=query.from_start)
+    cursor = query.cursor
+    if query.from_start:  # the start is the earliest record retention kept
+        cursor = max(0, page.position.earliest - 1)
     if query.live == "sse":
-        start = page.position.head if query.cursor is None else query.cursor
+        start = page.position.head if cursor is None else cursor
         # Refused (429) here, before the event stream starts, past the principal's cap.
         slot = reads.hold_live(caller)
         return sse(
             slot, services, caller, key, definition, content_type, page, start, query.client_cursor
         )
     position = page.position
-    start = position.head if query.cursor is None else query.cursor
+    start = position.head if cursor is None else cursor
     records = trimmed(page.records)
     head, closed = position.head, position.closed
     if query.live == "long-poll" and not records:
