@@ -18,7 +18,12 @@ from application.throughput import DURABLE_STREAMS
 from application.views import AppendAnswer
 from application.wake import WakeRegistry
 from domain import errors
-from domain.definition import MAX_BATCH_RECORDS, MAX_INLINE_RECORD_BYTES, StreamDefinition
+from domain.definition import (
+    MAX_BATCH_RECORDS,
+    MAX_COMMAND_RECORDS,
+    MAX_INLINE_RECORD_BYTES,
+    StreamDefinition,
+)
 from domain.events import Event, RecordsAppended
 from domain.producers import ProducerClaim, check_claim, check_writer_seq
 from domain.records import NewRecord, RecordInput, RecordKind, fingerprint, prepare_records
@@ -246,9 +251,9 @@ class AppendRecords:
         decided (the protocol makes them in its own order, around reading the body).
         `content_conflict`: the body is not of the stream's content type, which the stream
         decides under its lock (closed, or a conflict: `Stream.produce`)."""
-        if len(records) > MAX_BATCH_RECORDS:
-            raise errors.InvalidInput(
-                f"an append carries at most {MAX_BATCH_RECORDS} records, not {len(records)}"
+        if len(records) > MAX_COMMAND_RECORDS:
+            raise errors.RequestTooLarge(
+                f"an append carries at most {MAX_COMMAND_RECORDS} records, not {len(records)}"
             )
         for index, record in enumerate(records):
             if record.size > MAX_INLINE_RECORD_BYTES and record.kind != RecordKind.OBJECT:

@@ -18,18 +18,29 @@ from application import tracing
 from application.access import Caller
 from application.create_stream import CreateStream
 from application.definitions import Definitions
+from application.errors import NotFound
 from application.forks import Forks
 from application.placement import Deployment
 from domain import errors
 from domain.definition import (
+    MAX_EXACT_INTEGER,
     DefinitionRequest,
     Expiry,
+    Limits,
     Redaction,
+    StreamDefinition,
     resolve_definition,
     with_source_pins,
 )
 from domain.records import NewRecord
 from domain.stream import Stream
+from domain.text import media_type_parts
+
+# A protocol stream is an append-only log with no way to acknowledge: the native default unread
+# ceiling (10,000 records, 64 MiB, counted from the earliest record while no consumer holds
+# credit) made every such stream refuse appends for good (429) once it held that much. Its
+# ceiling is the largest the native API allows; its total quotas are unset, as natively.
+PROTOCOL_LIMITS = Limits(max_unread_items=MAX_EXACT_INTEGER, max_unread_bytes=MAX_EXACT_INTEGER)
 
 # The body's records, once the stream's content type and redaction are known.
 RecordsOf = Callable[[str, Redaction], list[NewRecord]]
@@ -82,7 +93,7 @@ class CreateDurableStream:
         it) cannot be created again yet."""
         self.check(caller, run_id, stream_id)
         base = resolve_definition(
-            DefinitionRequest(direction="output", stream_id=stream_id),
+            DefinitionRequest(direction="output", stream_id=stream_id, limits=PROTOCOL_LIMITS),
             region=self._deployment.region,
             egress_region=self._deployment.egress_region,
         )
@@ -108,9 +119,26 @@ class CreateDurableStream:
         definition = msgspec.structs.replace(
             base, content_type=content_type, fork=forked, expiry=expiry or Expiry()
         )
-        stream, created = await self._create.create_resolved(
-            caller, run_id, definition, initial=[*inherited, *records], closed=closed
-        )
+        initial = [*inherited, *records]
+        try:
+            stream, created = await self._create.create_resolved(
+                caller, run_id, definition, initial=initial, closed=closed
+            )
+        except errors.DefinitionConflict:
+            # The stream exists. Its media type with other parameters (`text/plain` for one
+            # created as `text/plain; charset=utf-8`) is the same configuration, as it is for
+            # an append: the request is answered with the stream as it is.
+            existing = await self._existing(caller, run_id, stream_id)
+            if existing is None or existing == definition:
+                raise
+            same_type = msgspec.structs.replace(definition, content_type=existing.content_type)
+            if existing.content_type is None or same_type != existing:
+                raise
+            if _essence(existing.content_type) != _essence(content_type):
+                raise
+            stream, created = await self._create.create_resolved(
+                caller, run_id, same_type, initial=initial, closed=closed
+            )
         if not created and getattr(stream.state, "soft_deleted", False):
             raise errors.DefinitionConflict(
                 f"stream {stream_id!r} was deleted and its forks still read it: it cannot be "
@@ -123,3 +151,17 @@ class CreateDurableStream:
                 + ": Stream-Closed on this request says otherwise"
             )
         return stream, created
+
+    async def _existing(
+        self, caller: Caller, run_id: str, stream_id: str
+    ) -> StreamDefinition | None:
+        try:
+            return await self._definitions.get(
+                caller.key(run_id, stream_id), runs=caller.runs, touch=False
+            )
+        except NotFound:
+            return None
+
+
+def _essence(content_type: str) -> str:
+    return media_type_parts(content_type)[0].lower()

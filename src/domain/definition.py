@@ -20,7 +20,11 @@ from domain.text import (
 
 MAX_INLINE_RECORD_BYTES = 65_536
 MAX_OBJECT_BYTES = 33_554_432
+# Records a native append request may carry; a Durable Streams request (whose JSON array is
+# flattened into messages, and whose clients batch up to 1 MiB of them) may carry up to
+# MAX_COMMAND_RECORDS, the most one decision of the aggregate takes.
 MAX_BATCH_RECORDS = 1_000
+MAX_COMMAND_RECORDS = 100_000
 # A definition is read by every request on its stream and kept decoded in each process's cache:
 # what a caller may put in it is bounded (a schema as compact JSON, redaction pointers, pinned
 # principals), so one stream cannot make every request on it, or the cache, heavy.

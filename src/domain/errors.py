@@ -22,6 +22,13 @@ class RecordTooLarge(DomainError):
     code = "record-too-large"
 
 
+class RequestTooLarge(DomainError):
+    """The request carries more than one request may (413), though its bytes are within the
+    body limit: a Durable Streams body of more messages than one append takes."""
+
+    code = "request-too-large"
+
+
 class ContentClassForbidden(DomainError):
     code = "content-class-forbidden"
 

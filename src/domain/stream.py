@@ -17,7 +17,7 @@ import msgspec
 
 from domain import errors
 from domain import events as ev
-from domain.definition import MAX_BATCH_RECORDS, StreamDefinition
+from domain.definition import MAX_COMMAND_RECORDS, StreamDefinition
 from domain.objects import ObjectIntent
 from domain.producers import MAX_PRODUCERS, ProducerClaim, check_claim, check_writer_seq
 from domain.records import NewRecord
@@ -151,8 +151,8 @@ class Stream:
     def append(self, records: list[NewRecord], now: datetime) -> list[ev.Event]:
         self.require_live()
         s, limits = self.state, self.definition.limits
-        if not 1 <= len(records) <= MAX_BATCH_RECORDS:
-            raise errors.InvalidInput(f"a batch holds 1 to {MAX_BATCH_RECORDS} records")
+        if not 1 <= len(records) <= MAX_COMMAND_RECORDS:
+            raise errors.InvalidInput(f"a batch holds 1 to {MAX_COMMAND_RECORDS} records")
         if s.closed:
             raise errors.StreamClosed(
                 "the stream is closed: nothing more can be appended", head=s.head

@@ -3,8 +3,13 @@ close, forks and soft delete, through the protocol and seen through the native A
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import asyncpg
 import httpx
 
+from domain.definition import MAX_COMMAND_RECORDS
 from tests.integration.test_durable_streams import ds, offset  # noqa: F401  (a fixture)
 from tests.integration.test_http_records import assert_problem
 
@@ -168,3 +173,110 @@ async def test_a_fork_names_a_source_path_on_this_server_and_an_offset_it_issued
     assert start.status_code == 201, start.text
     assert start.headers["stream-next-offset"] == offset(0)  # forked at the start: nothing
     assert (await ds.get(f"/{run_id}/fk")).content == b""
+
+
+JSON_TYPE = {"Content-Type": "application/json"}
+LIMITS_MIGRATION = (
+    Path(__file__).resolve().parents[2] / "migrations" / "0502_protocol_stream_limits.sql"
+)
+
+
+async def test_a_protocol_stream_takes_appends_past_the_native_unread_ceiling(
+    ds: httpx.AsyncClient,  # noqa: F811
+    api: httpx.AsyncClient,
+    run_id: str,
+) -> None:
+    """The protocol has no way to acknowledge: a stream it creates has no unread ceiling (the
+    native default, 10,000 records, made every append 429 for good once it held that many),
+    and one request may carry far more than a native append's 1,000 messages."""
+    url = f"/{run_id}/unbounded"
+    assert (await ds.put(url, headers=JSON_TYPE)).status_code == 201
+    batch = json.dumps(list(range(6_000))).encode()
+    for _ in range(2):  # 12,000 records, with no consumer
+        appended = await ds.post(url, content=batch, headers=JSON_TYPE)
+        assert appended.status_code == 204, appended.text
+    assert (await ds.post(url, content=b'"one more"', headers=JSON_TYPE)).status_code == 204
+    native = (await api.get(f"/runs/{run_id}/streams/unbounded")).json()
+    assert native["state"]["head"] == 12_001
+    assert native["limits"]["max_unread_items"] == 2**53 - 1
+    assert native["limits"]["max_unread_bytes"] == 2**53 - 1
+    # A request past the most one append takes is 413, and changes nothing.
+    too_many = json.dumps([0] * (MAX_COMMAND_RECORDS + 1)).encode()
+    refused = await ds.post(url, content=too_many, headers=JSON_TYPE)
+    assert_problem(refused, 413, "request-too-large")
+    assert (await api.get(f"/runs/{run_id}/streams/unbounded")).json()["state"]["head"] == 12_001
+
+
+async def test_the_migration_lifts_the_old_default_ceiling_of_protocol_streams(
+    ds: httpx.AsyncClient,  # noqa: F811
+    api: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    run_id: str,
+) -> None:
+    for name in ("old", "chosen"):
+        assert (await ds.put(f"/{run_id}/{name}", headers=JSON_TYPE)).status_code == 201
+    created = await api.post(
+        f"/runs/{run_id}/streams", json={"stream_id": "native", "direction": "output"}
+    )
+    assert created.status_code == 201
+
+    async def set_limits(name: str, items: int, size: int) -> None:
+        await pool.execute(
+            """UPDATE streams SET definition = convert_to(jsonb_set(jsonb_set(
+                   convert_from(definition, 'UTF8')::jsonb, '{limits,max_unread_items}', $3),
+                   '{limits,max_unread_bytes}', $4)::text, 'UTF8')
+               WHERE run_id = $1 AND stream_id = $2""",
+            run_id,
+            name,
+            str(items),
+            str(size),
+        )
+
+    async def limits(name: str) -> tuple[int, int]:
+        stored = await pool.fetchval(
+            "SELECT definition FROM streams WHERE run_id = $1 AND stream_id = $2", run_id, name
+        )
+        found = json.loads(stored)["limits"]
+        return found["max_unread_items"], found["max_unread_bytes"]
+
+    await set_limits("old", 10_000, 67_108_864)  # as a protocol stream was created before
+    await set_limits("chosen", 5, 100)
+    await pool.execute(LIMITS_MIGRATION.read_text())
+    await pool.execute(LIMITS_MIGRATION.read_text())  # and again: nothing more to do
+    assert await limits("old") == (2**53 - 1, 2**53 - 1)
+    assert await limits("chosen") == (5, 100)  # a ceiling someone chose is kept
+    assert await limits("native") == (10_000, 67_108_864)  # a native stream keeps its own
+
+
+async def test_a_put_again_with_other_media_type_parameters_is_the_same_stream(
+    ds: httpx.AsyncClient,  # noqa: F811
+    run_id: str,
+) -> None:
+    url = f"/{run_id}/charset"
+    created = await ds.put(url, headers={"Content-Type": "text/plain; charset=utf-8"})
+    assert created.status_code == 201
+    again = await ds.put(url, headers={"Content-Type": "text/plain"})
+    assert again.status_code == 200, again.text
+    assert again.headers["Content-Type"] == "text/plain; charset=utf-8"  # as it is
+    other = await ds.put(url, headers={"Content-Type": "text/html"})
+    assert_problem(other, 409, "definition-conflict")
+    closed = await ds.put(url, headers={"Content-Type": "text/plain", "Stream-Closed": "true"})
+    assert_problem(closed, 409, "definition-conflict")  # its closure still differs
+
+
+async def test_json_with_a_byte_order_mark_is_taken_and_a_lone_surrogate_is_explained(
+    ds: httpx.AsyncClient,  # noqa: F811
+    run_id: str,
+) -> None:
+    url = f"/{run_id}/bom"
+    assert (await ds.put(url, headers=JSON_TYPE)).status_code == 201
+    taken = await ds.post(url, content=b'\xef\xbb\xbf{"a":1}', headers=JSON_TYPE)
+    assert taken.status_code == 204, taken.text
+    lone = await ds.post(url, content=b'{"u":"\\ud800"}', headers=JSON_TYPE)
+    assert "surrogate pair" in assert_problem(lone, 400, "invalid-input")["detail"]
+    blank = await ds.post(url, content=b"  \n ", headers=JSON_TYPE)
+    assert "only whitespace" in assert_problem(blank, 400, "invalid-input")["detail"]
+    big = await ds.post(url, content=json.dumps({"x": "a" * 70_000}).encode(), headers=JSON_TYPE)
+    problem = assert_problem(big, 413, "record-too-large")
+    assert "message 0" in problem["detail"] and "object" not in problem["detail"]
+    assert (await ds.get(url)).json() == [{"a": 1}]

@@ -15,7 +15,12 @@ from application.access import Caller
 from application.append_records import Produced
 from application.errors import Forbidden, NotFound
 from domain import errors
-from domain.definition import DefinitionRequest, StreamDefinition, resolve_definition
+from domain.definition import (
+    MAX_COMMAND_RECORDS,
+    DefinitionRequest,
+    StreamDefinition,
+    resolve_definition,
+)
 from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordKind
 from entrypoints.config import Settings
@@ -108,8 +113,10 @@ async def test_produce_is_checked_like_a_native_append(app) -> None:
         await produce(ALICE, "r", "nope", [], close=True)
     with pytest.raises(errors.InvalidInput):
         await produce(ALICE, "r", "x", [])  # nothing, and no close
-    with pytest.raises(errors.InvalidInput):
-        await produce(ALICE, "r", "x", text(*[b"a"] * 1001))
+    # The protocol's batches (1 MiB of messages) may carry more than a native append's 1,000
+    # records, up to the most one decision takes.
+    with pytest.raises(errors.RequestTooLarge):
+        await produce(ALICE, "r", "x", text(*[b"a"] * (MAX_COMMAND_RECORDS + 1)))
     with pytest.raises(errors.RecordTooLarge):  # the caller splits bodies into inline records
         await produce(ALICE, "r", "x", text(b"a", b"x" * 65_537))
     with pytest.raises(errors.InvalidInput):  # a bad claim is 400 before the stream is looked up

@@ -14,13 +14,13 @@ from datetime import UTC, datetime
 import msgspec
 
 from domain.definition import (
-    MAX_BATCH_RECORDS,
+    MAX_COMMAND_RECORDS,
     MAX_IDLE_SECONDS,
     MAX_INLINE_RECORD_BYTES,
     Redaction,
 )
 from domain.digits import bounded_integer
-from domain.errors import InvalidInput
+from domain.errors import InvalidInput, RecordTooLarge, RequestTooLarge
 from domain.ids import ID_PATTERN
 from domain.records import NewRecord, RecordInput, RecordKind, prepare_records
 from domain.text import check_media_type, media_type_parts
@@ -223,6 +223,15 @@ _raw = msgspec.json.Decoder(msgspec.Raw)
 _NO_REDACTION = Redaction()
 
 
+_BOM = b"\xef\xbb\xbf"
+# A high surrogate escape not followed by a low one, or a low one not preceded by a high one
+# (only to explain a refusal: msgspec refuses both, the first as "truncated").
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+
+
 def json_messages(body: bytes, *, allow_empty_array: bool) -> list[RecordInput]:
     """A JSON-mode body as its messages: one value, or the elements of a top-level array
     (flattened one level, 9.1.2). Must be valid UTF-8 JSON nesting at most MAX_JSON_DEPTH."""
@@ -235,18 +244,29 @@ def json_messages(body: bytes, *, allow_empty_array: bool) -> list[RecordInput]:
         body, MAX_JSON_DEPTH
     ):
         raise InvalidInput(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
-    stripped = body.strip()
+    # A byte order mark before the text is ignored (RFC 8259 8.1 lets a parser do so; some
+    # writers put one there). Messages are stored compact, so it is not kept.
+    stripped = body.removeprefix(_BOM).strip()
+    if not stripped:
+        raise InvalidInput("the body holds no JSON value, only whitespace")
     try:
         if stripped.startswith(b"["):
             items = _raw_items.decode(stripped)
         else:
             items = [_raw.decode(stripped)]
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        if _LONE_SURROGATE.search(stripped):
+            raise InvalidInput(
+                "the body is not valid JSON for this service: it holds a \\uD800-\\uDFFF "
+                "escape that is not half of a surrogate pair, which no UTF-8 text can carry"
+            ) from None
         raise InvalidInput(f"the body is not valid JSON: {error}") from None
     if not items and not allow_empty_array:
         raise InvalidInput("an empty JSON array appends nothing: send at least one message")
-    if len(items) > MAX_BATCH_RECORDS:
-        raise InvalidInput(f"one request carries at most {MAX_BATCH_RECORDS} messages")
+    if len(items) > MAX_COMMAND_RECORDS:
+        raise RequestTooLarge(
+            f"one request carries at most {MAX_COMMAND_RECORDS} messages, not {len(items)}"
+        )
     return [RecordInput(data=item) for item in items]
 
 
@@ -260,18 +280,26 @@ def json_records(
     """JSON messages as native JSON records, prepared by the native append's rules for the
     stream's definition: compact, redacted, size-checked (413 over 64 KiB each), and for an
     input stream without U+0000 (its delivery could not carry it)."""
-    return prepare_records(
-        json_messages(body, allow_empty_array=allow_empty_array),
-        redaction,
-        input_stream=input_stream,
-    )
+    try:
+        return prepare_records(
+            json_messages(body, allow_empty_array=allow_empty_array),
+            redaction,
+            input_stream=input_stream,
+        )
+    except RecordTooLarge as error:  # in the protocol's words: it has no objects to point to
+        index, size = error.extra["index"], error.extra["size"]
+        raise RecordTooLarge(
+            f"message {index} is {size} bytes (compact JSON); a message may be at most "
+            f"{MAX_INLINE_RECORD_BYTES} bytes",
+            **error.extra,
+        ) from None
 
 
 def byte_records(body: bytes, content_type: str) -> list[NewRecord]:
     """Bytes as records of at most the inline limit each, in order (one atomic batch)."""
     step = MAX_INLINE_RECORD_BYTES
     chunks = [body[i : i + step] for i in range(0, len(body), step)]
-    if len(chunks) > MAX_BATCH_RECORDS:
+    if len(chunks) > MAX_COMMAND_RECORDS:
         raise InvalidInput("the body is larger than one request may append")
     return [NewRecord(RecordKind.BINARY, content_type, chunk, len(chunk)) for chunk in chunks]
 
