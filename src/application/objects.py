@@ -401,7 +401,11 @@ class Objects:
                     received=stored.size,
                     expected=intent.size,
                 )
-            raise errors.DigestMismatch("the body's SHA-256 is not the one prepared")
+            raise errors.DigestMismatch(
+                "the body's SHA-256 is not the one prepared",
+                expected=intent.sha256,
+                received=stored.sha256.hex(),
+            )
         try:
             # Marking it uploaded ends the put's arming in the same transaction.
             await run_one(self._commits, key, UploadedCommand(object_id, self._clock()))

@@ -116,8 +116,11 @@ async def test_a_mismatched_upload_is_422_and_the_intent_stays_prepared(
     tampered = BODY[:-1] + bytes([BODY[-1] ^ 1])
     bad = await api.put(f"{body_path}/body", content=tampered)
     assert bad.status_code == 422 and bad.json()["code"] == "digest-mismatch"
+    assert bad.json()["expected"] == hashlib.sha256(BODY).hexdigest()
+    assert bad.json()["received"] == hashlib.sha256(tampered).hexdigest()
     short = await api.put(f"{body_path}/body", content=BODY[:-5])
     assert short.status_code == 422 and short.json()["code"] == "size-mismatch"
+    assert (short.json()["expected"], short.json()["received"]) == (len(BODY), len(BODY) - 5)
     long = await api.put(f"{body_path}/body", content=BODY + b"extra")
     assert long.status_code == 422 and long.json()["code"] == "size-mismatch"
     assert (await api.get(body_path)).json()["state"] == "prepared"

@@ -83,8 +83,13 @@ async def test_a_body_that_does_not_match_leaves_the_intent_prepared(app) -> Non
     _, s = app
     view, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request())
     tampered = BODY[:-1] + b"X"
-    with pytest.raises(errors.DigestMismatch):
+    with pytest.raises(errors.DigestMismatch) as refused:
         await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(tampered))
+    # Both digests, in the hex of the prepare's `sha256`, as a size-mismatch gives both sizes.
+    assert refused.value.extra == {
+        "expected": hashlib.sha256(BODY).hexdigest(),
+        "received": hashlib.sha256(tampered).hexdigest(),
+    }
     with pytest.raises(errors.SizeMismatch):
         await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY[:-1]))
     with pytest.raises(errors.SizeMismatch):
