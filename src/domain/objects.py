@@ -46,8 +46,18 @@ class ObjectRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     idempotency_key: Annotated[str, msgspec.Meta(min_length=1, max_length=255), DOCUMENTED_TEXT]
     # The 32 MiB cap is documented here but decided by the prepare: over it is 413
-    # `object-too-large`, the one answer for an object body too large wherever it is found.
-    size: Annotated[int, msgspec.Meta(ge=0, extra_json_schema={"maximum": MAX_OBJECT_BYTES})]
+    # `object-too-large`, the one answer for an object body too large wherever it is found,
+    # and not the 400 of a body field's other bounds. The schema says so, beside the bound.
+    size: Annotated[
+        int,
+        msgspec.Meta(
+            ge=0,
+            description=f"The body's size in bytes. Over the maximum ({MAX_OBJECT_BYTES}, "
+            "32 MiB) is 413 object-too-large, not 400: the answer for an object too large "
+            "wherever it is found",
+            extra_json_schema={"maximum": MAX_OBJECT_BYTES},
+        ),
+    ]
     sha256: Sha256Hex
     content_type: Annotated[
         str, msgspec.Meta(min_length=1, max_length=255), DOCUMENTED_MEDIA_TYPE

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from application.tokens import TOKEN_ID_PATTERN
+from domain.definition import MAX_OBJECT_BYTES
 from domain.ids import ID_PATTERN
 from entrypoints.http.problems import PROBLEM_JSON, STATUS_OF_CODE
 from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV
@@ -113,6 +114,19 @@ def test_the_document_describes_problems_auth_and_media_types(server: ServerProc
     assert never["properties"] == {"idle_seconds": {"type": "null"}, "expires_at": {"type": "null"}}
     document_expiry = schemas["StreamDocument"]["properties"]["expiry"]
     assert document_expiry == {"$ref": "#/components/schemas/Expiry"}
+
+
+def test_a_prepare_over_the_size_maximum_is_documented_as_its_413(server: ServerProcess) -> None:
+    """A body field past its schema's bound is 400, but an object's `size` past 32 MiB is the
+    contract's 413 object-too-large: the field's schema says so beside its `maximum`, and the
+    operation lists that 413 among its answers."""
+    doc = document(server)
+    prepare = operations(doc)["prepareObject"]
+    too_large = prepare["responses"]["413"]["content"][PROBLEM_JSON]["schema"]
+    assert "object-too-large" in too_large["properties"]["code"]["enum"]
+    size = doc["components"]["schemas"]["ObjectRequest"]["properties"]["size"]
+    assert (size["minimum"], size["maximum"]) == (0, MAX_OBJECT_BYTES)
+    assert "413 object-too-large" in size["description"]
 
 
 def test_the_durable_streams_routes_are_documented(server: ServerProcess) -> None:
