@@ -12,7 +12,7 @@ import asyncpg
 import msgspec
 from litestar import Litestar, Request, Response, get
 from litestar.enums import ScopeType
-from litestar.exceptions import HTTPException
+from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Receive, Scope, Send
 
@@ -168,6 +168,8 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
             lifespan=[lifespan],
             exception_handlers={
                 DomainError: problems.domain_error,
+                # A route parameter refused by Litestar's signature (`Parameter(ge=, le=)`).
+                ValidationException: problems.validation_error,
                 HTTPException: problems.http_error,
                 **outage_handlers(),
                 Exception: problems.internal_error,

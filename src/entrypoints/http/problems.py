@@ -1,11 +1,15 @@
 """The Litestar exception handlers: each translates what it is given into the one problem
 answer of entrypoints/edge/problems.py. Only Litestar's own exceptions (its 404, 405, 413,
-validation and body errors) are translated here; everything else is `edge.problem_for`'s."""
+body errors, and its validation of a route's parameters) are translated here; everything else
+is `edge.problem_for`'s."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, InternalServerException, ValidationException
+from litestar.params import ParameterKwarg
 
 from domain.errors import DomainError
 from entrypoints.edge import problems as edge
@@ -29,6 +33,7 @@ __all__ = [
     "internal_error",
     "problem",
     "respond",
+    "validation_error",
 ]
 
 
@@ -84,15 +89,6 @@ def http_error(request: Request, error: HTTPException) -> Response[bytes]:
         503: "unavailable",
     }.get(status, "invalid-input" if status < 500 else "internal")
     detail = error.detail
-    if isinstance(error, ValidationException) and isinstance(error.extra, list):
-        detail = (
-            "; ".join(
-                f"{e.get('key', '?')}: {e.get('message', '')}"
-                for e in error.extra
-                if isinstance(e, dict)
-            )
-            or detail
-        )
     headers = None
     if status == 405:
         # RFC 9110 §15.5.6: a 405 lists the methods the path serves. The router names them in
@@ -106,6 +102,77 @@ def http_error(request: Request, error: HTTPException) -> Response[bytes]:
         headers = {"Allow": allow}
         detail = f"{method_of(request.scope)} is not served here; this path serves {allow}"
     return problem(code, detail, status=status, headers=headers)
+
+
+def validation_error(request: Request, error: ValidationException) -> Response[bytes]:
+    """Litestar refused a value of the route's parameters (a query's `limit`, `cursor` or
+    `wait`, a path's token id): 400, with `field` naming the parameter and a detail saying what
+    it must be, in the client's terms. What it must be is what the handler declares, its type
+    and bounds (`Parameter(ge=, le=, pattern=)`), which the OpenAPI document says of it too;
+    msgspec's own words ("Expected `int`, got `str`") speak of the decoder, not of the API."""
+    refusals = error.extra if isinstance(error.extra, list) else []
+    said = [_what_it_must_be(request, r) for r in refusals if isinstance(r, dict)]
+    if not said:
+        return problem("invalid-input", error.detail or "the request is not valid", status=400)
+    detail = "; ".join(words for _, words in said)
+    fields = [name for name, _ in said if name is not None]
+    if not fields:
+        return problem("invalid-input", detail, status=400)
+    return problem("invalid-input", detail, status=400, field=fields[0])  # the first named
+
+
+def _what_it_must_be(request: Request, refusal: dict[str, Any]) -> tuple[str | None, str]:
+    """The parameter a refusal names as the client wrote it (None for one that names none),
+    and what it must be."""
+    key, source = refusal.get("key"), refusal.get("source")
+    declared = request.route_handler.parsed_fn_signature.parameters.get(key) if key else None
+    if key is None or source not in ("query", "path") or declared is None:
+        # Not a parameter the handler declares: the framework's words, as they are.
+        named = None if source == "body" else key
+        return named, f"{key or '?'}: {refusal.get('message', '')}"
+    kwarg = declared.kwarg_definition
+    name = (kwarg.query if isinstance(kwarg, ParameterKwarg) else None) or key
+    if source == "query":
+        given = request.query_params.getall(name, [])
+        value = given[-1] if given else None  # of a repeated one, the last is the one taken
+    else:
+        value = request.path_params.get(key)
+    got = "" if value is None else f", not {_quoted(str(value))}"
+    # `int`, or `int | None`: the type a value must have.
+    kinds = {t.annotation for t in declared.inner_types if not t.is_none_type}
+    kind = kinds.pop() if declared.is_optional and len(kinds) == 1 else declared.annotation
+    if kind is int or kind is float:
+        bounds = _bounds(kwarg) if isinstance(kwarg, ParameterKwarg) else ""
+        number = "a whole number" if kind is int else "a number"
+        return name, f"{name} must be {number}{bounds}{got}"
+    pattern = kwarg.pattern if isinstance(kwarg, ParameterKwarg) else None
+    if pattern:
+        return name, f"{name} must match {pattern}{got}"
+    return name, f"{name}: {refusal.get('message', '')}"
+
+
+def _bounds(kwarg: ParameterKwarg) -> str:
+    def number(bound: float) -> str:
+        return str(bound) if isinstance(bound, int) else f"{bound:g}"
+
+    if kwarg.ge is not None and kwarg.le is not None:
+        return f" from {number(kwarg.ge)} to {number(kwarg.le)}"
+    said = [
+        f"{words} {number(bound)}"
+        for words, bound in (
+            ("at least", kwarg.ge),
+            ("greater than", kwarg.gt),
+            ("at most", kwarg.le),
+            ("less than", kwarg.lt),
+        )
+        if bound is not None
+    ]
+    return " " + " and ".join(said) if said else ""
+
+
+def _quoted(value: str, longest: int = 40) -> str:
+    """What the client sent, quoted, and cut short when long (a 5,000-digit number, say)."""
+    return repr(value if len(value) <= longest else value[:longest] + "…")
 
 
 def internal_error(request: Request, error: Exception) -> Response[bytes]:
