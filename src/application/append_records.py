@@ -68,6 +68,19 @@ class AppendCommand:
         )
 
 
+class NotificationCommand(AppendCommand):
+    """The service's own append of a notification (a pull-wake subscription's wake event): not
+    held back by the stream's unread ceiling, since no one acknowledges a wake stream (its
+    workers read it and claim), and a ceiling reached would stop waking them for good. The
+    total quotas and everything else still apply. Rare: committed where it arrives."""
+
+    forwardable = False
+
+    def decide(self, stream: Stream, offset: int | None) -> list[Event]:
+        require_writer(self.caller, stream.definition)
+        return stream.append(list(self.records), self.now, flow_controlled=False)
+
+
 class Produced(msgspec.Struct, frozen=True):
     """What a Durable Streams write did."""
 
@@ -283,14 +296,35 @@ class AppendRecords:
         answer: Produced = await run_one(self._commits, key, command())
         return answer
 
+    async def notify(
+        self,
+        caller: Caller,
+        run_id: str,
+        stream_id: str,
+        inputs: list[RecordInput],
+        idempotency_key: str | None = None,
+    ) -> tuple[AppendAnswer, bool]:
+        """An append of the service's own notification (`NotificationCommand`), checked as
+        `__call__` checks a caller's, never held back by the unread ceiling (so never waits)."""
+        key = caller.key(run_id, stream_id)
+        definition = await self._definitions.get(key, runs=caller.runs)
+        require_writer(caller, definition)
+        records = prepare_records(
+            inputs, definition.redaction, input_stream=definition.direction == "input"
+        )
+        checked = check_idempotency_key(idempotency_key)
+        idempotency = Idempotency(checked, fingerprint(records)) if checked else None
+        return await self._append(caller, key, records, idempotency, NotificationCommand)
+
     async def _append(
         self,
         caller: Caller,
         key: StreamKey,
         records: list[NewRecord],
         idempotency: Idempotency | None,
+        kind: type[AppendCommand] = AppendCommand,
     ) -> tuple[AppendAnswer, bool]:
-        command = AppendCommand(caller, records, idempotency, self._clock())
+        command = kind(caller, records, idempotency, self._clock())
         match await self._commits.submit(key, command):
             case Done(answer=answer):
                 return answer, False

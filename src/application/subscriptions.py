@@ -50,6 +50,7 @@ from domain.subscriptions import (
     WrongSubscriptionType,
     check_subscription_id,
     matches,
+    parse_path,
     retry_seconds,
 )
 from domain.text import check_text
@@ -272,7 +273,8 @@ class Subscriptions:
         )
         found = await self._store.get(caller.tenant, subscription_id)
         heads = found[1] if found else {}
-        return (found[0] if found else sub), heads, created
+        # The answer shows what `get` shows: no stream the caller may not read.
+        return await self._shown(caller, found[0] if found else sub), heads, created
 
     @tracing.use_case("get subscription")
     async def get(self, caller: Caller, subscription_id: str) -> tuple[Subscription, Heads]:
@@ -295,6 +297,22 @@ class Subscriptions:
         if len(readable) != len(sub.links):
             sub = sub.with_links(readable)
         return sub
+
+    async def as_its_creator_sees(self, delivery: Delivery) -> bytes:
+        """A webhook's payload without the streams its creator may not read (a pattern links
+        every stream it matches, a stream's pinned readers included): a receiver is told of
+        no stream's offsets that whoever configured it could not read."""
+        body = msgspec.json.decode(delivery.payload)
+        creator = Caller(
+            tenant=delivery.tenant,
+            principal=delivery.created_by,
+            scopes=frozenset({"streams:read"}),
+        )
+        streams = body.get("streams", [])
+        shown = [s for s in streams if await self._may_read(creator, parse_path(s["path"]))]
+        if len(shown) == len(streams):
+            return delivery.payload
+        return msgspec.json.encode({**body, "streams": shown})
 
     async def _may_read(self, caller: Caller, path: StreamPath) -> bool:
         if self._definitions is None:
@@ -699,19 +717,22 @@ class DeliverWakes:
         if delivery.kind == WAKE_EVENT:
             await self._wake_event(delivery, job)
             return None
+        payload = await self._subscriptions.as_its_creator_sees(delivery)
         ensure_claimed()
         self.attempts += 1
         assert delivery.url is not None
         try:
             headers = {
                 "content-type": "application/json",
-                "webhook-signature": await self._signer.signature(delivery.payload, self._clock()),
+                "webhook-signature": await self._signer.signature(payload, self._clock()),
             }
-            answer = await self._sender.post(delivery.url, delivery.payload, headers)
+            answer = await self._sender.post(delivery.url, payload, headers)
         except (OSError, TimeoutError, errors.DomainError) as error:
             self.failures += 1
+            # A timeout says nothing of itself ("TimeoutError: ").
+            said = str(error) or "no answer within the webhook timeout"
             raise WebhookFailed(
-                f"{type(error).__name__}: {error}", retry_seconds(job.attempts + 1, self._unit)
+                f"{type(error).__name__}: {said}", retry_seconds(job.attempts + 1, self._unit)
             ) from None
         if not 200 <= answer.status < 300:
             self.failures += 1

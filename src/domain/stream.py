@@ -148,7 +148,11 @@ class Stream:
 
     # -- commands (decide) ----------------------------------------------------------------------
 
-    def append(self, records: list[NewRecord], now: datetime) -> list[ev.Event]:
+    def append(
+        self, records: list[NewRecord], now: datetime, *, flow_controlled: bool = True
+    ) -> list[ev.Event]:
+        """`flow_controlled` False: the service's own notification (a pull-wake's wake event),
+        which the unread ceiling does not hold back; the total quotas still apply."""
         self.require_live()
         s, limits = self.state, self.definition.limits
         if not 1 <= len(records) <= MAX_COMMAND_RECORDS:
@@ -163,13 +167,15 @@ class Stream:
             self._refuse_total(items, s.total_items, total_items, "records", "items")
         if total_bytes is not None and s.total_bytes + size > total_bytes:
             self._refuse_total(size, s.total_bytes, total_bytes, "bytes", "bytes")
-        if items > limits.max_unread_items or size > limits.max_unread_bytes:
+        if not flow_controlled:
+            pass
+        elif items > limits.max_unread_items or size > limits.max_unread_bytes:
             raise errors.InvalidInput(
                 f"a batch of {items} records and {size} bytes can never fit the unread ceiling "
                 f"({limits.max_unread_items} records, {limits.max_unread_bytes} bytes)"
             )
         credit = self.credit()
-        if (
+        if flow_controlled and (
             credit.unread_items + items > limits.max_unread_items
             or credit.unread_bytes + size > limits.max_unread_bytes
         ):

@@ -53,6 +53,8 @@ def check_url(url: str, allowed_hosts: frozenset[str] = frozenset()) -> WebhookT
         port = parts.port
     except ValueError as error:
         raise WebhookUrlRejected(f"webhook URL is not a URL: {error}") from None
+    if port == 0:  # nothing can be reached there: no delivery would ever be made
+        raise WebhookUrlRejected("webhook URL names port 0, which nothing can listen on")
     host = (parts.hostname or "").lower().rstrip(".")
     if parts.scheme not in ("https", "http") or not host:
         raise WebhookUrlRejected(

@@ -562,7 +562,7 @@ class Container(containers.DeclarativeContainer):
         subscriptions,
         webhook_sender,
         webhook_keys,
-        append_records,
+        append_records.provided.notify,
         retry_unit_seconds=settings.provided.webhook_retry_base_seconds,
     )
     wake_deliverer = providers.Singleton(

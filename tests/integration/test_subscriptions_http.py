@@ -182,7 +182,12 @@ async def test_a_subscription_shows_no_stream_its_reader_may_not_read(
         ],
         "webhook": {"url": HOOK},
     }
-    assert (await api.put(f"/subscriptions/{name}", json=body)).status_code == 201
+    made = await api.put(f"/subscriptions/{name}", json=body)
+    assert made.status_code == 201
+    # Its creator may not read `pinned` either: the answer shows it no more than GET would.
+    assert [s["stream_id"] for s in made.json()["streams"]] == ["open"], made.text
+    again = await api.put(f"/subscriptions/{name}", json=body)
+    assert again.status_code == 200 and "pinned" not in again.text
     alice = await tokens.create(principal="alice", scopes=("streams:read",))
     bob = await tokens.create(principal="bob", scopes=("streams:read",))
     ds = f"{server.base_url}/api/durable-streams/v1/stream/__ds/subscriptions/{name}"

@@ -295,3 +295,91 @@ def test_a_pull_wake_failing_for_a_missing_wake_stream_is_active_once_delivered(
     with deployment.client() as c:
         woken = c.get(f"{deployment.root}/{run}/wake", params={"offset": "-1"})
     assert len(woken.json()) == 1, woken.text
+
+
+def test_a_pull_wake_keeps_waking_past_the_wake_streams_unread_ceiling(
+    deployment: Deployment,
+) -> None:
+    """No one acknowledges a wake stream (workers read it and claim): the service's wake events
+    are not held back by its unread ceiling, which stopped every wake once it filled (here 2,
+    by default 10,000 wakes)."""
+    run = "pw-" + secrets.token_hex(3)
+    sid = "sub-" + secrets.token_hex(4)
+    native = deployment.server.base_url + "/api/workflow-streams"
+    with deployment.client() as c:
+        for name, limits in (("wake", {"max_unread_items": 2}), ("jobs", {})):
+            made = c.post(
+                f"{native}/runs/{run}/streams",
+                json={"stream_id": name, "direction": "output", "limits": limits},
+            )
+            assert made.status_code == 201, made.text
+        answer = c.put(
+            f"{native}/subscriptions/{sid}",
+            json={
+                "type": "pull-wake",
+                "streams": [{"run_id": run, "stream_id": "jobs"}],
+                "wake_stream": {"run_id": run, "stream_id": "wake"},
+            },
+        )
+        assert answer.status_code == 201, answer.text
+
+        def wakes() -> int:
+            head: int = c.get(f"{native}/runs/{run}/streams/wake").json()["state"]["head"]
+            return head
+
+        for n in range(1, 5):
+            appended = c.post(
+                f"{native}/runs/{run}/streams/jobs/records", json={"records": [{"data": n}]}
+            )
+            assert appended.status_code == 201, appended.text
+            wait_for(lambda n=n: wakes() >= n, 20)  # type: ignore[misc]
+            claim = c.post(f"{native}/subscriptions/{sid}/claim", json={"worker": "w"})
+            assert claim.status_code == 200, claim.text
+            claimed = claim.json()
+            done = c.post(
+                f"{native}/subscriptions/{sid}/ack",
+                json={
+                    "wake_id": claimed["wake_id"],
+                    "generation": claimed["generation"],
+                    "acks": [{"run_id": run, "stream_id": "jobs", "sequence": n}],
+                    "done": True,
+                },
+                headers={"authorization": f"Bearer {claimed['token']}"},
+            )
+            assert done.status_code == 200, done.text
+        assert deployment.subscription(sid)["status"] == "active"
+
+
+def test_a_webhook_names_no_stream_its_creator_may_not_read(deployment: Deployment) -> None:
+    """A pattern links every stream it matches, one whose pinned readers leave the
+    subscription's creator out included: the receiver is told nothing of that one."""
+    run = "pinned-" + secrets.token_hex(3)
+    native = deployment.server.base_url + "/api/workflow-streams"
+    with deployment.client() as c:
+        for name, readers in (("secret", ["alice"]), ("open", ["*"])):
+            made = c.post(
+                f"{native}/runs/{run}/streams",
+                json={
+                    "stream_id": name,
+                    "direction": "output",
+                    "authorization": {"readers": readers},
+                },
+            )
+            assert made.status_code == 201, made.text
+    deployment.subscribe(deployment.receiver.url(run, done=1), f"{run}/*")
+    with deployment.client() as c:
+        for name in ("secret", "open"):
+            appended = c.post(
+                f"{native}/runs/{run}/streams/{name}/records", json={"records": [{"data": 1}]}
+            )
+            assert appended.status_code == 201, appended.text
+    wait_for(
+        lambda: any(
+            s["path"] == f"{run}/open" and s["has_pending"]
+            for e in deployment.receiver.entries(run)
+            for s in body_of(e)["streams"]
+        ),
+        20,
+    )
+    for entry in deployment.receiver.entries(run):
+        assert "secret" not in json.dumps(body_of(entry)), body_of(entry)

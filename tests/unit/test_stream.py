@@ -89,6 +89,18 @@ def test_a_batch_that_can_never_fit_the_unread_ceiling_is_invalid_input() -> Non
         s.append([record(), record(), record()], NOW)
 
 
+def test_a_notification_is_not_held_back_by_the_unread_ceiling_but_by_the_total() -> None:
+    """The service's own wake events (no one acknowledges a wake stream)."""
+    s = appended(stream(max_unread_items=2, max_total_items=5), b"1", b"2")
+    for e in s.append([record(), record()], NOW, flow_controlled=False):
+        s.apply(e)
+    assert s.head == 4
+    with pytest.raises(errors.Backpressure):  # a caller's append still is
+        s.append([record()], NOW)
+    with pytest.raises(errors.QuotaExhausted):
+        s.append([record(), record()], NOW, flow_controlled=False)
+
+
 def test_the_total_ceiling_is_quota_exhausted_even_after_acks() -> None:
     s = appended(stream(max_total_items=2), b"1", b"2")
     for e in s.acknowledge("c", "p", 2, 2, NOW):

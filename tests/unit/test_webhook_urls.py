@@ -33,6 +33,8 @@ REFUSED_URLS = [
     "not a url",
     "https://bücher.example/hook",  # not ASCII: no request line could carry it
     "https://hooks.example.com/ü",
+    "http://127.0.0.1:0/hook",  # port 0: nothing listens there
+    "https://hooks.example.com:0/",
 ]
 
 
