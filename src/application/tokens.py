@@ -504,7 +504,10 @@ class Authenticate:
         if scheme.lower() != "bearer" or not token:
             raise Unauthenticated("the Authorization header must be `Bearer <token>`")
         if len(token) > MAX_TOKEN_CHARS:
-            raise Unauthenticated("unknown, revoked or expired token")
+            raise Unauthenticated(
+                f"the token is over {MAX_TOKEN_CHARS} characters: no token or JWT this service "
+                "accepts is that long"
+            )
         if self._jwts is not None and self._jwts.is_jwt(token):
             return await self._jwts(token)
         digest = token_hash(token)
