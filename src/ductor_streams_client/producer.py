@@ -72,6 +72,7 @@ class _Common:
         content_type: str | None,
         backpressure_timeout: float | None,
     ) -> None:
+        core.stream_path(run_id, stream_id)  # an ID no path can carry: InvalidInput now
         self.run_id = run_id
         self.stream_id = stream_id
         self.content_type = content_type

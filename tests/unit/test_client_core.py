@@ -4,6 +4,7 @@ retry decisions, Retry-After, jitter, typed answers and follow()'s events and re
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import random
 import typing
@@ -834,3 +835,75 @@ def test_an_idempotency_key_no_header_can_carry_is_refused_before_sending(
         drive("append", "r", "s", [1], idempotency_key=key)
     assert drive.requests == []
     assert drive("append", "r", "s", [1], idempotency_key="k" * 255).head == 1
+
+
+# -- path parts ------------------------------------------------------------------------------------
+
+# Every ID a client method puts in its path; a sample of every other required parameter.
+PATH_IDS = {"run_id", "stream_id", "consumer_id", "object_id", "token_id", "subscription_id"}
+SAMPLES: dict[str, Any] = {
+    "records": [1],
+    "sequence": 1,
+    "enabled": True,
+    "source": b"x",
+    "token": "t",
+    "wake_id": "w",
+    "generation": 1,
+    "worker": "w1",
+    "streams": [("r", "s")],
+    "type": "pull-wake",
+    "scopes": ["streams:read"],
+    "expires_in_seconds": 60,
+}
+
+
+def path_methods(cls: type) -> list[tuple[str, list[inspect.Parameter]]]:
+    """The public methods of `cls` with an ID in their path: name and required parameters."""
+    found = []
+    for name in sorted(dir(cls)):
+        if name.startswith("_") or not callable(getattr(cls, name)):
+            continue
+        parameters = inspect.signature(getattr(cls, name)).parameters.values()
+        required = [p for p in parameters if p.default is p.empty and p.name != "self"]
+        if PATH_IDS & {p.name for p in required}:
+            found.append((name, required))
+    return found
+
+
+def test_the_path_table_knows_every_method_with_an_id_in_its_path() -> None:
+    methods = dict(path_methods(StreamsClient))
+    assert {"delete_stream", "delete_consumer", "get_stream", "follow", "producer"} <= set(methods)
+    assert dict(path_methods(SyncStreamsClient)).keys() == methods.keys() - {"close"}
+    for required in methods.values():
+        assert {p.name for p in required} <= PATH_IDS | SAMPLES.keys(), required
+
+
+@pytest.mark.parametrize("bad", ["", ".", ".."])
+def test_an_id_no_path_can_carry_is_invalid_input_and_nothing_is_sent(kind: str, bad: str) -> None:
+    # httpx removes dot segments: delete_stream("r1", "..") sent DELETE .../runs/r1 and deleted
+    # the whole run, delete_consumer(..., "..") the stream, get_stream("r1", ".") listed the run.
+    drive = Driver(kind, lambda _: httpx.Response(204))
+    cls = SyncStreamsClient if kind == "sync" else StreamsClient
+    for method, required in path_methods(cls):
+        for named in PATH_IDS & {p.name for p in required}:
+            values = {p.name: SAMPLES.get(p.name, "ok") for p in required} | {named: bad}
+            args = [values[p.name] for p in required if p.kind != p.KEYWORD_ONLY]
+            kwargs = {p.name: values[p.name] for p in required if p.kind == p.KEYWORD_ONLY}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # the async close(run, s)
+                with pytest.raises(InvalidInput) as caught:
+                    drive(method, *args, **kwargs)
+            error = caught.value
+            assert (error.status, error.code, error.field) == (0, "invalid-input", named), method
+            assert repr(bad) in error.detail
+    assert drive.requests == []
+
+
+def test_dots_inside_an_id_are_sent_as_they_are(kind: str) -> None:
+    drive = Driver(kind, lambda _: httpx.Response(204))
+    drive("delete_consumer", "r.1", "s..x", "c...")
+    drive("delete_stream", "r1", "a/..")  # a slash is encoded: one part, refused by the service
+    assert [r.url.raw_path for r in drive.requests] == [
+        b"/api/workflow-streams/runs/r.1/streams/s..x/consumers/c...",
+        b"/api/workflow-streams/runs/r1/streams/a%2F..",
+    ]

@@ -74,6 +74,7 @@ from ductor_streams_client._core.wire import (
     Settings,
     encode_record,
     stored_size,
+    stream_path,
 )
 
 __all__ = [
@@ -123,6 +124,7 @@ __all__ = [
     "revoke_token",
     "set_legal_hold",
     "stored_size",
+    "stream_path",
     "stream_subscriptions",
     "undecodable",
     "unlink_subscription_stream",

@@ -91,7 +91,7 @@ def delete_run(run_id: str) -> Flow[None]:
     return one(
         Call(
             "DELETE",
-            f"{API_PREFIX}/runs/{segment(run_id)}",
+            f"{API_PREFIX}/runs/{segment(run_id, 'run_id')}",
             done_on_retry=frozenset({"not-found"}),
         )
     )
@@ -109,7 +109,7 @@ def list_consumers(
 
 def delete_consumer(run_id: str, stream_id: str, consumer_id: str) -> Flow[None]:
     # A retry after a lost answer finds the consumer gone: that is the removal having worked.
-    path = stream_path(run_id, stream_id, f"/consumers/{segment(consumer_id)}")
+    path = stream_path(run_id, stream_id, f"/consumers/{segment(consumer_id, 'consumer_id')}")
     return one(Call("DELETE", path, done_on_retry=frozenset({"not-found"})))
 
 
@@ -147,7 +147,7 @@ def list_tokens() -> Flow[models.TokenList]:
 
 
 def revoke_token(token_id: str) -> Flow[None]:
-    return one(Call("DELETE", f"{API_PREFIX}/tokens/{segment(token_id)}"))
+    return one(Call("DELETE", f"{API_PREFIX}/tokens/{segment(token_id, 'token_id')}"))
 
 
 def append_encoded(
@@ -203,7 +203,7 @@ def ack(run_id: str, stream_id: str, consumer_id: str, sequence: int) -> Flow[mo
     return one(
         Call(
             "POST",
-            stream_path(run_id, stream_id, f"/consumers/{segment(consumer_id)}/ack"),
+            stream_path(run_id, stream_id, f"/consumers/{segment(consumer_id, 'consumer_id')}/ack"),
             models.AckAnswer,
             body=_encode({"sequence": sequence}),
         )

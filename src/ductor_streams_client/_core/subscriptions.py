@@ -14,7 +14,7 @@ from ductor_streams_client._core.wire import API_PREFIX, segment, stream_path
 
 
 def _subscription(subscription_id: str, tail: str = "") -> str:
-    return f"{API_PREFIX}/subscriptions/{segment(subscription_id)}{tail}"
+    return f"{API_PREFIX}/subscriptions/{segment(subscription_id, 'subscription_id')}{tail}"
 
 
 def _json_body(value: Any) -> bytes:
@@ -71,7 +71,7 @@ def link_subscription_streams(
 
 
 def unlink_subscription_stream(subscription_id: str, run_id: str, stream_id: str) -> Flow[None]:
-    tail = f"/streams/{segment(run_id)}/{segment(stream_id)}"
+    tail = f"/streams/{segment(run_id, 'run_id')}/{segment(stream_id, 'stream_id')}"
     return one(Call("DELETE", _subscription(subscription_id, tail)))
 
 

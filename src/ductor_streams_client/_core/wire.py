@@ -13,6 +13,7 @@ import httpx
 import msgspec
 
 from ductor_streams_client._core.exchange import Call, Exchange, RetryPolicy
+from ductor_streams_client.errors import InvalidInput
 
 API_PREFIX = "/api/workflow-streams"
 USER_AGENT = "ductor-streams-client/0.2"
@@ -28,19 +29,37 @@ encode_json = msgspec.json.Encoder().encode
 _encode = encode_json
 
 
-def segment(value: str) -> str:
-    return quote(str(value), safe="._:-~")
+# Path parts that no encoding carries as they are: an empty part, and the dot segments, which
+# httpx (like any URL library) removes from a path before sending it (RFC 3986, 5.2.4), so that
+# `runs/r1/streams/..` would reach `runs/r1`, and a DELETE of a stream would delete its run.
+_NO_PATH_PART = frozenset({"", ".", ".."})
+
+
+def segment(value: str, field: str) -> str:
+    """`value` as one part of a path, percent-encoded. An empty, `.` or `..` value, which would
+    reach another route, raises `InvalidInput` (status 0: nothing was sent), the class the
+    service answers every other invalid ID with; `field` names it (`run_id`, `stream_id`...)."""
+    text = str(value)
+    if text in _NO_PATH_PART:
+        detail = (
+            f"{field} {text!r} is not a valid ID: an empty, '.' or '..' path part would reach "
+            "another route (nothing was sent)"
+        )
+        raise InvalidInput(
+            0, "invalid-input", detail, {"code": "invalid-input", "detail": detail, "field": field}
+        )
+    return quote(text, safe="._:-~")
 
 
 def stream_path(run_id: str, stream_id: str | None = None, tail: str = "") -> str:
-    path = f"{API_PREFIX}/runs/{segment(run_id)}/streams"
+    path = f"{API_PREFIX}/runs/{segment(run_id, 'run_id')}/streams"
     if stream_id is not None:
-        path += "/" + segment(stream_id)
+        path += "/" + segment(stream_id, "stream_id")
     return path + tail
 
 
 def object_path(run_id: str, stream_id: str, object_id: str, tail: str = "") -> str:
-    return stream_path(run_id, stream_id, f"/objects/{segment(object_id)}{tail}")
+    return stream_path(run_id, stream_id, f"/objects/{segment(object_id, 'object_id')}{tail}")
 
 
 def new_key() -> str:
