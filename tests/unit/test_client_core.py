@@ -837,6 +837,30 @@ def test_an_idempotency_key_no_header_can_carry_is_refused_before_sending(
     assert drive("append", "r", "s", [1], idempotency_key="k" * 255).head == 1
 
 
+class Point(msgspec.Struct):
+    x: float
+
+
+@pytest.mark.parametrize(
+    "value",
+    [float("nan"), float("inf"), -float("inf"), {"a": [1, {"b": float("nan")}]}, Point(x=1e400)],
+)
+def test_a_float_that_is_not_finite_is_refused_before_sending_never_sent_as_null(
+    kind: str, value: Any
+) -> None:
+    # msgspec writes nan and infinity as null: append([nan]) succeeded and stored null.
+    drive = Driver(kind, lambda _: httpx.Response(201, json=APPENDED))
+    with pytest.raises(ValueError, match="not a JSON number"):
+        drive("append", "r", "s", [1, value])
+    with pytest.raises(ValueError, match="not a JSON number"):
+        drive("create_stream", "r", "s", schema={"maximum": value})
+    assert drive.requests == []
+    # null itself, and the text of one, still go as they are
+    drive("append", "r", "s", [None, {"a": None}, "null", 1e308, Point(x=-0.0)])
+    sent = json.loads(drive.requests[0].content)["records"]
+    assert [r["data"] for r in sent] == [None, {"a": None}, "null", 1e308, {"x": -0.0}]
+
+
 # -- path parts ------------------------------------------------------------------------------------
 
 # Every ID a client method puts in its path; a sample of every other required parameter.

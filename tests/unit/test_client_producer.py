@@ -375,6 +375,31 @@ def test_a_record_over_the_inline_limit_is_refused_by_send_not_by_its_whole_batc
     assert service.stored[0] == 1 and service.stored[2] == 2 and len(service.stored) == 3
 
 
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_a_float_that_is_not_finite_is_refused_by_send_not_stored_as_null(kind: str) -> None:
+    # msgspec writes nan and infinity as null: the service stored null in their place.
+    service = Service()
+    refused = [float("nan"), {"x": [float("inf")]}, [1, -float("inf")]]
+    if kind == "sync":
+        with sync_client(service) as client, client.producer("r", "s", linger=10) as producer:
+            for value in refused:
+                with pytest.raises(ValueError, match="not a JSON number"):
+                    producer.send(value)
+            producer.send({"x": None})
+    else:
+
+        async def go() -> None:
+            client = async_client(service)
+            async with client, client.producer("r", "s", linger=10) as producer:
+                for value in refused:
+                    with pytest.raises(ValueError, match="not a JSON number"):
+                        await producer.send(value)
+                await producer.send({"x": None})
+
+        asyncio.run(go())
+    assert service.stored == [{"x": None}]
+
+
 # -- a producer nobody closed ------------------------------------------------------------------
 
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import msgspec
-
 from ductor_streams_client import models
 from ductor_streams_client._core.exchange import Call, Flow, one
-from ductor_streams_client._core.wire import API_PREFIX, segment, stream_path
+from ductor_streams_client._core.wire import API_PREFIX, encode_json, segment, stream_path
 
 
 def _subscription(subscription_id: str, tail: str = "") -> str:
@@ -18,7 +16,7 @@ def _subscription(subscription_id: str, tail: str = "") -> str:
 
 
 def _json_body(value: Any) -> bytes:
-    return msgspec.json.encode(value)
+    return encode_json(value)
 
 
 def put_subscription(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import math
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -25,7 +26,33 @@ MAX_INLINE_RECORD_BYTES = 65_536  # its ceiling of one record's stored bytes (la
 Progress = Callable[[int, int], None]
 """Called as `progress(bytes_sent, total_bytes)` while an object body uploads."""
 
-encode_json = msgspec.json.Encoder().encode
+_msgspec_encode = msgspec.json.Encoder().encode
+
+
+def encode_json(value: Any) -> bytes:
+    """`value` as compact JSON. A float that is not finite (nan, inf: JSON has no such number,
+    and msgspec would write `null` in its place) raises `ValueError`, so that nothing is sent."""
+    encoded = _msgspec_encode(value)
+    if b"null" in encoded:  # where such a float would show: look for one only then
+        _refuse_non_finite(value)
+    return encoded
+
+
+def _refuse_non_finite(value: Any) -> None:
+    pending = [msgspec.to_builtins(value)]  # Structs, dataclasses...: dicts and lists
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(
+                f"{item!r} is not a JSON number (JSON has no nan or infinity): send a finite "
+                "number, null or a string"
+            )
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+
+
 _encode = encode_json
 
 
