@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import mimetypes
 import os
 import re
@@ -95,8 +96,9 @@ def register(subparsers: Any) -> None:
         "append records (from arguments, or one JSON value per stdin line)",
         "Append records to a stream, one atomic batch: each JSON argument is one record's "
         "data; with no arguments, each non-blank stdin line is one JSON value (stdin is sent in "
-        "batches of up to 1,000 records). Prints the service's answer as JSON, one line per "
-        "batch. Retries are safe: every batch carries an Idempotency-Key.",
+        "batches of up to 1,000 records). NaN, Infinity and numbers past a 64-bit float (1e400) "
+        "are refused as bad JSON. Prints the service's answer as JSON, one line per batch. "
+        "Retries are safe: every batch carries an Idempotency-Key.",
     )
     append.add_argument("records", nargs="*", metavar="JSON", help="a record's data, as JSON")
     append.add_argument(
@@ -234,9 +236,22 @@ def cmd_append(args: argparse.Namespace) -> int:
     return _run(args, _append)
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a JSON number's range (a 64-bit float)")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _parse(text: str, where: str) -> Any:
+    # Python's json takes NaN and Infinity, and makes 1e400 infinity: each would be sent as
+    # null (JSON has no such number), so each is refused here, as bad JSON.
     try:
-        return json.loads(text)
+        return json.loads(text, parse_float=_finite, parse_constant=_no_constant)
     except ValueError as error:
         raise UsageError(f"{where} is not valid JSON: {error}") from None
 
