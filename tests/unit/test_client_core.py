@@ -797,6 +797,16 @@ def test_an_html_error_page_of_a_proxy_is_named_for_what_it_is(kind: str) -> Non
     assert error.problem["text"] == page  # kept, for whoever debugs the proxy
 
 
+@pytest.mark.parametrize(
+    "url", ["http://[::1", "http://127.0.0.1:99999", "http://127.0.0.1:0", "ftp://h", "h:80"]
+)
+def test_a_base_url_that_no_call_could_use_is_a_value_error(kind: str, url: str) -> None:
+    # `http://[::1` raised httpx.InvalidURL; a port past 65535 was taken, then every call
+    # raised OverflowError (in an ExceptionGroup) from the socket.
+    with pytest.raises(ValueError, match="base_url must be an http:// or https:// URL"):
+        SyncStreamsClient(url) if kind == "sync" else StreamsClient(url)
+
+
 def test_a_token_read_from_a_file_with_its_newline_is_sent_without_it(kind: str) -> None:
     # `serve` writes .ductor-streams/dev-token with a newline; Path.read_text() keeps it, and
     # the header then failed every call as "cannot reach" a server that was there.
@@ -824,17 +834,18 @@ def test_a_token_read_from_a_file_with_its_newline_is_sent_without_it(kind: str)
         SyncStreamsClient(BASE, "tok\nen") if kind == "sync" else StreamsClient(BASE, "tok\x00")
 
 
-@pytest.mark.parametrize("key", ["line\nbreak", "clé", "k" * 256])
+@pytest.mark.parametrize("key", ["line\nbreak", "clé", "k" * 256, " ", "k ", " k"])
 def test_an_idempotency_key_no_header_can_carry_is_refused_before_sending(
     kind: str, key: str
 ) -> None:
-    # A newline made an illegal header, reported as "cannot reach" the server; a non-ASCII
-    # key raised UnicodeEncodeError from inside httpx.
+    # A newline (or a space at either end) made an illegal header, reported as "cannot reach"
+    # the server; a non-ASCII key raised UnicodeEncodeError from inside httpx.
     drive = Driver(kind, lambda _: httpx.Response(201, json=APPENDED))
     with pytest.raises(ValueError, match="idempotency_key"):
         drive("append", "r", "s", [1], idempotency_key=key)
     assert drive.requests == []
     assert drive("append", "r", "s", [1], idempotency_key="k" * 255).head == 1
+    assert drive("append", "r", "s", [1], idempotency_key="a key").head == 1
 
 
 class Point(msgspec.Struct):

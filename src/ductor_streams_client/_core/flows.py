@@ -172,9 +172,14 @@ def append(
     content_type: str | None,
 ) -> Flow[models.AppendAnswer]:
     if idempotency_key and not (
-        len(idempotency_key) <= 255 and all(" " <= char <= "~" for char in idempotency_key)
+        len(idempotency_key) <= 255
+        and all(" " <= char <= "~" for char in idempotency_key)
+        and idempotency_key == idempotency_key.strip()  # a header value's ends are no spaces
     ):
-        raise ValueError("an idempotency_key is 1 to 255 printable ASCII characters")
+        raise ValueError(
+            "an idempotency_key is 1 to 255 printable ASCII characters, neither starting nor "
+            "ending with a space"
+        )
     parts = [encode_record(r, content_type) for r in records]
     if not parts:
         raise ValueError("an append needs at least one record")

@@ -130,9 +130,16 @@ class Settings:
         retry: RetryPolicy | None,
     ) -> None:
         root = base_url.rstrip("/").removesuffix(API_PREFIX)
-        parts = httpx.URL(root)
+        wrong = f"base_url must be an http:// or https:// URL, got {base_url!r}"
+        try:
+            parts = httpx.URL(root)
+        except httpx.InvalidURL as error:  # `http://[::1`: no ValueError, but the same mistake
+            raise ValueError(f"{wrong}: {error}") from None
         if parts.scheme not in ("http", "https") or not parts.host:
-            raise ValueError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
+            raise ValueError(wrong)
+        if parts.port is not None and not 1 <= parts.port <= 65535:
+            # httpx takes any number; the socket would raise OverflowError on every call.
+            raise ValueError(f"{wrong}: its port is not 1 to 65535")
         self.base_url = root
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         self.idle_timeout = idle_timeout
