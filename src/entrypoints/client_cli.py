@@ -2,7 +2,8 @@
 
 They use the Python client (`ductor_streams_client`) and nothing of the service itself. Exit
 codes: 0 success, 1 a service or connection error, 2 a usage error (bad arguments, bad JSON,
-unreadable file, no token), 130 interrupted."""
+unreadable file, no token, or a token, server URL or idempotency key no request can carry),
+130 interrupted. Every error is one line on stderr."""
 
 from __future__ import annotations
 
@@ -133,28 +134,49 @@ def register(subparsers: Any) -> None:
 
 
 def _token(args: argparse.Namespace) -> str:
+    """The bearer token to send, checked: a usage error names where a bad one came from."""
     # The token commands take their --token as `bearer` (`token revoke` has a TOKEN argument).
     given = args.bearer if "bearer" in vars(args) else args.token
-    token = given or os.environ.get(TOKEN_ENV, "").strip()
-    if token:
-        return token
-    candidates = [Path(".ductor-streams") / "dev-token"]
-    if data_dir := os.environ.get("DUCTOR_STREAMS_DATA_DIR"):
-        candidates.insert(0, Path(data_dir) / "dev-token")
-    for candidate in candidates:
-        with contextlib.suppress(OSError):
-            if token := candidate.read_text().strip():
-                return token
-    raise UsageError(f"no token: set {TOKEN_ENV} or pass --token")
+    token, source = (given.strip(), "--token") if given else (None, "")
+    if not token and (token := os.environ.get(TOKEN_ENV, "").strip()):
+        source = TOKEN_ENV
+    if not token:
+        candidates = [Path(".ductor-streams") / "dev-token"]
+        if data_dir := os.environ.get("DUCTOR_STREAMS_DATA_DIR"):
+            candidates.insert(0, Path(data_dir) / "dev-token")
+        for candidate in candidates:
+            with contextlib.suppress(OSError):
+                if token := candidate.read_text().strip():
+                    source = str(candidate)
+                    break
+    if not token:
+        raise UsageError(f"no token: set {TOKEN_ENV} or pass --token")
+    if not all(" " < char <= "~" for char in token):  # what an Authorization header can carry
+        raise UsageError(
+            f"the token of {source} holds a character no Bearer token has (a space, a control "
+            "character or non-ASCII)"
+        )
+    return token
 
 
 def _client(args: argparse.Namespace) -> StreamsClient:
     url = args.url or os.environ.get(URL_ENV, "").strip() or DEFAULT_URL
-    parts = urllib.parse.urlsplit(url)
+    source = "--url" if args.url else URL_ENV
+    wrong = f"{source} must be an http:// or https:// URL, got {url!r}"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # raises when it is no number, or past 65535
+    except ValueError as error:  # `http://[::1`
+        raise UsageError(f"{wrong}: {error}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        source = "--url" if args.url else URL_ENV
-        raise UsageError(f"{source} must be an http:// or https:// URL, got {url!r}")
-    return StreamsClient(url, _token(args))
+        raise UsageError(wrong)
+    if port == 0:
+        raise UsageError(f"{wrong}: its port is not 1 to 65535")
+    token = _token(args)
+    try:
+        return StreamsClient(url, token)
+    except ValueError as error:  # what the client refuses beyond the checks above
+        raise UsageError(f"{wrong}: {error}") from None
 
 
 def _run(args: argparse.Namespace, main: Any) -> int:
@@ -272,6 +294,18 @@ def _stdin_batches() -> Iterator[list[Any]]:
         yield batch
 
 
+def _idempotency_key(key: str | None) -> str | None:
+    """An append's key, as a header carries it (what the client checks too)."""
+    if key is not None and not (
+        0 < len(key) <= 255 and all(" " <= char <= "~" for char in key) and key == key.strip()
+    ):
+        raise UsageError(
+            "--idempotency-key is 1 to 255 printable ASCII characters, neither starting nor "
+            "ending with a space (it travels as a header)"
+        )
+    return key
+
+
 async def _append(args: argparse.Namespace) -> None:
     if args.records:
         batches: Any = [
@@ -279,7 +313,7 @@ async def _append(args: argparse.Namespace) -> None:
         ]
         if len(batches[0]) > BATCH_RECORDS:
             raise UsageError(f"at most {BATCH_RECORDS} records per call; pipe more via stdin")
-        key = args.idempotency_key
+        key = _idempotency_key(args.idempotency_key)
     else:
         if args.idempotency_key:
             raise UsageError("--idempotency-key needs the records as arguments")

@@ -4,6 +4,7 @@ error: one line on stderr, exit 2."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,106 @@ def test_a_number_json_cannot_carry_is_bad_json_not_sent_as_null(
     assert main(["append", "r1", "s1"]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: stdin line 2 is not valid JSON: ")
+
+
+def commands(tmp_path: Path) -> list[list[str]]:
+    """Every client command, with arguments that would reach the server."""
+    body = tmp_path / "body.bin"
+    body.write_bytes(b"x")
+    return [
+        ["tail", "r1", "s1"],
+        ["append", "r1", "s1", "1"],
+        ["put-object", "r1", "s1", str(body), "--no-progress"],
+        ["token", "list", "--server"],
+        ["token", "create", "--server", "--scope", "streams:read", "--expires-in", "60"],
+        ["token", "revoke", "--server", "tok_0123456789abcdef"],
+    ]
+
+
+def one_usage_line(capsys: pytest.CaptureFixture[str], code: int) -> str:
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert "Traceback" not in captured.err
+    [line] = captured.err.strip().splitlines()
+    return line
+
+
+@pytest.mark.parametrize(
+    ("option", "environment", "named"),
+    [
+        (["--token", "tökén"], {}, "--token"),
+        ([], {"DUCTOR_STREAMS_TOKEN": "tökén"}, "DUCTOR_STREAMS_TOKEN"),
+        ([], {"DUCTOR_STREAMS_TOKEN": "dst_a\x01b"}, "DUCTOR_STREAMS_TOKEN"),
+        (["--token", "dst a b"], {}, "--token"),
+    ],
+)
+def test_a_token_no_header_can_carry_is_a_usage_error_naming_where_it_came_from(
+    option: list[str],
+    environment: dict[str, str],
+    named: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # It raised ValueError from the client's constructor: a traceback.
+    monkeypatch.delenv("DUCTOR_STREAMS_TOKEN", raising=False)
+    monkeypatch.setenv("DUCTOR_STREAMS_URL", "http://127.0.0.1:9")  # never reached
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    for command in commands(tmp_path):
+        line = one_usage_line(capsys, main([*command, *option]))
+        assert line == (
+            f"error: the token of {named} holds a character no Bearer token has (a space, a "
+            "control character or non-ASCII)"
+        ), command
+
+
+def test_the_development_token_file_is_named_when_its_token_is_bad(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DUCTOR_STREAMS_TOKEN", raising=False)
+    monkeypatch.setenv("DUCTOR_STREAMS_DATA_DIR", str(tmp_path))
+    (tmp_path / "dev-token").write_text("tök\n")
+    line = one_usage_line(capsys, main(["tail", "r1", "s1", "--url", "http://127.0.0.1:9"]))
+    assert f"the token of {tmp_path / 'dev-token'} holds a character" in line
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://[::1", "Invalid IPv6 URL"),
+        ("http://127.0.0.1:99999", "Port out of range"),
+        ("http://127.0.0.1:0", "its port is not 1 to 65535"),
+        ("http://127.0.0.1:port", "Port could not be cast"),
+    ],
+)
+def test_a_server_url_that_no_request_could_use_is_a_usage_error(
+    url: str,
+    reason: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `http://[::1` raised ValueError from urlsplit; port 99999 OverflowError in an
+    # ExceptionGroup from the socket, on every attempt: tracebacks both.
+    monkeypatch.setenv("DUCTOR_STREAMS_TOKEN", "dst_unused")
+    for command in commands(tmp_path):
+        line = one_usage_line(capsys, main([*command, "--url", url]))
+        assert line.startswith(f"error: --url must be an http:// or https:// URL, got {url!r}: ")
+        assert reason in line, line
+    monkeypatch.setenv("DUCTOR_STREAMS_URL", url)
+    line = one_usage_line(capsys, main(["tail", "r1", "s1"]))
+    assert line.startswith(
+        f"error: DUCTOR_STREAMS_URL must be an http:// or https:// URL, got {url!r}"
+    )
+
+
+@pytest.mark.parametrize("key", ["ключ", "k" * 256, "", " k", "line\nbreak"])
+def test_an_idempotency_key_no_header_can_carry_is_a_usage_error(
+    key: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The client's ValueError came out as a traceback.
+    monkeypatch.setenv("DUCTOR_STREAMS_TOKEN", "dst_unused")
+    monkeypatch.setenv("DUCTOR_STREAMS_URL", "http://127.0.0.1:9")  # never reached
+    line = one_usage_line(capsys, main(["append", "r1", "s1", "1", "--idempotency-key", key]))
+    assert line.startswith("error: --idempotency-key is 1 to 255 printable ASCII characters")
