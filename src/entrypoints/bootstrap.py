@@ -4,8 +4,11 @@ defaults. Used by `serve`, `worker` and the token commands (entrypoints/cli.py).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import asyncpg
 
@@ -28,6 +31,34 @@ class CommandError(Exception):
         self.exit_code = exit_code
 
 
+@contextlib.contextmanager
+def reaching_the_database() -> Iterator[None]:
+    """Opening connections to PostgreSQL: a URL that cannot be used, or a database that cannot
+    be reached, stops the command with one line (a CommandError) instead of a traceback. A URL
+    asyncpg refuses (its ClientConfigurationError is a ValueError, as is an unparsable host; a
+    port past 65535 is an OverflowError) is a bad setting, exit 2, named but not shown (it may
+    hold a password); a database that does not answer or refuses us is exit 1, as the token
+    commands always said it."""
+    try:
+        yield
+    except (ValueError, OverflowError) as error:
+        raise CommandError(f"{PREFIX}DATABASE_URL cannot be used: {error}") from None
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        raise CommandError(f"cannot reach the database: {error}", exit_code=1) from None
+
+
+async def connect(url: str, **options: Any) -> asyncpg.Connection:
+    """`asyncpg.connect`, its failure to connect as one line (`reaching_the_database`)."""
+    with reaching_the_database():
+        return await asyncpg.connect(url, **options)
+
+
+async def create_pool(url: str, **options: Any) -> asyncpg.Pool:
+    """`asyncpg.create_pool` (which opens its first connections), the same way."""
+    with reaching_the_database():
+        return await asyncpg.create_pool(url, **options)
+
+
 def database_url(settings: Settings) -> str:
     """The configured PostgreSQL, or the embedded one under DATA_DIR/pg (started if needed)."""
     if settings.database_url:
@@ -41,13 +72,13 @@ def database_url(settings: Settings) -> str:
 async def prepare(url: str, settings: Settings) -> str | None:
     """Migrate, make sure the bootstrap token exists, and on the embedded defaults without any
     configured token, create a development token once. Returns the token to announce, if any."""
-    conn = await asyncpg.connect(url)
+    conn = await connect(url)
     try:
         for name in await migrate(conn):
             log.info("applied migration %s", name)
     finally:
         await conn.close()
-    pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
+    pool = await create_pool(url, min_size=1, max_size=2)
     try:
         issue = IssueToken(PostgresTokens(pool))
         if settings.bootstrap_token:

@@ -32,7 +32,7 @@ from application.tokens import (
 from domain.digits import bounded_integer
 from domain.errors import DomainError
 from entrypoints import client_cli, serving
-from entrypoints.bootstrap import CommandError, database_url, prepare
+from entrypoints.bootstrap import CommandError, connect, create_pool, database_url, prepare
 from entrypoints.config import PREFIX, InvalidSetting, Settings
 from entrypoints.logs import configure_logging
 
@@ -93,7 +93,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     url = database_url(settings)
 
     async def run() -> list[str]:
-        conn = await asyncpg.connect(url)
+        conn = await connect(url)
         try:
             return await migrate(conn)
         finally:
@@ -110,12 +110,12 @@ T = TypeVar("T")
 async def _on_tokens(url: str, use: Callable[[PostgresTokens], Awaitable[T]]) -> T:
     """Migrate the configured database, then run `use` on its tokens."""
     try:
-        conn = await asyncpg.connect(url, timeout=10)
+        conn = await connect(url, timeout=10)
         try:
             await migrate(conn)
         finally:
             await conn.close()
-        pool = await asyncpg.create_pool(url, min_size=1, max_size=1, timeout=10)
+        pool = await create_pool(url, min_size=1, max_size=1, timeout=10)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         raise CommandError(f"cannot reach the database: {error}", exit_code=1) from None
     try:
@@ -213,12 +213,12 @@ def cmd_webhook_key_rotate(args: argparse.Namespace, settings: Settings) -> int:
     url = database_url(settings)
 
     async def rotate() -> str:
-        conn = await asyncpg.connect(url, timeout=10)
+        conn = await connect(url, timeout=10)
         try:
             await migrate(conn)
         finally:
             await conn.close()
-        pool = await asyncpg.create_pool(url, min_size=1, max_size=1, timeout=10)
+        pool = await create_pool(url, min_size=1, max_size=1, timeout=10)
         try:
             return await WebhookKeys(PostgresKeyRows(pool)).rotate(args.publish_ahead)
         finally:

@@ -172,6 +172,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             )
         if settings.jwt_jwks_url and not settings.jwt_jwks_url.startswith(("https://", "http://")):
             raise InvalidSetting(f"{PREFIX}JWT_JWKS_URL must be an http(s) URL")
+        url = settings.database_url
+        if url and url.partition("://")[0].lower() not in ("postgresql", "postgres"):
+            # The value itself is not shown: a URL of a database may hold its password.
+            raise InvalidSetting(f"{PREFIX}DATABASE_URL: expected a postgresql:// URL")
         _check_wait_service(settings)
         return settings
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from entrypoints.config import PREFIX, InvalidSetting, Settings
+from tests.support.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,6 +181,43 @@ def test_a_token_command_without_its_database_says_so_in_one_line(command: list[
     assert done.returncode == 1 and "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot reach the database" in lines[0], done.stderr
+
+
+def server_commands() -> list[list[str]]:
+    serve = ["serve", "--port", str(free_port()), "--no-workers"]
+    return [serve, ["worker"], ["migrate"], ["token", "list"]]
+
+
+@pytest.mark.parametrize(
+    "url", ["notaurl", "postgresql://x@127.0.0.1:99999/db", "postgresql://x@[::1/db"]
+)
+def test_a_database_url_that_cannot_be_used_is_a_bad_setting_in_one_line(url: str) -> None:
+    # asyncpg's ClientConfigurationError (notaurl), OverflowError (the port) and ValueError (the
+    # host) came out of serve, worker and migrate as tracebacks (token list: "cannot reach").
+    for command in server_commands():
+        done = cli(*command, DATABASE_URL=url)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (command, done.stderr)
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith(f"ductor-streams: error: {PREFIX}DATABASE_URL"), line
+        assert url not in line  # a database's URL may hold its password
+
+
+def test_a_database_that_cannot_be_reached_is_said_in_one_line() -> None:
+    # ConnectionRefusedError came out of serve, worker and migrate as a traceback; the token
+    # commands always said this (above).
+    for command in server_commands():
+        done = cli(*command)  # DATABASE_URL points where nothing listens
+        assert done.returncode == 1 and "Traceback" not in done.stderr, (command, done.stderr)
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith("ductor-streams: error: cannot reach the database: "), line
+
+
+def test_only_a_postgresql_url_is_a_database_url() -> None:
+    for url in ("postgresql://db/x", "postgres://u@db/x", "POSTGRESQL://db/x"):
+        assert from_env(DATABASE_URL=url).database_url == url
+    for url in ("notaurl", "mysql://db/x", "db:5432"):
+        with pytest.raises(InvalidSetting, match=f"{PREFIX}DATABASE_URL: expected a postgresql"):
+            from_env(DATABASE_URL=url)
 
 
 def test_a_port_out_of_range_is_a_usage_error_not_a_traceback() -> None:
