@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import TypeVar
@@ -270,6 +270,36 @@ def _version() -> str:
         return "unknown"
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of each command: its options go anywhere among its arguments (`append r1 s
+    --url U '{"a": 1}'`: argparse alone gives the positionals out before the option, JSON
+    arguments none of them, and refuses those after it), and what it does not know is refused
+    with the command's own usage rather than the top-level one."""
+
+    _parsing = False
+
+    def parse_known_args(  # type: ignore[override]  # called as argparse calls it, no more
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._parsing:  # parse_known_intermixed_args calls back here (Python 3.11, 3.12)
+            return super().parse_known_args(args, namespace)
+        nested = any(
+            action.nargs in (argparse.PARSER, argparse.REMAINDER)
+            for action in self._get_positional_actions()
+        )  # `token`: its own commands parse what follows them
+        self._parsing = True
+        try:
+            if nested:
+                parsed, extras = super().parse_known_args(args, namespace)
+            else:
+                parsed, extras = self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing = False
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ductor-streams",
@@ -277,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Configured by DUCTOR_STREAMS_* environment variables (see docs/configuration.md).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     defaults = Settings()
 
     serve = sub.add_parser(

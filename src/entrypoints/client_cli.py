@@ -101,7 +101,9 @@ def register(subparsers: Any) -> None:
         "are refused as bad JSON. Prints the service's answer as JSON, one line per batch. "
         "Retries are safe: every batch carries an Idempotency-Key.",
     )
-    append.add_argument("records", nargs="*", metavar="JSON", help="a record's data, as JSON")
+    append.add_argument(
+        "records", nargs="*", default=[], metavar="JSON", help="a record's data, as JSON"
+    )
     append.add_argument(
         "--idempotency-key",
         metavar="KEY",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoints.cli import main
+from entrypoints.cli import build_parser, main
 
 
 @pytest.mark.parametrize("url", ["notaurl", "ftp://example.com", "http://", "127.0.0.1:8080"])
@@ -148,3 +148,47 @@ def test_an_idempotency_key_no_header_can_carry_is_a_usage_error(
     monkeypatch.setenv("DUCTOR_STREAMS_URL", "http://127.0.0.1:9")  # never reached
     line = one_usage_line(capsys, main(["append", "r1", "s1", "1", "--idempotency-key", key]))
     assert line.startswith("error: --idempotency-key is 1 to 255 printable ASCII characters")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["append", "r1", "s1", "--url", "http://h:1", '{"a":1}', "2"],
+        ["append", "--url", "http://h:1", "r1", "s1", '{"a":1}', "2"],
+        ["append", "r1", "--url", "http://h:1", "s1", '{"a":1}', "--token", "t", "2"],
+        ["append", "r1", "s1", '{"a":1}', "2", "--url", "http://h:1"],
+    ],
+)
+def test_options_go_anywhere_among_a_commands_arguments(argv: list[str]) -> None:
+    # An option between STREAM and the JSON arguments left them unrecognized, with the
+    # top-level usage.
+    args = build_parser().parse_args(argv)
+    assert (args.run, args.stream, args.records, args.url) == (
+        "r1",
+        "s1",
+        ['{"a":1}', "2"],
+        "http://h:1",
+    )
+    tail = build_parser().parse_args(["tail", "r1", "--cursor", "3", "s1"])
+    assert (tail.run, tail.stream, tail.cursor) == ("r1", "s1", 3)
+    dashed = build_parser().parse_args(["append", "r1", "s1", "--url", "http://h:1", "--", "-1"])
+    assert dashed.records == ["-1"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["append", "r1", "s1", "1", "--bogus"], "append"),
+        (["serve", "--bogus"], "serve"),
+        (["token", "create", "--scope", "streams:read", "extra"], "token create"),
+    ],
+)
+def test_what_a_command_does_not_know_is_refused_with_its_own_usage(
+    argv: list[str], command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: ductor-streams {command} ")
+    assert f"ductor-streams {command}: error: unrecognized arguments: {argv[-1]}" in err
