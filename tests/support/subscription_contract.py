@@ -111,6 +111,11 @@ class SubscriptionStoreContract:
         new = sub.link(StreamPath(run, "new"))
         assert new is not None and (new.acked, new.glob, new.explicit) == (0, True, False)
         assert (ADMIN.tenant, sid) in await store.due(1000)
+        # Asked about the streams a notification named: due for `new`, not for `old` alone.
+        key = ADMIN.key(run, "new")
+        assert (ADMIN.tenant, sid) in await store.due(1000, [key])
+        assert (ADMIN.tenant, sid) not in await store.due(1000, [ADMIN.key(run, "old")])
+        assert (ADMIN.tenant, sid) not in await store.due(1000, [])
 
     async def test_a_wake_is_issued_once_with_its_delivery_and_done_acks_its_snapshot(
         self, app: tuple[Any, SubscriptionStore]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TypeVar
 
 import msgspec
@@ -80,7 +80,9 @@ class MemorySubscriptions:
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         return self._load(tenant, subscription_id)
 
-    async def due(self, limit: int) -> list[tuple[str, str]]:
+    async def due(
+        self, limit: int, streams: Collection[StreamKey] | None = None
+    ) -> list[tuple[str, str]]:
         now = self._clock()
         out = []
         for tenant, sid in list(self._rows):
@@ -89,6 +91,9 @@ class MemorySubscriptions:
                 continue
             sub, heads = found
             leased_out = sub.wake is not None and (sub.wake.lease_until or now) < now
+            if streams is not None:  # pending on one of them: only those links count
+                named = {StreamPath(k.run_id, k.stream_id) for k in streams if k.tenant == tenant}
+                heads = {p: h for p, h in heads.items() if p in named}
             if (sub.wake is None and sub.has_pending(heads)) or leased_out:
                 out.append((tenant, sid))
         return out[:limit]

@@ -4,7 +4,7 @@ and the wake outbox, claimed by the delivering workers with a lease like input d
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 import asyncpg
@@ -80,6 +80,22 @@ _DUE = """SELECT s.tenant, s.subscription_id FROM ds_subscriptions s
                       AND t.head > l.acked))
              OR s.lease_until < now()
           LIMIT $1"""
+# The same, for the subscriptions linking some streams (through the links' stream index), and
+# those leased past their lease (through the lease index): what a notified append may have
+# made due, at the cost of those streams rather than of every subscription.
+_DUE_OF = """SELECT s.tenant, s.subscription_id FROM ds_subscriptions s
+             WHERE (s.tenant, s.subscription_id) IN (
+                 SELECT l.tenant, l.subscription_id
+                 FROM unnest($2::text[], $3::text[], $4::text[]) AS k(tenant, run_id, stream_id)
+                 JOIN ds_subscription_links l
+                   ON (l.tenant, l.run_id, l.stream_id) = (k.tenant, k.run_id, k.stream_id)
+                 JOIN streams t
+                   ON (t.tenant, t.run_id, t.stream_id) = (l.tenant, l.run_id, l.stream_id)
+                 WHERE t.head > l.acked)
+               AND NOT s.wake_active
+             UNION
+             SELECT tenant, subscription_id FROM ds_subscriptions WHERE lease_until < now()
+             LIMIT $1"""
 _OF_STREAM = """SELECT subscription_id FROM ds_subscription_links
                 WHERE tenant = $1 AND run_id = $2 AND stream_id = $3 ORDER BY subscription_id"""
 
@@ -255,8 +271,20 @@ class PostgresSubscriptions:
             sub = await self._load(conn, row, tenant, subscription_id)
             return sub, await self._heads(conn, tenant, {link.path for link in sub.links})
 
-    async def due(self, limit: int) -> list[tuple[str, str]]:
-        rows = await self._pool.fetch(_DUE, limit)
+    async def due(
+        self, limit: int, streams: Collection[StreamKey] | None = None
+    ) -> list[tuple[str, str]]:
+        if streams is None:
+            rows = await self._pool.fetch(_DUE, limit)
+        else:
+            keys = sorted(streams)
+            rows = await self._pool.fetch(
+                _DUE_OF,
+                limit,
+                [k.tenant for k in keys],
+                [k.run_id for k in keys],
+                [k.stream_id for k in keys],
+            )
         return [(r[0], r[1]) for r in rows]
 
     async def of_stream(self, key: StreamKey) -> list[tuple[Subscription, Heads]]:
