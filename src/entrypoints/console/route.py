@@ -6,6 +6,7 @@ from importlib import resources
 
 from litestar import Response, get
 from litestar.exceptions import NotFoundException
+from litestar.params import FromPath
 
 _STATIC = resources.files(__package__) / "static"
 # Litestar adds "; charset=utf-8" to every text/ media type itself (given here, it went twice).
@@ -45,7 +46,7 @@ def console_page() -> Response[bytes]:
 
 
 @get("/console/{name:str}", include_in_schema=False, sync_to_thread=False)
-def console_file(name: str) -> Response[bytes]:
+def console_file(name: FromPath[str]) -> Response[bytes]:
     media_type = _MEDIA_TYPES.get(name)
     if media_type is None:
         raise NotFoundException(f"the console has no file {name!r}")

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, delete, get, post, put
+from litestar.params import FromPath
 from litestar.types import ASGIApp
 
 from application.access import Caller
@@ -345,7 +346,7 @@ class SubscriptionsController(Controller):
     @put(
         SUB, operation_id="dsSubscriptionPut", summary="Create a subscription", operation_class=_PUT
     )
-    async def put_subscription(self, request: Request, subscription_id: str) -> ASGIApp:
+    async def put_subscription(self, request: Request, subscription_id: FromPath[str]) -> ASGIApp:
         async def run() -> Answer:
             services, caller = await _authenticated(request)
             caller.require("streams:admin")
@@ -359,7 +360,7 @@ class SubscriptionsController(Controller):
         return await _guarded(run())
 
     @get(SUB, operation_id="dsSubscriptionGet", summary="Read a subscription", operation_class=_GET)
-    async def get_subscription(self, request: Request, subscription_id: str) -> ASGIApp:
+    async def get_subscription(self, request: Request, subscription_id: FromPath[str]) -> ASGIApp:
         async def run() -> Answer:
             services, caller = await _authenticated(request)
             sub, heads = await services.subscriptions.get(caller, subscription_id)
@@ -374,7 +375,9 @@ class SubscriptionsController(Controller):
         status_code=200,  # the answer is an ASGI app that sends its own 204
         operation_class=_DELETE,
     )
-    async def delete_subscription(self, request: Request, subscription_id: str) -> ASGIApp:
+    async def delete_subscription(
+        self, request: Request, subscription_id: FromPath[str]
+    ) -> ASGIApp:
         async def run() -> Answer:
             services, caller = await _authenticated(request)
             await services.subscriptions.delete(caller, subscription_id)
@@ -388,7 +391,7 @@ class SubscriptionsController(Controller):
         summary="Link streams",
         operation_class=_STREAMS,
     )
-    async def add_streams(self, request: Request, subscription_id: str) -> ASGIApp:
+    async def add_streams(self, request: Request, subscription_id: FromPath[str]) -> ASGIApp:
         async def run() -> Answer:
             services, caller = await _authenticated(request)
             caller.require("streams:admin")
@@ -407,7 +410,7 @@ class SubscriptionsController(Controller):
         operation_class=_DELETE,
     )
     async def remove_stream(
-        self, request: Request, subscription_id: str, stream_path: str
+        self, request: Request, subscription_id: FromPath[str], stream_path: FromPath[str]
     ) -> ASGIApp:
         async def run() -> Answer:
             services, caller = await _authenticated(request)
@@ -423,7 +426,7 @@ class SubscriptionsController(Controller):
         summary="Webhook callback",
         operation_class=_CALLBACK,
     )
-    async def callback(self, request: Request, subscription_id: str) -> ASGIApp:
+    async def callback(self, request: Request, subscription_id: FromPath[str]) -> ASGIApp:
         return await _guarded(self._ack(request, subscription_id, WEBHOOK))
 
     @post(
@@ -432,7 +435,7 @@ class SubscriptionsController(Controller):
         summary="Pull-wake ack",
         operation_class=_CALLBACK,
     )
-    async def ack(self, request: Request, subscription_id: str) -> ASGIApp:
+    async def ack(self, request: Request, subscription_id: FromPath[str]) -> ASGIApp:
         return await _guarded(self._ack(request, subscription_id, WAKE_EVENT))
 
     async def _ack(self, request: Request, subscription_id: str, kind: str) -> Answer:
@@ -450,7 +453,7 @@ class SubscriptionsController(Controller):
         summary="Pull-wake claim",
         operation_class=_CLAIM,
     )
-    async def claim(self, request: Request, subscription_id: str) -> ASGIApp:
+    async def claim(self, request: Request, subscription_id: FromPath[str]) -> ASGIApp:
         async def run() -> Answer:
             services, caller = await _authenticated(request)
             body = await _body(request, ClaimBody)
@@ -477,7 +480,7 @@ class SubscriptionsController(Controller):
         summary="Pull-wake release",
         operation_class=_RELEASE,
     )
-    async def release(self, request: Request, subscription_id: str) -> ASGIApp:
+    async def release(self, request: Request, subscription_id: FromPath[str]) -> ASGIApp:
         async def run() -> Answer:
             services: Services = request.app.state.services
             token = wake_token(request.headers.get("authorization"))

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import msgspec
 from litestar import Controller, Request, Response, get, post, put
-from litestar.params import Parameter
+from litestar.params import FromPath, Parameter
 from litestar.response import Stream
 
 from application.objects import (
@@ -97,7 +97,9 @@ class ObjectsController(Controller):
             request_body=ObjectRequest,
         ),
     )
-    async def prepare(self, request: Request, run_id: str, stream_id: str) -> Response[ObjectView]:
+    async def prepare(
+        self, request: Request, run_id: FromPath[str], stream_id: FromPath[str]
+    ) -> Response[ObjectView]:
         services, caller = await authenticated(request)
         body = await decode_body(request, ObjectRequest)
         view, created = await services.objects.prepare(caller, run_id, stream_id, body)
@@ -125,8 +127,8 @@ class ObjectsController(Controller):
     async def list_open(
         self,
         request: Request,
-        run_id: str,
-        stream_id: str,
+        run_id: FromPath[str],
+        stream_id: FromPath[str],
         limit: Annotated[
             int,
             Parameter(ge=1, le=MAX_OBJECTS_LIMIT, description="at most this many intents"),
@@ -161,7 +163,11 @@ class ObjectsController(Controller):
         ),
     )
     async def upload(
-        self, request: Request, run_id: str, stream_id: str, object_id: str
+        self,
+        request: Request,
+        run_id: FromPath[str],
+        stream_id: FromPath[str],
+        object_id: FromPath[str],
     ) -> ObjectView:
         services, caller = await authenticated(request)
         announced = request.headers.get("content-length")
@@ -189,7 +195,11 @@ class ObjectsController(Controller):
         ),
     )
     async def commit(
-        self, request: Request, run_id: str, stream_id: str, object_id: str
+        self,
+        request: Request,
+        run_id: FromPath[str],
+        stream_id: FromPath[str],
+        object_id: FromPath[str],
     ) -> Response[CommitAnswer]:
         services, caller = await authenticated(request)
         answer, appended = await services.objects.commit(caller, run_id, stream_id, object_id)
@@ -206,7 +216,11 @@ class ObjectsController(Controller):
         ),
     )
     async def abort(
-        self, request: Request, run_id: str, stream_id: str, object_id: str
+        self,
+        request: Request,
+        run_id: FromPath[str],
+        stream_id: FromPath[str],
+        object_id: FromPath[str],
     ) -> ObjectView:
         services, caller = await authenticated(request)
         return await services.objects.abort(caller, run_id, stream_id, object_id)
@@ -220,7 +234,11 @@ class ObjectsController(Controller):
         ),
     )
     async def describe(
-        self, request: Request, run_id: str, stream_id: str, object_id: str
+        self,
+        request: Request,
+        run_id: FromPath[str],
+        stream_id: FromPath[str],
+        object_id: FromPath[str],
     ) -> ObjectView:
         services, caller = await authenticated(request)
         return await services.objects.describe(caller, run_id, stream_id, object_id)
@@ -258,7 +276,11 @@ class ObjectsController(Controller):
         ),
     )
     async def download(
-        self, request: Request, run_id: str, stream_id: str, object_id: str
+        self,
+        request: Request,
+        run_id: FromPath[str],
+        stream_id: FromPath[str],
+        object_id: FromPath[str],
     ) -> Response:
         services, caller = await authenticated(request)
         body = await services.objects.download(caller, run_id, stream_id, object_id)

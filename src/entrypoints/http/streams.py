@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from litestar import Controller, Request, Response, delete, get, post, put
-from litestar.params import Parameter
+from litestar.params import FromPath, Parameter
 from litestar.types import ASGIApp
 
 from application.access import Caller
@@ -154,7 +154,9 @@ class StreamsController(Controller):
             request_body=DefinitionRequest,
         ),
     )
-    async def create_stream(self, request: Request, run_id: str) -> Response[StreamDocument]:
+    async def create_stream(
+        self, request: Request, run_id: FromPath[str]
+    ) -> Response[StreamDocument]:
         services, caller = await authenticated(request)
         definition = await decode_body(request, DefinitionRequest)
         document, created = await services.create_stream(caller, run_id, definition)
@@ -179,7 +181,7 @@ class StreamsController(Controller):
     async def list_streams(
         self,
         request: Request,
-        run_id: str,
+        run_id: FromPath[str],
         limit: Annotated[
             int, Parameter(ge=1, le=MAX_STREAMS_LIMIT, description="at most this many streams")
         ] = DEFAULT_STREAMS_LIMIT,
@@ -202,7 +204,9 @@ class StreamsController(Controller):
             Answer(200, "The stream document", StreamDocument), problems=ON_A_STREAM
         ),
     )
-    async def get_stream(self, request: Request, run_id: str, stream_id: str) -> StreamDocument:
+    async def get_stream(
+        self, request: Request, run_id: FromPath[str], stream_id: FromPath[str]
+    ) -> StreamDocument:
         services, caller = await authenticated(request)
         return await services.get_stream(caller, run_id, stream_id)
 
@@ -272,8 +276,8 @@ class StreamsController(Controller):
     async def read_records(
         self,
         request: Request,
-        run_id: str,
-        stream_id: str,
+        run_id: FromPath[str],
+        stream_id: FromPath[str],
         cursor: Cursor = 0,
         limit: Annotated[
             int, Parameter(ge=1, le=MAX_BATCH_RECORDS, description="at most this many records")
@@ -325,7 +329,7 @@ class StreamsController(Controller):
         ),
     )
     async def subscribe(
-        self, request: Request, run_id: str, stream_id: str, cursor: Cursor = 0
+        self, request: Request, run_id: FromPath[str], stream_id: FromPath[str], cursor: Cursor = 0
     ) -> ASGIApp:
         services, caller = await authenticated(request)
         last_event_id = request.headers.get("last-event-id")
@@ -371,7 +375,11 @@ class StreamsController(Controller):
         ),
     )
     async def acknowledge(
-        self, request: Request, run_id: str, stream_id: str, consumer_id: str
+        self,
+        request: Request,
+        run_id: FromPath[str],
+        stream_id: FromPath[str],
+        consumer_id: FromPath[str],
     ) -> AckAnswer:
         services, caller = await authenticated(request)
         body = await decode_body(request, AckBody)
@@ -389,8 +397,8 @@ class StreamsController(Controller):
     async def list_consumers(
         self,
         request: Request,
-        run_id: str,
-        stream_id: str,
+        run_id: FromPath[str],
+        stream_id: FromPath[str],
         limit: Annotated[
             int, Parameter(ge=1, le=MAX_CONSUMERS_LIMIT, description="at most this many consumers")
         ] = CONSUMERS_LIMIT,
@@ -417,7 +425,11 @@ class StreamsController(Controller):
         ),
     )
     async def delete_consumer(
-        self, request: Request, run_id: str, stream_id: str, consumer_id: str
+        self,
+        request: Request,
+        run_id: FromPath[str],
+        stream_id: FromPath[str],
+        consumer_id: FromPath[str],
     ) -> None:
         services, caller = await authenticated(request)
         await services.delete_consumer(caller, run_id, stream_id, consumer_id)
@@ -432,7 +444,9 @@ class StreamsController(Controller):
             problems=ON_A_STREAM,
         ),
     )
-    async def close_stream(self, request: Request, run_id: str, stream_id: str) -> StreamDocument:
+    async def close_stream(
+        self, request: Request, run_id: FromPath[str], stream_id: FromPath[str]
+    ) -> StreamDocument:
         services, caller = await authenticated(request)
         return await services.close_stream(caller, run_id, stream_id)
 
@@ -446,7 +460,9 @@ class StreamsController(Controller):
             request_body=LegalHoldBody,
         ),
     )
-    async def set_legal_hold(self, request: Request, run_id: str, stream_id: str) -> LegalHoldView:
+    async def set_legal_hold(
+        self, request: Request, run_id: FromPath[str], stream_id: FromPath[str]
+    ) -> LegalHoldView:
         services, caller = await authenticated(request)
         body = await decode_body(request, LegalHoldBody)
         return await services.set_legal_hold(caller, run_id, stream_id, body.enabled, body.reason)
@@ -461,7 +477,9 @@ class StreamsController(Controller):
             problems=(*ON_A_STREAM, "legal-hold-active"),
         ),
     )
-    async def delete_stream(self, request: Request, run_id: str, stream_id: str) -> None:
+    async def delete_stream(
+        self, request: Request, run_id: FromPath[str], stream_id: FromPath[str]
+    ) -> None:
         services, caller = await authenticated(request)
         await services.delete_stream(caller, run_id, stream_id)
 
@@ -513,6 +531,6 @@ class RunsController(Controller):
             problems=(*EVERY_ROUTE, "forbidden", "not-found", "misdirected", "legal-hold-active"),
         ),
     )
-    async def delete_run(self, request: Request, run_id: str) -> None:
+    async def delete_run(self, request: Request, run_id: FromPath[str]) -> None:
         services, caller = await authenticated(request)
         await services.delete_run(caller, run_id)

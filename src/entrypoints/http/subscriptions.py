@@ -10,6 +10,7 @@ from typing import Annotated
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post, put
+from litestar.params import FromPath
 
 from application.subscriptions import WAKE_EVENT, WEBHOOK, AckRequest, Heads
 from domain.errors import InvalidInput
@@ -256,7 +257,7 @@ class SubscriptionsApiController(Controller):
         ),
     )
     async def put_subscription(
-        self, request: Request, subscription_id: str
+        self, request: Request, subscription_id: FromPath[str]
     ) -> Response[SubscriptionView]:
         services, caller = await authenticated(request)
         caller.require("streams:admin")
@@ -286,7 +287,9 @@ class SubscriptionsApiController(Controller):
             Answer(200, "The subscription", SubscriptionView), problems=PROBLEMS
         ),
     )
-    async def get_subscription(self, request: Request, subscription_id: str) -> SubscriptionView:
+    async def get_subscription(
+        self, request: Request, subscription_id: FromPath[str]
+    ) -> SubscriptionView:
         services, caller = await authenticated(request)
         sub, heads = await services.subscriptions.get(caller, subscription_id)
         return await view(services, sub, heads)
@@ -298,7 +301,7 @@ class SubscriptionsApiController(Controller):
         status_code=204,
         operation_class=documented(Answer(204, "Deleted"), problems=PROBLEMS),
     )
-    async def delete_subscription(self, request: Request, subscription_id: str) -> None:
+    async def delete_subscription(self, request: Request, subscription_id: FromPath[str]) -> None:
         services, caller = await authenticated(request)
         await services.subscriptions.delete(caller, subscription_id)
 
@@ -311,7 +314,7 @@ class SubscriptionsApiController(Controller):
             Answer(204, "Linked"), problems=(*PROBLEMS, *WITH_A_BODY), request_body=StreamsRequest
         ),
     )
-    async def add_streams(self, request: Request, subscription_id: str) -> None:
+    async def add_streams(self, request: Request, subscription_id: FromPath[str]) -> None:
         services, caller = await authenticated(request)
         caller.require("streams:admin")
         body = await decode_body(request, StreamsRequest)
@@ -326,7 +329,11 @@ class SubscriptionsApiController(Controller):
         operation_class=documented(Answer(204, "Unlinked"), problems=PROBLEMS),
     )
     async def remove_stream(
-        self, request: Request, subscription_id: str, run_id: str, stream_id: str
+        self,
+        request: Request,
+        subscription_id: FromPath[str],
+        run_id: FromPath[str],
+        stream_id: FromPath[str],
     ) -> None:
         services, caller = await authenticated(request)
         path = _path(StreamRef(run_id, stream_id))
@@ -343,7 +350,7 @@ class SubscriptionsApiController(Controller):
             request_body=ClaimRequest,
         ),
     )
-    async def claim(self, request: Request, subscription_id: str) -> ClaimAnswer:
+    async def claim(self, request: Request, subscription_id: FromPath[str]) -> ClaimAnswer:
         services, caller = await authenticated(request)
         body = await decode_body(request, ClaimRequest)
         sub, heads, token = await services.subscriptions.claim(caller, subscription_id, body.worker)
@@ -382,7 +389,7 @@ class SubscriptionsApiController(Controller):
         status_code=200,
         operation_class=_WAKE,
     )
-    async def callback(self, request: Request, subscription_id: str) -> WakeAnswer:
+    async def callback(self, request: Request, subscription_id: FromPath[str]) -> WakeAnswer:
         return await self._ack(request, subscription_id, WEBHOOK)
 
     @post(
@@ -392,7 +399,7 @@ class SubscriptionsApiController(Controller):
         status_code=200,
         operation_class=_WAKE,
     )
-    async def ack(self, request: Request, subscription_id: str) -> WakeAnswer:
+    async def ack(self, request: Request, subscription_id: FromPath[str]) -> WakeAnswer:
         return await self._ack(request, subscription_id, WAKE_EVENT)
 
     @post(
@@ -406,7 +413,7 @@ class SubscriptionsApiController(Controller):
             request_body=WakeRequest,
         ),
     )
-    async def release(self, request: Request, subscription_id: str) -> None:
+    async def release(self, request: Request, subscription_id: FromPath[str]) -> None:
         services: Services = request.app.state.services
         token = wake_token(request.headers.get("authorization"))
         body = await decode_body(request, WakeRequest)
@@ -427,7 +434,7 @@ class StreamSubscriptionsController(Controller):
         ),
     )
     async def list_subscriptions(
-        self, request: Request, run_id: str, stream_id: str
+        self, request: Request, run_id: FromPath[str], stream_id: FromPath[str]
     ) -> SubscriptionList:
         services, caller = await authenticated(request)
         found = await services.subscriptions.of_stream(caller, run_id, stream_id)
