@@ -205,7 +205,11 @@ def _configured(caller: Caller, sub: Subscription) -> Subscription:
     """`sub`'s configuration as `caller` may see it: a webhook's URL whole for a caller with
     `streams:admin` (who may set it), its address alone for others (a reader, a share link's
     token): what follows the path, or precedes the host, is often the receiver's credential."""
-    return sub if "streams:admin" in caller.scopes else sub.with_webhook_address()
+    if "streams:admin" in caller.scopes:
+        return sub
+    # A failure's text may name the receiver's address or what it resolved to: for those who
+    # configure subscriptions.
+    return msgspec.structs.replace(sub.with_webhook_address(), last_error=None)
 
 
 def _visible(caller: Caller, sub: Subscription | None, subscription_id: str) -> Subscription:

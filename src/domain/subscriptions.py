@@ -328,6 +328,9 @@ class Subscription(msgspec.Struct, frozen=True):
     wake: Wake | None = None
     failing: bool = False  # the last webhook attempt failed and a retry is scheduled
     links: tuple[Link, ...] = ()
+    # While failing: why the last attempt failed (a webhook's answer or error, a wake stream's
+    # refusal), for whoever configures subscriptions. Kept beside the state, like `failing`.
+    last_error: str | None = None
 
     @property
     def status(self) -> str:

@@ -264,7 +264,7 @@ async def test_a_run_scoped_token_sees_and_makes_only_subscriptions_within_its_r
 
 
 async def test_a_streams_subscriptions_show_a_run_scoped_reader_nothing_of_other_runs(
-    server: ServerProcess, api: httpx.AsyncClient, run_id: str
+    server: ServerProcess, api: httpx.AsyncClient, run_id: str, pool: asyncpg.Pool
 ) -> None:
     """The listing of one stream's subscriptions is `get`'s view of each: a subscription that
     names another run (its wake stream, here) is not listed to a token restricted to this run,
@@ -293,10 +293,18 @@ async def test_a_streams_subscriptions_show_a_run_scoped_reader_nothing_of_other
     for name, config in configs.items():
         made = await api.put(f"/subscriptions/{name}", json=config)
         assert made.status_code == 201, made.text
+    # Its last attempt failed, saying where it went (as a connection error may).
+    await pool.execute(
+        "UPDATE ds_subscriptions SET failing = true, last_error = $2 WHERE subscription_id = $1",
+        hooked,
+        "ConnectError: 127.0.0.1:9/hook?secret=SUPERSECRET refused",
+    )
     listing = f"/runs/{run_id}/streams/s/subscriptions"
     whole = (await api.get(listing)).json()["subscriptions"]
     assert {sub["id"] for sub in whole} == {waking, hooked}
     assert [sub["webhook"]["url"] for sub in whole if sub["id"] == hooked] == [secret_hook]
+    admin_view = (await api.get(f"/subscriptions/{hooked}")).json()
+    assert admin_view["status"] == "failed" and "refused" in admin_view["last_error"]
     minted = await api.post(
         "/tokens",
         json={"scopes": ["streams:read"], "expires_in_seconds": 600, "runs": [run_id]},

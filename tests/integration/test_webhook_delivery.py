@@ -289,9 +289,12 @@ def test_a_pull_wake_failing_for_a_missing_wake_stream_is_active_once_delivered(
         )
     assert answer.status_code == 201, answer.text
     deployment.write(f"{run}/e1", {"n": 1}, create=False)
-    wait_for(lambda: deployment.subscription(sid)["status"] == "failed", 20)
+    failed = wait_for(lambda: (s := deployment.subscription(sid))["status"] == "failed" and s, 20)
+    # It says why, to whoever configures subscriptions (this token may).
+    assert f"the wake stream '{run}/wake'" in failed["last_error"], failed
     deployment.write(f"{run}/wake", [])
     wait_for(lambda: deployment.subscription(sid)["status"] == "active", 30)
+    assert "last_error" not in deployment.subscription(sid)
     with deployment.client() as c:
         woken = c.get(f"{deployment.root}/{run}/wake", params={"offset": "-1"})
     assert len(woken.json()) == 1, woken.text

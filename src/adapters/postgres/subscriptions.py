@@ -20,9 +20,10 @@ _T = TypeVar("_T")
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Subscription).decode
 
-_LOCK = """SELECT state, failing FROM ds_subscriptions
+_LOCK = """SELECT state, failing, last_error FROM ds_subscriptions
            WHERE tenant = $1 AND subscription_id = $2 FOR UPDATE"""
-_GET = "SELECT state, failing FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2"
+_GET = """SELECT state, failing, last_error FROM ds_subscriptions
+          WHERE tenant = $1 AND subscription_id = $2"""
 _LINKS = """SELECT run_id, stream_id, explicit, glob, acked FROM ds_subscription_links
             WHERE tenant = $1 AND subscription_id = $2"""
 _HEADS = """SELECT run_id, stream_id, head FROM streams
@@ -45,7 +46,8 @@ _INSERT = """INSERT INTO ds_subscriptions
              VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), $8)
              ON CONFLICT (tenant, subscription_id) DO NOTHING"""
 _UPDATE = """UPDATE ds_subscriptions
-             SET state = $3, wake_active = $4, lease_until = to_timestamp($5), failing = $6
+             SET state = $3, wake_active = $4, lease_until = to_timestamp($5), failing = $6,
+                 last_error = CASE WHEN $6 THEN last_error END
              WHERE tenant = $1 AND subscription_id = $2"""
 _DELETE = "DELETE FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2"
 _UPSERT_LINKS = """INSERT INTO ds_subscription_links
@@ -105,7 +107,7 @@ class _Raced(Exception):
 
 
 def _state(sub: Subscription) -> bytes:
-    return _encode(msgspec.structs.replace(sub, links=(), failing=False))
+    return _encode(msgspec.structs.replace(sub, links=(), failing=False, last_error=None))
 
 
 class PostgresSubscriptions:
@@ -115,7 +117,7 @@ class PostgresSubscriptions:
     async def _load(
         self, conn: Connection, row: Any, tenant: str, subscription_id: str
     ) -> Subscription:
-        sub = msgspec.structs.replace(_decode(row[0]), failing=row[1])
+        sub = msgspec.structs.replace(_decode(row[0]), failing=row[1], last_error=row[2])
         links = await conn.fetch(_LINKS, tenant, subscription_id)
         return sub.with_links(
             {StreamPath(r[0], r[1]): Link(StreamPath(r[0], r[1]), r[2], r[3], r[4]) for r in links}
@@ -495,7 +497,7 @@ class PostgresWakeDeliveries:
         was missing and now exists, a webhook answered after its attempt timed out)."""
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(
-                """UPDATE ds_subscriptions SET failing = false
+                """UPDATE ds_subscriptions SET failing = false, last_error = NULL
                    WHERE tenant = $1 AND subscription_id = $2 AND failing""",
                 job.key.tenant,
                 job.key.stream_id,
@@ -514,10 +516,11 @@ class PostgresWakeDeliveries:
     async def failed(self, job: Job, error: str, retry_in: float) -> None:
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(
-                """UPDATE ds_subscriptions SET failing = true
+                """UPDATE ds_subscriptions SET failing = true, last_error = $3
                    WHERE tenant = $1 AND subscription_id = $2""",
                 job.key.tenant,
                 job.key.stream_id,
+                error[:500],
             )
             await conn.execute(
                 f"""UPDATE ds_wake_deliveries

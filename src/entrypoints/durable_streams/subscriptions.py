@@ -249,7 +249,7 @@ async def view(services: Services, sub: Subscription, heads: Heads) -> dict[str,
                 "jwks_url": f"{sub.base_url}{DS}/jwks.json",
             },
         }
-    return {
+    shown: dict[str, Any] = {
         "id": sub.id,
         "subscription_id": sub.id,
         "type": config.type,
@@ -265,6 +265,9 @@ async def view(services: Services, sub: Subscription, heads: Heads) -> dict[str,
         "status": sub.status,
         "description": config.description,
     }
+    if sub.last_error is not None:  # while failed, to those who configure subscriptions
+        shown["last_error"] = sub.last_error
+    return shown
 
 
 def _acks(body: CallbackBody) -> list[AckRequest]:

@@ -121,6 +121,8 @@ class SubscriptionView(msgspec.Struct, frozen=True):
     description: str | None
     generation: int
     wake: WakeView | None
+    # Why the last attempt failed, while `status` is `failed` (to `streams:admin` only).
+    last_error: str | None = None
 
 
 class SubscriptionList(msgspec.Struct, frozen=True):
@@ -213,6 +215,7 @@ async def view(services: Services, sub: Subscription, heads: Heads) -> Subscript
         description=config.description,
         generation=sub.generation,
         wake=None if wake is None else WakeView(wake.generation, wake.wake_id, wake.holder),
+        last_error=sub.last_error,
     )
 
 
