@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from domain.definition import Redaction
 from domain.errors import InvalidInput, RecordTooLarge
-from domain.records import RecordKind
+from domain.records import RecordInput, RecordKind, prepare_records
 from entrypoints.durable_streams import wire
 
 
@@ -215,3 +220,37 @@ def test_anything_else_is_not_a_fork_source(bad: str) -> None:
     with pytest.raises(InvalidInput) as refused:
         wire.fork_source(bad)
     assert refused.value.extra["field"] == "Stream-Forked-From"
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_json_values, min_size=1, max_size=20), st.sampled_from(["", " ", "\n  "]))
+def test_a_json_body_becomes_the_records_the_native_append_would_store(
+    values: list[object], space: str
+) -> None:
+    """The one-pass preparation of a JSON array (no redaction, not an input stream) stores
+    exactly what `prepare_records` stores for each message, whatever the spacing."""
+    body = json.dumps(values, indent=space and 1).encode()
+    items = msgspec.json.decode(body, type=list[msgspec.Raw])
+    general = prepare_records([RecordInput(data=item) for item in items], Redaction())
+    assert wire.json_records(body, allow_empty_array=False) == general
+
+
+def test_a_number_no_double_holds_is_refused_by_index_on_the_one_pass_path_too() -> None:
+    for body, index in ((b"[1, 2, 1e400]", 2), (b'[{"a": 1}, -1e999]', 1)):
+        with pytest.raises(InvalidInput, match=rf"records\[{index}\]"):
+            wire.json_records(body, allow_empty_array=False)
+    long_integer = b"[" + b"9" * 5000 + b", 1]"  # kept as is, as natively
+    assert len(wire.json_records(long_integer, allow_empty_array=False)) == 2

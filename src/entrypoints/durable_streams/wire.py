@@ -22,7 +22,13 @@ from domain.definition import (
 from domain.digits import bounded_integer
 from domain.errors import InvalidInput, RecordTooLarge, RequestTooLarge
 from domain.ids import ID_PATTERN
-from domain.records import NewRecord, RecordInput, RecordKind, prepare_records
+from domain.records import (
+    NewRecord,
+    RecordInput,
+    RecordKind,
+    compact_json_records,
+    prepare_records,
+)
 from domain.text import check_media_type, media_type_parts
 from entrypoints.edge.json_depth import MAX_JSON_DEPTH, nests_deeper_than
 
@@ -220,6 +226,7 @@ def rfc3339(at: datetime) -> str:
 # -- bodies --------------------------------------------------------------------------------------
 _raw_items = msgspec.json.Decoder(list[msgspec.Raw])
 _raw = msgspec.json.Decoder(msgspec.Raw)
+_compact = msgspec.json.format
 _NO_REDACTION = Redaction()
 
 
@@ -235,6 +242,11 @@ _LONE_SURROGATE = re.compile(
 def json_messages(body: bytes, *, allow_empty_array: bool) -> list[RecordInput]:
     """A JSON-mode body as its messages: one value, or the elements of a top-level array
     (flattened one level, 9.1.2). Must be valid UTF-8 JSON nesting at most MAX_JSON_DEPTH."""
+    return [RecordInput(data=v) for v in _json_values(body, allow_empty_array)[0]]
+
+
+def _json_values(body: bytes, allow_empty_array: bool) -> tuple[list[msgspec.Raw], bytes]:
+    """`json_messages`'s values, compact, and the compact document they are the values of."""
     if not body.isascii():
         try:
             body.decode()
@@ -250,10 +262,11 @@ def json_messages(body: bytes, *, allow_empty_array: bool) -> list[RecordInput]:
     if not stripped:
         raise InvalidInput("the body holds no JSON value, only whitespace")
     try:
-        if stripped.startswith(b"["):
-            items = _raw_items.decode(stripped)
+        document = _compact(stripped, indent=-1)  # one pass: every message compact
+        if document.startswith(b"["):
+            items = _raw_items.decode(document)
         else:
-            items = [_raw.decode(stripped)]
+            items = [_raw.decode(document)]
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         if _LONE_SURROGATE.search(stripped):
             raise InvalidInput(
@@ -267,7 +280,7 @@ def json_messages(body: bytes, *, allow_empty_array: bool) -> list[RecordInput]:
         raise RequestTooLarge(
             f"one request carries at most {MAX_COMMAND_RECORDS} messages, not {len(items)}"
         )
-    return [RecordInput(data=item) for item in items]
+    return items, document
 
 
 def json_records(
@@ -281,10 +294,13 @@ def json_records(
     stream's definition: compact, redacted, size-checked (413 over 64 KiB each), and for an
     input stream without U+0000 (its delivery could not carry it)."""
     try:
+        values, document = _json_values(body, allow_empty_array)
+        if not redaction.json_pointers and not input_stream:
+            fast = compact_json_records(values, document)
+            if fast is not None:
+                return fast
         return prepare_records(
-            json_messages(body, allow_empty_array=allow_empty_array),
-            redaction,
-            input_stream=input_stream,
+            [RecordInput(data=v) for v in values], redaction, input_stream=input_stream
         )
     except RecordTooLarge as error:  # in the protocol's words: it has no objects to point to
         index, size = error.extra["index"], error.extra["size"]
