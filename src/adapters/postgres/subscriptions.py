@@ -458,19 +458,19 @@ class PostgresWakeDeliveries:
         the service's own, no receiver) are not capped. The tenants are looked at
         `tenant_window` at a time, from where the last claim stopped, so that a claim's cost
         does not grow with the backlog and every tenant's turn comes."""
+        after = self._after
         rows = await self._pool.fetch(
-            _CLAIM,
-            self.worker_id,
-            self.lease_seconds,
-            limit,
-            self.per_tenant,
-            self._after,
-            self._window,
+            _CLAIM, self.worker_id, self.lease_seconds, limit, self.per_tenant, after, self._window
         )
         # Every row carries the window walked (a row of nulls besides when nothing was claimed).
         last, seen = rows[0][4], rows[0][5]
         self._after = last if seen >= self._window and last is not None else ""
-        return [_job(r[0], r[1], r[2], r[3]) for r in rows if r[0] is not None]
+        jobs = [_job(r[0], r[1], r[2], r[3]) for r in rows if r[0] is not None]
+        if not jobs and after and seen < self._window:
+            # The walk reached the last tenant with nothing claimed: the ones before the
+            # cursor get their turn now rather than at the next poll.
+            return await self.claim(limit)
+        return jobs
 
     async def renew(self, jobs: list[Job]) -> list[Job]:
         lost = []
