@@ -167,9 +167,7 @@ class Stream:
             self._refuse_total(items, s.total_items, total_items, "records", "items")
         if total_bytes is not None and s.total_bytes + size > total_bytes:
             self._refuse_total(size, s.total_bytes, total_bytes, "bytes", "bytes")
-        if not flow_controlled:
-            pass
-        elif items > limits.max_unread_items or size > limits.max_unread_bytes:
+        if flow_controlled and (items > limits.max_unread_items or size > limits.max_unread_bytes):
             raise errors.InvalidInput(
                 f"a batch of {items} records and {size} bytes can never fit the unread ceiling "
                 f"({limits.max_unread_items} records, {limits.max_unread_bytes} bytes)"
