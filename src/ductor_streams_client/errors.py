@@ -408,15 +408,30 @@ class WakeTokenInvalid(StreamsError):
 
 
 class Fenced(StreamsError):
-    """409: the wake named (generation, wake id) is no longer the subscription's current one."""
+    """409: the wake named (generation, wake id) is no longer the subscription's current one;
+    `generation` is the current one."""
 
     code_of_class = "fenced"
 
+    @property
+    def generation(self) -> int | None:
+        return _int(self.problem.get("generation"))
+
 
 class AlreadyClaimed(StreamsError):
-    """409: another worker holds the pull-wake subscription (`current_holder`)."""
+    """409: another worker holds the pull-wake subscription: `current_holder` names it, and
+    `generation` is its wake's."""
 
     code_of_class = "already-claimed"
+
+    @property
+    def current_holder(self) -> str | None:
+        value = self.problem.get("current_holder")
+        return None if value is None else str(value)
+
+    @property
+    def generation(self) -> int | None:
+        return _int(self.problem.get("generation"))
 
 
 class NoPendingWork(StreamsError):

@@ -478,8 +478,10 @@ async def test_the_clients_drive_a_pull_wake_and_verify_a_signature(
 
         def other_claim() -> None:
             with SyncStreamsClient(server.base_url, BOOTSTRAP_TOKEN) as sync:
-                with pytest.raises(AlreadyClaimed):
+                with pytest.raises(AlreadyClaimed) as held:
                     sync.claim_subscription(name, "w2")
+                assert held.value.current_holder == "w1"
+                assert held.value.generation == claim.generation
                 assert sync.get_subscription(name).wake is not None
 
         await asyncio.to_thread(other_claim)
