@@ -218,6 +218,22 @@ def _visible(caller: Caller, sub: Subscription | None, subscription_id: str) -> 
     return sub
 
 
+class _Unchecked(Exception):
+    """A decision met pending streams whose readability by the subscription's creator is not
+    known yet: it is decided again once it is."""
+
+    def __init__(self, tenant: str, creator: str, paths: list[StreamPath]) -> None:
+        super().__init__(tenant, creator, paths)
+        self.tenant, self.creator, self.paths = tenant, creator, paths
+
+
+# How long whether a subscription's creator may read a stream is remembered (a definition, and
+# so its readers, never changes; a stream erased and created again with other readers is seen
+# after this long), and how many such answers a process keeps.
+READABLE_SECONDS = 30.0
+READABLE_KEPT = 100_000
+
+
 class Subscriptions:
     """The use cases over subscriptions, for both surfaces."""
 
@@ -234,6 +250,8 @@ class Subscriptions:
         self._check_url = check_url
         self._clock = clock
         self._definitions = definitions
+        # (tenant, creator, stream) -> (whether the creator may read it, until when known)
+        self._readable: dict[tuple[str, str, StreamPath], tuple[bool, float]] = {}
 
     @tracing.use_case("put subscription")
     async def put(
@@ -323,6 +341,57 @@ class Subscriptions:
         if len(shown) == len(streams):
             return delivery.payload
         return msgspec.json.encode({**body, "streams": shown})
+
+    async def decide_seeing(
+        self,
+        tenant: str,
+        subscription_id: str,
+        decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]],
+    ) -> _T:
+        """`store.update`, with every pending stream the subscription's creator may not read
+        (its pinned readers leave the creator out, though a pattern linked it) acknowledged at
+        its head first: nothing of it is ever delivered, so nothing of it is ever pending. A
+        wake for it was a wake no receiver or worker could end: a webhook's notification
+        leaves it out, a claim does not show it, so no ack could reach it, and every `done`
+        woke the subscription again at once (99 webhooks in 6 s)."""
+        for _ in range(3):
+            try:
+                return await self._store.update(tenant, subscription_id, self._seeing(decide))
+            except _Unchecked as unchecked:
+                creator = Caller(
+                    tenant=unchecked.tenant,
+                    principal=unchecked.creator,
+                    scopes=frozenset({"streams:read"}),
+                )
+                until = time.monotonic() + READABLE_SECONDS
+                if len(self._readable) > READABLE_KEPT:
+                    self._readable.clear()
+                for path in unchecked.paths:
+                    readable = await self._may_read(creator, path)
+                    self._readable[(unchecked.tenant, unchecked.creator, path)] = readable, until
+        # Streams linked faster than they could be checked (three rounds): decided as they are.
+        return await self._store.update(tenant, subscription_id, decide)
+
+    def _seeing(
+        self, decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]]
+    ) -> Callable[[Subscription | None, Heads], tuple[Change | None, _T]]:
+        def seeing(sub: Subscription | None, heads: Heads) -> tuple[Change | None, _T]:
+            if sub is None:
+                return decide(sub, heads)
+            pending = [k.path for k in sub.links if heads.get(k.path, 0) > k.acked]
+            now = time.monotonic()
+            known = {p: self._readable.get((sub.tenant, sub.created_by, p)) for p in pending}
+            unknown = [p for p, seen in known.items() if seen is None or seen[1] < now]
+            if unknown:
+                raise _Unchecked(sub.tenant, sub.created_by, unknown)
+            hidden = [(p, heads[p]) for p, seen in known.items() if seen and not seen[0]]
+            if not hidden:
+                return decide(sub, heads)
+            seen_sub = sub.acknowledged(hidden, heads)
+            change, answer = decide(seen_sub, heads)
+            return (Change(seen_sub) if change is None else change), answer
+
+        return seeing
 
     async def _may_read(self, caller: Caller, path: StreamPath) -> bool:
         if self._definitions is None:
@@ -458,7 +527,7 @@ class Subscriptions:
 
         async def one(tenant: str, subscription_id: str) -> bool:
             async with gate:
-                woke: bool = await self._store.update(tenant, subscription_id, self.tick)
+                woke: bool = await self.decide_seeing(tenant, subscription_id, self.tick)
                 return woke
 
         results = await asyncio.gather(*(one(t, s) for t, s in due), return_exceptions=True)
@@ -505,7 +574,7 @@ class Subscriptions:
                 return self.wake_change(sub, heads), True
             return Change(sub), False
 
-        return await self._store.update(tenant, subscription_id, decide)
+        return await self.decide_seeing(tenant, subscription_id, decide)
 
     @tracing.use_case("claim wake")
     async def claim(
@@ -543,7 +612,7 @@ class Subscriptions:
             sub = sub.leased(now + sub.config.lease_ttl_ms / 1000, holder=worker)
             return Change(sub, deliveries), (sub, self._tokens.issue(sub, now))
 
-        sub, token = await self._store.update(caller.tenant, subscription_id, decide)
+        sub, token = await self.decide_seeing(caller.tenant, subscription_id, decide)
         found = await self._store.get(caller.tenant, subscription_id)
         return await self._shown(caller, sub), (found[1] if found else {}), token
 
@@ -559,7 +628,7 @@ class Subscriptions:
             sub = sub.finished()
             return (self.wake_change(sub, heads) if sub.has_pending(heads) else Change(sub)), None
 
-        await self._store.update(tenant, subscription_id, decide)
+        await self.decide_seeing(tenant, subscription_id, decide)
 
     async def of_stream(
         self, caller: Caller, run_id: str, stream_id: str
@@ -822,7 +891,7 @@ class DeliverWakes:
                 else Change(sub)
             ), None
 
-        await self._store.update(delivery.tenant, delivery.subscription_id, decide)
+        await self._subscriptions.decide_seeing(delivery.tenant, delivery.subscription_id, decide)
 
     async def _wake_event(self, delivery: Delivery, job: Job) -> None:
         assert delivery.wake_stream is not None

@@ -4,7 +4,9 @@
 
 Its behaviour is in each webhook URL's query: `fail=N` answers 500 to the path's first N
 requests, `delay=S` waits S seconds before answering, `hang_first=S` holds only the path's
-first request S seconds, `done=1` answers `{"done": true}` (else `{}`). Every request is logged
+first request S seconds, `done=1` answers `{"done": true}` (else `{}`), `callback=1` then calls
+back with `done` and an ack of every stream listed at its tail (as a receiver that processed what
+it was shown would), after answering. Every request is logged
 to LOG as a JSON line when it arrives (`"event": "start"`) and when it is answered (`"end"`),
 with its path, headers and exact body (base64), so a test checks signatures on the bytes sent."""
 
@@ -15,6 +17,7 @@ import json
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -62,8 +65,38 @@ def main(port: int, log: Path) -> None:
             except OSError:  # the sender went away (a killed worker)
                 pass
             write({"event": "end", "path": parts.path, "n": n, "at": time.time(), "status": status})
+            if status == 200 and query.get("callback") == "1":
+                call_back(json.loads(body))
 
         def log_message(self, *args: object) -> None:
+            pass
+
+    def call_back(note: dict[str, object]) -> None:
+        streams = note.get("streams")
+        acks = [
+            {"path": s["path"], "offset": s["tail_offset"]}
+            for s in (streams if isinstance(streams, list) else [])
+        ]
+        request = urllib.request.Request(
+            str(note["callback_url"]),
+            data=json.dumps(
+                {
+                    "wake_id": note["wake_id"],
+                    "generation": note["generation"],
+                    "acks": acks,
+                    "done": True,
+                }
+            ).encode(),
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {note['callback_token']}",
+            },
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answered:
+                answered.read()
+        except OSError:  # fenced (409) or the server went away: the test reads the deliveries
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
