@@ -424,7 +424,7 @@ async def test_due_wakes_are_claimed_in_turn_across_tenants_a_few_of_each_at_mos
             )
 
 
-async def _backlog(pool, tenant: str, count: int, start: int = 0) -> None:  # type: ignore[no-untyped-def]
+async def _backlog(pool, tenant: str, count: int, start: int = 0, kind: str = "webhook") -> None:  # type: ignore[no-untyped-def]
     """`count` due webhooks of `tenant`, one per subscription, in one statement each."""
     async with pool.acquire() as conn:
         await conn.execute(
@@ -437,11 +437,12 @@ async def _backlog(pool, tenant: str, count: int, start: int = 0) -> None:  # ty
         await conn.execute(
             "INSERT INTO ds_wake_deliveries (tenant, subscription_id, generation, wake_id, kind,"
             " payload, url, created_by, attempts, next_attempt_at)"
-            " SELECT $1, 's' || i, 1, 'w', 'webhook', '\\x', 'https://h.example/', 'p', i % 2,"
+            " SELECT $1, 's' || i, 1, 'w', $4, '\\x', 'https://h.example/', 'p', i % 2,"
             " now() - make_interval(secs => i % 90) FROM generate_series($2::int, $3::int) i",
             tenant,
             start,
             start + count - 1,
+            kind,
         )
         await conn.execute("ANALYZE ds_wake_deliveries")
 
@@ -501,16 +502,48 @@ async def test_claims_walk_the_tenants_a_window_at_a_time_and_come_back(pool) ->
     queue = PostgresWakeDeliveries(pool, "claims-walk", per_tenant=1, tenant_window=2)
     try:
         seen: list[set[str]] = []
-        for _ in range(12):
+        for _ in range(60):  # other tests' tenants may take some windows' places
             jobs = [job for job in await queue.claim(100) if job.key.tenant.startswith(prefix)]
             seen.append({job.key.tenant for job in jobs})
             # A claim looks at two tenants at most, and each has one slot.
             assert len(jobs) <= 2 and len(seen[-1]) == len(jobs), jobs
             for job in jobs:
                 await queue.done(job, None)
+            if sum(len(claimed) for claimed in seen) == 15:
+                break
         served = [tenant for claimed in seen for tenant in sorted(claimed)]
         # Every wake of every tenant went out, each tenant served again after the others.
         assert Counter(served) == {tenant: 3 for tenant in tenants}, served
+    finally:
+        async with pool.acquire() as conn:
+            await conn.execute("DELETE FROM ds_subscriptions WHERE tenant = ANY($1)", tenants)
+
+
+async def test_claims_take_tenants_round_robin_from_where_the_last_one_stopped(pool) -> None:  # type: ignore[no-untyped-def]
+    """With more due work than a claim takes, each claim goes on from the tenant after the last
+    one the previous claim served, wrapping past the last tenant: every tenant gets as many
+    turns (a claim once served the same tenants again and again while others waited)."""
+    from adapters.postgres.subscriptions import PostgresWakeDeliveries
+
+    prefix = "rr-" + secrets.token_hex(3)
+    tenants = [f"{prefix}-{n}" for n in range(3)]
+    for tenant in tenants:
+        await _backlog(pool, tenant, 6, kind="wake-event")  # not capped: only the turn counts
+    queue = PostgresWakeDeliveries(pool, "claims-rr", tenant_window=2)
+    try:
+        served: Counter[str] = Counter()
+        # Other tests' tenants may be in the database (and in a window): claimed until all of
+        # these are served, the turns never further apart than one.
+        for _ in range(120):  # one row a claim: each claim is the next tenant's turn
+            jobs = [job for job in await queue.claim(1) if job.key.tenant.startswith(prefix)]
+            served.update(job.key.tenant for job in jobs)
+            for job in jobs:
+                await queue.done(job, None)
+            counts = [served[tenant] for tenant in tenants]
+            assert max(counts) - min(counts) <= 1, served
+            if sum(counts) == 18:
+                break
+        assert served == {tenant: 6 for tenant in tenants}, served
     finally:
         async with pool.acquire() as conn:
             await conn.execute("DELETE FROM ds_subscriptions WHERE tenant = ANY($1)", tenants)

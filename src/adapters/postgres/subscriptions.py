@@ -376,14 +376,34 @@ def _turns(kind: str, limit: str) -> str:
 
 
 _CLAIM = f"""
-WITH RECURSIVE tenants(tenant, n) AS (
+WITH RECURSIVE ahead(tenant, n) AS (
     (SELECT tenant, 1 FROM ds_wake_deliveries
      WHERE delivered_at IS NULL AND tenant > $5 ORDER BY tenant LIMIT 1)
     UNION ALL
     SELECT (SELECT w.tenant FROM ds_wake_deliveries w
             WHERE w.delivered_at IS NULL AND w.tenant > t.tenant ORDER BY w.tenant LIMIT 1),
            t.n + 1
-    FROM tenants t WHERE t.tenant IS NOT NULL AND t.n < $6
+    FROM ahead t WHERE t.tenant IS NOT NULL AND t.n < $6
+),
+-- From the first tenant up to the cursor: walked only when the tenants after the cursor are
+-- fewer than the window (an Append runs its second part only for the rows the LIMIT still
+-- wants), so that a window always holds as many tenants as there are, up to its size.
+behind(tenant, n) AS (
+    (SELECT tenant, 1 FROM ds_wake_deliveries
+     WHERE delivered_at IS NULL AND $5 <> '' ORDER BY tenant LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.tenant FROM ds_wake_deliveries w
+            WHERE w.delivered_at IS NULL AND w.tenant > t.tenant ORDER BY w.tenant LIMIT 1),
+           t.n + 1
+    FROM behind t WHERE t.tenant IS NOT NULL AND t.tenant < $5 AND t.n < $6
+),
+tenants AS (
+    SELECT tenant, row_number() OVER () AS place FROM (
+        (SELECT tenant FROM ahead WHERE tenant IS NOT NULL)
+        UNION ALL
+        (SELECT tenant FROM behind WHERE tenant IS NOT NULL AND tenant < $5)
+        LIMIT $6
+    ) w
 ),
 busy AS (
     SELECT tenant, count(*) AS n FROM ds_wake_deliveries
@@ -391,7 +411,7 @@ busy AS (
     GROUP BY tenant
 ),
 candidates AS (
-    SELECT t.tenant, c.subscription_id, c.generation, c.next_attempt_at,
+    SELECT t.tenant, t.place, c.subscription_id, c.generation,
            row_number() OVER (PARTITION BY t.tenant, c.kind ORDER BY c.late, c.next_attempt_at)
                AS turn
     FROM tenants t
@@ -403,9 +423,10 @@ candidates AS (
     ) c
     WHERE t.tenant IS NOT NULL
 ),
+-- Each tenant's first, in the walk's order from the cursor, then each one's second, ...
 picked AS (
-    SELECT tenant, subscription_id, generation FROM candidates
-    ORDER BY turn, next_attempt_at LIMIT $3
+    SELECT tenant, place, turn, subscription_id, generation FROM candidates
+    ORDER BY turn, place LIMIT $3
 ),
 locked AS (
     SELECT w.tenant, w.subscription_id, w.generation
@@ -422,8 +443,15 @@ claimed AS (
           = (locked.tenant, locked.subscription_id, locked.generation)
     RETURNING d.tenant, d.subscription_id, d.generation, d.attempts
 ),
-walked AS (SELECT max(tenant) AS last, count(tenant) AS seen FROM tenants)
-SELECT c.tenant, c.subscription_id, c.generation, c.attempts, walked.last, walked.seen
+walked AS (
+    SELECT (SELECT tenant FROM tenants ORDER BY place DESC LIMIT 1) AS last,
+           (SELECT count(*) FROM tenants) AS seen,
+           (SELECT count(*) FROM picked) AS picked,
+           (SELECT max(turn) FROM picked) AS turns,
+           (SELECT tenant FROM picked ORDER BY place DESC LIMIT 1) AS served
+)
+SELECT c.tenant, c.subscription_id, c.generation, c.attempts,
+       walked.last, walked.seen, walked.picked, walked.turns, walked.served
 FROM walked LEFT JOIN claimed c ON true
 """
 
@@ -458,19 +486,26 @@ class PostgresWakeDeliveries:
         the service's own, no receiver) are not capped. The tenants are looked at
         `tenant_window` at a time, from where the last claim stopped, so that a claim's cost
         does not grow with the backlog and every tenant's turn comes."""
-        after = self._after
         rows = await self._pool.fetch(
-            _CLAIM, self.worker_id, self.lease_seconds, limit, self.per_tenant, after, self._window
+            _CLAIM,
+            self.worker_id,
+            self.lease_seconds,
+            limit,
+            self.per_tenant,
+            self._after,
+            self._window,
         )
-        # Every row carries the window walked (a row of nulls besides when nothing was claimed).
-        last, seen = rows[0][4], rows[0][5]
-        self._after = last if seen >= self._window and last is not None else ""
-        jobs = [_job(r[0], r[1], r[2], r[3]) for r in rows if r[0] is not None]
-        if not jobs and after and seen < self._window:
-            # The walk reached the last tenant with nothing claimed: the ones before the
-            # cursor get their turn now rather than at the next poll.
-            return await self.claim(limit)
-        return jobs
+        # Every row carries the walk (a row of nulls besides when nothing was claimed). A claim
+        # filled with tenants' first turns goes on after the last tenant it served; one that
+        # gave every tenant of a full window its turn, after the window; else from the start.
+        last, seen, picked, turns, served = rows[0][4:9]
+        if picked >= limit and turns == 1 and served is not None:
+            self._after = served
+        elif seen >= self._window and last is not None:
+            self._after = last
+        else:
+            self._after = ""
+        return [_job(r[0], r[1], r[2], r[3]) for r in rows if r[0] is not None]
 
     async def renew(self, jobs: list[Job]) -> list[Job]:
         lost = []
