@@ -400,3 +400,31 @@ def test_a_webhook_names_no_stream_its_creator_may_not_read(deployment: Deployme
     assert len(entries) <= 2, len(entries)  # the wake for `open`, perhaps one repeat: no storm
     for entry in entries:
         assert "secret" not in json.dumps(body_of(entry)), body_of(entry)
+
+
+def test_a_fork_a_pattern_links_wakes_its_subscription_when_it_is_made(
+    deployment: Deployment,
+) -> None:
+    """A fork starts with its source's records and no append of its own: its creation is
+    announced like an append, so the subscription wakes then, not at the scheduler's next look
+    at every subscription (every 5 s)."""
+    run = "forked-" + secrets.token_hex(3)
+    deployment.write(f"{run}/src", [1, 2])
+    deployment.subscribe(deployment.receiver.url(run, done=1), f"{run}/*")
+    time.sleep(0.3)
+    made = time.monotonic()
+    with deployment.client() as c:
+        forked = c.put(
+            f"{deployment.root}/{run}/fork",
+            headers={"Stream-Forked-From": f"/v1/stream/{run}/src"},
+        )
+    assert forked.status_code == 201, forked.text
+    wait_for(
+        lambda: any(
+            s["path"] == f"{run}/fork" and s["has_pending"]
+            for e in deployment.receiver.entries(run)
+            for s in body_of(e)["streams"]
+        ),
+        20,
+    )
+    assert time.monotonic() - made < 3.0  # well within the 5 s between looks at every one

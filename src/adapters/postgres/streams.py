@@ -328,6 +328,16 @@ class PostgresStreams(RecordReads):
                     stream.state.head,
                     stream.state.earliest,
                 )
+                if not then and stream.state.head > 0:
+                    # It starts with records (its source's): announced like an append's, at the
+                    # commit, so that a subscription whose pattern links it wakes now (the
+                    # scheduler hears of work from announcements, and of the rest every 5 s).
+                    key = stream.key
+                    await conn.execute(
+                        "SELECT pg_notify($1, $2)",
+                        WAKE_CHANNEL,
+                        f"{key.tenant}/{key.run_id}/{key.stream_id} {stream.state.head}",
+                    )
             if not then:
                 return True
             outcomes, changes = decide_all(stream, then, {}, {}, self._snapshot_every)
