@@ -870,6 +870,10 @@ def test_a_float_that_is_not_finite_is_refused_before_sending_never_sent_as_null
     drive("append", "r", "s", [None, {"a": None}, "null", 1e308, Point(x=-0.0)])
     sent = json.loads(drive.requests[0].content)["records"]
     assert [r["data"] for r in sent] == [None, {"a": None}, "null", 1e308, {"x": -0.0}]
+    # JSON text given as it is (msgspec.Raw) holds no float of ours: sent as it is.
+    drive("append", "r", "s", [msgspec.Raw(b"[1,null]"), {"a": msgspec.Raw(b"null")}])
+    sent = json.loads(drive.requests[1].content)["records"]
+    assert [r["data"] for r in sent] == [[1, None], {"a": None}]
 
 
 # -- path parts ------------------------------------------------------------------------------------

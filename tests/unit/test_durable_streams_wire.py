@@ -254,3 +254,13 @@ def test_a_number_no_double_holds_is_refused_by_index_on_the_one_pass_path_too()
             wire.json_records(body, allow_empty_array=False)
     long_integer = b"[" + b"9" * 5000 + b", 1]"  # kept as is, as natively
     assert len(wire.json_records(long_integer, allow_empty_array=False)) == 2
+
+
+def test_an_escaped_backslash_before_u_is_no_surrogate_escape() -> None:
+    """`\\\\ud800` is a backslash and the text `ud800`: a body cut short after it is refused
+    as not valid JSON, not blamed on a surrogate."""
+    with pytest.raises(InvalidInput) as refused:
+        wire.json_messages(b'{"a":"\\\\ud800"', allow_empty_array=False)
+    assert "surrogate" not in str(refused.value)
+    with pytest.raises(InvalidInput, match="surrogate"):
+        wire.json_messages(b'{"a":"\\\\\\ud800"}', allow_empty_array=False)

@@ -38,8 +38,16 @@ def encode_json(value: Any) -> bytes:
     return encoded
 
 
+def _already_json(value: Any) -> None:
+    """`msgspec.Raw` is JSON text the caller gave as it is (no float of ours in it)."""
+    if isinstance(value, msgspec.Raw):
+        return None
+    raise NotImplementedError(f"{type(value).__name__} is not JSON")
+
+
 def _refuse_non_finite(value: Any) -> None:
-    pending = [msgspec.to_builtins(value)]  # Structs, dataclasses...: dicts and lists
+    # Structs, dataclasses...: dicts and lists (a Raw: as None, it holds no Python float)
+    pending = [msgspec.to_builtins(value, enc_hook=_already_json)]
     while pending:
         item = pending.pop()
         if isinstance(item, float) and not math.isfinite(item):

@@ -233,9 +233,11 @@ _NO_REDACTION = Redaction()
 _BOM = b"\xef\xbb\xbf"
 # A high surrogate escape not followed by a low one, or a low one not preceded by a high one
 # (only to explain a refusal: msgspec refuses both, the first as "truncated").
+# An escape is a backslash not itself escaped, the last of an odd run of them (in the JSON text
+# `\\ud800`, the first backslash escapes the second, and `ud800` is text).
 _LONE_SURROGATE = re.compile(
-    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
-    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    rb"(?<!\\)(?:\\\\)*\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\)(?:\\\\)*(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
 )
 
 
