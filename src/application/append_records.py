@@ -183,13 +183,8 @@ class AppendRecords:
             raise errors.InvalidInput(
                 f"an append carries 1 to {MAX_BATCH_RECORDS} records, not {len(inputs)}"
             )
-        definition = await self._definitions.get(key, runs=caller.runs)
-        require_writer(caller, definition)
-        records = prepare_records(
-            inputs, definition.redaction, input_stream=definition.direction == "input"
-        )
-        idempotency = (
-            Idempotency(idempotency_key, fingerprint(records)) if idempotency_key else None
+        definition, records, idempotency = await self._prepared(
+            caller, key, inputs, idempotency_key
         )
         if definition.limits.unread_policy == "block":
             return await self._blocking(
@@ -307,14 +302,24 @@ class AppendRecords:
         """An append of the service's own notification (`NotificationCommand`), checked as
         `__call__` checks a caller's, never held back by the unread ceiling (so never waits)."""
         key = caller.key(run_id, stream_id)
+        checked = check_idempotency_key(idempotency_key)
+        _, records, idempotency = await self._prepared(caller, key, inputs, checked)
+        return await self._append(caller, key, records, idempotency, NotificationCommand)
+
+    async def _prepared(
+        self, caller: Caller, key: StreamKey, inputs: list[RecordInput], idempotency_key: str | None
+    ) -> tuple[StreamDefinition, list[NewRecord], Idempotency | None]:
+        """The stream's definition (its caller a writer), the records as the stream stores
+        them, and the request's idempotency (its key and the records' fingerprint)."""
         definition = await self._definitions.get(key, runs=caller.runs)
         require_writer(caller, definition)
         records = prepare_records(
             inputs, definition.redaction, input_stream=definition.direction == "input"
         )
-        checked = check_idempotency_key(idempotency_key)
-        idempotency = Idempotency(checked, fingerprint(records)) if checked else None
-        return await self._append(caller, key, records, idempotency, NotificationCommand)
+        idempotency = (
+            Idempotency(idempotency_key, fingerprint(records)) if idempotency_key else None
+        )
+        return definition, records, idempotency
 
     async def _append(
         self,

@@ -102,13 +102,7 @@ def prepare_records(
             _check_content_type(index, content_type)
         size = len(payload)
         if size > MAX_INLINE_RECORD_BYTES:
-            raise RecordTooLarge(
-                f"records[{index}] is {size} bytes; an inline record may be at most "
-                f"{MAX_INLINE_RECORD_BYTES} bytes (use an object for larger bodies)",
-                index=index,
-                size=size,
-                limit=MAX_INLINE_RECORD_BYTES,
-            )
+            raise _too_large(index, size)
         add(NewRecord(kind, content_type, payload, size))
     return prepared
 
@@ -136,15 +130,19 @@ def compact_json_records(values: list[msgspec.Raw], document: bytes) -> list[New
         payload = bytes(value)
         size = len(payload)
         if size > limit:
-            raise RecordTooLarge(
-                f"records[{index}] is {size} bytes; an inline record may be at most "
-                f"{limit} bytes (use an object for larger bodies)",
-                index=index,
-                size=size,
-                limit=limit,
-            )
+            raise _too_large(index, size)
         add(NewRecord(json_kind, json_type, payload, size))
     return prepared
+
+
+def _too_large(index: int, size: int) -> RecordTooLarge:
+    return RecordTooLarge(
+        f"records[{index}] is {size} bytes; an inline record may be at most "
+        f"{MAX_INLINE_RECORD_BYTES} bytes (use an object for larger bodies)",
+        index=index,
+        size=size,
+        limit=MAX_INLINE_RECORD_BYTES,
+    )
 
 
 def _decode(index: int, data: msgspec.Raw | bytes) -> Any:

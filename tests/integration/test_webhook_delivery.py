@@ -139,6 +139,18 @@ def deployment(own_database: str, tmp_path_factory: pytest.TempPathFactory) -> I
     receiver.wait()
 
 
+def woken_for(deployment: Deployment, name: str, path: str, seconds: float = 20) -> None:
+    """Wait until a notification the receiver `name` got says `path` is pending."""
+    wait_for(
+        lambda: any(
+            s["path"] == path and s["has_pending"]
+            for e in deployment.receiver.entries(name)
+            for s in body_of(e)["streams"]
+        ),
+        seconds,
+    )
+
+
 def body_of(entry: dict[str, Any]) -> dict[str, Any]:
     found: dict[str, Any] = json.loads(base64.b64decode(entry["body"]))
     return found
@@ -386,14 +398,7 @@ def test_a_webhook_names_no_stream_its_creator_may_not_read(deployment: Deployme
     time.sleep(1.5)
     assert deployment.receiver.entries(run) == []  # nothing it may read changed
     append("open")
-    wait_for(
-        lambda: any(
-            s["path"] == f"{run}/open" and s["has_pending"]
-            for e in deployment.receiver.entries(run)
-            for s in body_of(e)["streams"]
-        ),
-        20,
-    )
+    woken_for(deployment, run, f"{run}/open")
     append("secret")
     time.sleep(1.5)
     entries = deployment.receiver.entries(run)
@@ -419,12 +424,5 @@ def test_a_fork_a_pattern_links_wakes_its_subscription_when_it_is_made(
             headers={"Stream-Forked-From": f"/v1/stream/{run}/src"},
         )
     assert forked.status_code == 201, forked.text
-    wait_for(
-        lambda: any(
-            s["path"] == f"{run}/fork" and s["has_pending"]
-            for e in deployment.receiver.entries(run)
-            for s in body_of(e)["streams"]
-        ),
-        20,
-    )
+    woken_for(deployment, run, f"{run}/fork")
     assert time.monotonic() - made < 3.0  # well within the 5 s between looks at every one
