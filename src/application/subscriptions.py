@@ -369,11 +369,14 @@ class Subscriptions:
                 for path in unchecked.paths:
                     readable = await self._may_read(creator, path)
                     self._readable[(unchecked.tenant, unchecked.creator, path)] = readable, until
-        # Streams linked faster than they could be checked (three rounds): decided as they are.
-        return await self._store.update(tenant, subscription_id, decide)
+        # Streams linked faster than they could be checked (three rounds): those known hidden
+        # are acknowledged, the others decided as they are.
+        return await self._store.update(tenant, subscription_id, self._seeing(decide, check=False))
 
     def _seeing(
-        self, decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]]
+        self,
+        decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]],
+        check: bool = True,
     ) -> Callable[[Subscription | None, Heads], tuple[Change | None, _T]]:
         def seeing(sub: Subscription | None, heads: Heads) -> tuple[Change | None, _T]:
             if sub is None:
@@ -382,7 +385,7 @@ class Subscriptions:
             now = time.monotonic()
             known = {p: self._readable.get((sub.tenant, sub.created_by, p)) for p in pending}
             unknown = [p for p, seen in known.items() if seen is None or seen[1] < now]
-            if unknown:
+            if unknown and check:
                 raise _Unchecked(sub.tenant, sub.created_by, unknown)
             hidden = [(p, heads[p]) for p, seen in known.items() if seen and not seen[0]]
             if not hidden:
@@ -614,7 +617,17 @@ class Subscriptions:
 
         sub, token = await self.decide_seeing(caller.tenant, subscription_id, decide)
         found = await self._store.get(caller.tenant, subscription_id)
-        return await self._shown(caller, sub), (found[1] if found else {}), token
+        # What its creator may read (the subscription's streams), of what the worker may read:
+        # a stream the creator may not read is acknowledged as it grows, so a worker's ack of
+        # it would be refused as going back, with the acks beside it.
+        shown = await self._shown(caller, sub)
+        creator = Caller(
+            tenant=sub.tenant, principal=sub.created_by, scopes=frozenset({"streams:read"})
+        )
+        kept = {k.path: k for k in shown.links if await self._may_read(creator, k.path)}
+        if len(kept) != len(shown.links):
+            shown = shown.with_links(kept)
+        return shown, (found[1] if found else {}), token
 
     @tracing.use_case("release wake")
     async def release(

@@ -437,6 +437,33 @@ async def test_a_claim_shows_no_stream_its_worker_may_not_read(
         assert claim.status_code == 200, claim.text
         assert [s["stream_id"] for s in claim.json()["streams"]] == ["open"]
         assert "pinned" not in claim.text
+        claimed = claim.json()
+        wake = {"wake_id": claimed["wake_id"], "generation": claimed["generation"]}
+        auth = {"authorization": f"Bearer {claimed['token']}"}
+        released = await b.post(f"/subscriptions/{name}/release", json=wake, headers=auth)
+        assert released.status_code == 204, released.text
+    # A worker that may read `pinned` is not shown it either: the subscription's creator may
+    # not read it, so it is acknowledged as it grows, and an ack of it would go back.
+    await api.post(f"/runs/{run_id}/streams/pinned/records", json={"records": [{"data": 2}]})
+    reader = await tokens.create(principal="a", scopes=("streams:read", "streams:write"))
+    async with api_client(server, reader) as a_client:
+        claim = await a_client.post(f"/subscriptions/{name}/claim", json={"worker": "w2"})
+        assert claim.status_code == 200, claim.text
+        claimed = claim.json()
+        assert [s["stream_id"] for s in claimed["streams"]] == ["open"], claim.text
+        done = await a_client.post(
+            f"/subscriptions/{name}/ack",
+            json={
+                "wake_id": claimed["wake_id"],
+                "generation": claimed["generation"],
+                "acks": [{"run_id": run_id, "stream_id": "open", "sequence": 1}],
+                "done": True,
+            },
+            headers={"authorization": f"Bearer {claimed['token']}"},
+        )
+        assert done.status_code == 200 and done.json() == {"ok": True, "next_wake": False}, (
+            done.text
+        )
 
 
 def _public_methods(cls: type) -> set[str]:

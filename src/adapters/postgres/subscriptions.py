@@ -401,7 +401,7 @@ tenants AS (
     SELECT tenant, row_number() OVER () AS place FROM (
         (SELECT tenant FROM ahead WHERE tenant IS NOT NULL)
         UNION ALL
-        (SELECT tenant FROM behind WHERE tenant IS NOT NULL AND tenant < $5)
+        (SELECT tenant FROM behind WHERE tenant IS NOT NULL AND tenant <= $5)
         LIMIT $6
     ) w
 ),
