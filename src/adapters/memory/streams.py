@@ -136,7 +136,7 @@ class MemoryStreams:
                     assert not changes.deleted
                     self._write(key, row, stream, changes)
                 self._rows[key] = row
-        if then:
+        if then or stream.state.head > 0:  # a fork starts with its source's records
             self._wake.notify(key)
         return self._stream(key, row), True
 
