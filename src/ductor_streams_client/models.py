@@ -476,6 +476,9 @@ class Subscription(_Answer, frozen=True):
     description: str | None
     generation: int
     wake: SubscriptionWake | None
+    # Why the last delivery failed, while `status` is "failed" (to a token with streams:admin;
+    # None otherwise, and from a server older than this field).
+    last_error: str | None = None
 
 
 class SubscriptionList(_Answer, frozen=True):
