@@ -331,13 +331,13 @@ class Subscriptions:
         every stream it matches, a stream's pinned readers included): a receiver is told of
         no stream's offsets that whoever configured it could not read."""
         body = msgspec.json.decode(delivery.payload)
-        creator = Caller(
-            tenant=delivery.tenant,
-            principal=delivery.created_by,
-            scopes=frozenset({"streams:read"}),
-        )
+        tenant, creator = delivery.tenant, delivery.created_by
         streams = body.get("streams", [])
-        shown = [s for s in streams if await self._may_read(creator, parse_path(s["path"]))]
+        shown = [
+            s
+            for s in streams
+            if await self._creator_may_read(tenant, creator, parse_path(s["path"]))
+        ]
         if len(shown) == len(streams):
             return delivery.payload
         return msgspec.json.encode({**body, "streams": shown})
@@ -358,20 +358,25 @@ class Subscriptions:
             try:
                 return await self._store.update(tenant, subscription_id, self._seeing(decide))
             except _Unchecked as unchecked:
-                creator = Caller(
-                    tenant=unchecked.tenant,
-                    principal=unchecked.creator,
-                    scopes=frozenset({"streams:read"}),
-                )
-                until = time.monotonic() + READABLE_SECONDS
-                if len(self._readable) > READABLE_KEPT:
-                    self._readable.clear()
                 for path in unchecked.paths:
-                    readable = await self._may_read(creator, path)
-                    self._readable[(unchecked.tenant, unchecked.creator, path)] = readable, until
+                    await self._creator_may_read(unchecked.tenant, unchecked.creator, path)
         # Streams linked faster than they could be checked (three rounds): those known hidden
         # are acknowledged, the others decided as they are.
         return await self._store.update(tenant, subscription_id, self._seeing(decide, check=False))
+
+    async def _creator_may_read(self, tenant: str, creator: str, path: StreamPath) -> bool:
+        """Whether a subscription's creator may read a stream, as remembered for
+        `READABLE_SECONDS` (a webhook's every delivery and a pattern's every stream ask)."""
+        now = time.monotonic()
+        known = self._readable.get((tenant, creator, path))
+        if known is not None and known[1] >= now:
+            return known[0]
+        caller = Caller(tenant=tenant, principal=creator, scopes=frozenset({"streams:read"}))
+        readable = await self._may_read(caller, path)
+        if len(self._readable) > READABLE_KEPT:
+            self._readable.clear()
+        self._readable[(tenant, creator, path)] = readable, now + READABLE_SECONDS
+        return readable
 
     def _seeing(
         self,
@@ -621,10 +626,11 @@ class Subscriptions:
         # a stream the creator may not read is acknowledged as it grows, so a worker's ack of
         # it would be refused as going back, with the acks beside it.
         shown = await self._shown(caller, sub)
-        creator = Caller(
-            tenant=sub.tenant, principal=sub.created_by, scopes=frozenset({"streams:read"})
-        )
-        kept = {k.path: k for k in shown.links if await self._may_read(creator, k.path)}
+        kept = {
+            k.path: k
+            for k in shown.links
+            if await self._creator_may_read(sub.tenant, sub.created_by, k.path)
+        }
         if len(kept) != len(shown.links):
             shown = shown.with_links(kept)
         return shown, (found[1] if found else {}), token
