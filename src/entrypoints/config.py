@@ -111,11 +111,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     jwt_jwks_refresh_seconds: Positive = 300.0
     jwt_reverify_seconds: Positive = 60.0
     # Subscriptions (docs/configuration.md, "Subscriptions"): hosts a webhook may name whatever
-    # they resolve to, how often the scheduler looks for pending work, the webhook's timeout,
-    # the unit of the retry backoff (1 s: 1, 2, 4 ... 60 s), how many deliveries run at once per
-    # process, and the public URL callbacks and the JWKS are announced under.
+    # they resolve to, how often the scheduler looks for pending work (and at every
+    # subscription), the webhook's timeout, the unit of the retry backoff (1 s: 1, 2, 4 ... 60 s),
+    # how many deliveries run at once per process, and the public URL callbacks and the JWKS are
+    # announced under.
     webhook_allowed_hosts: tuple[str, ...] = ()
     subscription_poll_seconds: Positive = 0.05
+    subscription_sweep_seconds: Positive = 5.0
     webhook_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 10.0
     webhook_retry_base_seconds: Positive = 1.0
     webhook_concurrency: Count = 32

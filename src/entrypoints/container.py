@@ -713,6 +713,7 @@ async def workers(container: Container) -> list[Runs]:
         await provided(container.subscriptions),
         await provided(container.wake),
         settings.subscription_poll_seconds,
+        settings.subscription_sweep_seconds,
     )
     window = timedelta(seconds=settings.idempotency_window_seconds)
 
