@@ -9,7 +9,8 @@ project alone, the other commands add its test tools (the `test` extra). Then it
                     filesystem object store under ./.ductor-streams); extra ARGS are passed on.
   test [ARGS...]    ruff (lint and format check), the import-linter layer contract, mypy
                     (over src/, as [tool.mypy] in pyproject.toml says), then the whole pytest
-                    suite; extra ARGS go to pytest (e.g. `-m "not slow"`).
+                    suite, three test files at a time (pytest-xdist); extra ARGS go to
+                    pytest (e.g. `-m "not slow"`; `-n 0` runs it in one process).
   bench [ARGS...]   the benchmarks in bench/ (docs/benchmarks.md).
   run CMD...        a command inside the environment: `python3 dev.py run ductor-streams -h`.
 """
@@ -76,6 +77,24 @@ def _ensure_environment(extras: set[str]) -> None:
     subprocess.run([*pip, "install", "-e", target], check=True, cwd=ROOT, stdout=sys.stderr)
     STAMP.write_text(stamp)
     print("dev.py: .venv is ready", file=sys.stderr, flush=True)
+
+
+# Test files run this many at a time, each file whole in one process (its module fixtures, a
+# server or a database of its own, start once). Most of the suite waits on real time (leases,
+# backoffs, servers starting, processes killed), so three processes finish a full run in about
+# half the time of one on two cores. `-n 0` (or any `-n`/`-p no:xdist`) among the arguments
+# overrides it, and `--pdb` runs in one process.
+TEST_PROCESSES = 3
+
+
+def _parallel(pytest_args: list[str]) -> list[str]:
+    """pytest-xdist's arguments for `test`, unless the caller chose how to run."""
+    chosen = any(
+        a in {"-n", "--numprocesses", "no:xdist", "--pdb"}
+        or a.startswith(("-n", "--numprocesses=", "--dist"))
+        for a in pytest_args
+    )
+    return [] if chosen else ["-n", str(TEST_PROCESSES), "--dist", "loadfile"]
 
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -161,7 +180,7 @@ def main(args: list[str]) -> int:
             if code := _exec(step):
                 return code
         _ensure_chromium(rest)
-        return _exec([_bin("python"), "-m", "pytest", *rest])
+        return _exec([_bin("python"), "-m", "pytest", *_parallel(rest), *rest])
     if command == "bench":
         _ensure_wrk()
         return _become([_bin("python"), "-m", "bench", *rest])
