@@ -10,6 +10,11 @@ While it commits, new requests queue for the next batch, so batches grow exactly
 does and a lone request waits for nobody. Spread over a hundred streams a stream rarely has two
 requests waiting; the batch is what keeps that load from paying a transaction per request.
 
+A large batch (a request of thousands of records: `aside_records`) commits aside, in a
+transaction of its own beside the leader's: for the second or so it takes, the other streams'
+requests go on committing in the leader's batches instead of waiting for it. Its streams are
+not taken again until it ends, so each stream's requests still commit in arrival order.
+
 Each stream's answer is its own: a refused request (or a stream that is gone) answers alone,
 and the port isolates a failing stream from the others of its batch. The leader is a task of
 its own, not a request, so a client that hangs up mid-commit cancels only its own wait, never
@@ -58,6 +63,14 @@ def commit_group(key: StreamKey) -> Hashable:
     return None
 
 
+# A batch of at least this many records commits aside (below), at most `MAX_ASIDE` at once per
+# process: a request of 100,000 messages took its batch 1-1.5 s, and every other stream's
+# appends waited for it. The loads of many small appends never make batches this large (64
+# connections make at most 64 requests a batch).
+ASIDE_RECORDS = 5_000
+MAX_ASIDE = 2
+
+
 class _Expired(Exception):
     """A request's wait for its batch reached its bound."""
 
@@ -76,6 +89,8 @@ class GroupCommit:
         max_batch_streams: int = 256,
         group_of: Callable[[StreamKey], Hashable] = commit_group,
         throughput: Throughput | None = None,
+        aside_records: int = ASIDE_RECORDS,
+        max_aside: int = MAX_ASIDE,
     ) -> None:
         self._streams = streams
         self.throughput = throughput or Throughput()
@@ -90,6 +105,13 @@ class GroupCommit:
         self._ready: dict[Hashable, dict[StreamKey, None]] = {}
         self._leaders: set[asyncio.Task[None]] = set()
         self._peers: CommitPeers | None = None
+        self._aside_records = aside_records
+        self._max_aside = max_aside
+        # The streams of the batches committing aside, and those batches' tasks; a leader
+        # with only such streams ready waits for `_aside_done`.
+        self._aside_streams: set[StreamKey] = set()
+        self._aside: set[asyncio.Task[None]] = set()
+        self._aside_done = asyncio.Event()
 
     def forward_to(self, peers: CommitPeers | None) -> None:
         """Commit each stream's appends where its owner among `peers` is (None: here)."""
@@ -163,40 +185,74 @@ class GroupCommit:
             while ready:
                 batch = self._take_batch(ready)
                 if not batch:
+                    if ready and self._aside:  # every ready stream is committing aside
+                        self._aside_done.clear()
+                        await self._aside_done.wait()
                     continue
-                try:
-                    if tracing.on():
-                        results = await self._traced_update(batch)
-                    else:
-                        results = await self._streams.update_many(
-                            [(key, [c for c, _, _ in taken]) for key, taken in batch]
-                        )
-                except BaseException as error:
-                    # Nothing of this batch was committed (or we cannot know): each request
-                    # fails, and an idempotency key makes its retry safe either way.
-                    for _, taken in batch:
-                        for _, future, _ in taken:
-                            if not future.done():
-                                future.set_exception(error)
-                    if not isinstance(error, Exception):
-                        raise
+                if len(self._aside) < self._max_aside and self._is_large(batch):
+                    self._commit_aside(batch)
                     continue
-                for (_, taken), result in zip(batch, results, strict=True):
-                    if isinstance(result, BaseException):  # that stream alone failed
-                        for _, future, _ in taken:
-                            if not future.done():
-                                future.set_exception(result)
-                        continue
-                    self.throughput.committed([c for c, _, _ in taken], result)
-                    for (_, future, _), outcome in zip(taken, result, strict=True):
-                        if not future.done():
-                            future.set_result(outcome)
+                await self._commit(batch)
         finally:
             for key in ready:
                 for _, future, _ in self._queues.pop(key, ()):
                     if not future.done():
                         future.set_exception(RuntimeError("the append leader stopped"))
             del self._ready[group]
+
+    def _is_large(self, batch: _Batch) -> bool:
+        records = 0
+        for _, taken in batch:
+            for command, _, _ in taken:
+                records += len(command.records)
+        return records >= self._aside_records
+
+    def _commit_aside(self, batch: _Batch) -> None:
+        """Commit `batch` in a task of its own; its streams stay out of other batches until it
+        ends (`_take_batch` passes them over)."""
+        keys = [key for key, _ in batch]
+        self._aside_streams.update(keys)
+
+        async def commit() -> None:
+            try:
+                await self._commit(batch)
+            finally:
+                self._aside_streams.difference_update(keys)
+                self._aside_done.set()
+
+        task = asyncio.create_task(commit(), name="append-aside")
+        self._aside.add(task)
+        task.add_done_callback(self._aside.discard)
+
+    async def _commit(self, batch: _Batch) -> None:
+        """One batch's transaction, and each request's answer."""
+        try:
+            if tracing.on():
+                results = await self._traced_update(batch)
+            else:
+                results = await self._streams.update_many(
+                    [(key, [c for c, _, _ in taken]) for key, taken in batch]
+                )
+        except BaseException as error:
+            # Nothing of this batch was committed (or we cannot know): each request fails,
+            # and an idempotency key makes its retry safe either way.
+            for _, taken in batch:
+                for _, future, _ in taken:
+                    if not future.done():
+                        future.set_exception(error)
+            if not isinstance(error, Exception):
+                raise
+            return
+        for (_, taken), result in zip(batch, results, strict=True):
+            if isinstance(result, BaseException):  # that stream alone failed
+                for _, future, _ in taken:
+                    if not future.done():
+                        future.set_exception(result)
+                continue
+            self.throughput.committed([c for c, _, _ in taken], result)
+            for (_, future, _), outcome in zip(taken, result, strict=True):
+                if not future.done():
+                    future.set_result(outcome)
 
     async def _traced_update(self, batch: _Batch) -> list[list[Outcome] | Exception]:
         """The batch's commit as a span: a child of its first request's, linked to the others'
@@ -237,10 +293,17 @@ class GroupCommit:
 
     def _take_batch(self, ready: dict[StreamKey, None]) -> _Batch:
         """The oldest ready streams (at most `max_batch_streams`), each with its queue up to
-        the batch's bounds on records and bytes; a stream with requests left stays ready."""
+        the batch's bounds on records and bytes; a stream with requests left stays ready. A
+        stream committing aside is passed over (it stays ready, in its place)."""
         budget = [self._max_records, self._max_bytes]
         batch: _Batch = []
-        for key in list(islice(ready, self._max_streams)):
+        aside = self._aside_streams
+        candidates = (
+            islice(ready, self._max_streams)
+            if not aside
+            else islice((k for k in ready if k not in aside), self._max_streams)
+        )
+        for key in list(candidates):
             queue = self._queues[key]
             taken = self._take(queue, budget, first=not batch)
             if taken:
@@ -271,8 +334,8 @@ class GroupCommit:
 
     async def drain(self) -> None:
         """Wait for every batch under way (used at shutdown)."""
-        while self._leaders:
-            await asyncio.gather(*list(self._leaders), return_exceptions=True)
+        while self._leaders or self._aside:
+            await asyncio.gather(*self._leaders, *self._aside, return_exceptions=True)
 
 
 async def run_one(commits: GroupCommit, key: StreamKey, command: AnsweringCommand[T]) -> T:

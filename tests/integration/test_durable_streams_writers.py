@@ -3,6 +3,7 @@ close, forks and soft delete, through the protocol and seen through the native A
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -205,6 +206,49 @@ async def test_a_protocol_stream_takes_appends_past_the_native_unread_ceiling(
     refused = await ds.post(url, content=too_many, headers=JSON_TYPE)
     assert_problem(refused, 413, "request-too-large")
     assert (await api.get(f"/runs/{run_id}/streams/unbounded")).json()["state"]["head"] == 12_001
+
+
+async def test_a_large_append_commits_whole_and_in_order_beside_small_ones(
+    ds: httpx.AsyncClient,  # noqa: F811
+    api: httpx.AsyncClient,
+    run_id: str,
+) -> None:
+    """A request of 12,345 messages goes to PostgreSQL in several COPY pieces and commits in
+    a transaction of its own beside the others' batches (application/group_commit.py): its
+    messages are stored whole and in order, and appends to the same stream made while it
+    commits come after it, each once."""
+    big, other = f"/{run_id}/big", f"/{run_id}/other"
+    for url in (big, other):
+        assert (await ds.put(url, headers=JSON_TYPE)).status_code == 201
+    batch = json.dumps([{"n": n} for n in range(12_345)]).encode()
+
+    async def small(url: str, n: int) -> None:
+        appended = await ds.post(url, content=json.dumps({"small": n}).encode(), headers=JSON_TYPE)
+        assert appended.status_code == 204, appended.text
+
+    large = asyncio.ensure_future(ds.post(big, content=batch, headers=JSON_TYPE))
+    await asyncio.sleep(0.05)  # the large one is being prepared or committed
+    await asyncio.gather(*(small(big, n) for n in range(10)), *(small(other, n) for n in range(10)))
+    assert (await large).status_code == 204, (await large).text
+    records = []
+    cursor = 0
+    while True:
+        page = (
+            await api.get(
+                f"/runs/{run_id}/streams/big/records", params={"cursor": cursor, "limit": 1000}
+            )
+        ).json()
+        records += page["records"]
+        if not page["records"]:
+            break
+        cursor = page["records"][-1]["sequence"]
+    assert [r["sequence"] for r in records] == list(range(1, len(records) + 1))
+    datas = [r["data"] for r in records]
+    assert len(datas) == 12_355
+    start = datas.index({"n": 0})
+    assert datas[start : start + 12_345] == [{"n": n} for n in range(12_345)]
+    smalls = [d["small"] for d in datas if "small" in d]
+    assert sorted(smalls) == list(range(10))
 
 
 async def test_the_migration_lifts_the_old_default_ceiling_of_protocol_streams(

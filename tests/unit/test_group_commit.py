@@ -143,3 +143,69 @@ async def test_a_batch_is_bounded_in_streams_and_the_rest_follow_in_order() -> N
     assert all(isinstance(o, Done) for o in outcomes)
     assert max(streams.batches) <= 3 and sum(streams.batches) == 10
     assert not commits._queues and not commits._ready  # nothing kept once idle
+
+
+class SizedStreams(MemoryStreams):
+    """A batch takes longer the more records it holds (1 ms per 100), as COPY and the WAL do;
+    each batch's streams are recorded in commit order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.committed: list[list[StreamKey]] = []
+
+    async def update_many(
+        self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> list[list[Outcome] | Exception]:
+        records = sum(len(c.records) for _, commands in groups for c in commands)
+        await asyncio.sleep(0.005 + records / 100_000)
+        self.committed.append([key for key, _ in groups])
+        return await super().update_many(groups)
+
+
+def _large(n: int = 20_000) -> Command:
+    return append([record() for _ in range(n)])
+
+
+async def test_a_large_batch_commits_aside_and_other_streams_do_not_wait_for_it() -> None:
+    streams = SizedStreams()
+    big, small = new_key(), new_key()
+    for key in (big, small):
+        await streams.create(key, definition(max_unread_items=100_000), NOW)
+    commits = GroupCommit(streams, aside_records=1_000)
+    large = asyncio.ensure_future(commits.submit(big, _large()))  # 0.2 s to commit
+    await asyncio.sleep(0.01)
+    for n in range(1, 6):  # one after the other, each its own batch: 5 batches meanwhile
+        outcome = await commits.submit(small, append())
+        assert isinstance(outcome, Done) and outcome.answer.first_sequence == n
+    assert not large.done()
+    assert isinstance(await large, Done)
+    assert streams.committed[-1] == [big]
+
+
+async def test_a_stream_committing_aside_keeps_its_order() -> None:
+    streams = SizedStreams()
+    key = new_key()
+    await streams.create(key, definition(max_unread_items=100_000), NOW)
+    commits = GroupCommit(streams, aside_records=1_000)
+    large = asyncio.ensure_future(commits.submit(key, _large()))
+    await asyncio.sleep(0.01)  # committing aside now
+    later = await asyncio.gather(*(commits.submit(key, append()) for _ in range(3)))
+    assert isinstance(await large, Done)
+    assert [o.answer.first_sequence for o in later] == [20_001, 20_002, 20_003]
+    _, records = await streams.page(key, 20_000, 10)
+    assert [r.sequence for r in records] == [20_001, 20_002, 20_003]
+    assert not commits._queues and not commits._ready and not commits._aside_streams
+
+
+async def test_at_most_max_aside_batches_commit_aside_and_drain_waits_for_them() -> None:
+    streams = SizedStreams()
+    keys = [new_key() for _ in range(3)]
+    for key in keys:
+        await streams.create(key, definition(max_unread_items=100_000), NOW)
+    commits = GroupCommit(streams, aside_records=1_000, max_aside=2)
+    large = [asyncio.ensure_future(commits.submit(k, _large())) for k in keys]
+    await asyncio.sleep(0.01)
+    assert len(commits._aside) == 2  # the third commits in the leader's own turn
+    await commits.drain()
+    assert all(f.done() and isinstance(f.result(), Done) for f in large)
+    assert not commits._aside and not commits._aside_streams
