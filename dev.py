@@ -83,15 +83,15 @@ def _ensure_environment(extras: set[str]) -> None:
 # server or a database of its own, start once). Most of the suite waits on real time (leases,
 # backoffs, servers starting, processes killed), so three processes finish a full run in about
 # half the time of one on two cores. `-n 0` (or any `-n`/`-p no:xdist`) among the arguments
-# overrides it, and `--pdb` runs in one process.
+# overrides it, and `--pdb`, `--trace` or `-s` (which need the terminal) run in one process.
 TEST_PROCESSES = 3
 
 
 def _parallel(pytest_args: list[str]) -> list[str]:
     """pytest-xdist's arguments for `test`, unless the caller chose how to run."""
     chosen = any(
-        a in {"-n", "--numprocesses", "no:xdist", "--pdb"}
-        or a.startswith(("-n", "--numprocesses=", "--dist"))
+        a in {"-n", "--numprocesses", "no:xdist", "-pno:xdist", "--pdb", "--trace", "-s"}
+        or a.startswith(("-n", "--numprocesses=", "--dist", "--capture=no"))
         for a in pytest_args
     )
     return [] if chosen else ["-n", str(TEST_PROCESSES), "--dist", "loadfile"]

@@ -10,10 +10,11 @@ While it commits, new requests queue for the next batch, so batches grow exactly
 does and a lone request waits for nobody. Spread over a hundred streams a stream rarely has two
 requests waiting; the batch is what keeps that load from paying a transaction per request.
 
-A large batch (a request of thousands of records: `aside_records`) commits aside, in a
-transaction of its own beside the leader's: for the second or so it takes, the other streams'
-requests go on committing in the leader's batches instead of waiting for it. Its streams are
-not taken again until it ends, so each stream's requests still commit in arrival order.
+A large batch (thousands of records, or megabytes: `aside_records`, `aside_bytes`) commits
+aside, in a transaction of its own beside the leader's: for the second or so it takes, the
+other streams' requests go on committing in the leader's batches instead of waiting for it. Its
+streams are not taken again until it ends, so each stream's requests still commit in arrival
+order.
 
 Each stream's answer is its own: a refused request (or a stream that is gone) answers alone,
 and the port isolates a failing stream from the others of its batch. The leader is a task of
@@ -63,11 +64,13 @@ def commit_group(key: StreamKey) -> Hashable:
     return None
 
 
-# A batch of at least this many records commits aside (below), at most `MAX_ASIDE` at once per
-# process: a request of 100,000 messages took its batch 1-1.5 s, and every other stream's
-# appends waited for it. The loads of many small appends never make batches this large (64
-# connections make at most 64 requests a batch).
+# A batch of at least this many records, or bytes, commits aside (below), at most `MAX_ASIDE`
+# at once per process: a request of 100,000 messages took its batch 1-1.5 s, and every other
+# stream's appends waited for it; 4,000 records of 1.9 KB held them 0.2 s. One-record appends
+# never make batches this large (64 connections make at most 64 requests a batch); batched
+# appends of a thousand records do, and commit aside, each stream's still in order.
 ASIDE_RECORDS = 5_000
+ASIDE_BYTES = 4 * 1024 * 1024
 MAX_ASIDE = 2
 
 
@@ -90,6 +93,7 @@ class GroupCommit:
         group_of: Callable[[StreamKey], Hashable] = commit_group,
         throughput: Throughput | None = None,
         aside_records: int = ASIDE_RECORDS,
+        aside_bytes: int = ASIDE_BYTES,
         max_aside: int = MAX_ASIDE,
     ) -> None:
         self._streams = streams
@@ -106,6 +110,7 @@ class GroupCommit:
         self._leaders: set[asyncio.Task[None]] = set()
         self._peers: CommitPeers | None = None
         self._aside_records = aside_records
+        self._aside_bytes = aside_bytes
         self._max_aside = max_aside
         # The streams of the batches committing aside, and those batches' tasks; a leader
         # with only such streams ready waits for `_aside_done`.
@@ -148,6 +153,10 @@ class GroupCommit:
             ready = self._ready.get(group)
             if ready is not None:
                 ready[key] = None
+                if self._aside_streams and key not in self._aside_streams:
+                    # Its leader may be waiting for an aside with only aside streams ready:
+                    # this stream needs no aside to end.
+                    self._aside_done.set()
             else:
                 self._ready[group] = {key: None}
                 leader = asyncio.create_task(self._lead(group), name=f"append-leader {group}")
@@ -185,8 +194,11 @@ class GroupCommit:
             while ready:
                 batch = self._take_batch(ready)
                 if not batch:
-                    if ready and self._aside:  # every ready stream is committing aside
-                        self._aside_done.clear()
+                    # (Empty also when the streams it looked at had only expired requests:
+                    # then others may be ready, and it looks again.)
+                    aside = self._aside_streams
+                    if ready and aside and all(key in aside for key in ready):
+                        self._aside_done.clear()  # every ready stream is committing aside
                         await self._aside_done.wait()
                     continue
                 if len(self._aside) < self._max_aside and self._is_large(batch):
@@ -201,11 +213,12 @@ class GroupCommit:
             del self._ready[group]
 
     def _is_large(self, batch: _Batch) -> bool:
-        records = 0
+        records = size = 0
         for _, taken in batch:
             for command, _, _ in taken:
                 records += len(command.records)
-        return records >= self._aside_records
+                size += sum(r.size for r in command.records)
+        return records >= self._aside_records or size >= self._aside_bytes
 
     def _commit_aside(self, batch: _Batch) -> None:
         """Commit `batch` in a task of its own; its streams stay out of other batches until it
@@ -213,16 +226,22 @@ class GroupCommit:
         keys = [key for key, _ in batch]
         self._aside_streams.update(keys)
 
-        async def commit() -> None:
-            try:
-                await self._commit(batch)
-            finally:
-                self._aside_streams.difference_update(keys)
-                self._aside_done.set()
+        def ended(task: asyncio.Task[None]) -> None:
+            # A done callback, not the coroutine's `finally`: it runs for a task cancelled
+            # before its first step too, and the task leaves `_aside` before the leader wakes
+            # (else the leader counts an ended aside and commits the next large batch inline).
+            self._aside.discard(task)
+            self._aside_streams.difference_update(keys)
+            if task.cancelled():  # a cancelled `_commit` answers all; unanswered: it never began
+                for _, taken in batch:
+                    for _, future, _ in taken:
+                        if not future.done():
+                            future.set_exception(RuntimeError("the append leader stopped"))
+            self._aside_done.set()
 
-        task = asyncio.create_task(commit(), name="append-aside")
+        task = asyncio.create_task(self._commit(batch), name="append-aside")
         self._aside.add(task)
-        task.add_done_callback(self._aside.discard)
+        task.add_done_callback(ended)
 
     async def _commit(self, batch: _Batch) -> None:
         """One batch's transaction, and each request's answer."""

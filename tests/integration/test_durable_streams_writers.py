@@ -215,8 +215,10 @@ async def test_a_large_append_commits_whole_and_in_order_beside_small_ones(
 ) -> None:
     """A request of 12,345 messages goes to PostgreSQL in several COPY pieces and commits in
     a transaction of its own beside the others' batches (application/group_commit.py): its
-    messages are stored whole and in order, and appends to the same stream made while it
-    commits come after it, each once."""
+    messages are stored whole, in order and together, and the small appends made to the same
+    stream meanwhile are each there once, before or after them. (That other streams do not
+    wait for it is shown in tests/unit/test_group_commit.py and measured by
+    bench/large_append.py.)"""
     big, other = f"/{run_id}/big", f"/{run_id}/other"
     for url in (big, other):
         assert (await ds.put(url, headers=JSON_TYPE)).status_code == 201

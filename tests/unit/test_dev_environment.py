@@ -64,5 +64,15 @@ def test_serve_needs_no_test_tool_and_the_other_commands_do() -> None:
 def test_the_suite_runs_three_files_at_a_time_unless_the_caller_chose() -> None:
     assert dev._parallel([]) == ["-n", "3", "--dist", "loadfile"]
     assert dev._parallel(["-m", "not slow", "tests/unit"]) == ["-n", "3", "--dist", "loadfile"]
-    for chosen in (["-n", "0"], ["-n4"], ["--numprocesses=2"], ["-p", "no:xdist"], ["--pdb"]):
+    for chosen in (
+        ["-n", "0"],
+        ["-n4"],
+        ["--numprocesses=2"],
+        ["-p", "no:xdist"],
+        ["-pno:xdist"],
+        ["--pdb"],
+        ["--trace"],
+        ["-s"],
+        ["--capture=no"],
+    ):
         assert dev._parallel(chosen) == [], chosen

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,7 @@ from adapters.memory.streams import MemoryStreams
 from application.errors import NotFound
 from application.group_commit import GroupCommit
 from application.ports import Command, Done, Failed, Outcome
+from application.waiting import Unanswered, request_budget
 from domain import errors
 from domain.stream import StreamKey
 from tests.support.builders import NOW, append, definition, new_key, record
@@ -209,3 +211,117 @@ async def test_at_most_max_aside_batches_commit_aside_and_drain_waits_for_them()
     await commits.drain()
     assert all(f.done() and isinstance(f.result(), Done) for f in large)
     assert not commits._aside and not commits._aside_streams
+
+
+# Found by a review of the change that made large batches commit aside.
+
+
+async def test_a_leader_waiting_for_an_aside_still_commits_other_streams() -> None:
+    """`big` commits aside and a small append to `big` queues behind it, so the leader finds
+    only `big` ready and waits for the aside: an append to another stream arriving then is
+    committed at once, not after the aside."""
+    streams = SizedStreams()
+    big, small = new_key(), new_key()
+    for key in (big, small):
+        await streams.create(key, definition(max_unread_items=100_000), NOW)
+    commits = GroupCommit(streams, aside_records=1_000)
+    large = asyncio.ensure_future(commits.submit(big, _large()))  # 0.2 s aside
+    await asyncio.sleep(0.01)
+    behind = asyncio.ensure_future(commits.submit(big, append()))  # waits for the aside
+    await asyncio.sleep(0.01)  # the leader waits for the aside now
+    outcome = await commits.submit(small, append())
+    assert isinstance(outcome, Done)
+    assert not large.done()  # it did not wait for the aside
+    await asyncio.gather(large, behind)
+    assert isinstance(behind.result(), Done) and behind.result().answer.first_sequence == 20_001
+
+
+async def test_a_slot_freed_by_an_aside_that_ended_is_used_by_the_next_large_batch() -> None:
+    """When an aside ends, the leader sees its slot free: the next large batch commits aside
+    too, not in the leader's own turn (the ended task was still counted when the leader woke,
+    and every other stream waited for the large batch)."""
+    streams = SizedStreams()
+    a, b, c = new_key(), new_key(), new_key()
+    for key in (a, b, c):
+        await streams.create(key, definition(max_unread_items=200_000), NOW)
+    commits = GroupCommit(streams, aside_records=1_000)
+    first = asyncio.ensure_future(commits.submit(a, _large(5_000)))  # 0.055 s aside
+    other = asyncio.ensure_future(commits.submit(b, _large(40_000)))  # 0.405 s aside
+    await asyncio.sleep(0.01)
+    assert len(commits._aside) == 2
+    second = asyncio.ensure_future(commits.submit(a, _large(20_000)))  # 0.205 s, behind `first`
+    await first
+    await asyncio.sleep(0.01)  # the leader has taken `second`
+    outcome = await commits.submit(c, append())
+    assert isinstance(outcome, Done)
+    assert not second.done()  # `second` commits aside: `c` did not wait for it
+    await asyncio.gather(second, other)
+
+
+async def test_an_aside_cancelled_before_it_starts_leaves_nothing_behind() -> None:
+    """A task cancelled before its first step never runs its coroutine: its streams must not
+    stay passed over, nor its requests unanswered (the next append to such a stream made the
+    leader spin without awaiting, freezing the event loop)."""
+    streams = SizedStreams()
+    key = new_key()
+    await streams.create(key, definition(max_unread_items=200_000), NOW)
+    commits = GroupCommit(streams, aside_records=1_000)
+    original = commits._commit_aside
+
+    def cancelled_at_once(batch: Any) -> None:
+        original(batch)
+        for task in commits._aside:
+            task.cancel()  # as a cancelled drain()'s gather would, in the same tick
+
+    commits._commit_aside = cancelled_at_once  # type: ignore[method-assign]
+    large = asyncio.ensure_future(commits.submit(key, _large(2_000)))
+    await asyncio.sleep(0.05)
+    assert not commits._aside_streams
+    assert large.done() and isinstance(large.exception(), RuntimeError)
+    commits._commit_aside = original  # type: ignore[method-assign]
+    outcome = await commits.submit(key, append())
+    assert isinstance(outcome, Done) and outcome.answer.first_sequence == 1
+
+
+async def test_a_leader_waits_for_an_aside_only_when_every_ready_stream_is_aside() -> None:
+    """A batch is empty also when the streams `_take_batch` looked at held only expired
+    requests; the leader waits for an aside only when every ready stream is aside (shown with
+    `max_batch_streams=1`; by default it takes 256 such streams, as in a database slowdown)."""
+    streams = SizedStreams()
+    x, w, y, z = (new_key() for _ in range(4))
+    for key in (x, w, y, z):
+        await streams.create(key, definition(max_unread_items=200_000), NOW)
+    commits = GroupCommit(streams, aside_records=1_000, max_aside=1, max_batch_streams=1)
+    x_large, w_large = _large(100_000), _large(20_000)  # (built before: building takes time)
+    aside = asyncio.ensure_future(commits.submit(x, x_large))  # 1 s aside
+    await asyncio.sleep(0.01)
+    inline = asyncio.ensure_future(commits.submit(w, w_large))  # 0.2 s in the leader
+    await asyncio.sleep(0.01)
+    with pytest.raises(Unanswered) as expired, request_budget(0.02):
+        await commits.submit(y, append())  # expires queued: y's queue is left empty, ready
+    assert not expired.value.outcome_unknown
+    late = asyncio.ensure_future(commits.submit(z, append()))
+    await inline
+    assert isinstance(await late, Done)
+    assert not aside.done()  # `z` did not wait for x's aside
+    await aside
+
+
+async def test_a_batch_of_megabytes_in_few_records_commits_aside() -> None:
+    streams = SizedStreams()
+    big, small = new_key(), new_key()
+    for key in (big, small):
+        await streams.create(key, definition(max_unread_items=100_000), NOW)
+    commits = GroupCommit(streams, aside_records=1_000, aside_bytes=64_000)
+    aside: list[list[StreamKey]] = []
+    original = commits._commit_aside
+
+    def recorded(batch: Any) -> None:
+        aside.append([key for key, _ in batch])
+        original(batch)
+
+    commits._commit_aside = recorded  # type: ignore[method-assign]
+    outcome = await commits.submit(big, append([record(b"1" * 1_000)] * 100))  # 100 KB
+    assert isinstance(outcome, Done) and aside == [[big]]  # 100 records, under 1,000
+    outcome = await commits.submit(small, append([record()] * 100))  # 100 records, 700 bytes
+    assert isinstance(outcome, Done) and aside == [[big]]
