@@ -728,9 +728,12 @@ class PostgresStreams(RecordReads):
             erased = [s for s in streams if s.key not in kept]
             await erase(conn, tenant, run_id, [s.key.stream_id for s in erased], "deleted")
             released: list[StreamKey] = []
+            # (Once: built for each erased stream, it cost a run of 10,000 streams 7 s of this
+            # process's CPU, and 20,000 46 s, every other request of the process waiting.)
+            in_run = frozenset(keys)
             for stream in erased:
                 released += await release_sources(
-                    conn, stream.key, stream.definition.fork, now, frozenset(keys)
+                    conn, stream.key, stream.definition.fork, now, in_run
                 )
             committing()
         for key in (*keys, *released):
