@@ -14,13 +14,13 @@ import asyncio
 import os
 import secrets
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+from bench.server import embedded_server
 
 TOKEN = "bench-" + secrets.token_hex(8)
 TICK = os.sysconf("SC_CLK_TCK")
@@ -140,39 +140,13 @@ def main() -> None:
     parser.add_argument("--consumers", type=int, default=5000)
     parser.add_argument("--appends", type=int, default=200)
     arguments = parser.parse_args()
-    with tempfile.TemporaryDirectory() as data:
-        port = _free_port()
-        env = {
-            **os.environ,
-            "DUCTOR_STREAMS_DATA_DIR": data,
-            "DUCTOR_STREAMS_BOOTSTRAP_TOKEN": TOKEN,
-            "DUCTOR_STREAMS_MAX_CONSUMERS_PER_STREAM": str(arguments.consumers + 10),
-        }
-        log = Path(data) / "serve.log"
-        with log.open("wb") as out:
-            server = subprocess.Popen(
-                [sys.executable, "-m", "entrypoints.cli", "serve", "--port", str(port)],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if httpx.get(base + "/readyz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if server.poll() is not None or time.monotonic() > deadline:
-                    sys.exit("the server did not start:\n" + log.read_text(errors="replace"))
-                time.sleep(0.2)
-            cpu = CPU(server.pid, data)
-            asyncio.run(_measure(base, arguments.consumers, arguments.appends, cpu))
-        finally:
-            server.terminate()
-            server.wait(30)
+    env = {
+        "DUCTOR_STREAMS_BOOTSTRAP_TOKEN": TOKEN,
+        "DUCTOR_STREAMS_MAX_CONSUMERS_PER_STREAM": str(arguments.consumers + 10),
+    }
+    with embedded_server(env) as (base, server, data):
+        cpu = CPU(server.pid, data)
+        asyncio.run(_measure(base, arguments.consumers, arguments.appends, cpu))
 
 
 if __name__ == "__main__":

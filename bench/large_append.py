@@ -14,27 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import secrets
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 
+from bench.server import embedded_server
+
 TOKEN = "bench-" + secrets.token_hex(8)
 JSON = {"Content-Type": "application/json"}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def _measure(base: str, messages: int, rounds: int) -> None:
@@ -91,37 +79,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     arguments = parser.parse_args()
-    with tempfile.TemporaryDirectory() as data:
-        port = _free_port()
-        env = {
-            **os.environ,
-            "DUCTOR_STREAMS_DATA_DIR": data,
-            "DUCTOR_STREAMS_BOOTSTRAP_TOKEN": TOKEN,
-        }
-        log = Path(data) / "serve.log"
-        with log.open("wb") as out:
-            server = subprocess.Popen(
-                [sys.executable, "-m", "entrypoints.cli", "serve", "--port", str(port)],
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if httpx.get(base + "/readyz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if server.poll() is not None or time.monotonic() > deadline:
-                    sys.exit("the server did not start:\n" + log.read_text(errors="replace"))
-                time.sleep(0.2)
-            asyncio.run(_measure(base, arguments.messages, arguments.rounds))
-        finally:
-            server.terminate()
-            server.wait(30)
+    with embedded_server({"DUCTOR_STREAMS_BOOTSTRAP_TOKEN": TOKEN}) as (base, _, _):
+        asyncio.run(_measure(base, arguments.messages, arguments.rounds))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ accounting of process trees from /proc."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -11,8 +12,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,41 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def embedded_server(env: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[bytes], str]]:
+    """`ductor-streams serve` on its embedded defaults in a temporary directory, with `env`
+    added to the environment: its base URL, process and data directory once `/readyz` answers
+    200; stopped after (the benchmarks of one process: bench.consumers, bench.large_append)."""
+    import httpx
+
+    with tempfile.TemporaryDirectory() as data:
+        port = free_port()
+        log = Path(data) / "serve.log"
+        with log.open("wb") as out:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "entrypoints.cli", "serve", "--port", str(port)],
+                env={**os.environ, "DUCTOR_STREAMS_DATA_DIR": data, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if httpx.get(base + "/readyz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if server.poll() is not None or time.monotonic() > deadline:
+                    sys.exit("the server did not start:\n" + log.read_text(errors="replace"))
+                time.sleep(0.2)
+            yield base, server, data
+        finally:
+            server.terminate()
+            server.wait(30)
 
 
 def raise_fd_limit() -> None:
