@@ -192,7 +192,7 @@ class GroupCommit:
         ready = self._ready[group]
         try:
             while ready:
-                batch = self._take_batch(ready)
+                batch, large = self._take_batch(ready)
                 if not batch:
                     # (Empty also when the streams it looked at had only expired requests:
                     # then others may be ready, and it looks again.)
@@ -201,7 +201,7 @@ class GroupCommit:
                         self._aside_done.clear()  # every ready stream is committing aside
                         await self._aside_done.wait()
                     continue
-                if len(self._aside) < self._max_aside and self._is_large(batch):
+                if large and len(self._aside) < self._max_aside:
                     self._commit_aside(batch)
                     continue
                 await self._commit(batch)
@@ -211,14 +211,6 @@ class GroupCommit:
                     if not future.done():
                         future.set_exception(RuntimeError("the append leader stopped"))
             del self._ready[group]
-
-    def _is_large(self, batch: _Batch) -> bool:
-        records = size = 0
-        for _, taken in batch:
-            for command, _, _ in taken:
-                records += len(command.records)
-                size += sum(r.size for r in command.records)
-        return records >= self._aside_records or size >= self._aside_bytes
 
     def _commit_aside(self, batch: _Batch) -> None:
         """Commit `batch` in a task of its own; its streams stay out of other batches until it
@@ -310,10 +302,11 @@ class GroupCommit:
                             )
         return results
 
-    def _take_batch(self, ready: dict[StreamKey, None]) -> _Batch:
+    def _take_batch(self, ready: dict[StreamKey, None]) -> tuple[_Batch, bool]:
         """The oldest ready streams (at most `max_batch_streams`), each with its queue up to
         the batch's bounds on records and bytes; a stream with requests left stays ready. A
-        stream committing aside is passed over (it stays ready, in its place)."""
+        stream committing aside is passed over (it stays ready, in its place). And whether
+        the batch is large enough to commit aside (`aside_records`, `aside_bytes`)."""
         budget = [self._max_records, self._max_bytes]
         batch: _Batch = []
         aside = self._aside_streams
@@ -331,7 +324,10 @@ class GroupCommit:
                 del self._queues[key], ready[key]
             if budget[0] <= 0 or budget[1] <= 0:
                 break
-        return batch
+        # (What the batch took, from what is left of the bounds: its first request may exceed
+        # them, leaving them below zero.)
+        records, size = self._max_records - budget[0], self._max_bytes - budget[1]
+        return batch, records >= self._aside_records or size >= self._aside_bytes
 
     @staticmethod
     def _take(queue: list[_Pending], budget: list[int], first: bool) -> list[_Pending]:
