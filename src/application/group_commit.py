@@ -74,6 +74,13 @@ ASIDE_BYTES = 4 * 1024 * 1024
 MAX_ASIDE = 2
 
 
+def _fail(taken: list[_Pending], error: BaseException) -> None:
+    """Each of these requests, not answered yet, answered with `error`."""
+    for _, future, _ in taken:
+        if not future.done():
+            future.set_exception(error)
+
+
 class _Expired(Exception):
     """A request's wait for its batch reached its bound."""
 
@@ -207,9 +214,7 @@ class GroupCommit:
                 await self._commit(batch)
         finally:
             for key in ready:
-                for _, future, _ in self._queues.pop(key, ()):
-                    if not future.done():
-                        future.set_exception(RuntimeError("the append leader stopped"))
+                _fail(self._queues.pop(key, []), RuntimeError("the append leader stopped"))
             del self._ready[group]
 
     def _commit_aside(self, batch: _Batch) -> None:
@@ -226,9 +231,7 @@ class GroupCommit:
             self._aside_streams.difference_update(keys)
             if task.cancelled():  # a cancelled `_commit` answers all; unanswered: it never began
                 for _, taken in batch:
-                    for _, future, _ in taken:
-                        if not future.done():
-                            future.set_exception(RuntimeError("the append leader stopped"))
+                    _fail(taken, RuntimeError("the append leader stopped"))
             self._aside_done.set()
 
         task = asyncio.create_task(self._commit(batch), name="append-aside")
@@ -248,17 +251,13 @@ class GroupCommit:
             # Nothing of this batch was committed (or we cannot know): each request fails,
             # and an idempotency key makes its retry safe either way.
             for _, taken in batch:
-                for _, future, _ in taken:
-                    if not future.done():
-                        future.set_exception(error)
+                _fail(taken, error)
             if not isinstance(error, Exception):
                 raise
             return
         for (_, taken), result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):  # that stream alone failed
-                for _, future, _ in taken:
-                    if not future.done():
-                        future.set_exception(result)
+                _fail(taken, result)
                 continue
             self.throughput.committed([c for c, _, _ in taken], result)
             for (_, future, _), outcome in zip(taken, result, strict=True):

@@ -38,12 +38,15 @@ class MemorySubscriptions:
             return None
         sub = msgspec.msgpack.decode(raw, type=Subscription)
         streams = self._heads(tenant)
+        linked = {link.path for link in sub.links}  # (once: `link` scans them all)
         if sub.config.pattern:
-            new = {p: 0 for p in streams if sub.link(p) is None and matches(sub.config.pattern, p)}
+            pattern = sub.config.pattern
+            new = {p: 0 for p in streams if p not in linked and matches(pattern, p)}
             if new:
                 sub = sub.linked(new, explicit=False)
                 self._rows[(tenant, subscription_id)] = msgspec.msgpack.encode(sub)
-        return sub, {p: h for p, h in streams.items() if sub.link(p) is not None}
+                linked.update(new)
+        return sub, {p: h for p, h in streams.items() if p in linked}
 
     async def update(
         self,
