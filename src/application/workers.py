@@ -160,9 +160,9 @@ def retry_delay(error: Exception, attempts: int, base: float) -> float:
 
 
 class Worker:
-    """Runs up to `concurrency` claimed jobs at a time, and claims more (up to `batch`) once
-    everything it claimed has started and a slot is free. Jobs are independent rows (input
-    dispatch claims one row per stream), so they may run side by side."""
+    """Runs up to `concurrency` claimed jobs at a time, and claims more once everything it
+    claimed has started and a slot is free, holding at most `batch` at once. Jobs are
+    independent rows (input dispatch claims one row per stream), so they may run side by side."""
 
     def __init__(
         self,
@@ -206,7 +206,7 @@ class Worker:
                         pause = claim_at - time.monotonic()
                     else:
                         sent = time.monotonic()
-                        jobs = await self._claim()
+                        jobs = await self._claim(max(1, self._batch - len(running)))
                         for job in jobs:
                             claims[job] = Claim(
                                 sent,
@@ -269,9 +269,12 @@ class Worker:
         with contextlib.suppress(ValueError):
             waiting.remove(job)
 
-    async def _claim(self) -> list[Job]:
+    async def _claim(self, limit: int) -> list[Job]:
+        """Up to `limit` jobs: what it holds (running, and claimed to start next) stays within
+        `batch`, so with `batch` equal to `concurrency` nothing it claims waits behind another
+        job, its lease held while other workers (or other tenants' jobs) could have run it."""
         try:
-            jobs = await self._queue.claim(self._batch)
+            jobs = await self._queue.claim(limit)
         except Exception as error:
             self._outage.failed(error)
             return []

@@ -100,3 +100,37 @@ async def test_output_streams_create_no_delivery_rows(app) -> None:
     assert container.streams().deliveries == {}
     document = await s.get_stream(ALICE, "r", "out")
     assert b"input_delivery" not in msgspec.json.encode(document)
+
+
+async def test_a_claim_takes_turns_across_tenants_and_counts_what_a_tenant_holds(app) -> None:
+    """As on PostgreSQL: key order alone would give the tenant whose name sorts first every
+    slot while its backlog lasts."""
+    container, s = app
+    zeta = Caller(tenant="zeta", principal="zed", scopes=ALICE.scopes)
+    for n in range(6):
+        await create(s, f"in{n}", "input")
+        await s.append_records(ALICE, "r", f"in{n}", data(1, 2))
+    deliveries = container.input_deliveries()
+    held = await deliveries.claim(3)
+    assert [job.key.stream_id for job in held] == ["in0", "in1", "in2"]
+    request = msgspec.convert({"direction": "input", "stream_id": "in"}, DefinitionRequest)
+    await s.create_stream(zeta, "r", request)
+    await s.append_records(zeta, "r", "in", data(1))
+    jobs = await deliveries.claim(2)
+    assert [(job.key.tenant, job.key.stream_id) for job in jobs] == [
+        ("zeta", "in"),
+        ("acme", "in3"),
+    ]
+
+
+async def test_a_stream_handed_back_after_its_batch_goes_to_the_back_of_its_tenants_turns(
+    app,
+) -> None:
+    container, s = app
+    for n in range(3):
+        await create(s, f"in{n}", "input")
+        await s.append_records(ALICE, "r", f"in{n}", data(1, 2, 3))
+    deliveries = container.input_deliveries()
+    [first] = await deliveries.claim(1)
+    await deliveries.done(first, None)
+    assert [job.key.stream_id for job in await deliveries.claim(3)] == ["in1", "in2", "in0"]

@@ -190,6 +190,32 @@ async def test_a_worker_runs_up_to_its_concurrency_of_a_batchs_jobs_side_by_side
     assert sorted(j.key.stream_id for j in queue.recorded) == ["s0", "s1", "s2"]
 
 
+async def test_a_worker_with_a_slot_free_claims_only_what_it_can_start() -> None:
+    """With `batch` equal to `concurrency`, a claim while a job runs asks for the free slots
+    only: a job claimed beyond them would wait, its lease held, behind the running one."""
+    queue = Queue([job(n) for n in range(5)])
+    asked: list[int] = []
+    claim = queue.claim
+
+    async def recording(limit: int) -> list[Job]:
+        asked.append(limit)
+        return await claim(limit)
+
+    queue.claim = recording  # type: ignore[method-assign]
+    slow_done, finished = asyncio.Event(), asyncio.Event()
+
+    async def handle(j: Job) -> None:
+        if j.key.stream_id == "s0":
+            await slow_done.wait()  # holds one of the two slots throughout
+        elif len(queue.recorded) == 3:  # s1, s2, s3 recorded: this is s4
+            slow_done.set()
+            finished.set()
+
+    await run_until(Worker("w", queue, handle, poll_seconds=0.01, batch=2, concurrency=2), finished)
+    assert asked[0] == 2  # nothing running: s0 and s1
+    assert asked[1:4] == [1, 1, 1]  # s0 running: s2, s3 and s4 one at a time
+
+
 class UnreachableQueue(Queue):
     """A queue whose claims fail (the database out of reach) until `reachable` is set."""
 

@@ -29,17 +29,30 @@ class MemoryInputDeliveries:
         self.worker_id = worker_id
 
     async def claim(self, limit: int) -> list[Job]:
-        jobs = []
+        """Turns across tenants, as the PostgreSQL claim takes them: a tenant's held streams
+        count as its first turns, and its due streams come least recently served first."""
+        now = time.monotonic()
+        held: dict[str, int] = {}
+        due: dict[str, list[tuple[float, StreamKey, int]]] = {}
         for key, rows in self._streams.deliveries.items():
             pending = sorted(s for s, row in rows.items() if not row.delivered)
             if not pending:
                 continue
             head = rows[pending[0]]
-            if head.claimed_by is None and head.not_before <= time.monotonic():
-                head.claimed_by = self.worker_id
-                jobs.append(Job(key=key, attempts=head.attempts, id=pending[0]))
-            if len(jobs) >= limit:
-                break
+            if head.claimed_by is not None:
+                held[key.tenant] = held.get(key.tenant, 0) + 1
+            elif head.not_before <= now:
+                due.setdefault(key.tenant, []).append((head.not_before, key, pending[0]))
+        turns = [
+            (held.get(tenant, 0) + turn, waiting, key, sequence)
+            for tenant, heads in due.items()
+            for turn, (waiting, key, sequence) in enumerate(sorted(heads), start=1)
+        ]
+        jobs = []
+        for _, _, key, sequence in sorted(turns)[:limit]:
+            head = self._streams.deliveries[key][sequence]
+            head.claimed_by = self.worker_id
+            jobs.append(Job(key=key, attempts=head.attempts, id=sequence))
         return jobs
 
     async def renew(self, jobs: list[Job]) -> list[Job]:
@@ -53,6 +66,9 @@ class MemoryInputDeliveries:
         row = self._streams.deliveries[job.key][_sequence(job)]
         row.delivered, row.claimed_by, row.last_error = True, None, None
         row.delivered_at = datetime.now(UTC)
+        following = self._streams.deliveries[job.key].get(_sequence(job) + 1)
+        if following is not None and not following.delivered:  # to the back of its tenant's turns
+            following.not_before = max(following.not_before, time.monotonic())
 
     async def failed(self, job: Job, error: str, retry_in: float) -> None:
         row = self._streams.deliveries[job.key][_sequence(job)]

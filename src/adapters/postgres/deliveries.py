@@ -27,17 +27,36 @@ WITH RECURSIVE heads AS (
           AND (d.tenant, d.run_id, d.stream_id) > (h.tenant, h.run_id, h.stream_id)
         ORDER BY tenant, run_id, stream_id, sequence LIMIT 1
     ) n
+),
+state AS (
+    SELECT h.tenant, h.run_id, h.stream_id, h.sequence, x.next_attempt_at,
+           x.next_attempt_at <= now() AND (x.lease_until IS NULL OR x.lease_until < now()) AS due,
+           x.lease_until >= now() AS held
+    FROM heads h JOIN input_deliveries x USING (tenant, run_id, stream_id, sequence)
+),
+-- Turns across tenants: a tenant's streams already held by a dispatcher count as its first
+-- turns, and each tenant's due streams come least recently served first (`done` moves a served
+-- stream's next record to the back). A claim takes every tenant's first turn before anyone's
+-- second: a tenant with a thousand streams of backlog delays another's by one job, not by its
+-- whole backlog.
+ranked AS (
+    SELECT tenant, run_id, stream_id, sequence, next_attempt_at, due,
+           count(*) FILTER (WHERE held) OVER (PARTITION BY tenant)
+           + row_number() OVER (
+               PARTITION BY tenant, due ORDER BY next_attempt_at, run_id, stream_id
+           ) AS turn
+    FROM state
+),
+picked AS (
+    SELECT tenant, run_id, stream_id, sequence FROM ranked WHERE due
+    ORDER BY turn, next_attempt_at, tenant, run_id, stream_id
+    LIMIT $3
 )
 UPDATE input_deliveries d
 SET claimed_by = $1, lease_until = now() + make_interval(secs => $2)
-FROM (
-    SELECT h.tenant, h.run_id, h.stream_id, h.sequence
-    FROM heads h JOIN input_deliveries x USING (tenant, run_id, stream_id, sequence)
-    WHERE x.next_attempt_at <= now() AND (x.lease_until IS NULL OR x.lease_until < now())
-    LIMIT $3
-) due
+FROM picked
 WHERE (d.tenant, d.run_id, d.stream_id, d.sequence)
-      = (due.tenant, due.run_id, due.stream_id, due.sequence)
+      = (picked.tenant, picked.run_id, picked.stream_id, picked.sequence)
   AND d.delivered_at IS NULL AND (d.lease_until IS NULL OR d.lease_until < now())
 RETURNING d.tenant, d.run_id, d.stream_id, d.sequence, d.attempts
 """
@@ -56,6 +75,21 @@ WHERE d.tenant = $2 AND d.run_id = $3 AND d.stream_id = $4 AND d.sequence = deli
   AND d.delivered_at IS NULL AND d.next_attempt_at <= now()
   AND (d.lease_until IS NULL OR d.lease_until < now())
 RETURNING d.sequence, d.attempts
+"""
+
+# A stream handed back after a job's batch goes to the back of its tenant's turns: its next
+# record counts as waiting from now (`next_attempt_at` orders a tenant's due streams in `_CLAIM`).
+_DONE = f"""
+WITH delivered AS (
+    UPDATE input_deliveries
+    SET delivered_at = now(), claimed_by = NULL, lease_until = NULL, last_error = NULL
+    WHERE {_KEY}
+    RETURNING sequence
+)
+UPDATE input_deliveries d SET next_attempt_at = greatest(d.next_attempt_at, now())
+FROM delivered
+WHERE d.tenant = $2 AND d.run_id = $3 AND d.stream_id = $4 AND d.sequence = delivered.sequence + 1
+  AND d.delivered_at IS NULL
 """
 
 # What a dispatcher holds of a stream is its one claimed row, which moves down the stream as
@@ -111,14 +145,7 @@ class PostgresInputDeliveries:
         return [job for job in jobs if job.key not in held]
 
     async def done(self, job: Job, next_in: float | None) -> None:
-        await self._pool.execute(
-            f"""UPDATE input_deliveries
-                SET delivered_at = now(), claimed_by = NULL, lease_until = NULL, last_error = NULL
-                WHERE {_KEY}""",
-            self.worker_id,
-            *job.key,
-            job.id,
-        )
+        await self._pool.execute(_DONE, self.worker_id, *job.key, job.id)
 
     async def failed(self, job: Job, error: str, retry_in: float) -> None:
         await self._pool.execute(
