@@ -92,13 +92,16 @@ class DurableReads:
         created_at: datetime | None = None,
         *,
         from_start: bool = False,
+        max_bytes: int | None = None,
     ) -> Page:
         """The records after `cursor` (None: the head, so none), at most `limit`, with the
         position read in the same snapshot; of the stream created at `created_at` when one is
         given (another, created again under its ID since, is not found). `from_start`: the
         cursor is the stream's start, so the earliest records retention kept are the answer
-        rather than 410."""
-        found = await self._reader.page(key, cursor or 0, limit if cursor is not None else 1)
+        rather than 410. `max_bytes`: the page's payload budget (`RecordReader.page`)."""
+        found = await self._reader.page(
+            key, cursor or 0, limit if cursor is not None else 1, max_bytes
+        )
         if found is None or (created_at is not None and found[0].created_at != created_at):
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
         position, records = found

@@ -23,7 +23,7 @@ from datetime import datetime
 import msgspec
 
 from application import tracing
-from application.ports import RecordReader, StoredRecord
+from application.ports import RecordReader, StoredRecord, within_bytes
 from application.tokens import Lease
 from application.wake import Listener, WakeRegistry
 from domain.stream import StreamKey
@@ -311,7 +311,8 @@ class StreamTail:
             self._publish(position.head, position.earliest, position.closed)
             return
         while True:
-            found = await self._reader.page(self.key, self.position, PAGE)
+            # At most a ring's bytes a read: what the ring could not keep is not read either.
+            found = await self._reader.page(self.key, self.position, PAGE, self._max_bytes)
             self.reads += 1
             if found is None or found[0].soft_deleted or not self.same_stream(found[0].created_at):
                 self._gone()
@@ -338,8 +339,8 @@ class StreamTail:
             )
             self._latest = RecordsDelivered(records) if whole else _NOTHING
             self._publish(position.head, position.earliest, position.closed)
-            if len(records) < PAGE:
-                return
+            if not records or records[-1].sequence >= position.head:
+                return  # read up to the head of this read's snapshot
 
     def _publish(self, head: int, earliest: int, closed: bool) -> None:
         self.head, self.earliest, self.closed = max(head, self.position), earliest, closed
@@ -366,19 +367,11 @@ class StreamTail:
             return None
         start = last + 1 - first
         return RecordsDelivered(
-            within_bytes([self._ring[i] for i in range(start, min(len(self._ring), start + PAGE))])
+            within_bytes(
+                [self._ring[i] for i in range(start, min(len(self._ring), start + PAGE))],
+                DELIVERY_BYTES,
+            )
         )
-
-
-def within_bytes(records: list[StoredRecord], budget: int = DELIVERY_BYTES) -> list[StoredRecord]:
-    """The longest prefix of `records` whose payloads fit `budget` bytes, and at least the
-    first record."""
-    total = 0
-    for index, record in enumerate(records):
-        total += len(record.payload)
-        if total > budget and index > 0:
-            return records[:index]
-    return records
 
 
 class LiveTails:
@@ -528,7 +521,7 @@ class LiveTails:
                         limit = max(1, len(records) * DELIVERY_BYTES // size)
                     elif len(records) == limit and size * 2 <= DELIVERY_BYTES:
                         limit = min(PAGE, limit * 2)
-                    delivery = RecordsDelivered(within_bytes(records))
+                    delivery = RecordsDelivered(within_bytes(records, DELIVERY_BYTES))
                 if records := delivery.records:
                     if records[0].sequence != last + 1:
                         continue  # the ring moved on meanwhile: reread from the source

@@ -275,12 +275,29 @@ class ForkLink(NamedTuple):
     through: int
 
 
+def within_bytes(records: list[StoredRecord], budget: int | None) -> list[StoredRecord]:
+    """The longest prefix of `records` whose payloads fit `budget` bytes (None: all of them),
+    and at least the first record that is not empty (with the empty ones before it)."""
+    if budget is None:
+        return records
+    total = 0
+    for index, record in enumerate(records):
+        size = len(record.payload)
+        total += size
+        if total > budget and total != size:
+            return records[:index]
+    return records
+
+
 class RecordReader(Protocol):
     async def page(
-        self, key: StreamKey, cursor: int, limit: int
+        self, key: StreamKey, cursor: int, limit: int, max_bytes: int | None = None
     ) -> tuple[Position, list[StoredRecord]] | None:
         """The stream's position and its records with sequence > cursor, ascending, at most
         `limit` (a keyset page), read from one snapshot; None if there is no such stream.
+        Given `max_bytes`, the page ends before the first record that would take its payloads
+        past that many bytes (`within_bytes`), and the rest are not read at all: one record is
+        always answered.
 
         A fork's page is stitched (`application.fork_reads`): records up to its `through` are
         its ancestors' (each serving its own range of the chain, read without recursion and in

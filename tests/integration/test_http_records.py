@@ -198,6 +198,28 @@ async def test_read_defaults_to_cursor_0_and_limit_100(api: httpx.AsyncClient, r
     assert everything["next_cursor"] == 150
 
 
+async def test_a_page_of_large_records_stops_at_4_mib_and_reads_on_from_next_cursor(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    """1,000 records of 64 KiB would be a 64 MB read and an 87 MB answer: a page stops
+    before the record that would take its payloads past 4 MiB."""
+    await create(api, run_id, "large")
+    chunk = base64.b64encode(b"x" * 60_000).decode()
+    for _ in range(2):
+        answer = await api.post(
+            f"/runs/{run_id}/streams/large/records",
+            json={"records": [{"data_base64": chunk} for _ in range(50)]},
+        )
+        assert answer.status_code == 201, answer.text
+    fits = 4 * 1024 * 1024 // 60_000  # 69
+    first = await page(api, run_id, "large", limit=1000)
+    assert [r["sequence"] for r in first["records"]] == list(range(1, fits + 1))
+    assert (first["next_cursor"], first["head"]) == (fits, 100)
+    rest = await page(api, run_id, "large", cursor=first["next_cursor"], limit=1000)
+    assert [r["sequence"] for r in rest["records"]] == list(range(fits + 1, 101))
+    assert rest["records"][-1]["data_base64"] == chunk
+
+
 async def test_cursor_at_head_gives_an_empty_page(api: httpx.AsyncClient, run_id: str) -> None:
     await create(api, run_id, "tail")
     empty = await page(api, run_id, "tail")

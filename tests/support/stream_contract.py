@@ -95,6 +95,22 @@ class StreamRepositoryContract:
         _, records = await repo.page(key, 10, 4)
         assert records == []
 
+    async def test_a_page_within_a_byte_budget_ends_before_the_record_that_would_pass_it(
+        self, repo
+    ) -> None:
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        sizes = [300, 300, 300, 50, 900, 10]
+        await repo.update(key, [append([record(b"x" * n) for n in sizes])])
+        _, records = await repo.page(key, 0, 100, 950)  # 300 + 300 + 300 + 50 = 950
+        assert [r.sequence for r in records] == [1, 2, 3, 4]
+        _, records = await repo.page(key, 4, 100, 899)  # the first record always
+        assert [r.sequence for r in records] == [5]
+        _, records = await repo.page(key, 0, 2, 10_000)  # the limit still holds
+        assert [r.sequence for r in records] == [1, 2]
+        _, records = await repo.page(key, 0, 100)  # no budget: every record
+        assert [len(r.payload) for r in records] == sizes
+
     async def test_a_page_reads_each_records_time_and_kind_as_appended(self, repo) -> None:
         """The PostgreSQL adapter decodes appended_at from its binary form, once per distinct
         value, and kinds by lookup: they must read as the datetimes and kinds appended."""
@@ -676,6 +692,20 @@ class ForkContract:
         assert await payloads(repo, fork.key, 2, 10) == [rec(30).payload, rec(40).payload]
         assert await payloads(repo, fork.key, 4, 10) == []
         assert await payloads(repo, src.key) == [rec(n).payload for n in range(1, 6)]
+
+    async def test_a_forks_page_within_a_byte_budget_ends_where_its_bytes_do(self, repo) -> None:
+        """The budget counts the inherited records and the fork's own as one page."""
+        src = await self.source(repo, 0)
+        await repo.update(src.key, [append([record(b"s" * 400) for _ in range(3)])])
+        src = await repo.load(src.key)
+        fork = await self.fork(repo, src, "f", 2)
+        await repo.update(fork.key, [append([record(b"f" * 400) for _ in range(3)])])
+        _, records = await repo.page(fork.key, 0, 100, 1_000)
+        assert [r.payload[:1] for r in records] == [b"s", b"s"]
+        _, records = await repo.page(fork.key, 1, 100, 1_000)
+        assert [(r.sequence, r.payload[:1]) for r in records] == [(2, b"s"), (3, b"f")]
+        _, records = await repo.page(fork.key, 2, 100, 1_000)
+        assert [r.sequence for r in records] == [3, 4]
 
     async def test_forks_at_the_start_and_at_the_head(self, repo) -> None:
         src = await self.source(repo, 3)

