@@ -35,7 +35,7 @@ from typing import Annotated
 import msgspec
 
 from application import tracing
-from application.access import SCOPES, Caller, Scope
+from application.access import SCOPES, Caller, Scope, request_tenant
 from application.errors import Forbidden, NotFound, Unauthenticated
 from application.jwts import JWT_ID_PREFIX, JwtCallers
 from application.ports import TokenRecord, TokenStore
@@ -497,6 +497,11 @@ class Authenticate:
         self._jwts = jwts
 
     async def __call__(self, authorization: str | None) -> Caller:
+        caller = await self._resolve(authorization)
+        request_tenant.set(caller.tenant)
+        return caller
+
+    async def _resolve(self, authorization: str | None) -> Caller:
         if not authorization:
             raise Unauthenticated("an Authorization: Bearer <token> header is required")
         scheme, _, token = authorization.partition(" ")

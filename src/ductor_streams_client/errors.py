@@ -381,6 +381,13 @@ class TooManySubscriptions(StreamsError):
     code_of_class = "too-many-subscriptions"
 
 
+class TooManyRequests(StreamsError):
+    """429: the tenant has as many request bodies arriving on that server process as it may,
+    or as many of their bytes held; retry after `retry_after` seconds."""
+
+    code_of_class = "too-many-requests"
+
+
 class SubscriptionNotFound(StreamsError):
     """404: no such subscription (or another tenant's, or deleted)."""
 
@@ -506,6 +513,7 @@ CLASS_OF_CODE: dict[str, type[StreamsError]] = {
         ContentClassForbidden,
         Backpressure,
         TooManySubscriptions,
+        TooManyRequests,
         SubscriptionNotFound,
         SubscriptionConflict,
         WebhookUrlRejected,

@@ -31,6 +31,8 @@ def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
             **SERVER_ENV,
             "DUCTOR_STREAMS_BODY_IDLE_SECONDS": str(IDLE),
             "DUCTOR_STREAMS_BODY_SECONDS": str(TOTAL),
+            # The bounds above alone (the minimum rate: test_tenant_bodies.py).
+            "DUCTOR_STREAMS_BODY_MIN_BYTES_PER_SECOND": "0",
         },
     ).start()
     yield process

@@ -15,15 +15,19 @@ import math
 import re
 from typing import Any
 
+from application.access import request_tenant
 from entrypoints.edge.head import RequestHead
 from entrypoints.edge.paths import NATIVE_PREFIX
-from entrypoints.edge.problems import BodyCutShort, BodyTimedOut, BodyTooLarge
+from entrypoints.edge.problems import BodyCutShort, BodyTimedOut, BodyTooLarge, TooManyBodies
 
 DRAIN_LIMIT = 64 * 1024 * 1024
 DRAIN_IDLE_SECONDS = 1.0
 DRAIN_SECONDS = 30.0  # a rest that drips is not drained for longer
 LINGER_LIMIT = 16 * 1024 * 1024
 LINGER_SECONDS = 5.0
+# A body is held to its minimum rate (`with_body_deadlines`) from this long after its request
+# arrived: a client's first bytes may come after a slow start.
+RATE_GRACE_SECONDS = 5.0
 
 
 class Body:
@@ -78,12 +82,12 @@ class Body:
     def closes(self, status: int) -> bool:
         """Whether the answer closes the connection: a 413 or 422 before the body's end (a body
         refused as it passed a size: its rest is not what the client meant to send), or a 408
-        (the body stopped coming)."""
-        return status in (408, 413, 422) and not self.done
+        (the body stopped coming), or a 429 refused before it was read (`TenantBodies`)."""
+        return status in (408, 413, 422, 429) and not self.done
 
     async def finish(self, status: int) -> None:
         """Read what is left of the body after the answer `status`, as the module says."""
-        if self.done or self.head.closing or status == 408:
+        if self.done or self.head.closing or status in (408, 429):
             return
         if status in (413, 422):
             declared = self.head.declared
@@ -138,14 +142,75 @@ class _Watch:
             self.arm(loop)
 
 
-def with_body_deadlines(app: Any, idle_seconds: float, total_seconds: float) -> Any:
+class TenantBodies:
+    """Per tenant, on this process: its request bodies arriving, and the bytes of its bodies
+    held (a body a handler reads whole is in memory until its request ends). Past either cap
+    the tenant's next body is refused (TooManyBodies: 429) before it is read, so that one
+    tenant's slow or large bodies cannot take the server's connections or memory from the
+    others. Tenants with nothing arriving or held are not kept."""
+
+    def __init__(self, max_arriving: int, max_bytes: int) -> None:
+        self.max_arriving = max_arriving
+        self.max_bytes = max_bytes
+        self.arriving: dict[str, int] = {}
+        self.held: dict[str, int] = {}
+        self.refused = 0
+
+    def admit(self, tenant: str) -> None:
+        if (
+            self.arriving.get(tenant, 0) >= self.max_arriving
+            or self.held.get(tenant, 0) >= self.max_bytes
+        ):
+            self.refused += 1
+            raise TooManyBodies
+        self.arriving[tenant] = self.arriving.get(tenant, 0) + 1
+
+    def hold(self, tenant: str, size: int) -> None:
+        held = self.held[tenant] = self.held.get(tenant, 0) + size
+        if held > self.max_bytes:
+            self.refused += 1
+            raise TooManyBodies
+
+    def arrived(self, tenant: str) -> None:
+        if (left := self.arriving[tenant] - 1) > 0:
+            self.arriving[tenant] = left
+        else:
+            del self.arriving[tenant]
+
+    def release(self, tenant: str, size: int) -> None:
+        if not size:
+            return
+        if (left := self.held[tenant] - size) > 0:
+            self.held[tenant] = left
+        else:
+            del self.held[tenant]
+
+
+def with_body_deadlines(
+    app: Any,
+    idle_seconds: float,
+    total_seconds: float,
+    min_rate: float = 0.0,
+    bodies: TenantBodies | None = None,
+) -> Any:
     """Each request's body must keep coming: a wait of more than `idle_seconds` for its next
     piece, or a body not complete `total_seconds` after the request arrived, ends the request
     (BodyTimedOut: 408, and the connection closed). A body a handler reads whole is held in
     memory while it arrives, so a client that stops sending, or drips, would hold it there for
     as long as it liked. An object upload, streamed to the store (`PUT …/body`), has the idle
     bound only: 32 MiB may take a slow link a while. Once the body is complete, `receive` is
-    not bounded (an event stream waits on it for the client to leave)."""
+    not bounded (an event stream waits on it for the client to leave).
+
+    `min_rate`: after RATE_GRACE_SECONDS, a body (an upload's too) must have come at this many
+    bytes a second on average, or it ends the same way: a body dripping a byte every few
+    seconds stays within the idle bound, and such requests held by the thousand would take
+    every connection the server accepts (its in-flight cap) for two minutes each.
+
+    `bodies`: a body is charged to the tenant its request authenticated as (`request_tenant`,
+    known by the time a handler reads it), counted while it arrives and its bytes while its
+    request lasts (an upload's streamed bytes are not held); past the tenant's caps it is
+    refused before it is read. A body read before authentication (a pull-wake's, whose token
+    is checked after) is charged to no tenant."""
     watch = _Watch()
 
     async def bounded(scope: dict, receive: Any, send: Any) -> None:
@@ -155,18 +220,36 @@ def with_body_deadlines(app: Any, idle_seconds: float, total_seconds: float) -> 
             await app(scope, receive, send)
             return
         loop = asyncio.get_running_loop()
+        arrived_at = loop.time()
         deadline = math.inf
-        if not (scope["method"] == "PUT" and _UPLOAD.fullmatch(scope["path"])):
-            deadline = loop.time() + total_seconds
+        upload = scope["method"] == "PUT" and _UPLOAD.fullmatch(scope["path"]) is not None
+        if not upload:
+            deadline = arrived_at + total_seconds
+        paced_from = arrived_at + RATE_GRACE_SECONDS
         complete = False
+        received = 0
+        tenant: str | None = None
+        held = 0
+        counted = False
+        first = True
+        request_tenant.set(None)  # not a tenant an earlier request of this task named
 
         async def timed_receive() -> dict:
-            nonlocal complete
+            nonlocal complete, received, tenant, held, counted, first
             if complete:
                 return await receive()
+            if first:
+                first = False
+                if bodies is not None and (tenant := request_tenant.get()) is not None:
+                    bodies.admit(tenant)  # TooManyBodies: 429, nothing read
+                    counted = True
             task = asyncio.current_task()
             assert task is not None
-            watch.waiting[task] = min(loop.time() + idle_seconds, deadline)
+            now = loop.time()
+            due = min(now + idle_seconds, deadline)
+            if min_rate > 0:
+                due = min(due, max(now, paced_from + received / min_rate))
+            watch.waiting[task] = due
             watch.arm(loop)
             try:
                 message = await receive()
@@ -178,10 +261,26 @@ def with_body_deadlines(app: Any, idle_seconds: float, total_seconds: float) -> 
                 raise BodyTimedOut from None
             finally:
                 del watch.waiting[task]
+            size = len(message.get("body", b""))
+            received += size
+            if counted and not upload and size:
+                assert bodies is not None and tenant is not None
+                held += size
+                bodies.hold(tenant, size)  # TooManyBodies past the tenant's bytes
             if message["type"] != "http.request" or not message.get("more_body", False):
                 complete = True
+                if counted:
+                    assert bodies is not None and tenant is not None
+                    bodies.arrived(tenant)
+                    counted = False
             return message
 
-        await app(scope, timed_receive, send)
+        try:
+            await app(scope, timed_receive, send)
+        finally:
+            if bodies is not None and tenant is not None:
+                if counted:
+                    bodies.arrived(tenant)
+                bodies.release(tenant, held)
 
     return bounded

@@ -38,6 +38,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "range-not-satisfiable": 416,
     "backpressure": 429,
     "too-many-subscriptions": 429,
+    "too-many-requests": 429,
     "quota-exhausted": 409,
     "stream-closed": 409,
     "definition-conflict": 409,
@@ -123,6 +124,11 @@ class BodyTimedOut(Exception):
     within the total bound: 408, and the connection is closed."""
 
 
+class TooManyBodies(Exception):
+    """The caller's tenant has as many request bodies arriving on this process as it may, or
+    as many of their bytes held: 429, and the connection is closed (the body is not read)."""
+
+
 class BodyCutShort(Exception):
     """The request body ended before it was complete: the client half-closed or disconnected
     short of its Content-Length, or sent a malformed chunked body. Nothing was done: 400."""
@@ -139,6 +145,15 @@ def timed_out() -> Problem:
         "request-timeout",
         "the request body stopped coming, or took too long to arrive: nothing was done",
         status=408,
+    )
+
+
+def too_many_bodies() -> Problem:
+    return problem(
+        "too-many-requests",
+        "this tenant has as many request bodies arriving on this server process as it may "
+        "(or as many bytes of them held): nothing was done; retry shortly",
+        headers={"Retry-After": "1"},
     )
 
 
@@ -204,6 +219,8 @@ def problem_for(error: BaseException, method: str, path: str) -> Problem:
         return cut_short()
     if isinstance(error, BodyTimedOut):
         return timed_out()
+    if isinstance(error, TooManyBodies):
+        return too_many_bodies()
     if is_outage_family(error):
         return unavailable(method, path, error)
     return internal(method, path, error)

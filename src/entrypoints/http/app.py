@@ -26,7 +26,7 @@ from entrypoints.console.route import ROUTES as CONSOLE_ROUTES
 from entrypoints.container import Container, Services, provided, start, stop, workers
 from entrypoints.durable_streams.routes import DurableStreamsController
 from entrypoints.durable_streams.subscriptions import SubscriptionsController
-from entrypoints.edge.body import with_body_deadlines
+from entrypoints.edge.body import TenantBodies, with_body_deadlines
 from entrypoints.edge.browser import browser_headers
 from entrypoints.edge.head_method import serve_head
 from entrypoints.edge.outages import RETRY_AFTER_SECONDS
@@ -209,10 +209,13 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
         )
     app.asgi_handler = with_budget(app.asgi_handler, container.settings().request_timeout_seconds)
     # Outermost but for tracing: the front and Litestar read bodies through it.
+    settings = container.settings()
     app.asgi_handler = with_body_deadlines(
         app.asgi_handler,
-        container.settings().body_idle_seconds,
-        container.settings().body_seconds,
+        settings.body_idle_seconds,
+        settings.body_seconds,
+        settings.body_min_bytes_per_second,
+        TenantBodies(settings.max_arriving_bodies_per_tenant, settings.max_body_bytes_per_tenant),
     )
     if tracing.on():  # the request's span around everything (entrypoints/tracing.py)
         app.asgi_handler = traced_requests(app.asgi_handler)
