@@ -33,8 +33,7 @@ PAGE = 1_000
 # source) holds at most this many payload bytes (and at least one record): a follower that
 # stops reading holds one delivery, and its encoding, in its transport's send. Pages of 1,000
 # records of up to 64 KiB each once held 46 MB per stalled follower.
-DELIVERY_BYTES = 1024 * 1024
-FIRST_SOURCE_PAGE = 64
+DELIVERY_BYTES = 256 * 1024
 
 log = logging.getLogger("ductor_streams.live")
 
@@ -485,11 +484,6 @@ class LiveTails:
                 return
             last = cursor
             spoke = tail.ticks
-            # How many records this follower reads from the source at a time: from a few,
-            # doubled while pages stay within a delivery's bytes, cut to fit when one does
-            # not, so that a follower catching up on large records reads about a delivery at
-            # a time (a page of 1,000 records of 64 KiB each is 64 MB per follower).
-            limit = FIRST_SOURCE_PAGE
             while not self.ending:
                 changed = tail.changed  # taken before looking, so no change is missed
                 if lease is not None and lease.ended:
@@ -500,7 +494,10 @@ class LiveTails:
                     return
                 delivery = tail.after(last)
                 if delivery is None:  # behind the ring: read the source by keyset pages
-                    found = await self._reader.page(key, last, limit)
+                    # A delivery's bytes at most, cut in the read itself: nothing more of the
+                    # source is held while the follower's client takes the delivery (a page
+                    # of 1,000 records of 64 KiB each would be 64 MB per follower).
+                    found = await self._reader.page(key, last, PAGE, DELIVERY_BYTES)
                     if (
                         found is None
                         or found[0].soft_deleted
@@ -516,12 +513,7 @@ class LiveTails:
                             requested=last + 1, earliest=position.earliest, latest=position.head
                         )
                         return
-                    size = sum(len(r.payload) for r in records)
-                    if size > DELIVERY_BYTES:
-                        limit = max(1, len(records) * DELIVERY_BYTES // size)
-                    elif len(records) == limit and size * 2 <= DELIVERY_BYTES:
-                        limit = min(PAGE, limit * 2)
-                    delivery = RecordsDelivered(within_bytes(records, DELIVERY_BYTES))
+                    delivery = RecordsDelivered(records)
                 if records := delivery.records:
                     if records[0].sequence != last + 1:
                         continue  # the ring moved on meanwhile: reread from the source

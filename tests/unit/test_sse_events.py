@@ -113,6 +113,42 @@ async def test_a_client_that_takes_nothing_ends_its_event_stream(monkeypatch, ca
     assert "its client took nothing" in caplog.text
 
 
+class _Slow:
+    """A client that takes one piece every `pause` seconds: never stalled for a whole
+    WRITE_STALL_SECONDS."""
+
+    def __init__(self, pause: float) -> None:
+        self.pause = pause
+        self.taken = 0
+
+    async def send(self, message) -> None:
+        if message["type"] == "http.response.body":
+            await asyncio.sleep(self.pause)
+            self.taken += len(message["body"])
+
+    async def receive(self):
+        await asyncio.Event().wait()
+
+
+async def test_a_client_that_reads_too_slowly_ends_its_event_stream(monkeypatch, caplog) -> None:
+    """A 1 MB chunk must be taken within the stall bound plus its size at the minimum rate;
+    a client taking a 64 KiB piece every 0.05 s (under the 0.2 s stall bound; 1.3 MB/s) is
+    ended once the chunk's bound (0.2 + 1 MB at 4 MB/s: 0.45 s) passes, part way through."""
+    monkeypatch.setattr(sse_asgi, "WRITE_STALL_SECONDS", 0.2)
+    monkeypatch.setattr(sse_asgi, "WRITE_MIN_BYTES_PER_SECOND", 4_000_000)
+    caplog.set_level(logging.INFO, "ductor_streams.sse")
+    client = _Slow(0.05)
+
+    async def one_big_chunk():
+        yield b"x" * 1_000_000
+
+    scope = {"type": "http", "app": SimpleNamespace(state=SimpleNamespace())}
+    async with asyncio.timeout(5):
+        await EventStreamResponse(one_big_chunk(), [])(scope, client.receive, client.send)
+    assert 0 < client.taken < 1_000_000
+    assert "read slower than" in caplog.text
+
+
 async def test_stopping_ends_the_event_streams_still_writing() -> None:
     state = SimpleNamespace()
     client = _Stalled()

@@ -29,6 +29,10 @@ WRITE_BYTES = 64 * 1024
 # was idle is found only once what is written fills the connection's buffers, or TCP gives
 # up on it.)
 WRITE_STALL_SECONDS = 30.0
+# And a chunk (one delivery's events) must be taken within WRITE_STALL_SECONDS plus its size at
+# this rate: a client that reads a piece every 20 s would otherwise hold its delivery, and its
+# encoding, for as long as it liked (about 1.6 MB each).
+WRITE_MIN_BYTES_PER_SECOND = 16 * 1024
 # The writers of this application's event streams, ended when the server stops (`stop_all`).
 _WRITERS = "event_stream_writers"
 
@@ -79,14 +83,23 @@ class EventStreamResponse:
             await asyncio.wait([writer])
 
     async def _write(self, send: Send) -> None:
+        loop = asyncio.get_running_loop()
         try:
             async for chunk in self._chunks:
+                taken_by = (
+                    loop.time() + WRITE_STALL_SECONDS + len(chunk) / WRITE_MIN_BYTES_PER_SECOND
+                )
                 for piece in _pieces(chunk):
-                    async with asyncio.timeout(WRITE_STALL_SECONDS):
+                    async with asyncio.timeout_at(min(loop.time() + WRITE_STALL_SECONDS, taken_by)):
                         await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except TimeoutError:  # before OSError, whose subclass it is
-            log.info("event stream ended: its client took nothing for %.0f s", WRITE_STALL_SECONDS)
+            log.info(
+                "event stream ended: its client took nothing for %.0f s, or read slower than "
+                "%d bytes a second",
+                WRITE_STALL_SECONDS,
+                WRITE_MIN_BYTES_PER_SECOND,
+            )
         except OSError:
             pass  # the client left while we were writing
         except Exception:
