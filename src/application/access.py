@@ -8,7 +8,6 @@ to another tenant. `key` is where that is decided for a named run; listings filt
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from typing import Literal
 
 import msgspec
@@ -19,10 +18,6 @@ from domain.ids import check_id
 from domain.stream import StreamKey
 
 Scope = Literal["streams:read", "streams:write", "streams:admin"]
-
-# The tenant the running request authenticated as (set by `Authenticate`, in the request's own
-# task): what the edge charges the request's body to (entrypoints/edge/body.py).
-request_tenant: ContextVar[str | None] = ContextVar("ductor_request_tenant", default=None)
 SCOPES: tuple[str, ...] = ("streams:read", "streams:write", "streams:admin")
 
 

@@ -35,10 +35,11 @@ from typing import Annotated
 import msgspec
 
 from application import tracing
-from application.access import SCOPES, Caller, Scope, request_tenant
+from application.access import SCOPES, Caller, Scope
 from application.errors import Forbidden, NotFound, Unauthenticated
 from application.jwts import JWT_ID_PREFIX, JwtCallers
 from application.ports import TokenRecord, TokenStore
+from application.waiting import act_for
 from domain.definition import Principal
 from domain.errors import InvalidInput
 from domain.ids import ID_PATTERN, check_id
@@ -498,7 +499,7 @@ class Authenticate:
 
     async def __call__(self, authorization: str | None) -> Caller:
         caller = await self._resolve(authorization)
-        request_tenant.set(caller.tenant)
+        act_for(caller.tenant)
         return caller
 
     async def _resolve(self, authorization: str | None) -> Caller:

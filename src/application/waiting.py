@@ -14,6 +14,13 @@ spent. The budget belongs to the request's own task: a task it starts (a stream'
 append leader) inherits the context but not the budget, and waits at most the bound per
 operation.
 
+A request's task acts for the tenant it authenticated as (`act_for`), and so do the tasks it
+starts to do its own work (`acts_like`: its wait raced against its client leaving, its event
+stream's writer), but not the shared ones it happens to start (a tail, an append leader): what
+it waits on is charged to that tenant (its bodies at the edge, its share of the database's
+connections in the PostgreSQL adapter), so that one tenant's flood of requests waits behind
+itself rather than in front of everyone.
+
 A write that gave up after its COMMIT was sent has an unknown outcome: it may have committed.
 `committing()` marks that point, and such a failure says so (`Unanswered.outcome_unknown`), so
 a client is never told it failed and may retry without its idempotency key."""
@@ -23,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
+import weakref
+from typing import Any
 
 # The default bound on a request's waits on backing services (REQUEST_TIMEOUT_SECONDS).
 DEFAULT_SECONDS = 5.0
@@ -153,3 +162,36 @@ def watching_commit(context: contextvars.Context) -> CommitWatch:
     context.run(_commit.set, commit)
     context.run(_budget.set, None)  # the task is not the request: it has no budget of its own
     return commit
+
+
+# The tenant each task acts for; weak, so a finished task is forgotten with it.
+_acting: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
+
+
+def act_for(tenant: str) -> None:
+    """The running task (a request's, once authenticated) acts for `tenant`."""
+    task = asyncio.current_task()
+    if task is not None:
+        _acting[task] = tenant
+
+
+def acts_like(task: asyncio.Task[Any]) -> None:
+    """`task`, started by the running task to do its own work, acts for the same tenant."""
+    current = asyncio.current_task()
+    tenant = None if current is None else _acting.get(current)
+    if tenant is not None:
+        _acting[task] = tenant
+
+
+def acting_for() -> str | None:
+    """The tenant the running task acts for, if it is a request's (or one of its own)."""
+    task = asyncio.current_task()
+    return None if task is None else _acting.get(task)
+
+
+def stop_acting() -> None:
+    """The running task's next request (a server may serve a connection's requests on one
+    task) acts for no tenant until it authenticates."""
+    task = asyncio.current_task()
+    if task is not None:
+        _acting.pop(task, None)

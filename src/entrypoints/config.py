@@ -37,7 +37,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # must be complete this long after its request arrived: 408 otherwise (edge/body.py).
     body_idle_seconds: Positive = 30.0
     body_seconds: Positive = 120.0
-    # After its first 5 s, a body must average this many bytes a second (0: no floor), and a
+    # From 5 s after it is first read, a body must average this many bytes a second (0: no floor), and a
     # tenant may have this many bodies arriving, and this many of their bytes held, per process:
     # 429 `too-many-requests` past those (edge/body.py).
     body_min_bytes_per_second: Annotated[float, msgspec.Meta(ge=0)] = 1024.0
@@ -61,6 +61,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     peers_dir: Path | None = None
     pool_min_size: Annotated[int, msgspec.Meta(ge=0)] = 2
     pool_max_size: Count = 20
+    # The share of those connections one tenant's requests may use at once (adapters/postgres/
+    # bounded.py): the rest stay for the other tenants, the append leaders and the workers.
+    pool_tenant_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.75
     statement_timeout_seconds: Positive = 10.0
     # The most a request waits on PostgreSQL in all (application/waiting.py) before its 503.
     request_timeout_seconds: Positive = 5.0

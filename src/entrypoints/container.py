@@ -38,7 +38,7 @@ from adapters.objects.filesystem import FilesystemObjectStore
 from adapters.objects.memory import MemoryObjectStore
 from adapters.peers import UnixPeers
 from adapters.postgres.access import PostgresStreamAccess
-from adapters.postgres.bounded import BoundedPool
+from adapters.postgres.bounded import BoundedPool, TenantShares
 from adapters.postgres.cleanup import PostgresCleanup
 from adapters.postgres.deliveries import PostgresInputDeliveries
 from adapters.postgres.figures import PostgresFigures
@@ -151,7 +151,8 @@ async def open_pool(settings: Settings) -> AsyncIterator[BoundedPool | None]:
         },
     )
     try:
-        yield BoundedPool(pool)
+        places = max(1, int(settings.pool_max_size * settings.pool_tenant_share))
+        yield BoundedPool(pool, TenantShares(places))
     finally:
         await pool.close()
 

@@ -5,6 +5,7 @@ closed, nothing read), while another tenant is served throughout."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import socket
@@ -172,3 +173,35 @@ def test_a_tenants_held_body_bytes_are_capped(
         small = append(server, loud, loud_path)  # 80,000 + 27 bytes: within the cap
         assert small.status_code == 201, small.text
         assert append(server, quiet, quiet_path).status_code == 201
+
+
+async def test_appends_waiting_for_credit_do_not_count_as_bodies_arriving(
+    server: ServerProcess, two_tenants: tuple[str, str]
+) -> None:
+    """Their bodies are in: only bodies still coming count against the tenant's cap, whatever
+    the request does next (under granian, whose closing empty message nobody waits for)."""
+    loud, _ = two_tenants
+    headers = {"Authorization": f"Bearer {loud}"}
+    run = "credit-" + secrets.token_hex(4)
+    api = f"{server.base_url}{API}/runs/{run}/streams"
+    limits = {"max_unread_items": 1, "unread_policy": "block", "block_timeout_seconds": 5}
+    async with httpx.AsyncClient(headers=headers, timeout=30) as client:
+        for stream, extra in (("blocked", {"limits": limits}), ("other", {})):
+            made = await client.post(
+                api, json={"stream_id": stream, "direction": "output", **extra}
+            )
+            assert made.status_code == 201, made.text
+        first = await client.post(f"{api}/blocked/records", json={"records": [{"data": 0}]})
+        assert first.status_code == 201, first.text
+        blocked = [
+            asyncio.create_task(
+                client.post(f"{api}/blocked/records", json={"records": [{"data": n}]})
+            )
+            for n in range(1, ARRIVING + 1)
+        ]
+        await asyncio.sleep(1.0)  # their bodies read; each waits for credit
+        other = await client.post(f"{api}/other/records", json={"records": [{"data": "x"}]})
+        assert other.status_code == 201, other.text
+        answers = await asyncio.gather(*blocked)
+        assert {a.status_code for a in answers} == {429}  # no ack came: backpressure, not ours
+        assert {a.json()["code"] for a in answers} == {"backpressure"}

@@ -6,7 +6,14 @@ a task of their own, awaited for at most the caller's allowance. At the bound th
 cancellation request, and the connection terminated if that cannot be sent either), which on
 a silent network takes as long again and is nobody's wait. `run` bounds a whole transaction
 the same way, and tells a failure after COMMIT was sent (outcome unknown) from one before it.
-Everything else (`acquire`, `close`, sizes) is the pool's own."""
+Everything else (`acquire`, `close`, sizes) is the pool's own.
+
+It also keeps each tenant to its share of the pool's connections (`TenantShares`): a statement
+of a task acting for a tenant (application/waiting.py) first takes one of that tenant's
+places, waiting for it within the same allowance. A thousand long-polls of one tenant woken at
+once, or a burst of subscriptions, then queue behind each other on their tenant's places while
+the rest of the pool serves the other tenants, the append leaders and the workers (which act
+for none)."""
 
 from __future__ import annotations
 
@@ -17,7 +24,13 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from application.waiting import CommitOutcomeUnknown, Unanswered, spending, watching_commit
+from application.waiting import (
+    CommitOutcomeUnknown,
+    Unanswered,
+    acting_for,
+    spending,
+    watching_commit,
+)
 
 T = TypeVar("T")
 
@@ -72,27 +85,89 @@ async def bounded(
     raise error
 
 
+class TenantShares:
+    """Per tenant, how many of its statements may be on the pool's connections at once (its
+    places); the tenants with none taken or awaited are not kept."""
+
+    def __init__(self, places: int) -> None:
+        self.places = places
+        self._gates: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}
+        self.waited = 0  # statements that waited for their tenant's place (for /metrics)
+
+    async def take(self) -> tuple[str, asyncio.Semaphore, list[int]] | None:
+        tenant = acting_for()
+        if tenant is None:
+            return None
+        gate = self._gates.get(tenant)
+        if gate is None:
+            gate = self._gates[tenant] = (asyncio.Semaphore(self.places), [0])
+        semaphore, users = gate
+        users[0] += 1
+        try:
+            if semaphore.locked():
+                self.waited += 1
+                with spending() as allowed:
+                    try:
+                        async with asyncio.timeout(allowed):
+                            await semaphore.acquire()
+                    except TimeoutError:
+                        raise Unanswered(
+                            "the database (this tenant's share of its connections)", allowed
+                        ) from None
+            else:
+                await semaphore.acquire()  # at once
+        except BaseException:
+            self._left(tenant, users)
+            raise
+        return tenant, semaphore, users
+
+    def give_back(self, taken: tuple[str, asyncio.Semaphore, list[int]] | None) -> None:
+        if taken is not None:
+            tenant, semaphore, users = taken
+            semaphore.release()
+            self._left(tenant, users)
+
+    def _left(self, tenant: str, users: list[int]) -> None:
+        users[0] -= 1
+        if not users[0]:
+            del self._gates[tenant]
+
+
 class BoundedPool:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, shares: TenantShares | None = None) -> None:
         self.pool = pool
+        self.shares = shares
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.pool, name)
 
+    async def _bounded(self, operation: Coroutine[Any, Any, T]) -> T:
+        if self.shares is None:
+            return await bounded(operation)
+        try:
+            taken = await self.shares.take()
+        except BaseException:
+            operation.close()  # never started
+            raise
+        try:
+            return await bounded(operation)
+        finally:
+            self.shares.give_back(taken)
+
     async def run(self, operation: Coroutine[Any, Any, T]) -> T:
-        return await bounded(operation)
+        return await self._bounded(operation)
 
     async def execute(self, query: str, *args: object, **kwargs: Any) -> str:
-        return await bounded(self.pool.execute(query, *args, **kwargs))
+        return await self._bounded(self.pool.execute(query, *args, **kwargs))
 
     async def executemany(self, query: str, args: Any, **kwargs: Any) -> None:
-        return await bounded(self.pool.executemany(query, args, **kwargs))
+        return await self._bounded(self.pool.executemany(query, args, **kwargs))
 
     async def fetch(self, query: str, *args: object, **kwargs: Any) -> list[asyncpg.Record]:
-        return await bounded(self.pool.fetch(query, *args, **kwargs))
+        return await self._bounded(self.pool.fetch(query, *args, **kwargs))
 
     async def fetchrow(self, query: str, *args: object, **kwargs: Any) -> asyncpg.Record | None:
-        return await bounded(self.pool.fetchrow(query, *args, **kwargs))
+        return await self._bounded(self.pool.fetchrow(query, *args, **kwargs))
 
     async def fetchval(self, query: str, *args: object, **kwargs: Any) -> Any:
-        return await bounded(self.pool.fetchval(query, *args, **kwargs))
+        return await self._bounded(self.pool.fetchval(query, *args, **kwargs))

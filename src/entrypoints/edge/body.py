@@ -15,7 +15,7 @@ import math
 import re
 from typing import Any
 
-from application.access import request_tenant
+from application.waiting import acting_for, stop_acting
 from entrypoints.edge.head import RequestHead
 from entrypoints.edge.paths import NATIVE_PREFIX
 from entrypoints.edge.problems import BodyCutShort, BodyTimedOut, BodyTooLarge, TooManyBodies
@@ -25,8 +25,9 @@ DRAIN_IDLE_SECONDS = 1.0
 DRAIN_SECONDS = 30.0  # a rest that drips is not drained for longer
 LINGER_LIMIT = 16 * 1024 * 1024
 LINGER_SECONDS = 5.0
-# A body is held to its minimum rate (`with_body_deadlines`) from this long after its request
-# arrived: a client's first bytes may come after a slow start.
+# A body is held to its minimum rate (`with_body_deadlines`) from this long after the handler
+# first reads it (not from the request's arrival: a handler that reads late is no slow client),
+# so a client's first bytes may come after a slow start.
 RATE_GRACE_SECONDS = 5.0
 
 
@@ -98,9 +99,12 @@ class Body:
         else:
             limit, seconds = DRAIN_LIMIT, DRAIN_SECONDS
         drained = 0
+        # What is drained after the answer is no tenant's: not admitted against its caps. One
+        # already charged and refused past its bytes (TooManyBodies) just stops being drained.
+        stop_acting()
         # A client that stops sending (it read the answer early) is not waited for long, nor
         # one that drips past its body's deadline (`with_body_deadlines`).
-        with contextlib.suppress(TimeoutError, BodyTimedOut):
+        with contextlib.suppress(TimeoutError, BodyTimedOut, TooManyBodies):
             async with asyncio.timeout(seconds):
                 while not self.done and drained < limit:
                     async with asyncio.timeout(DRAIN_IDLE_SECONDS):
@@ -140,6 +144,20 @@ class _Watch:
                 task.cancel()
         if self.waiting:
             self.arm(loop)
+
+
+def _whole_at(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """How many bytes make the body whole: its one Content-Length, without Transfer-Encoding
+    (as `Body.read` takes it: it stops reading there)."""
+    length = None
+    for name, value in headers:
+        if name == b"content-length":
+            if length is not None:
+                return None
+            length = value
+        elif name == b"transfer-encoding":
+            return None
+    return int(length) if length is not None and length.isdigit() and len(length) < 19 else None
 
 
 class TenantBodies:
@@ -201,12 +219,12 @@ def with_body_deadlines(
     bound only: 32 MiB may take a slow link a while. Once the body is complete, `receive` is
     not bounded (an event stream waits on it for the client to leave).
 
-    `min_rate`: after RATE_GRACE_SECONDS, a body (an upload's too) must have come at this many
-    bytes a second on average, or it ends the same way: a body dripping a byte every few
+    `min_rate`: from RATE_GRACE_SECONDS after its first read, a body (an upload's too) must have
+    come at this many bytes a second on average, or it ends the same way: a body dripping a byte every few
     seconds stays within the idle bound, and such requests held by the thousand would take
     every connection the server accepts (its in-flight cap) for two minutes each.
 
-    `bodies`: a body is charged to the tenant its request authenticated as (`request_tenant`,
+    `bodies`: a body is charged to the tenant its request authenticated as (`acting_for`,
     known by the time a handler reads it), counted while it arrives and its bytes while its
     request lasts (an upload's streamed bytes are not held); past the tenant's caps it is
     refused before it is read. A body read before authentication (a pull-wake's, whose token
@@ -225,22 +243,24 @@ def with_body_deadlines(
         upload = scope["method"] == "PUT" and _UPLOAD.fullmatch(scope["path"]) is not None
         if not upload:
             deadline = arrived_at + total_seconds
-        paced_from = arrived_at + RATE_GRACE_SECONDS
+        paced_from = math.inf  # from the first read: a handler that reads late is no slow client
         complete = False
+        whole_at = _whole_at(scope["headers"])
         received = 0
         tenant: str | None = None
         held = 0
         counted = False
         first = True
-        request_tenant.set(None)  # not a tenant an earlier request of this task named
+        stop_acting()  # not for a tenant an earlier request of this task named
 
         async def timed_receive() -> dict:
-            nonlocal complete, received, tenant, held, counted, first
+            nonlocal complete, received, tenant, held, counted, first, paced_from
             if complete:
                 return await receive()
             if first:
                 first = False
-                if bodies is not None and (tenant := request_tenant.get()) is not None:
+                paced_from = loop.time() + RATE_GRACE_SECONDS
+                if bodies is not None and (tenant := acting_for()) is not None:
                     bodies.admit(tenant)  # TooManyBodies: 429, nothing read
                     counted = True
             task = asyncio.current_task()
@@ -267,7 +287,11 @@ def with_body_deadlines(
                 assert bodies is not None and tenant is not None
                 held += size
                 bodies.hold(tenant, size)  # TooManyBodies past the tenant's bytes
-            if message["type"] != "http.request" or not message.get("more_body", False):
+            if (
+                message["type"] != "http.request"
+                or not message.get("more_body", False)
+                or received == whole_at  # granian's closing empty message is not waited for
+            ):
                 complete = True
                 if counted:
                     assert bodies is not None and tenant is not None

@@ -15,6 +15,8 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from application.waiting import acts_like
+
 T = TypeVar("T")
 # The ASGI callables, as the rest of this framework-free package takes them.
 Receive = Callable[[], Awaitable[Any]]
@@ -35,6 +37,7 @@ async def unless_client_leaves(receive: Receive, operation: Awaitable[T]) -> T:
     """`operation`'s result, or ClientLeft as soon as the client disconnects (the operation is
     then cancelled, and has ended when this raises)."""
     work = asyncio.ensure_future(operation)
+    acts_like(work)  # the request's own work, charged to its tenant
     watch = asyncio.ensure_future(_until_disconnect(receive))
     try:
         await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)

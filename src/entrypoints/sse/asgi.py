@@ -16,6 +16,8 @@ from collections.abc import AsyncGenerator, Iterator
 
 from litestar.types import Receive, Scope, Send
 
+from application.waiting import acts_like
+
 log = logging.getLogger("ductor_streams.sse")
 
 # The most one `send` hands the server. granian stops a response's sends once a few messages
@@ -65,6 +67,7 @@ class EventStreamResponse:
             await self._chunks.aclose()
             return
         writer = asyncio.get_running_loop().create_task(self._write(send))
+        acts_like(writer)  # its reads are the subscriber's, charged to its tenant
         writer.add_done_callback(written)
         writers = _writers(scope)
         writers.add(writer)
