@@ -37,9 +37,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # must be complete this long after its request arrived: 408 otherwise (edge/body.py).
     body_idle_seconds: Positive = 30.0
     body_seconds: Positive = 120.0
-    # From 5 s after it is first read, a body must average this many bytes a second (0: no floor), and a
-    # tenant may have this many bodies arriving, and this many of their bytes held, per process:
-    # 429 `too-many-requests` past those (edge/body.py).
+    # From 5 s after it is first read, a body must average this many bytes a second (0: no
+    # floor), and a tenant may have this many bodies arriving, and this many of their bytes held,
+    # per process: 429 `too-many-requests` past those (edge/body.py).
     body_min_bytes_per_second: Annotated[float, msgspec.Meta(ge=0)] = 1024.0
     max_arriving_bodies_per_tenant: Count = 1_000
     max_body_bytes_per_tenant: Count = 256 * 1024 * 1024

@@ -80,6 +80,23 @@ async def test_a_stream_handed_back_after_its_batch_goes_to_the_back_of_its_tena
     assert claimed[-1].id == 3
 
 
+async def test_a_claim_ranks_a_window_of_heads_that_goes_round_every_stream(
+    empty: asyncpg.Pool,
+) -> None:
+    """A claim ranks at most `window` streams' heads, from after the last window it looked at:
+    its cost does not grow with every stream's backlog, and every stream comes into a window."""
+    await backlog(empty, BUSY, 10, 3)
+    await backlog(empty, QUIET, 1, 1)  # sorts after every busy stream
+    deliveries = PostgresInputDeliveries(empty, "w", window=4)
+    claims = [await deliveries.claim(1) for _ in range(11)]
+    assert all(len(jobs) == 1 for jobs in claims)
+    order = [(jobs[0].key.tenant, jobs[0].key.stream_id) for jobs in claims]
+    # Windows: s000-s003, s004-s007, then s008, s009, the quiet stream and s000 again.
+    assert order[:3] == [(BUSY, "s000"), (BUSY, "s004"), (QUIET, "s000")]
+    assert sorted(order) == sorted({*order})  # each stream once: they are all held now
+    assert await deliveries.claim(1) == []  # every head held
+
+
 async def test_another_tenants_input_is_delivered_while_a_wide_backlog_drains(
     own_database: str, own_pool: asyncpg.Pool, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -220,9 +220,9 @@ def with_body_deadlines(
     not bounded (an event stream waits on it for the client to leave).
 
     `min_rate`: from RATE_GRACE_SECONDS after its first read, a body (an upload's too) must have
-    come at this many bytes a second on average, or it ends the same way: a body dripping a byte every few
-    seconds stays within the idle bound, and such requests held by the thousand would take
-    every connection the server accepts (its in-flight cap) for two minutes each.
+    come at this many bytes a second on average, or it ends the same way: a body dripping a
+    byte every few seconds stays within the idle bound, and such requests held by the thousand
+    would take every connection the server accepts (its in-flight cap) for two minutes each.
 
     `bodies`: a body is charged to the tenant its request authenticated as (`acting_for`,
     known by the time a handler reads it), counted while it arrives and its bytes while its
