@@ -349,6 +349,11 @@ class TokenStore(Protocol):
         """Revoke the token with this id (again, if it already is) and tell every process that
         caches tokens to forget it; False if there is no such token."""
 
+    async def page(self, tenant: str, after: str | None, limit: int) -> list[TokenRecord]:
+        """At most `limit` of the tenant's tokens (revoked and expired ones too) by creation
+        (`created_at`, then token id), those after the token with id `after` when it is given
+        (exclusive). Raises `CursorUnknown` if `after` names no token of the tenant."""
+
     async def list(self, tenant: str | None = None) -> list[TokenRecord]:
         """Every token (revoked and expired ones too), by tenant then creation."""
 

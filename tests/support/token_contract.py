@@ -10,6 +10,7 @@ import pytest
 from application.access import SCOPES, Caller
 from application.errors import NotFound
 from application.tokens import IssueToken, RevokeToken, token_hash, token_id
+from domain.errors import CursorUnknown
 
 
 def tenant() -> str:
@@ -18,6 +19,16 @@ def tenant() -> str:
 
 def caller(tenant_id: str, principal: str = "p", scopes=SCOPES) -> Caller:
     return Caller(tenant=tenant_id, principal=principal, scopes=frozenset(scopes))
+
+
+async def issued_in_turn(store, tenant_id: str, count: int) -> list[str]:
+    """The ids of `count` new tokens of the tenant, in the order they were created (a moment
+    apart, so that their creation times differ)."""
+    ids = []
+    for _ in range(count):
+        ids.append(token_id(token_hash(await IssueToken(store)(caller(tenant_id)))))
+        await asyncio.sleep(0.002)
+    return ids
 
 
 class TokenStoreContract:
@@ -127,3 +138,35 @@ class TokenStoreContract:
         assert await store.get(token_id(token_hash(revoked))) is not None
         assert await IssueToken(store)(who, revoked) == revoked
         assert await store.find(token_hash(revoked)) is None
+
+    async def test_a_page_is_by_creation_after_the_cursor_and_at_most_limit(self, store) -> None:
+        mine, theirs = tenant(), tenant()
+        await issued_in_turn(store, theirs, 2)
+        ids = await issued_in_turn(store, mine, 7)
+        await issued_in_turn(store, theirs, 2)
+        await store.revoke(ids[2])  # a revoked token keeps its place
+
+        async def page(after: str | None, limit: int) -> list[str]:
+            records = await store.page(mine, after, limit)
+            assert all(r.caller.tenant == mine for r in records)
+            return [r.token_id for r in records]
+
+        assert await page(None, 100) == ids  # by creation, not by id (random, as hashes are)
+        assert await page(None, 3) == ids[:3]
+        assert await page(ids[2], 3) == ids[3:6]
+        assert await page(ids[5], 3) == ids[6:]
+        assert await page(ids[-1], 3) == []  # the end: an empty page, not an error
+
+    async def test_a_page_after_a_token_of_no_one_or_of_another_tenant_is_cursor_unknown(
+        self, store
+    ) -> None:
+        mine, theirs = tenant(), tenant()
+        (own,) = await issued_in_turn(store, mine, 1)
+        (other,) = await issued_in_turn(store, theirs, 1)
+        for after in ("tok_0000000000000000", other):
+            with pytest.raises(CursorUnknown) as caught:
+                await store.page(mine, after, 10)
+            assert caught.value.extra == {"field": "after"}
+        assert await store.page(mine, own, 10) == []
+        with pytest.raises(CursorUnknown):
+            await store.page(tenant(), own, 10)  # a tenant with no token at all

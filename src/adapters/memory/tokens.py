@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from application.access import Caller
 from application.ports import FoundToken, TokenRecord
 from application.tokens import token_id
+from domain.errors import CursorUnknown
 
 
 def _utc_now() -> datetime:
@@ -63,17 +64,7 @@ class MemoryTokens:
         return True
 
     async def get(self, token_id: str) -> TokenRecord | None:
-        digest = self._ids.get(token_id)
-        if digest is None:
-            return None
-        row = self._tokens[digest]
-        return TokenRecord(
-            token_id=token_id,
-            caller=row.caller,
-            created_at=row.created_at,
-            expires_at=row.expires_at,
-            revoked_at=row.revoked_at,
-        )
+        return self._record(token_id) if token_id in self._ids else None
 
     async def forget_ended(self, older_than: timedelta) -> int:
         cutoff = self._clock() - older_than
@@ -86,16 +77,29 @@ class MemoryTokens:
             del self._tokens[self._ids.pop(tid)]
         return len(ended)
 
+    def _record(self, tid: str) -> TokenRecord:
+        row = self._tokens[self._ids[tid]]
+        return TokenRecord(
+            token_id=tid,
+            caller=row.caller,
+            created_at=row.created_at,
+            expires_at=row.expires_at,
+            revoked_at=row.revoked_at,
+        )
+
+    async def page(self, tenant: str, after: str | None, limit: int) -> list[TokenRecord]:
+        records = await self.list(tenant)  # by creation, within the one tenant
+        if after is not None:
+            ids = [r.token_id for r in records]
+            if after not in ids:
+                raise CursorUnknown(f"after {after!r} is no token of this tenant", field="after")
+            records = records[ids.index(after) + 1 :]
+        return records[:limit]
+
     async def list(self, tenant: str | None = None) -> list[TokenRecord]:
         records = [
-            TokenRecord(
-                token_id=tid,
-                caller=row.caller,
-                created_at=row.created_at,
-                expires_at=row.expires_at,
-                revoked_at=row.revoked_at,
-            )
+            self._record(tid)
             for tid, digest in self._ids.items()
-            if (row := self._tokens[digest]) and (tenant is None or row.caller.tenant == tenant)
+            if tenant is None or self._tokens[digest].caller.tenant == tenant
         ]
         return sorted(records, key=lambda r: (r.caller.tenant, r.created_at, r.token_id))

@@ -10,6 +10,7 @@ import asyncpg
 
 from application.access import Caller
 from application.ports import FoundToken, TokenRecord
+from domain.errors import CursorUnknown
 
 TOKENS_CHANNEL = "ductor_streams_tokens"
 
@@ -54,6 +55,29 @@ FROM api_tokens
 WHERE $1::text IS NULL OR tenant = $1
 ORDER BY tenant, created_at, token_id
 """
+
+# `GET /tokens`: a keyset page of a tenant's tokens by creation, an index range
+# (api_tokens_tenant_created) read in order, whose cost follows the page, not the tenant.
+_FIRST_PAGE = f"""
+SELECT {_COLUMNS}
+FROM api_tokens
+WHERE tenant = $1
+ORDER BY created_at, token_id
+LIMIT $2
+"""
+
+_PAGE_AFTER = f"""
+SELECT {_COLUMNS}
+FROM api_tokens
+WHERE tenant = $1 AND (created_at, token_id) > (
+    SELECT created_at, token_id FROM api_tokens WHERE tenant = $1 AND token_id = $2
+)
+ORDER BY created_at, token_id
+LIMIT $3
+"""
+
+# An empty page after `after`: the end of the listing, or a cursor that names no token.
+_KNOWN = "SELECT EXISTS (SELECT 1 FROM api_tokens WHERE tenant = $1 AND token_id = $2)"
 
 _GET = f"SELECT {_COLUMNS} FROM api_tokens WHERE token_id = $1"
 
@@ -115,6 +139,14 @@ class PostgresTokens:
 
     async def revoke(self, token_id: str) -> bool:
         return bool(await self._pool.fetch(_REVOKE, token_id))
+
+    async def page(self, tenant: str, after: str | None, limit: int) -> list[TokenRecord]:
+        if after is None:
+            return [_record(row) for row in await self._pool.fetch(_FIRST_PAGE, tenant, limit)]
+        rows = await self._pool.fetch(_PAGE_AFTER, tenant, after, limit)
+        if not rows and not await self._pool.fetchval(_KNOWN, tenant, after):
+            raise CursorUnknown(f"after {after!r} is no token of this tenant", field="after")
+        return [_record(row) for row in rows]
 
     async def list(self, tenant: str | None = None) -> list[TokenRecord]:
         return [_record(row) for row in await self._pool.fetch(_LIST, tenant)]
