@@ -50,6 +50,10 @@ TOKEN_ID_PREFIX = "tok_"
 TOKEN_ID_PATTERN = r"^tok_[0-9a-f]{16}$"
 TOKEN_ID = re.compile(TOKEN_ID_PATTERN)
 
+# `GET /tokens` answers a page of at most this many tokens (`limit`, default 100).
+DEFAULT_LIST_LIMIT = 100
+MAX_LIST_LIMIT = 1_000
+
 # The longest `--expires-in`: ten years.
 MAX_EXPIRES_IN_SECONDS = 10 * 365 * 86400
 
@@ -209,6 +213,8 @@ class MintedToken(msgspec.Struct, frozen=True):
 
 class TokenList(msgspec.Struct, frozen=True):
     tokens: list[TokenView]
+    # The last token id the page read (listed or not), or null when no token follows.
+    next_after: str | None
 
 
 def token_view(record: TokenRecord) -> TokenView:
@@ -303,10 +309,25 @@ class TenantTokens:
         self._tokens = tokens
         self._cache = cache
 
-    async def list(self, caller: Caller) -> TokenList:
+    async def list(
+        self, caller: Caller, after: str | None = None, limit: int = DEFAULT_LIST_LIMIT
+    ) -> TokenList:
+        """A keyset page by creation: the `limit` tokens after the token `after` (exclusive),
+        less those a run-restricted caller may not see. `next_after` is the last token the page
+        read, listed or not, so that the next page goes on from there: a page of a restricted
+        caller may list fewer than `limit` tokens (even none) while more follow."""
         caller.require("streams:admin")
-        records = await self._tokens.list(caller.tenant)
-        return TokenList(tokens=[token_view(r) for r in records if _within(caller, r)])
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise InvalidInput(f"limit must be 1 to {MAX_LIST_LIMIT}", field="limit")
+        if after is not None and not TOKEN_ID.match(after):
+            raise InvalidInput("after is a token id: tok_ and 16 hex digits", field="after")
+        # One more than asked says whether another page follows.
+        records = await self._tokens.page(caller.tenant, after, limit + 1)
+        read = records[:limit]
+        return TokenList(
+            tokens=[token_view(r) for r in read if _within(caller, r)],
+            next_after=read[-1].token_id if len(records) > limit else None,
+        )
 
     async def revoke(self, caller: Caller, token_id: str) -> None:
         caller.require("streams:admin")

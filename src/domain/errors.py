@@ -84,7 +84,7 @@ class CursorAheadOfHead(DomainError):
 
 class CursorUnknown(DomainError):
     """A page cursor (`after`) that names nothing the listing can resume from: which names are
-    known is the stream's state, not the request's shape."""
+    known is the stream's (or the tenant's) state, not the request's shape."""
 
     code = "cursor-unknown"
 

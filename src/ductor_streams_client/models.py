@@ -277,7 +277,11 @@ class TokenInfo(_Answer, frozen=True):
 
 
 class TokenList(_Answer, frozen=True):
+    """One page of the tenant's tokens by creation; `next_after` is the `after` of the next page
+    (None: this is the last)."""
+
     tokens: tuple[TokenInfo, ...]
+    next_after: str | None = None
 
 
 # -- records ---------------------------------------------------------------------------------------

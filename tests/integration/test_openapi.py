@@ -103,7 +103,15 @@ def test_the_document_describes_problems_auth_and_media_types(server: ServerProc
     assert runs["after"].get("pattern") == ID_PATTERN or any(
         s.get("pattern") == ID_PATTERN for s in runs["after"].get("oneOf", [])
     )
+    listed = {p["name"]: p["schema"] for p in ops["listTokens"]["parameters"] if p["in"] == "query"}
+    assert (listed["limit"]["minimum"], listed["limit"]["maximum"]) == (1, 1000)
+    assert listed["after"].get("pattern") == TOKEN_ID_PATTERN or any(
+        s.get("pattern") == TOKEN_ID_PATTERN for s in listed["after"].get("oneOf", [])
+    )
+    bad_page = ops["listTokens"]["responses"]["400"]["content"][PROBLEM_JSON]["schema"]
+    assert {"invalid-input", "cursor-unknown"} <= set(bad_page["properties"]["code"]["enum"])
     schemas = doc["components"]["schemas"]
+    assert "next_after" in schemas["TokenList"]["required"]
     expiry = schemas["Expiry"]
     assert expiry["additionalProperties"] is False
     [idle, _] = expiry["properties"]["idle_seconds"]["anyOf"]

@@ -1,6 +1,7 @@
 """Tokens over HTTP against a real server (docs/http-api.md, "Tokens"): minted in the caller's
 tenant, shown once and stored hashed, never wider than the minter (scopes, runs, life), always
-expiring; listed without the token; revoked everywhere within 2 seconds."""
+expiring; listed without the token, a page at a time by creation; revoked everywhere within 2
+seconds."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from tests.integration.test_http_auth import ADMIN, READ, WRITE, assert_problem, bearer
+from tests.integration.test_token_lifecycle import tid
 
 ALL = [READ, WRITE, ADMIN]
 
@@ -30,6 +32,23 @@ async def minted(api: httpx.AsyncClient, headers: dict[str, str] | None = None, 
     response = await mint(api, headers, **body)
     assert response.status_code == 201, response.text
     return response.json()
+
+
+async def listed_tokens(
+    api: httpx.AsyncClient, headers: dict[str, str] | None = None, limit: int = 1000
+) -> list[dict[str, Any]]:
+    """Every token the caller may list, page after page (the session's tenants collect more
+    tokens than one page holds)."""
+    tokens: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"limit": limit}
+    while True:
+        response = await api.get("/tokens", params=params, headers=headers)
+        assert response.status_code == 200, response.text
+        page = response.json()
+        tokens.extend(page["tokens"])
+        if page["next_after"] is None:
+            return tokens
+        params["after"] = page["next_after"]
 
 
 async def test_a_minted_token_is_shown_once_stored_hashed_and_works(
@@ -56,7 +75,7 @@ async def test_a_minted_token_is_shown_once_stored_hashed_and_works(
         headers=bearer(token),
     )
     assert created.status_code == 201, created.text
-    listed = (await api.get("/tokens")).json()["tokens"]
+    listed = await listed_tokens(api)
     mine = next(t for t in listed if t["id"] == answer["id"])
     assert "token" not in mine and token not in str(listed)
     assert mine["principal"] == "browser" and mine["revoked_at"] is None
@@ -98,11 +117,11 @@ async def test_the_principal_defaults_to_the_minters(api: httpx.AsyncClient) -> 
 async def test_a_bad_mint_request_is_400_and_mints_nothing(
     api: httpx.AsyncClient, body: dict[str, Any]
 ) -> None:
-    before = len((await api.get("/tokens")).json()["tokens"])
+    before = len(await listed_tokens(api))
     request = {"scopes": ALL, "expires_in_seconds": 60, **body}
     request = {k: v for k, v in request.items() if v is not None}
     assert_problem(await api.post("/tokens", json=request), 400, "invalid-input")
-    assert len((await api.get("/tokens")).json()["tokens"]) == before
+    assert len(await listed_tokens(api)) == before
 
 
 async def test_minting_needs_admin_and_never_widens_the_minter(api: httpx.AsyncClient) -> None:
@@ -134,10 +153,10 @@ async def test_a_minted_token_belongs_to_the_minters_tenant(
     assert created.status_code == 201
     # The default tenant does not see it; the other tenant's listing is its own.
     assert_problem(await api.get(f"/runs/{run_id}/streams/s"), 404, "not-found")
-    listed = (await api.get("/tokens", headers=theirs)).json()["tokens"]
+    listed = await listed_tokens(api, theirs)
     assert {t["tenant"] for t in listed} == {tenant}
     assert child["id"] in {t["id"] for t in listed}
-    assert child["id"] not in {t["id"] for t in (await api.get("/tokens")).json()["tokens"]}
+    assert child["id"] not in {t["id"] for t in await listed_tokens(api)}
     # Another tenant's token cannot be revoked: it is not found.
     assert_problem(await api.delete(f"/tokens/{child['id']}"), 404, "not-found")
     read = await api.get(f"/runs/{run_id}/streams/s", headers=bearer(child["token"]))
@@ -154,12 +173,10 @@ async def test_a_run_scoped_minter_mints_only_within_its_runs(api: httpx.AsyncCl
     # It lists only the tokens restricted to some of its runs (a wider one would tell of
     # other runs), and revokes no other.
     wide = await minted(api, runs=["run-a", "run-z"])
-    listed = {t["id"] for t in (await api.get("/tokens", headers=headers)).json()["tokens"]}
+    visible = await listed_tokens(api, headers)
+    listed = {t["id"] for t in visible}
     assert scoped["id"] in listed and wide["id"] not in listed
-    assert all(
-        set(t["runs"]) <= {"run-a", "run-b"}
-        for t in (await api.get("/tokens", headers=headers)).json()["tokens"]
-    )
+    assert all(set(t["runs"]) <= {"run-a", "run-b"} for t in visible)
     assert_problem(await api.delete(f"/tokens/{wide['id']}", headers=headers), 404, "not-found")
 
 
@@ -178,7 +195,7 @@ async def test_revocation_over_http_is_felt_within_2_seconds(
         while (await client.get(path, headers=headers)).status_code != 401:
             assert time.monotonic() < deadline, "a revoked token still works after 2 s"
             await asyncio.sleep(0.1)
-    listed = (await api.get("/tokens")).json()["tokens"]
+    listed = await listed_tokens(api)
     assert next(t for t in listed if t["id"] == token["id"])["revoked_at"] is not None
 
 
@@ -199,3 +216,103 @@ async def test_revoking_an_unknown_token_is_404(api: httpx.AsyncClient) -> None:
 @pytest.mark.parametrize("token_id", ["nothing", "tok_XYZ", "tok_00000000000000001"])
 async def test_revoking_what_is_not_a_token_id_is_400(api: httpx.AsyncClient, token_id) -> None:
     assert_problem(await api.delete(f"/tokens/{token_id}"), 400, "invalid-input")
+
+
+# -- listing, a page at a time ---------------------------------------------------------------------
+
+
+async def tenant_admin(tokens: Any) -> dict[str, str]:
+    """The admin of a tenant of its own (whose listing holds only this test's tokens)."""
+    return bearer(await tokens.create(tenant="pages-" + secrets.token_hex(4), principal="admin"))
+
+
+async def test_250_tokens_page_by_100_each_once_in_creation_order(
+    api: httpx.AsyncClient, tokens: Any
+) -> None:
+    admin = await tenant_admin(tokens)
+    tenant = (await listed_tokens(api, admin))[0]["tenant"]
+    created = [tid(await tokens.create(tenant=tenant, principal=f"p{i}")) for i in range(249)]
+    everyone = [(await listed_tokens(api, admin))[0]["id"], *created]  # the admin's own first
+    pages: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"limit": 100}
+    while True:
+        response = await api.get("/tokens", params=params, headers=admin)
+        assert response.status_code == 200, response.text
+        pages.append(page := response.json())
+        assert set(page) == {"tokens", "next_after"}
+        if page["next_after"] is None:
+            break
+        assert page["next_after"] == page["tokens"][-1]["id"]
+        params["after"] = page["next_after"]
+    assert [len(page["tokens"]) for page in pages] == [100, 100, 50]
+    listed = [t for page in pages for t in page["tokens"]]
+    assert [t["id"] for t in listed] == everyone
+    assert [t["created_at"] for t in listed] == sorted(t["created_at"] for t in listed)
+    assert {t["tenant"] for t in listed} == {tenant}
+    # Without a limit, a page is 100; after the last token, an empty last page.
+    assert (await api.get("/tokens", headers=admin)).json() == pages[0]
+    last = await api.get("/tokens", params={"after": everyone[-1]}, headers=admin)
+    assert last.json() == {"tokens": [], "next_after": None}
+
+
+async def test_a_run_restricted_caller_pages_past_the_tokens_it_may_not_see(
+    api: httpx.AsyncClient, tokens: Any
+) -> None:
+    admin = await tenant_admin(tokens)
+    scoped = await minted(api, admin, runs=["run-a", "run-b"])
+    shapes: list[list[str] | None] = [["run-a"], ["run-c"], None, None, ["run-a", "run-c"]]
+    shapes += [["run-b"], None, None, None, None, None, ["run-a", "run-b"], ["run-z"]]
+    made = [scoped] + [
+        await minted(api, admin, **({} if runs is None else {"runs": runs})) for runs in shapes
+    ]
+    within = {"run-a", "run-b"}
+    visible = [t["id"] for t in made if t["runs"] is not None and set(t["runs"]) <= within]
+    headers = bearer(scoped["token"])
+    for limit in (1, 2, 3, 5, 100):
+        pages, listed = 0, []
+        params: dict[str, Any] = {"limit": limit}
+        while True:
+            page = (await api.get("/tokens", params=params, headers=headers)).json()
+            pages += 1
+            listed += [t["id"] for t in page["tokens"]]
+            if page["next_after"] is None:
+                break
+            params["after"] = page["next_after"]
+        assert listed == visible, limit
+        # Each page read `limit` of the tenant's tokens (the admin's own and `made`): none was
+        # cut short by the tokens left out of it, and none ended the listing early.
+        assert pages == -(-(1 + len(made)) // limit), limit
+    # Five tokens in a row it may not see: a page of 3 lists none of them, and goes on.
+    params = {"limit": 3, "after": made[6]["id"]}
+    page = (await api.get("/tokens", params=params, headers=headers)).json()
+    assert page == {"tokens": [], "next_after": made[9]["id"]}
+
+
+@pytest.mark.parametrize(
+    ("params", "code"),
+    [
+        ({"limit": 0}, "invalid-input"),
+        ({"limit": 1001}, "invalid-input"),
+        ({"limit": "many"}, "invalid-input"),
+        ({"after": "nothing"}, "invalid-input"),
+        ({"after": "tok_XYZ"}, "invalid-input"),
+        ({"after": "tok_00000000000000001"}, "invalid-input"),
+        ({"after": "tok_0000000000000000"}, "cursor-unknown"),
+    ],
+    ids=[
+        "limit-0",
+        "limit-1001",
+        "limit-not-a-number",
+        "after-no-id",
+        "after-not-hex",
+        "after-too-long",
+        "after-unknown",
+    ],
+)
+async def test_a_bad_page_is_400(api: httpx.AsyncClient, params: dict[str, Any], code: str) -> None:
+    assert_problem(await api.get("/tokens", params=params), 400, code)
+
+
+async def test_another_tenants_token_is_no_cursor(api: httpx.AsyncClient, tokens: Any) -> None:
+    theirs = (await listed_tokens(api, await tenant_admin(tokens)))[0]["id"]
+    assert_problem(await api.get("/tokens", params={"after": theirs}), 400, "cursor-unknown")

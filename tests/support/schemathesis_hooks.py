@@ -34,7 +34,7 @@ from schemathesis.specs.openapi.checks import RejectedPositiveData
 DEPENDS_ON_STATE = frozenset(
     {
         "cursor-ahead-of-head",
-        "cursor-unknown",  # a page's `after` naming no object of the stream
+        "cursor-unknown",  # a page's `after` naming no object of the stream, no token of the tenant
         "cursor-expired",  # a cursor behind what retention removed from the stream it names
         "stream-gone",  # a stream deleted while forks still read it
         "ack-ahead-of-head",

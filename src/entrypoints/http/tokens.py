@@ -8,7 +8,14 @@ from typing import Annotated
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import Parameter
 
-from application.tokens import TOKEN_ID_PATTERN, MintedToken, TokenList, TokenRequest
+from application.tokens import (
+    DEFAULT_LIST_LIMIT,
+    MAX_LIST_LIMIT,
+    TOKEN_ID_PATTERN,
+    MintedToken,
+    TokenList,
+    TokenRequest,
+)
 from entrypoints.http.body import decode_body
 from entrypoints.http.streams import API_PREFIX, EVERY_ROUTE, WITH_A_BODY, authenticated
 from entrypoints.openapi import Answer, Link, documented
@@ -42,15 +49,33 @@ class TokensController(Controller):
     @get(
         "",
         operation_id="listTokens",
-        summary="List the tenant's tokens (never a token itself)",
+        summary="List the tenant's tokens (never a token itself), a page at a time",
         operation_class=documented(
-            Answer(200, "The tenant's tokens, revoked and expired ones included", TokenList),
-            problems=(*EVERY_ROUTE, "forbidden"),
+            Answer(
+                200,
+                "The tenant's tokens after `after` by creation, revoked and expired ones included",
+                TokenList,
+            ),
+            problems=(*EVERY_ROUTE, "forbidden", "cursor-unknown"),
         ),
     )
-    async def list_tokens(self, request: Request) -> TokenList:
+    async def list_tokens(
+        self,
+        request: Request,
+        limit: Annotated[
+            int,
+            Parameter(ge=1, le=MAX_LIST_LIMIT, description="at most this many tokens"),
+        ] = DEFAULT_LIST_LIMIT,
+        after: Annotated[
+            str | None,
+            Parameter(
+                description="exclusive: the tokens created after this token (`next_after`)",
+                pattern=TOKEN_ID_PATTERN,
+            ),
+        ] = None,
+    ) -> TokenList:
         services, caller = await authenticated(request)
-        return await services.tenant_tokens.list(caller)
+        return await services.tenant_tokens.list(caller, after, limit)
 
     @delete(
         "/{token_id:str}",
