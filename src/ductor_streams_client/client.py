@@ -259,9 +259,23 @@ class StreamsClient:
         Not retried after a lost answer (a repeat would mint a second token)."""
         return await self._run(core.mint_token(scopes, expires_in_seconds, principal, runs))
 
-    async def list_tokens(self) -> models.TokenList:
-        """The tenant's tokens (revoked and expired ones too), never a token itself."""
-        return await self._run(core.list_tokens())
+    async def list_tokens(self, *, after: str | None = None, limit: int = 100) -> models.TokenList:
+        """One page of the tenant's tokens (revoked and expired ones too) by creation, never a
+        token itself: those after the token `after` (an id), read `limit` at a time (1 to
+        1,000). `page.next_after` is the next `after` (None on the last page); a client
+        restricted to runs may get a page with fewer tokens, even none, before the last."""
+        return await self._run(core.list_tokens(after, limit))
+
+    async def iter_tokens(self, *, page_size: int = 100) -> AsyncGenerator[models.TokenInfo, None]:
+        """Every token of the tenant this client may list, page after page."""
+        after = None
+        while True:
+            page = await self.list_tokens(after=after, limit=page_size)
+            for token in page.tokens:
+                yield token
+            if page.next_after is None:
+                return
+            after = page.next_after
 
     async def revoke_token(self, token_id: str) -> None:
         """Revoke a token by its id: refused everywhere within 2 seconds."""

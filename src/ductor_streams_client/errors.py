@@ -148,7 +148,8 @@ class CursorAheadOfHead(StreamsError):
 
 
 class CursorUnknown(StreamsError):
-    """400: a listing's `after` names nothing of the stream to resume from (`field`)."""
+    """400: a listing's `after` names nothing to resume from: no object of the stream, no
+    token of the tenant (`field`)."""
 
     code_of_class = "cursor-unknown"
 

@@ -224,9 +224,19 @@ class SyncStreamsClient:
         Not retried after a lost answer (a repeat would mint a second token)."""
         return self._run(core.mint_token(scopes, expires_in_seconds, principal, runs))
 
-    def list_tokens(self) -> models.TokenList:
-        """The tenant's tokens (revoked and expired ones too), never a token itself."""
-        return self._run(core.list_tokens())
+    def list_tokens(self, *, after: str | None = None, limit: int = 100) -> models.TokenList:
+        """One page of the tenant's tokens; see `StreamsClient.list_tokens`."""
+        return self._run(core.list_tokens(after, limit))
+
+    def iter_tokens(self, *, page_size: int = 100) -> Generator[models.TokenInfo, None, None]:
+        """Every token of the tenant this client may list, page after page."""
+        after = None
+        while True:
+            page = self.list_tokens(after=after, limit=page_size)
+            yield from page.tokens
+            if page.next_after is None:
+                return
+            after = page.next_after
 
     def revoke_token(self, token_id: str) -> None:
         """Revoke a token by its id: refused everywhere within 2 seconds."""

@@ -468,29 +468,29 @@ def cmd_token_list_server(args: argparse.Namespace) -> int:
 async def _token_list(args: argparse.Namespace) -> None:
     if args.tenant is not None:
         raise UsageError("--server lists the tenant of the token it uses: drop --tenant")
-    async with _client(args) as client:
-        listed = await client.list_tokens()
     now = datetime.now(UTC)
-    for t in listed.tokens:
-        if t.revoked_at is not None:
-            state = "revoked"
-        elif t.expires_at is not None and t.expires_at <= now:
-            state = "expired"
-        else:
-            state = "active"
-        print(
-            token_line(
-                t.id,
-                t.tenant,
-                t.principal,
-                t.scopes,
-                t.runs,
-                _rfc3339(t.created_at),
-                _rfc3339(t.expires_at),
-                _rfc3339(t.revoked_at),
-                state,
+    async with _client(args) as client:
+        # Every token: page after page, each printed as its page arrives.
+        async for t in client.iter_tokens(page_size=1000):
+            if t.revoked_at is not None:
+                state = "revoked"
+            elif t.expires_at is not None and t.expires_at <= now:
+                state = "expired"
+            else:
+                state = "active"
+            print(
+                token_line(
+                    t.id,
+                    t.tenant,
+                    t.principal,
+                    t.scopes,
+                    t.runs,
+                    _rfc3339(t.created_at),
+                    _rfc3339(t.expires_at),
+                    _rfc3339(t.revoked_at),
+                    state,
+                )
             )
-        )
 
 
 def cmd_token_revoke_server(args: argparse.Namespace) -> int:

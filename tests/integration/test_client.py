@@ -29,6 +29,7 @@ from ductor_streams_client import (
     Consumer,
     ConsumersPage,
     CursorAheadOfHead,
+    CursorUnknown,
     Deleted,
     IdempotencyKeyReused,
     NotFound,
@@ -41,9 +42,11 @@ from ductor_streams_client import (
     StreamList,
     StreamsClient,
     StreamsError,
+    SyncStreamsClient,
+    TokenList,
     Unauthenticated,
 )
-from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV
+from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, Tokens
 from tests.support.server import ServerProcess
 
 CLI = str(Path(sys.executable).parent / "ductor-streams")
@@ -513,3 +516,27 @@ async def test_deletion_and_run_listing_through_the_library(
     with pytest.raises(NotFound) as gone:
         await client.get_stream(run_id, "t")
     assert gone.value.status == 404
+
+
+async def test_token_pages_and_iter_tokens_through_the_library(
+    server: ServerProcess, tokens: Tokens
+) -> None:
+    tenant = "client-tokens-" + os.urandom(4).hex()
+    admin = await tokens.create(tenant=tenant, principal="admin")
+    made = [admin] + [await tokens.create(tenant=tenant, principal=f"p{i}") for i in range(24)]
+    ids = ["tok_" + hashlib.sha256(token.encode()).digest()[:8].hex() for token in made]
+    async with StreamsClient(server.base_url, admin, timeout=10) as client:
+        first = await client.list_tokens(limit=10)
+        assert isinstance(first, TokenList)
+        assert [t.id for t in first.tokens] == ids[:10] and first.next_after == ids[9]
+        second = await client.list_tokens(after=first.next_after, limit=10)
+        assert [t.id for t in second.tokens] == ids[10:20] and second.next_after == ids[19]
+        last = await client.list_tokens(after=second.next_after)
+        assert [t.id for t in last.tokens] == ids[20:] and last.next_after is None
+        assert [t.id async for t in client.iter_tokens(page_size=10)] == ids
+        assert [t.id async for t in client.iter_tokens()] == ids
+        with pytest.raises(CursorUnknown):
+            await client.list_tokens(after="tok_0000000000000000")
+    with SyncStreamsClient(server.base_url, admin, timeout=10) as sync:
+        assert [t.id for t in sync.iter_tokens(page_size=7)] == ids
+        assert sync.list_tokens(after=ids[-2]).tokens[0].id == ids[-1]

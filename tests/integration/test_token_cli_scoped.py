@@ -1,17 +1,20 @@
 """`ductor-streams token …` with runs and with --server, as a real process: `create --run`
 restricts a token on the database path (bootstrap, no server needed); `--server` mints, lists
-and revokes through a running server's token routes with the caller's own token."""
+(every page) and revokes through a running server's token routes with the caller's own token."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
+import asyncpg
 import httpx
 
-from tests.conftest import BOOTSTRAP_TOKEN
+from tests.conftest import BOOTSTRAP_TOKEN, Tokens
 from tests.integration.test_token_lifecycle import create, tid, token_cli
 from tests.support.server import ServerProcess
 
@@ -92,3 +95,21 @@ def test_mint_list_and_revoke_through_the_server(server: ServerProcess, run_id: 
         line.split("\t") for line in again.stdout.splitlines() if line.startswith(tid(token))
     )
     assert line[7] == "revoked"
+
+
+async def test_list_through_the_server_prints_every_token_past_one_page(
+    server: ServerProcess, tokens: Tokens, pool: asyncpg.Pool
+) -> None:
+    """More tokens than a page holds (the command reads 1,000 a page): each printed once, by
+    creation, as the server orders them."""
+    tenant = "cli-pages-" + secrets.token_hex(4)
+    admin = await tokens.create(tenant=tenant, principal="admin")
+    await asyncio.gather(*(tokens.create(tenant=tenant, principal=f"p{i}") for i in range(1_050)))
+    ordered = await pool.fetch(
+        "SELECT token_id FROM api_tokens WHERE tenant = $1 ORDER BY created_at, token_id", tenant
+    )
+    listed = await asyncio.to_thread(server_cli, server, admin, "list")
+    assert listed.returncode == 0, listed.stderr
+    lines = [line.split("\t") for line in listed.stdout.splitlines()]
+    assert [line[0] for line in lines] == [row[0] for row in ordered]
+    assert len(lines) == 1_051 and {line[1] for line in lines} == {tenant}

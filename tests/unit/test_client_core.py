@@ -727,7 +727,9 @@ def test_the_package_is_marked_typed_and_packaged_so() -> None:
 # -- what a stranger's program meets ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["follow", "iter_runs", "iter_streams", "get_object_body"])
+@pytest.mark.parametrize(
+    "method", ["follow", "iter_runs", "iter_streams", "iter_tokens", "get_object_body"]
+)
 def test_the_streaming_methods_are_typed_as_closable_generators(method: str) -> None:
     # docs/client.md wraps follow() in contextlib.aclosing (closing, for the sync client): a
     # return type of AsyncIterator / Iterator has no aclose / close, so mypy refuses that.

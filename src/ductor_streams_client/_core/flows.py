@@ -142,8 +142,11 @@ def mint_token(
     )
 
 
-def list_tokens() -> Flow[models.TokenList]:
-    return one(Call("GET", f"{API_PREFIX}/tokens", models.TokenList))
+def list_tokens(after: str | None, limit: int) -> Flow[models.TokenList]:
+    params: dict[str, Any] = {"limit": limit}
+    if after is not None:
+        params["after"] = after
+    return one(Call("GET", f"{API_PREFIX}/tokens", models.TokenList, params=params))
 
 
 def revoke_token(token_id: str) -> Flow[None]:
