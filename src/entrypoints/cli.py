@@ -149,12 +149,7 @@ def _rfc3339(moment: datetime | None) -> str:
 
 
 def _token_line(record: TokenRecord, now: datetime) -> str:
-    if record.revoked_at is not None:
-        state = "revoked"
-    elif record.expires_at is not None and record.expires_at <= now:
-        state = "expired"
-    else:
-        state = "active"
+    state = client_cli.token_state(record.revoked_at, record.expires_at, now)
     return client_cli.token_line(
         record.token_id,
         record.caller.tenant,

@@ -416,6 +416,15 @@ async def _put_object(args: argparse.Namespace) -> None:
 # scopes, runs and life of what it mints). Without --server they work on the database directly.
 
 
+def token_state(revoked_at: datetime | None, expires_at: datetime | None, now: datetime) -> str:
+    """A listed token's state: revoked, expired or active."""
+    if revoked_at is not None:
+        return "revoked"
+    if expires_at is not None and expires_at <= now:
+        return "expired"
+    return "active"
+
+
 def token_line(
     token_id: str,
     tenant: str,
@@ -472,12 +481,7 @@ async def _token_list(args: argparse.Namespace) -> None:
     async with _client(args) as client:
         # Every token: page after page, each printed as its page arrives.
         async for t in client.iter_tokens(page_size=1000):
-            if t.revoked_at is not None:
-                state = "revoked"
-            elif t.expires_at is not None and t.expires_at <= now:
-                state = "expired"
-            else:
-                state = "active"
+            state = token_state(t.revoked_at, t.expires_at, now)
             print(
                 token_line(
                     t.id,

@@ -99,13 +99,19 @@ UNION ALL
 (SELECT tenant, run_id, stream_id, NULL, place FROM heads ORDER BY place DESC LIMIT 1)
 """
 
-_ADVANCE = f"""
+# Marks the claimed record delivered, for the statement after it to go on from `delivered`.
+_DELIVERED = f"""
 WITH delivered AS (
     UPDATE input_deliveries
     SET delivered_at = now(), claimed_by = NULL, lease_until = NULL, last_error = NULL
     WHERE {_KEY}
     RETURNING sequence
 )
+"""
+
+_ADVANCE = (
+    _DELIVERED
+    + """
 UPDATE input_deliveries d
 SET claimed_by = $1, lease_until = now() + make_interval(secs => $6)
 FROM delivered
@@ -114,21 +120,19 @@ WHERE d.tenant = $2 AND d.run_id = $3 AND d.stream_id = $4 AND d.sequence = deli
   AND (d.lease_until IS NULL OR d.lease_until < now())
 RETURNING d.sequence, d.attempts
 """
+)
 
 # A stream handed back after a job's batch goes to the back of its tenant's turns: its next
 # record counts as waiting from now (`next_attempt_at` orders a tenant's due streams in `_CLAIM`).
-_DONE = f"""
-WITH delivered AS (
-    UPDATE input_deliveries
-    SET delivered_at = now(), claimed_by = NULL, lease_until = NULL, last_error = NULL
-    WHERE {_KEY}
-    RETURNING sequence
-)
+_DONE = (
+    _DELIVERED
+    + """
 UPDATE input_deliveries d SET next_attempt_at = greatest(d.next_attempt_at, now())
 FROM delivered
 WHERE d.tenant = $2 AND d.run_id = $3 AND d.stream_id = $4 AND d.sequence = delivered.sequence + 1
   AND d.delivered_at IS NULL
 """
+)
 
 # What a dispatcher holds of a stream is its one claimed row, which moves down the stream as
 # records are delivered (`advance`), so leases are renewed by stream, not by sequence.
