@@ -349,10 +349,15 @@ class TokenStore(Protocol):
         """Revoke the token with this id (again, if it already is) and tell every process that
         caches tokens to forget it; False if there is no such token."""
 
-    async def page(self, tenant: str, after: str | None, limit: int) -> list[TokenRecord]:
+    async def page(
+        self, tenant: str, after: str | None, limit: int, within: frozenset[str] | None = None
+    ) -> list[TokenRecord]:
         """At most `limit` of the tenant's tokens (revoked and expired ones too) by creation
         (`created_at`, then token id), those after the token with id `after` when it is given
-        (exclusive). Raises `CursorUnknown` if `after` names no token of the tenant."""
+        (exclusive). `within`: only the tokens restricted to some of these runs (what a
+        run-restricted caller may see), chosen in the read, so a page never passes over a token
+        its caller may not see. Raises `CursorUnknown` if `after` names no token of the tenant
+        that the page's caller may see."""
 
     async def list(self, tenant: str | None = None) -> list[TokenRecord]:
         """Every token (revoked and expired ones too), by tenant then creation."""

@@ -312,21 +312,21 @@ class TenantTokens:
     async def list(
         self, caller: Caller, after: str | None = None, limit: int = DEFAULT_LIST_LIMIT
     ) -> TokenList:
-        """A keyset page by creation: the `limit` tokens after the token `after` (exclusive),
-        less those a run-restricted caller may not see. `next_after` is the last token the page
-        read, listed or not, so that the next page goes on from there: a page of a restricted
-        caller may list fewer than `limit` tokens (even none) while more follow."""
+        """A keyset page by creation: the `limit` tokens after the token `after` (exclusive)
+        that the caller may see (for a run-restricted caller, those restricted to some of its
+        runs, chosen by the store's read: `next_after`, the last token listed, never names one
+        it may not see, nor does a page stop short of `limit` while more follow)."""
         caller.require("streams:admin")
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise InvalidInput(f"limit must be 1 to {MAX_LIST_LIMIT}", field="limit")
         if after is not None and not TOKEN_ID.match(after):
             raise InvalidInput("after is a token id: tok_ and 16 hex digits", field="after")
         # One more than asked says whether another page follows.
-        records = await self._tokens.page(caller.tenant, after, limit + 1)
-        read = records[:limit]
+        records = await self._tokens.page(caller.tenant, after, limit + 1, caller.runs)
+        listed = records[:limit]
         return TokenList(
-            tokens=[token_view(r) for r in read if _within(caller, r)],
-            next_after=read[-1].token_id if len(records) > limit else None,
+            tokens=[token_view(r) for r in listed],
+            next_after=listed[-1].token_id if len(records) > limit else None,
         )
 
     async def revoke(self, caller: Caller, token_id: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import types
 
 import asyncpg
 import httpx
@@ -95,6 +96,26 @@ async def test_a_claim_ranks_a_window_of_heads_that_goes_round_every_stream(
     assert order[:3] == [(BUSY, "s000"), (BUSY, "s004"), (QUIET, "s000")]
     assert sorted(order) == sorted({*order})  # each stream once: they are all held now
     assert await deliveries.claim(1) == []  # every head held
+
+
+async def test_a_claim_that_finds_every_head_held_looks_round_once(empty: asyncpg.Pool) -> None:
+    """Windows go on while they give too few due streams, but not past where the claim
+    started: with every head held, a claim ranks each once, not once per window it may try."""
+    await backlog(empty, BUSY, 6, 2)
+    holder = PostgresInputDeliveries(empty, "holder")
+    assert len(await holder.claim(6)) == 6
+    statements = 0
+    fetch = empty.fetch
+
+    async def counting(query: str, *args: object) -> list[asyncpg.Record]:
+        nonlocal statements
+        statements += 1
+        return await fetch(query, *args)
+
+    deliveries = PostgresInputDeliveries(empty, "w", window=4)
+    deliveries._pool = types.SimpleNamespace(fetch=counting)  # type: ignore[assignment]
+    assert await deliveries.claim(1) == []
+    assert statements == 2  # s000-s003, then s004, s005 and round to s000-s001: wrapped
 
 
 async def test_another_tenants_input_is_delivered_while_a_wide_backlog_drains(

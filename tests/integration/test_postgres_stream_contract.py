@@ -224,3 +224,42 @@ async def test_a_snapshot_written_before_the_consumers_moved_out_is_read_and_mov
     assert b'"old"' not in row["state"] and b'"old"' in row["consumers"]
     [acked] = await repo.update(key, [AckCommand(WRITER, "old", 4, NOW)])
     assert acked.answer.credit.unread_items == 0
+
+
+class _CountingPool:
+    """The pool, counting the payload bytes its statements bring back (column 14 of a page's
+    rows is a record's payload)."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self.payload_bytes = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._pool, name)
+
+    async def fetch(self, query: str, *args):
+        rows = await self._pool.fetch(query, *args)
+        self.payload_bytes += sum(len(r[14]) for r in rows if len(r) > 14 and r[14] is not None)
+        return rows
+
+
+async def test_a_forks_page_within_a_budget_reads_no_more_of_its_ancestors_than_that(
+    pool: asyncpg.Pool,
+) -> None:
+    """A fork of 100 records of 60 KB, read a page of up to 1,000 records within 256 KiB: the
+    source's segment is cut in the statement too, not read 100 records deep and cut after."""
+    counting = _CountingPool(pool)
+    repo = PostgresStreams(counting)  # type: ignore[arg-type]
+    src_key = new_key()
+    await repo.create(src_key, definition(), NOW)
+    big = b"x" * 60_000
+    await repo.update(src_key, [append([record(big) for _ in range(100)])])
+    src = await repo.load(src_key)
+    fork_key = src_key._replace(stream_id="fork")
+    await repo.create(fork_key, forked(src, "fork", 100), NOW)
+    budget = 256 * 1024
+    counting.payload_bytes = 0
+    found = await repo.page(fork_key, 0, 1_000, budget)
+    assert found is not None
+    assert [r.sequence for r in found[1]] == [1, 2, 3, 4]  # 4 x 60,000 <= 262,144 < 5 x
+    assert counting.payload_bytes <= budget + 60_000, counting.payload_bytes

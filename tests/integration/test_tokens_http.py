@@ -279,13 +279,17 @@ async def test_a_run_restricted_caller_pages_past_the_tokens_it_may_not_see(
                 break
             params["after"] = page["next_after"]
         assert listed == visible, limit
-        # Each page read `limit` of the tenant's tokens (the admin's own and `made`): none was
-        # cut short by the tokens left out of it, and none ended the listing early.
-        assert pages == -(-(1 + len(made)) // limit), limit
-    # Five tokens in a row it may not see: a page of 3 lists none of them, and goes on.
-    params = {"limit": 3, "after": made[6]["id"]}
+        # Pages of the tokens it may see only: full while more follow (none cut short by the
+        # tokens left out, none ending the listing early), each cursor one it may see.
+        assert pages in (-(-len(visible) // limit), len(visible) // limit + 1), limit
+    # Past tokens it may not see, a page is the next ones it may.
+    params = {"limit": 1, "after": made[1]["id"]}
     page = (await api.get("/tokens", params=params, headers=headers)).json()
-    assert page == {"tokens": [], "next_after": made[9]["id"]}
+    assert [t["id"] for t in page["tokens"]] == [made[6]["id"]]
+    assert page["next_after"] == made[6]["id"]
+    # A token it may not see is no cursor: its existence is not told.
+    refused = await api.get("/tokens", params={"after": made[3]["id"]}, headers=headers)
+    assert refused.status_code == 400 and refused.json()["code"] == "cursor-unknown"
 
 
 @pytest.mark.parametrize(

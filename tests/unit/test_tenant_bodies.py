@@ -79,3 +79,42 @@ async def test_a_body_has_arrived_once_its_content_length_came_though_its_reques
     go_on.set()
     await request
     assert bodies.held == {} and bodies.arriving == {"t": 1}
+
+
+async def test_a_drain_after_a_partly_read_body_holds_none_of_its_rest() -> None:
+    """A chunked body refused (413) part way through its read: what is drained after the
+    answer is not added to the tenant's held bytes, nor refused past them (the client would
+    get a reset instead of its 413)."""
+    from entrypoints.edge.problems import BodyTooLarge
+
+    bodies = TenantBodies(max_arriving=10, max_bytes=1_000)
+    pieces = [b"x" * 100] * 12  # 1,200 bytes in all, past the tenant's 1,000
+    messages = [{"type": "http.request", "body": p, "more_body": True} for p in pieces]
+    messages[-1]["more_body"] = False
+
+    async def front(scope, receive, send):
+        act_for("t")
+        body = Body(receive, RequestHead(scope["headers"]))
+        try:
+            await body.read(250)
+        except BodyTooLarge:
+            await send({"type": "http.response.start", "status": 413, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+            await body.finish(413)
+        assert bodies.held == {"t": 300}  # what the read took, and nothing of the drain
+
+    async def receive():
+        return messages.pop(0)
+
+    async def send(message):
+        pass
+
+    chunked = {
+        "type": "http",
+        "method": "POST",
+        "path": "/api/workflow-streams/runs/r/streams/s/records",
+        "headers": [(b"transfer-encoding", b"chunked")],
+    }
+    await with_body_deadlines(front, 30, 120, 0, bodies)(chunked, receive, send)
+    assert messages == [] and bodies.refused == 0  # drained to its end, refused nothing
+    assert bodies.held == {} and bodies.arriving == {}

@@ -1,6 +1,7 @@
 """`GET /tokens` as the use case answers it (`TenantTokens.list`): a keyset page by creation,
 read one token past `limit` to know whether more follow, and, for a caller restricted to runs,
-filtered after it is read, with `next_after` the last token read so no page skips or stops."""
+only the tokens it may see, chosen in the read: its pages are full while more follow, and
+`next_after` never names a token it may not see."""
 
 from __future__ import annotations
 
@@ -80,17 +81,19 @@ async def test_a_run_restricted_caller_pages_on_past_the_tokens_it_does_not_see(
         ]
     ]
     tokens = TenantTokens(store)
-    # The page read [r1], [*], [r3] and more follow: it says so, from the last token it read,
-    # though it lists only the first.
-    first = await tokens.list(SCOPED, limit=3)
-    assert [t.id for t in first.tokens] == [made[0][0]] and first.next_after == made[2][0]
-    # A page can list nothing and still go on.
-    empty = await tokens.list(SCOPED, made[4][0], 2)
-    assert empty.tokens == [] and empty.next_after == made[6][0]
     visible = [tid for tid, seen in made if seen]
+    # Pages of the visible tokens only: full while more follow, and a cursor that is one of them.
+    first = await tokens.list(SCOPED, limit=2)
+    assert [t.id for t in first.tokens] == visible[:2] and first.next_after == visible[1]
+    last = await tokens.list(SCOPED, first.next_after, 2)
+    assert [t.id for t in last.tokens] == visible[2:] and last.next_after is None
     for limit in (1, 2, 3, 4, 9, 10):
-        listed, _ = await walk(tokens, SCOPED, limit)
+        listed, pages = await walk(tokens, SCOPED, limit)
         assert listed == visible, limit
+        assert pages == -(-len(visible) // limit) or pages == len(visible) // limit + 1, limit
+    # A token it may not see is no cursor for it: its id is not told by the answer either.
+    with pytest.raises(CursorUnknown):
+        await tokens.list(SCOPED, made[1][0], 2)
 
 
 @pytest.mark.parametrize(

@@ -87,8 +87,14 @@ class MemoryTokens:
             revoked_at=row.revoked_at,
         )
 
-    async def page(self, tenant: str, after: str | None, limit: int) -> list[TokenRecord]:
-        records = await self.list(tenant)  # by creation, within the one tenant
+    async def page(
+        self, tenant: str, after: str | None, limit: int, within: frozenset[str] | None = None
+    ) -> list[TokenRecord]:
+        records = [  # by creation, within the one tenant
+            r
+            for r in await self.list(tenant)
+            if within is None or (r.caller.runs is not None and r.caller.runs <= within)
+        ]
         if after is not None:
             ids = [r.token_id for r in records]
             if after not in ids:

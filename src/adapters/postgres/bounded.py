@@ -92,7 +92,7 @@ class TenantShares:
     def __init__(self, places: int) -> None:
         self.places = places
         self._gates: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}
-        self.waited = 0  # statements that waited for their tenant's place (for /metrics)
+        self.waited = 0  # statements that waited for their tenant's place (/metrics)
 
     async def take(self) -> tuple[str, asyncio.Semaphore, list[int]] | None:
         tenant = acting_for()

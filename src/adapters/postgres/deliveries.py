@@ -36,26 +36,29 @@ WITH RECURSIVE ahead(tenant, run_id, stream_id, sequence, n) AS (
     UNION ALL
     SELECT x.tenant, x.run_id, x.stream_id, x.sequence, h.n + 1
     FROM ahead h, LATERAL ({_HEADS_AFTER}) x
-    WHERE h.n < $7
+    WHERE h.n < $7 AND (NOT $11 OR (h.tenant, h.run_id, h.stream_id) < ($8, $9, $10))
 ),
--- From the first stream up to the cursor: walked only when the streams after the cursor are
--- fewer than the window (an Append runs its second part only for the rows the LIMIT still
--- wants), so that a window holds as many heads as there are, up to its size.
+-- From the first stream up to where the claim started ($8, $9, $10): walked only when the
+-- streams after the cursor are fewer than the window (an Append runs its second part only for
+-- the rows the LIMIT still wants), so that a window holds as many heads as there are, up to its
+-- size. Once a window of this claim went round ($11), the cursor is in this part already: the
+-- walk ahead of it stops where the claim started, and this part is not walked again.
 behind(tenant, run_id, stream_id, sequence, n) AS (
     (SELECT tenant, run_id, stream_id, sequence, 1 FROM input_deliveries
-     WHERE delivered_at IS NULL AND $4::text <> ''
+     WHERE delivered_at IS NULL AND $8::text <> '' AND NOT $11::bool
      ORDER BY tenant, run_id, stream_id, sequence LIMIT 1)
     UNION ALL
     SELECT x.tenant, x.run_id, x.stream_id, x.sequence, h.n + 1
     FROM behind h, LATERAL ({_HEADS_AFTER}) x
-    WHERE h.n < $7 AND (h.tenant, h.run_id, h.stream_id) < ($4::text, $5::text, $6::text)
+    WHERE h.n < $7 AND (h.tenant, h.run_id, h.stream_id) < ($8::text, $9::text, $10::text)
 ),
 heads AS (
-    SELECT tenant, run_id, stream_id, sequence, row_number() OVER () AS place FROM (
-        (SELECT tenant, run_id, stream_id, sequence FROM ahead)
+    SELECT tenant, run_id, stream_id, sequence, wrapped, row_number() OVER () AS place FROM (
+        (SELECT tenant, run_id, stream_id, sequence, false AS wrapped FROM ahead
+         WHERE NOT $11 OR (tenant, run_id, stream_id) <= ($8, $9, $10))
         UNION ALL
-        (SELECT tenant, run_id, stream_id, sequence FROM behind
-         WHERE (tenant, run_id, stream_id) <= ($4::text, $5::text, $6::text))
+        (SELECT tenant, run_id, stream_id, sequence, true FROM behind
+         WHERE (tenant, run_id, stream_id) <= ($8, $9, $10))
         LIMIT $7
     ) w
 ),
@@ -92,11 +95,11 @@ claimed AS (
       AND d.delivered_at IS NULL AND (d.lease_until IS NULL OR d.lease_until < now())
     RETURNING d.tenant, d.run_id, d.stream_id, d.sequence, d.attempts
 )
-SELECT tenant, run_id, stream_id, sequence, attempts FROM claimed
+SELECT tenant, run_id, stream_id, sequence, attempts, NULL::boolean FROM claimed
 UNION ALL
--- The window's last head (no sequence), and how many it held: where the next window starts
--- after, and whether there may be more.
-(SELECT tenant, run_id, stream_id, NULL, place FROM heads ORDER BY place DESC LIMIT 1)
+-- The window's last head (no sequence), how many it held and whether it went round past the
+-- last stream: where the next window starts after, and whether there may be more.
+(SELECT tenant, run_id, stream_id, NULL, place, wrapped FROM heads ORDER BY place DESC LIMIT 1)
 """
 
 # Marks the claimed record delivered, for the statement after it to go on from `delivered`.
@@ -176,19 +179,30 @@ class PostgresInputDeliveries:
     async def claim(self, limit: int) -> list[Job]:
         """Up to `limit` streams, from the next window and, while a full window gave fewer
         (its streams held by dispatchers, or backing off), from the ones after it: up to
-        CLAIM_WINDOWS windows a claim."""
+        CLAIM_WINDOWS windows a claim, and never past where it started (a window that went
+        round past the last stream ends it, so no head is ranked twice in one claim)."""
         jobs: list[Job] = []
         window = max(self.window, limit)
+        started, went_round = self._after, False
         for _ in range(CLAIM_WINDOWS):
             rows = await self._pool.fetch(
-                _CLAIM, self.worker_id, self.lease_seconds, limit - len(jobs), *self._after, window
+                _CLAIM,
+                self.worker_id,
+                self.lease_seconds,
+                limit - len(jobs),
+                *self._after,
+                window,
+                *started,
+                went_round,
             )
-            self._after, seen = ("", "", ""), 0  # no heads at all: from the start next time
+            seen = 0
             for r in rows:
                 if r[3] is None:
-                    self._after, seen = (r[0], r[1], r[2]), r[4]
+                    self._after, seen, went_round = (r[0], r[1], r[2]), r[4], went_round or r[5]
                 else:
                     jobs.append(Job(key=StreamKey(r[0], r[1], r[2]), attempts=r[4], id=r[3]))
+            if not seen and not went_round:
+                self._after = ("", "", "")  # no heads at all: from the first next time
             if len(jobs) >= limit or seen < window:
                 break
         return jobs

@@ -58,10 +58,12 @@ ORDER BY tenant, created_at, token_id
 
 # `GET /tokens`: a keyset page of a tenant's tokens by creation, an index range
 # (api_tokens_tenant_created) read in order, whose cost follows the page, not the tenant.
+# `$3`: the runs of a run-restricted caller, who sees only the tokens restricted to some of them.
+_VISIBLE = "($3::text[] IS NULL OR (runs IS NOT NULL AND runs <@ $3::text[]))"
 _FIRST_PAGE = f"""
 SELECT {_COLUMNS}
 FROM api_tokens
-WHERE tenant = $1
+WHERE tenant = $1 AND {_VISIBLE}
 ORDER BY created_at, token_id
 LIMIT $2
 """
@@ -69,15 +71,19 @@ LIMIT $2
 _PAGE_AFTER = f"""
 SELECT {_COLUMNS}
 FROM api_tokens
-WHERE tenant = $1 AND (created_at, token_id) > (
-    SELECT created_at, token_id FROM api_tokens WHERE tenant = $1 AND token_id = $2
+WHERE tenant = $1 AND {_VISIBLE} AND (created_at, token_id) > (
+    SELECT created_at, token_id FROM api_tokens
+    WHERE tenant = $1 AND token_id = $4 AND {_VISIBLE}
 )
 ORDER BY created_at, token_id
-LIMIT $3
+LIMIT $2
 """
 
-# An empty page after `after`: the end of the listing, or a cursor that names no token.
-_KNOWN = "SELECT EXISTS (SELECT 1 FROM api_tokens WHERE tenant = $1 AND token_id = $2)"
+# An empty page after `after`: the end of the listing, or a cursor that names no token (that
+# the caller may see).
+_KNOWN = f"""
+SELECT EXISTS (SELECT 1 FROM api_tokens WHERE tenant = $1 AND token_id = $2 AND {_VISIBLE})
+"""
 
 _GET = f"SELECT {_COLUMNS} FROM api_tokens WHERE token_id = $1"
 
@@ -140,11 +146,15 @@ class PostgresTokens:
     async def revoke(self, token_id: str) -> bool:
         return bool(await self._pool.fetch(_REVOKE, token_id))
 
-    async def page(self, tenant: str, after: str | None, limit: int) -> list[TokenRecord]:
+    async def page(
+        self, tenant: str, after: str | None, limit: int, within: frozenset[str] | None = None
+    ) -> list[TokenRecord]:
+        runs = None if within is None else sorted(within)
         if after is None:
-            return [_record(row) for row in await self._pool.fetch(_FIRST_PAGE, tenant, limit)]
-        rows = await self._pool.fetch(_PAGE_AFTER, tenant, after, limit)
-        if not rows and not await self._pool.fetchval(_KNOWN, tenant, after):
+            rows = await self._pool.fetch(_FIRST_PAGE, tenant, limit, runs)
+            return [_record(row) for row in rows]
+        rows = await self._pool.fetch(_PAGE_AFTER, tenant, limit, runs, after)
+        if not rows and not await self._pool.fetchval(_KNOWN, tenant, after, runs):
             raise CursorUnknown(f"after {after!r} is no token of this tenant", field="after")
         return [_record(row) for row in rows]
 

@@ -283,7 +283,9 @@ def with_body_deadlines(
                 del watch.waiting[task]
             size = len(message.get("body", b""))
             received += size
-            if counted and not upload and size:
+            # (A drain after the answer, `Body.finish`, stopped acting for the tenant: it holds
+            # nothing, and the body's rest is nobody's to refuse.)
+            if counted and not upload and size and acting_for() is not None:
                 assert bodies is not None and tenant is not None
                 held += size
                 bodies.hold(tenant, size)  # TooManyBodies past the tenant's bytes

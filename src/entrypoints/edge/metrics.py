@@ -47,6 +47,9 @@ class HotPath:
         # commits their stream, and appends committed here for another process.
         self.appends_forwarded = 0
         self.appends_received = 0
+        # Statements that waited for their tenant's share of the pool (adapters/postgres/
+        # bounded.py), copied here when /metrics is scraped.
+        self.tenant_share_waits = 0
 
     def observe(self, method: str, route: str, status: str, seconds: float) -> None:
         cell = self.requests.get((method, route, status))
@@ -118,6 +121,12 @@ class HotPath:
             "ductor_streams_webhook_attempts",
             "Webhook deliveries attempted by this process's wake deliverer",
             value=self.webhook_attempts,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_tenant_share_waits",
+            "Statements of a tenant's requests that waited for one of its places in the "
+            "database pool (DUCTOR_STREAMS_POOL_TENANT_SHARE)",
+            value=self.tenant_share_waits,
         )
         yield CounterMetricFamily(
             "ductor_streams_webhook_failures",

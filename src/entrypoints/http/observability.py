@@ -93,6 +93,9 @@ async def metrics(request: Request) -> Response[bytes]:
     if peers is not None:
         HOT.appends_forwarded = peers.forwarded
         HOT.appends_received = peers.received
+    pool = await provided(container.pool)
+    if pool is not None and pool.shares is not None:
+        HOT.tenant_share_waits = pool.shares.waited
     deliverer = await provided(container.deliver_wakes)
     HOT.webhook_attempts = deliverer.attempts
     HOT.webhook_failures = deliverer.failures
