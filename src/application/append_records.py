@@ -13,6 +13,7 @@ from application import tracing
 from application.access import Caller, require_writer
 from application.definitions import Definitions
 from application.group_commit import GroupCommit, run_one
+from application.live_slots import LiveSlots, Slot
 from application.ports import Clock, Done, Failed, Idempotency, Replayed
 from application.throughput import DURABLE_STREAMS
 from application.views import AppendAnswer
@@ -160,11 +161,15 @@ class AppendRecords:
         commits: GroupCommit,
         wake: WakeRegistry,
         clock: Clock,
+        slots: LiveSlots | None = None,
     ) -> None:
         self._definitions = definitions
         self._commits = commits
         self._wake = wake
         self._clock = clock
+        # An append that waits for credit (`block`) holds its connection open like a waiting
+        # read: it takes one of its principal's live-connection slots while it waits.
+        self._slots = slots or LiveSlots(1_000)
 
     @tracing.use_case("append records")
     async def __call__(
@@ -188,7 +193,7 @@ class AppendRecords:
         )
         if definition.limits.unread_policy == "block":
             return await self._blocking(
-                key, definition, lambda: self._append(caller, key, records, idempotency)
+                caller, key, definition, lambda: self._append(caller, key, records, idempotency)
             )
         return await self._append(caller, key, records, idempotency)
 
@@ -286,7 +291,7 @@ class AppendRecords:
 
         if records and definition.limits.unread_policy == "block":
             return await self._blocking(
-                key, definition, lambda: run_one(self._commits, key, command())
+                caller, key, definition, lambda: run_one(self._commits, key, command())
             )
         answer: Produced = await run_one(self._commits, key, command())
         return answer
@@ -340,9 +345,25 @@ class AppendRecords:
         raise AssertionError("unreachable")
 
     async def _blocking(
-        self, key: StreamKey, definition: StreamDefinition, attempt: Callable[[], Awaitable[_T]]
+        self,
+        caller: Caller,
+        key: StreamKey,
+        definition: StreamDefinition,
+        attempt: Callable[[], Awaitable[_T]],
     ) -> _T:
-        return await blocking(self._wake, key, definition, attempt)
+        """`blocking`, holding one of the caller's live-connection slots while it waits: past
+        the principal's or the tenant's cap, 429 `too-many-subscriptions` instead of waiting
+        (16,600 appends blocked for credit once held every connection granian accepts)."""
+        slot: Slot | None = None
+
+        def admit() -> None:
+            nonlocal slot
+            slot = self._slots.admit(caller)
+
+        try:
+            return await blocking(self._wake, key, definition, attempt, admit)
+        finally:
+            self._slots.release(caller, slot)
 
 
 async def blocking(
@@ -350,10 +371,12 @@ async def blocking(
     key: StreamKey,
     definition: StreamDefinition,
     attempt: Callable[[], Awaitable[_T]],
+    before_waiting: Callable[[], None] | None = None,
 ) -> _T:
     """`attempt()` under `unread_policy: block` (an append's, or an object commit's record).
     Credit returns only through acknowledgements: on backpressure, wait for a sign that the
-    stream changed and try again, until the pinned block timeout."""
+    stream changed and try again, until the pinned block timeout. `before_waiting` is called
+    once, before the first wait (it may refuse it by raising)."""
     deadline = time.monotonic() + definition.limits.block_timeout_seconds
     with wake.listen(key) as listener:
         while True:
@@ -363,4 +386,7 @@ async def blocking(
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise
+                if before_waiting is not None:
+                    before_waiting()
+                    before_waiting = None
                 await listener.wait(remaining)

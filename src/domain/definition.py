@@ -32,6 +32,9 @@ MAX_SCHEMA_BYTES = 65_536
 MAX_REDACTION_POINTERS = 64
 MAX_POINTER_CHARS = 1_024
 MAX_PRINCIPALS = 100
+# Regions a placement list may name: a stream's definition is read whole by each of its
+# requests and listings, and unbounded lists made definitions of 8 MB (120,000 regions).
+MAX_REGIONS = 64
 MAX_SEQUENCE = 2**63 - 1
 # The largest integer every JSON client holds exactly (an IEEE double's 53-bit significand); well
 # inside PostgreSQL's bigint, so any count or byte total up to it can be stored and added to.
@@ -64,7 +67,10 @@ _Timeout = msgspec.Meta(ge=0, le=MAX_BLOCK_TIMEOUT_SECONDS)
 BlockTimeout = Annotated[int, _Timeout] | Annotated[float, _Timeout]
 Principal = Annotated[str, msgspec.Meta(min_length=1, max_length=256), DOCUMENTED_TEXT]
 # Documented only (extra_json_schema): resolve_definition checks these, with their own answers.
-_SomeRegions = Annotated[tuple[Region, ...], msgspec.Meta(extra_json_schema={"minItems": 1})]
+_SomeRegions = Annotated[
+    tuple[Region, ...], msgspec.Meta(max_length=MAX_REGIONS, extra_json_schema={"minItems": 1})
+]
+_Replicas = Annotated[tuple[Region, ...], msgspec.Meta(max_length=MAX_REGIONS)]
 
 
 class Limits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -218,7 +224,7 @@ _AT_MOST_ONE = msgspec.Meta(
 
 class PlacementRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     metadata_home: Region | None = None
-    metadata_replicas: tuple[Region, ...] | None = None
+    metadata_replicas: _Replicas | None = None
     object_regions: _SomeRegions | None = None
     client_egress_regions: _SomeRegions | None = None
     log_region: Region | None = None

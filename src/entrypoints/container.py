@@ -373,7 +373,9 @@ class Container(containers.DeclarativeContainer):
         CreateStream, streams, clock, deployment, access_log, throughput
     )
     list_streams = providers.Singleton(ListStreams, streams, deployment, access_log, stream_access)
-    append_records = providers.Singleton(AppendRecords, definitions, commits, wake, clock)
+    append_records = providers.Singleton(
+        AppendRecords, definitions, commits, wake, clock, live_slots
+    )
     read_records = providers.Singleton(
         ReadRecords, definitions, streams, wake, token_cache, live_slots
     )  # reads pages too

@@ -65,3 +65,15 @@ def test_an_expiry_beyond_the_calendar_in_utc_is_invalid_input(at: str) -> None:
     body = msgspec.json.encode({"direction": "output", "expiry": {"expires_at": at}})
     with pytest.raises(errors.InvalidInput):
         resolve(body)
+
+
+@pytest.mark.parametrize("field", ["metadata_replicas", "object_regions", "client_egress_regions"])
+def test_a_placement_list_names_at_most_64_regions(field: str) -> None:
+    """A stream's definition is read whole by each of its requests and listings: unbounded
+    placement lists made definitions of 8 MB (120,000 regions)."""
+    regions = [f"r{n}" for n in range(65)]
+    body = msgspec.json.encode({"direction": "output", "placement": {field: regions}})
+    with pytest.raises(msgspec.ValidationError, match="length <= 64"):
+        resolve(body)
+    body = msgspec.json.encode({"direction": "output", "placement": {field: regions[:64]}})
+    assert len(getattr(resolve(body).placement, field)) == 64

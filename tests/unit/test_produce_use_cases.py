@@ -239,3 +239,41 @@ async def test_a_body_of_another_content_type_is_decided_by_the_stream_under_its
     assert closed.value.extra == {"head": 1}
     document = await s.get_stream(ALICE, "r", "x")
     assert document.state.head == 1  # neither appended anything
+
+
+async def test_appends_waiting_for_credit_take_live_connection_slots() -> None:
+    """A blocked append holds its connection open as a waiting read does: past the principal's
+    cap, the next one is refused (429) instead of waiting, and a slot comes back when a wait
+    ends. 16,600 of them once held every connection the server accepts."""
+    from application.subscribe import TooManySubscriptions
+
+    container = memory_container(Settings(max_subscriptions_per_principal=2))
+    s = await start(container)
+    try:
+        limits = {"max_unread_items": 1, "unread_policy": "block", "block_timeout_seconds": 30}
+        await created(s, limits=limits)
+        await s.append_records.produce(ALICE, "r", "x", text(b"1"))
+        waiting = [
+            asyncio.ensure_future(s.append_records.produce(ALICE, "r", "x", text(b"w")))
+            for _ in range(2)
+        ]
+        await asyncio.sleep(0.05)
+        assert not any(w.done() for w in waiting)
+        with pytest.raises(TooManySubscriptions):
+            await s.append_records.produce(ALICE, "r", "x", text(b"3"))
+        other = asyncio.ensure_future(s.append_records.produce(BOB, "r", "x", text(b"b")))
+        await asyncio.sleep(0.05)
+        assert not other.done()  # another principal still waits its turn
+        for _ in range(3):
+            await s.acknowledge(
+                BOB, "r", "x", "c", (await s.get_stream(ALICE, "r", "x")).state.head
+            )
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(asyncio.gather(*waiting, other), 5)
+        # Their slots came back: an append may wait again.
+        again = asyncio.ensure_future(s.append_records.produce(ALICE, "r", "x", text(b"4")))
+        await asyncio.sleep(0.05)
+        assert not again.done()
+        again.cancel()
+    finally:
+        await stop(container)
