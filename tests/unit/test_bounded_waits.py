@@ -128,3 +128,34 @@ async def test_an_append_queued_behind_a_stuck_group_is_withdrawn_at_its_bound()
     assert streams.groups == [1]  # the withdrawn append was never part of a group
     stream = await streams.load(key)
     assert stream is not None and stream.state.head == 1
+
+
+async def test_a_run_deletion_ended_as_a_deadlock_is_tried_again_then_unanswered() -> None:
+    """PostgreSQL ends one side of a deadlock by rolling it back: nothing of the deletion
+    happened, so it is tried again (a 500 before), and after its tries it is an outage (503)."""
+    import asyncpg
+
+    from adapters.postgres.streams import DEADLOCK_TRIES, PostgresStreams
+    from domain.stream import StreamKey
+
+    tries = 0
+
+    async def deadlocked_once(tenant, run_id, now, check):
+        nonlocal tries
+        tries += 1
+        if tries == 1:
+            raise asyncpg.DeadlockDetectedError("deadlock detected")
+        return [StreamKey(tenant, run_id, "s")]
+
+    streams = PostgresStreams.__new__(PostgresStreams)
+    streams._delete_run = deadlocked_once  # type: ignore[method-assign]
+    assert await streams.delete_run("t", "r", None) == [StreamKey("t", "r", "s")]  # type: ignore[arg-type]
+    assert tries == 2
+
+    async def always(tenant, run_id, now, check):
+        raise asyncpg.DeadlockDetectedError("deadlock detected")
+
+    streams._delete_run = always  # type: ignore[method-assign]
+    with pytest.raises(Unanswered):
+        await streams.delete_run("t", "r", None)  # type: ignore[arg-type]
+    assert DEADLOCK_TRIES >= 2

@@ -86,13 +86,21 @@ picked AS (
     ORDER BY turn, next_attempt_at, tenant, run_id, stream_id
     LIMIT $3
 ),
+-- Rows another transaction holds (a run's deletion, another dispatcher's claim) are passed
+-- over, never waited for: an UPDATE of the picked rows locked them in no set order, and met a
+-- run's deletion, which locks them in key order, in a deadlock.
+locked AS (
+    SELECT d.tenant, d.run_id, d.stream_id, d.sequence FROM input_deliveries d
+    JOIN picked p USING (tenant, run_id, stream_id, sequence)
+    WHERE d.delivered_at IS NULL AND (d.lease_until IS NULL OR d.lease_until < now())
+    FOR UPDATE OF d SKIP LOCKED
+),
 claimed AS (
     UPDATE input_deliveries d
     SET claimed_by = $1, lease_until = now() + make_interval(secs => $2)
-    FROM picked
+    FROM locked
     WHERE (d.tenant, d.run_id, d.stream_id, d.sequence)
-          = (picked.tenant, picked.run_id, picked.stream_id, picked.sequence)
-      AND d.delivered_at IS NULL AND (d.lease_until IS NULL OR d.lease_until < now())
+          = (locked.tenant, locked.run_id, locked.stream_id, locked.sequence)
     RETURNING d.tenant, d.run_id, d.stream_id, d.sequence, d.attempts
 )
 SELECT tenant, run_id, stream_id, sequence, attempts, NULL::boolean FROM claimed

@@ -13,7 +13,9 @@ the forks' links and cascade in adapters/postgres/forks.py.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -60,7 +62,7 @@ from application.ports import (
     RunSummary,
 )
 from application.retention import PruneCommand, expired_prefix, has_retention
-from application.waiting import committing
+from application.waiting import Unanswered, committing
 from application.wake import WakeRegistry
 from domain.definition import StreamDefinition
 from domain.events import (
@@ -92,6 +94,8 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
+# How often a run's deletion is tried when PostgreSQL ends it as a deadlock.
+DEADLOCK_TRIES = 3
 
 _INSERT_STREAM = """
 WITH created AS (
@@ -692,7 +696,16 @@ class PostgresStreams(RecordReads):
     async def delete_run(
         self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None
     ) -> list[StreamKey]:
-        return await bounded(self._delete_run(tenant, run_id, now, check))
+        # A deadlock (PostgreSQL rolled the deletion back: nothing of it happened) is tried
+        # again; the request's budget bounds the tries.
+        for attempt in range(1, DEADLOCK_TRIES + 1):
+            try:
+                return await bounded(self._delete_run(tenant, run_id, now, check))
+            except asyncpg.DeadlockDetectedError:
+                if attempt == DEADLOCK_TRIES:
+                    raise Unanswered("the database (a deadlock, tried again)", 0.0) from None
+                await asyncio.sleep(random.uniform(0.01, 0.1))
+        raise AssertionError("unreachable")
 
     async def _delete_run(
         self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None
