@@ -90,6 +90,11 @@ def decide_all(
     outcomes: list[Outcome] = []
     changes = Changes()
     version_before = stream.state.version
+    # Offsets a command needs that were not stored yet: of records an earlier command of this
+    # group appends (an ack of a record in the same commit as its append answered 500).
+    wanted = {
+        c.offset_of for c in commands if c.offset_of is not None and c.offset_of not in offsets
+    }
     for command in commands:
         if stream.state.deleted:
             # Erased earlier in this group: a command after it finds no stream, as it would
@@ -122,11 +127,14 @@ def decide_all(
         for event in events:
             stream.apply(event)
             if isinstance(event, RecordsAppended):
-                changes.appended.append(
-                    AppendedRecords(
-                        event.first_sequence, event.first_offset, event.at, command.records
-                    )
+                appended = AppendedRecords(
+                    event.first_sequence, event.first_offset, event.at, command.records
                 )
+                changes.appended.append(appended)
+                if wanted and any(event.first_sequence <= s <= event.last_sequence for s in wanted):
+                    for sequence, end_offset, _ in appended.numbered():
+                        if sequence in wanted:
+                            offsets[sequence] = end_offset
         changes.events.extend(events)
         answer = command.answer(stream, events)
         if idem is not None:

@@ -84,6 +84,21 @@ class StreamRepositoryContract:
         [done] = await repo.update(key, [AckCommand(WRITER, "c", 250, NOW)])
         assert done.answer.credit.unread_bytes == sum(len(p) for p in payloads[250:])
 
+    async def test_an_ack_of_a_record_appended_in_the_same_commit_is_decided(self, repo) -> None:
+        """The ack's offset is of a record its own group appends: not stored yet when the
+        group's offsets were read (it answered 500)."""
+        key = new_key()
+        await repo.create(key, definition(), NOW)
+        await repo.update(key, [append([record(b"ab")])])
+        appended_answer, acked = await repo.update(
+            key,
+            [append([record(b"cde"), record(b"f")]), AckCommand(WRITER, "c", 3, NOW)],
+        )
+        assert isinstance(appended_answer, Done) and isinstance(acked, Done), acked
+        assert acked.answer.acked_sequence == 3 and acked.answer.credit.unread_bytes == 0
+        [later] = await repo.update(key, [AckCommand(WRITER, "d", 2, NOW)])
+        assert later.answer.credit.unread_bytes == 1  # "f", after the slowest consumer's 2
+
     async def test_a_page_holds_records_strictly_after_the_cursor_up_to_the_limit(
         self, repo
     ) -> None:
