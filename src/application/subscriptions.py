@@ -555,6 +555,13 @@ class Subscriptions:
         sub.check_wake(generation, wake)
         return sub
 
+    def wake_tenant(self, token: str, subscription_id: str) -> str:
+        """The tenant a wake token of this subscription was signed for, checked before its
+        callback's body is read (so the body is charged to that tenant, and one with no valid
+        token is refused 401 before any of it is held)."""
+        tenant: str = self._tokens.verify(token, None, subscription_id, self._clock())[0]
+        return tenant
+
     @tracing.use_case("wake callback")
     async def callback(
         self,

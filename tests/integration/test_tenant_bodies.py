@@ -205,3 +205,22 @@ async def test_appends_waiting_for_credit_do_not_count_as_bodies_arriving(
         answers = await asyncio.gather(*blocked)
         assert {a.status_code for a in answers} == {429}  # no ack came: backpressure, not ours
         assert {a.json()["code"] for a in answers} == {"backpressure"}
+
+
+def test_a_webhook_callback_without_a_valid_wake_token_holds_none_of_its_body(
+    server: ServerProcess,
+) -> None:
+    """Its wake token is checked before its body is read: a stranger's 8 MiB body, sent up to
+    its last bytes and then dripped, was held for two minutes with no tenant to charge."""
+    path = "/api/durable-streams/v1/stream/__ds/subscriptions/sub-x/callback"
+    host, port = server.base_url.removeprefix("http://").split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer junk\r\n"
+            f"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n".encode()
+        )
+        conn.sendall(b'{"generation": 1')  # and then nothing more
+        status, _, body = answer_of(conn)
+    assert (status, body["code"]) == (401, "wake-token-invalid"), body
+    assert time.monotonic() - started < 10  # answered at once, not at the body's deadlines

@@ -23,6 +23,7 @@ from application.subscriptions import (
     offset_text,
     wire_status,
 )
+from application.waiting import act_for
 from domain import errors
 from domain.subscriptions import (
     MAX_DESCRIPTION,
@@ -444,6 +445,7 @@ class SubscriptionsController(Controller):
     async def _ack(self, request: Request, subscription_id: str, kind: str) -> Answer:
         services: Services = request.app.state.services
         token = wake_token(request.headers.get("authorization"))
+        act_for(services.subscriptions.wake_tenant(token, subscription_id))
         body = await _body(request, CallbackBody)
         next_wake = await services.subscriptions.callback(
             token, subscription_id, body.generation, body.wake_id, _acks(body), body.done, kind

@@ -227,8 +227,9 @@ def with_body_deadlines(
     `bodies`: a body is charged to the tenant its request authenticated as (`acting_for`,
     known by the time a handler reads it), counted while it arrives and its bytes while its
     request lasts (an upload's streamed bytes are not held); past the tenant's caps it is
-    refused before it is read. A body read before authentication (a pull-wake's, whose token
-    is checked after) is charged to no tenant."""
+    refused before it is read. Every route that reads a body authenticates first (a webhook
+    callback or a pull-wake ack checks its wake token's signature, and acts for its tenant,
+    before its body), so a request with no valid token holds none of its body."""
     watch = _Watch()
 
     async def bounded(scope: dict, receive: Any, send: Any) -> None:
