@@ -213,7 +213,7 @@ class MintedToken(msgspec.Struct, frozen=True):
 
 class TokenList(msgspec.Struct, frozen=True):
     tokens: list[TokenView]
-    # The last token id the page read (listed or not), or null when no token follows.
+    # The last token listed when more follow (the next page's `after`), or null.
     next_after: str | None
 
 

@@ -187,8 +187,9 @@ class PostgresInputDeliveries:
     async def claim(self, limit: int) -> list[Job]:
         """Up to `limit` streams, from the next window and, while a full window gave fewer
         (its streams held by dispatchers, or backing off), from the ones after it: up to
-        CLAIM_WINDOWS windows a claim, and never past where it started (a window that went
-        round past the last stream ends it, so no head is ranked twice in one claim)."""
+        CLAIM_WINDOWS windows a claim, and never past where it started (once a window went
+        round past the last stream, the walk stops there, so no head is ranked twice in one
+        claim)."""
         jobs: list[Job] = []
         window = max(self.window, limit)
         started, went_round = self._after, False
