@@ -39,32 +39,44 @@ FROM s CROSS JOIN LATERAL (
     LIMIT $5
 ) r
 """
-# The same page, ending before the first record that would take its payloads past $6 bytes
-# (`within_bytes`: the first record always, with any empty ones before it): the records past it
-# are never read out of their TOAST nor sent, so a page of 1,000 records of 64 KiB costs what
-# 4 MiB of them do. octet_length reads a stored payload's length off its header. The running sum
-# costs about 0.4 ms a page of 1,000 small records (a ROWS frame and no row_number: 0.2 ms less).
-_PAGE_WITHIN = _PAGE.replace(
-    """    SELECT sequence, appended_at, kind, content_type, size, payload
+
+
+def _within_budget(statement: str, where: str, limit: str, budget: str) -> str:
+    """`statement` with its read of records (`WHERE {where} ORDER BY r.sequence LIMIT
+    {limit}`) ending before the first record that would take their payloads past `budget`
+    bytes (`within_bytes`: the first record always, with any empty ones before it): the
+    records past it are never read out of their TOAST nor sent. octet_length reads a stored
+    payload's length off its header; the running sum costs about 0.4 ms a page of 1,000 small
+    records (a ROWS frame and no row_number: 0.2 ms less)."""
+    plain = f"""    SELECT sequence, appended_at, kind, content_type, size, payload
     FROM stream_records r
-    WHERE r.tenant = $1 AND r.run_id = $2 AND r.stream_id = $3
-      AND r.sequence > $4 AND r.sequence <= s.head
+    WHERE {where}
     ORDER BY r.sequence
-    LIMIT $5
-) r""",
-    """    SELECT sequence, appended_at, kind, content_type, size, payload FROM (
+    LIMIT {limit}
+) r"""
+    cut = f"""    SELECT sequence, appended_at, kind, content_type, size, payload FROM (
         SELECT sequence, appended_at, kind, content_type, size, payload,
                sum(octet_length(payload)) OVER (ORDER BY r.sequence ROWS UNBOUNDED PRECEDING)
                    AS upto
         FROM stream_records r
-        WHERE r.tenant = $1 AND r.run_id = $2 AND r.stream_id = $3
-          AND r.sequence > $4 AND r.sequence <= s.head
+        WHERE {where}
         ORDER BY r.sequence
-        LIMIT $5
-    ) r WHERE upto <= $6 OR upto = octet_length(payload)
-) r""",
+        LIMIT {limit}
+    ) r WHERE upto <= {budget} OR upto = octet_length(payload)
+) r"""
+    assert plain in statement
+    return statement.replace(plain, cut)
+
+
+# The page within $6 bytes: one of 1,000 records of 64 KiB costs what 4 MiB of them do.
+_PAGE_WITHIN = _within_budget(
+    _PAGE,
+    "r.tenant = $1 AND r.run_id = $2 AND r.stream_id = $3\n"
+    "      AND r.sequence > $4 AND r.sequence <= s.head",
+    "$5",
+    "$6",
 )
-assert _PAGE_WITHIN != _PAGE
+
 # A fork's chain, its own link first, up to the root: resolved once per fork and kept (it never
 # changes while the fork exists). The bound only guards against a cycle, which no creation can
 # make (a fork links a stream that existed before it).
@@ -107,30 +119,16 @@ FROM (SELECT * FROM c WHERE c.after < c.through) c CROSS JOIN LATERAL (
 ) r
 """
 
-# The segments cut to $7 bytes each, as `_PAGE_WITHIN` cuts a page: a fork's page is then
-# read within a budget per segment (the stitched page is cut to the budget after), not up to
-# `limit` records of every ancestor's (1,000 records of 60 KB: 60 MB read for 240 KB sent).
-_SEGMENTS_WITHIN = _SEGMENTS.replace(
-    """    SELECT sequence, appended_at, kind, content_type, size, payload
-    FROM stream_records r
-    WHERE r.tenant = $1 AND r.run_id = c.run_id AND r.stream_id = c.stream_id
-      AND r.sequence > c.after AND r.sequence <= c.through
-    ORDER BY r.sequence
-    LIMIT $6
-) r""",
-    """    SELECT sequence, appended_at, kind, content_type, size, payload FROM (
-        SELECT sequence, appended_at, kind, content_type, size, payload,
-               sum(octet_length(payload)) OVER (ORDER BY r.sequence ROWS UNBOUNDED PRECEDING)
-                   AS upto
-        FROM stream_records r
-        WHERE r.tenant = $1 AND r.run_id = c.run_id AND r.stream_id = c.stream_id
-          AND r.sequence > c.after AND r.sequence <= c.through
-        ORDER BY r.sequence
-        LIMIT $6
-    ) r WHERE upto <= $7 OR upto = octet_length(payload)
-) r""",
+# The segments within $7 bytes each: a fork's page is read within a budget per segment (the
+# stitched page is cut to the budget after), not up to `limit` records of every ancestor's
+# (1,000 records of 60 KB: 60 MB read for 240 KB sent).
+_SEGMENTS_WITHIN = _within_budget(
+    _SEGMENTS,
+    "r.tenant = $1 AND r.run_id = c.run_id AND r.stream_id = c.stream_id\n"
+    "      AND r.sequence > c.after AND r.sequence <= c.through",
+    "$6",
+    "$7",
 )
-assert _SEGMENTS_WITHIN != _SEGMENTS
 
 # A page's appended_at arrives as timestamptz_send's 8 bytes (microseconds since 2000-01-01 UTC)
 # and is decoded once per distinct value: the records of one append share theirs, and decoding
