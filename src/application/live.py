@@ -45,6 +45,10 @@ log = logging.getLogger("ductor_streams.live")
 # that is not answering.
 RETRY_FIRST_SECONDS = 0.05
 RETRY_MAX_SECONDS = 1.0
+# How long a process's tail of a stream goes on after its last follower left
+# (`LiveTails(linger_seconds=)`): longer than the moment between a long-poll's answer and its
+# next poll, short enough that a stream nobody follows any more costs a few reads at most.
+TAIL_LINGER_SECONDS = 5.0
 
 
 class TailOutages:
@@ -147,10 +151,18 @@ class Revoked(msgspec.Struct, frozen=True):
 Delivery = RecordsDelivered | Idle | StreamEnded | Overtaken | StreamGone | Revoked
 
 
+# A signal wakes at most this many waiters in one turn of the event loop, then the next slice
+# in the next turn: the other requests of the process (another tenant's among them) take their
+# turns between the slices, instead of waiting behind every follower of a stream woken at once
+# (9,900 long-polls of one stream answered together held the loop for seconds).
+SIGNAL_SLICE = 256
+
+
 class Signal:
     """Wakes everyone waiting on it, once. Lighter than `asyncio.Event` for a thousand waiters
     that are woken together and then wait on the next signal: one future each, never removed
-    one by one (a waiter cancelled meanwhile is skipped)."""
+    one by one (a waiter cancelled meanwhile is skipped). Waiters are woken `SIGNAL_SLICE` at
+    a time, one slice per turn of the loop, in the order they came."""
 
     __slots__ = ("_loop", "_waiters", "fired")
 
@@ -169,11 +181,22 @@ class Signal:
         return future
 
     def fire(self) -> None:
+        if self.fired:
+            return
         self.fired = True
         waiters, self._waiters = self._waiters, []
-        for future in waiters:
+        self._wake(waiters, 0)
+
+    def _wake(self, waiters: list[asyncio.Future[None]], start: int) -> None:
+        woken = 0
+        for index in range(start, len(waiters)):
+            future = waiters[index]
             if not future.done():
+                if woken == SIGNAL_SLICE:
+                    self._loop.call_soon(self._wake, waiters, index)
+                    return
                 future.set_result(None)
+                woken += 1
 
 
 class StreamTail:
@@ -385,10 +408,18 @@ class LiveTails:
         recheck_seconds: float = 15.0,
         retry_first_seconds: float = RETRY_FIRST_SECONDS,
         retry_max_seconds: float = RETRY_MAX_SECONDS,
+        linger_seconds: float = 0.0,
     ) -> None:
         self._reader = reader
         self._wake = wake
         self._tails: dict[StreamKey, StreamTail] = {}
+        # A tail whose last follower left goes on this long (with its ring and its place in
+        # `_tails`) before it stops: long-polls answered together poll again a moment later,
+        # and find the tail there, its position known, instead of each reading the database
+        # while a new tail makes its first read.
+        self._linger = linger_seconds
+        self._lingering: dict[StreamTail, asyncio.TimerHandle] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
         self.outages = TailOutages()
         self._retry = (retry_first_seconds, retry_max_seconds)
         self.ending = False
@@ -405,6 +436,8 @@ class LiveTails:
         self.ending = True
         for tail in self._tails.values():
             tail.wake_followers()
+        for tail in list(self._lingering):
+            self._retire(tail)
 
     @contextlib.asynccontextmanager
     async def joined(
@@ -439,15 +472,35 @@ class LiveTails:
             self._tails[key] = tail
             # The tail listens before anything is read: the wake channel is established first.
             tail.start(self._wake.listen(key))
+        if (timer := self._lingering.pop(tail, None)) is not None:
+            timer.cancel()
         tail.subscribers += 1
         try:
             yield tail
         finally:
             tail.subscribers -= 1
             if tail.subscribers == 0:
-                if self._tails.get(key) is tail:
-                    del self._tails[key]
-                await tail.stop()  # also a deleted tail a newer one replaced
+                current = self._tails.get(key) is tail
+                if current and self._linger > 0 and not tail.deleted and not self.ending:
+                    loop = asyncio.get_running_loop()
+                    self._lingering[tail] = loop.call_later(self._linger, self._retire, tail)
+                else:
+                    if current:
+                        del self._tails[key]
+                    await tail.stop()  # also a deleted tail a newer one replaced
+
+    def _retire(self, tail: StreamTail) -> None:
+        """A lingering tail that no follower joined meanwhile stops."""
+        timer = self._lingering.pop(tail, None)
+        if timer is not None:
+            timer.cancel()
+        if tail.subscribers:
+            return
+        if self._tails.get(tail.key) is tail:
+            del self._tails[tail.key]
+        stopping = asyncio.get_running_loop().create_task(tail.stop(), name=f"stop {tail.key}")
+        self._stopping.add(stopping)
+        stopping.add_done_callback(self._stopping.discard)
 
     async def follow(
         self,

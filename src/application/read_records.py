@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from datetime import datetime
+from typing import NoReturn
 
 from application import tracing
 from application.access import Caller, require_reader
 from application.definitions import Definitions
 from application.errors import NotFound, Unauthenticated
-from application.live_slots import LiveSlots, Slot
-from application.ports import Position, RecordReader
+from application.live import (
+    LiveTails,
+    Overtaken,
+    RecordsDelivered,
+    Revoked,
+    StreamEnded,
+    StreamGone,
+)
+from application.live_slots import LiveSlots
+from application.ports import Position, RecordReader, StoredRecord, within_bytes
 from application.tokens import Lease, TokenCache
 from application.views import RecordsPage, StoredPage
-from application.wake import Listener, WakeRegistry
+from application.wake import WakeRegistry
 from domain import errors
 from domain.definition import MAX_SEQUENCE
 from domain.stream import StreamKey
@@ -35,14 +46,16 @@ class ReadRecords:
         wake: WakeRegistry,
         tokens: TokenCache | None = None,
         slots: LiveSlots | None = None,
+        tails: LiveTails | None = None,
     ) -> None:
         self._definitions = definitions
+        # A read that waits follows the process's shared tail of its stream.
+        self._tails = tails or LiveTails(reader, wake)
         # A read that waits holds one of its principal's live-connection slots while it waits.
         self._slots = slots or LiveSlots(1_000)
         # A waiting read is refused (401) once its token is revoked or expires meanwhile.
         self._tokens = tokens or TokenCache()
         self._reader = reader
-        self._wake = wake
 
     async def __call__(
         self,
@@ -84,13 +97,9 @@ class ReadRecords:
             assert isinstance(page, StoredPage)
             return page
         deadline = time.monotonic() + wait
-        # Listen before reading, so an append committed between the read and the wait still
-        # wakes this reader.
         lease = self._tokens.hold(caller)
         try:
-            with self._wake.listen(key) as listener:
-                lease.on_end(listener.wake)
-                return await self._wait(caller, key, cursor, limit, deadline, listener, lease)
+            return await self._wait(caller, key, cursor, limit, deadline, lease)
         finally:
             self._tokens.release(lease)
 
@@ -101,38 +110,144 @@ class ReadRecords:
         cursor: int,
         limit: int,
         deadline: float,
-        listener: Listener,
         lease: Lease,
     ) -> StoredPage:
-        """The first non-empty page (or the empty one at the deadline). Only a read that has
-        to wait takes a slot: one answered at once holds no connection open, so it is never
-        refused for the cap. The slot is given back however the wait ends (records, the
-        deadline, an error, or the request cancelled)."""
-        slot: Slot | None = None
-        created_at = None
+        """The first non-empty page (or the empty one at the deadline), waited for on the
+        process's shared tail of the stream (`LiveTails`): however many clients wait on a
+        stream, each append is read from the database once per process, not once per waiter
+        (9,900 waiting reads woken together were 9,900 reads, and another tenant's requests
+        waited seconds behind them). Only a read that has to wait takes a slot: one answered at
+        once holds no connection open, so it is never refused for the cap. The slot is given
+        back however the wait ends (records, the deadline, an error, or the request
+        cancelled)."""
+        page = self._known(key, cursor, limit)
+        if page is None:
+            page = await self._page(key, cursor, limit, wait_more=True)
+        if lease.ended:
+            raise Unauthenticated("unknown, revoked or expired token")
+        if isinstance(page, StoredPage):
+            return page
+        # Which stream of this key the cursor was checked against: one deleted and created
+        # again meanwhile is another stream, never waited on.
+        created_at = page
+        slot = self._slots.admit(caller)  # 429 past the cap, before waiting
         try:
-            while True:
-                if lease.ended:
-                    raise Unauthenticated("unknown, revoked or expired token")
-                if listener.deleted:
-                    raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-                remaining = deadline - time.monotonic()
-                page = await self._page(key, cursor, limit, wait_more=remaining > 0)
-                if lease.ended:
-                    raise Unauthenticated("unknown, revoked or expired token")
-                if isinstance(page, StoredPage):
-                    if slot is not None and page.records and tracing.on():
-                        live_delivery(key, page.records[0].sequence, page.records[-1].sequence)
-                    return page
-                if created_at is not None and page != created_at:
-                    # Deleted while waiting, and created again since: another stream.
-                    raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-                created_at = page
-                if slot is None:
-                    slot = self._slots.admit(caller)  # 429 past the cap, before waiting
-                await listener.wait(remaining)
+            return await self._follow(key, cursor, limit, deadline, lease, created_at)
         finally:
             self._slots.release(caller, slot)
+
+    async def _follow(
+        self,
+        key: StreamKey,
+        cursor: int,
+        limit: int,
+        deadline: float,
+        lease: Lease,
+        created_at: datetime | None,
+    ) -> StoredPage:
+        """The first page the stream's tail delivers after `cursor`, or the empty one at the
+        deadline."""
+        remaining = deadline - time.monotonic()
+        # A heartbeat longer than the wait: this follower never needs one (and a longer one
+        # never stretches the tail's ticks for the followers that do).
+        follow = self._tails.follow(key, cursor, remaining + 1, lease, created_at)
+        async with contextlib.aclosing(follow):
+            timeout = asyncio.timeout(remaining)
+            try:
+                async with timeout:
+                    async for delivery in follow:
+                        match delivery:
+                            case RecordsDelivered(records=records):
+                                return self._delivered(key, records, limit)
+                            case StreamEnded(head=head):
+                                tail = self._tails.tail(key)
+                                earliest = tail.earliest if tail is not None else 1
+                                return StoredPage([], cursor, head, earliest, closed=True)
+                            case Overtaken() as gone:
+                                raise errors.CursorExpired(
+                                    f"record {gone.requested} was removed by retention; "
+                                    f"the earliest retained is {gone.earliest}",
+                                    requested=gone.requested,
+                                    earliest=gone.earliest,
+                                    latest=gone.latest,
+                                    reason=gone.reason,
+                                )
+                            case StreamGone():
+                                break
+                            case Revoked():
+                                raise Unauthenticated("unknown, revoked or expired token")
+            except TimeoutError:
+                # The wait's own deadline: nothing came. Any other timeout (the database
+                # did not answer within its bound: `Unanswered`) is an outage.
+                if not timeout.expired():
+                    raise
+                return await self._up_to_date(key, cursor, limit, created_at)
+        await self._gone(key)
+
+    def _known(self, key: StreamKey, cursor: int, limit: int) -> StoredPage | datetime | None:
+        """What a waiting read's first page would be, from the stream's tail when this process
+        follows it and the tail can tell (records its ring holds after `cursor`, or none yet:
+        wait), without reading the database; None when it cannot (read). A tail is at most a
+        notification behind the database: a waiting read it answers sees what was there a
+        moment earlier, as if it had come a moment earlier, and one that has to wait is woken
+        by what the tail has still to read. A cursor beyond what the tail has read, or before
+        what it still holds, is read: the database says whether it is ahead of the head or
+        gone."""
+        tail = self._tails.tail(key)
+        if (
+            tail is None
+            or tail.deleted
+            or not tail.ready.is_set()
+            or tail.created_at is None
+            or not tail.earliest - 1 <= cursor <= tail.position
+        ):
+            return None
+        if cursor < tail.position:
+            delivery = tail.after(cursor)
+            if delivery is None or not delivery.records:
+                return None  # behind the ring
+            return self._delivered(key, delivery.records, limit)
+        if tail.closed:
+            return None  # the read says whether everything up to the head was delivered
+        return tail.created_at
+
+    def _delivered(self, key: StreamKey, records: list[StoredRecord], limit: int) -> StoredPage:
+        """The page a wait answers from a delivery of the tail: at most `limit` records and
+        `PAGE_BYTES` of payloads (a delivery is shared with other followers: never modified),
+        with the position the tail last read."""
+        records = within_bytes(records[:limit], PAGE_BYTES)
+        last = records[-1].sequence
+        tail = self._tails.tail(key)
+        head = max(tail.head, last) if tail is not None else last
+        return StoredPage(
+            records=records,
+            next_cursor=last,
+            head=head,
+            earliest=tail.earliest if tail is not None else records[0].sequence,
+            closed=tail is not None and tail.closed and last >= tail.head,
+        )
+
+    async def _up_to_date(
+        self, key: StreamKey, cursor: int, limit: int, created_at: datetime | None
+    ) -> StoredPage:
+        """The empty page at the deadline, with the position the tail last read (still joined:
+        no read of its own); read when the tail has not read yet (the database was out of
+        reach)."""
+        tail = self._tails.tail(key)
+        if tail is None or not tail.ready.is_set() or tail.created_at != created_at:
+            page = await self._page(key, cursor, limit, wait_more=False)
+            assert isinstance(page, StoredPage)
+            return page
+        check_cursor(cursor, max(tail.head, cursor), tail.earliest)
+        return StoredPage([], cursor, max(tail.head, cursor), tail.earliest, tail.closed)
+
+    async def _gone(self, key: StreamKey) -> NoReturn:
+        """The stream a wait followed is gone: deleted while forks read it (410, as the next
+        read answers), or erased (404)."""
+        found = await self._reader.page(key, 0, 1)
+        if found is not None:
+            require_live(key, found[0])
+        raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
 
     async def _page(
         self, key: StreamKey, cursor: int, limit: int, *, wait_more: bool
@@ -179,18 +294,3 @@ def check_cursor(cursor: int, head: int, earliest: int) -> None:
             latest=head,
             reason="retention",
         )
-
-
-def live_delivery(key: StreamKey, first: int, last: int) -> None:
-    """A waiting read's records, as a span linked to the appends that brought them."""
-    span = tracing.start(
-        "live delivery",
-        links=tracing.APPENDS.of(key, first, last),
-        attributes={
-            **tracing.stream_attributes(key),
-            "ductor_streams.first_sequence": first,
-            "ductor_streams.last_sequence": last,
-        },
-    )
-    if span is not None:
-        span.end()

@@ -76,7 +76,7 @@ from application.input_delivery import Dispatch
 from application.jwts import JwtCallers
 from application.list_runs import ListRuns
 from application.list_streams import ListStreams
-from application.live import LiveTails
+from application.live import TAIL_LINGER_SECONDS, LiveTails
 from application.live_slots import LiveSlots
 from application.objects import ListOpenObjects, Objects, ObjectStores
 from application.placement import Deployment
@@ -338,7 +338,7 @@ class Container(containers.DeclarativeContainer):
     key_rows = providers.Singleton(PostgresKeyRows, pool)
     webhook_keys = providers.Singleton(WebhookKeys, key_rows)
     wake_bus = providers.Resource(open_wake_bus, settings, wake, token_cache, pool, webhook_keys)
-    tails = providers.Singleton(LiveTails, streams, wake)
+    tails = providers.Singleton(LiveTails, streams, wake, linger_seconds=TAIL_LINGER_SECONDS)
     # One cap per principal and process over every live connection: native subscriptions and
     # waiting reads, Durable Streams live=sse and long-poll reads.
     live_slots = providers.Singleton(
@@ -377,7 +377,7 @@ class Container(containers.DeclarativeContainer):
         AppendRecords, definitions, commits, wake, clock, live_slots
     )
     read_records = providers.Singleton(
-        ReadRecords, definitions, streams, wake, token_cache, live_slots
+        ReadRecords, definitions, streams, wake, token_cache, live_slots, tails
     )  # reads pages too
     acknowledge = providers.Singleton(
         Acknowledge, definitions, commits, clock, settings.provided.max_consumers_per_stream

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import msgspec
 import pytest
@@ -16,6 +17,7 @@ from application.errors import NotFound, Unauthenticated
 from application.expiry import AccessLog
 from application.live import (
     DELIVERY_BYTES,
+    SIGNAL_SLICE,
     Idle,
     LiveTails,
     Overtaken,
@@ -30,6 +32,7 @@ from application.read_records import ReadRecords
 from application.tokens import TokenCache
 from application.wake import WakeRegistry
 from domain.definition import Limits
+from domain.errors import CursorAheadOfHead
 from domain.stream import StreamKey
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 
@@ -584,3 +587,156 @@ async def test_a_follower_behind_the_ring_reads_large_records_a_delivery_at_a_ti
     mine = [read for read in reads if read[1] == DELIVERY_BYTES]
     assert len(mine) >= 200 * 60_000 // DELIVERY_BYTES
     assert all(size <= DELIVERY_BYTES for _, _, size in mine), mine
+
+
+async def test_native_waiting_reads_of_one_stream_read_each_append_once(live) -> None:
+    """However many native reads wait on a stream, an append is read once for all of them
+    (the shared tail), not once per waiter: 9,900 waiters woken together were 9,900 reads."""
+    streams, _, wake = live
+    reads: list[int] = []
+
+    class Counting:
+        async def page(self, key, cursor, limit, max_bytes=None):
+            reads.append(cursor)
+            return await streams.page(key, cursor, limit, max_bytes)
+
+        def __getattr__(self, name):
+            return getattr(streams, name)
+
+    reader = Counting()
+    tails = LiveTails(reader, wake)  # type: ignore[arg-type]
+    access = AccessLog(MemoryStreamAccess(streams), lambda: NOW)
+    definitions = Definitions(streams, Deployment("local", "local"), access)
+    reads_records = ReadRecords(definitions, reader, wake, tails=tails)  # type: ignore[arg-type]
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append()])
+    waiting = [
+        asyncio.ensure_future(
+            reads_records.stored(WRITER, key.run_id, key.stream_id, cursor=1, limit=10, wait=30)
+        )
+        for _ in range(50)
+    ]
+    await asyncio.sleep(0.05)
+    assert not any(w.done() for w in waiting)
+    before = len(reads)
+    await streams.update(key, [append([record(b"2"), record(b"3")])])
+    async with asyncio.timeout(5):
+        pages = await asyncio.gather(*waiting)
+    assert len(reads) - before <= 2  # the tail's read (and at most one more), not 50
+    for page in pages:
+        assert [r.sequence for r in page.records] == [2, 3]
+        assert (page.next_cursor, page.head, page.closed) == (3, 3, False)
+    assert tails.tail(key) is None  # the last waiter left: the tail stopped
+
+    # While the tail is followed, a waiting read it can answer reads nothing itself: not to
+    # learn that it must wait, nor the records its ring holds.
+    follower = tails.follow(key, 3, 60.0)
+    held = asyncio.ensure_future(anext(follower))
+    await asyncio.sleep(0.05)
+    before = len(reads)
+    waiting = [
+        asyncio.ensure_future(
+            reads_records.stored(WRITER, key.run_id, key.stream_id, cursor=3, limit=10, wait=30)
+        )
+        for _ in range(50)
+    ]
+    await asyncio.sleep(0.05)
+    assert len(reads) == before and not any(w.done() for w in waiting)
+    await streams.update(key, [append([record(b"4")])])
+    async with asyncio.timeout(5):
+        pages = await asyncio.gather(*waiting)
+        assert (await held).records[-1].sequence == 4
+    assert [[r.sequence for r in p.records] for p in pages] == [[4]] * 50
+    assert len(reads) - before <= 1  # the tail's
+    before = len(reads)
+    page = await reads_records.stored(WRITER, key.run_id, key.stream_id, cursor=3, wait=30)
+    assert ([r.sequence for r in page.records], page.head) == ([4], 4)
+    assert len(reads) == before  # from the ring
+    # Before what the ring holds (the tail began at 3), or beyond what the tail has read (the
+    # database says it is ahead): read.
+    page = await reads_records.stored(WRITER, key.run_id, key.stream_id, cursor=2, wait=30)
+    assert ([r.sequence for r in page.records], page.head) == ([3, 4], 4)
+    with pytest.raises(CursorAheadOfHead):
+        await reads_records.stored(WRITER, key.run_id, key.stream_id, cursor=9, wait=30)
+    assert len(reads) == before + 2
+    await follower.aclose()
+
+
+async def test_a_native_waiting_read_answers_within_its_limit_and_at_its_deadline(live) -> None:
+    streams, tails, wake = live
+    access = AccessLog(MemoryStreamAccess(streams), lambda: NOW)
+    definitions = Definitions(streams, Deployment("local", "local"), access)
+    reads = ReadRecords(definitions, streams, wake, tails=tails)
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    poll = asyncio.ensure_future(
+        reads.stored(WRITER, key.run_id, key.stream_id, cursor=0, limit=2, wait=30)
+    )
+    await asyncio.sleep(0.05)
+    await streams.update(key, [append([record(b"1"), record(b"2"), record(b"3")])])
+    async with asyncio.timeout(5):
+        page = await poll
+    assert [r.sequence for r in page.records] == [1, 2]
+    assert (page.next_cursor, page.head) == (2, 3)
+    # Nothing comes: the empty page at the deadline, with the position the tail read.
+    page = await reads.stored(WRITER, key.run_id, key.stream_id, cursor=3, wait=0.1)
+    assert (page.records, page.next_cursor, page.head, page.closed) == ([], 3, 3, False)
+    # Closed while waiting: answered at once, closed.
+    poll = asyncio.ensure_future(reads.stored(WRITER, key.run_id, key.stream_id, 3, wait=30))
+    await asyncio.sleep(0.05)
+    await streams.update(key, [CloseCommand(WRITER, NOW)])
+    async with asyncio.timeout(5):
+        page = await poll
+    assert (page.records, page.next_cursor, page.head, page.closed) == ([], 3, 3, True)
+
+
+async def test_a_tail_lingers_after_its_last_follower_and_is_taken_up_again() -> None:
+    wake = WakeRegistry()
+    streams = MemoryStreams(wake)
+    tails = LiveTails(streams, wake, linger_seconds=0.2)
+    key = new_key()
+
+    async def followed(cursor: int, until: int) -> list[int]:
+        async with contextlib.aclosing(tails.follow(key, cursor, 60.0)) as follow:
+            return await collect(follow, until=until)
+
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append()])
+    assert await followed(0, until=1) == [1]
+    tail = tails.tail(key)
+    assert tail is not None and tail.subscribers == 0  # lingering, its position known
+    assert tail.position == 1
+    await streams.update(key, [append()])
+    await asyncio.sleep(0.05)
+    assert tail.position == 2  # it still reads what is appended
+    # Followed again within the linger: the same tail, kept past the first linger's end.
+    follower = asyncio.ensure_future(followed(2, until=3))
+    await asyncio.sleep(0.3)
+    assert tails.tail(key) is tail
+    await streams.update(key, [append()])
+    assert await follower == [3]
+    await asyncio.sleep(0.3)
+    assert tails.tail(key) is None  # no follower for the linger: stopped
+    assert tail._task is not None and tail._task.done()
+    # Stopping the process stops the lingering tails at once.
+    assert await followed(2, until=3) == [3]
+    lingering = tails.tail(key)
+    assert lingering is not None
+    tails.end_all()
+    assert tails.tail(key) is None
+    await asyncio.sleep(0.01)
+    assert lingering._task is not None and lingering._task.done()
+
+
+async def test_a_signal_wakes_its_waiters_a_slice_per_turn_of_the_loop() -> None:
+    signal = Signal(asyncio.get_running_loop())
+    waiters = [signal.waiter() for _ in range(2 * SIGNAL_SLICE + 100)]
+    waiters[0].cancel()  # skipped: it does not count in the slice
+    signal.fire()
+    assert sum(w.done() and not w.cancelled() for w in waiters) == SIGNAL_SLICE
+    await asyncio.sleep(0)  # another turn: another request's step could run here
+    assert sum(w.done() and not w.cancelled() for w in waiters) == 2 * SIGNAL_SLICE
+    await asyncio.sleep(0)
+    assert all(w.done() for w in waiters)
+    assert signal.waiter().done()  # fired: a later waiter is done at once
