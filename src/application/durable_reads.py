@@ -31,6 +31,7 @@ from application.live_slots import LiveSlots, Slot
 from application.ports import Position, RecordReader, StoredRecord
 from application.read_records import check_cursor, require_live
 from application.tokens import Lease, TokenCache
+from application.waiting import back_to_work
 from domain import errors
 from domain.definition import StreamDefinition
 from domain.stream import StreamKey
@@ -128,10 +129,12 @@ class DurableReads:
         slot = self._slots.admit(caller)
         lease = self._tokens.hold(caller)
         try:
-            return await self._wait(key, cursor, timeout, lease, created_at)
+            waited = await self._wait(key, cursor, timeout, lease, created_at)
         finally:
             self._tokens.release(lease)
             self._slots.release(caller, slot)
+        await back_to_work()  # (application/waiting.py, "Turns at work")
+        return waited
 
     def hold_live(self, caller: Caller) -> Slot:
         """A live-connection slot for a `live=sse` read, taken before its response starts

@@ -16,6 +16,7 @@ from __future__ import annotations
 import weakref
 
 from application.access import Caller
+from application.waiting import give_turn
 from domain import errors
 
 RETRY_AFTER_SECONDS = 5
@@ -44,7 +45,10 @@ class LiveSlots:
         self._tenants: dict[str, weakref.WeakSet[Slot]] = {}
 
     def admit(self, caller: Caller) -> Slot:
+        """A slot for the running request, which from now on waits for live events: it gives
+        its tenant's turn at work back (application/waiting.py)."""
         self.check(caller)
+        give_turn()
         slot = Slot()
         self._active.setdefault((caller.tenant, caller.principal), weakref.WeakSet()).add(slot)
         self._tenants.setdefault(caller.tenant, weakref.WeakSet()).add(slot)

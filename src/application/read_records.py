@@ -24,6 +24,7 @@ from application.live_slots import LiveSlots
 from application.ports import Position, RecordReader, StoredRecord, within_bytes
 from application.tokens import Lease, TokenCache
 from application.views import RecordsPage, StoredPage
+from application.waiting import back_to_work
 from application.wake import WakeRegistry
 from domain import errors
 from domain.definition import MAX_SEQUENCE
@@ -132,9 +133,11 @@ class ReadRecords:
         created_at = page
         slot = self._slots.admit(caller)  # 429 past the cap, before waiting
         try:
-            return await self._follow(key, cursor, limit, deadline, lease, created_at)
+            page = await self._follow(key, cursor, limit, deadline, lease, created_at)
         finally:
             self._slots.release(caller, slot)
+        await back_to_work()  # (application/waiting.py, "Turns at work")
+        return page
 
     async def _follow(
         self,

@@ -39,7 +39,7 @@ from application.access import SCOPES, Caller, Scope
 from application.errors import Forbidden, NotFound, Unauthenticated
 from application.jwts import JWT_ID_PREFIX, JwtCallers
 from application.ports import TokenRecord, TokenStore
-from application.waiting import act_for
+from application.waiting import act_for, take_turn
 from domain.definition import Principal
 from domain.errors import InvalidInput
 from domain.ids import ID_PATTERN, check_id
@@ -521,6 +521,7 @@ class Authenticate:
     async def __call__(self, authorization: str | None) -> Caller:
         caller = await self._resolve(authorization)
         act_for(caller.tenant)
+        await take_turn(caller.tenant)
         return caller
 
     async def _resolve(self, authorization: str | None) -> Caller:

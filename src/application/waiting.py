@@ -28,10 +28,13 @@ a client is never told it failed and may retry without its idempotency key."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import time
 import weakref
 from typing import Any
+
+from domain.errors import Backpressure
 
 # The default bound on a request's waits on backing services (REQUEST_TIMEOUT_SECONDS).
 DEFAULT_SECONDS = 5.0
@@ -61,11 +64,13 @@ class CommitOutcomeUnknown(ConnectionError):
 
 
 class Budget:
-    __slots__ = ("left", "task")
+    __slots__ = ("left", "task", "tenant", "turn")
 
     def __init__(self, seconds: float) -> None:
         self.left = seconds
         self.task = asyncio.current_task()
+        self.tenant: str | None = None  # whose turns the request takes
+        self.turn: _Turns | None = None  # the tenant's turn at work the request holds
 
 
 class CommitWatch:
@@ -106,6 +111,9 @@ class request_budget:
 
     def __exit__(self, *_: object) -> None:
         _budget.reset(self._token)
+        self._budget.tenant = None
+        if self._budget.turn is not None:
+            _give_back(self._budget)
 
 
 def _own_budget() -> Budget | None:
@@ -195,3 +203,115 @@ def stop_acting() -> None:
     task = asyncio.current_task()
     if task is not None:
         _acting.pop(task, None)
+
+
+# Turns at work. A request, once it knows its tenant (`take_turn`, when it authenticates), is
+# at work on one of its tenant's turns until it ends or starts to wait for a live event
+# (`give_turn`: a long-poll, a subscription, an append blocked for credit); past
+# `turns_per_tenant` of them, the tenant's next request waits for one of its own to end, in
+# arrival order, within its budget. The event loop runs every request's steps in turn: without
+# this, 9,900 long-polls of one tenant answered together came back as 9,900 requests at work at
+# once, and every step of another tenant's request waited behind a step of each (seconds).
+# Waiting here costs nothing per turn of the loop.
+
+
+class TooManyAtWork(Backpressure):
+    """The tenant's requests at work in this process were at the limit for as long as this one
+    could wait: 429 with Retry-After, the tenant's own load, not an outage."""
+
+    code = "too-many-requests"
+
+
+class _Turns:
+    __slots__ = ("at_work", "tenant", "waiting")
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.at_work = 0
+        self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+
+
+_turns: dict[str, _Turns] = {}
+_turns_per_tenant = [0]  # 0: no limit
+turn_waits = [0]  # requests that waited for a turn (/metrics)
+
+
+def configure_turns(per_tenant: int) -> None:
+    """Each tenant's requests at work at once in this process (0: no limit)."""
+    _turns_per_tenant[0] = per_tenant
+
+
+async def take_turn(tenant: str) -> None:
+    """The running request goes to work on one of `tenant`'s turns (at once while it has one
+    free; else in arrival order once one of its own gives its turn back, or 503 `Unanswered`
+    when the request's budget runs out first). Not a request's task (no budget of its own),
+    or one already at work: nothing to do."""
+    budget = _own_budget()
+    if _turns_per_tenant[0] and budget is not None and budget.turn is None:
+        budget.tenant = tenant
+        await _take(budget, tenant)
+
+
+async def back_to_work() -> None:
+    """The running request, its wait for a live event over, takes its tenant's turn at work
+    again to answer (in arrival order, as `take_turn`): 9,900 long-polls woken together would
+    otherwise all be at work at once. Also from a task the request started to do its own work."""
+    budget = _budget.get()
+    if _turns_per_tenant[0] and budget is not None and budget.turn is None and budget.tenant:
+        await _take(budget, budget.tenant)
+
+
+async def _take(budget: Budget, tenant: str) -> None:
+    limit = _turns_per_tenant[0]
+    turns = _turns.get(tenant)
+    if turns is None:
+        turns = _turns[tenant] = _Turns(tenant)
+    if turns.at_work < limit:  # (while any wait, every turn is at work: handed over)
+        turns.at_work += 1
+        budget.turn = turns
+        return
+    turn_waits[0] += 1
+    handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    turns.waiting.append(handed)
+    with spending() as allowed:
+        try:
+            async with asyncio.timeout(allowed):
+                await asyncio.shield(handed)
+        except BaseException as error:
+            if handed.done() and not handed.cancelled():
+                budget.turn = turns  # handed over as it gave up: handed on
+                _give_back(budget)
+            else:
+                handed.cancel()  # skipped by whoever gives a turn back
+            if isinstance(error, TimeoutError):
+                raise TooManyAtWork(
+                    f"this tenant already has {limit} requests at work on this server, and more "
+                    "waiting; retry shortly",
+                ) from None
+            raise
+    budget.turn = turns  # the turn given back was handed over: counted at work already
+    if budget.tenant is None:  # the request ended meanwhile (a task of its own waited)
+        _give_back(budget)
+
+
+def give_turn() -> None:
+    """The running request stops being at work (it waits for a live event now): its turn goes
+    to its tenant's next request waiting, if any. Also from a task the request started to do
+    its own work (its wait raced against its client leaving), which shares its budget."""
+    budget = _budget.get()
+    if budget is not None and budget.turn is not None:
+        _give_back(budget)
+
+
+def _give_back(budget: Budget) -> None:
+    turns = budget.turn
+    assert turns is not None
+    budget.turn = None
+    while turns.waiting:
+        handed = turns.waiting.popleft()
+        if not handed.done():
+            handed.set_result(None)
+            return
+    turns.at_work -= 1
+    if not turns.at_work and _turns.get(turns.tenant) is turns:
+        del _turns[turns.tenant]

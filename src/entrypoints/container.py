@@ -651,6 +651,7 @@ async def provided(provider: providers.Provider[T]) -> T:
 async def start(container: Container) -> Services:
     """Open the resources and build every use case once."""
     waiting.configure(container.settings().request_timeout_seconds)
+    waiting.configure_turns(container.settings().requests_at_work_per_tenant)
     opening = container.init_resources()
     if opening is not None:  # None when every resource is overridden (memory_container)
         await opening

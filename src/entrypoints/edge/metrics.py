@@ -50,6 +50,7 @@ class HotPath:
         # Statements that waited for their tenant's share of the pool (adapters/postgres/
         # bounded.py), copied here when /metrics is scraped.
         self.tenant_share_waits = 0
+        self.tenant_turn_waits = 0
 
     def observe(self, method: str, route: str, status: str, seconds: float) -> None:
         cell = self.requests.get((method, route, status))
@@ -127,6 +128,12 @@ class HotPath:
             "Statements of a tenant's requests that waited for one of its places in the "
             "database pool (DUCTOR_STREAMS_POOL_TENANT_SHARE)",
             value=self.tenant_share_waits,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_tenant_turn_waits",
+            "Requests that waited for one of their tenant's turns at work in this process "
+            "(DUCTOR_STREAMS_REQUESTS_AT_WORK_PER_TENANT)",
+            value=self.tenant_turn_waits,
         )
         yield CounterMetricFamily(
             "ductor_streams_webhook_failures",

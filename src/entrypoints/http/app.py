@@ -30,6 +30,7 @@ from entrypoints.edge.body import TenantBodies, with_body_deadlines
 from entrypoints.edge.browser import browser_headers
 from entrypoints.edge.head_method import serve_head
 from entrypoints.edge.outages import RETRY_AFTER_SECONDS
+from entrypoints.edge.turns import with_turns
 from entrypoints.front import append_front
 from entrypoints.http import problems
 from entrypoints.http.methods import every_method_in_options
@@ -207,6 +208,9 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
         app.asgi_handler = append_front(
             lambda: app.state.services, app.asgi_handler, MAX_REQUEST_BYTES, origins
         )
+    # A request of a token the process knows takes its tenant's turn at work first of all
+    # (entrypoints/edge/turns.py), within its budget.
+    app.asgi_handler = with_turns(app.asgi_handler, container.token_cache(), origins)
     app.asgi_handler = with_budget(app.asgi_handler, container.settings().request_timeout_seconds)
     # Outermost but for tracing: the front and Litestar read bodies through it.
     settings = container.settings()

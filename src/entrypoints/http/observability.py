@@ -18,6 +18,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from application import waiting
 from entrypoints.container import Container, provided
 from entrypoints.edge.body import Body
 from entrypoints.edge.exchange import UNMATCHED, Exchange
@@ -96,6 +97,7 @@ async def metrics(request: Request) -> Response[bytes]:
     pool = await provided(container.pool)
     if pool is not None and pool.shares is not None:
         HOT.tenant_share_waits = pool.shares.waited
+    HOT.tenant_turn_waits = waiting.turn_waits[0]
     deliverer = await provided(container.deliver_wakes)
     HOT.webhook_attempts = deliverer.attempts
     HOT.webhook_failures = deliverer.failures

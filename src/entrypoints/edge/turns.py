@@ -1,0 +1,66 @@
+"""Each tenant's turns at work, taken at a request's first step (application/waiting.py, "Turns
+at work").
+
+A request whose bearer token this process knows already (its token cache) takes one of its
+tenant's turns here, before any other work is done for it: routing, parsing and the handlers'
+steps. The event loop runs every request's steps in turn, so a tenant whose requests are all
+at work (a herd of long-polls answered together, polling again at once) would otherwise make
+every step of another tenant's request wait behind a step of each of its own. Past the
+tenant's turns, its request waits here, costing nothing per turn of the loop, in arrival order,
+until one of its own ends or starts waiting for a live event; or is answered 429
+`too-many-requests` (Retry-After) when its budget runs out first. A token the cache does not
+know takes its turn when it authenticates."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from application import waiting
+from application.tokens import MAX_TOKEN_CHARS, TokenCache, token_hash
+from entrypoints.edge.browser import allowed_origin, answer_headers
+from entrypoints.edge.problems import PROBLEM_JSON, of_domain_error
+
+_BEARER = b"bearer "
+
+
+def cached_tenant(scope: dict, cache: TokenCache) -> str | None:
+    """The tenant of the request's bearer token, if this process's token cache knows it."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            if len(value) > MAX_TOKEN_CHARS + 16 or value[:7].lower() != _BEARER:
+                return None
+            try:
+                token = value[7:].decode("ascii").strip()
+            except UnicodeDecodeError:
+                return None
+            caller = cache.get(token_hash(token)) if token else None
+            return None if caller is None else caller.tenant
+    return None
+
+
+def with_turns(app: Any, cache: TokenCache, origins: Iterable[str]) -> Any:
+    """`app`, each HTTP request of a known token at work on one of its tenant's turns. Inside
+    the request's budget (it waits within it)."""
+    permitted = allowed_origin(origins)
+
+    async def gated(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and (tenant := cached_tenant(scope, cache)) is not None:
+            try:
+                await waiting.take_turn(tenant)
+            except waiting.TooManyAtWork as error:
+                problem = of_domain_error(error)
+                headers = [
+                    (b"content-type", PROBLEM_JSON.encode()),
+                    *((k.lower().encode(), v.encode()) for k, v in problem.headers.items()),
+                    *answer_headers(scope, permitted),
+                    (b"connection", b"close"),  # its body, if it has one, is not read
+                ]
+                await send(
+                    {"type": "http.response.start", "status": problem.status, "headers": headers}
+                )
+                await send({"type": "http.response.body", "body": problem.body})
+                return
+        await app(scope, receive, send)
+
+    return gated

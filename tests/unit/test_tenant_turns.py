@@ -1,0 +1,136 @@
+"""Each tenant's turns at work (application/waiting.py): taken by a request, handed over in
+arrival order, given back when it ends or starts to wait for a live event, never lost."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from application import waiting
+from application.access import Caller
+from application.live_slots import LiveSlots
+
+
+@pytest.fixture(autouse=True)
+def two_turns() -> Iterator[None]:
+    waiting.configure_turns(2)
+    yield
+    waiting.configure_turns(0)
+    assert not waiting._turns  # every turn came back
+
+
+async def request(
+    tenant: str, work: asyncio.Event, log: list[str], name: str, budget: float = 5.0
+) -> None:
+    """A request of `tenant`: takes its turn, works until `work` is set."""
+    with waiting.request_budget(budget):
+        await waiting.take_turn(tenant)
+        log.append(name)
+        await work.wait()
+
+
+async def test_past_its_turns_a_tenants_requests_wait_in_arrival_order() -> None:
+    done = asyncio.Event()
+    log: list[str] = []
+    first = [asyncio.ensure_future(request("a", done, log, f"a{n}")) for n in range(2)]
+    await asyncio.sleep(0)
+    later = [asyncio.ensure_future(request("a", asyncio.Event(), log, f"a{n}")) for n in (2, 3)]
+    other = asyncio.ensure_future(request("b", asyncio.Event(), log, "b0"))
+    await asyncio.sleep(0.01)
+    assert log == ["a0", "a1", "b0"]  # another tenant goes to work at once
+    done.set()  # the first two end: their turns go to the next two, in order
+    await asyncio.gather(*first)
+    await asyncio.sleep(0.01)
+    assert log == ["a0", "a1", "b0", "a2", "a3"]
+    for task in [*later, other]:
+        task.cancel()
+    await asyncio.gather(*later, other, return_exceptions=True)
+
+
+async def test_a_request_that_cannot_get_a_turn_within_its_budget_is_refused() -> None:
+    busy = [asyncio.ensure_future(request("a", asyncio.Event(), [], "")) for _ in range(2)]
+    await asyncio.sleep(0)
+    waits = waiting.turn_waits[0]
+    with pytest.raises(waiting.TooManyAtWork) as refused:
+        await request("a", asyncio.Event(), [], "", budget=0.05)
+    assert refused.value.code == "too-many-requests" and refused.value.retry_after == 1
+    assert waiting.turn_waits[0] == waits + 1
+    for task in busy:
+        task.cancel()
+    await asyncio.gather(*busy, return_exceptions=True)
+
+
+async def test_a_request_cancelled_while_it_waits_or_as_it_is_handed_a_turn_loses_none() -> None:
+    done = asyncio.Event()
+    log: list[str] = []
+    busy = [asyncio.ensure_future(request("a", done, log, f"a{n}")) for n in range(2)]
+    await asyncio.sleep(0)
+    gone = asyncio.ensure_future(request("a", asyncio.Event(), log, "gone"))
+    handed = asyncio.ensure_future(request("a", asyncio.Event(), log, "handed"))
+    last = asyncio.ensure_future(request("a", asyncio.Event(), log, "last"))
+    await asyncio.sleep(0.01)
+    gone.cancel()  # while it waits: skipped
+    done.set()
+    await asyncio.sleep(0)  # the turns are handed over ...
+    handed.cancel()  # ... and this one is cancelled before it could run: handed on
+    await asyncio.gather(*busy, gone, handed, return_exceptions=True)
+    await asyncio.sleep(0.01)
+    assert log == ["a0", "a1", "last"]
+    last.cancel()
+    await asyncio.gather(last, return_exceptions=True)
+
+
+async def test_a_request_waiting_for_a_live_event_gives_its_turn_back_and_takes_one_again() -> None:
+    slots = LiveSlots(10)
+    caller = Caller(tenant="a", principal="p", scopes=frozenset({"streams:read"}))
+    log: list[str] = []
+    woken = asyncio.Event()
+
+    async def long_poll(name: str) -> None:
+        with waiting.request_budget(5.0):
+            await waiting.take_turn("a")
+            slot = slots.admit(caller)  # waits for records now: its turn goes back
+            log.append(f"{name} waits")
+            await woken.wait()
+            slots.release(caller, slot)
+            await waiting.back_to_work()
+            log.append(f"{name} answers")
+            await asyncio.sleep(0.01)  # at work on its answer
+
+    polls = [asyncio.ensure_future(long_poll(f"p{n}")) for n in range(4)]
+    await asyncio.sleep(0.01)
+    assert log == [f"p{n} waits" for n in range(4)]  # four of them, on two turns
+    log.clear()
+    woken.set()
+    await asyncio.sleep(0.005)
+    assert log == ["p0 answers", "p1 answers"]  # two at work at once
+    await asyncio.gather(*polls)
+    assert log[2:] == ["p2 answers", "p3 answers"]
+
+
+async def test_a_task_of_the_request_handed_a_turn_after_the_request_ended_gives_it_back() -> None:
+    done = asyncio.Event()
+    first = asyncio.ensure_future(request("a", done, [], ""))
+    await asyncio.sleep(0)
+    with waiting.request_budget(5.0):
+        await waiting.take_turn("a")
+        waiting.give_turn()  # waits for a live event
+        second = asyncio.ensure_future(request("a", done, [], ""))
+        await asyncio.sleep(0)  # both turns at work again
+        # Its own work, in a task of its own that outlives the request, waits for a turn.
+        helper = asyncio.ensure_future(waiting.back_to_work())
+        await asyncio.sleep(0.01)
+        assert not helper.done()
+    done.set()  # the turns come back after the request ended: the helper's is given back
+    await asyncio.gather(first, second, helper)
+
+
+async def test_no_limit_and_no_request_take_no_turn() -> None:
+    await waiting.take_turn("a")  # not a request's task: nothing to take
+    assert not waiting._turns
+    waiting.configure_turns(0)
+    with waiting.request_budget(5.0):
+        await waiting.take_turn("a")
+        assert not waiting._turns
