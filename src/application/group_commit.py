@@ -10,11 +10,17 @@ While it commits, new requests queue for the next batch, so batches grow exactly
 does and a lone request waits for nobody. Spread over a hundred streams a stream rarely has two
 requests waiting; the batch is what keeps that load from paying a transaction per request.
 
-A large batch (thousands of records, or megabytes: `aside_records`, `aside_bytes`) commits
-aside, in a transaction of its own beside the leader's: for the second or so it takes, the
-other streams' requests go on committing in the leader's batches instead of waiting for it. Its
-streams are not taken again until it ends, so each stream's requests still commit in arrival
-order.
+Large work commits aside, in a transaction of its own beside the leader's (at most `max_aside`
+at once): for the second or so it takes, the other streams' requests go on committing in the
+leader's batches instead of waiting for it. A request that is large by itself (thousands of
+records, or megabytes: `aside_records`, `aside_bytes`) never shares a transaction with other
+streams' small requests: the streams whose next request is large are batched apart from the
+others and always commit aside. Many small requests that together reach those thresholds commit
+aside too while a slot is free; with every slot busy the leader passes over the streams whose
+next request is large (they stay ready, in their place) and commits the others in batches kept
+below the thresholds, so a small append never waits for a large transaction. A stream
+committing aside is not taken again until its batch ends, and a stream is always taken from its
+oldest request, so each stream's requests still commit in arrival order.
 
 Each stream's answer is its own: a refused request (or a stream that is gone) answers alone,
 and the port isolates a failing stream from the others of its batch. The leader is a task of
@@ -48,8 +54,9 @@ from domain.stream import StreamKey
 if TYPE_CHECKING:
     from opentelemetry.trace import SpanContext
 
-# A command, its request's future and (while tracing) the span context of its request.
-_Pending = tuple[Command, asyncio.Future[Outcome], "SpanContext | None"]
+# A command, its request's future, (while tracing) the span context of its request, and its
+# records' count and bytes (counted once, as it is queued).
+_Pending = tuple[Command, asyncio.Future[Outcome], "SpanContext | None", int, int]
 _Batch = list[tuple[StreamKey, list[_Pending]]]
 T = TypeVar("T")
 
@@ -64,11 +71,12 @@ def commit_group(key: StreamKey) -> Hashable:
     return None
 
 
-# A batch of at least this many records, or bytes, commits aside (below), at most `MAX_ASIDE`
-# at once per process: a request of 100,000 messages took its batch 1-1.5 s, and every other
-# stream's appends waited for it; 4,000 records of 1.9 KB held them 0.2 s. One-record appends
-# never make batches this large (64 connections make at most 64 requests a batch); batched
-# appends of a thousand records do, and commit aside, each stream's still in order.
+# A request, or a batch, of at least this many records, or bytes, commits aside (below), at most
+# `MAX_ASIDE` at once per process: a request of 100,000 messages took its batch 1-1.5 s, and
+# every other stream's appends waited for it; 4,000 records of 1.9 KB held them 0.2 s. One-record
+# appends never make batches this large (64 connections make at most 64 requests a batch);
+# batched appends of a thousand records do, and commit aside, each stream's still in order. With
+# every slot busy, large requests wait for one while the leader commits the small ones.
 ASIDE_RECORDS = 5_000
 ASIDE_BYTES = 4 * 1024 * 1024
 MAX_ASIDE = 2
@@ -76,7 +84,8 @@ MAX_ASIDE = 2
 
 def _fail(taken: list[_Pending], error: BaseException) -> None:
     """Each of these requests, not answered yet, answered with `error`."""
-    for _, future, _ in taken:
+    for pending in taken:
+        future = pending[1]
         if not future.done():
             future.set_exception(error)
 
@@ -116,6 +125,8 @@ class GroupCommit:
         self._ready: dict[Hashable, dict[StreamKey, None]] = {}
         self._leaders: set[asyncio.Task[None]] = set()
         self._peers: CommitPeers | None = None
+        if max_aside < 1:
+            raise ValueError("large requests commit aside only: max_aside must be 1 or more")
         self._aside_records = aside_records
         self._aside_bytes = aside_bytes
         self._max_aside = max_aside
@@ -151,17 +162,18 @@ class GroupCommit:
         (adapters/peers.py), bounded by that process's wait."""
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         queue = self._queues.get(key)
-        pending = (command, future, tracing.current())
+        records = command.records
+        pending = (command, future, tracing.current(), len(records), sum(r.size for r in records))
         if queue is not None:
-            queue.append(pending)
+            queue.append(pending)  # (behind its stream's head: nothing its leader may take yet)
         else:
             self._queues[key] = [pending]
             group = self._group_of(key)
             ready = self._ready.get(group)
             if ready is not None:
                 ready[key] = None
-                if self._aside_streams and key not in self._aside_streams:
-                    # Its leader may be waiting for an aside with only aside streams ready:
+                if self._aside and self._takeable(key, self._max_aside - len(self._aside)):
+                    # Its leader may be waiting for an aside with nothing it may take ready:
                     # this stream needs no aside to end.
                     self._aside_done.set()
             else:
@@ -187,9 +199,13 @@ class GroupCommit:
             except _Expired:
                 queued = self._queues.get(key)
                 if queued is not None:
-                    for i, (_, waiting, _) in enumerate(queued):
-                        if waiting is future:
+                    for i, pending in enumerate(queued):
+                        if pending[1] is future:
                             del queued[i]
+                            if i == 0 and queued and self._aside:
+                                # A large head passed over while the aside slots are busy:
+                                # what follows it may be small, and its leader waiting.
+                                self._aside_done.set()
                             raise Unanswered("the database", seconds) from None
                 raise Unanswered("the database", seconds, outcome_unknown=True) from None
             finally:
@@ -199,19 +215,21 @@ class GroupCommit:
         ready = self._ready[group]
         try:
             while ready:
-                batch, large = self._take_batch(ready)
-                if not batch:
-                    # (Empty also when the streams it looked at had only expired requests:
-                    # then others may be ready, and it looks again.)
-                    aside = self._aside_streams
-                    if ready and aside and all(key in aside for key in ready):
-                        self._aside_done.clear()  # every ready stream is committing aside
-                        await self._aside_done.wait()
-                    continue
-                if large and len(self._aside) < self._max_aside:
-                    self._commit_aside(batch)
-                    continue
-                await self._commit(batch)
+                large, small, heavy = self._take_batches(ready)
+                if large:
+                    self._commit_aside(large)
+                if small:
+                    if heavy:  # (only while a slot is free for it: `_take_batches`)
+                        self._commit_aside(small)
+                    else:
+                        await self._commit(small)
+                elif not large and ready and self._aside and not self._any_takeable(ready):
+                    # (Nothing taken also when the streams it looked at had only expired
+                    # requests: then others may be ready, and it looks again.) Every ready
+                    # stream commits aside, or waits for a slot: an aside's end, a stream
+                    # that needs none, or a large head expired wakes it (`_aside_done`).
+                    self._aside_done.clear()
+                    await self._aside_done.wait()
         finally:
             for key in ready:
                 _fail(self._queues.pop(key, []), RuntimeError("the append leader stopped"))
@@ -219,14 +237,14 @@ class GroupCommit:
 
     def _commit_aside(self, batch: _Batch) -> None:
         """Commit `batch` in a task of its own; its streams stay out of other batches until it
-        ends (`_take_batch` passes them over)."""
+        ends (`_take_batches` passes them over)."""
         keys = [key for key, _ in batch]
         self._aside_streams.update(keys)
 
         def ended(task: asyncio.Task[None]) -> None:
             # A done callback, not the coroutine's `finally`: it runs for a task cancelled
             # before its first step too, and the task leaves `_aside` before the leader wakes
-            # (else the leader counts an ended aside and commits the next large batch inline).
+            # (else the leader counts an ended aside and leaves the next large batch waiting).
             self._aside.discard(task)
             self._aside_streams.difference_update(keys)
             if task.cancelled():  # a cancelled `_commit` answers all; unanswered: it never began
@@ -245,7 +263,7 @@ class GroupCommit:
                 results = await self._traced_update(batch)
             else:
                 results = await self._streams.update_many(
-                    [(key, [c for c, _, _ in taken]) for key, taken in batch]
+                    [(key, [p[0] for p in taken]) for key, taken in batch]
                 )
         except BaseException as error:
             # Nothing of this batch was committed (or we cannot know): each request fails,
@@ -259,8 +277,9 @@ class GroupCommit:
             if isinstance(result, BaseException):  # that stream alone failed
                 _fail(taken, result)
                 continue
-            self.throughput.committed([c for c, _, _ in taken], result)
-            for (_, future, _), outcome in zip(taken, result, strict=True):
+            self.throughput.committed([p[0] for p in taken], result)
+            for pending, outcome in zip(taken, result, strict=True):
+                future = pending[1]
                 if not future.done():
                     future.set_result(outcome)
 
@@ -268,11 +287,11 @@ class GroupCommit:
         """The batch's commit as a span: a child of its first request's, linked to the others'
         (a batch commits several requests at once); each append's context is kept for the
         spans of its live delivery and dispatch."""
-        contexts = [c for _, taken in batch for _, _, c in taken]
+        contexts = [p[2] for _, taken in batch for p in taken]
         # Its records may be read and delivered (woken by the commit's notification) before
         # this task resumes to learn their sequences: until then they are these appends'.
         for key, taken in batch:
-            tracing.APPENDS.committing(key, [c for _, _, c in taken if c is not None])
+            tracing.APPENDS.committing(key, [p[2] for p in taken if p[2] is not None])
         try:
             with tracing.span(
                 "group commit",
@@ -284,7 +303,7 @@ class GroupCommit:
                 },
             ):
                 results = await self._streams.update_many(
-                    [(key, [c for c, _, _ in taken]) for key, taken in batch]
+                    [(key, [p[0] for p in taken]) for key, taken in batch]
                 )
         finally:
             for key, _ in batch:
@@ -292,7 +311,8 @@ class GroupCommit:
         for (key, taken), result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
                 continue
-            for (_, _, context), outcome in zip(taken, result, strict=True):
+            for pending, outcome in zip(taken, result, strict=True):
+                context = pending[2]
                 if context is not None and type(outcome) is Done:
                     for event in outcome.events:
                         if type(event) is RecordsAppended:
@@ -301,41 +321,86 @@ class GroupCommit:
                             )
         return results
 
-    def _take_batch(self, ready: dict[StreamKey, None]) -> tuple[_Batch, bool]:
-        """The oldest ready streams (at most `max_batch_streams`), each with its queue up to
-        the batch's bounds on records and bytes; a stream with requests left stays ready. A
-        stream committing aside is passed over (it stays ready, in its place). And whether
-        the batch is large enough to commit aside (`aside_records`, `aside_bytes`)."""
-        budget = [self._max_records, self._max_bytes]
-        batch: _Batch = []
-        aside = self._aside_streams
+    def _large_head(self, queue: list[_Pending]) -> bool:
+        """Whether this stream's next request is large by itself: it commits aside, in a batch
+        of none but such (and what follows each on its stream)."""
+        if not queue:
+            return False
+        head = queue[0]
+        return head[3] >= self._aside_records or head[4] >= self._aside_bytes
+
+    def _takeable(self, key: StreamKey, free: int) -> bool:
+        """Whether the leader may take from this ready stream, with `free` aside slots: not
+        while it commits aside, nor while its next request is large and no slot is free (an
+        empty queue, its requests expired, is taken to be removed)."""
+        if key in self._aside_streams:
+            return False
+        return free > 0 or not self._large_head(self._queues[key])
+
+    def _any_takeable(self, ready: dict[StreamKey, None]) -> bool:
+        free = self._max_aside - len(self._aside)
+        return any(self._takeable(key, free) for key in ready)
+
+    def _take_batches(self, ready: dict[StreamKey, None]) -> tuple[_Batch, _Batch, bool]:
+        """Two batches from the oldest ready streams the leader may take (`_takeable`; at most
+        `max_batch_streams` of them): the large one, of the streams whose next request is large
+        (only while an aside slot is free), and the small one, of the others' small requests,
+        each stream's up to its first large one. Each holds each of its streams' requests from
+        the oldest, within its own bounds on records and bytes; a stream with requests left
+        stays ready, in its place. The small batch has the batch's whole bounds while a slot
+        would be left for it, and then says whether it is heavy enough (`aside_records`,
+        `aside_bytes`) to commit aside; else it is kept below those thresholds, to commit in
+        the leader's turn without keeping the other streams waiting."""
+        free = self._max_aside - len(self._aside)
+        queues = self._queues
         candidates = (
             islice(ready, self._max_streams)
-            if not aside
-            else islice((k for k in ready if k not in aside), self._max_streams)
+            if free > 0 and not self._aside_streams
+            else islice((k for k in ready if self._takeable(k, free)), self._max_streams)
         )
-        for key in list(candidates):
-            queue = self._queues[key]
-            taken = self._take(queue, budget, first=not batch)
-            if taken:
-                batch.append((key, taken))
+        window = list(candidates)
+        large_heads = free > 0 and any(self._large_head(queues[key]) for key in window)
+        # What is left of each batch's bounds (records, bytes); the large one's is spent when
+        # there will be none.
+        large_budget = [self._max_records, self._max_bytes] if large_heads else [0, 0]
+        small_bounds = (
+            (self._max_records, self._max_bytes)
+            if free - (1 if large_heads else 0) > 0
+            else (self._aside_records - 1, self._aside_bytes - 1)
+        )
+        small_budget = list(small_bounds)
+        large: _Batch = []
+        small: _Batch = []
+        for key in window:
+            queue = queues[key]
+            if self._large_head(queue):
+                if large_budget[0] > 0 and large_budget[1] > 0:
+                    taken = self._take(queue, large_budget, first=not large, small_only=False)
+                    if taken:
+                        large.append((key, taken))
+            elif small_budget[0] > 0 and small_budget[1] > 0:
+                taken = self._take(queue, small_budget, first=not small, small_only=True)
+                if taken:
+                    small.append((key, taken))
             if not queue:
-                del self._queues[key], ready[key]
-            if budget[0] <= 0 or budget[1] <= 0:
+                del queues[key], ready[key]
+            if min(large_budget) <= 0 and min(small_budget) <= 0:
                 break
-        # (What the batch took, from what is left of the bounds: its first request may exceed
-        # them, leaving them below zero.)
-        records, size = self._max_records - budget[0], self._max_bytes - budget[1]
-        return batch, records >= self._aside_records or size >= self._aside_bytes
+        # (What the small batch took, from what is left of its bounds.)
+        records = small_bounds[0] - small_budget[0]
+        size = small_bounds[1] - small_budget[1]
+        return large, small, records >= self._aside_records or size >= self._aside_bytes
 
-    @staticmethod
-    def _take(queue: list[_Pending], budget: list[int], first: bool) -> list[_Pending]:
-        """What fits in `budget` (records, bytes) from the head of `queue`; the batch's first
-        request always fits, however large."""
+    def _take(
+        self, queue: list[_Pending], budget: list[int], first: bool, small_only: bool
+    ) -> list[_Pending]:
+        """What fits in `budget` (records, bytes) from the head of `queue`, up to its first
+        large request if `small_only`; the batch's first request always fits, however large."""
         taken = 0
-        for command, _, _ in queue:
-            n = len(command.records)
-            b = sum(r.size for r in command.records)
+        for pending in queue:
+            n, b = pending[3], pending[4]
+            if small_only and (n >= self._aside_records or b >= self._aside_bytes):
+                break
             if (taken or not first) and (n > budget[0] or b > budget[1]):
                 break
             budget[0] -= n

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -207,7 +208,8 @@ async def test_at_most_max_aside_batches_commit_aside_and_drain_waits_for_them()
     commits = GroupCommit(streams, aside_records=1_000, max_aside=2)
     large = [asyncio.ensure_future(commits.submit(k, _large())) for k in keys]
     await asyncio.sleep(0.01)
-    assert len(commits._aside) == 2  # the third commits in the leader's own turn
+    assert len(commits._aside) == 2  # the third waits for a slot, never in the leader's turn
+    assert not large[2].done() and keys[2] in commits._queues
     await commits.drain()
     assert all(f.done() and isinstance(f.result(), Done) for f in large)
     assert not commits._aside and not commits._aside_streams
@@ -284,18 +286,18 @@ async def test_an_aside_cancelled_before_it_starts_leaves_nothing_behind() -> No
 
 
 async def test_a_leader_waits_for_an_aside_only_when_every_ready_stream_is_aside() -> None:
-    """A batch is empty also when the streams `_take_batch` looked at held only expired
-    requests; the leader waits for an aside only when every ready stream is aside (shown with
+    """A batch is empty also when the streams `_take_batches` looked at held only expired
+    requests; the leader waits for an aside only when no ready stream may be taken (shown with
     `max_batch_streams=1`; by default it takes 256 such streams, as in a database slowdown)."""
     streams = SizedStreams()
     x, w, y, z = (new_key() for _ in range(4))
     for key in (x, w, y, z):
         await streams.create(key, definition(max_unread_items=200_000), NOW)
-    commits = GroupCommit(streams, aside_records=1_000, max_aside=1, max_batch_streams=1)
-    x_large, w_large = _large(100_000), _large(20_000)  # (built before: building takes time)
+    commits = GroupCommit(streams, aside_records=30_000, max_aside=1, max_batch_streams=1)
+    x_large, w_many = _large(100_000), _large(20_000)  # (built before: building takes time)
     aside = asyncio.ensure_future(commits.submit(x, x_large))  # 1 s aside
     await asyncio.sleep(0.01)
-    inline = asyncio.ensure_future(commits.submit(w, w_large))  # 0.2 s in the leader
+    inline = asyncio.ensure_future(commits.submit(w, w_many))  # 0.2 s in the leader (small)
     await asyncio.sleep(0.01)
     with pytest.raises(Unanswered) as expired, request_budget(0.02):
         await commits.submit(y, append())  # expires queued: y's queue is left empty, ready
@@ -325,3 +327,240 @@ async def test_a_batch_of_megabytes_in_few_records_commits_aside() -> None:
     assert isinstance(outcome, Done) and aside == [[big]]  # 100 records, under 1,000
     outcome = await commits.submit(small, append([record()] * 100))  # 100 records, 700 bytes
     assert isinstance(outcome, Done) and aside == [[big]]
+
+
+# Large work beside small appends: a hostile tenant's 8 MB appends, with both aside slots busy,
+# committed in the leader's own turn, and another tenant's one-record appends waited behind
+# them (p50 1.6 s); a small request taken into a large batch waited for all of it too.
+
+
+class HeldStreams(MemoryStreams):
+    """Each batch is recorded (per stream, its commands); a batch holding a request of `large`
+    records or more waits for `gate`, as a large transaction holds its connection, and every
+    batch takes 1 ms per 1,000 records."""
+
+    def __init__(self, large: int = 1_000) -> None:
+        super().__init__()
+        self.large = large
+        self.gate = asyncio.Event()
+        self.calls: list[list[tuple[StreamKey, list[Command]]]] = []
+
+    async def update_many(
+        self, groups: Sequence[tuple[StreamKey, Sequence[Command]]]
+    ) -> list[list[Outcome] | Exception]:
+        self.calls.append([(key, list(commands)) for key, commands in groups])
+        sizes = [len(c.records) for _, commands in groups for c in commands]
+        if max(sizes) >= self.large:
+            await self.gate.wait()
+        await asyncio.sleep(0.001 + sum(sizes) / 1_000_000)
+        return await super().update_many(groups)
+
+    def keys(self) -> list[list[StreamKey]]:
+        return [[key for key, _ in call] for call in self.calls]
+
+    def never_mixed(self) -> bool:
+        """No batch held a large request and a stream with none (its own small ones aside)."""
+        for call in self.calls:
+            large = [any(len(c.records) >= self.large for c in cs) for _, cs in call]
+            if any(large) and not all(large):
+                return False
+        return True
+
+
+async def _streams(streams: MemoryStreams, n: int) -> list[StreamKey]:
+    keys = [new_key() for _ in range(n)]
+    for key in keys:
+        await streams.create(key, definition(max_unread_items=1_000_000), NOW)
+    return keys
+
+
+async def _slots_busy(commits: GroupCommit, keys: list[StreamKey]) -> list[asyncio.Future[Any]]:
+    """A large request on each of `keys`, one after the other: each commits aside, held."""
+    held = []
+    for key in keys:
+        held.append(asyncio.ensure_future(commits.submit(key, _large(2_000))))
+        await asyncio.sleep(0.01)
+    assert len(commits._aside) == len(keys)
+    return held
+
+
+async def test_with_both_aside_slots_busy_a_small_append_does_not_wait_for_a_large_one() -> None:
+    streams = HeldStreams()
+    l1, l2, l3, small = await _streams(streams, 4)
+    commits = GroupCommit(streams, aside_records=1_000)
+    held = await _slots_busy(commits, [l1, l2])
+    third = asyncio.ensure_future(commits.submit(l3, _large(2_000)))  # no slot: passed over
+    await asyncio.sleep(0.01)  # (the leader waits for a slot now)
+    outcome = await asyncio.wait_for(commits.submit(small, append()), 2)
+    assert isinstance(outcome, Done) and outcome.answer.first_sequence == 1
+    assert not third.done() and not any(f.done() for f in held)
+    streams.gate.set()
+    assert all(isinstance(o, Done) for o in await asyncio.gather(third, *held))
+    assert streams.keys() == [[l1], [l2], [small], [l3]]  # l3 aside once a slot was free
+    assert not commits._queues and not commits._ready and not commits._aside_streams
+
+
+async def test_a_small_request_never_shares_a_transaction_with_another_streams_large_one() -> None:
+    streams = HeldStreams()
+    streams.gate.set()
+    big, mixed, s1, s2 = await _streams(streams, 4)
+    commits = GroupCommit(streams, aside_records=1_000)
+    aside: list[list[StreamKey]] = []
+    original = commits._commit_aside
+
+    def recorded(batch: Any) -> None:
+        aside.append([key for key, _ in batch])
+        original(batch)
+
+    commits._commit_aside = recorded  # type: ignore[method-assign]
+    # All queued before the leader looks (one batch of them all, aside, before).
+    outcomes = await asyncio.gather(
+        commits.submit(s1, append()),
+        commits.submit(big, _large(2_000)),
+        commits.submit(big, append()),  # behind its own stream's large one: may go with it
+        commits.submit(mixed, append()),
+        commits.submit(mixed, _large(2_000)),  # behind a small one: a batch of its own
+        commits.submit(s2, append()),
+    )
+    assert all(isinstance(o, Done) for o in outcomes)
+    assert [o.answer.first_sequence for o in outcomes] == [1, 1, 2_001, 1, 2, 1]
+    assert streams.never_mixed()
+    assert aside == [[big], [mixed]]  # and the small ones in the leader's turn, together
+    assert sorted(map(sorted, streams.keys())) == sorted([[big], sorted([s1, mixed, s2]), [mixed]])
+
+
+async def test_a_stream_with_a_large_request_then_small_ones_keeps_its_order() -> None:
+    """With every slot busy its large request is passed over, and the small ones behind it
+    with it (a stream is taken from its oldest request); another stream's commits meanwhile."""
+    streams = HeldStreams()
+    l1, l2, key, other = await _streams(streams, 4)
+    commits = GroupCommit(streams, aside_records=1_000)
+    held = await _slots_busy(commits, [l1, l2])
+    large = asyncio.ensure_future(commits.submit(key, _large(2_000)))
+    behind = [asyncio.ensure_future(commits.submit(key, append())) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    outcome = await asyncio.wait_for(commits.submit(other, append()), 2)
+    assert isinstance(outcome, Done)
+    assert not large.done() and not any(f.done() for f in behind)
+    streams.gate.set()
+    await asyncio.gather(*held)
+    assert (await large).answer.first_sequence == 1
+    assert [(await f).answer.first_sequence for f in behind] == [2_001, 2_002, 2_003]
+    _, records = await streams.page(key, 1_999, 10)
+    assert [r.sequence for r in records] == [2_000, 2_001, 2_002, 2_003]
+    assert streams.never_mixed()
+
+
+async def test_with_slots_busy_small_requests_commit_in_batches_below_the_thresholds() -> None:
+    """And many small requests that together reach the thresholds commit aside while a slot is
+    free (batched appends' throughput)."""
+    streams = HeldStreams()
+    l1, l2, *keys = await _streams(streams, 12)
+    commits = GroupCommit(streams, aside_records=1_000)
+    aside: list[list[StreamKey]] = []
+    original = commits._commit_aside
+
+    def recorded(batch: Any) -> None:
+        aside.append([key for key, _ in batch])
+        original(batch)
+
+    commits._commit_aside = recorded  # type: ignore[method-assign]
+    outcomes = await asyncio.gather(*(commits.submit(k, append([record()] * 600)) for k in keys))
+    assert all(isinstance(o, Done) for o in outcomes)
+    assert aside == [keys]  # 6,000 records in one batch, aside
+    held = await _slots_busy(commits, [l1, l2])
+    calls = len(streams.calls)
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(commits.submit(k, append([record()] * 600)) for k in keys)), 2
+    )
+    assert all(isinstance(o, Done) and o.answer.first_sequence == 601 for o in outcomes)
+    assert len(streams.calls) - calls == 10  # 600 records each: one a batch, below 1,000
+    streams.gate.set()
+    await asyncio.gather(*held)
+
+
+async def test_a_large_head_expiring_while_passed_over_lets_the_requests_behind_it_commit() -> None:
+    """Its leader waits for a slot while the stream's head is large; when that request's wait
+    ends (withdrawn, never to commit), the small one behind it is taken at once."""
+    streams = HeldStreams()
+    l1, l2, key = await _streams(streams, 3)
+    commits = GroupCommit(streams, aside_records=1_000)
+    held = await _slots_busy(commits, [l1, l2])
+
+    async def bounded() -> Outcome:
+        with request_budget(0.05):
+            return await commits.submit(key, _large(2_000))
+
+    expiring = asyncio.ensure_future(bounded())
+    behind = asyncio.ensure_future(commits.submit(key, append()))
+    with pytest.raises(Unanswered) as expired:
+        await expiring
+    assert not expired.value.outcome_unknown  # withdrawn: it was never taken
+    outcome = await asyncio.wait_for(behind, 2)
+    assert isinstance(outcome, Done) and outcome.answer.first_sequence == 1
+    streams.gate.set()
+    await asyncio.gather(*held)
+    assert streams.keys() == [[l1], [l2], [key]]
+
+
+async def test_a_leader_with_nothing_it_may_take_waits_without_spinning() -> None:
+    streams = HeldStreams()
+    l1, l2, l3, small = await _streams(streams, 4)
+    commits = GroupCommit(streams, aside_records=1_000)
+    looks = 0
+    original = commits._take_batches
+
+    def counted(ready: Any) -> Any:
+        nonlocal looks
+        looks += 1
+        return original(ready)
+
+    commits._take_batches = counted  # type: ignore[method-assign]
+    held = await _slots_busy(commits, [l1, l2])
+    third = asyncio.ensure_future(commits.submit(l3, _large(2_000)))
+    behind = asyncio.ensure_future(commits.submit(l3, append()))  # queued behind: no wake-up
+    before = looks
+    for _ in range(20):
+        await asyncio.sleep(0.005)
+    assert looks - before <= 1  # one look, then a wait for a slot
+    assert isinstance(await commits.submit(small, append()), Done)
+    assert looks - before <= 3 and len(streams.calls) == 3
+    streams.gate.set()
+    assert all(isinstance(o, Done) for o in await asyncio.gather(third, behind, *held))
+
+
+async def test_mixed_large_and_small_appends_are_each_committed_once_in_order() -> None:
+    """Many streams, each a random run of large and small requests arriving over time, with
+    large transactions held a while: every request is committed exactly once, each stream's in
+    arrival order, and no batch mixes a large request with another stream's small ones."""
+    rng = random.Random(7)
+    streams = HeldStreams()
+    keys = await _streams(streams, 12)
+    commits = GroupCommit(streams, aside_records=1_000)
+    plans = {key: [rng.choice([1, 1, 5, 300, 1_500]) for _ in range(8)] for key in keys}
+    sent: list[tuple[StreamKey, Command, asyncio.Future[Outcome]]] = []
+
+    async def gate() -> None:
+        while True:  # held a while, let go, held again
+            await asyncio.sleep(0.02)
+            streams.gate.set()
+            await asyncio.sleep(0.002)
+            streams.gate.clear()
+
+    opening = asyncio.ensure_future(gate())
+    for step in range(8):
+        for key in rng.sample(keys, len(keys)):
+            command = append([record()] * plans[key][step])
+            sent.append((key, command, asyncio.ensure_future(commits.submit(key, command))))
+        await asyncio.sleep(rng.choice([0, 0.001, 0.01]))
+    await asyncio.gather(*(f for _, _, f in sent))
+    opening.cancel()
+    committed = [id(c) for call in streams.calls for _, commands in call for c in commands]
+    assert sorted(committed) == sorted(id(c) for _, c, _ in sent)  # each once, none lost
+    for key in keys:
+        mine = [f.result() for k, _, f in sent if k == key]
+        firsts = [o.answer.first_sequence for o in mine]
+        assert firsts == sorted(firsts) and firsts[0] == 1
+        assert [o.answer.last_sequence for o in mine][-1] == sum(plans[key])
+    assert streams.never_mixed()
+    assert not commits._queues and not commits._ready and not commits._aside_streams
