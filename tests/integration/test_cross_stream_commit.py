@@ -330,3 +330,40 @@ async def test_a_batch_locks_its_rows_in_key_order_whatever_order_it_was_given(
     results = await batch
     assert all(not isinstance(r, BaseException) for r in results)
     assert all(o.answer.first_sequence == 1 for r in results for o in r)
+
+
+async def test_large_appends_beside_small_ones_each_commit_once_and_in_order(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    """Four writers append requests of 4.3 MB (each large by itself: they commit aside, at most
+    two batches at once, the others passed over until a slot ends) to streams of their own, one
+    of them alternating with one-record appends, while another writer appends one record at a
+    time: every request is answered 201, and every stream holds each record once, in the order
+    it was sent."""
+    names = [f"big{i}" for i in range(4)]
+    for name in (*names, "small"):
+        await create(api, run_id, name, limits={"max_unread_bytes": 2**40})
+    url = f"/runs/{run_id}/streams/{{}}/records"
+    pad = "x" * 62_000
+    sent: dict[str, list[str]] = defaultdict(list)
+
+    async def post(name: str, values: list[str]) -> None:
+        response = await api.post(url.format(name), json={"records": [{"data": v} for v in values]})
+        assert response.status_code == 201, response.text
+        sent[name] += values
+
+    async def large(name: str) -> None:
+        for round_ in range(3):
+            await post(name, [f"{round_}.{n}.{pad}" for n in range(70)])
+            if name == names[0]:
+                await post(name, [f"{round_}.small"])
+
+    async def small() -> None:
+        for n in range(40):
+            await post("small", [str(n)])
+
+    await asyncio.gather(*(large(name) for name in names), small())
+    for name in (*names, "small"):
+        found = await records_of(api, run_id, name)
+        assert [r["data"] for r in found] == sent[name]
+        assert [r["sequence"] for r in found] == list(range(1, len(sent[name]) + 1))
