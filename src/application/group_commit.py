@@ -13,14 +13,14 @@ requests waiting; the batch is what keeps that load from paying a transaction pe
 Large work commits aside, in a transaction of its own beside the leader's (at most `max_aside`
 at once): for the second or so it takes, the other streams' requests go on committing in the
 leader's batches instead of waiting for it. A request that is large by itself (thousands of
-records, or megabytes: `aside_records`, `aside_bytes`) never shares a transaction with other
-streams' small requests: the streams whose next request is large are batched apart from the
-others and always commit aside. Many small requests that together reach those thresholds commit
-aside too while a slot is free; with every slot busy the leader passes over the streams whose
-next request is large (they stay ready, in their place) and commits the others in batches kept
-below the thresholds, so a small append never waits for a large transaction. A stream
-committing aside is not taken again until its batch ends, and a stream is always taken from its
-oldest request, so each stream's requests still commit in arrival order.
+records, or megabytes: `aside_records`, `aside_bytes`) always commits aside, in a batch of its
+own stream's requests alone: it never shares a transaction with other streams' requests. Many
+small requests that together reach those thresholds commit aside too while a slot is free.
+With every slot busy the leader passes over the streams whose next request is large (they stay
+ready, in their place) and commits the others in batches kept below the thresholds, so a small
+append never waits for a large transaction. A stream committing aside is not taken again until
+its batch ends, and a stream is always taken from its oldest request, so each stream's requests
+still commit in arrival order.
 
 Each stream's answer is its own: a refused request (or a stream that is gone) answers alone,
 and the port isolates a failing stream from the others of its batch. The leader is a task of
@@ -322,8 +322,8 @@ class GroupCommit:
         return results
 
     def _large_head(self, queue: list[_Pending]) -> bool:
-        """Whether this stream's next request is large by itself: it commits aside, in a batch
-        of none but such (and what follows each on its stream)."""
+        """Whether this stream's next request is large by itself: it commits aside, its
+        stream alone in its batch."""
         if not queue:
             return False
         head = queue[0]
@@ -343,14 +343,14 @@ class GroupCommit:
 
     def _take_batches(self, ready: dict[StreamKey, None]) -> tuple[_Batch, _Batch, bool]:
         """Two batches from the oldest ready streams the leader may take (`_takeable`; at most
-        `max_batch_streams` of them): the large one, of the streams whose next request is large
-        (only while an aside slot is free), and the small one, of the others' small requests,
-        each stream's up to its first large one. Each holds each of its streams' requests from
-        the oldest, within its own bounds on records and bytes; a stream with requests left
-        stays ready, in its place. The small batch has the batch's whole bounds while a slot
-        would be left for it, and then says whether it is heavy enough (`aside_records`,
-        `aside_bytes`) to commit aside; else it is kept below those thresholds, to commit in
-        the leader's turn without keeping the other streams waiting."""
+        `max_batch_streams` of them). The large one, only while an aside slot is free: the
+        oldest of them whose next request is large, alone, with what follows that request on
+        its stream within the batch's bounds on records and bytes. The small one: the others'
+        small requests, each stream's from its oldest up to its first large one, within the
+        batch's bounds while a slot would be left for it (and then whether it is heavy enough
+        to commit aside: `aside_records`, `aside_bytes`), else below those thresholds, to
+        commit in the leader's turn without keeping the other streams waiting long. A stream
+        with requests left stays ready, in its place."""
         free = self._max_aside - len(self._aside)
         queues = self._queues
         candidates = (
@@ -359,36 +359,30 @@ class GroupCommit:
             else islice((k for k in ready if self._takeable(k, free)), self._max_streams)
         )
         window = list(candidates)
-        large_heads = free > 0 and any(self._large_head(queues[key]) for key in window)
-        # What is left of each batch's bounds (records, bytes); the large one's is spent when
-        # there will be none.
-        large_budget = [self._max_records, self._max_bytes] if large_heads else [0, 0]
-        small_bounds = (
+        takes_large = free > 0 and any(self._large_head(queues[key]) for key in window)
+        bounds = (
             (self._max_records, self._max_bytes)
-            if free - (1 if large_heads else 0) > 0
+            if free - (1 if takes_large else 0) > 0
             else (self._aside_records - 1, self._aside_bytes - 1)
         )
-        small_budget = list(small_bounds)
+        budget = list(bounds)  # what is left of the small batch's bounds
         large: _Batch = []
         small: _Batch = []
         for key in window:
             queue = queues[key]
             if self._large_head(queue):
-                if large_budget[0] > 0 and large_budget[1] > 0:
-                    taken = self._take(queue, large_budget, first=not large, small_only=False)
-                    if taken:
-                        large.append((key, taken))
-            elif small_budget[0] > 0 and small_budget[1] > 0:
-                taken = self._take(queue, small_budget, first=not small, small_only=True)
+                if takes_large and not large:
+                    whole = [self._max_records, self._max_bytes]
+                    large.append((key, self._take(queue, whole, first=True, small_only=False)))
+            elif budget[0] > 0 and budget[1] > 0:
+                taken = self._take(queue, budget, first=not small, small_only=True)
                 if taken:
                     small.append((key, taken))
             if not queue:
                 del queues[key], ready[key]
-            if min(large_budget) <= 0 and min(small_budget) <= 0:
+            if (budget[0] <= 0 or budget[1] <= 0) and (large or not takes_large):
                 break
-        # (What the small batch took, from what is left of its bounds.)
-        records = small_bounds[0] - small_budget[0]
-        size = small_bounds[1] - small_budget[1]
+        records, size = bounds[0] - budget[0], bounds[1] - budget[1]
         return large, small, records >= self._aside_records or size >= self._aside_bytes
 
     def _take(

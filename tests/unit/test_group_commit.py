@@ -358,13 +358,13 @@ class HeldStreams(MemoryStreams):
     def keys(self) -> list[list[StreamKey]]:
         return [[key for key, _ in call] for call in self.calls]
 
-    def never_mixed(self) -> bool:
-        """No batch held a large request and a stream with none (its own small ones aside)."""
-        for call in self.calls:
-            large = [any(len(c.records) >= self.large for c in cs) for _, cs in call]
-            if any(large) and not all(large):
-                return False
-        return True
+    def large_alone(self) -> bool:
+        """Every batch that held a large request held its stream alone."""
+        return all(
+            len(call) == 1
+            for call in self.calls
+            if any(len(c.records) >= self.large for _, cs in call for c in cs)
+        )
 
 
 async def _streams(streams: MemoryStreams, n: int) -> list[StreamKey]:
@@ -400,10 +400,10 @@ async def test_with_both_aside_slots_busy_a_small_append_does_not_wait_for_a_lar
     assert not commits._queues and not commits._ready and not commits._aside_streams
 
 
-async def test_a_small_request_never_shares_a_transaction_with_another_streams_large_one() -> None:
+async def test_a_large_request_shares_its_transaction_with_no_other_stream() -> None:
     streams = HeldStreams()
     streams.gate.set()
-    big, mixed, s1, s2 = await _streams(streams, 4)
+    big, big2, mixed, s1, s2 = await _streams(streams, 5)
     commits = GroupCommit(streams, aside_records=1_000)
     aside: list[list[StreamKey]] = []
     original = commits._commit_aside
@@ -421,12 +421,15 @@ async def test_a_small_request_never_shares_a_transaction_with_another_streams_l
         commits.submit(mixed, append()),
         commits.submit(mixed, _large(2_000)),  # behind a small one: a batch of its own
         commits.submit(s2, append()),
+        commits.submit(big2, _large(2_000)),  # another large one: aside apart from `big`
     )
     assert all(isinstance(o, Done) for o in outcomes)
-    assert [o.answer.first_sequence for o in outcomes] == [1, 1, 2_001, 1, 2, 1]
-    assert streams.never_mixed()
-    assert aside == [[big], [mixed]]  # and the small ones in the leader's turn, together
-    assert sorted(map(sorted, streams.keys())) == sorted([[big], sorted([s1, mixed, s2]), [mixed]])
+    assert [o.answer.first_sequence for o in outcomes] == [1, 1, 2_001, 1, 2, 1, 1]
+    assert streams.large_alone()
+    assert sorted(aside) == sorted([[big], [big2], [mixed]])  # the small ones together, inline
+    assert sorted(map(sorted, streams.keys())) == sorted(
+        [[big], [big2], sorted([s1, mixed, s2]), [mixed]]
+    )
 
 
 async def test_a_stream_with_a_large_request_then_small_ones_keeps_its_order() -> None:
@@ -448,7 +451,7 @@ async def test_a_stream_with_a_large_request_then_small_ones_keeps_its_order() -
     assert [(await f).answer.first_sequence for f in behind] == [2_001, 2_002, 2_003]
     _, records = await streams.page(key, 1_999, 10)
     assert [r.sequence for r in records] == [2_000, 2_001, 2_002, 2_003]
-    assert streams.never_mixed()
+    assert streams.large_alone()
 
 
 async def test_with_slots_busy_small_requests_commit_in_batches_below_the_thresholds() -> None:
@@ -532,7 +535,7 @@ async def test_a_leader_with_nothing_it_may_take_waits_without_spinning() -> Non
 async def test_mixed_large_and_small_appends_are_each_committed_once_in_order() -> None:
     """Many streams, each a random run of large and small requests arriving over time, with
     large transactions held a while: every request is committed exactly once, each stream's in
-    arrival order, and no batch mixes a large request with another stream's small ones."""
+    arrival order, and no batch holds a large request and another stream."""
     rng = random.Random(7)
     streams = HeldStreams()
     keys = await _streams(streams, 12)
@@ -562,5 +565,5 @@ async def test_mixed_large_and_small_appends_are_each_committed_once_in_order() 
         firsts = [o.answer.first_sequence for o in mine]
         assert firsts == sorted(firsts) and firsts[0] == 1
         assert [o.answer.last_sequence for o in mine][-1] == sum(plans[key])
-    assert streams.never_mixed()
+    assert streams.large_alone()
     assert not commits._queues and not commits._ready and not commits._aside_streams
