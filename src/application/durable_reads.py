@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
 from datetime import datetime
-from typing import NoReturn
 
 import msgspec
 
@@ -29,7 +28,7 @@ from application.live import (
 )
 from application.live_slots import LiveSlots, Slot
 from application.ports import Position, RecordReader, StoredRecord
-from application.read_records import check_cursor, require_live
+from application.read_records import check_cursor, gone, overtaken
 from application.tokens import Lease, TokenCache
 from application.waiting import back_to_work
 from domain import errors
@@ -170,14 +169,8 @@ class DurableReads:
                             return Waited(list(records), max(head, last), closed)
                         case StreamEnded(head=end):
                             return Waited([], end, True)
-                        case Overtaken() as gone:
-                            raise errors.CursorExpired(
-                                f"record {gone.requested} was removed by retention",
-                                requested=gone.requested,
-                                earliest=gone.earliest,
-                                latest=gone.latest,
-                                reason=gone.reason,
-                            )
+                        case Overtaken() as passed:
+                            raise overtaken(passed)
                         case StreamGone():
                             deleted = True  # said after the deadline's scope: it may pass
                             break
@@ -189,16 +182,8 @@ class DurableReads:
             if not deadline.expired():
                 raise
         if deleted:
-            await self._gone(key)
+            await gone(self._reader, key)
         return Waited([], head, closed)
-
-    async def _gone(self, key: StreamKey) -> NoReturn:
-        """The stream a wait followed is gone: deleted while forks read it (410, as the next
-        read answers), or erased (404)."""
-        found = await self._reader.page(key, 0, 1)
-        if found is not None:
-            require_live(key, found[0])
-        raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
 
     async def follow(
         self,

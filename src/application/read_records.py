@@ -166,15 +166,8 @@ class ReadRecords:
                                 tail = self._tails.tail(key)
                                 earliest = tail.earliest if tail is not None else 1
                                 return StoredPage([], cursor, head, earliest, closed=True)
-                            case Overtaken() as gone:
-                                raise errors.CursorExpired(
-                                    f"record {gone.requested} was removed by retention; "
-                                    f"the earliest retained is {gone.earliest}",
-                                    requested=gone.requested,
-                                    earliest=gone.earliest,
-                                    latest=gone.latest,
-                                    reason=gone.reason,
-                                )
+                            case Overtaken() as passed:
+                                raise overtaken(passed)
                             case StreamGone():
                                 break
                             case Revoked():
@@ -185,7 +178,7 @@ class ReadRecords:
                 if not timeout.expired():
                     raise
                 return await self._up_to_date(key, cursor, limit, created_at)
-        await self._gone(key)
+        await gone(self._reader, key)
 
     def _known(self, key: StreamKey, cursor: int, limit: int) -> StoredPage | datetime | None:
         """What a waiting read's first page would be, from the stream's tail when this process
@@ -244,14 +237,6 @@ class ReadRecords:
         check_cursor(cursor, max(tail.head, cursor), tail.earliest)
         return StoredPage([], cursor, max(tail.head, cursor), tail.earliest, tail.closed)
 
-    async def _gone(self, key: StreamKey) -> NoReturn:
-        """The stream a wait followed is gone: deleted while forks read it (410, as the next
-        read answers), or erased (404)."""
-        found = await self._reader.page(key, 0, 1)
-        if found is not None:
-            require_live(key, found[0])
-        raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-
     async def _page(
         self, key: StreamKey, cursor: int, limit: int, *, wait_more: bool
     ) -> StoredPage | datetime | None:
@@ -297,3 +282,24 @@ def check_cursor(cursor: int, head: int, earliest: int) -> None:
             latest=head,
             reason="retention",
         )
+
+
+def overtaken(gone: Overtaken) -> errors.CursorExpired:
+    """What a wait answers once retention removed the next record it needed (410)."""
+    return errors.CursorExpired(
+        f"record {gone.requested} was removed by retention; the earliest retained is "
+        f"{gone.earliest}",
+        requested=gone.requested,
+        earliest=gone.earliest,
+        latest=gone.latest,
+        reason=gone.reason,
+    )
+
+
+async def gone(reader: RecordReader, key: StreamKey) -> NoReturn:
+    """The stream a wait followed is gone: deleted while forks read it (410, as the next read
+    answers), or erased (404)."""
+    found = await reader.page(key, 0, 1)
+    if found is not None:
+        require_live(key, found[0])
+    raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")

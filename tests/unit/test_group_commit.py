@@ -309,12 +309,8 @@ async def test_a_leader_waits_for_an_aside_only_when_every_ready_stream_is_aside
     await aside
 
 
-async def test_a_batch_of_megabytes_in_few_records_commits_aside() -> None:
-    streams = SizedStreams()
-    big, small = new_key(), new_key()
-    for key in (big, small):
-        await streams.create(key, definition(max_unread_items=100_000), NOW)
-    commits = GroupCommit(streams, aside_records=1_000, aside_bytes=64_000)
+def _recording_asides(commits: GroupCommit) -> list[list[StreamKey]]:
+    """The streams of each batch `commits` commits aside, in order, as it commits them."""
     aside: list[list[StreamKey]] = []
     original = commits._commit_aside
 
@@ -323,6 +319,16 @@ async def test_a_batch_of_megabytes_in_few_records_commits_aside() -> None:
         original(batch)
 
     commits._commit_aside = recorded  # type: ignore[method-assign]
+    return aside
+
+
+async def test_a_batch_of_megabytes_in_few_records_commits_aside() -> None:
+    streams = SizedStreams()
+    big, small = new_key(), new_key()
+    for key in (big, small):
+        await streams.create(key, definition(max_unread_items=100_000), NOW)
+    commits = GroupCommit(streams, aside_records=1_000, aside_bytes=64_000)
+    aside = _recording_asides(commits)
     outcome = await commits.submit(big, append([record(b"1" * 1_000)] * 100))  # 100 KB
     assert isinstance(outcome, Done) and aside == [[big]]  # 100 records, under 1,000
     outcome = await commits.submit(small, append([record()] * 100))  # 100 records, 700 bytes
@@ -405,14 +411,7 @@ async def test_a_large_request_shares_its_transaction_with_no_other_stream() -> 
     streams.gate.set()
     big, big2, mixed, s1, s2 = await _streams(streams, 5)
     commits = GroupCommit(streams, aside_records=1_000)
-    aside: list[list[StreamKey]] = []
-    original = commits._commit_aside
-
-    def recorded(batch: Any) -> None:
-        aside.append([key for key, _ in batch])
-        original(batch)
-
-    commits._commit_aside = recorded  # type: ignore[method-assign]
+    aside = _recording_asides(commits)
     # All queued before the leader looks (one batch of them all, aside, before).
     outcomes = await asyncio.gather(
         commits.submit(s1, append()),
@@ -460,14 +459,7 @@ async def test_with_slots_busy_small_requests_commit_in_batches_below_the_thresh
     streams = HeldStreams()
     l1, l2, *keys = await _streams(streams, 12)
     commits = GroupCommit(streams, aside_records=1_000)
-    aside: list[list[StreamKey]] = []
-    original = commits._commit_aside
-
-    def recorded(batch: Any) -> None:
-        aside.append([key for key, _ in batch])
-        original(batch)
-
-    commits._commit_aside = recorded  # type: ignore[method-assign]
+    aside = _recording_asides(commits)
     outcomes = await asyncio.gather(*(commits.submit(k, append([record()] * 600)) for k in keys))
     assert all(isinstance(o, Done) for o in outcomes)
     assert aside == [keys]  # 6,000 records in one batch, aside
