@@ -66,7 +66,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     pool_tenant_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.75
     # A tenant's requests at work at once in a process (application/waiting.py, "Turns at
     # work"); past it, its next request waits for one of its own. 0: no limit.
-    requests_at_work_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 128
+    requests_at_work_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 64
     statement_timeout_seconds: Positive = 10.0
     # The most a request waits on PostgreSQL in all (application/waiting.py) before its 503.
     request_timeout_seconds: Positive = 5.0
