@@ -19,6 +19,7 @@ from application.live_slots import LiveSlots, Slot
 from application.ports import Clock, Done, Failed, Idempotency, Replayed
 from application.throughput import DURABLE_STREAMS
 from application.views import AppendAnswer
+from application.waiting import give_turn
 from application.wake import WakeRegistry
 from domain import errors
 from domain.definition import (
@@ -417,4 +418,7 @@ async def blocking(
                 if before_waiting is not None:
                     before_waiting()
                     before_waiting = None
+                # Waits for an acknowledgement, a request of the same tenant: its turn at work
+                # goes back (application/waiting.py), or its acks could wait for it.
+                give_turn()
                 await listener.wait(remaining)

@@ -165,7 +165,11 @@ class GroupCommit:
         records = command.records
         pending = (command, future, tracing.current(), len(records), sum(r.size for r in records))
         if queue is not None:
-            queue.append(pending)  # (behind its stream's head: nothing its leader may take yet)
+            queue.append(pending)
+            if len(queue) == 1 and self._aside:
+                # Its stream's queue was left empty (its large head expired while passed
+                # over): this request is its head now, and its leader may be waiting.
+                self._aside_done.set()
         else:
             self._queues[key] = [pending]
             group = self._group_of(key)
@@ -202,7 +206,7 @@ class GroupCommit:
                     for i, pending in enumerate(queued):
                         if pending[1] is future:
                             del queued[i]
-                            if i == 0 and queued and self._aside:
+                            if i == 0 and self._aside:
                                 # A large head passed over while the aside slots are busy:
                                 # what follows it may be small, and its leader waiting.
                                 self._aside_done.set()

@@ -121,7 +121,9 @@ class ReadRecords:
         once holds no connection open, so it is never refused for the cap. The slot is given
         back however the wait ends (records, the deadline, an error, or the request
         cancelled)."""
-        page = self._known(key, cursor, limit)
+        page: StoredPage | datetime | None = self._known(key, cursor)
+        # Whether the stream to wait on was read now, or taken from the tail.
+        read = page is None
         if page is None:
             page = await self._page(key, cursor, limit, wait_more=True)
         if lease.ended:
@@ -133,7 +135,7 @@ class ReadRecords:
         created_at = page
         slot = self._slots.admit(caller)  # 429 past the cap, before waiting
         try:
-            page = await self._follow(key, cursor, limit, deadline, lease, created_at)
+            page = await self._follow(key, cursor, limit, deadline, lease, created_at, read)
         finally:
             self._slots.release(caller, slot)
         await back_to_work()  # (application/waiting.py, "Turns at work")
@@ -147,13 +149,18 @@ class ReadRecords:
         deadline: float,
         lease: Lease,
         created_at: datetime | None,
+        read: bool,
     ) -> StoredPage:
         """The first page the stream's tail delivers after `cursor`, or the empty one at the
-        deadline."""
+        deadline. The stream deleted meanwhile: 404 (410 if forks still read it). Deleted and
+        created again: 404 too if the stream waited on was read when the wait began; if it was
+        the tail's (which may not have heard of the deletion yet), the stream there now is
+        answered, as a read would have been."""
         remaining = deadline - time.monotonic()
-        # A heartbeat longer than the wait: this follower never needs one (and a longer one
-        # never stretches the tail's ticks for the followers that do).
-        follow = self._tails.follow(key, cursor, remaining + 1, lease, created_at)
+        # A heartbeat longer than any wait: this follower never needs one, and it never
+        # shortens the tail's ticks for the followers that do (nor makes them none at all,
+        # after a first read slower than a short wait).
+        follow = self._tails.follow(key, cursor, MAX_WAIT_SECONDS + 1, lease, created_at)
         async with contextlib.aclosing(follow):
             timeout = asyncio.timeout(remaining)
             try:
@@ -178,33 +185,35 @@ class ReadRecords:
                 if not timeout.expired():
                     raise
                 return await self._up_to_date(key, cursor, limit, created_at)
+        if not read:
+            found = await self._reader.page(key, 0, 1)
+            if found is not None and found[0].created_at != created_at:
+                page = await self._page(key, cursor, limit, wait_more=False)
+                assert isinstance(page, StoredPage)
+                return page
         await gone(self._reader, key)
 
-    def _known(self, key: StreamKey, cursor: int, limit: int) -> StoredPage | datetime | None:
-        """What a waiting read's first page would be, from the stream's tail when this process
-        follows it and the tail can tell (records its ring holds after `cursor`, or none yet:
-        wait), without reading the database; None when it cannot (read). A tail is at most a
-        notification behind the database: a waiting read it answers sees what was there a
-        moment earlier, as if it had come a moment earlier, and one that has to wait is woken
-        by what the tail has still to read. A cursor beyond what the tail has read, or before
-        what it still holds, is read: the database says whether it is ahead of the head or
-        gone."""
+    def _known(self, key: StreamKey, cursor: int) -> datetime | None:
+        """Whether a waiting read must wait, from the stream's tail when this process follows
+        it: its cursor is where the tail has read up to (the incarnation to wait on), without
+        reading the database; None when the tail cannot tell (read). Records are always read
+        from the database, never answered from the ring: a tail is a notification behind, and
+        a stream deleted and created again, or pruned, meanwhile would be answered from what
+        is no longer there. A read that waits is woken by what the tail has still to read; if
+        its stream was deleted meanwhile, it answers 404, as a read deleted while it waited
+        always has. A cursor beyond what the tail has read is read: the database says whether
+        it is ahead of the head."""
         tail = self._tails.tail(key)
         if (
             tail is None
             or tail.deleted
             or not tail.ready.is_set()
             or tail.created_at is None
-            or not tail.earliest - 1 <= cursor <= tail.position
+            or cursor != tail.position
+            or cursor + 1 < tail.earliest
+            or tail.closed  # the read says whether everything up to the head was delivered
         ):
             return None
-        if cursor < tail.position:
-            delivery = tail.after(cursor)
-            if delivery is None or not delivery.records:
-                return None  # behind the ring
-            return self._delivered(key, delivery.records, limit)
-        if tail.closed:
-            return None  # the read says whether everything up to the head was delivered
         return tail.created_at
 
     def _delivered(self, key: StreamKey, records: list[StoredRecord], limit: int) -> StoredPage:

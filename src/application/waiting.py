@@ -64,13 +64,15 @@ class CommitOutcomeUnknown(ConnectionError):
 
 
 class Budget:
-    __slots__ = ("left", "task", "tenant", "turn")
+    __slots__ = ("body_to_come", "left", "task", "tenant", "turn")
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, body_to_come: bool = False) -> None:
         self.left = seconds
         self.task = asyncio.current_task()
         self.tenant: str | None = None  # whose turns the request takes
         self.turn: _Turns | None = None  # the tenant's turn at work the request holds
+        # A request with a body takes its turn once the body is in (`body_arrived`).
+        self.body_to_come = body_to_come
 
 
 class CommitWatch:
@@ -102,8 +104,8 @@ class request_budget:
 
     __slots__ = ("_budget", "_token")
 
-    def __init__(self, seconds: float | None = None) -> None:
-        self._budget = Budget(_bound[0] if seconds is None else seconds)
+    def __init__(self, seconds: float | None = None, body_to_come: bool = False) -> None:
+        self._budget = Budget(_bound[0] if seconds is None else seconds, body_to_come)
 
     def __enter__(self) -> Budget:
         self._token = _budget.set(self._budget)
@@ -249,7 +251,20 @@ async def take_turn(tenant: str) -> None:
     budget = _own_budget()
     if _turns_per_tenant[0] and budget is not None and budget.turn is None:
         budget.tenant = tenant
-        await _take(budget, tenant)
+        if not budget.body_to_come:
+            await _take(budget, tenant)
+
+
+async def body_arrived() -> None:
+    """The running request's body is in: it goes to work on its tenant's turn (taken when it
+    authenticated, had its body been in; a body's sender is not at work, and a slow one would
+    otherwise hold its tenant's turns for as long as it drips)."""
+    budget = _own_budget()
+    if budget is not None and budget.body_to_come:
+        budget.body_to_come = False
+        # (Not for a body drained after the answer: its request is done acting for anyone.)
+        if _turns_per_tenant[0] and budget.turn is None and budget.tenant and acting_for():
+            await _take(budget, budget.tenant)
 
 
 async def back_to_work() -> None:

@@ -559,3 +559,27 @@ async def test_mixed_large_and_small_appends_are_each_committed_once_in_order() 
         assert [o.answer.last_sequence for o in mine][-1] == sum(plans[key])
     assert streams.large_alone()
     assert not commits._queues and not commits._ready and not commits._aside_streams
+
+
+async def test_a_small_append_to_a_stream_whose_large_head_expired_waits_for_no_aside() -> None:
+    """With both aside slots busy, a stream's lone large request is passed over and expires:
+    its queue is left empty, and the stream's next request is its head. It once woke nobody,
+    and a one-record append waited for a large transaction to end."""
+
+    streams = HeldStreams()
+    l1, l2, key = await _streams(streams, 3)
+    commits = GroupCommit(streams, aside_records=1_000)
+    held = await _slots_busy(commits, [l1, l2])
+
+    async def bounded():
+        with request_budget(0.05):
+            return await commits.submit(key, _large(2_000))
+
+    with pytest.raises(Unanswered):
+        await bounded()
+    try:
+        outcome = await asyncio.wait_for(commits.submit(key, append()), 1)
+        assert outcome.answer.first_sequence == 1
+    finally:
+        streams.gate.set()
+        await asyncio.gather(*held)

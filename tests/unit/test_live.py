@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from datetime import timedelta
 
 import msgspec
 import pytest
@@ -629,8 +630,8 @@ async def test_native_waiting_reads_of_one_stream_read_each_append_once(live) ->
         assert (page.next_cursor, page.head, page.closed) == (3, 3, False)
     assert tails.tail(key) is None  # the last waiter left: the tail stopped
 
-    # While the tail is followed, a waiting read it can answer reads nothing itself: not to
-    # learn that it must wait, nor the records its ring holds.
+    # While the tail is followed, a waiting read at the tail's position reads nothing to learn
+    # that it must wait.
     follower = tails.follow(key, 3, 60.0)
     held = asyncio.ensure_future(anext(follower))
     await asyncio.sleep(0.05)
@@ -649,12 +650,10 @@ async def test_native_waiting_reads_of_one_stream_read_each_append_once(live) ->
         assert (await held).records[-1].sequence == 4
     assert [[r.sequence for r in p.records] for p in pages] == [[4]] * 50
     assert len(reads) - before <= 1  # the tail's
+    # Records are read from the database, never answered from the ring (a tail is a
+    # notification behind); a cursor beyond what the tail has read is read too (the database
+    # says it is ahead).
     before = len(reads)
-    page = await reads_records.stored(WRITER, key.run_id, key.stream_id, cursor=3, wait=30)
-    assert ([r.sequence for r in page.records], page.head) == ([4], 4)
-    assert len(reads) == before  # from the ring
-    # Before what the ring holds (the tail began at 3), or beyond what the tail has read (the
-    # database says it is ahead): read.
     page = await reads_records.stored(WRITER, key.run_id, key.stream_id, cursor=2, wait=30)
     assert ([r.sequence for r in page.records], page.head) == ([3, 4], 4)
     with pytest.raises(CursorAheadOfHead):
@@ -740,3 +739,127 @@ async def test_a_signal_wakes_its_waiters_a_slice_per_turn_of_the_loop() -> None
     await asyncio.sleep(0)
     assert all(w.done() for w in waiters)
     assert signal.waiter().done()  # fired: a later waiter is done at once
+
+
+def _two_processes(linger: float = 5.0):
+    """Process A writes (its wake registry hears at once); process B serves the reads and hears
+    A's notifications only when the test forwards them (a notification's latency, or another
+    `--workers` process)."""
+    wake_a = WakeRegistry()
+    streams = MemoryStreams(wake_a)
+    wake_b = WakeRegistry()
+    tails = LiveTails(streams, wake_b, linger_seconds=linger)
+    access = AccessLog(MemoryStreamAccess(streams), lambda: NOW)
+    definitions = Definitions(streams, Deployment("local", "local"), access)
+    reads = ReadRecords(definitions, streams, wake_b, tails=tails)
+    return streams, wake_b, tails, reads
+
+
+async def _old_incarnation_followed(streams, wake_b, reads, key) -> None:
+    await streams.create(key, definition(), NOW)
+    poll = asyncio.ensure_future(
+        reads.stored(WRITER, key.run_id, key.stream_id, cursor=0, limit=10, wait=30)
+    )
+    await asyncio.sleep(0.05)
+    await streams.update(key, [append([record(b'"old-1"'), record(b'"old-2"')])])
+    wake_b.notify(key)
+    async with asyncio.timeout(5):
+        page = await poll
+    assert [r.payload for r in page.records] == [b'"old-1"', b'"old-2"']
+    # Deleted and created again (by process A); B's lingering tail has not heard yet.
+    await streams.update(key, [DeleteCommand(NOW)])
+    await streams.create(key, definition(), NOW + timedelta(seconds=1))
+    await streams.update(key, [append([record(b'"new-1"')])])
+
+
+async def test_a_waiting_read_after_delete_and_recreate_not_heard_gets_the_new_streams_records():
+    streams, wake_b, tails, reads = _two_processes()
+    key = new_key()
+    await _old_incarnation_followed(streams, wake_b, reads, key)
+    page = await reads.stored(WRITER, key.run_id, key.stream_id, cursor=0, limit=10, wait=5)
+    # Read from the database, not the old stream's ring: the new stream's one record.
+    assert [r.payload for r in page.records] == [b'"new-1"'], page
+    tails.end_all()
+
+
+async def test_a_wait_on_a_tail_that_had_not_heard_of_a_recreation_answers_the_new_stream():
+    streams, wake_b, tails, reads = _two_processes()
+    key = new_key()
+    await _old_incarnation_followed(streams, wake_b, reads, key)
+    # cursor 2 is ahead of the new stream's head (1): before, 400 cursor-ahead-of-head at once.
+    poll = asyncio.ensure_future(
+        reads.stored(WRITER, key.run_id, key.stream_id, cursor=2, limit=10, wait=5)
+    )
+    await asyncio.sleep(0.05)
+    assert not poll.done()  # it waits on the old incarnation's tail (at its position) ...
+    wake_b.notify_deleted(key)  # ... until this process hears of the deletion
+    with pytest.raises(CursorAheadOfHead):  # then answered as a read of the stream there now
+        async with asyncio.timeout(5):
+            await poll
+    tails.end_all()
+
+
+async def test_a_short_native_wait_does_not_shorten_the_tails_heartbeats() -> None:
+    """A tail's ticks never lengthen again: a native read's short wait must not make every
+    follower of the stream (an SSE subscriber with its 15 s heartbeat) hear heartbeats every
+    second for as long as the tail lives."""
+    wake = WakeRegistry()
+    streams = MemoryStreams(wake)
+    tails = LiveTails(streams, wake, linger_seconds=5.0)
+    access = AccessLog(MemoryStreamAccess(streams), lambda: NOW)
+    definitions = Definitions(streams, Deployment("local", "local"), access)
+    reads = ReadRecords(definitions, streams, wake, tails=tails)
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    idles = 0
+
+    async def subscriber() -> None:  # an SSE subscriber, heartbeat 15 s
+        nonlocal idles
+        async with contextlib.aclosing(tails.follow(key, 0, 15.0)) as follow:
+            async for delivery in follow:
+                if isinstance(delivery, Idle):
+                    idles += 1
+
+    sse = asyncio.ensure_future(subscriber())
+    await asyncio.sleep(0.05)
+    await reads.stored(WRITER, key.run_id, key.stream_id, cursor=0, wait=0.001)
+    await asyncio.sleep(2.6)
+    sse.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sse
+    tails.end_all()
+    assert idles == 0, f"{idles} heartbeats in 2.6 s for a 15 s heartbeat"
+
+
+async def test_a_wait_whose_first_read_outlasts_it_does_not_make_the_tail_spin() -> None:
+    """The wait's deadline is set before its first read; a read slower than the wait (the
+    pool busy) once gave the tail a heartbeat of zero or less: a tick every turn of the loop."""
+    wake = WakeRegistry()
+    streams = MemoryStreams(wake)
+    slow = [True]
+
+    class Slow:
+        async def page(self, key, cursor, limit, max_bytes=None):
+            if slow[0]:
+                slow[0] = False
+                await asyncio.sleep(1.2)
+            return await streams.page(key, cursor, limit, max_bytes)
+
+        def __getattr__(self, name):
+            return getattr(streams, name)
+
+    reader = Slow()
+    tails = LiveTails(reader, wake, linger_seconds=5.0)  # type: ignore[arg-type]
+    access = AccessLog(MemoryStreamAccess(streams), lambda: NOW)
+    definitions = Definitions(streams, Deployment("local", "local"), access)
+    reads = ReadRecords(definitions, reader, wake, tails=tails)  # type: ignore[arg-type]
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await reads.stored(WRITER, key.run_id, key.stream_id, cursor=0, wait=0.1)
+    tail = tails.tail(key)
+    assert tail is not None  # lingering
+    before = tail.ticks
+    await asyncio.sleep(0.1)
+    ticks = tail.ticks - before
+    tails.end_all()
+    assert ticks < 10, f"the lingering tail ticked {ticks} times in 0.1 s"

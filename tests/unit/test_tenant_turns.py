@@ -4,13 +4,18 @@ arrival order, given back when it ends or starts to wait for a live event, never
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 
 import pytest
 
 from application import waiting
 from application.access import Caller
+from application.append_records import blocking
 from application.live_slots import LiveSlots
+from application.wake import WakeRegistry
+from domain import errors
+from tests.support.builders import definition, new_key
 
 
 @pytest.fixture(autouse=True)
@@ -134,3 +139,27 @@ async def test_no_limit_and_no_request_take_no_turn() -> None:
     with waiting.request_budget(5.0):
         await waiting.take_turn("a")
         assert not waiting._turns
+
+
+async def test_a_write_blocked_for_credit_gives_its_turn_back() -> None:
+    """An append or an object commit waiting for credit waits for an acknowledgement, a
+    request of the same tenant: holding its turn, it could keep the ack from running."""
+    waiting.configure_turns(1)
+    wake = WakeRegistry()
+    key = new_key()
+    block = definition(unread_policy="block", block_timeout_seconds=1)
+
+    async def attempt():
+        raise errors.Backpressure("no credit")
+
+    async def object_commit() -> None:
+        with waiting.request_budget(5.0):
+            await waiting.take_turn("t1")
+            with contextlib.suppress(errors.Backpressure):
+                await blocking(wake, key, block, attempt)  # as an object commit does
+
+    commit = asyncio.ensure_future(object_commit())
+    await asyncio.sleep(0.05)
+    with waiting.request_budget(0.3):  # the consumer's ack, same tenant
+        await waiting.take_turn("t1")  # at once: the blocked write gave its turn back
+    await commit

@@ -15,6 +15,7 @@ import math
 import re
 from typing import Any
 
+from application import waiting
 from application.waiting import acting_for, stop_acting
 from entrypoints.edge.head import RequestHead
 from entrypoints.edge.paths import NATIVE_PREFIX
@@ -111,7 +112,8 @@ class Body:
                         drained += len((await self.receive()).get("body", b""))
 
 
-_WRITES = frozenset({"POST", "PUT", "PATCH"})
+# The methods whose requests carry a body (no route reads the body of another).
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # The object upload route (the one body streamed to a store, not held whole): the idle bound
 # only. Matched whole, since "body" is a valid stream or subscription ID too.
 _UPLOAD = re.compile(re.escape(NATIVE_PREFIX) + r"/runs/[^/]+/streams/[^/]+/objects/[^/]+/body")
@@ -233,7 +235,7 @@ def with_body_deadlines(
     watch = _Watch()
 
     async def bounded(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] not in _WRITES:
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             # No route reads the body of another method: an event stream's GET waits on
             # `receive` for its client to leave, whatever its head declared.
             await app(scope, receive, send)
@@ -300,6 +302,9 @@ def with_body_deadlines(
                     assert bodies is not None and tenant is not None
                     bodies.arrived(tenant)
                     counted = False
+                # Its body in, the request goes to work (its tenant's turn: not held while
+                # the client sends, or a slow client would hold its tenant's turns).
+                await waiting.body_arrived()
             return message
 
         try:

@@ -7,9 +7,10 @@ steps. The event loop runs every request's steps in turn, so a tenant whose requ
 at work (a herd of long-polls answered together, polling again at once) would otherwise make
 every step of another tenant's request wait behind a step of each of its own. Past the
 tenant's turns, its request waits here, costing nothing per turn of the loop, in arrival order,
-until one of its own ends or starts waiting for a live event; or is answered 429
-`too-many-requests` (Retry-After) when its budget runs out first. A token the cache does not
-know takes its turn when it authenticates."""
+until one of its own ends, starts waiting for a live event or starts its answer (writing it is
+the client's pace, not work); or is answered 429 `too-many-requests` (Retry-After) when its
+budget runs out first. A token the cache does not know takes its turn when it authenticates; a
+request with a body takes it once its body is in (application/waiting.py, `body_arrived`)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,37 @@ def cached_tenant(scope: dict, cache: TokenCache) -> str | None:
                 token = value[7:].decode("ascii").strip()
             except UnicodeDecodeError:
                 return None
-            caller = cache.get(token_hash(token)) if token else None
+            if not token or token.count(".") == 2:
+                return None  # a JWT: the cache knows none (its turn comes as it authenticates)
+            caller = cache.get(token_hash(token))
             return None if caller is None else caller.tenant
     return None
+
+
+async def refuse(scope: dict, send: Any, error: waiting.TooManyAtWork, permitted: Any) -> None:
+    """429 `too-many-requests`, the connection closed: its body, if it has one, is not read."""
+    problem = of_domain_error(error)
+    headers = [
+        (b"content-type", PROBLEM_JSON.encode()),
+        *((k.lower().encode(), v.encode()) for k, v in problem.headers.items()),
+        *answer_headers(scope, permitted),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": problem.status, "headers": headers})
+    body = b"" if scope["method"] == "HEAD" else problem.body
+    await send({"type": "http.response.body", "body": body})
+
+
+def answering(send: Any) -> Any:
+    """`send`, the request's turn given back as its answer starts: what is left is writing it,
+    at its client's pace (a client that reads a large answer slowly holds no turn)."""
+
+    async def sending(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            waiting.give_turn()
+        await send(message)
+
+    return sending
 
 
 def with_turns(app: Any, cache: TokenCache, origins: Iterable[str]) -> Any:
@@ -45,22 +74,15 @@ def with_turns(app: Any, cache: TokenCache, origins: Iterable[str]) -> Any:
     permitted = allowed_origin(origins)
 
     async def gated(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and (tenant := cached_tenant(scope, cache)) is not None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        if (tenant := cached_tenant(scope, cache)) is not None:
             try:
                 await waiting.take_turn(tenant)
             except waiting.TooManyAtWork as error:
-                problem = of_domain_error(error)
-                headers = [
-                    (b"content-type", PROBLEM_JSON.encode()),
-                    *((k.lower().encode(), v.encode()) for k, v in problem.headers.items()),
-                    *answer_headers(scope, permitted),
-                    (b"connection", b"close"),  # its body, if it has one, is not read
-                ]
-                await send(
-                    {"type": "http.response.start", "status": problem.status, "headers": headers}
-                )
-                await send({"type": "http.response.body", "body": problem.body})
+                await refuse(scope, send, error, permitted)
                 return
-        await app(scope, receive, send)
+        await app(scope, receive, answering(send))
 
     return gated

@@ -1,0 +1,131 @@
+"""The turns gate at a request's first step (entrypoints/edge/turns.py), over a stand-in app:
+a known token's request waits for its tenant's turn, or is answered 429 within its budget; a
+turn comes back as the answer starts; a request with a body takes its turn once the body is in."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from application import waiting
+from application.access import Caller
+from application.tokens import TokenCache, token_hash
+from entrypoints.edge.turns import with_turns
+from entrypoints.http.app import with_budget
+
+TOKEN = "dst_known"
+JWT = "aaa.bbb.ccc"
+
+
+@pytest.fixture(autouse=True)
+def one_turn() -> Iterator[None]:
+    waiting.configure_turns(1)
+    yield
+    waiting.configure_turns(0)
+    assert not waiting._turns  # every turn came back
+
+
+def cache_knowing(tenant: str) -> TokenCache:
+    cache = TokenCache()
+    caller = Caller(tenant=tenant, principal="p", scopes=frozenset({"streams:read"}))
+    cache.remember(token_hash(TOKEN), caller, None, cache.generation)
+    return cache
+
+
+class Stalling:
+    """An app that works until `go` is set (or answers at once, then writes slowly)."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.entered = 0
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        self.entered += 1
+        if scope["path"] == "/answer-then-write":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await self.go.wait()  # writing its answer, at its client's pace
+        else:
+            await self.go.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def call(app: Any, path: str = "/", token: str = TOKEN, method: str = "GET") -> list[dict]:
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "headers": [(b"authorization", f"Bearer {token}".encode())],
+    }
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    return sent
+
+
+async def test_a_known_tokens_request_past_its_tenants_turns_is_answered_429() -> None:
+    inner = Stalling()
+    app = with_budget(with_turns(inner, cache_knowing("t1"), []), 0.2)
+    working = asyncio.ensure_future(call(app))
+    await asyncio.sleep(0.01)
+    refused = await call(app)
+    assert inner.entered == 1  # never reached the app
+    start, body = refused
+    headers = dict(start["headers"])
+    assert start["status"] == 429
+    assert headers[b"content-type"] == b"application/problem+json"
+    assert headers[b"retry-after"] == b"1" and headers[b"connection"] == b"close"
+    assert json.loads(body["body"])["code"] == "too-many-requests"
+    head = await call(app, method="HEAD")
+    assert head[0]["status"] == 429 and head[1]["body"] == b""
+    # A JWT is not looked up here (its turn is taken as it authenticates).
+    jwt = asyncio.ensure_future(call(app, token=JWT))
+    await asyncio.sleep(0.01)
+    assert inner.entered == 2
+    inner.go.set()
+    await asyncio.gather(working, jwt)
+
+
+async def test_a_request_gives_its_turn_back_as_its_answer_starts() -> None:
+    inner = Stalling()
+    app = with_budget(with_turns(inner, cache_knowing("t1"), []), 1.0)
+    writing = asyncio.ensure_future(call(app, "/answer-then-write"))
+    await asyncio.sleep(0.01)
+    other = asyncio.ensure_future(call(app))  # goes to work while the first one writes
+    await asyncio.sleep(0.01)
+    assert inner.entered == 2
+    inner.go.set()
+    await asyncio.gather(writing, other)
+
+
+async def test_a_request_with_a_body_takes_its_turn_once_the_body_is_in() -> None:
+    async def posting(arrived: asyncio.Event, log: list[str]) -> None:
+        with waiting.request_budget(5.0, body_to_come=True):
+            waiting.act_for("t1")
+            await waiting.take_turn("t1")  # as it authenticates: not yet at work
+            log.append("authenticated")
+            await arrived.wait()  # its body arriving
+            await waiting.body_arrived()
+            log.append("at work")
+            await asyncio.sleep(0.01)
+
+    arrived = asyncio.Event()
+    log: list[str] = []
+    slow = [asyncio.ensure_future(posting(arrived, log)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    assert log == ["authenticated"] * 3  # three slow bodies on one turn: none at work
+    with waiting.request_budget(0.1):  # another request of the tenant is not kept waiting
+        await waiting.take_turn("t1")
+    arrived.set()
+    await asyncio.gather(*slow)
+    assert log.count("at work") == 3
