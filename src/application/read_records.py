@@ -122,8 +122,6 @@ class ReadRecords:
         back however the wait ends (records, the deadline, an error, or the request
         cancelled)."""
         page: StoredPage | datetime | None = self._known(key, cursor)
-        # Whether the stream to wait on was read now, or taken from the tail.
-        read = page is None
         if page is None:
             page = await self._page(key, cursor, limit, wait_more=True)
         if lease.ended:
@@ -135,7 +133,7 @@ class ReadRecords:
         created_at = page
         slot = self._slots.admit(caller)  # 429 past the cap, before waiting
         try:
-            page = await self._follow(key, cursor, limit, deadline, lease, created_at, read)
+            page = await self._follow(key, cursor, limit, deadline, lease, created_at)
         finally:
             self._slots.release(caller, slot)
         await back_to_work()  # (application/waiting.py, "Turns at work")
@@ -149,13 +147,11 @@ class ReadRecords:
         deadline: float,
         lease: Lease,
         created_at: datetime | None,
-        read: bool,
     ) -> StoredPage:
         """The first page the stream's tail delivers after `cursor`, or the empty one at the
-        deadline. The stream deleted meanwhile: 404 (410 if forks still read it). Deleted and
-        created again: 404 too if the stream waited on was read when the wait began; if it was
-        the tail's (which may not have heard of the deletion yet), the stream there now is
-        answered, as a read would have been."""
+        deadline. The stream deleted meanwhile (or, waited on at the tail's word, a moment
+        before: the tail had not heard yet): 404, 410 if forks still read it, whether or not
+        another was created under its key since."""
         remaining = deadline - time.monotonic()
         # A heartbeat longer than any wait: this follower never needs one, and it never
         # shortens the tail's ticks for the followers that do (nor makes them none at all,
@@ -185,24 +181,19 @@ class ReadRecords:
                 if not timeout.expired():
                     raise
                 return await self._up_to_date(key, cursor, limit, created_at)
-        if not read:
-            found = await self._reader.page(key, 0, 1)
-            if found is not None and found[0].created_at != created_at:
-                page = await self._page(key, cursor, limit, wait_more=False)
-                assert isinstance(page, StoredPage)
-                return page
         await gone(self._reader, key)
 
     def _known(self, key: StreamKey, cursor: int) -> datetime | None:
         """Whether a waiting read must wait, from the stream's tail when this process follows
         it: its cursor is where the tail has read up to (the incarnation to wait on), without
-        reading the database; None when the tail cannot tell (read). Records are always read
-        from the database, never answered from the ring: a tail is a notification behind, and
-        a stream deleted and created again, or pruned, meanwhile would be answered from what
-        is no longer there. A read that waits is woken by what the tail has still to read; if
-        its stream was deleted meanwhile, it answers 404, as a read deleted while it waited
-        always has. A cursor beyond what the tail has read is read: the database says whether
-        it is ahead of the head."""
+        reading the database; None when the tail cannot tell (read). A first answer's records
+        are always read from the database, never from the ring: a tail is a notification
+        behind, and a stream deleted and created again, or pruned, meanwhile would be answered
+        from what is no longer there. A read that waits is woken by what the tail reads next
+        (each of its reads checks it is still the tail's stream); if its stream was deleted
+        meanwhile, or a moment before, it answers 404, as a read deleted while it waited always
+        has. A cursor beyond what the tail has read is read: the database says whether it is
+        ahead of the head."""
         tail = self._tails.tail(key)
         if (
             tail is None

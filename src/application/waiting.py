@@ -207,14 +207,17 @@ def stop_acting() -> None:
         _acting.pop(task, None)
 
 
-# Turns at work. A request, once it knows its tenant (`take_turn`, when it authenticates), is
-# at work on one of its tenant's turns until it ends or starts to wait for a live event
-# (`give_turn`: a long-poll, a subscription, an append blocked for credit); past
-# `turns_per_tenant` of them, the tenant's next request waits for one of its own to end, in
-# arrival order, within its budget. The event loop runs every request's steps in turn: without
-# this, 9,900 long-polls of one tenant answered together came back as 9,900 requests at work at
-# once, and every step of another tenant's request waited behind a step of each (seconds).
-# Waiting here costs nothing per turn of the loop.
+# Turns at work. A request, once it knows its tenant (`take_turn`: at its first step when the
+# process knows its token, else when it authenticates; a request whose head announces a body,
+# once the body is in: `body_arrived`), is at work on one of its tenant's turns until it ends,
+# its answer starts, or it starts to wait for a live event or for credit (`give_turn`: a
+# long-poll, a subscription, a write blocked for credit); a long-poll takes one again to answer
+# (`back_to_work`). Past `turns_per_tenant` of them, the tenant's next request waits for one of
+# its own to give its turn back, in arrival order, within its budget; then 429. The event loop
+# runs every request's steps in turn: without this, 9,900 long-polls of one tenant answered
+# together came back as 9,900 requests at work at once, and every step of another tenant's
+# request waited behind a step of each (seconds). Waiting here costs nothing per turn of the
+# loop.
 
 
 class TooManyAtWork(Backpressure):
@@ -245,7 +248,7 @@ def configure_turns(per_tenant: int) -> None:
 
 async def take_turn(tenant: str) -> None:
     """The running request goes to work on one of `tenant`'s turns (at once while it has one
-    free; else in arrival order once one of its own gives its turn back, or 503 `Unanswered`
+    free; else in arrival order once one of its own gives its turn back, or 429 `TooManyAtWork`
     when the request's budget runs out first). Not a request's task (no budget of its own),
     or one already at work: nothing to do."""
     budget = _own_budget()

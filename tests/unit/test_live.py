@@ -782,7 +782,7 @@ async def test_a_waiting_read_after_delete_and_recreate_not_heard_gets_the_new_s
     tails.end_all()
 
 
-async def test_a_wait_on_a_tail_that_had_not_heard_of_a_recreation_answers_the_new_stream():
+async def test_a_wait_on_a_tail_that_had_not_heard_of_a_recreation_answers_404():
     streams, wake_b, tails, reads = _two_processes()
     key = new_key()
     await _old_incarnation_followed(streams, wake_b, reads, key)
@@ -793,7 +793,7 @@ async def test_a_wait_on_a_tail_that_had_not_heard_of_a_recreation_answers_the_n
     await asyncio.sleep(0.05)
     assert not poll.done()  # it waits on the old incarnation's tail (at its position) ...
     wake_b.notify_deleted(key)  # ... until this process hears of the deletion
-    with pytest.raises(CursorAheadOfHead):  # then answered as a read of the stream there now
+    with pytest.raises(NotFound):  # deleted a moment before: as if deleted while it waited
         async with asyncio.timeout(5):
             await poll
     tails.end_all()
@@ -863,3 +863,58 @@ async def test_a_wait_whose_first_read_outlasts_it_does_not_make_the_tail_spin()
     ticks = tail.ticks - before
     tails.end_all()
     assert ticks < 10, f"the lingering tail ticked {ticks} times in 0.1 s"
+
+
+def _one_process():
+    wake = WakeRegistry()
+    streams = MemoryStreams(wake)
+    tails = LiveTails(streams, wake, linger_seconds=5.0)
+    access = AccessLog(MemoryStreamAccess(streams), lambda: NOW)
+    definitions = Definitions(streams, Deployment("local", "local"), access)
+    return streams, tails, ReadRecords(definitions, streams, wake, tails=tails)
+
+
+async def _recreated_while_waiting(with_other_follower: bool):
+    streams, tails, reads = _one_process()
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    await streams.update(key, [append([record(b'"old-1"'), record(b'"old-2"')])])
+    other = None
+    if with_other_follower:  # another client (an SSE subscriber) keeps the stream's tail
+
+        async def follow() -> None:
+            async with contextlib.aclosing(tails.follow(key, 2, 15.0)) as f:
+                async for _ in f:
+                    pass
+
+        other = asyncio.ensure_future(follow())
+        await asyncio.sleep(0.05)
+        assert tails.tail(key).position == 2
+    poll = asyncio.ensure_future(
+        reads.stored(WRITER, key.run_id, key.stream_id, cursor=2, limit=10, wait=5)
+    )
+    await asyncio.sleep(0.05)
+    assert not poll.done()  # waits on the old stream, this process up to date
+    # Deleted and created again while it waits (heard at once: one process).
+    await streams.update(key, [DeleteCommand(NOW)])
+    await streams.create(key, definition(), NOW + timedelta(seconds=1))
+    await streams.update(key, [append([record(b'"new-%d"' % i) for i in range(1, 5)])])
+    try:
+        async with asyncio.timeout(5):
+            return await poll
+    finally:
+        if other is not None:
+            other.cancel()
+        tails.end_all()
+
+
+async def test_recreated_while_waiting_without_a_tail_is_404() -> None:
+    with pytest.raises(NotFound):
+        await _recreated_while_waiting(with_other_follower=False)
+
+
+async def test_recreated_while_waiting_is_404_whether_or_not_another_client_kept_a_tail() -> None:
+    # Never the new stream's records after cursor 2, as if they continued the old stream.
+    with pytest.raises(NotFound):
+        page = await _recreated_while_waiting(with_other_follower=True)
+        pytest.fail(f"answered {[r.payload for r in page.records]} from the new stream")

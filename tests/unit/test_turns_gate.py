@@ -14,6 +14,7 @@ import pytest
 from application import waiting
 from application.access import Caller
 from application.tokens import TokenCache, token_hash
+from entrypoints.edge.body import with_body_deadlines
 from entrypoints.edge.turns import with_turns
 from entrypoints.http.app import with_budget
 
@@ -129,3 +130,54 @@ async def test_a_request_with_a_body_takes_its_turn_once_the_body_is_in() -> Non
     arrived.set()
     await asyncio.gather(*slow)
     assert log.count("at work") == 3
+
+
+class NoBodyRead:
+    """A POST route that never reads its body (close a stream, commit or abort an object),
+    authenticating as `Authenticate` does, then working until `go`."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.at_work = 0
+        self.most = 0
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        waiting.act_for("t1")
+        await waiting.take_turn("t1")
+        self.at_work += 1
+        self.most = max(self.most, self.at_work)
+        await self.go.wait()
+        self.at_work -= 1
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+async def post_without_body(app: Any) -> None:
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/api/workflow-streams/runs/r/streams/s/close",
+        "headers": [(b"authorization", f"Bearer {TOKEN}".encode())],
+    }
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        pass
+
+    await app(scope, receive, send)
+
+
+async def test_a_post_that_never_reads_its_body_still_takes_a_turn() -> None:
+    inner = NoBodyRead()
+    app = with_body_deadlines(
+        with_budget(with_turns(inner, cache_knowing("t1"), []), 1.0), 30.0, 120.0
+    )
+    posts = [asyncio.ensure_future(post_without_body(app)) for _ in range(5)]
+    await asyncio.sleep(0.05)
+    most = inner.most
+    inner.go.set()
+    await asyncio.gather(*posts, return_exceptions=True)
+    # One turn per tenant: one of them at work at a time (the others wait, or 429).
+    assert most == 1, f"{most} body-less POSTs of one tenant at work on 1 turn"

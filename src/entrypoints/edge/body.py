@@ -114,6 +114,20 @@ class Body:
 
 # The methods whose requests carry a body (no route reads the body of another).
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def body_coming(scope: Any) -> bool:
+    """Whether the request's head announces a body (of a method whose body a route reads)."""
+    if scope["method"] not in BODY_METHODS:
+        return False
+    for name, value in scope["headers"]:
+        if (name == b"content-length" and value not in (b"0", b"")) or (
+            name == b"transfer-encoding"
+        ):
+            return True
+    return False
+
+
 # The object upload route (the one body streamed to a store, not held whole): the idle bound
 # only. Matched whole, since "body" is a valid stream or subscription ID too.
 _UPLOAD = re.compile(re.escape(NATIVE_PREFIX) + r"/runs/[^/]+/streams/[^/]+/objects/[^/]+/body")
@@ -303,8 +317,11 @@ def with_body_deadlines(
                     bodies.arrived(tenant)
                     counted = False
                 # Its body in, the request goes to work (its tenant's turn: not held while
-                # the client sends, or a slow client would hold its tenant's turns).
-                await waiting.body_arrived()
+                # the client sends, or a slow client would hold its tenant's turns). Not a
+                # client gone mid-body, nor an upload (streamed to the store as it comes: it
+                # is the client's pace, and a refusal at its end would waste the whole body).
+                if message["type"] == "http.request" and not upload:
+                    await waiting.body_arrived()
             return message
 
         try:

@@ -1,16 +1,17 @@
 """Each tenant's turns at work, taken at a request's first step (application/waiting.py, "Turns
 at work").
 
-A request whose bearer token this process knows already (its token cache) takes one of its
-tenant's turns here, before any other work is done for it: routing, parsing and the handlers'
-steps. The event loop runs every request's steps in turn, so a tenant whose requests are all
-at work (a herd of long-polls answered together, polling again at once) would otherwise make
-every step of another tenant's request wait behind a step of each of its own. Past the
-tenant's turns, its request waits here, costing nothing per turn of the loop, in arrival order,
-until one of its own ends, starts waiting for a live event or starts its answer (writing it is
-the client's pace, not work); or is answered 429 `too-many-requests` (Retry-After) when its
-budget runs out first. A token the cache does not know takes its turn when it authenticates; a
-request with a body takes it once its body is in (application/waiting.py, `body_arrived`)."""
+A request whose bearer token this process knows already (its token cache), and whose head
+announces no body, takes one of its tenant's turns here, before any other work is done for it:
+routing, parsing and the handlers' steps. The event loop runs every request's steps in turn,
+so a tenant whose requests are all at work (a herd of long-polls answered together, polling
+again at once) would otherwise make every step of another tenant's request wait behind a step
+of each of its own. Past the tenant's turns, its request waits here, costing nothing per turn
+of the loop, in arrival order, until one of its own ends, starts waiting for a live event or
+starts its answer (writing it is the client's pace, not work); or is answered 429
+`too-many-requests` (Retry-After, the connection closed) when its budget runs out first. A
+token the cache does not know takes its turn when it authenticates; a request with a body
+takes it once its body is in (application/waiting.py, `body_arrived`)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from entrypoints.console.route import ROUTES as CONSOLE_ROUTES
 from entrypoints.container import Container, Services, provided, start, stop, workers
 from entrypoints.durable_streams.routes import DurableStreamsController
 from entrypoints.durable_streams.subscriptions import SubscriptionsController
-from entrypoints.edge.body import BODY_METHODS, TenantBodies, with_body_deadlines
+from entrypoints.edge.body import TenantBodies, body_coming, with_body_deadlines
 from entrypoints.edge.browser import browser_headers
 from entrypoints.edge.head_method import serve_head
 from entrypoints.edge.outages import RETRY_AFTER_SECONDS
@@ -234,7 +234,7 @@ def with_budget(asgi: ASGIApp, seconds: float) -> ASGIApp:
         if scope["type"] != ScopeType.HTTP:
             await asgi(scope, receive, send)
             return
-        with waiting.request_budget(seconds, body_to_come=scope["method"] in BODY_METHODS):
+        with waiting.request_budget(seconds, body_to_come=body_coming(scope)):
             await asgi(scope, receive, send)
 
     return bounded_request
