@@ -118,14 +118,7 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 def body_coming(scope: Any) -> bool:
     """Whether the request's head announces a body (of a method whose body a route reads)."""
-    if scope["method"] not in BODY_METHODS:
-        return False
-    for name, value in scope["headers"]:
-        if (name == b"content-length" and value not in (b"0", b"")) or (
-            name == b"transfer-encoding"
-        ):
-            return True
-    return False
+    return scope["method"] in BODY_METHODS and RequestHead(scope["headers"]).has_body
 
 
 # The object upload route (the one body streamed to a store, not held whole): the idle bound
