@@ -118,6 +118,14 @@ class request_budget:
             _give_back(self._budget)
 
 
+def renew_budget() -> None:
+    """The running request begins a new attempt after waiting for a live event (a write
+    blocked for credit, woken): its waits on backing services are bounded afresh."""
+    budget = _own_budget()
+    if budget is not None:
+        budget.left = _bound[0]
+
+
 def _own_budget() -> Budget | None:
     budget = _budget.get()
     if budget is not None and budget.task is asyncio.current_task():

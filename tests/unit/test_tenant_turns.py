@@ -163,3 +163,33 @@ async def test_a_write_blocked_for_credit_gives_its_turn_back() -> None:
     with waiting.request_budget(0.3):  # the consumer's ack, same tenant
         await waiting.take_turn("t1")  # at once: the blocked write gave its turn back
     await commit
+
+
+async def test_a_blocked_write_woken_tries_again_on_a_whole_budget_and_a_turn() -> None:
+    """Its earlier attempts' waits on the database are not an outage (300 blocked writers once
+    answered 503 within their block timeout), and an acknowledgement does not set every
+    blocked writer of the tenant to work at once."""
+    wake = WakeRegistry()
+    key = new_key()
+    block = definition(unread_policy="block", block_timeout_seconds=5)
+    seen: list[tuple[float, bool]] = []
+
+    async def attempt() -> str:
+        budget = waiting._own_budget()
+        assert budget is not None
+        seen.append((waiting.allowance(), budget.turn is not None))
+        if len(seen) == 1:
+            budget.left = 0.01  # the first attempt spent its budget on the database
+            raise errors.Backpressure("no credit")
+        return "committed"
+
+    async def write() -> str:
+        with waiting.request_budget(1.0):
+            await waiting.take_turn("t1")
+            return await blocking(wake, key, block, attempt)
+
+    writing = asyncio.ensure_future(write())
+    await asyncio.sleep(0.05)
+    wake.notify(key)  # an acknowledgement returned credit
+    assert await asyncio.wait_for(writing, 5) == "committed"
+    assert seen == [(1.0, True), (waiting.bound(), True)]
