@@ -15,6 +15,8 @@ from application import waiting
 from application.access import Caller
 from application.tokens import TokenCache, token_hash
 from entrypoints.edge.body import with_body_deadlines
+from entrypoints.edge.exchange import UNMATCHED
+from entrypoints.edge.metrics import HOT
 from entrypoints.edge.turns import with_turns
 from entrypoints.http.app import with_budget
 
@@ -74,11 +76,17 @@ async def call(app: Any, path: str = "/", token: str = TOKEN, method: str = "GET
     return sent
 
 
+def counted_429() -> int:
+    cell = HOT.requests.get(("GET", UNMATCHED, "429"))
+    return 0 if cell is None else int(sum(cell[:-1]))
+
+
 async def test_a_known_tokens_request_past_its_tenants_turns_is_answered_429() -> None:
     inner = Stalling()
     app = with_budget(with_turns(inner, cache_knowing("t1"), []), 0.2)
     working = asyncio.ensure_future(call(app))
     await asyncio.sleep(0.01)
+    before = counted_429()
     refused = await call(app)
     assert inner.entered == 1  # never reached the app
     start, body = refused
@@ -86,7 +94,9 @@ async def test_a_known_tokens_request_past_its_tenants_turns_is_answered_429() -
     assert start["status"] == 429
     assert headers[b"content-type"] == b"application/problem+json"
     assert headers[b"retry-after"] == b"1" and headers[b"connection"] == b"close"
+    assert headers[b"x-request-id"]  # as every answer carries, the router's or not
     assert json.loads(body["body"])["code"] == "too-many-requests"
+    assert counted_429() == before + 1  # in /metrics' request counts
     head = await call(app, method="HEAD")
     assert head[0]["status"] == 429 and head[1]["body"] == b""
     # A JWT is not looked up here (its turn is taken as it authenticates).

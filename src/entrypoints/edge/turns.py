@@ -21,6 +21,9 @@ from typing import Any
 from application import waiting
 from application.tokens import MAX_TOKEN_CHARS, TokenCache, token_hash
 from entrypoints.edge.browser import allowed_origin, answer_headers
+from entrypoints.edge.exchange import Exchange
+from entrypoints.edge.head import RequestHead
+from entrypoints.edge.head_method import method_of
 from entrypoints.edge.problems import PROBLEM_JSON, of_domain_error
 
 _BEARER = b"bearer "
@@ -44,17 +47,22 @@ def cached_tenant(scope: dict, cache: TokenCache) -> str | None:
 
 
 async def refuse(scope: dict, send: Any, error: waiting.TooManyAtWork, permitted: Any) -> None:
-    """429 `too-many-requests`, the connection closed: its body, if it has one, is not read."""
+    """429 `too-many-requests`, the connection closed: its body, if it has one, is not read.
+    An exchange as any other answer is: its request id (`X-Request-Id`, and in the request log
+    at DEBUG), its latency counted (route `unmatched`: the router never saw it)."""
     problem = of_domain_error(error)
-    headers = [
-        (b"content-type", PROBLEM_JSON.encode()),
-        *((k.lower().encode(), v.encode()) for k, v in problem.headers.items()),
-        *answer_headers(scope, permitted),
-        (b"connection", b"close"),
-    ]
-    await send({"type": "http.response.start", "status": problem.status, "headers": headers})
-    body = b"" if scope["method"] == "HEAD" else problem.body
-    await send({"type": "http.response.body", "body": body})
+    with Exchange(method_of(scope), scope["path"], RequestHead(scope["headers"])) as exchange:
+        exchange.status = problem.status
+        headers = [
+            (b"content-type", PROBLEM_JSON.encode()),
+            *((k.lower().encode(), v.encode()) for k, v in problem.headers.items()),
+            *answer_headers(scope, permitted),
+            (b"x-request-id", exchange.request_id.encode()),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": problem.status, "headers": headers})
+        body = b"" if scope["method"] == "HEAD" else problem.body
+        await send({"type": "http.response.body", "body": body})
 
 
 def answering(send: Any) -> Any:
