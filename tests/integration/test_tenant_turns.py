@@ -123,3 +123,51 @@ def test_reads_waiting_for_records_hold_no_turn(
     for answer in asyncio.run(waiters_then_append()):
         assert answer.status_code == 200, answer.text
         assert [r["data"] for r in answer.json()["records"]] == [7]
+
+
+def turn_waits(server: ServerProcess) -> float:
+    scraped = httpx.get(f"{server.base_url}/metrics").text
+    (line,) = [
+        line
+        for line in scraped.splitlines()
+        if line.startswith("ductor_streams_tenant_turn_waits_total ")
+    ]
+    return float(line.split()[1])
+
+
+async def test_a_close_with_a_body_it_never_reads_waits_for_a_turn_too(
+    server: ServerProcess, two_tenants: tuple[str, str, str], pool: asyncpg.Pool
+) -> None:
+    """`POST …/close` reads no body. A request whose head announces one goes to work once its
+    body is in; one the route never reads must not work on no turn at all. (Whether it
+    waits is seen in the count of waits: with the tenant's appends stuck on a row lock, the
+    append leader is stuck too, and so is the close's commit, turn or none.)"""
+    busy, _, busy_tenant = two_tenants
+    path, closing = new_stream(server, busy), new_stream(server, busy)
+    assert read(server, busy, path).status_code == 200  # its token known to the process
+    close = closing.removesuffix("/records") + "/close"
+    busy_headers = {"Authorization": f"Bearer {busy}"}
+    run_id = path.split("/runs/")[1].split("/")[0]
+    waits = turn_waits(server)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT 1 FROM streams WHERE tenant = $1 AND run_id = $2 FOR UPDATE",
+                busy_tenant,
+                run_id,
+            )
+            at_work = [
+                asyncio.ensure_future(
+                    client.post(path, json={"records": [{"data": n}]}, headers=busy_headers)
+                )
+                for n in range(TURNS)
+            ]
+            await asyncio.sleep(0.5)
+            closed = asyncio.ensure_future(
+                client.post(close, content=b'{"why": "a body nobody reads"}', headers=busy_headers)
+            )
+            await asyncio.sleep(0.5)
+            assert turn_waits(server) == waits + 1, "the close went to work on no turn"
+        answers = await asyncio.gather(*at_work, closed)
+    assert [a.status_code for a in answers] == [201] * TURNS + [200], answers[-1].text
+    assert answers[-1].json()["state"]["closed"] is True

@@ -33,6 +33,7 @@ from entrypoints.http.streams import (
     ON_A_STREAM,
     WITH_A_BODY,
     authenticated,
+    authenticated_reading_no_body,
 )
 from entrypoints.openapi import Answer, Header, Link, RequestBody, documented
 
@@ -201,7 +202,7 @@ class ObjectsController(Controller):
         stream_id: FromPath[str],
         object_id: FromPath[str],
     ) -> Response[CommitAnswer]:
-        services, caller = await authenticated(request)
+        services, caller = await authenticated_reading_no_body(request)
         answer, appended = await services.objects.commit(caller, run_id, stream_id, object_id)
         return Response(answer, status_code=201 if appended else 200)
 
@@ -222,7 +223,7 @@ class ObjectsController(Controller):
         stream_id: FromPath[str],
         object_id: FromPath[str],
     ) -> ObjectView:
-        services, caller = await authenticated(request)
+        services, caller = await authenticated_reading_no_body(request)
         return await services.objects.abort(caller, run_id, stream_id, object_id)
 
     @get(

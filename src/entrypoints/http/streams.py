@@ -12,6 +12,7 @@ from litestar import Controller, Request, Response, delete, get, post, put
 from litestar.params import FromPath, Parameter
 from litestar.types import ASGIApp
 
+from application import waiting
 from application.access import Caller
 from application.consumers import DEFAULT_LIMIT as CONSUMERS_LIMIT
 from application.consumers import MAX_LIMIT as MAX_CONSUMERS_LIMIT
@@ -124,6 +125,16 @@ SSE_EVENT = {
 async def authenticated(request: Request) -> tuple[Services, Caller]:
     services: Services = request.app.state.services
     return services, await services.authenticate(request.headers.get("authorization"))
+
+
+async def authenticated_reading_no_body(request: Request) -> tuple[Services, Caller]:
+    """`authenticated`, for a route that never reads its body (a close, an object's commit or
+    abort). A request whose head announces a body goes to work on its tenant's turn once the
+    body is in (application/waiting.py, `body_arrived`); this one's body is only drained after
+    its answer, so it goes to work now: else any token could run these on no turn at all."""
+    answer = await authenticated(request)
+    await waiting.body_arrived()
+    return answer
 
 
 class StreamsController(Controller):
@@ -447,7 +458,7 @@ class StreamsController(Controller):
     async def close_stream(
         self, request: Request, run_id: FromPath[str], stream_id: FromPath[str]
     ) -> StreamDocument:
-        services, caller = await authenticated(request)
+        services, caller = await authenticated_reading_no_body(request)
         return await services.close_stream(caller, run_id, stream_id)
 
     @put(
