@@ -49,6 +49,11 @@ RETRY_MAX_SECONDS = 1.0
 # (`LiveTails(linger_seconds=)`): longer than the moment between a long-poll's answer and its
 # next poll, short enough that a stream nobody follows any more costs a few reads at most.
 TAIL_LINGER_SECONDS = 5.0
+# At most this many tails of a process linger at once (`LiveTails(max_lingering=)`); one more
+# retires the one that has lingered longest. A tail nobody follows still reads every append
+# of its stream and keeps its ring: short polls over thousands of streams would otherwise keep
+# a tail (a task, a listener, a ring of up to 8 MiB) per stream polled in the last 5 s.
+MAX_LINGERING_TAILS = 1_024
 
 
 class TailOutages:
@@ -409,6 +414,7 @@ class LiveTails:
         retry_first_seconds: float = RETRY_FIRST_SECONDS,
         retry_max_seconds: float = RETRY_MAX_SECONDS,
         linger_seconds: float = 0.0,
+        max_lingering: int = MAX_LINGERING_TAILS,
     ) -> None:
         self._reader = reader
         self._wake = wake
@@ -418,6 +424,8 @@ class LiveTails:
         # and find the tail there, its position known, instead of each reading the database
         # while a new tail makes its first read.
         self._linger = linger_seconds
+        self._max_lingering = max_lingering
+        # In the order they began to linger: the first is the one to retire for a newer one.
         self._lingering: dict[StreamTail, asyncio.TimerHandle] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self.outages = TailOutages()
@@ -484,6 +492,8 @@ class LiveTails:
                 if current and self._linger > 0 and not tail.deleted and not self.ending:
                     loop = asyncio.get_running_loop()
                     self._lingering[tail] = loop.call_later(self._linger, self._retire, tail)
+                    while len(self._lingering) > self._max_lingering:
+                        self._retire(next(iter(self._lingering)))
                 else:
                     if current:
                         del self._tails[key]

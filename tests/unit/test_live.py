@@ -918,3 +918,29 @@ async def test_recreated_while_waiting_is_404_whether_or_not_another_client_kept
     with pytest.raises(NotFound):
         page = await _recreated_while_waiting(with_other_follower=True)
         pytest.fail(f"answered {[r.payload for r in page.records]} from the new stream")
+
+
+async def test_at_most_so_many_tails_linger_the_longest_lingering_retires_first() -> None:
+    """Short polls over many streams: each stream's tail would linger for its 5 s (a task, a
+    listener and a ring each); past the cap, the tail that has lingered longest stops."""
+    wake = WakeRegistry()
+    streams = MemoryStreams(wake)
+    tails = LiveTails(streams, wake, linger_seconds=60.0, max_lingering=3)
+    keys = [new_key() for _ in range(5)]
+    for key in keys:
+        await streams.create(key, definition(), NOW)
+        await streams.update(key, [append()])
+    stopped = []
+    for key in keys:
+        async with contextlib.aclosing(tails.follow(key, 0, 60.0)) as follow:
+            assert await collect(follow, until=1) == [1]
+        stopped.append(tails.tail(key))
+    await asyncio.sleep(0.01)
+    assert [tails.tail(key) is not None for key in keys] == [False, False, True, True, True]
+    assert all(t is not None and t._task is not None and t._task.done() for t in stopped[:2])
+    # Followed again, a lingering tail is no longer lingering: it does not count.
+    async with contextlib.aclosing(tails.follow(keys[2], 1, 60.0)) as follow:
+        await streams.update(keys[2], [append()])
+        assert await collect(follow, until=2) == [2]
+        assert [tails.tail(key) is not None for key in keys[2:]] == [True, True, True]
+    tails.end_all()
