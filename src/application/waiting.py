@@ -225,7 +225,12 @@ def stop_acting() -> None:
 # runs every request's steps in turn: without this, 9,900 long-polls of one tenant answered
 # together came back as 9,900 requests at work at once, and every step of another tenant's
 # request waited behind a step of each (seconds). Waiting here costs nothing per turn of the
-# loop.
+# loop. At most `waiting_per_tenant` of a tenant's arriving requests wait so; one more is 429 at
+# once. A client that sends requests and closes its connections without waiting for their
+# answers is bound by no concurrency of its own: 13,000 a second queued 117,000 of them for
+# turns within 15 s, each waiting out its budget for an answer nobody would read, and another
+# tenant's appends took seconds. A request that waited for a live event and goes back to work
+# is not refused so (its tenant's live connections are capped already, and its wait is done).
 
 
 class TooManyAtWork(Backpressure):
@@ -236,22 +241,27 @@ class TooManyAtWork(Backpressure):
 
 
 class _Turns:
-    __slots__ = ("at_work", "tenant", "waiting")
+    __slots__ = ("at_work", "queued", "tenant", "waiting")
 
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
         self.at_work = 0
+        self.queued = 0  # arriving requests waiting for a turn (`waiting` keeps cancelled ones)
         self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
 
 
 _turns: dict[str, _Turns] = {}
 _turns_per_tenant = [0]  # 0: no limit
+_waiting_per_tenant = [0]  # 0: no limit
 turn_waits = [0]  # requests that waited for a turn (/metrics)
+turn_queue_full = [0]  # arriving requests refused at once, their tenant's queue full (/metrics)
 
 
-def configure_turns(per_tenant: int) -> None:
-    """Each tenant's requests at work at once in this process (0: no limit)."""
+def configure_turns(per_tenant: int, waiting_per_tenant: int = 0) -> None:
+    """Each tenant's requests at work at once in this process (0: no limit), and its arriving
+    requests that may wait for one of those turns (0: no limit)."""
     _turns_per_tenant[0] = per_tenant
+    _waiting_per_tenant[0] = waiting_per_tenant
 
 
 async def take_turn(tenant: str) -> None:
@@ -263,7 +273,7 @@ async def take_turn(tenant: str) -> None:
     if _turns_per_tenant[0] and budget is not None and budget.turn is None:
         budget.tenant = tenant
         if not budget.body_to_come:
-            await _take(budget, tenant)
+            await _take(budget, tenant, arriving=True)
 
 
 async def body_arrived() -> None:
@@ -275,7 +285,7 @@ async def body_arrived() -> None:
         budget.body_to_come = False
         # (Not for a body drained after the answer: its request is done acting for anyone.)
         if _turns_per_tenant[0] and budget.turn is None and budget.tenant and acting_for():
-            await _take(budget, budget.tenant)
+            await _take(budget, budget.tenant, arriving=True)
 
 
 async def back_to_work() -> None:
@@ -287,7 +297,7 @@ async def back_to_work() -> None:
         await _take(budget, budget.tenant)
 
 
-async def _take(budget: Budget, tenant: str) -> None:
+async def _take(budget: Budget, tenant: str, arriving: bool = False) -> None:
     limit = _turns_per_tenant[0]
     turns = _turns.get(tenant)
     if turns is None:
@@ -296,9 +306,16 @@ async def _take(budget: Budget, tenant: str) -> None:
         turns.at_work += 1
         budget.turn = turns
         return
+    if arriving and (most := _waiting_per_tenant[0]) and turns.queued >= most:
+        turn_queue_full[0] += 1
+        raise TooManyAtWork(
+            f"this tenant already has {limit} requests at work on this server and {most} "
+            "waiting; retry shortly",
+        )
     turn_waits[0] += 1
     handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     turns.waiting.append(handed)
+    turns.queued += arriving
     with spending() as allowed:
         try:
             async with asyncio.timeout(allowed):
@@ -315,6 +332,8 @@ async def _take(budget: Budget, tenant: str) -> None:
                     "waiting; retry shortly",
                 ) from None
             raise
+        finally:
+            turns.queued -= arriving
     budget.turn = turns  # the turn given back was handed over: counted at work already
     if budget.tenant is None:  # the request ended meanwhile (a task of its own waited)
         _give_back(budget)

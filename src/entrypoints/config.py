@@ -67,6 +67,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # A tenant's requests at work at once in a process (application/waiting.py, "Turns at
     # work"); past it, its next request waits for one of its own. 0: no limit.
     requests_at_work_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 64
+    # Its arriving requests that may wait so at once; one more is 429 at once. 0: no limit.
+    requests_waiting_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 1024
     statement_timeout_seconds: Positive = 10.0
     # The most a request waits on PostgreSQL in all (application/waiting.py) before its 503.
     request_timeout_seconds: Positive = 5.0

@@ -651,7 +651,10 @@ async def provided(provider: providers.Provider[T]) -> T:
 async def start(container: Container) -> Services:
     """Open the resources and build every use case once."""
     waiting.configure(container.settings().request_timeout_seconds)
-    waiting.configure_turns(container.settings().requests_at_work_per_tenant)
+    waiting.configure_turns(
+        container.settings().requests_at_work_per_tenant,
+        container.settings().requests_waiting_per_tenant,
+    )
     opening = container.init_resources()
     if opening is not None:  # None when every resource is overridden (memory_container)
         await opening

@@ -193,3 +193,51 @@ async def test_a_blocked_write_woken_tries_again_on_a_whole_budget_and_a_turn() 
     wake.notify(key)  # an acknowledgement returned credit
     assert await asyncio.wait_for(writing, 5) == "committed"
     assert seen == [(1.0, True), (waiting.bound(), True)]
+
+
+async def test_past_so_many_waiting_a_tenants_next_arriving_request_is_refused_at_once() -> None:
+    """A client that sends requests and leaves without their answers is bound by no concurrency
+    of its own: its tenant's queue for turns is capped, and the request past it is 429 at once,
+    not after its budget. Another tenant is served; a request going back to work after a wait
+    for a live event is not refused so; a place in the queue comes back as its request ends."""
+    waiting.configure_turns(2, waiting_per_tenant=2)
+    work, polled = asyncio.Event(), asyncio.Event()
+    log: list[str] = []
+
+    async def long_poll() -> str:
+        with waiting.request_budget(5.0):
+            waiting.act_for("a")
+            await waiting.take_turn("a")
+            waiting.give_turn()  # waits for a live event: not at work
+            await polled.wait()  # (the tenant's turns and queue fill meanwhile)
+            await waiting.back_to_work()  # queued past the cap: its wait is done
+            return "answered"
+
+    polling = asyncio.ensure_future(long_poll())
+    await asyncio.sleep(0)
+    at_work = [asyncio.ensure_future(request("a", work, log, f"a{n}")) for n in range(2)]
+    await asyncio.sleep(0)
+    queued = [asyncio.ensure_future(request("a", work, log, f"q{n}")) for n in range(2)]
+    await asyncio.sleep(0.01)
+    assert log == ["a0", "a1"]
+    full = waiting.turn_queue_full[0]
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(waiting.TooManyAtWork) as refused:
+        await request("a", work, log, "refused", budget=5.0)
+    assert asyncio.get_running_loop().time() - started < 1.0  # at once, not at its budget
+    assert refused.value.retry_after == 1 and waiting.turn_queue_full[0] == full + 1
+    done = asyncio.Event()
+    done.set()
+    await asyncio.wait_for(request("b", done, log, "b0"), 1.0)  # another tenant: at once
+    polled.set()
+    await asyncio.sleep(0.01)
+    assert not polling.done()  # queued past the cap, not refused
+    queued[0].cancel()  # a queued request gone: its place comes back
+    await asyncio.sleep(0.01)
+    later = asyncio.ensure_future(request("a", work, log, "later"))
+    await asyncio.sleep(0.01)
+    assert not later.done()  # queued, not refused
+    work.set()
+    assert await polling == "answered"
+    await asyncio.gather(*at_work, *queued, later, return_exceptions=True)
+    assert {"q1", "later"} <= set(log)

@@ -51,6 +51,7 @@ class HotPath:
         # bounded.py), copied here when /metrics is scraped.
         self.tenant_share_waits = 0
         self.tenant_turn_waits = 0
+        self.tenant_turn_queue_full = 0
 
     def observe(self, method: str, route: str, status: str, seconds: float) -> None:
         cell = self.requests.get((method, route, status))
@@ -134,6 +135,12 @@ class HotPath:
             "Requests that waited for one of their tenant's turns at work in this process "
             "(DUCTOR_STREAMS_REQUESTS_AT_WORK_PER_TENANT)",
             value=self.tenant_turn_waits,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_tenant_turn_queue_full",
+            "Requests answered 429 at once: their tenant's requests waiting for a turn were "
+            "at DUCTOR_STREAMS_REQUESTS_WAITING_PER_TENANT",
+            value=self.tenant_turn_queue_full,
         )
         yield CounterMetricFamily(
             "ductor_streams_webhook_failures",
