@@ -10,6 +10,7 @@ Retry-After, anything else 500 `internal` (logged)."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import msgspec
@@ -185,12 +186,49 @@ def internal(method: str, path: str, error: BaseException) -> Problem:
     return problem("internal", "an internal error occurred; nothing was half-applied", status=500)
 
 
+class QuietWarnings:
+    """At most one warning per `seconds` for each backing service out of reach; the requests
+    answered 503 meanwhile are counted in the next one (all of them are in
+    `ductor_streams_problems_total{code="unavailable"}`). A database that does not answer, or
+    a tenant whose requests wait out their budgets on it, is otherwise a warning per request:
+    tens of thousands of lines a minute, saying one thing."""
+
+    def __init__(self, seconds: float = 1.0, clock: Any = time.monotonic) -> None:
+        self._seconds = seconds
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def warn(self, what: str, kind: str, method: str, path: str) -> None:
+        now = self._clock()
+        if now - self._last.get(what, -self._seconds) < self._seconds:
+            self._held[what] = self._held.get(what, 0) + 1
+            return
+        self._last[what] = now
+        held = self._held.pop(what, 0)
+        if held:
+            log.warning(
+                "%s is unavailable (%s) on %s %s, and was for %d other requests since the "
+                "last warning",
+                what,
+                kind,
+                method,
+                path,
+                held,
+            )
+        else:
+            log.warning("%s is unavailable (%s) on %s %s", what, kind, method, path)
+
+
+_outages = QuietWarnings()
+
+
 def unavailable(method: str, path: str, error: BaseException) -> Problem:
     """An outage's answer (503, Retry-After), or 500 if the error is no outage after all."""
     what = outage_of(error)
     if what is None:
         return internal(method, path, error)
-    log.warning("%s is unavailable (%s) on %s %s", what, type(error).__name__, method, path)
+    _outages.warn(what, type(error).__name__, method, path)
     retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     if getattr(error, "outcome_unknown", False):
         # COMMIT was sent and no answer came: the write may have committed. Never said to have
