@@ -247,7 +247,8 @@ class _Turns:
         self.tenant = tenant
         self.at_work = 0
         self.queued = 0  # arriving requests waiting for a turn (`waiting` keeps cancelled ones)
-        self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Each waiting request's future, and whether it counts in `queued` (an arriving one).
+        self.waiting: collections.deque[tuple[asyncio.Future[None], bool]] = collections.deque()
 
 
 _turns: dict[str, _Turns] = {}
@@ -314,7 +315,7 @@ async def _take(budget: Budget, tenant: str, arriving: bool = False) -> None:
         )
     turn_waits[0] += 1
     handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    turns.waiting.append(handed)
+    turns.waiting.append((handed, arriving))
     turns.queued += arriving
     with spending() as allowed:
         try:
@@ -333,7 +334,8 @@ async def _take(budget: Budget, tenant: str, arriving: bool = False) -> None:
                 ) from None
             raise
         finally:
-            turns.queued -= arriving
+            if handed.cancelled():  # (one handed its turn was counted out as it was handed)
+                turns.queued -= arriving
     budget.turn = turns  # the turn given back was handed over: counted at work already
     if budget.tenant is None:  # the request ended meanwhile (a task of its own waited)
         _give_back(budget)
@@ -353,9 +355,10 @@ def _give_back(budget: Budget) -> None:
     assert turns is not None
     budget.turn = None
     while turns.waiting:
-        handed = turns.waiting.popleft()
+        handed, arriving = turns.waiting.popleft()
         if not handed.done():
             handed.set_result(None)
+            turns.queued -= arriving  # it waits no more, though its task has yet to run
             return
     turns.at_work -= 1
     if not turns.at_work and _turns.get(turns.tenant) is turns:

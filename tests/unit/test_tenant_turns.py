@@ -241,3 +241,37 @@ async def test_past_so_many_waiting_a_tenants_next_arriving_request_is_refused_a
     assert await polling == "answered"
     await asyncio.gather(*at_work, *queued, later, return_exceptions=True)
     assert {"q1", "later"} <= set(log)
+
+
+async def test_a_request_handed_its_turn_no_longer_counts_against_the_queue() -> None:
+    """The turn given back goes to the request waiting; until that request's task runs again
+    it still counted as waiting, and a request arriving in the same turn of the event loop (a
+    group's commit answers many at once) was refused at once although nobody waited any more."""
+    waiting.configure_turns(1, waiting_per_tenant=1)
+    go, done = asyncio.Event(), asyncio.Event()
+    done.set()
+    log: list[str] = []
+
+    async def holder() -> None:
+        with waiting.request_budget(5.0):
+            await waiting.take_turn("a")
+            log.append("holder")
+            await go.wait()  # then it ends: its turn goes to the one waiting
+
+    async def arriving() -> None:
+        await go.wait()  # woken in the same turn of the event loop, after the holder
+        with waiting.request_budget(5.0):
+            await waiting.take_turn("a")
+            log.append("arrived")
+
+    held = asyncio.ensure_future(holder())
+    arrives = asyncio.ensure_future(arriving())
+    await asyncio.sleep(0)
+    queued = asyncio.ensure_future(request("a", done, log, "waiting"))
+    await asyncio.sleep(0.01)
+    assert log == ["holder"]
+    full = waiting.turn_queue_full[0]
+    go.set()
+    await asyncio.wait_for(asyncio.gather(held, queued, arrives), 2.0)
+    assert log == ["holder", "waiting", "arrived"]
+    assert waiting.turn_queue_full[0] == full
