@@ -7,6 +7,7 @@ tests/unit/test_turns_gate.py.)"""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 import time
 from collections.abc import Iterator
@@ -171,3 +172,49 @@ async def test_a_close_with_a_body_it_never_reads_waits_for_a_turn_too(
         answers = await asyncio.gather(*at_work, closed)
     assert [a.status_code for a in answers] == [201] * TURNS + [200], answers[-1].text
     assert answers[-1].json()["state"]["closed"] is True
+
+
+async def test_an_object_abort_with_a_body_it_never_reads_waits_for_a_turn_too(
+    server: ServerProcess, two_tenants: tuple[str, str, str], pool: asyncpg.Pool
+) -> None:
+    """As the close above: `POST …/objects/{id}/abort` (and `…/commit`) read no body."""
+    busy, _, busy_tenant = two_tenants
+    path = new_stream(server, busy)
+    busy_headers = {"Authorization": f"Bearer {busy}"}
+    objects = path.removesuffix("/records") + "/objects"
+    body = b"an object"
+    run_id = path.split("/runs/")[1].split("/")[0]
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
+        prepared = await client.post(
+            objects,
+            json={
+                "idempotency_key": "k1",
+                "size": len(body),
+                "sha256": hashlib.sha256(body).hexdigest(),
+                "content_type": "application/octet-stream",
+            },
+            headers=busy_headers,
+        )
+        assert prepared.status_code in (200, 201), prepared.text
+        abort = f"{objects}/{prepared.json()['object_id']}/abort"
+        waits = turn_waits(server)
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT 1 FROM streams WHERE tenant = $1 AND run_id = $2 FOR UPDATE",
+                busy_tenant,
+                run_id,
+            )
+            at_work = [
+                asyncio.ensure_future(
+                    client.post(path, json={"records": [{"data": n}]}, headers=busy_headers)
+                )
+                for n in range(TURNS)
+            ]
+            await asyncio.sleep(0.5)
+            aborted = asyncio.ensure_future(
+                client.post(abort, content=b'{"why": "a body nobody reads"}', headers=busy_headers)
+            )
+            await asyncio.sleep(0.5)
+            assert turn_waits(server) == waits + 1, "the abort went to work on no turn"
+        answers = await asyncio.gather(*at_work, aborted)
+    assert [a.status_code for a in answers] == [201] * TURNS + [200], answers[-1].text
