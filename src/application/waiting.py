@@ -193,6 +193,15 @@ def act_for(tenant: str) -> None:
         _acting[task] = tenant
 
 
+async def at_work_for(tenant: str) -> None:
+    """The running request acts for `tenant` and takes one of its turns at work, as an
+    authenticated request does (its body to come: once the body is in). For a request whose
+    token names a tenant and no principal: a webhook's callback, a pull-wake worker's ack or
+    release, by their wake tokens."""
+    act_for(tenant)
+    await take_turn(tenant)
+
+
 def acts_like(task: asyncio.Task[Any]) -> None:
     """`task`, started by the running task to do its own work, acts for the same tenant."""
     current = asyncio.current_task()

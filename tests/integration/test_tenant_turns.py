@@ -218,3 +218,72 @@ async def test_an_object_abort_with_a_body_it_never_reads_waits_for_a_turn_too(
             assert turn_waits(server) == waits + 1, "the abort went to work on no turn"
         answers = await asyncio.gather(*at_work, aborted)
     assert [a.status_code for a in answers] == [201] * TURNS + [200], answers[-1].text
+
+
+@pytest.mark.parametrize("surface", ["native", "durable-streams"])
+async def test_a_pull_wake_ack_by_its_claim_token_waits_for_a_turn_too(
+    server: ServerProcess, tokens: Tokens, pool: asyncpg.Pool, surface: str
+) -> None:
+    """A wake's ack (and a webhook's callback, a release) authenticates with a token that names
+    the tenant and no principal: it goes to work on that tenant's turn as any request does."""
+    busy_tenant = f"busy-{secrets.token_hex(3)}"
+    busy = await tokens.create(tenant=busy_tenant)
+    path = new_stream(server, busy)  # its appends will hold the turns
+    busy_headers = {"Authorization": f"Bearer {busy}"}
+    run_id = path.split("/runs/")[1].split("/")[0]
+    api = f"{server.base_url}/api/workflow-streams"
+    root = (
+        f"{api}/subscriptions"
+        if surface == "native"
+        else f"{server.base_url}/api/durable-streams/v1/stream/__ds/subscriptions"
+    )
+    name = "sub-" + secrets.token_hex(4)
+    async with httpx.AsyncClient(timeout=60, headers=busy_headers) as client:
+        wake_run = "wake-" + secrets.token_hex(3)
+        for stream in ("wake", "e1"):
+            made = await client.post(
+                f"{api}/runs/{wake_run}/streams", json={"stream_id": stream, "direction": "output"}
+            )
+            assert made.status_code == 201, made.text
+        put = await client.put(
+            f"{api}/subscriptions/{name}",
+            json={
+                "type": "pull-wake",
+                "pattern": {"run_id": wake_run, "stream_id": "e*"},
+                "wake_stream": {"run_id": wake_run, "stream_id": "wake"},
+            },
+        )
+        assert put.status_code == 201, put.text
+        appended = await client.post(
+            f"{api}/runs/{wake_run}/streams/e1/records", json={"records": [{"data": 1}]}
+        )
+        assert appended.status_code == 201, appended.text
+        claim = await client.post(f"{api}/subscriptions/{name}/claim", json={"worker": "w1"})
+        assert claim.status_code == 200, claim.text
+        claimed = claim.json()
+        waits = turn_waits(server)
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "SELECT 1 FROM streams WHERE tenant = $1 AND run_id = $2 FOR UPDATE",
+                busy_tenant,
+                run_id,
+            )
+            at_work = [
+                asyncio.ensure_future(
+                    client.post(server.base_url + path, json={"records": [{"data": n}]})
+                )
+                for n in range(TURNS)
+            ]
+            await asyncio.sleep(0.5)
+            acked = asyncio.ensure_future(
+                client.post(
+                    f"{root}/{name}/ack",
+                    json={"wake_id": claimed["wake_id"], "generation": claimed["generation"]},
+                    headers={"Authorization": f"Bearer {claimed['token']}"},
+                )
+            )
+            await asyncio.sleep(0.5)
+            assert not acked.done(), "the ack went to work on no turn"
+            assert turn_waits(server) == waits + 1
+        answers = await asyncio.gather(*at_work, acked)
+    assert [a.status_code for a in answers] == [201] * TURNS + [200], answers[-1].text

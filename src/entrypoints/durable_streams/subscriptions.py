@@ -23,7 +23,7 @@ from application.subscriptions import (
     offset_text,
     wire_status,
 )
-from application.waiting import act_for
+from application.waiting import at_work_for
 from domain import errors
 from domain.subscriptions import (
     MAX_DESCRIPTION,
@@ -445,7 +445,7 @@ class SubscriptionsController(Controller):
     async def _ack(self, request: Request, subscription_id: str, kind: str) -> Answer:
         services: Services = request.app.state.services
         token = wake_token(request.headers.get("authorization"))
-        act_for(services.subscriptions.wake_tenant(token, subscription_id))
+        await at_work_for(services.subscriptions.wake_tenant(token, subscription_id))
         body = await _body(request, CallbackBody)
         next_wake = await services.subscriptions.callback(
             token, subscription_id, body.generation, body.wake_id, _acks(body), body.done, kind
@@ -489,6 +489,7 @@ class SubscriptionsController(Controller):
         async def run() -> Answer:
             services: Services = request.app.state.services
             token = wake_token(request.headers.get("authorization"))
+            await at_work_for(services.subscriptions.wake_tenant(token, subscription_id))
             body = await _body(request, CallbackBody)
             await services.subscriptions.release(
                 token, subscription_id, body.generation, body.wake_id

@@ -13,7 +13,7 @@ from litestar import Controller, Request, Response, delete, get, post, put
 from litestar.params import FromPath
 
 from application.subscriptions import WAKE_EVENT, WEBHOOK, AckRequest, Heads
-from application.waiting import act_for
+from application.waiting import at_work_for
 from domain.errors import InvalidInput
 from domain.ids import ID_PATTERN, check_id
 from domain.subscriptions import (
@@ -370,7 +370,7 @@ class SubscriptionsApiController(Controller):
     async def _ack(self, request: Request, subscription_id: str, kind: str) -> WakeAnswer:
         services: Services = request.app.state.services
         token = wake_token(request.headers.get("authorization"))
-        act_for(services.subscriptions.wake_tenant(token, subscription_id))  # before its body
+        await at_work_for(services.subscriptions.wake_tenant(token, subscription_id))
         body = await decode_body(request, WakeRequest)
         acks = [
             AckRequest(_path(StreamRef(a.run_id, a.stream_id), "acks"), a.sequence)
@@ -421,7 +421,7 @@ class SubscriptionsApiController(Controller):
     async def release(self, request: Request, subscription_id: FromPath[str]) -> None:
         services: Services = request.app.state.services
         token = wake_token(request.headers.get("authorization"))
-        act_for(services.subscriptions.wake_tenant(token, subscription_id))  # before its body
+        await at_work_for(services.subscriptions.wake_tenant(token, subscription_id))
         body = await decode_body(request, WakeRequest)
         await services.subscriptions.release(token, subscription_id, body.generation, body.wake_id)
 
