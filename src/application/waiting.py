@@ -249,6 +249,12 @@ class TooManyAtWork(Backpressure):
     code = "too-many-requests"
 
 
+class AnswersNotTaken(TooManyAtWork):
+    """The tenant's answers that their clients have not taken yet hold, in this process, as many
+    bytes as it may (`configure_turns(answer_bytes_per_tenant=)`): 429 before any work is done
+    for its next request."""
+
+
 class _Turns:
     __slots__ = ("at_work", "queued", "tenant", "waiting")
 
@@ -263,15 +269,43 @@ class _Turns:
 _turns: dict[str, _Turns] = {}
 _turns_per_tenant = [0]  # 0: no limit
 _waiting_per_tenant = [0]  # 0: no limit
+_answer_bytes_per_tenant = [0]  # 0: no limit
+_answer_bytes: dict[str, int] = {}  # per tenant, of the large answers being written now
+answers_refused = [0]  # requests refused so (/metrics)
 turn_waits = [0]  # requests that waited for a turn (/metrics)
 turn_queue_full = [0]  # arriving requests refused at once, their tenant's queue full (/metrics)
 
 
-def configure_turns(per_tenant: int, waiting_per_tenant: int = 0) -> None:
-    """Each tenant's requests at work at once in this process (0: no limit), and its arriving
-    requests that may wait for one of those turns (0: no limit)."""
+def configure_turns(
+    per_tenant: int, waiting_per_tenant: int = 0, answer_bytes_per_tenant: int = 0
+) -> None:
+    """Each tenant's requests at work at once in this process (0: no limit), its arriving
+    requests that may wait for one of those turns (0: no limit), and the bytes of its answers
+    being written past which its next requests are refused (0: no limit)."""
     _turns_per_tenant[0] = per_tenant
     _waiting_per_tenant[0] = waiting_per_tenant
+    _answer_bytes_per_tenant[0] = answer_bytes_per_tenant
+
+
+def answer_writing(size: int) -> tuple[str, int] | None:
+    """The running request's answer of `size` bytes is being written: charged to its tenant
+    until `answer_written` (a client that does not read holds it meanwhile)."""
+    budget = _budget.get()
+    tenant = None if budget is None else budget.tenant
+    if tenant is None:
+        return None
+    _answer_bytes[tenant] = _answer_bytes.get(tenant, 0) + size
+    return tenant, size
+
+
+def answer_written(charged: tuple[str, int] | None) -> None:
+    if charged is not None:
+        tenant, size = charged
+        left = _answer_bytes[tenant] - size
+        if left:
+            _answer_bytes[tenant] = left
+        else:
+            del _answer_bytes[tenant]
 
 
 async def take_turn(tenant: str) -> None:
@@ -307,7 +341,20 @@ async def back_to_work() -> None:
         await _take(budget, budget.tenant)
 
 
+def _answers_taken(tenant: str) -> None:
+    """AnswersNotTaken if `tenant`'s answers being written hold as many bytes as they may."""
+    most = _answer_bytes_per_tenant[0]
+    if most and _answer_bytes.get(tenant, 0) >= most:
+        answers_refused[0] += 1
+        raise AnswersNotTaken(
+            f"this tenant's answers not yet taken by their clients hold {most} bytes on this "
+            "server; read them, or retry shortly",
+        )
+
+
 async def _take(budget: Budget, tenant: str, arriving: bool = False) -> None:
+    if arriving:
+        _answers_taken(tenant)
     limit = _turns_per_tenant[0]
     turns = _turns.get(tenant)
     if turns is None:
@@ -348,6 +395,12 @@ async def _take(budget: Budget, tenant: str, arriving: bool = False) -> None:
     budget.turn = turns  # the turn given back was handed over: counted at work already
     if budget.tenant is None:  # the request ended meanwhile (a task of its own waited)
         _give_back(budget)
+    elif arriving:
+        try:  # (its tenant's answers may have filled up while it waited)
+            _answers_taken(tenant)
+        except AnswersNotTaken:
+            _give_back(budget)
+            raise
 
 
 def give_turn() -> None:

@@ -69,6 +69,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     requests_at_work_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 64
     # Its arriving requests that may wait so at once; one more is 429 at once. 0: no limit.
     requests_waiting_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 1024
+    # Bytes of its large answers being written (not yet taken by their clients) past which a
+    # tenant's next requests are 429 at once (entrypoints/edge/writing.py). 0: no limit.
+    max_answer_bytes_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 256 * 1024 * 1024
+    # A piece of a large answer its client has not taken within this long ends the answer.
+    answer_stall_seconds: Positive = 30.0
     statement_timeout_seconds: Positive = 10.0
     # The most a request waits on PostgreSQL in all (application/waiting.py) before its 503.
     request_timeout_seconds: Positive = 5.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import shutil
 import signal
@@ -55,6 +56,11 @@ BACKLOG = 2048
 # connection, measured with 1,000 idle subscribers), and no cap below the subscription cap on
 # requests in flight per process (granian's default, backlog / workers, would queue the
 # 1,025th subscriber of a process behind the others). Its lines go to our JSON log.
+log = logging.getLogger("ductor_streams")
+
+# After SIGTERM, requests still in flight this long are dropped (a worker stopped anyway).
+KILL_TIMEOUT_SECONDS = 10
+
 GRANIAN_OPTIONS: dict[str, Any] = {
     "backlog": BACKLOG,
     "backpressure": 16384,
@@ -99,6 +105,11 @@ def serve_in_process(listener: socket.socket, settings: Settings) -> None:
             http1_settings=_http1(settings),
             **GRANIAN_OPTIONS,
         )
+        # As under --workers N (`_granian`): what is still in flight this long after SIGTERM
+        # is dropped. granian waits for what it was given to write, and a client that does not
+        # read would otherwise hold the shutdown for as long as it liked. (The embedded server
+        # takes no such argument; its stop reads the attribute.)
+        server.workers_kill_timeout = KILL_TIMEOUT_SECONDS
 
         def stopping() -> None:
             # granian drains in-flight requests before the application's shutdown runs, and a
@@ -109,7 +120,14 @@ def serve_in_process(listener: socket.socket, settings: Settings) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stopping)
-        await server.serve()
+        try:
+            await server.serve()
+        except TimeoutError:
+            log.warning(
+                "stopped with requests still in flight %d s after the signal (their clients "
+                "were not reading)",
+                KILL_TIMEOUT_SECONDS,
+            )
 
     with asyncio.Runner(loop_factory=fast_loop()) as runner:
         runner.run(main())
@@ -144,7 +162,7 @@ def _granian(address: str, port: int, workers: int, settings: Settings) -> None:
         # The workers drain in-flight requests on SIGTERM, and a live subscription never ends by
         # itself: after this many seconds a worker is stopped anyway (its subscribers resume
         # elsewhere with Last-Event-ID; leased jobs are picked up again once their lease ends).
-        workers_kill_timeout=10,
+        workers_kill_timeout=KILL_TIMEOUT_SECONDS,
         # A worker that dies (killed, out of memory) is started again; the others keep serving
         # meanwhile, and the appends they had sent it to commit are answered as of unknown
         # outcome (adapters/peers.py). Without this, granian stopped the whole server.

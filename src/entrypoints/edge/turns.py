@@ -20,6 +20,7 @@ from typing import Any
 
 from application import waiting
 from application.tokens import MAX_TOKEN_CHARS, TokenCache, token_hash
+from entrypoints.edge import writing
 from entrypoints.edge.browser import allowed_origin, answer_headers
 from entrypoints.edge.exchange import Exchange
 from entrypoints.edge.head import RequestHead
@@ -67,11 +68,18 @@ async def refuse(scope: dict, send: Any, error: waiting.TooManyAtWork, permitted
 
 def answering(send: Any) -> Any:
     """`send`, the request's turn given back as its answer starts: what is left is writing it,
-    at its client's pace (a client that reads a large answer slowly holds no turn)."""
+    at its client's pace (a client that reads a large answer slowly holds no turn). A large
+    body is written in pieces, within a bound, charged to its tenant meanwhile
+    (entrypoints/edge/writing.py)."""
 
     async def sending(message: dict) -> None:
         if message["type"] == "http.response.start":
             waiting.give_turn()
+        elif message["type"] == "http.response.body" and len(message.get("body", b"")) > (
+            writing.WRITE_BYTES
+        ):
+            await writing.in_pieces(send, message)
+            return
         await send(message)
 
     return sending
@@ -92,6 +100,12 @@ def with_turns(app: Any, cache: TokenCache, origins: Iterable[str]) -> Any:
             except waiting.TooManyAtWork as error:
                 await refuse(scope, send, error, permitted)
                 return
-        await app(scope, receive, answering(send))
+        try:
+            await app(scope, receive, answering(send))
+        except Exception as error:
+            if not writing.cut_short(error):
+                raise
+            # Its answer was cut short (its client took too long): nothing more to say, and
+            # granian closes the connection of an answer left unfinished.
 
     return gated

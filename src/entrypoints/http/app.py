@@ -26,6 +26,7 @@ from entrypoints.console.route import ROUTES as CONSOLE_ROUTES
 from entrypoints.container import Container, Services, provided, start, stop, workers
 from entrypoints.durable_streams.routes import DurableStreamsController
 from entrypoints.durable_streams.subscriptions import SubscriptionsController
+from entrypoints.edge import writing
 from entrypoints.edge.body import TenantBodies, body_coming, with_body_deadlines
 from entrypoints.edge.browser import browser_headers
 from entrypoints.edge.head_method import serve_head
@@ -211,6 +212,7 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
     # A request of a token the process knows takes its tenant's turn at work first of all
     # (entrypoints/edge/turns.py), within its budget.
     app.asgi_handler = with_turns(app.asgi_handler, container.token_cache(), origins)
+    writing.configure(container.settings().answer_stall_seconds)  # (the turns' send writes)
     app.asgi_handler = with_budget(app.asgi_handler, container.settings().request_timeout_seconds)
     # Outermost but for tracing: the front and Litestar read bodies through it.
     settings = container.settings()
@@ -247,8 +249,10 @@ def begin_stopping(app: Litestar) -> None:
     services: Services | None = getattr(app.state, "services", None)
     if services is not None:
         services.subscribe.end_all()
-    # A subscriber that does not read keeps its event stream waiting to write: ended too.
+    # A subscriber that does not read keeps its event stream waiting to write: ended too, and
+    # so is a large answer whose client does not read it (entrypoints/edge/writing.py).
     event_streams.stop_all(app.state)
+    writing.stop_all()
 
 
 def app_from_env() -> Litestar:

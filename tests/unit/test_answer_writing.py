@@ -1,0 +1,104 @@
+"""Large answers written in pieces, within a bound, charged to their tenant while written
+(entrypoints/edge/writing.py; the tenant's cap in application/waiting.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from application import waiting
+from entrypoints.edge import writing
+
+
+@pytest.fixture(autouse=True)
+def bounds() -> Iterator[None]:
+    waiting.configure_turns(4, waiting_per_tenant=4, answer_bytes_per_tenant=1_000_000)
+    writing.configure(0.2)
+    yield
+    writing.configure(writing.WRITE_STALL_SECONDS)
+    waiting.configure_turns(0)
+    assert not waiting._turns and not waiting._answer_bytes  # all given back
+
+
+class Client:
+    """A client's connection: takes `reads` pieces, then nothing."""
+
+    def __init__(self, reads: int) -> None:
+        self.reads = reads
+        self.sent: list[dict] = []
+
+    async def send(self, message: dict) -> None:
+        if message["type"] == "http.response.body" and len(self.sent) >= self.reads:
+            await asyncio.Event().wait()  # a client that does not read: the server waits
+        self.sent.append(message)
+
+
+async def request(tenant: str, work) -> object:
+    with waiting.request_budget(5.0):
+        waiting.act_for(tenant)
+        await waiting.take_turn(tenant)
+        return await work()
+
+
+async def test_a_large_body_goes_in_pieces_and_ends_with_its_last() -> None:
+    client = Client(reads=100)
+    body = bytes(range(256)) * 1_000  # 256,000 bytes: four pieces
+    await request("a", lambda: writing.in_pieces(client.send, {"body": body}))
+    sizes = [len(m["body"]) for m in client.sent]
+    assert sizes == [65_536, 65_536, 65_536, 59_392, 0]
+    assert b"".join(m["body"] for m in client.sent) == body
+    assert [m["more_body"] for m in client.sent] == [True] * 4 + [False]
+
+
+async def test_a_client_that_takes_nothing_has_its_answer_cut_and_its_bytes_freed() -> None:
+    client = Client(reads=1)
+    body = b"x" * 600_000
+
+    async def write() -> None:
+        charged = asyncio.ensure_future(writing.in_pieces(client.send, {"body": body}))
+        await asyncio.sleep(0.05)
+        assert waiting._answer_bytes == {"a": 600_000}  # charged to its tenant meanwhile
+        await charged
+
+    with pytest.raises(writing.AnswerTooSlow) as cut:
+        await request("a", write)
+    assert not writing.cut_short(RuntimeError("another error"))
+    wrapped = RuntimeError("Exception caught after response started")
+    wrapped.__cause__ = cut.value
+    assert writing.cut_short(wrapped)  # as Litestar reraises it
+    assert not waiting._answer_bytes
+
+
+async def test_past_its_bytes_of_answers_not_taken_a_tenants_next_request_is_refused() -> None:
+    stalled = [Client(reads=0) for _ in range(2)]
+    body = b"y" * 600_000
+    writers = [
+        asyncio.ensure_future(request("a", lambda c=c: writing.in_pieces(c.send, {"body": body})))
+        for c in stalled
+    ]
+    await asyncio.sleep(0.05)  # 1.2 MB held for tenant a: past its 1 MB
+    refused = waiting.answers_refused[0]
+    with pytest.raises(waiting.AnswersNotTaken) as no:
+        await request("a", lambda: asyncio.sleep(0))
+    assert no.value.code == "too-many-requests" and no.value.retry_after == 1
+    assert waiting.answers_refused[0] == refused + 1
+    await request("b", lambda: asyncio.sleep(0))  # another tenant is served
+    # Cut short after their stall, their bytes freed: the tenant is served again.
+    for w in writers:
+        with pytest.raises(writing.AnswerTooSlow):
+            await w
+    await request("a", lambda: asyncio.sleep(0))
+
+
+async def test_a_stopping_server_ends_the_answers_still_being_written() -> None:
+    writing.configure(60.0)
+    client = Client(reads=0)
+    writer = asyncio.ensure_future(
+        request("a", lambda: writing.in_pieces(client.send, {"body": b"z" * 200_000}))
+    )
+    await asyncio.sleep(0.01)
+    writing.stop_all(grace_seconds=0.05)
+    with pytest.raises(writing.AnswerTooSlow):
+        await asyncio.wait_for(writer, 1.0)
