@@ -7,10 +7,11 @@ tests/unit/test_turns_gate.py.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import httpx
@@ -126,6 +127,25 @@ def test_reads_waiting_for_records_hold_no_turn(
         assert [r["data"] for r in answer.json()["records"]] == [7]
 
 
+@contextlib.asynccontextmanager
+async def turns_held(
+    pool: asyncpg.Pool, client: httpx.AsyncClient, tenant: str, path: str, headers: dict
+) -> AsyncIterator[list[asyncio.Future[httpx.Response]]]:
+    """All of `tenant`'s turns held for the block: TURNS appends to `path`, its stream's row
+    locked, each waiting for its commit on its turn. Their answers come once the block ends."""
+    run_id = path.split("/runs/")[1].split("/")[0]
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "SELECT 1 FROM streams WHERE tenant = $1 AND run_id = $2 FOR UPDATE", tenant, run_id
+        )
+        yield [
+            asyncio.ensure_future(
+                client.post(path, json={"records": [{"data": n}]}, headers=headers)
+            )
+            for n in range(TURNS)
+        ]
+
+
 def turn_waits(server: ServerProcess) -> float:
     scraped = httpx.get(f"{server.base_url}/metrics").text
     (line,) = [
@@ -148,21 +168,9 @@ async def test_a_close_with_a_body_it_never_reads_waits_for_a_turn_too(
     assert read(server, busy, path).status_code == 200  # its token known to the process
     close = closing.removesuffix("/records") + "/close"
     busy_headers = {"Authorization": f"Bearer {busy}"}
-    run_id = path.split("/runs/")[1].split("/")[0]
     waits = turn_waits(server)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
-        async with pool.acquire() as conn, conn.transaction():
-            await conn.execute(
-                "SELECT 1 FROM streams WHERE tenant = $1 AND run_id = $2 FOR UPDATE",
-                busy_tenant,
-                run_id,
-            )
-            at_work = [
-                asyncio.ensure_future(
-                    client.post(path, json={"records": [{"data": n}]}, headers=busy_headers)
-                )
-                for n in range(TURNS)
-            ]
+        async with turns_held(pool, client, busy_tenant, path, busy_headers) as at_work:
             await asyncio.sleep(0.5)
             closed = asyncio.ensure_future(
                 client.post(close, content=b'{"why": "a body nobody reads"}', headers=busy_headers)
@@ -183,7 +191,6 @@ async def test_an_object_abort_with_a_body_it_never_reads_waits_for_a_turn_too(
     busy_headers = {"Authorization": f"Bearer {busy}"}
     objects = path.removesuffix("/records") + "/objects"
     body = b"an object"
-    run_id = path.split("/runs/")[1].split("/")[0]
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
         prepared = await client.post(
             objects,
@@ -198,18 +205,7 @@ async def test_an_object_abort_with_a_body_it_never_reads_waits_for_a_turn_too(
         assert prepared.status_code in (200, 201), prepared.text
         abort = f"{objects}/{prepared.json()['object_id']}/abort"
         waits = turn_waits(server)
-        async with pool.acquire() as conn, conn.transaction():
-            await conn.execute(
-                "SELECT 1 FROM streams WHERE tenant = $1 AND run_id = $2 FOR UPDATE",
-                busy_tenant,
-                run_id,
-            )
-            at_work = [
-                asyncio.ensure_future(
-                    client.post(path, json={"records": [{"data": n}]}, headers=busy_headers)
-                )
-                for n in range(TURNS)
-            ]
+        async with turns_held(pool, client, busy_tenant, path, busy_headers) as at_work:
             await asyncio.sleep(0.5)
             aborted = asyncio.ensure_future(
                 client.post(abort, content=b'{"why": "a body nobody reads"}', headers=busy_headers)
@@ -230,7 +226,6 @@ async def test_a_pull_wake_ack_by_its_claim_token_waits_for_a_turn_too(
     busy = await tokens.create(tenant=busy_tenant)
     path = new_stream(server, busy)  # its appends will hold the turns
     busy_headers = {"Authorization": f"Bearer {busy}"}
-    run_id = path.split("/runs/")[1].split("/")[0]
     api = f"{server.base_url}/api/workflow-streams"
     root = (
         f"{api}/subscriptions"
@@ -262,18 +257,8 @@ async def test_a_pull_wake_ack_by_its_claim_token_waits_for_a_turn_too(
         assert claim.status_code == 200, claim.text
         claimed = claim.json()
         waits = turn_waits(server)
-        async with pool.acquire() as conn, conn.transaction():
-            await conn.execute(
-                "SELECT 1 FROM streams WHERE tenant = $1 AND run_id = $2 FOR UPDATE",
-                busy_tenant,
-                run_id,
-            )
-            at_work = [
-                asyncio.ensure_future(
-                    client.post(server.base_url + path, json={"records": [{"data": n}]})
-                )
-                for n in range(TURNS)
-            ]
+        held = turns_held(pool, client, busy_tenant, server.base_url + path, busy_headers)
+        async with held as at_work:
             await asyncio.sleep(0.5)
             acked = asyncio.ensure_future(
                 client.post(

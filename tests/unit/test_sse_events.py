@@ -11,8 +11,9 @@ from types import SimpleNamespace
 from application.live import Idle, Overtaken, RecordsDelivered, StreamEnded
 from application.ports import StoredRecord
 from domain.records import RecordKind
+from entrypoints.edge.writing import WRITE_BYTES
 from entrypoints.sse import asgi as sse_asgi
-from entrypoints.sse.asgi import WRITE_BYTES, EventStreamResponse
+from entrypoints.sse.asgi import EventStreamResponse
 from entrypoints.sse.events import event_stream
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)

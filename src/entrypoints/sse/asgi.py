@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 
 from litestar.types import Receive, Scope, Send
 
 from application.waiting import acts_like
+from entrypoints.edge.writing import pieces
 
 log = logging.getLogger("ductor_streams.sse")
 
-# The most one `send` hands the server. granian stops a response's sends once a few messages
-# wait for a client that does not read, whatever their size: a delivery of 130 records of 60 KB
-# (one 7.8 MB message) held about 47 MB per stalled subscriber; in pieces of this size, a few
-# hundred KB.
-WRITE_BYTES = 64 * 1024
+# Frames are handed to the server in pieces of at most WRITE_BYTES (entrypoints/edge/writing.py
+# says why), as every large answer is.
 # A piece the client has not taken within this long ends the response: a subscriber that
 # stopped reading holds no slot, no server shutdown and no follower for longer. It resumes
 # with Last-Event-ID when it reads again. (One that vanished without a word while its stream
@@ -92,7 +90,7 @@ class EventStreamResponse:
                 taken_by = (
                     loop.time() + WRITE_STALL_SECONDS + len(chunk) / WRITE_MIN_BYTES_PER_SECOND
                 )
-                for piece in _pieces(chunk):
+                for piece in pieces(chunk):
                     async with asyncio.timeout_at(min(loop.time() + WRITE_STALL_SECONDS, taken_by)):
                         await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -111,17 +109,6 @@ class EventStreamResponse:
             log.exception("event stream ended by an error")
         finally:
             await self._chunks.aclose()
-
-
-def _pieces(chunk: bytes) -> Iterator[bytes]:
-    """`chunk` as pieces of at most WRITE_BYTES (itself, when it is no larger), each copied
-    only when it is sent: a stalled client holds one piece, not a copy of the whole frame."""
-    if len(chunk) <= WRITE_BYTES:
-        yield chunk
-        return
-    view = memoryview(chunk)
-    for start in range(0, len(chunk), WRITE_BYTES):
-        yield bytes(view[start : start + WRITE_BYTES])
 
 
 def _writers(scope: Scope) -> set[asyncio.Task[None]]:
