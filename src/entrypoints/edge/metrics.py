@@ -52,6 +52,7 @@ class HotPath:
         self.tenant_share_waits = 0
         self.tenant_turn_waits = 0
         self.tenant_turn_queue_full = 0
+        self.tenant_answers_refused = 0
 
     def observe(self, method: str, route: str, status: str, seconds: float) -> None:
         cell = self.requests.get((method, route, status))
@@ -141,6 +142,12 @@ class HotPath:
             "Requests answered 429 at once: their tenant's requests waiting for a turn were "
             "at DUCTOR_STREAMS_REQUESTS_WAITING_PER_TENANT",
             value=self.tenant_turn_queue_full,
+        )
+        yield CounterMetricFamily(
+            "ductor_streams_tenant_answers_refused",
+            "Requests answered 429 at once: their tenant's answers not yet taken by their "
+            "clients were at DUCTOR_STREAMS_MAX_ANSWER_BYTES_PER_TENANT",
+            value=self.tenant_answers_refused,
         )
         yield CounterMetricFamily(
             "ductor_streams_webhook_failures",

@@ -11,7 +11,8 @@ of the loop, in arrival order, until one of its own ends, starts waiting for a l
 starts its answer (writing it is the client's pace, not work); or is answered 429
 `too-many-requests` (Retry-After, the connection closed) when its budget runs out first. A
 token the cache does not know takes its turn when it authenticates; a request with a body
-takes it once its body is in (application/waiting.py, `body_arrived`)."""
+takes it once its body is in (application/waiting.py, `body_arrived`); one whose route reads no
+body (a close, an object's commit or abort) as it authenticates."""
 
 from __future__ import annotations
 

@@ -99,6 +99,7 @@ async def metrics(request: Request) -> Response[bytes]:
         HOT.tenant_share_waits = pool.shares.waited
     HOT.tenant_turn_waits = waiting.turn_waits[0]
     HOT.tenant_turn_queue_full = waiting.turn_queue_full[0]
+    HOT.tenant_answers_refused = waiting.answers_refused[0]
     deliverer = await provided(container.deliver_wakes)
     HOT.webhook_attempts = deliverer.attempts
     HOT.webhook_failures = deliverer.failures
