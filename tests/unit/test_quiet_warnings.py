@@ -1,6 +1,9 @@
-"""An outage's 503s are logged at most once a second per backing service, the rest counted."""
+"""An outage's 503s are logged at most once a second per backing service, the rest told in one
+line at the end of that second."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -26,7 +29,22 @@ def test_one_warning_a_second_per_service_the_requests_between_counted_in_the_ne
     assert said == [
         "the database is unavailable (Unanswered) on GET /a",
         "the object store is unavailable (ClientError) on PUT /b",
-        "the database is unavailable (Unanswered) on POST /c, and was for 500 other requests "
-        "since the last warning",
+        "the database was unavailable for 500 more requests in the last 1 s",
+        "the database is unavailable (Unanswered) on POST /c",
         "the database is unavailable (Unanswered) on GET /d",
+    ]
+
+
+async def test_the_requests_held_back_are_told_at_the_end_of_their_second(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    quiet = QuietWarnings(0.05)
+    caplog.set_level("WARNING", logger="ductor_streams.http")
+    for _ in range(30):
+        quiet.warn("the database", "Unanswered", "GET", "/a")
+    await asyncio.sleep(0.1)  # no later warning: the count is told all the same, in time
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "the database is unavailable (Unanswered) on GET /a",
+        "the database was unavailable for 29 more requests in the last 0.05 s",
     ]

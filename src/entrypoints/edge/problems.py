@@ -9,6 +9,7 @@ Retry-After, anything else 500 `internal` (logged)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -188,7 +189,7 @@ def internal(method: str, path: str, error: BaseException) -> Problem:
 
 class QuietWarnings:
     """At most one warning per `seconds` for each backing service out of reach; the requests
-    answered 503 meanwhile are counted in the next one (all of them are in
+    answered 503 in the rest of that window are told in one line at its end (all of them are in
     `ductor_streams_problems_total{code="unavailable"}`). A database that does not answer, or
     a tenant whose requests wait out their budgets on it, is otherwise a warning per request:
     tens of thousands of lines a minute, saying one thing."""
@@ -202,22 +203,30 @@ class QuietWarnings:
     def warn(self, what: str, kind: str, method: str, path: str) -> None:
         now = self._clock()
         if now - self._last.get(what, -self._seconds) < self._seconds:
-            self._held[what] = self._held.get(what, 0) + 1
+            if what not in self._held:
+                self._held[what] = 0
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    pass  # (no loop: told with the next warning)
+                else:
+                    left = self._seconds - (now - self._last[what])
+                    loop.call_later(max(left, 0.0), self._tell, what)
+            self._held[what] += 1
             return
         self._last[what] = now
+        self._tell(what)
+        log.warning("%s is unavailable (%s) on %s %s", what, kind, method, path)
+
+    def _tell(self, what: str) -> None:
         held = self._held.pop(what, 0)
         if held:
             log.warning(
-                "%s is unavailable (%s) on %s %s, and was for %d other requests since the "
-                "last warning",
+                "%s was unavailable for %d more requests in the last %g s",
                 what,
-                kind,
-                method,
-                path,
                 held,
+                self._seconds,
             )
-        else:
-            log.warning("%s is unavailable (%s) on %s %s", what, kind, method, path)
 
 
 _outages = QuietWarnings()
