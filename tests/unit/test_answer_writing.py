@@ -7,9 +7,13 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
+from litestar import Litestar, get
+from litestar.response import Stream
 
 from application import waiting
+from application.tokens import TokenCache
 from entrypoints.edge import writing
+from entrypoints.edge.turns import with_turns
 
 
 @pytest.fixture(autouse=True)
@@ -102,3 +106,49 @@ async def test_a_stopping_server_ends_the_answers_still_being_written() -> None:
     writing.stop_all(grace_seconds=0.05)
     with pytest.raises(writing.AnswerTooSlow):
         await asyncio.wait_for(writer, 1.0)
+
+
+async def test_a_streamed_answer_cut_short_ends_quietly_and_frees_its_bytes() -> None:
+    """An object's body goes out as a Litestar Stream: its chunks (1 MiB) are sent from an anyio
+    task group, which raises what the send raised inside an ExceptionGroup."""
+
+    async def chunks():
+        for _ in range(3):
+            yield b"o" * (1 << 20)
+
+    @get("/object")
+    async def download() -> Stream:
+        return Stream(chunks(), media_type="application/octet-stream")
+
+    app = Litestar([download], debug=False, logging_config=None)
+    gated = with_turns(app, TokenCache(), [])
+    scope = {
+        "type": "http", "method": "GET", "path": "/object", "raw_path": b"/object",
+        "headers": [], "query_string": b"", "http_version": "1.1", "scheme": "http",
+        "server": ("test", 80), "client": ("client", 1), "root_path": "",
+    }  # fmt: skip
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()  # the client neither reads nor leaves
+        return {}
+
+    client = Client(reads=1)
+
+    async def serve() -> None:
+        await gated(scope, receive, client.send)
+
+    await request("a", serve)  # no error: the answer was cut short, its connection to close
+    assert client.sent[0]["type"] == "http.response.start"
+    assert not waiting._answer_bytes
+
+
+def test_an_error_raised_while_an_answer_was_cut_short_is_not_swallowed() -> None:
+    real = KeyError("a bug in a clean-up")
+    real.__context__ = writing.AnswerTooSlow("the client did not take its answer in time")
+    assert not writing.cut_short(real)
+    both = ExceptionGroup("two", [writing.AnswerTooSlow("slow"), ValueError("a bug")])
+    wrapped = RuntimeError("Exception caught after response started")
+    wrapped.__cause__ = both
+    assert not writing.cut_short(wrapped)
+    wrapped.__cause__ = ExceptionGroup("one", [writing.AnswerTooSlow("slow")])
+    assert writing.cut_short(wrapped)

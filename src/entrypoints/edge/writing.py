@@ -58,16 +58,21 @@ class AnswerTooSlow(ConnectionAbortedError):
     its connection closed. An OSError, as a client gone is: nothing else is answered."""
 
 
-def cut_short(error: BaseException) -> bool:
+def cut_short(error: BaseException, _depth: int = 0) -> bool:
     """Whether `error` is an answer cut short (`AnswerTooSlow`), as raised or as the cause of
-    what a framework made of it (Litestar: "Exception caught after response started")."""
+    what a framework made of it (Litestar: "Exception caught after response started"; a
+    streamed answer, an object's body, is written from an anyio task group, which raises an
+    ExceptionGroup). Only an explicit cause is followed, and a group only when every error in
+    it was cut short: an error raised while one was being handled is an error of its own."""
     seen: BaseException | None = error
     for _ in range(8):
-        if seen is None:
+        if seen is None or _depth > 8:
             return False
         if isinstance(seen, AnswerTooSlow):
             return True
-        seen = seen.__cause__ or seen.__context__
+        if isinstance(seen, BaseExceptionGroup):
+            return all(cut_short(inner, _depth + 1) for inner in seen.exceptions)
+        seen = seen.__cause__
     return False
 
 
