@@ -318,6 +318,12 @@ async def take_turn(tenant: str) -> None:
         budget.tenant = tenant
         if not budget.body_to_come:
             await _take(budget, tenant, arriving=True)
+    elif budget is not None and budget.tenant is None and _answer_bytes_per_tenant[0]:
+        # No turns to take, but its answers are still charged to its tenant, and refused past
+        # the tenant's bytes of answers not yet taken (`answer_writing`).
+        budget.tenant = tenant
+        if not budget.body_to_come:
+            _answers_taken(tenant)
 
 
 async def body_arrived() -> None:
@@ -330,6 +336,8 @@ async def body_arrived() -> None:
         # (Not for a body drained after the answer: its request is done acting for anyone.)
         if _turns_per_tenant[0] and budget.turn is None and budget.tenant and acting_for():
             await _take(budget, budget.tenant, arriving=True)
+        elif not _turns_per_tenant[0] and budget.tenant and acting_for():
+            _answers_taken(budget.tenant)
 
 
 async def back_to_work() -> None:

@@ -152,3 +152,20 @@ def test_an_error_raised_while_an_answer_was_cut_short_is_not_swallowed() -> Non
     assert not writing.cut_short(wrapped)
     wrapped.__cause__ = ExceptionGroup("one", [writing.AnswerTooSlow("slow")])
     assert writing.cut_short(wrapped)
+
+
+async def test_the_cap_on_answers_not_taken_holds_without_turns_at_work() -> None:
+    """DUCTOR_STREAMS_REQUESTS_AT_WORK_PER_TENANT=0 turns the turns off, not the answers' cap."""
+    waiting.configure_turns(0, answer_bytes_per_tenant=1_000_000)
+    stalled = Client(reads=0)
+    writer = asyncio.ensure_future(
+        request("a", lambda: writing.in_pieces(stalled.send, {"body": b"n" * 1_200_000}))
+    )
+    await asyncio.sleep(0.05)
+    assert waiting._answer_bytes == {"a": 1_200_000}
+    with pytest.raises(waiting.AnswersNotTaken):
+        await request("a", lambda: asyncio.sleep(0))
+    await request("b", lambda: asyncio.sleep(0))
+    with pytest.raises(writing.AnswerTooSlow):
+        await writer
+    await request("a", lambda: asyncio.sleep(0))
