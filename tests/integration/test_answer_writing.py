@@ -136,3 +136,43 @@ def test_a_stopping_server_does_not_wait_for_an_answer_nobody_reads(
             conn.close()
     finally:
         process.stop()
+
+
+def test_an_object_download_not_read_is_cut_after_its_stall_without_an_error(
+    server: ServerProcess, two_tokens: tuple[str, str]
+) -> None:
+    """An object's body goes out as a stream of 1 MiB chunks, sent from a task group: an
+    answer cut short there is no error either (review2)."""
+    import hashlib
+
+    token = two_tokens[0]
+    auth = {"Authorization": f"Bearer {token}"}
+    streams = new_stream(server, token).removesuffix("/records")
+    body = os.urandom(4 * 1024 * 1024)
+    intent = httpx.post(
+        f"{server.base_url}{streams}/objects",
+        json={
+            "idempotency_key": "k",
+            "size": len(body),
+            "sha256": hashlib.sha256(body).hexdigest(),
+            "content_type": "application/octet-stream",
+        },
+        headers=auth,
+    )
+    assert intent.status_code in (200, 201), intent.text
+    obj = f"{streams}/objects/{intent.json()['object_id']}"
+    put = httpx.put(f"{server.base_url}{obj}/body", content=body, headers=auth, timeout=30)
+    assert put.status_code == 200, put.text
+    assert httpx.post(f"{server.base_url}{obj}/commit", headers=auth).status_code == 201
+    before = server.log()
+    host, port = server.base_url.removeprefix("http://").split(":")
+    conn = socket.socket()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    conn.connect((host, int(port)))
+    conn.sendall(
+        f"GET {obj}/body HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+    )
+    assert closed_within(conn, 4.0), "the unread download was not cut short after its stall"
+    conn.close()
+    time.sleep(0.3)
+    assert '"level":"error"' not in server.log()[len(before) :]
