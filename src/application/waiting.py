@@ -318,6 +318,11 @@ async def take_turn(tenant: str) -> None:
         budget.tenant = tenant
         if not budget.body_to_come:
             await _take(budget, tenant, arriving=True)
+        else:
+            # Its turn comes once its body is in; but were it in now, it would be refused at
+            # once: so it is refused now, before its body is read (and before the framework's
+            # routing, at the edge's gate, for a token the process knows).
+            _arrival_refused(tenant)
     elif budget is not None and budget.tenant is None and _answer_bytes_per_tenant[0]:
         # No turns to take, but its answers are still charged to its tenant, and refused past
         # the tenant's bytes of answers not yet taken (`answer_writing`).
@@ -360,6 +365,24 @@ def _answers_taken(tenant: str) -> None:
         )
 
 
+def _arrival_refused(tenant: str) -> None:
+    """TooManyAtWork if an arriving request of `tenant` would be refused at once: its answers
+    not yet taken at their cap, or its requests waiting for a turn at theirs."""
+    _answers_taken(tenant)
+    turns = _turns.get(tenant)
+    if turns is not None and turns.at_work >= _turns_per_tenant[0]:
+        _queue_room(turns)
+
+
+def _queue_room(turns: _Turns) -> None:
+    if (most := _waiting_per_tenant[0]) and turns.queued >= most:
+        turn_queue_full[0] += 1
+        raise TooManyAtWork(
+            f"this tenant already has {_turns_per_tenant[0]} requests at work on this server "
+            f"and {most} waiting; retry shortly",
+        )
+
+
 async def _take(budget: Budget, tenant: str, arriving: bool = False) -> None:
     if arriving:
         _answers_taken(tenant)
@@ -371,12 +394,8 @@ async def _take(budget: Budget, tenant: str, arriving: bool = False) -> None:
         turns.at_work += 1
         budget.turn = turns
         return
-    if arriving and (most := _waiting_per_tenant[0]) and turns.queued >= most:
-        turn_queue_full[0] += 1
-        raise TooManyAtWork(
-            f"this tenant already has {limit} requests at work on this server and {most} "
-            "waiting; retry shortly",
-        )
+    if arriving:
+        _queue_room(turns)
     turn_waits[0] += 1
     handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     turns.waiting.append((handed, arriving))

@@ -275,3 +275,29 @@ async def test_a_request_handed_its_turn_no_longer_counts_against_the_queue() ->
     await asyncio.wait_for(asyncio.gather(held, queued, arrives), 2.0)
     assert log == ["holder", "waiting", "arrived"]
     assert waiting.turn_queue_full[0] == full
+
+
+async def test_a_body_to_come_is_refused_before_it_is_read_when_the_queue_is_full() -> None:
+    """Were its body in, it would be refused at once: so it is refused as it authenticates (at
+    the edge's gate, for a token the process knows), its body never read. With room in the
+    queue, it goes on to read its body as before."""
+    waiting.configure_turns(1, waiting_per_tenant=1)
+    work = asyncio.Event()
+    holder = asyncio.ensure_future(request("a", work, [], "holder"))
+    await asyncio.sleep(0)
+
+    async def posting() -> str:
+        with waiting.request_budget(5.0, body_to_come=True):
+            waiting.act_for("a")
+            await waiting.take_turn("a")
+            return "reads its body"
+
+    assert await posting() == "reads its body"  # the queue has room: its body is read
+    queued = asyncio.ensure_future(request("a", work, [], "queued"))
+    await asyncio.sleep(0.01)
+    full = waiting.turn_queue_full[0]
+    with pytest.raises(waiting.TooManyAtWork):
+        await posting()
+    assert waiting.turn_queue_full[0] == full + 1
+    work.set()
+    await asyncio.gather(holder, queued)
