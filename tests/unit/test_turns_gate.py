@@ -191,3 +191,40 @@ async def test_a_post_that_never_reads_its_body_still_takes_a_turn() -> None:
     await asyncio.gather(*posts, return_exceptions=True)
     # One turn per tenant: one of them at work at a time (the others wait, or 429).
     assert most == 1, f"{most} body-less POSTs of one tenant at work on 1 turn"
+
+
+async def test_a_wake_routes_token_is_taken_for_its_tenant_at_the_gate() -> None:
+    """A webhook's callback or a pull-wake ack or release carries the wake's own token: the gate
+    learns its tenant from it (its signature checked) and takes that tenant's turn there, so a
+    flood of them past the tenant's queue is refused before routing. Another path, or a token
+    that is not valid, is left to the route."""
+    from entrypoints.edge.turns import wake_tenant
+
+    def tenant_of(token: str, subscription_id: str) -> str:
+        if token != "wake-token" or subscription_id != "sub-1":
+            raise ValueError("not valid")
+        return "t1"
+
+    def scope(path: str, token: str = "wake-token", method: str = "POST") -> dict:
+        headers = [(b"authorization", f"Bearer {token}".encode())]
+        return {"type": "http", "method": method, "path": path, "headers": headers}
+
+    native = "/api/workflow-streams/subscriptions/sub-1/ack"
+    protocol = "/api/durable-streams/v1/stream/__ds/subscriptions/sub-1/callback"
+    assert wake_tenant(scope(native), tenant_of) == "t1"
+    assert wake_tenant(scope(protocol), tenant_of) == "t1"
+    assert wake_tenant(scope(native.replace("/ack", "/release")), tenant_of) == "t1"
+    assert wake_tenant(scope(native, token="forged"), tenant_of) is None
+    assert wake_tenant(scope(native, method="GET"), tenant_of) is None
+    assert wake_tenant(scope(native.replace("/ack", "/claim")), tenant_of) is None
+
+    inner = Stalling()
+    waiting.configure_turns(1, waiting_per_tenant=1)
+    app = with_budget(with_turns(inner, TokenCache(), [], tenant_of), 1.0)
+    working = asyncio.ensure_future(call(app, native, token="wake-token", method="POST"))
+    queued = asyncio.ensure_future(call(app, native, token="wake-token", method="POST"))
+    await asyncio.sleep(0.01)
+    refused = await call(app, native, token="wake-token", method="POST")
+    assert refused[0]["status"] == 429 and inner.entered == 1  # never routed
+    inner.go.set()
+    await asyncio.gather(working, queued)

@@ -16,7 +16,8 @@ body (a close, an object's commit or abort) as it authenticates."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from application import waiting
@@ -26,26 +27,52 @@ from entrypoints.edge.browser import allowed_origin, answer_headers
 from entrypoints.edge.exchange import Exchange
 from entrypoints.edge.head import RequestHead
 from entrypoints.edge.head_method import method_of
+from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, NATIVE_PREFIX, STREAM_PATH
 from entrypoints.edge.problems import PROBLEM_JSON, of_domain_error
+from entrypoints.edge.wake_links import DS
 
 _BEARER = b"bearer "
+# A webhook's callback, a pull-wake ack or release, on either surface: their bearer token is the
+# wake's own (application/subscriptions.py, WakeTokens), which names the tenant.
+_WAKE_ROUTE = re.compile(
+    f"(?:{re.escape(NATIVE_PREFIX)}|{re.escape(DURABLE_STREAMS_PREFIX + STREAM_PATH + DS)})"
+    r"/subscriptions/([^/]+)/(?:callback|ack|release)"
+)
 
 
-def cached_tenant(scope: dict, cache: TokenCache) -> str | None:
-    """The tenant of the request's bearer token, if this process's token cache knows it."""
+def _bearer(scope: dict) -> str | None:
     for name, value in scope["headers"]:
         if name == b"authorization":
             if len(value) > MAX_TOKEN_CHARS + 16 or value[:7].lower() != _BEARER:
                 return None
             try:
-                token = value[7:].decode("ascii").strip()
+                return value[7:].decode("ascii").strip() or None
             except UnicodeDecodeError:
                 return None
-            if not token or token.count(".") == 2:
-                return None  # a JWT: the cache knows none (its turn comes as it authenticates)
-            caller = cache.get(token_hash(token))
-            return None if caller is None else caller.tenant
     return None
+
+
+def wake_tenant(scope: dict, tenant_of: Callable[[str, str], str]) -> str | None:
+    """The tenant a wake route's token was signed for (its signature checked), if the request
+    is one; None otherwise, or if the token is not valid (the route answers that)."""
+    if scope["method"] != "POST" or (route := _WAKE_ROUTE.fullmatch(scope["path"])) is None:
+        return None
+    token = _bearer(scope)
+    if token is None:
+        return None
+    try:
+        return tenant_of(token, route.group(1))
+    except Exception:
+        return None
+
+
+def cached_tenant(scope: dict, cache: TokenCache) -> str | None:
+    """The tenant of the request's bearer token, if this process's token cache knows it."""
+    token = _bearer(scope)
+    if token is None or token.count(".") == 2:
+        return None  # (a JWT: the cache knows none; its turn comes as it authenticates)
+    caller = cache.get(token_hash(token))
+    return None if caller is None else caller.tenant
 
 
 async def refuse(scope: dict, send: Any, error: waiting.TooManyAtWork, permitted: Any) -> None:
@@ -86,16 +113,28 @@ def answering(send: Any) -> Any:
     return sending
 
 
-def with_turns(app: Any, cache: TokenCache, origins: Iterable[str]) -> Any:
+def with_turns(
+    app: Any,
+    cache: TokenCache,
+    origins: Iterable[str],
+    tenant_of_wake: Callable[[str, str], str] | None = None,
+) -> Any:
     """`app`, each HTTP request of a known token at work on one of its tenant's turns. Inside
-    the request's budget (it waits within it)."""
+    the request's budget (it waits within it). `tenant_of_wake(token, subscription_id)`: the
+    tenant of a wake route's token (a flood of wake acks past their tenant's queue is refused
+    here, before routing, as any other request of a known token)."""
     permitted = allowed_origin(origins)
 
     async def gated(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
-        if (tenant := cached_tenant(scope, cache)) is not None:
+        tenant = cached_tenant(scope, cache)
+        if tenant is None and tenant_of_wake is not None:
+            tenant = wake_tenant(scope, tenant_of_wake)
+            if tenant is not None:
+                waiting.act_for(tenant)  # (its body is charged to that tenant too)
+        if tenant is not None:
             try:
                 await waiting.take_turn(tenant)
             except waiting.TooManyAtWork as error:

@@ -211,7 +211,12 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
         )
     # A request of a token the process knows takes its tenant's turn at work first of all
     # (entrypoints/edge/turns.py), within its budget.
-    app.asgi_handler = with_turns(app.asgi_handler, container.token_cache(), origins)
+    app.asgi_handler = with_turns(
+        app.asgi_handler,
+        container.token_cache(),
+        origins,
+        lambda token, sid: app.state.services.subscriptions.wake_tenant(token, sid),
+    )
     writing.configure(container.settings().answer_stall_seconds)  # (the turns' send writes)
     app.asgi_handler = with_budget(app.asgi_handler, container.settings().request_timeout_seconds)
     # Outermost but for tracing: the front and Litestar read bodies through it.
