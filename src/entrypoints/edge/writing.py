@@ -99,11 +99,13 @@ async def in_pieces(send: Send, message: dict) -> None:
     assert task is not None
     _writing.add(task)
     charged = waiting.answer_writing(len(body))
+    last = (len(body) - 1) // WRITE_BYTES  # (the last piece says whether more follows)
     try:
-        for piece in pieces(body):
+        for n, piece in enumerate(pieces(body)):
+            going_on = more or n < last
             try:
                 async with asyncio.timeout_at(min(loop.time() + stall, taken_by)):
-                    await send({"type": "http.response.body", "body": piece, "more_body": True})
+                    await send({"type": "http.response.body", "body": piece, "more_body": going_on})
             except TimeoutError:
                 log.info(
                     "answer ended: its client took nothing for %.0f s, or read slower than %d "
@@ -118,8 +120,6 @@ async def in_pieces(send: Send, message: dict) -> None:
                     task.uncancel()
                     raise AnswerTooSlow("the server is stopping") from None
                 raise
-        if not more:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         _writing.discard(task)
         _ended.discard(task)
