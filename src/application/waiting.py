@@ -271,20 +271,31 @@ _turns_per_tenant = [0]  # 0: no limit
 _waiting_per_tenant = [0]  # 0: no limit
 _answer_bytes_per_tenant = [0]  # 0: no limit
 _answer_bytes: dict[str, int] = {}  # per tenant, of the large answers being written now
+_answer_bytes_per_process = [0]  # 0: no limit
+_answer_bytes_total = [0]  # of all tenants' (the sum of `_answer_bytes`)
 answers_refused = [0]  # requests refused so (/metrics)
 turn_waits = [0]  # requests that waited for a turn (/metrics)
 turn_queue_full = [0]  # arriving requests refused at once, their tenant's queue full (/metrics)
 
 
 def configure_turns(
-    per_tenant: int, waiting_per_tenant: int = 0, answer_bytes_per_tenant: int = 0
+    per_tenant: int,
+    waiting_per_tenant: int = 0,
+    answer_bytes_per_tenant: int = 0,
+    answer_bytes_per_process: int = 0,
 ) -> None:
     """Each tenant's requests at work at once in this process (0: no limit), its arriving
-    requests that may wait for one of those turns (0: no limit), and the bytes of its answers
-    being written past which its next requests are refused (0: no limit)."""
+    requests that may wait for one of those turns (0: no limit), the bytes of its answers
+    being written past which its next requests are refused (0: no limit), and the bytes of all
+    tenants' past which a tenant holding at least its equal share of them is refused."""
     _turns_per_tenant[0] = per_tenant
     _waiting_per_tenant[0] = waiting_per_tenant
     _answer_bytes_per_tenant[0] = answer_bytes_per_tenant
+    _answer_bytes_per_process[0] = answer_bytes_per_process
+
+
+def _answers_capped() -> bool:
+    return bool(_answer_bytes_per_tenant[0] or _answer_bytes_per_process[0])
 
 
 def answer_writing(size: int) -> tuple[str, int] | None:
@@ -295,12 +306,14 @@ def answer_writing(size: int) -> tuple[str, int] | None:
     if tenant is None:
         return None
     _answer_bytes[tenant] = _answer_bytes.get(tenant, 0) + size
+    _answer_bytes_total[0] += size
     return tenant, size
 
 
 def answer_written(charged: tuple[str, int] | None) -> None:
     if charged is not None:
         tenant, size = charged
+        _answer_bytes_total[0] -= size
         left = _answer_bytes[tenant] - size
         if left:
             _answer_bytes[tenant] = left
@@ -323,7 +336,7 @@ async def take_turn(tenant: str) -> None:
             # once: so it is refused now, before its body is read (and before the framework's
             # routing, at the edge's gate, for a token the process knows).
             _arrival_refused(tenant)
-    elif budget is not None and budget.tenant is None and _answer_bytes_per_tenant[0]:
+    elif budget is not None and budget.tenant is None and _answers_capped():
         # No turns to take, but its answers are still charged to its tenant, and refused past
         # the tenant's bytes of answers not yet taken (`answer_writing`).
         budget.tenant = tenant
@@ -355,13 +368,24 @@ async def back_to_work() -> None:
 
 
 def _answers_taken(tenant: str) -> None:
-    """AnswersNotTaken if `tenant`'s answers being written hold as many bytes as they may."""
+    """AnswersNotTaken if `tenant`'s answers being written hold as many bytes as they may: the
+    tenant's own cap, or, once all tenants' together reach the process's, at least its equal
+    share of those (a tenant holding less is served: eight tenants at their caps once held
+    3.25 GB together, and a ninth is not refused for them)."""
+    held = _answer_bytes.get(tenant, 0)
     most = _answer_bytes_per_tenant[0]
-    if most and _answer_bytes.get(tenant, 0) >= most:
+    if most and held >= most:
         answers_refused[0] += 1
         raise AnswersNotTaken(
             f"this tenant's answers not yet taken by their clients hold {most} bytes on this "
             "server; read them, or retry shortly",
+        )
+    total, process = _answer_bytes_total[0], _answer_bytes_per_process[0]
+    if process and total >= process and held and held * len(_answer_bytes) >= total:
+        answers_refused[0] += 1
+        raise AnswersNotTaken(
+            f"the answers not yet taken by their clients hold {process} bytes on this server, "
+            "this tenant's at least its share of them; read them, or retry shortly",
         )
 
 

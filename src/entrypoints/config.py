@@ -72,6 +72,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Bytes of its large answers being written (not yet taken by their clients) past which a
     # tenant's next requests are 429 at once (entrypoints/edge/writing.py). 0: no limit.
     max_answer_bytes_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 256 * 1024 * 1024
+    # Of all tenants' together: past it, a tenant holding at least its equal share is refused.
+    max_answer_bytes_per_process: Annotated[int, msgspec.Meta(ge=0)] = 1024 * 1024 * 1024
     # A piece of a large answer its client has not taken within this long ends the answer.
     answer_stall_seconds: Positive = 30.0
     statement_timeout_seconds: Positive = 10.0

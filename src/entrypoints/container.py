@@ -655,6 +655,7 @@ async def start(container: Container) -> Services:
         container.settings().requests_at_work_per_tenant,
         container.settings().requests_waiting_per_tenant,
         container.settings().max_answer_bytes_per_tenant,
+        container.settings().max_answer_bytes_per_process,
     )
     opening = container.init_resources()
     if opening is not None:  # None when every resource is overridden (memory_container)

@@ -24,6 +24,7 @@ def bounds() -> Iterator[None]:
     writing.configure(writing.WRITE_STALL_SECONDS)
     waiting.configure_turns(0)
     assert not waiting._turns and not waiting._answer_bytes  # all given back
+    assert waiting._answer_bytes_total[0] == 0
 
 
 class Client:
@@ -172,3 +173,30 @@ async def test_the_cap_on_answers_not_taken_holds_without_turns_at_work() -> Non
     with pytest.raises(writing.AnswerTooSlow):
         await writer
     await request("a", lambda: asyncio.sleep(0))
+
+
+async def test_past_the_process_cap_a_tenant_at_its_share_is_refused_and_one_below_served() -> None:
+    """Each tenant under its own cap, all together past the process's: the tenants holding at
+    least their equal share are refused, a tenant holding less (or nothing) is served."""
+    waiting.configure_turns(
+        8,
+        waiting_per_tenant=8,
+        answer_bytes_per_tenant=1_000_000,
+        answer_bytes_per_process=1_500_000,
+    )
+    body = b"w" * 800_000
+    stalled = [Client(reads=0) for _ in range(2)]
+    writers = [
+        asyncio.ensure_future(request(t, lambda c=c: writing.in_pieces(c.send, {"body": body})))
+        for t, c in zip(("a", "b"), stalled, strict=True)
+    ]
+    await asyncio.sleep(0.05)  # 1.6 MB held, 0.8 MB each: past the process's 1.5 MB
+    for tenant in ("a", "b"):
+        with pytest.raises(waiting.AnswersNotTaken) as no:
+            await request(tenant, lambda: asyncio.sleep(0))
+        assert "its share" in no.value.detail
+    await request("c", lambda: asyncio.sleep(0))  # holding nothing: served
+    for w in writers:
+        with pytest.raises(writing.AnswerTooSlow):
+            await w
+    await request("a", lambda: asyncio.sleep(0))  # freed: served again
