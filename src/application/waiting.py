@@ -300,11 +300,14 @@ def _answers_capped() -> bool:
 
 def answer_writing(size: int) -> tuple[str, int] | None:
     """The running request's answer of `size` bytes is being written: charged to its tenant
-    until `answer_written` (a client that does not read holds it meanwhile)."""
+    until `answer_written` (a client that does not read holds it meanwhile). AnswersNotTaken
+    if its tenant's answers are at their cap already: requests at work when the cap was
+    reached were let in before it, and their answers are not written past it either."""
     budget = _budget.get()
     tenant = None if budget is None else budget.tenant
     if tenant is None:
         return None
+    _answers_taken(tenant)
     _answer_bytes[tenant] = _answer_bytes.get(tenant, 0) + size
     _answer_bytes_total[0] += size
     return tenant, size

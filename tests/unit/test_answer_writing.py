@@ -200,3 +200,30 @@ async def test_past_the_process_cap_a_tenant_at_its_share_is_refused_and_one_bel
         with pytest.raises(writing.AnswerTooSlow):
             await w
     await request("a", lambda: asyncio.sleep(0))  # freed: served again
+
+
+async def test_an_answer_of_a_tenant_already_at_its_cap_is_not_written_at_all() -> None:
+    """A request let in before its tenant's answers reached the cap still answers; but a large
+    answer is not written past the cap: it ends at once (its connection closed), holding
+    nothing, where it would otherwise be held until its own stall."""
+    body = b"v" * 600_000
+    stalled = [Client(reads=0) for _ in range(2)]
+    writers = [
+        asyncio.ensure_future(request("a", lambda c=c: writing.in_pieces(c.send, {"body": body})))
+        for c in stalled
+    ]
+    await asyncio.sleep(0.05)  # 1.2 MB held: past tenant a's 1 MB
+    late = Client(reads=100)
+
+    async def let_in_before() -> None:
+        with waiting.request_budget(5.0):
+            waiting.act_for("a")
+            waiting._own_budget().tenant = "a"  # (as a request at work before the cap was hit)
+            await writing.in_pieces(late.send, {"body": body})
+
+    with pytest.raises(writing.AnswerTooSlow):
+        await let_in_before()
+    assert late.sent == [] and waiting._answer_bytes == {"a": 1_200_000}
+    for w in writers:
+        with pytest.raises(writing.AnswerTooSlow):
+            await w

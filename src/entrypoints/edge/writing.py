@@ -97,8 +97,13 @@ async def in_pieces(send: Send, message: dict) -> None:
     taken_by = loop.time() + stall + len(body) / WRITE_MIN_BYTES_PER_SECOND
     task = asyncio.current_task()
     assert task is not None
+    try:
+        charged = waiting.answer_writing(len(body))
+    except waiting.AnswersNotTaken:
+        # Its tenant's answers not taken are at their cap: this one is not written at all (its
+        # status line is out; its connection is closed, and what it held freed at once).
+        raise AnswerTooSlow("this tenant's answers not yet taken are at their cap") from None
     _writing.add(task)
-    charged = waiting.answer_writing(len(body))
     last = (len(body) - 1) // WRITE_BYTES  # (the last piece says whether more follows)
     try:
         for n, piece in enumerate(pieces(body)):
