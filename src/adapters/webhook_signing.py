@@ -19,6 +19,8 @@ import asyncpg
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from adapters.postgres.bounded import bounded_on
+
 # How long a retired key stays published: past the five-minute replay window receivers use.
 RETIRED_KEY_SECONDS = 600.0
 # What each process reloads its keys after at the latest; a rotation is also announced on
@@ -157,6 +159,9 @@ class PostgresKeyRows:
         self._pool = pool
 
     async def keys(self) -> tuple[list[KeyRow], float]:
+        return await bounded_on(self._pool, self._keys())
+
+    async def _keys(self) -> tuple[list[KeyRow], float]:
         async with self._pool.acquire() as conn, conn.transaction():  # one snapshot, one now()
             rows = await conn.fetch(
                 """SELECT private_key, extract(epoch FROM retire_after)::float8,

@@ -420,3 +420,70 @@ async def test_a_partitioned_dispatcher_stops_before_its_lease_ends_and_never_pu
     assert set(repeated) <= republished, repeated
     assert all(len(v) == 2 and v[-1][1] == "second" for v in repeated.values()), repeated
     assert "stops acting on" in first_log
+
+
+# --- every request kind answers within its bound ------------------------------------------------
+
+
+async def test_reads_of_a_stream_and_subscription_requests_answer_503_within_their_bound(
+    proxy: PartitionProxy, proxied_server: ServerProcess
+) -> None:
+    """Not only appends: a stream's document, a subscription's document, a claim, a pull-wake
+    ack and the webhook signing keys each answer 503 within the request bound on a silent
+    network (they took a pooled connection unbounded, and waited for the driver's statement
+    timeout at each statement: 20 s for a stream's document)."""
+    run_id = "run-" + secrets.token_hex(4)
+    name = "sub-" + secrets.token_hex(4)
+    async with api_client(proxied_server) as api:
+        for stream_id in ("wake", "e1"):
+            made = await api.post(
+                f"/runs/{run_id}/streams", json={"stream_id": stream_id, "direction": "output"}
+            )
+            assert made.status_code == 201, made.text
+        put = await api.put(
+            f"/subscriptions/{name}",
+            json={
+                "type": "pull-wake",
+                "pattern": {"run_id": run_id, "stream_id": "e*"},
+                "wake_stream": {"run_id": run_id, "stream_id": "wake"},
+            },
+        )
+        assert put.status_code == 201, put.text
+        appended = await api.post(
+            f"/runs/{run_id}/streams/e1/records", json={"records": [{"data": 1}]}
+        )
+        assert appended.status_code == 201, appended.text
+        claim = await api.post(f"/subscriptions/{name}/claim", json={"worker": "w1"})
+        assert claim.status_code == 200, claim.text
+        claimed = claim.json()
+        ack = {"wake_id": claimed["wake_id"], "generation": claimed["generation"]}
+        wake_auth = {"Authorization": f"Bearer {claimed['token']}"}
+        requests = {
+            "stream": lambda: api.get(f"/runs/{run_id}/streams/e1"),
+            "subscription": lambda: api.get(f"/subscriptions/{name}"),
+            "claim": lambda: api.post(f"/subscriptions/{name}/claim", json={"worker": "w2"}),
+            "ack": lambda: api.post(f"/subscriptions/{name}/ack", json=ack, headers=wake_auth),
+            "jwks": lambda: api.get(
+                proxied_server.base_url + "/api/durable-streams/v1/stream/__ds/jwks.json"
+            ),
+        }
+
+        async def timed(request):  # type: ignore[no-untyped-def]
+            started = time.monotonic()
+            answer = await request()
+            return answer, time.monotonic() - started
+
+        proxy.freeze_all()
+        try:
+            # Twice: the first finds the pooled connections open (now silent), the second
+            # finds them given up on and must open new ones.
+            for _ in range(2):
+                answers = await asyncio.gather(*(timed(r) for r in requests.values()))
+                late = {
+                    what: (answer.status_code, round(took, 2))
+                    for what, (answer, took) in zip(requests, answers, strict=True)
+                    if answer.status_code != 503 or took > REQUEST_BOUND + 0.5
+                }
+                assert not late, f"answered late or not 503: {late}"
+        finally:
+            proxy.heal()

@@ -171,3 +171,15 @@ class BoundedPool:
 
     async def fetchval(self, query: str, *args: object, **kwargs: Any) -> Any:
         return await self._bounded(self.pool.fetchval(query, *args, **kwargs))
+
+
+async def bounded_on(pool: object, operation: Coroutine[Any, Any, T]) -> T:
+    """`operation`, a whole transaction on a connection it takes from `pool`, bounded as the
+    pool's statements are: within the current allowance, and within the acting tenant's share
+    of the connections where `pool` keeps shares (a `BoundedPool`; a bare asyncpg pool, as
+    some tests make, keeps none). Without it, a transaction on a silent network waited for
+    the driver's statement timeout at each of its statements: a stream's document took 20 s
+    to answer 503."""
+    if isinstance(pool, BoundedPool):
+        return await pool.run(operation)
+    return await bounded(operation)

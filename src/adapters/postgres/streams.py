@@ -24,7 +24,7 @@ from typing import NamedTuple, TypeVar
 import asyncpg
 import msgspec
 
-from adapters.postgres.bounded import bounded
+from adapters.postgres.bounded import bounded, bounded_on
 from adapters.postgres.cleanup import aged_rows, delete_in_batches
 from adapters.postgres.connections import Connection
 from adapters.postgres.definitions import DefinitionCache
@@ -356,6 +356,9 @@ class PostgresStreams(RecordReads):
     async def load(self, key: StreamKey) -> Stream | None:
         """The whole stream, its producers and consumers included (the producers from their
         own rows, in the same snapshot: repeatable read makes the two statements one)."""
+        return await bounded_on(self._pool, self._load(key))
+
+    async def _load(self, key: StreamKey) -> Stream | None:
         async with (
             self._pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import asyncpg
 import msgspec
 
+from adapters.postgres.bounded import bounded_on
 from adapters.postgres.connections import Connection
 from application.subscriptions import Change, Delivery, Heads
 from application.workers import Job
@@ -142,7 +143,9 @@ class PostgresSubscriptions:
     ) -> _T:
         while True:
             try:
-                return await self._update(tenant, subscription_id, decide, discover, extra)
+                return await bounded_on(
+                    self._pool, self._update(tenant, subscription_id, decide, discover, extra)
+                )
             except _Raced:
                 # Another transaction created it meanwhile (nothing was locked: there was no
                 # row): decided again, from the row it made, under its lock (or, deleted
@@ -266,6 +269,9 @@ class PostgresSubscriptions:
             )
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
+        return await bounded_on(self._pool, self._get(tenant, subscription_id))
+
+    async def _get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         async with self._pool.acquire() as conn:
             row = await conn.fetchrow(_GET, tenant, subscription_id)
             if row is None:
