@@ -547,3 +547,46 @@ async def test_claims_take_tenants_round_robin_from_where_the_last_one_stopped(p
     finally:
         async with pool.acquire() as conn:
             await conn.execute("DELETE FROM ds_subscriptions WHERE tenant = ANY($1)", tenants)
+
+
+async def test_changes_of_one_subscription_wait_for_each_other_holding_no_connection(
+    deployed: tuple[Any, Any],
+) -> None:
+    """Ten changes of one subscription at once, its row held by another transaction: one of
+    them waits on the row, on a connection of the pool; the other nine wait for it in the
+    process, holding none. (Each waited on the row, on a connection of its own: a flood of one
+    wake's acks held its tenant's share of the pool, and another tenant's appends waited for
+    connections.) They all apply, in turn, once the row is free."""
+    import asyncio
+
+    from tests.support.subscription_contract import ADMIN, BASE, uid, webhook
+
+    container, services = deployed
+    sid = uid("sub")
+    await services.subscriptions.put(ADMIN, sid, webhook(f"{uid('run')}/*"), BASE)
+    store = await provided(container.subscription_store)
+    pool = await provided(container.pool)
+    decided: list[int] = []
+
+    def decide(n: int):  # type: ignore[no-untyped-def]
+        def deciding(sub, heads):  # type: ignore[no-untyped-def]
+            decided.append(n)
+            return None, n
+
+        return deciding
+
+    async with pool.acquire() as holding, holding.transaction():
+        await holding.execute(
+            "SELECT 1 FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2 FOR UPDATE",
+            ADMIN.tenant,
+            sid,
+        )
+        changes = [
+            asyncio.create_task(store.update(ADMIN.tenant, sid, decide(n))) for n in range(10)
+        ]
+        await asyncio.sleep(0.5)
+        in_use = pool.get_size() - pool.get_idle_size()  # (this one, holding the row, too)
+        assert in_use <= 3, f"{in_use - 1} connections wait on the subscription's row"
+        assert not any(change.done() for change in changes)
+    assert await asyncio.wait_for(asyncio.gather(*changes), 10) == list(range(10))
+    assert decided == list(range(10))

@@ -4,6 +4,8 @@ and the wake outbox, claimed by the delivering workers with a lease like input d
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
@@ -13,6 +15,7 @@ import msgspec
 from adapters.postgres.bounded import bounded_on
 from adapters.postgres.connections import Connection
 from application.subscriptions import Change, Delivery, Heads
+from application.waiting import Unanswered, spending
 from application.workers import Job
 from domain.stream import StreamKey
 from domain.subscriptions import Link, StreamPath, Subscription, pattern_regex
@@ -114,6 +117,15 @@ def _state(sub: Subscription) -> bytes:
 class PostgresSubscriptions:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
+        # One lock per subscription being changed in this process, taken before a connection:
+        # the changes of one subscription wait for each other here, holding nothing, rather
+        # than on its row, each on a connection of the pool. (A flood of one wake's acks held
+        # its tenant's share of the pool on one row, and the other tenants, the append leaders
+        # and the workers shared what was left.) The row lock still orders the processes and
+        # replicas.
+        self._changing: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
 
     async def _load(
         self, conn: Connection, row: Any, tenant: str, subscription_id: str
@@ -141,16 +153,34 @@ class PostgresSubscriptions:
         discover: str | None = None,
         extra: tuple[StreamPath, ...] = (),
     ) -> _T:
-        while True:
-            try:
-                return await bounded_on(
-                    self._pool, self._update(tenant, subscription_id, decide, discover, extra)
-                )
-            except _Raced:
-                # Another transaction created it meanwhile (nothing was locked: there was no
-                # row): decided again, from the row it made, under its lock (or, deleted
-                # again meanwhile, from none).
-                continue
+        key = (tenant, subscription_id)
+        lock = self._changing.get(key)
+        if lock is None:
+            lock = self._changing[key] = asyncio.Lock()
+        if lock.locked():
+            with spending() as allowed:
+                try:
+                    async with asyncio.timeout(allowed):
+                        await lock.acquire()
+                except TimeoutError:
+                    raise Unanswered(
+                        "the database (this subscription's changes before this one)", allowed
+                    ) from None
+        else:
+            await lock.acquire()  # at once
+        try:
+            while True:
+                try:
+                    return await bounded_on(
+                        self._pool, self._update(tenant, subscription_id, decide, discover, extra)
+                    )
+                except _Raced:
+                    # Another transaction created it meanwhile (nothing was locked: there was
+                    # no row): decided again, from the row it made, under its lock (or, deleted
+                    # again meanwhile, from none).
+                    continue
+        finally:
+            lock.release()
 
     async def _update(
         self,
