@@ -6,7 +6,8 @@ token) runs N loops (default 100) from a process of its own. Each loop opens a c
 sends one whole request and resets the connection at once (SO_LINGER 0), without reading the
 answer, then does it again: a client bound by no concurrency of its own. `--kind` says which
 requests: `post` (one-record appends, the default), `get` (reads of a 1,000-record page), `mix`
-(half each). Tenant B appends one record at a time to a stream of its own, 2 s before A starts
+(half each), `ack` (acks of a claimed pull-wake subscription over A's run, by the claim's
+token). Tenant B appends one record at a time to a stream of its own, 2 s before A starts
 (quiet) and then for S seconds (default 15) beside A. It prints B's latencies (p50, p99,
 worst), what the server answered A by status (its /metrics), and the warnings and errors it
 logged (docs/benchmarks.md, "2026-12-06, twelfth sitting").
@@ -29,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from bench.large_beside import JSON, TOKEN, _latencies, _stream, _tenant_b, _token
+from bench.large_beside import API, JSON, TOKEN, _latencies, _stream, _tenant_b, _token
 from bench.server import embedded_server
 
 _STATUS = re.compile(
@@ -38,20 +39,8 @@ _STATUS = re.compile(
 )
 
 
-def _flood(
-    host: str, port: int, token: str, path: str, loops: int, kind: str, stop: Event, out: Any
-) -> None:
-    """A's loops, until `stop`: how many requests they sent. (`token`: this process's own
-    import of the module would make another.)"""
-    body = json.dumps({"records": [{"data": {"n": 1}}]}).encode()
-    post = (
-        f"POST {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {token}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-    get = (
-        f"GET {path}?cursor=0&limit=1000 HTTP/1.1\r\nHost: bench\r\n"
-        f"Authorization: Bearer {token}\r\n\r\n"
-    ).encode()
+def _flood(host: str, port: int, requests: list[bytes], loops: int, stop: Event, out: Any) -> None:
+    """A's loops, until `stop`: how many requests they sent. Loop n sends `requests[n % len]`."""
     reset = struct.pack("ii", 1, 0)
 
     async def loops_() -> int:
@@ -59,7 +48,7 @@ def _flood(
 
         async def loop(n: int) -> None:
             nonlocal sent
-            request = get if kind == "get" or (kind == "mix" and n % 2) else post
+            request = requests[n % len(requests)]
             while not stop.is_set():
                 try:
                     _, writer = await asyncio.open_connection(host, port)
@@ -79,15 +68,59 @@ def _flood(
     out.put(asyncio.run(loops_()))
 
 
+def _requests(a: httpx.Client, path: str, kind: str) -> list[bytes]:
+    """What A's loops send: whole requests, as bytes."""
+    auth = f"Authorization: Bearer {TOKEN}\r\n"
+    body = json.dumps({"records": [{"data": {"n": 1}}]}).encode()
+    post = (
+        f"POST {path} HTTP/1.1\r\nHost: bench\r\n{auth}"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    get = f"GET {path}?cursor=0&limit=1000 HTTP/1.1\r\nHost: bench\r\n{auth}\r\n".encode()
+    if kind == "post":
+        return [post]
+    if kind == "get":
+        return [get]
+    if kind == "mix":
+        return [post, get]
+    # A pull-wake subscription over A's run, claimed: its acks, by the claim's token.
+    run = path.split("/runs/")[1].split("/")[0]
+    name = "flood-" + secrets.token_hex(3)
+    made = a.post(f"{API}/runs/{run}/streams", json={"stream_id": "wake", "direction": "output"})
+    assert made.status_code == 201, made.text
+    put = a.put(
+        f"{API}/subscriptions/{name}",
+        json={
+            "type": "pull-wake",
+            "pattern": {"run_id": run, "stream_id": "a"},
+            "wake_stream": {"run_id": run, "stream_id": "wake"},
+        },
+    )
+    assert put.status_code == 201, put.text
+    assert a.post(path, json={"records": [{"data": 1}]}).status_code == 201
+    claim = a.post(f"{API}/subscriptions/{name}/claim", json={"worker": "w1"})
+    assert claim.status_code == 200, claim.text
+    claimed = claim.json()
+    ack = json.dumps({"wake_id": claimed["wake_id"], "generation": claimed["generation"]})
+    return [
+        (
+            f"POST {API}/subscriptions/{name}/ack HTTP/1.1\r\nHost: bench\r\n"
+            f"Authorization: Bearer {claimed['token']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(ack)}\r\n\r\n{ack}"
+        ).encode()
+    ]
+
+
 def _answered(base: str) -> dict[str, int]:
     """A's answers on the records route, and the gate's (unrouted) refusals, by status."""
     counts: dict[str, int] = {}
-    for line in httpx.get(base + "/metrics").text.splitlines():
+    for line in httpx.get(base + "/metrics", timeout=60).text.splitlines():
         if (match := _STATUS.match(line)) is None:
             continue
         method, route, status, value = match.groups()
-        if route.endswith("/records") or route == "unmatched":
-            name = f"{method} {'records' if route != 'unmatched' else 'refused at the gate'}"
+        if route.endswith(("/records", "/ack")) or route == "unmatched":
+            what = route.rsplit("/", 1)[-1] if route != "unmatched" else "refused at the gate"
+            name = f"{method} {what}"
             counts[f"{name} {status}"] = counts.get(f"{name} {status}", 0) + int(float(value))
     return counts
 
@@ -110,7 +143,7 @@ def _measure(base: str, data: str, loops: int, seconds: float, kind: str) -> Non
         context = multiprocessing.get_context("spawn")
         stop, out = context.Event(), context.Queue()
         process = context.Process(
-            target=_flood, args=(host, int(port), TOKEN, path, loops, kind, stop, out)
+            target=_flood, args=(host, int(port), _requests(a, path, kind), loops, stop, out)
         )
         process.start()
         time.sleep(1.0)  # the flood under way
@@ -121,7 +154,7 @@ def _measure(base: str, data: str, loops: int, seconds: float, kind: str) -> Non
         time.sleep(1.0)
         answered = _answered(base)
     log = (Path(data) / "serve.log").read_text(errors="replace").splitlines()
-    warned = sum('"WARNING"' in line or '"ERROR"' in line for line in log)
+    warned = sum('"level":"warning"' in line or '"level":"error"' in line for line in log)
     print(
         f"tenant A: {loops} loops of {kind} requests sent and reset at once; "
         "tenant B: one-record appends, one after the other"
@@ -136,7 +169,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--loops", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=15.0)
-    parser.add_argument("--kind", choices=("post", "get", "mix"), default="post")
+    parser.add_argument("--kind", choices=("post", "get", "mix", "ack"), default="post")
     arguments = parser.parse_args()
     with embedded_server({"DUCTOR_STREAMS_BOOTSTRAP_TOKEN": TOKEN}) as (base, _, data):
         _measure(base, data, arguments.loops, arguments.seconds, arguments.kind)
