@@ -64,15 +64,30 @@ class CommitOutcomeUnknown(ConnectionError):
 
 
 class Budget:
-    __slots__ = ("body_to_come", "left", "task", "tenant", "turn")
+    __slots__ = (
+        "admitted",
+        "body_to_come",
+        "left",
+        "reserved",
+        "streamed",
+        "task",
+        "tenant",
+        "turn",
+    )
 
-    def __init__(self, seconds: float, body_to_come: bool = False) -> None:
+    def __init__(self, seconds: float, body_to_come: bool = False, streamed: bool = False) -> None:
         self.left = seconds
         self.task = asyncio.current_task()
         self.tenant: str | None = None  # whose turns the request takes
         self.turn: _Turns | None = None  # the tenant's turn at work the request holds
-        # A request with a body takes its turn once the body is in (`body_arrived`).
+        # A request with a body takes its turn once the body is in (`body_arrived`); one whose
+        # body is streamed to a store as it comes (an object upload) takes none.
         self.body_to_come = body_to_come
+        self.streamed = streamed
+        # Admitted with its body to come (`take_turn`), and the tenant's turns that count it
+        # until its body is in (`_reserve`).
+        self.admitted = False
+        self.reserved: _Turns | None = None
 
 
 class CommitWatch:
@@ -104,8 +119,10 @@ class request_budget:
 
     __slots__ = ("_budget", "_token")
 
-    def __init__(self, seconds: float | None = None, body_to_come: bool = False) -> None:
-        self._budget = Budget(_bound[0] if seconds is None else seconds, body_to_come)
+    def __init__(
+        self, seconds: float | None = None, body_to_come: bool = False, streamed: bool = False
+    ) -> None:
+        self._budget = Budget(_bound[0] if seconds is None else seconds, body_to_come, streamed)
 
     def __enter__(self) -> Budget:
         self._token = _budget.set(self._budget)
@@ -114,6 +131,8 @@ class request_budget:
     def __exit__(self, *_: object) -> None:
         _budget.reset(self._token)
         self._budget.tenant = None
+        if self._budget.reserved is not None:
+            _unreserve(self._budget)
         if self._budget.turn is not None:
             _give_back(self._budget)
 
@@ -256,12 +275,13 @@ class AnswersNotTaken(TooManyAtWork):
 
 
 class _Turns:
-    __slots__ = ("at_work", "queued", "tenant", "waiting")
+    __slots__ = ("at_work", "coming", "queued", "tenant", "waiting")
 
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
         self.at_work = 0
         self.queued = 0  # arriving requests waiting for a turn (`waiting` keeps cancelled ones)
+        self.coming = 0  # requests admitted whose body is still to come (`_reserve`)
         # Each waiting request's future, and whether it counts in `queued` (an arriving one).
         self.waiting: collections.deque[tuple[asyncio.Future[None], bool]] = collections.deque()
 
@@ -338,7 +358,10 @@ async def take_turn(tenant: str) -> None:
             # Its turn comes once its body is in; but were it in now, it would be refused at
             # once: so it is refused now, before its body is read (and before the framework's
             # routing, at the edge's gate, for a token the process knows).
-            _arrival_refused(tenant)
+            if not budget.admitted:  # (admitted already at the edge's gate: not again)
+                _arrival_refused(tenant)
+                budget.admitted = True
+                _reserve(budget, tenant)
     elif budget is not None and budget.tenant is None and _answers_capped():
         # No turns to take, but its answers are still charged to its tenant, and refused past
         # the tenant's bytes of answers not yet taken (`answer_writing`).
@@ -354,6 +377,8 @@ async def body_arrived() -> None:
     budget = _own_budget()
     if budget is not None and budget.body_to_come:
         budget.body_to_come = False
+        if budget.reserved is not None:
+            _unreserve(budget)  # (and counted again at once, if it has to wait: `_take`)
         # (Not for a body drained after the answer: its request is done acting for anyone.)
         if _turns_per_tenant[0] and budget.turn is None and budget.tenant and acting_for():
             await _take(budget, budget.tenant, arriving=True)
@@ -394,15 +419,47 @@ def _answers_taken(tenant: str) -> None:
 
 def _arrival_refused(tenant: str) -> None:
     """TooManyAtWork if an arriving request of `tenant` would be refused at once: its answers
-    not yet taken at their cap, or its requests waiting for a turn at theirs."""
+    not yet taken at their cap, or its requests waiting for a turn at theirs (those whose body
+    is still to come counted as waiting, past the turns free)."""
     _answers_taken(tenant)
     turns = _turns.get(tenant)
-    if turns is not None and turns.at_work >= _turns_per_tenant[0]:
+    if turns is not None and turns.at_work + turns.coming >= _turns_per_tenant[0]:
         _queue_room(turns)
 
 
+def _reserve(budget: Budget, tenant: str) -> None:
+    """A request admitted with its body to come will go to work (or wait for a turn) once its
+    body is in: it counts in its tenant's turns from now (`coming`) until then, or until it
+    ends. Counted only once its body was in, as before, it was not counted while the framework
+    routed it: every request of the tenant arriving meanwhile was admitted, since the turns and
+    the queue looked as they did. Under a flood of one tenant's wake acks, a turn of the event
+    loop grew to seconds, each admitting thousands more, routed and then refused; another
+    tenant's appends waited up to 9 s. An upload (`streamed`) takes no turn: not counted."""
+    if budget.streamed or budget.reserved is not None:
+        return
+    turns = _turns.get(tenant)
+    if turns is None:
+        turns = _turns[tenant] = _Turns(tenant)
+    turns.coming += 1
+    budget.reserved = turns
+
+
+def _unreserve(budget: Budget) -> None:
+    turns = budget.reserved
+    assert turns is not None
+    budget.reserved = None
+    turns.coming -= 1
+    _forget_idle(turns)
+
+
+def _forget_idle(turns: _Turns) -> None:
+    if not turns.at_work and not turns.coming and _turns.get(turns.tenant) is turns:
+        del _turns[turns.tenant]
+
+
 def _queue_room(turns: _Turns) -> None:
-    if (most := _waiting_per_tenant[0]) and turns.queued >= most:
+    waiting = turns.queued + max(0, turns.at_work + turns.coming - _turns_per_tenant[0])
+    if (most := _waiting_per_tenant[0]) and waiting >= most:
         turn_queue_full[0] += 1
         raise TooManyAtWork(
             f"this tenant already has {_turns_per_tenant[0]} requests at work on this server "
@@ -477,5 +534,4 @@ def _give_back(budget: Budget) -> None:
             turns.queued -= arriving  # it waits no more, though its task has yet to run
             return
     turns.at_work -= 1
-    if not turns.at_work and _turns.get(turns.tenant) is turns:
-        del _turns[turns.tenant]
+    _forget_idle(turns)

@@ -272,3 +272,76 @@ async def test_a_pull_wake_ack_by_its_claim_token_waits_for_a_turn_too(
             assert turn_waits(server) == waits + 1
         answers = await asyncio.gather(*at_work, acked)
     assert [a.status_code for a in answers] == [201] * TURNS + [200], answers[-1].text
+
+
+WAITING = 2
+
+
+@pytest.fixture(scope="module")
+def short_queue(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    process = ServerProcess(
+        database_url=database_url,
+        data_dir=tmp_path_factory.mktemp("tenant-turns-queue"),
+        env={
+            **SERVER_ENV,
+            "DUCTOR_STREAMS_REQUESTS_AT_WORK_PER_TENANT": str(TURNS),
+            "DUCTOR_STREAMS_REQUESTS_WAITING_PER_TENANT": str(WAITING),
+            "DUCTOR_STREAMS_REQUEST_TIMEOUT_SECONDS": str(BUDGET_SECONDS),
+        },
+    ).start()
+    yield process
+    process.stop()
+
+
+def refused_at_the_gate(server: ServerProcess) -> float:
+    scraped = httpx.get(f"{server.base_url}/metrics").text
+    prefix = 'ductor_streams_request_duration_seconds_count{method="POST",route="unmatched",'
+    return sum(
+        float(line.split()[1])
+        for line in scraped.splitlines()
+        if line.startswith(prefix) and 'status="429"' in line
+    )
+
+
+async def test_requests_arriving_together_with_bodies_are_refused_at_the_gate_past_the_queue(
+    short_queue: ServerProcess, two_tenants: tuple[str, str, str], pool: asyncpg.Pool
+) -> None:
+    """A tenant's turns all at work and its requests with a body arriving together: those
+    admitted count as waiting from the gate on, so the queue's places go to the first and the
+    rest are refused there, before routing and before their bodies are read. (Counted only
+    once their bodies were in, all of them were admitted at the gate, routed, and refused after:
+    a flood of one tenant's acks so took the event loop's turns to seconds.)"""
+    busy, other, busy_tenant = two_tenants
+    server = short_queue
+    path, other_path = new_stream(server, busy), new_stream(server, other)
+    assert read(server, busy, path).status_code == 200  # its token known to the process
+    headers = {"Authorization": f"Bearer {busy}"}
+    arriving = 20
+    async with httpx.AsyncClient(timeout=60) as client:
+        async with turns_held(pool, client, busy_tenant, server.base_url + path, headers) as held:
+            await asyncio.sleep(0.5)
+            before = refused_at_the_gate(server)
+            flood = [
+                asyncio.ensure_future(
+                    client.post(
+                        server.base_url + path, json={"records": [{"data": n}]}, headers=headers
+                    )
+                )
+                for n in range(arriving)
+            ]
+            async with asyncio.timeout(BUDGET_SECONDS / 2):
+                while sum(f.done() for f in flood) < arriving - WAITING:
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+            admitted = [f for f in flood if not f.done()]  # waiting for a turn
+            assert len(admitted) == WAITING
+            refused = [f.result() for f in flood if f.done()]
+            assert [a.status_code for a in refused] == [429] * (arriving - WAITING)
+            assert refused_at_the_gate(server) - before == arriving - WAITING
+            assert all(a.headers["connection"] == "close" for a in refused)
+            answered = read(server, other, other_path)  # another tenant: at once
+            assert answered.status_code == 200, answered.text
+        answers = await asyncio.gather(*held, *admitted)
+    assert [a.status_code for a in answers] == [201] * (TURNS + WAITING)

@@ -301,3 +301,52 @@ async def test_a_body_to_come_is_refused_before_it_is_read_when_the_queue_is_ful
     assert waiting.turn_queue_full[0] == full + 1
     work.set()
     await asyncio.gather(holder, queued)
+
+
+async def test_requests_admitted_with_their_body_to_come_count_until_it_is_in() -> None:
+    """A request admitted before its body is in (at the edge's gate) counts in its tenant's
+    turns from then: not counted, every request arriving before the first one's body was in
+    was admitted, and under a flood of one tenant's acks each turn of the event loop admitted
+    thousands, routed and then refused. Admitted, it is not refused for itself once its body
+    is in (its authentication checking again); it is forgotten as it ends; an upload, whose
+    body streams to the store and which takes no turn, is not counted."""
+    waiting.configure_turns(1, waiting_per_tenant=1)
+    bodies_in = asyncio.Event()
+    log: list[str] = []
+
+    async def posting(name: str, streamed: bool = False) -> None:
+        with waiting.request_budget(5.0, body_to_come=True, streamed=streamed):
+            waiting.act_for("a")
+            await waiting.take_turn("a")  # the gate
+            log.append(f"{name} admitted")
+            await bodies_in.wait()
+            await waiting.take_turn("a")  # as it authenticates: admitted already
+            if not streamed:  # (an upload's body streams to the store: it takes no turn)
+                await waiting.body_arrived()
+            log.append(f"{name} at work")
+            await asyncio.sleep(0.01)
+
+    upload = asyncio.ensure_future(posting("upload", streamed=True))
+    first = asyncio.ensure_future(posting("first"))  # its turn, once its body is in
+    second = asyncio.ensure_future(posting("second"))  # the queue's one place
+    await asyncio.sleep(0.01)
+    assert log == ["upload admitted", "first admitted", "second admitted"]
+    full = waiting.turn_queue_full[0]
+    with pytest.raises(waiting.TooManyAtWork):  # its bodies still to come, a tenant is full
+        await posting("third")
+    assert waiting.turn_queue_full[0] == full + 1
+    bodies_in.set()
+    await asyncio.wait_for(asyncio.gather(upload, first, second), 2.0)
+    assert log[3:] == ["upload at work", "first at work", "second at work"]
+    done = asyncio.Event()
+    done.set()
+    await asyncio.wait_for(request("a", done, log, "later"), 1.0)  # all forgotten
+    assert not waiting._turns
+
+
+async def test_a_request_ended_before_its_body_came_is_forgotten() -> None:
+    waiting.configure_turns(1, waiting_per_tenant=1)
+    with waiting.request_budget(5.0, body_to_come=True):
+        waiting.act_for("a")
+        await waiting.take_turn("a")
+    assert not waiting._turns

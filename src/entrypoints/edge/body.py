@@ -126,6 +126,11 @@ def body_coming(scope: Any) -> bool:
 _UPLOAD = re.compile(re.escape(NATIVE_PREFIX) + r"/runs/[^/]+/streams/[^/]+/objects/[^/]+/body")
 
 
+def streamed_body(scope: Any) -> bool:
+    """Whether the request is an object upload (its body streamed to the store as it comes)."""
+    return scope["method"] == "PUT" and _UPLOAD.fullmatch(scope["path"]) is not None
+
+
 class _Watch:
     """The requests of this process waiting for a body's next piece, each with when it must
     come, checked twice a second by one timer (armed only while some wait): a timer per wait
@@ -250,7 +255,7 @@ def with_body_deadlines(
         loop = asyncio.get_running_loop()
         arrived_at = loop.time()
         deadline = math.inf
-        upload = scope["method"] == "PUT" and _UPLOAD.fullmatch(scope["path"]) is not None
+        upload = streamed_body(scope)
         if not upload:
             deadline = arrived_at + total_seconds
         paced_from = math.inf  # from the first read: a handler that reads late is no slow client

@@ -27,7 +27,7 @@ from entrypoints.container import Container, Services, provided, start, stop, wo
 from entrypoints.durable_streams.routes import DurableStreamsController
 from entrypoints.durable_streams.subscriptions import SubscriptionsController
 from entrypoints.edge import writing
-from entrypoints.edge.body import TenantBodies, body_coming, with_body_deadlines
+from entrypoints.edge.body import TenantBodies, body_coming, streamed_body, with_body_deadlines
 from entrypoints.edge.browser import browser_headers
 from entrypoints.edge.head_method import serve_head
 from entrypoints.edge.outages import RETRY_AFTER_SECONDS
@@ -241,7 +241,9 @@ def with_budget(asgi: ASGIApp, seconds: float) -> ASGIApp:
         if scope["type"] != ScopeType.HTTP:
             await asgi(scope, receive, send)
             return
-        with waiting.request_budget(seconds, body_to_come=body_coming(scope)):
+        coming = body_coming(scope)
+        streamed = coming and streamed_body(scope)
+        with waiting.request_budget(seconds, body_to_come=coming, streamed=streamed):
             await asgi(scope, receive, send)
 
     return bounded_request
