@@ -470,6 +470,11 @@ class TokenCache:
             return None
         return caller
 
+    def jwt_caller(self, token: str) -> Caller | None:
+        """The caller of a JWT verified and remembered by this process, if it is (and not due to
+        be verified again); None otherwise, or when the process takes no JWTs."""
+        return None if self._jwts is None else self._jwts.remembered(token)
+
     def remember(
         self, digest: bytes, caller: Caller, expires_in: float | None, generation: int
     ) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from application import waiting
 from application.access import Caller
+from application.jwts import JwtCallers
 from application.tokens import TokenCache, token_hash
 from entrypoints.edge.body import with_body_deadlines
 from entrypoints.edge.exchange import UNMATCHED
@@ -99,12 +100,39 @@ async def test_a_known_tokens_request_past_its_tenants_turns_is_answered_429() -
     assert counted_429() == before + 1  # in /metrics' request counts
     head = await call(app, method="HEAD")
     assert head[0]["status"] == 429 and head[1]["body"] == b""
-    # A JWT is not looked up here (its turn is taken as it authenticates).
+    # A JWT this process has not verified is not known here (its turn is taken as it
+    # authenticates).
     jwt = asyncio.ensure_future(call(app, token=JWT))
     await asyncio.sleep(0.01)
     assert inner.entered == 2
     inner.go.set()
     await asyncio.gather(working, jwt)
+
+
+class Verifier:
+    async def verify(self, token: str) -> dict:
+        return {"sub": "s", "tenant": "t1", "scope": "streams:read", "exp": 10**10}
+
+
+async def test_a_jwt_the_process_verified_is_known_at_the_gate() -> None:
+    """Its tenant's turns taken, a request with a JWT this process verified and remembers is
+    refused at the gate as a known token's is, before routing; one it never verified is let
+    through to authenticate (and to take its turn there)."""
+    jwts = JwtCallers(Verifier())
+    cache = TokenCache(jwts=jwts)
+    caller = await jwts(JWT)
+    cache.remember(token_hash(TOKEN), caller, None, cache.generation)
+    inner = Stalling()
+    app = with_budget(with_turns(inner, cache, []), 0.2)
+    working = asyncio.ensure_future(call(app))  # tenant t1's one turn
+    await asyncio.sleep(0.01)
+    refused = await asyncio.wait_for(call(app, token=JWT), 2.0)  # (not let through to work)
+    assert refused[0]["status"] == 429 and inner.entered == 1
+    unknown = asyncio.ensure_future(call(app, token="xxx.yyy.zzz"))
+    await asyncio.sleep(0.01)
+    assert inner.entered == 2
+    inner.go.set()
+    await asyncio.gather(working, unknown)
 
 
 async def test_a_request_gives_its_turn_back_as_its_answer_starts() -> None:

@@ -1,17 +1,18 @@
 """Each tenant's turns at work, taken at a request's first step (application/waiting.py, "Turns
 at work").
 
-A request whose bearer token this process knows already (its token cache), and whose head
-announces no body, takes one of its tenant's turns here, before any other work is done for it:
-routing, parsing and the handlers' steps. The event loop runs every request's steps in turn,
-so a tenant whose requests are all at work (a herd of long-polls answered together, polling
-again at once) would otherwise make every step of another tenant's request wait behind a step
-of each of its own. Past the tenant's turns, its request waits here, costing nothing per turn
-of the loop, in arrival order, until one of its own ends, starts waiting for a live event or
-starts its answer (writing it is the client's pace, not work); or is answered 429
-`too-many-requests` (Retry-After, the connection closed) when its budget runs out first. A
-token the cache does not know takes its turn when it authenticates; a request with a body
-takes it once its body is in (application/waiting.py, `body_arrived`); one whose route reads no
+A request whose bearer token this process knows already (its token cache, or a JWT it verified
+and remembers), and whose head announces no body, takes one of its tenant's turns here, before
+any other work is done for it: routing, parsing and the handlers' steps. The event loop runs
+every request's steps in turn, so a tenant whose requests are all at work (a herd of long-polls
+answered together, polling again at once) would otherwise make every step of another tenant's
+request wait behind a step of each of its own. Past the tenant's turns, its request waits here,
+costing nothing per turn of the loop, in arrival order, until one of its own ends, starts
+waiting for a live event or starts its answer (writing it is the client's pace, not work); or
+is answered 429 `too-many-requests` (Retry-After, the connection closed) when its budget runs
+out first. A token the process does not know takes its turn when it authenticates. A request
+with a body is admitted here (counted in its tenant's turns from now: application/waiting.py,
+`_reserve`) and takes its turn once its body is in (`body_arrived`); one whose route reads no
 body (a close, an object's commit or abort) as it authenticates."""
 
 from __future__ import annotations
@@ -67,11 +68,12 @@ def wake_tenant(scope: dict, tenant_of: Callable[[str, str], str]) -> str | None
 
 
 def cached_tenant(scope: dict, cache: TokenCache) -> str | None:
-    """The tenant of the request's bearer token, if this process's token cache knows it."""
+    """The tenant of the request's bearer token, if this process's token cache knows it (a
+    JWT: if this process verified it and remembers it)."""
     token = _bearer(scope)
-    if token is None or token.count(".") == 2:
-        return None  # (a JWT: the cache knows none; its turn comes as it authenticates)
-    caller = cache.get(token_hash(token))
+    if token is None:
+        return None
+    caller = cache.jwt_caller(token) if token.count(".") == 2 else cache.get(token_hash(token))
     return None if caller is None else caller.tenant
 
 
