@@ -478,7 +478,10 @@ async def _take(budget: Budget, tenant: str, arriving: bool = False) -> None:
         turns.at_work += 1
         budget.turn = turns
         return
-    if arriving:
+    if arriving and not budget.admitted:
+        # (One admitted with its body to come had its place in the queue counted as it was
+        # admitted, `_reserve`: refused now, after its body was read, for the requests admitted
+        # after it, it would go before them out of the queue it was let into.)
         _queue_room(turns)
     turn_waits[0] += 1
     handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()

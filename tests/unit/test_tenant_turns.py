@@ -350,3 +350,36 @@ async def test_a_request_ended_before_its_body_came_is_forgotten() -> None:
         waiting.act_for("a")
         await waiting.take_turn("a")
     assert not waiting._turns
+
+
+async def test_a_request_admitted_with_its_body_to_come_is_not_refused_once_it_is_in() -> None:
+    """Admitted, its place in the queue counted from then (`_reserve`), it waits for its turn
+    once its body is in, whatever was admitted after it: refused then, for a later request's
+    place, its body was read for nothing and the later one went before it. (Here a request with
+    no body took the turn free meanwhile, as it may: the bodies were still to come.)"""
+    waiting.configure_turns(1, waiting_per_tenant=1)
+    bodies = {"first": asyncio.Event(), "second": asyncio.Event()}
+    log: list[str] = []
+    done = asyncio.Event()
+
+    async def posting(name: str) -> None:
+        with waiting.request_budget(5.0, body_to_come=True):
+            waiting.act_for("a")
+            await waiting.take_turn("a")  # the gate
+            await bodies[name].wait()
+            await waiting.body_arrived()
+            log.append(f"{name} at work")
+            await done.wait()
+
+    first = asyncio.ensure_future(posting("first"))
+    second = asyncio.ensure_future(posting("second"))
+    await asyncio.sleep(0.01)
+    reading = asyncio.ensure_future(request("a", done, log, "no body"))
+    await asyncio.sleep(0.01)
+    bodies["first"].set()
+    await asyncio.sleep(0.01)
+    bodies["second"].set()
+    await asyncio.sleep(0.01)
+    done.set()
+    await asyncio.wait_for(asyncio.gather(first, second, reading), 2.0)
+    assert log == ["no body", "first at work", "second at work"]

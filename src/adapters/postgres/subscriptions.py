@@ -15,7 +15,7 @@ import msgspec
 from adapters.postgres.bounded import bounded_on
 from adapters.postgres.connections import Connection
 from application.subscriptions import Change, Delivery, Heads
-from application.waiting import Unanswered, spending
+from application.waiting import Unanswered, committing, spending
 from application.workers import Job
 from domain.stream import StreamKey
 from domain.subscriptions import Link, StreamPath, Subscription, pattern_regex
@@ -157,17 +157,16 @@ class PostgresSubscriptions:
         lock = self._changing.get(key)
         if lock is None:
             lock = self._changing[key] = asyncio.Lock()
-        if lock.locked():
-            with spending() as allowed:
-                try:
-                    async with asyncio.timeout(allowed):
-                        await lock.acquire()
-                except TimeoutError:
-                    raise Unanswered(
-                        "the database (this subscription's changes before this one)", allowed
-                    ) from None
-        else:
-            await lock.acquire()  # at once
+        # Always within the allowance: `lock.locked()` is False from a release until the waiter
+        # it woke runs, and an `acquire` meanwhile queues behind every waiter, unbounded.
+        with spending() as allowed:
+            try:
+                async with asyncio.timeout(allowed):
+                    await lock.acquire()
+            except TimeoutError:
+                raise Unanswered(
+                    "the database (this subscription's changes before this one)", allowed
+                ) from None
         try:
             while True:
                 try:
@@ -221,6 +220,9 @@ class PostgresSubscriptions:
             change, answer = decide(sub, heads)
             if change is not None:
                 await self._write(conn, tenant, subscription_id, sub, change)
+                # Bounded (`bounded_on`): given up on from here, the change may have committed
+                # (a claim, a done, a release: a client must not take it as not made).
+                committing()
         return answer
 
     async def _write(
