@@ -22,7 +22,7 @@ from entrypoints.edge.turns import with_turns
 from entrypoints.http.app import with_budget
 
 TOKEN = "dst_known"
-JWT = "aaa.bbb.ccc"
+JWT = "eyJhbGciOiJub25lIn0.eyJzdWIiOiJzIn0.c2ln"
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +128,7 @@ async def test_a_jwt_the_process_verified_is_known_at_the_gate() -> None:
     await asyncio.sleep(0.01)
     refused = await asyncio.wait_for(call(app, token=JWT), 2.0)  # (not let through to work)
     assert refused[0]["status"] == 429 and inner.entered == 1
-    unknown = asyncio.ensure_future(call(app, token="xxx.yyy.zzz"))
+    unknown = asyncio.ensure_future(call(app, token="eyJ4IjoxfQ.eyJ5IjoxfQ.eg"))
     await asyncio.sleep(0.01)
     assert inner.entered == 2
     inner.go.set()

@@ -13,7 +13,8 @@ is answered 429 `too-many-requests` (Retry-After, the connection closed) when it
 out first. A token the process does not know takes its turn when it authenticates. A request
 with a body is admitted here (counted in its tenant's turns from now: application/waiting.py,
 `_reserve`) and takes its turn once its body is in (`body_arrived`); one whose route reads no
-body (a close, an object's commit or abort) as it authenticates."""
+body (a close, an object's commit or abort) as it authenticates; an upload (its body streamed
+to the store) takes none, and is not counted."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from application import waiting
+from application.jwts import is_jwt
 from application.tokens import MAX_TOKEN_CHARS, TokenCache, token_hash
 from entrypoints.edge import writing
 from entrypoints.edge.browser import allowed_origin, answer_headers
@@ -73,7 +75,7 @@ def cached_tenant(scope: dict, cache: TokenCache) -> str | None:
     token = _bearer(scope)
     if token is None:
         return None
-    caller = cache.jwt_caller(token) if token.count(".") == 2 else cache.get(token_hash(token))
+    caller = cache.jwt_caller(token) if is_jwt(token) else cache.get(token_hash(token))
     return None if caller is None else caller.tenant
 
 
