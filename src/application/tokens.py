@@ -38,8 +38,8 @@ from application import tracing
 from application.access import SCOPES, Caller, Scope
 from application.errors import Forbidden, NotFound, Unauthenticated
 from application.jwts import JWT_ID_PREFIX, JwtCallers
-from application.ports import TokenRecord, TokenStore
-from application.waiting import act_for, take_turn
+from application.ports import FoundToken, TokenRecord, TokenStore
+from application.waiting import Unanswered, act_for, spending, take_turn
 from domain.definition import Principal
 from domain.errors import InvalidInput
 from domain.ids import ID_PATTERN, check_id
@@ -375,6 +375,12 @@ class Lease:
             self._wake()
 
 
+# Whom a token's lookup acts for (no tenant's ID has parentheses): the lookups of tokens the
+# process does not trust yet share one tenant's share of the pool's connections, so that a
+# flood of unknown tokens, or of known ones while revocations are not heard, cannot take them all.
+TOKEN_LOOKUPS = "(token lookups)"
+
+
 class TokenCache:
     """Tokens this process resolved, by id: trusted for `ttl_seconds` (never past the token's
     expiry) while revocations are heard, and for at most `UNCONFIRMED_TTL_SECONDS` otherwise."""
@@ -392,6 +398,10 @@ class TokenCache:
         self._clock = clock
         # token id -> (hash, caller, when it was looked up, when it must be looked up again)
         self._known: dict[str, tuple[bytes, Caller, float, float]] = {}
+        # token id -> (hash, tenant): whose turns a request of the token takes at the gate. Kept
+        # through `forget_all` and revocations (a token's tenant never changes; a revoked
+        # token's requests are refused as they authenticate, on its tenant's turns).
+        self._tenants: dict[str, tuple[bytes, str]] = {}
         self._generation = 0  # moves on every forget: a lookup begun before is not remembered
         self.live = False  # revocations are being heard (set by the wake bus)
         self._leases: dict[str, set[Lease]] = {}  # token id -> the open connections holding it
@@ -470,6 +480,16 @@ class TokenCache:
             return None
         return caller
 
+    def tenant_of(self, digest: bytes) -> str | None:
+        """The tenant of a token this process has resolved, trusted or not any more: the gate's
+        (entrypoints/edge/turns.py) to count the request on its tenant's turns before it
+        authenticates. Only the tenant: whether the token is still valid is authentication's.
+        (Through `get`, the gate knew no token while revocations were not heard and a second
+        had passed: under a flood that delayed the wake bus's heartbeats, every request was let
+        through to look its token up, and the lookups took the pool from every tenant.)"""
+        entry = self._tenants.get(token_id(digest))
+        return entry[1] if entry is not None and entry[0] == digest else None
+
     def jwt_caller(self, token: str) -> Caller | None:
         """The caller of a JWT verified and remembered by this process, if it is (and not due to
         be verified again); None otherwise, or when the process takes no JWTs."""
@@ -487,6 +507,9 @@ class TokenCache:
         now = self._clock()
         ttl = self._ttl if expires_in is None else min(self._ttl, expires_in)
         self._known[token_id(digest)] = (digest, caller, now, now + ttl)
+        if len(self._tenants) >= MAX_CACHED:
+            self._tenants.clear()
+        self._tenants[token_id(digest)] = (digest, caller.tenant)
 
     def forget(self, token_id: str) -> None:
         """The token was revoked: forget it, and end every open connection that holds it."""
@@ -514,7 +537,9 @@ class TokenCache:
 
 class Authenticate:
     """Resolve a bearer token, through the process's TokenCache; a JWT, when an identity
-    provider is configured, through `jwts`."""
+    provider is configured, through `jwts`. A token the cache does not trust is looked up once
+    at a time however many requests carry it (they wait for the one lookup), acting for
+    TOKEN_LOOKUPS."""
 
     def __init__(
         self, tokens: TokenStore, cache: TokenCache, jwts: JwtCallers | None = None
@@ -522,6 +547,7 @@ class Authenticate:
         self._tokens = tokens
         self._cache = cache
         self._jwts = jwts
+        self._finding: dict[bytes, asyncio.Future[FoundToken | None]] = {}
 
     async def __call__(self, authorization: str | None) -> Caller:
         caller = await self._resolve(authorization)
@@ -548,7 +574,7 @@ class Authenticate:
         if caller is not None:
             return caller
         generation = self._cache.generation
-        found = await self._tokens.find(digest)
+        found = await self._find(digest)
         if found is None:
             raise Unauthenticated("unknown, revoked or expired token")
         expires_in = found.expires_in_seconds
@@ -559,3 +585,28 @@ class Authenticate:
         )
         self._cache.remember(digest, caller, expires_in, generation)
         return caller
+
+    async def _find(self, digest: bytes) -> FoundToken | None:
+        finding = self._finding.get(digest)
+        if finding is None:
+            finding = asyncio.ensure_future(self._lookup(digest))
+            self._finding[digest] = finding
+            finding.add_done_callback(lambda done: self._found(digest, done))
+        with spending() as allowed:
+            try:
+                async with asyncio.timeout(allowed):
+                    return await asyncio.shield(finding)
+            except TimeoutError:
+                if finding.done():
+                    raise  # (the lookup's own bound: its Unanswered)
+                raise Unanswered("the database (the token's lookup)", allowed) from None
+
+    async def _lookup(self, digest: bytes) -> FoundToken | None:
+        act_for(TOKEN_LOOKUPS)
+        return await self._tokens.find(digest)
+
+    def _found(self, digest: bytes, done: asyncio.Future[FoundToken | None]) -> None:
+        if self._finding.get(digest) is done:
+            del self._finding[digest]
+        if not done.cancelled():
+            done.exception()  # (retrieved: every request waiting for it may have given up)

@@ -274,3 +274,59 @@ async def test_a_connection_admitted_with_a_jwt_ends_once_the_jwt_no_longer_veri
     cache.release(other)
     await asyncio.sleep(0.2)
     assert verifier.calls == calls  # nothing verifies for a released or ended lease
+
+
+class SlowTokens(MemoryTokens):
+    """A store whose lookups take a while, counted, noting whom each acts for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.finds = 0
+        self.acting: list[str | None] = []
+
+    async def find(self, token_hash: bytes):  # type: ignore[no-untyped-def]
+        import asyncio
+
+        from application.waiting import acting_for
+
+        self.finds += 1
+        self.acting.append(acting_for())
+        await asyncio.sleep(0.05)
+        return await super().find(token_hash)
+
+
+async def test_a_token_is_looked_up_once_however_many_requests_carry_it() -> None:
+    """A hundred requests with a token the cache does not trust wait for one lookup, which acts
+    for TOKEN_LOOKUPS (the lookups' one share of the pool, not the whole of it); a token the
+    store does not know is looked up once per wave too, and refused for each."""
+    import asyncio
+
+    from application.tokens import TOKEN_LOOKUPS, token_hash
+
+    store = SlowTokens()
+    await store.put(token_hash("dst_known"), Caller(tenant="t", principal="p", scopes=SCOPES))
+    authenticate = Authenticate(store, TokenCache())
+    callers = await asyncio.gather(*(authenticate("Bearer dst_known") for _ in range(100)))
+    assert {c.tenant for c in callers} == {"t"}
+    assert store.finds == 1 and store.acting == [TOKEN_LOOKUPS]
+    refused = await asyncio.gather(
+        *(authenticate("Bearer dst_unknown") for _ in range(100)), return_exceptions=True
+    )
+    assert all(isinstance(r, Unauthenticated) for r in refused)
+    assert store.finds == 2
+
+
+def test_the_gate_knows_a_tokens_tenant_while_revocations_are_not_heard() -> None:
+    """Not trusted any more (revocations not heard, its second past; or forgotten as the bus
+    came back), a token's tenant is still known for the gate to count its requests on."""
+    from application.tokens import token_hash
+
+    now = [0.0]
+    cache = TokenCache(clock=lambda: now[0])
+    digest = token_hash("dst_known")
+    cache.remember(digest, Caller(tenant="t", principal="p", scopes=SCOPES), None, 0)
+    now[0] = 60.0
+    assert cache.get(digest) is None and cache.tenant_of(digest) == "t"
+    cache.listening()  # forgets what it trusted
+    assert cache.get(digest) is None and cache.tenant_of(digest) == "t"
+    assert cache.tenant_of(token_hash("dst_other")) is None

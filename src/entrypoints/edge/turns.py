@@ -70,13 +70,16 @@ def wake_tenant(scope: dict, tenant_of: Callable[[str, str], str]) -> str | None
 
 
 def cached_tenant(scope: dict, cache: TokenCache) -> str | None:
-    """The tenant of the request's bearer token, if this process's token cache knows it (a
-    JWT: if this process verified it and remembers it)."""
+    """The tenant of the request's bearer token, if this process has resolved it before
+    (trusted still or not: its tenant is all the gate asks; a JWT: if this process verified it
+    and remembers it)."""
     token = _bearer(scope)
     if token is None:
         return None
-    caller = cache.jwt_caller(token) if is_jwt(token) else cache.get(token_hash(token))
-    return None if caller is None else caller.tenant
+    if is_jwt(token):
+        caller = cache.jwt_caller(token)
+        return None if caller is None else caller.tenant
+    return cache.tenant_of(token_hash(token))
 
 
 async def refuse(scope: dict, send: Any, error: waiting.TooManyAtWork, permitted: Any) -> None:
