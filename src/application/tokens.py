@@ -39,7 +39,7 @@ from application.access import SCOPES, Caller, Scope
 from application.errors import Forbidden, NotFound, Unauthenticated
 from application.jwts import JWT_ID_PREFIX, JwtCallers
 from application.ports import FoundToken, TokenRecord, TokenStore
-from application.waiting import Unanswered, act_for, spending, take_turn
+from application.waiting import act_for, take_turn, within_allowance
 from domain.definition import Principal
 from domain.errors import InvalidInput
 from domain.ids import ID_PATTERN, check_id
@@ -592,14 +592,7 @@ class Authenticate:
             finding = asyncio.ensure_future(self._lookup(digest))
             self._finding[digest] = finding
             finding.add_done_callback(lambda done: self._found(digest, done))
-        with spending() as allowed:
-            try:
-                async with asyncio.timeout(allowed):
-                    return await asyncio.shield(finding)
-            except TimeoutError:
-                if finding.done():
-                    raise  # (the lookup's own bound: its Unanswered)
-                raise Unanswered("the database (the token's lookup)", allowed) from None
+        return await within_allowance(asyncio.shield(finding), "the database (the token's lookup)")
 
     async def _lookup(self, digest: bytes) -> FoundToken | None:
         act_for(TOKEN_LOOKUPS)

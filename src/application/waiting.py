@@ -32,10 +32,12 @@ import collections
 import contextvars
 import time
 import weakref
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from domain.errors import Backpressure
 
+T = TypeVar("T")
 # The default bound on a request's waits on backing services (REQUEST_TIMEOUT_SECONDS).
 DEFAULT_SECONDS = 5.0
 
@@ -135,6 +137,20 @@ class request_budget:
             _unreserve(self._budget)
         if self._budget.turn is not None:
             _give_back(self._budget)
+
+
+async def within_allowance(awaitable: Awaitable[T], what: str) -> T:
+    """`awaitable`, waited for within the current allowance and spent from the request's budget;
+    past it, Unanswered (`what` did not answer). A TimeoutError of its own passes as it is."""
+    with spending() as allowed:
+        bound = asyncio.timeout(allowed)
+        try:
+            async with bound:
+                return await awaitable
+        except TimeoutError:
+            if not bound.expired():
+                raise
+            raise Unanswered(what, allowed) from None
 
 
 def renew_budget() -> None:

@@ -30,6 +30,7 @@ from application.waiting import (
     acting_for,
     spending,
     watching_commit,
+    within_allowance,
 )
 
 T = TypeVar("T")
@@ -106,14 +107,9 @@ class TenantShares:
         try:
             if semaphore.locked():
                 self.waited += 1
-                with spending() as allowed:
-                    try:
-                        async with asyncio.timeout(allowed):
-                            await semaphore.acquire()
-                    except TimeoutError:
-                        raise Unanswered(
-                            "the database (this tenant's share of its connections)", allowed
-                        ) from None
+                await within_allowance(
+                    semaphore.acquire(), "the database (this tenant's share of its connections)"
+                )
             else:
                 await semaphore.acquire()  # at once
         except BaseException:

@@ -15,7 +15,7 @@ import msgspec
 from adapters.postgres.bounded import bounded_on
 from adapters.postgres.connections import Connection
 from application.subscriptions import Change, Delivery, Heads
-from application.waiting import Unanswered, committing, spending
+from application.waiting import committing, within_allowance
 from application.workers import Job
 from domain.stream import StreamKey
 from domain.subscriptions import Link, StreamPath, Subscription, pattern_regex
@@ -159,14 +159,9 @@ class PostgresSubscriptions:
             lock = self._changing[key] = asyncio.Lock()
         # Always within the allowance: `lock.locked()` is False from a release until the waiter
         # it woke runs, and an `acquire` meanwhile queues behind every waiter, unbounded.
-        with spending() as allowed:
-            try:
-                async with asyncio.timeout(allowed):
-                    await lock.acquire()
-            except TimeoutError:
-                raise Unanswered(
-                    "the database (this subscription's changes before this one)", allowed
-                ) from None
+        await within_allowance(
+            lock.acquire(), "the database (this subscription's changes before this one)"
+        )
         try:
             while True:
                 try:
