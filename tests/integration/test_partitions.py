@@ -22,6 +22,7 @@ from application.tokens import token_hash, token_id
 from application.workers import HELD_FOR_LEASES
 from tests.conftest import SERVER_ENV, Tokens, api_client
 from tests.support.partition_proxy import PartitionProxy
+from tests.support.pull_wake import claimed_pull_wake
 from tests.support.server import ServerProcess, WorkerProcess
 from tests.support.wait_stub import WaitServiceStub
 
@@ -435,27 +436,7 @@ async def test_reads_of_a_stream_and_subscription_requests_answer_503_within_the
     run_id = "run-" + secrets.token_hex(4)
     name = "sub-" + secrets.token_hex(4)
     async with api_client(proxied_server) as api:
-        for stream_id in ("wake", "e1"):
-            made = await api.post(
-                f"/runs/{run_id}/streams", json={"stream_id": stream_id, "direction": "output"}
-            )
-            assert made.status_code == 201, made.text
-        put = await api.put(
-            f"/subscriptions/{name}",
-            json={
-                "type": "pull-wake",
-                "pattern": {"run_id": run_id, "stream_id": "e*"},
-                "wake_stream": {"run_id": run_id, "stream_id": "wake"},
-            },
-        )
-        assert put.status_code == 201, put.text
-        appended = await api.post(
-            f"/runs/{run_id}/streams/e1/records", json={"records": [{"data": 1}]}
-        )
-        assert appended.status_code == 201, appended.text
-        claim = await api.post(f"/subscriptions/{name}/claim", json={"worker": "w1"})
-        assert claim.status_code == 200, claim.text
-        claimed = claim.json()
+        claimed = await claimed_pull_wake(api, "", run_id, name)
         ack = {"wake_id": claimed["wake_id"], "generation": claimed["generation"]}
         wake_auth = {"Authorization": f"Bearer {claimed['token']}"}
         requests = {

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import SERVER_ENV, Tokens
 from tests.integration.test_tenant_bodies import new_stream
+from tests.support.pull_wake import claimed_pull_wake
 from tests.support.server import ServerProcess
 
 TURNS = 2
@@ -235,27 +236,7 @@ async def test_a_pull_wake_ack_by_its_claim_token_waits_for_a_turn_too(
     name = "sub-" + secrets.token_hex(4)
     async with httpx.AsyncClient(timeout=60, headers=busy_headers) as client:
         wake_run = "wake-" + secrets.token_hex(3)
-        for stream in ("wake", "e1"):
-            made = await client.post(
-                f"{api}/runs/{wake_run}/streams", json={"stream_id": stream, "direction": "output"}
-            )
-            assert made.status_code == 201, made.text
-        put = await client.put(
-            f"{api}/subscriptions/{name}",
-            json={
-                "type": "pull-wake",
-                "pattern": {"run_id": wake_run, "stream_id": "e*"},
-                "wake_stream": {"run_id": wake_run, "stream_id": "wake"},
-            },
-        )
-        assert put.status_code == 201, put.text
-        appended = await client.post(
-            f"{api}/runs/{wake_run}/streams/e1/records", json={"records": [{"data": 1}]}
-        )
-        assert appended.status_code == 201, appended.text
-        claim = await client.post(f"{api}/subscriptions/{name}/claim", json={"worker": "w1"})
-        assert claim.status_code == 200, claim.text
-        claimed = claim.json()
+        claimed = await claimed_pull_wake(client, api, wake_run, name)
         waits = turn_waits(server)
         held = turns_held(pool, client, busy_tenant, server.base_url + path, busy_headers)
         async with held as at_work:
