@@ -112,6 +112,15 @@ class RunSummary(msgspec.Struct, frozen=True):
     created_at: datetime  # when its oldest stream was created
 
 
+class RunPage(msgspec.Struct, frozen=True):
+    """A page of a run's streams (`StreamRepository.list_run_within`): the streams, the bytes of
+    their stored definitions and states, and whether it stopped at its bytes (more may follow)."""
+
+    streams: list[Stream]
+    size: int
+    cut: bool
+
+
 class ConsumerPosition(msgspec.Struct, frozen=True):
     consumer_id: str
     acked_sequence: int
@@ -141,6 +150,13 @@ class StreamRepository(Protocol):
     ) -> list[Stream]:
         """The run's streams with stream_id > `after`, ascending, at most `limit` (a keyset page
         over the key; every one without a limit)."""
+
+    async def list_run_within(
+        self, tenant: str, run_id: str, after: str | None, limit: int, max_bytes: int
+    ) -> RunPage:
+        """`list_run`, stopping also before the stream whose stored definition and state would
+        take the page's past `max_bytes` (never before the first one): a definition may hold a
+        64 KiB schema, and 1,000 of them were 61 MB to decode and encode for one listing."""
 
     async def consumers(
         self, key: StreamKey, after: str | None, limit: int

@@ -316,6 +316,24 @@ class StreamRepositoryContract:
         assert await ids("s-bb", None) == ["s-c", "s-d", "s-e"]  # after need not be a stream
         assert await ids(None, None) == ["s-a", "s-b", "s-c", "s-d", "s-e"]
 
+    async def test_a_run_page_within_bytes_stops_before_the_stream_past_them(self, repo) -> None:
+        key = new_key()
+        for stream_id in ("s-a", "s-b", "s-c"):
+            await repo.create(key._replace(stream_id=stream_id), definition(stream_id), NOW)
+        whole = await repo.list_run_within(key.tenant, key.run_id, None, 10, 10**9)
+        assert [s.key.stream_id for s in whole.streams] == ["s-a", "s-b", "s-c"]
+        assert not whole.cut and whole.size > 0
+        one = whole.size // 3  # (about one stream's stored bytes: three alike)
+        first = await repo.list_run_within(key.tenant, key.run_id, None, 10, 1)
+        assert [s.key.stream_id for s in first.streams] == ["s-a"] and first.cut  # never none
+        two = await repo.list_run_within(key.tenant, key.run_id, "s-a", 10, 2 * one + 1)
+        assert [s.key.stream_id for s in two.streams] == ["s-b", "s-c"] and not two.cut
+        limited = await repo.list_run_within(key.tenant, key.run_id, None, 2, 10**9)
+        assert [s.key.stream_id for s in limited.streams] == ["s-a", "s-b"]
+        assert not limited.cut  # (its limit, not its bytes)
+        empty = await repo.list_run_within(key.tenant, key.run_id, "s-c", 10, 10**9)
+        assert empty.streams == [] and not empty.cut
+
     async def test_a_deleted_stream_is_gone_and_its_id_starts_again_from_sequence_1(
         self, repo
     ) -> None:

@@ -225,6 +225,34 @@ async def test_a_stream_page_passes_over_a_bounded_number_of_unreadable_streams(
         await s.list_streams(ALICE, "r", None, 1001)
 
 
+async def test_a_stream_page_stops_at_its_bytes_and_says_where(
+    app, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page reads at most PAGE_BYTES of stored definitions and states (past its first stream):
+    shorter than its limit then, with `next_after` where it stopped; paging on lists every
+    stream once, in order."""
+    from application import list_streams
+
+    _, s = app
+    ids = [f"s-{n:02d}" for n in range(12)]
+    for stream_id in ids:
+        body = b'{"direction":"output","stream_id":"%s"}' % stream_id.encode()
+        await s.create_stream(ALICE, "r", request(body))
+    whole = await s.list_streams(ALICE, "r", None, 1000)
+    assert [d.stream_id for d in whole.streams] == ids and whole.next_after is None
+    monkeypatch.setattr(list_streams, "PAGE_BYTES", 1)  # one stream a page, the first always
+    seen, after, pages = [], None, 0
+    while True:
+        page = await s.list_streams(ALICE, "r", after, 1000)
+        pages += 1
+        seen += [d.stream_id for d in page.streams]
+        if page.next_after is None:
+            break
+        assert len(page.streams) == 1 and page.next_after == page.streams[-1].stream_id
+        after = page.next_after
+    assert seen == ids and pages == len(ids)
+
+
 async def test_waiting_reads_of_both_surfaces_and_subscriptions_share_one_cap() -> None:
     container = memory_container(Settings(max_subscriptions_per_principal=3))
     s = await start(container)

@@ -30,6 +30,7 @@ from application.ports import (
     Failed,
     Outcome,
     Position,
+    RunPage,
     RunSummary,
     StoredFigures,
     StoredRecord,
@@ -182,6 +183,26 @@ class MemoryStreams:
         if after is not None:
             keys = keys[bisect.bisect_right([k.stream_id for k in keys], after) :]
         return [self._stream(k, self._rows[k]) for k in keys[:limit]]
+
+    async def list_run_within(
+        self, tenant: str, run_id: str, after: str | None, limit: int, max_bytes: int
+    ) -> RunPage:
+        keys = sorted(
+            (k for k in self._rows if k.tenant == tenant and k.run_id == run_id),
+            key=lambda k: k.stream_id,
+        )
+        if after is not None:
+            keys = keys[bisect.bisect_right([k.stream_id for k in keys], after) :]
+        taken: list[StreamKey] = []
+        size = 0
+        for key in keys[:limit]:
+            row = self._rows[key]
+            grows = len(row.definition) + len(row.state)
+            if taken and size + grows > max_bytes:
+                return RunPage([self._stream(k, self._rows[k]) for k in taken], size, True)
+            taken.append(key)
+            size += grows
+        return RunPage([self._stream(k, self._rows[k]) for k in taken], size, False)
 
     async def consumers(
         self, key: StreamKey, after: str | None, limit: int

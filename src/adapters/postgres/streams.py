@@ -59,6 +59,7 @@ from application.ports import (
     ConsumerPosition,
     Failed,
     Outcome,
+    RunPage,
     RunSummary,
 )
 from application.retention import PruneCommand, expired_prefix, has_retention
@@ -202,6 +203,22 @@ WHERE {_KEY} AND sequence > $4 ORDER BY sequence LIMIT $5
 _RUN_STREAMS = """
 SELECT stream_id, definition, state, consumers FROM streams
 WHERE tenant = $1 AND run_id = $2 AND stream_id > $3 ORDER BY stream_id LIMIT $4
+"""
+
+# `_RUN_STREAMS` within $5 bytes of stored definitions and states (the first row whatever its
+# size), with how many rows the page had before that cut. octet_length reads a TOASTed value's
+# size from its header.
+_RUN_STREAMS_WITHIN = """
+SELECT stream_id, definition, state, consumers, upto, fetched FROM (
+    SELECT *, sum(octet_length(definition) + octet_length(state)) OVER w AS upto,
+           row_number() OVER w AS n, count(*) OVER () AS fetched
+    FROM (
+        SELECT stream_id, definition, state, consumers FROM streams
+        WHERE tenant = $1 AND run_id = $2 AND stream_id > $3 ORDER BY stream_id LIMIT $4
+    ) page
+    WINDOW w AS (ORDER BY stream_id)
+) r WHERE upto <= $5 OR n = 1
+ORDER BY stream_id
 """
 
 _RUN_LOCK = """
@@ -401,6 +418,21 @@ class PostgresStreams(RecordReads):
             state = _with_consumers(r["state"], r["consumers"])
             streams.append(Stream(key, self._definition(key, state, r["definition"]), state))
         return streams
+
+    async def list_run_within(
+        self, tenant: str, run_id: str, after: str | None, limit: int, max_bytes: int
+    ) -> RunPage:
+        rows = await self._pool.fetch(
+            _RUN_STREAMS_WITHIN, tenant, run_id, after or "", limit, max_bytes
+        )
+        streams = []
+        for r in rows:
+            key = StreamKey(tenant, run_id, r["stream_id"])
+            state = _with_consumers(r["state"], r["consumers"])
+            streams.append(Stream(key, self._definition(key, state, r["definition"]), state))
+        if not rows:
+            return RunPage([], 0, False)
+        return RunPage(streams, int(rows[-1]["upto"]), len(rows) < rows[-1]["fetched"])
 
     async def definition(self, key: StreamKey) -> StreamDefinition | None:
         if (known := self._definitions.get(key)) is not None:
