@@ -26,19 +26,31 @@ TURNS = 2
 BUDGET_SECONDS = 4
 
 
-@pytest.fixture(scope="module")
-def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@contextlib.contextmanager
+def turns_server(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory, name: str, **env: str
+) -> Iterator[ServerProcess]:
+    """A server whose tenants have TURNS turns at work and a BUDGET_SECONDS request bound."""
     process = ServerProcess(
         database_url=database_url,
-        data_dir=tmp_path_factory.mktemp("tenant-turns"),
+        data_dir=tmp_path_factory.mktemp(name),
         env={
             **SERVER_ENV,
             "DUCTOR_STREAMS_REQUESTS_AT_WORK_PER_TENANT": str(TURNS),
             "DUCTOR_STREAMS_REQUEST_TIMEOUT_SECONDS": str(BUDGET_SECONDS),
+            **env,
         },
     ).start()
-    yield process
-    process.stop()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def server(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with turns_server(database_url, tmp_path_factory, "tenant-turns") as process:
+        yield process
 
 
 @pytest.fixture
@@ -262,18 +274,13 @@ WAITING = 2
 def short_queue(
     database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    process = ServerProcess(
-        database_url=database_url,
-        data_dir=tmp_path_factory.mktemp("tenant-turns-queue"),
-        env={
-            **SERVER_ENV,
-            "DUCTOR_STREAMS_REQUESTS_AT_WORK_PER_TENANT": str(TURNS),
-            "DUCTOR_STREAMS_REQUESTS_WAITING_PER_TENANT": str(WAITING),
-            "DUCTOR_STREAMS_REQUEST_TIMEOUT_SECONDS": str(BUDGET_SECONDS),
-        },
-    ).start()
-    yield process
-    process.stop()
+    with turns_server(
+        database_url,
+        tmp_path_factory,
+        "tenant-turns-queue",
+        DUCTOR_STREAMS_REQUESTS_WAITING_PER_TENANT=str(WAITING),
+    ) as process:
+        yield process
 
 
 def refused_at_the_gate(server: ServerProcess) -> float:
