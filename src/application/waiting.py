@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 from domain.errors import Backpressure
 
 T = TypeVar("T")
+
 # The default bound on a request's waits on backing services (REQUEST_TIMEOUT_SECONDS).
 DEFAULT_SECONDS = 5.0
 
