@@ -114,9 +114,15 @@ class ListStreams:
         )
 
     async def _exists(self, caller: Caller, run_id: str) -> bool:
-        """After `after`, nothing: the run exists if it holds a stream that is not gone."""
-        first = await self._streams.list_run(caller.tenant, run_id, None, MAX_LIMIT)
-        return bool(await self._alive(caller.tenant, run_id, first, {}))
+        """After `after`, nothing: the run exists if it holds a stream that is not gone. Read
+        within PAGE_BYTES as a page is; when more streams follow those read (past MAX_LIMIT or
+        the bytes), it is taken to exist rather than answered 404 unread."""
+        read = await self._streams.list_run_within(
+            caller.tenant, run_id, None, MAX_LIMIT + 1, PAGE_BYTES
+        )
+        if read.cut or len(read.streams) > MAX_LIMIT:
+            return True
+        return bool(await self._alive(caller.tenant, run_id, read.streams, {}))
 
     @staticmethod
     def _answer(page: list[Stream], next_after: str | None) -> StreamList:

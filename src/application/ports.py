@@ -114,7 +114,8 @@ class RunSummary(msgspec.Struct, frozen=True):
 
 class RunPage(msgspec.Struct, frozen=True):
     """A page of a run's streams (`StreamRepository.list_run_within`): the streams, the bytes of
-    their stored definitions and states, and whether it stopped at its bytes (more may follow)."""
+    their stored definitions, states and consumers, and whether it stopped at its bytes (more
+    may follow)."""
 
     streams: list[Stream]
     size: int
@@ -154,9 +155,10 @@ class StreamRepository(Protocol):
     async def list_run_within(
         self, tenant: str, run_id: str, after: str | None, limit: int, max_bytes: int
     ) -> RunPage:
-        """`list_run`, stopping also before the stream whose stored definition and state would
-        take the page's past `max_bytes` (never before the first one): a definition may hold a
-        64 KiB schema, and 1,000 of them were 61 MB to decode and encode for one listing."""
+        """`list_run`, stopping also before the stream whose stored definition, state and
+        consumers would take the page's past `max_bytes` (never before the first one): a
+        definition may hold a 64 KiB schema, and 1,000 of them were 61 MB to decode and encode
+        for one listing."""
 
     async def consumers(
         self, key: StreamKey, after: str | None, limit: int

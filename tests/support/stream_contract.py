@@ -333,6 +333,14 @@ class StreamRepositoryContract:
         assert not limited.cut  # (its limit, not its bytes)
         empty = await repo.list_run_within(key.tenant, key.run_id, "s-c", 10, 10**9)
         assert empty.streams == [] and not empty.cut
+        # A stream's consumers count too (stored apart from its state, or in it).
+        a = key._replace(stream_id="s-a")
+        for n in range(20):
+            consumer = f"consumer-{n:02d}-" + "x" * 88  # 100 characters
+            [done] = await repo.update(a, [AckCommand(WRITER, consumer, 0, NOW)])
+            assert isinstance(done, Done)
+        grown = await repo.list_run_within(key.tenant, key.run_id, None, 10, 10**9)
+        assert grown.size - whole.size >= 20 * 100
 
     async def test_a_deleted_stream_is_gone_and_its_id_starts_again_from_sequence_1(
         self, repo

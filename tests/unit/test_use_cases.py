@@ -251,6 +251,9 @@ async def test_a_stream_page_stops_at_its_bytes_and_says_where(
         assert len(page.streams) == 1 and page.next_after == page.streams[-1].stream_id
         after = page.next_after
     assert seen == ids and pages == len(ids)
+    # After the last stream: nothing, and the run still there (read within the bytes too).
+    past = await s.list_streams(ALICE, "r", "s-99", 1000)
+    assert past.streams == [] and past.next_after is None
 
 
 async def test_waiting_reads_of_both_surfaces_and_subscriptions_share_one_cap() -> None:

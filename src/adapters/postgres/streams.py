@@ -205,12 +205,13 @@ SELECT stream_id, definition, state, consumers FROM streams
 WHERE tenant = $1 AND run_id = $2 AND stream_id > $3 ORDER BY stream_id LIMIT $4
 """
 
-# `_RUN_STREAMS` within $5 bytes of stored definitions and states (the first row whatever its
-# size), with how many rows the page had before that cut. octet_length reads a TOASTed value's
-# size from its header.
+# `_RUN_STREAMS` within $5 bytes of stored definitions, states and consumers (the first row
+# whatever its size), with how many rows the page had before that cut. octet_length reads a
+# TOASTed value's size from its header.
 _RUN_STREAMS_WITHIN = """
 SELECT stream_id, definition, state, consumers, upto, fetched FROM (
-    SELECT *, sum(octet_length(definition) + octet_length(state)) OVER w AS upto,
+    SELECT *, sum(octet_length(definition) + octet_length(state)
+                  + coalesce(octet_length(consumers), 0)) OVER w AS upto,
            row_number() OVER w AS n, count(*) OVER () AS fetched
     FROM (
         SELECT stream_id, definition, state, consumers FROM streams
