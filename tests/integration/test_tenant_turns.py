@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import asyncpg
 import httpx
@@ -169,6 +169,31 @@ def turn_waits(server: ServerProcess) -> float:
     return float(line.split()[1])
 
 
+UNREAD = b'{"why": "a body nobody reads"}'
+
+
+@contextlib.asynccontextmanager
+async def sent_with_turns_held(
+    server: ServerProcess,
+    pool: asyncpg.Pool,
+    client: httpx.AsyncClient,
+    tenant: str,
+    path: str,
+    headers: dict,
+    send: Callable[[], Awaitable[httpx.Response]],
+    what: str,
+) -> AsyncIterator[tuple[list[asyncio.Future[httpx.Response]], asyncio.Future[httpx.Response]]]:
+    """`send()` while all of `tenant`'s turns are held (`turns_held`), found waiting for one of
+    them; yields the held appends and it, still held (their answers come once the block ends)."""
+    waits = turn_waits(server)
+    async with turns_held(pool, client, tenant, path, headers) as at_work:
+        await asyncio.sleep(0.5)
+        sent = asyncio.ensure_future(send())
+        await asyncio.sleep(0.5)
+        assert turn_waits(server) == waits + 1, f"the {what} went to work on no turn"
+        yield at_work, sent
+
+
 async def test_a_close_with_a_body_it_never_reads_waits_for_a_turn_too(
     server: ServerProcess, two_tenants: tuple[str, str, str], pool: asyncpg.Pool
 ) -> None:
@@ -181,15 +206,14 @@ async def test_a_close_with_a_body_it_never_reads_waits_for_a_turn_too(
     assert read(server, busy, path).status_code == 200  # its token known to the process
     close = closing.removesuffix("/records") + "/close"
     busy_headers = {"Authorization": f"Bearer {busy}"}
-    waits = turn_waits(server)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
-        async with turns_held(pool, client, busy_tenant, path, busy_headers) as at_work:
-            await asyncio.sleep(0.5)
-            closed = asyncio.ensure_future(
-                client.post(close, content=b'{"why": "a body nobody reads"}', headers=busy_headers)
-            )
-            await asyncio.sleep(0.5)
-            assert turn_waits(server) == waits + 1, "the close went to work on no turn"
+        held = sent_with_turns_held(
+            *(server, pool, client, busy_tenant, path, busy_headers),
+            lambda: client.post(close, content=UNREAD, headers=busy_headers),
+            "close",
+        )
+        async with held as (at_work, closed):
+            pass
         answers = await asyncio.gather(*at_work, closed)
     assert [a.status_code for a in answers] == [201] * TURNS + [200], answers[-1].text
     assert answers[-1].json()["state"]["closed"] is True
@@ -217,14 +241,13 @@ async def test_an_object_abort_with_a_body_it_never_reads_waits_for_a_turn_too(
         )
         assert prepared.status_code in (200, 201), prepared.text
         abort = f"{objects}/{prepared.json()['object_id']}/abort"
-        waits = turn_waits(server)
-        async with turns_held(pool, client, busy_tenant, path, busy_headers) as at_work:
-            await asyncio.sleep(0.5)
-            aborted = asyncio.ensure_future(
-                client.post(abort, content=b'{"why": "a body nobody reads"}', headers=busy_headers)
-            )
-            await asyncio.sleep(0.5)
-            assert turn_waits(server) == waits + 1, "the abort went to work on no turn"
+        held = sent_with_turns_held(
+            *(server, pool, client, busy_tenant, path, busy_headers),
+            lambda: client.post(abort, content=UNREAD, headers=busy_headers),
+            "abort",
+        )
+        async with held as (at_work, aborted):
+            pass
         answers = await asyncio.gather(*at_work, aborted)
     assert [a.status_code for a in answers] == [201] * TURNS + [200], answers[-1].text
 
@@ -249,20 +272,17 @@ async def test_a_pull_wake_ack_by_its_claim_token_waits_for_a_turn_too(
     async with httpx.AsyncClient(timeout=60, headers=busy_headers) as client:
         wake_run = "wake-" + secrets.token_hex(3)
         claimed = await claimed_pull_wake(client, api, wake_run, name)
-        waits = turn_waits(server)
-        held = turns_held(pool, client, busy_tenant, server.base_url + path, busy_headers)
-        async with held as at_work:
-            await asyncio.sleep(0.5)
-            acked = asyncio.ensure_future(
-                client.post(
-                    f"{root}/{name}/ack",
-                    json={"wake_id": claimed["wake_id"], "generation": claimed["generation"]},
-                    headers={"Authorization": f"Bearer {claimed['token']}"},
-                )
-            )
-            await asyncio.sleep(0.5)
+        held = sent_with_turns_held(
+            *(server, pool, client, busy_tenant, server.base_url + path, busy_headers),
+            lambda: client.post(
+                f"{root}/{name}/ack",
+                json={"wake_id": claimed["wake_id"], "generation": claimed["generation"]},
+                headers={"Authorization": f"Bearer {claimed['token']}"},
+            ),
+            "ack",
+        )
+        async with held as (at_work, acked):
             assert not acked.done(), "the ack went to work on no turn"
-            assert turn_waits(server) == waits + 1
         answers = await asyncio.gather(*at_work, acked)
     assert [a.status_code for a in answers] == [201] * TURNS + [200], answers[-1].text
 
