@@ -17,12 +17,18 @@ from typing import Any
 
 import asyncpg
 import httpx
+import msgspec
 import pytest
 
+from adapters.postgres.erasure import ERASED_TABLES
 from adapters.postgres.streams import PostgresStreams
 from application.close_stream import CloseCommand
+from application.delete_stream import DeleteCommand
 from application.errors import NotFound
-from application.ports import Command, Failed, Outcome
+from application.ports import Command, Done, Failed, Outcome
+from application.set_legal_hold import LegalHoldCommand
+from domain.definition import Fork
+from domain.errors import LegalHoldActive
 from domain.stream import StreamKey
 from tests.conftest import SERVER_ENV, api_client
 from tests.integration.test_durable_streams import ds_client
@@ -289,6 +295,103 @@ async def test_a_refused_batch_is_committed_stream_by_stream_each_answering_alon
     assert [o.answer.first_sequence for o in results[2]] == [1]
     assert isinstance(results[3][0], Failed)
     assert (await repo.page(keys[0], 0, 10))[0].head == 2
+
+
+async def _fork_of(repo: PostgresStreams, source: StreamKey, stream_id: str) -> StreamKey:
+    """A fork of `source` through its head, in the source's run."""
+    loaded = await repo.load(source)
+    assert loaded is not None and loaded.state.created_at is not None
+    head = loaded.state.head
+    link = Fork(
+        run_id=source.run_id,
+        stream_id=source.stream_id,
+        source_created_at=loaded.state.created_at,
+        through=head,
+        offset=head,
+    )
+    key = source._replace(stream_id=stream_id)
+    made = msgspec.structs.replace(loaded.definition, stream_id=stream_id, fork=link)
+    assert (await repo.create(key, made, NOW))[1]
+    return key
+
+
+async def _rows_of(pool: asyncpg.Pool, key: StreamKey) -> dict[str, int]:
+    """The stream's rows still in any table a deletion erases (its streams row included)."""
+    counts = {}
+    for table in (*ERASED_TABLES, "streams"):
+        query = f"SELECT count(*) FROM {table} WHERE tenant = $1 AND run_id = $2 AND stream_id = $3"
+        counts[table] = await pool.fetchval(query, *key)
+    return {table: n for table, n in counts.items() if n}
+
+
+async def test_a_batchs_deletions_are_erased_together_each_answering_alone(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deletions of streams no fork links to are erased together once the batch is decided
+    (two statements, not three round trips each): every row of each goes, a fork among them
+    releases its soft-deleted source, a held stream refuses alone, the rest commits."""
+    repo = PostgresStreams(pool)
+    run = new_key()
+    doomed = [run._replace(stream_id=f"d{i}") for i in range(6)]
+    held, kept, source = (run._replace(stream_id=name) for name in ("held", "kept", "src"))
+    for key in (*doomed, held, kept, source):
+        await repo.create(key, definition(key.stream_id), NOW)
+        await repo.update(key, [append(key="k1"), append()])
+    await repo.update(held, [LegalHoldCommand(True, "audit", NOW)])
+    fork = await _fork_of(repo, source, "fork")
+    [soft] = await repo.update(source, [DeleteCommand(NOW)])  # its fork still reads it
+    assert isinstance(soft, Done) and (await repo.load(source)) is not None
+
+    def one_at_a_time(*args: object) -> None:
+        raise AssertionError("a deletion in this batch was erased on its own")
+
+    monkeypatch.setattr("adapters.postgres.streams.erase", one_at_a_time)
+    results = await repo.update_many(
+        [
+            *((key, [append(), DeleteCommand(NOW)]) for key in doomed),
+            (fork, [DeleteCommand(NOW)]),
+            (held, [append(), DeleteCommand(NOW)]),
+            (kept, [append()]),
+        ]
+    )
+    *deleted, fork_deleted, held_results, kept_results = results
+    for outcomes in (*deleted, fork_deleted):
+        assert not isinstance(outcomes, BaseException)
+        assert all(isinstance(o, Done) for o in outcomes)
+    assert not isinstance(held_results, BaseException)
+    appended, refused = held_results
+    assert isinstance(appended, Done) and isinstance(refused, Failed)
+    assert isinstance(refused.error, LegalHoldActive)
+    assert not isinstance(kept_results, BaseException)
+    [kept_append] = kept_results
+    assert isinstance(kept_append, Done) and kept_append.answer.first_sequence == 3
+    for key in (*doomed, fork, source):  # the source released with its last fork
+        assert await _rows_of(pool, key) == {}, key
+        assert await repo.load(key) is None
+    loaded = await repo.load(held)
+    assert loaded is not None and loaded.state.head == 3
+
+
+async def test_a_batch_deleting_a_stream_a_fork_reads_decides_each_deletion_in_turn(
+    pool: asyncpg.Pool,
+) -> None:
+    """With a fork linking to one of the streams a batch deletes, every deletion is decided and
+    erased in turn, as one stream's are: that one is soft-deleted, the others erased."""
+    repo = PostgresStreams(pool)
+    run = new_key()
+    doomed = [run._replace(stream_id=f"d{i}") for i in range(3)]
+    source = run._replace(stream_id="src")
+    for key in (*doomed, source):
+        await repo.create(key, definition(key.stream_id), NOW)
+        await repo.update(key, [append()])
+    fork = await _fork_of(repo, source, "fork")
+    results = await repo.update_many([(k, [DeleteCommand(NOW)]) for k in (*doomed, source)])
+    assert all(not isinstance(r, BaseException) and isinstance(r[0], Done) for r in results)
+    for key in doomed:
+        assert await _rows_of(pool, key) == {}, key
+    soft = await repo.load(source)
+    assert soft is not None and soft.state.soft_deleted
+    assert (await repo.load(fork)) is not None
 
 
 async def test_a_batch_locks_its_rows_in_key_order_whatever_order_it_was_given(
