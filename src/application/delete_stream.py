@@ -24,6 +24,7 @@ class DeleteCommand:
     records = ()
     offset_of = None
     producer = None
+    erases = True
 
     def __init__(self, now: datetime) -> None:
         self.now = now

@@ -274,6 +274,7 @@ class ExpireCommand:
     records = ()
     offset_of = None
     producer = None
+    erases = True
 
     def __init__(self, now: datetime, last_access: datetime | None, grace: timedelta) -> None:
         self.now = now

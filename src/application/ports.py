@@ -47,7 +47,8 @@ class Command(Protocol):
 
     # A command may also say `needs_consumers = True` (its decide or answer reads the stream's
     # consumers): an adapter that keeps them apart then reads them with the row lock, instead
-    # of after a first ConsumersNotLoaded.
+    # of after a first ConsumersNotLoaded. One that may erase the stream says `erases = True`:
+    # an adapter may then erase a batch's deletions together.
 
     def decide(self, stream: Stream, offset: int | None) -> list[Event]: ...
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from adapters.postgres.connections import Connection
 from adapters.postgres.intents import TAKE_OVER
 from application.deletions import ERASED_STREAM
+from domain.stream import StreamKey
 
 WAKE_CHANNEL = "ductor_streams"
 DELETED = "deleted"  # the notification's last word for an erased stream, instead of its head
@@ -40,32 +41,40 @@ ERASED_TABLES: tuple[str, ...] = (
 )
 
 _OF_THEM = "tenant = $1 AND run_id = $2 AND stream_id = ANY($3::text[])"
+# Streams of any tenants and runs: their keys as three arrays, one element a stream.
+_OF_KEYS = (
+    "(tenant, run_id, stream_id) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))"
+)
 
 
-def erase_statement(tables: Sequence[str] = ERASED_TABLES) -> str:
+def erase_statement(tables: Sequence[str] = ERASED_TABLES, of_them: str = _OF_THEM) -> str:
     """Data-modifying CTEs all read the statement's snapshot, so the outbox is filled from the
     intents the same statement deletes."""
     deletes = ",\n".join(
-        f"erased_{table} AS (DELETE FROM {table} WHERE {_OF_THEM})" for table in tables
+        f"erased_{table} AS (DELETE FROM {table} WHERE {of_them})" for table in tables
     )
     return f"""
 WITH bodies AS (
     INSERT INTO deletion_outbox (tenant, run_id, stream_id, storage_region, storage_key, reason)
     SELECT tenant, run_id, stream_id, storage_region, storage_key, $4 FROM object_intents
-    WHERE {_OF_THEM}
+    WHERE {of_them}
     {TAKE_OVER}
 ),
 {deletes}
-DELETE FROM streams WHERE {_OF_THEM}
+DELETE FROM streams WHERE {of_them}
 RETURNING pg_notify('{WAKE_CHANNEL}', tenant || '/' || run_id || '/' || stream_id || ' {DELETED}')
 """
 
 
 _ERASE = erase_statement()
+_ERASE_KEYS = erase_statement(of_them=_OF_KEYS)
 
 
 # In the key's order, as every other statement that holds several streams' rows does.
 _LOCK_FOR_ERASURE = f"SELECT 1 FROM streams WHERE {_OF_THEM} ORDER BY stream_id FOR UPDATE"
+_LOCK_KEYS_FOR_ERASURE = (
+    f"SELECT 1 FROM streams WHERE {_OF_KEYS} ORDER BY tenant, run_id, stream_id FOR UPDATE"
+)
 
 
 async def lock_for_deletion(
@@ -86,3 +95,11 @@ async def erase(
     row locks, and `lock_for_deletion` is taken first (what it waited for is erased too)."""
     await lock_for_deletion(conn, tenant, run_id, stream_ids)
     await conn.execute(_ERASE, tenant, run_id, stream_ids, ERASED_STREAM + reason)
+
+
+async def erase_keys(conn: Connection, keys: Sequence[StreamKey], reason: str) -> None:
+    """Erase these streams, of any tenants and runs, as `erase` does one run's: two statements
+    however many they are (a batch's deletions). The caller holds their row locks."""
+    columns = ([k.tenant for k in keys], [k.run_id for k in keys], [k.stream_id for k in keys])
+    await conn.execute(_LOCK_KEYS_FOR_ERASURE, *columns)
+    await conn.execute(_ERASE_KEYS, *columns, ERASED_STREAM + reason)

@@ -32,6 +32,15 @@ SELECT count(*) > 0, COALESCE(max(through), 0) FROM stream_forks
 WHERE tenant = $1 AND source_run_id = $2 AND source_stream_id = $3
 """
 
+# Whether any of these streams (their keys as three arrays) has a fork.
+_ANY_FORKED = """
+SELECT EXISTS (
+    SELECT 1 FROM stream_forks f
+    JOIN unnest($1::text[], $2::text[], $3::text[]) AS k (tenant, run_id, stream_id)
+      ON f.tenant = k.tenant AND f.source_run_id = k.run_id AND f.source_stream_id = k.stream_id
+)
+"""
+
 _HAS_FORKS = """
 SELECT EXISTS (SELECT 1 FROM stream_forks
                WHERE tenant = $1 AND source_run_id = $2 AND source_stream_id = $3)
@@ -50,6 +59,13 @@ async def fork_facts(conn: Connection, key: StreamKey) -> tuple[bool, int]:
     row = await conn.fetchrow(_FORK_FACTS, *key)
     assert row is not None  # an aggregate: always one row
     return bool(row[0]), int(row[1])
+
+
+async def any_forked(conn: Connection, keys: list[StreamKey]) -> bool:
+    """Under these streams' row locks: whether a fork links to any of them (one statement for
+    a batch's deletions, which need `fork_facts` only for a stream that has forks)."""
+    columns = ([k.tenant for k in keys], [k.run_id for k in keys], [k.stream_id for k in keys])
+    return bool(await conn.fetchval(_ANY_FORKED, *columns))
 
 
 async def run_forks(conn: Connection, tenant: str, run_id: str) -> dict[StreamKey, set[StreamKey]]:

@@ -28,8 +28,14 @@ from adapters.postgres.bounded import bounded, bounded_on
 from adapters.postgres.cleanup import aged_rows, delete_in_batches
 from adapters.postgres.connections import Connection
 from adapters.postgres.definitions import DefinitionCache
-from adapters.postgres.erasure import WAKE_CHANNEL, erase
-from adapters.postgres.forks import fork_facts, link_fork, release_sources, run_forks
+from adapters.postgres.erasure import WAKE_CHANNEL, erase, erase_keys
+from adapters.postgres.forks import (
+    any_forked,
+    fork_facts,
+    link_fork,
+    release_sources,
+    run_forks,
+)
 from adapters.postgres.intents import (
     arm_upload,
     read_expired_intents,
@@ -621,6 +627,16 @@ class PostgresStreams(RecordReads):
                     receipts.setdefault(StreamKey(r[0], r[1], r[2]), {})[r[3]] = Receipt(
                         r[3], r[4], r[5]
                     )
+            # A batch's deletions: when no stream they may erase has a fork (the usual case),
+            # each is decided knowing that, and they are erased together once every stream is
+            # decided, in two statements, where each took three round trips in turn.
+            erasing = {
+                key
+                for key, commands in groups
+                if key in locked and any(getattr(c, "erases", False) for c in commands)
+            }
+            if len(erasing) < 2 or await any_forked(conn, sorted(erasing)):
+                erasing = set()
             results: list[list[Outcome] | Exception] = []
             done: list[_Settled] = []
             for key, commands in groups:
@@ -628,9 +644,13 @@ class PostgresStreams(RecordReads):
                 if row is None:
                     results.append(NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}"))
                     continue
-                settled = await self._settle(conn, key, row, commands, receipts.get(key, {}))
+                settled = await self._settle(
+                    conn, key, row, commands, receipts.get(key, {}), unforked=key in erasing
+                )
                 results.append(settled.outcomes)
                 done.append(settled)
+            if erasing:
+                await self._erase_together(conn, done, erasing)
             writing = [d for d in done if not d.changes.deleted and d.changes.events]
             writes = StreamWrites()
             for d in writing:
@@ -640,6 +660,27 @@ class PostgresStreams(RecordReads):
         self._remember(writes)
         return results, done
 
+    async def _erase_together(
+        self, conn: Connection, done: list[_Settled], erasing: set[StreamKey]
+    ) -> None:
+        """Erase the batch's streams in `erasing` that their commands deleted (`_settle` left
+        them to this), then walk up the fork chain of each that was a fork, in the key's order,
+        as `_settle` does after erasing one."""
+        deleted = [
+            (i, settled, event)
+            for i, settled in enumerate(done)
+            if settled.key in erasing and settled.changes.deleted
+            for event in settled.changes.events
+            if isinstance(event, StreamDeleted)
+        ]
+        for reason in sorted({event.reason for _, _, event in deleted}):
+            await erase_keys(conn, [s.key for _, s, e in deleted if e.reason == reason], reason)
+        for i, settled, event in deleted:
+            fork = settled.stream.definition.fork
+            if fork is not None:
+                released = await release_sources(conn, settled.key, fork, event.at)
+                done[i] = settled._replace(released=released)
+
     async def _settle(
         self,
         conn: Connection,
@@ -647,11 +688,14 @@ class PostgresStreams(RecordReads):
         row: tuple[bytes, bytes | None, bytes | None],
         commands: Sequence[Command],
         receipts_read: dict[str, Receipt] | None,
+        *,
+        unforked: bool = False,
     ) -> _Settled:
         """Decide the stream's commands under its row lock (`row`: its state, its definition
         when asked for, its consumers when asked for), and erase it if one deleted it. What
         else they caused is written by the caller. `receipts_read`: the receipts of their
-        idempotency keys when already read."""
+        idempotency keys when already read. `unforked`: the caller found that no fork links to
+        it, and erases it, if deleted, with the batch's others (`_erase_together`)."""
         state, payload = decode_state(row[0]), row[1]
         known = self._definitions.get(key)
         if payload is None and (known is None or known[0] != state.created_at):
@@ -708,7 +752,10 @@ class PostgresStreams(RecordReads):
             raise AssertionError("unreachable")
 
         stream, outcomes, changes = await decide()
-        if changes.deleted or any(isinstance(e, RecordsPruned) for e in changes.events):
+        # No fork links to an `unforked` stream, and none can while its row is locked.
+        if not unforked and (
+            changes.deleted or any(isinstance(e, RecordsPruned) for e in changes.events)
+        ):
             forked, pinned_through = await fork_facts(conn, key)
             if forked:
                 # Forks still read it: decided again knowing that (a delete is a soft
@@ -716,7 +763,7 @@ class PostgresStreams(RecordReads):
                 # Only a delete, an expiry or a prune pays this query.
                 stream, outcomes, changes = await decide()
         released: list[StreamKey] = []
-        if changes.deleted:
+        if changes.deleted and not unforked:
             # Erased with everything it holds; what the group decided before the delete is
             # erased with it (those requests were answered as if committed just before).
             [deleted] = [e for e in changes.events if isinstance(e, StreamDeleted)]
