@@ -27,6 +27,7 @@ import msgspec
 from adapters.postgres.bounded import bounded, bounded_on
 from adapters.postgres.cleanup import aged_rows, delete_in_batches
 from adapters.postgres.connections import Connection
+from adapters.postgres.creations import Creation, Creations
 from adapters.postgres.definitions import DefinitionCache
 from adapters.postgres.erasure import WAKE_CHANNEL, erase, erase_keys
 from adapters.postgres.forks import (
@@ -268,6 +269,8 @@ class PostgresStreams(RecordReads):
         # not remembered for `CONTENDED_SECONDS`, so that two processes taking turns on a
         # stream do not each pay a lock that finds the other's state.
         self._contended: dict[StreamKey, float] = {}
+        # Creations that only insert, waiting at once: inserted together.
+        self._creations = Creations(lambda statement, rows: self._pool.fetch(statement, rows))
         if wake is not None:  # the wake bus hears deletions on every replica
             wake.on_deleted(self.forget)
             wake.on_missed(self.forget_all)
@@ -308,7 +311,7 @@ class PostgresStreams(RecordReads):
         then: Sequence[Command] = (),
     ) -> tuple[Stream, bool]:
         stream, event = Stream.create(key, definition, now)
-        arguments = (
+        creation = Creation(
             *key,
             encode_definition(definition),
             now,
@@ -319,9 +322,9 @@ class PostgresStreams(RecordReads):
             definition.expiry.expires_at,
         )
         if then or definition.fork is not None:
-            created = await bounded(self._create_then(stream, arguments, then))
-        else:
-            created = await self._pool.fetchval(_INSERT_STREAM, *arguments)
+            created = await bounded(self._create_then(stream, creation, then))
+        else:  # with the other creations waiting (adapters/postgres/creations.py)
+            created = await self._creations.create(creation)
         if created:
             return stream, True
         existing = await self.load(key)
@@ -330,20 +333,20 @@ class PostgresStreams(RecordReads):
         return existing, False
 
     async def _create_then(
-        self, stream: Stream, arguments: tuple[object, ...], then: Sequence[Command]
+        self, stream: Stream, creation: Creation, then: Sequence[Command]
     ) -> bool:
         """Insert the stream row and write what `then` causes in the same transaction. Until it
         commits nobody else sees the row (a concurrent create of the key waits on the insert),
         so the commands are decided without a `FOR UPDATE`; the write's NOTIFY wakes readers
         at the commit, as after `update`. A failing command rolls the creation back."""
         with tracing.span("postgresql transaction", kind="client", attributes=_DB):
-            return await self._create_then_in(stream, arguments, then)
+            return await self._create_then_in(stream, creation, then)
 
     async def _create_then_in(
-        self, stream: Stream, arguments: tuple[object, ...], then: Sequence[Command]
+        self, stream: Stream, creation: Creation, then: Sequence[Command]
     ) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():
-            if not await conn.fetchval(_INSERT_STREAM, *arguments):
+            if not await conn.fetchval(_INSERT_STREAM, *msgspec.structs.astuple(creation)):
                 return False
             fork = stream.definition.fork
             if fork is not None:  # the source locked after the fork's row: child before parent
