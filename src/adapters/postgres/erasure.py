@@ -89,11 +89,19 @@ async def lock_for_deletion(
 
 
 async def erase(
-    conn: Connection, tenant: str, run_id: str, stream_ids: list[str], reason: str
+    conn: Connection,
+    tenant: str,
+    run_id: str,
+    stream_ids: list[str],
+    reason: str,
+    *,
+    locked_for_update: bool = False,
 ) -> None:
     """Erase these streams of one run (`reason`: "deleted" or "expired"); the caller holds their
-    row locks, and `lock_for_deletion` is taken first (what it waited for is erased too)."""
-    await lock_for_deletion(conn, tenant, run_id, stream_ids)
+    row locks, and `lock_for_deletion` is taken first (what it waited for is erased too), unless
+    the caller took them FOR UPDATE itself in an earlier statement (`locked_for_update`)."""
+    if not locked_for_update:
+        await lock_for_deletion(conn, tenant, run_id, stream_ids)
     await conn.execute(_ERASE, tenant, run_id, stream_ids, ERASED_STREAM + reason)
 
 
