@@ -71,7 +71,7 @@ async def test_a_hot_streams_commit_takes_two_round_trips(counted) -> None:
     pool, queries = counted
     repo, key = PostgresStreams(pool), new_key()
     await repo.create(key, definition(), NOW)
-    await repo.update(key, [append([record()])])  # the first: its state is read under the lock
+    await repo.update(key, [append([record()])])
     for n in range(5):
         queries.sent.clear()
         outcomes = await repo.update(key, [append([record()]), append([record()])])
@@ -105,14 +105,36 @@ async def test_a_batch_of_streams_this_process_wrote_commits_in_two_round_trips(
     assert len(queries.sent) == 2, queries.sent
     assert queries.sent[0].startswith(f"BEGIN; EXECUTE {LOCK_MANY_STATEMENT}("), queries.sent
     assert queries.sent[1].startswith(f"EXECUTE {WRITE_STATEMENT}(")
-    # One stream it never wrote: the batch's rows are read, all of them.
+    # One stream it never wrote (another process created it): the batch's rows are read, all
+    # of them.
     new = run._replace(stream_id="s9")
-    await repo.create(new, definition(new.stream_id), NOW)
+    await PostgresStreams(pool).create(new, definition(new.stream_id), NOW)
     queries.sent.clear()
     results = await repo.update_many([(k, [append([record()])]) for k in (*keys, new)])
     assert [first_sequences(r) for r in results] == [[3]] * 5 + [[1]]  # type: ignore[arg-type]
     assert len(queries.sent) == 3, queries.sent
     assert queries.sent[0] == "BEGIN", queries.sent
+
+
+async def test_the_first_commit_of_streams_this_process_created_takes_two_round_trips(
+    counted,
+) -> None:
+    """A creation leaves the definition and the state it wrote known: the first appends, one
+    stream's or a batch's, neither read the row nor fetch the definition."""
+    pool, queries = counted
+    repo, run = PostgresStreams(pool), new_key()
+    keys = [run._replace(stream_id=f"n{i}") for i in range(4)]
+    await asyncio.gather(*(repo.create(k, definition(k.stream_id), NOW) for k in keys))
+    for sent in (
+        lambda: repo.update(keys[0], [append([record()])]),
+        lambda: repo.update_many([(k, [append([record()])]) for k in keys[1:]]),
+    ):
+        queries.sent.clear()
+        await sent()
+        assert len(queries.sent) == 2, queries.sent
+        assert queries.sent[0].startswith("BEGIN; EXECUTE "), queries.sent
+    for k in keys:
+        assert (await repo.page(k, 0, 10))[0].head == 1
 
 
 async def test_a_stream_another_process_wrote_is_read_again(counted, database_url: str) -> None:

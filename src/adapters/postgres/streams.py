@@ -325,6 +325,11 @@ class PostgresStreams(RecordReads):
             created = await bounded(self._create_then(stream, creation, then))
         else:  # with the other creations waiting (adapters/postgres/creations.py)
             created = await self._creations.create(creation)
+            if created:
+                # Its first append needs neither read: the definition is the one just
+                # written, and the row holds the state this process wrote (`_remember`).
+                self._definitions.keep(key, now, definition, len(creation.definition))
+                _keep_recent(self._known, key, creation.state)
         if created:
             return stream, True
         existing = await self.load(key)
