@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import signal
 import time
@@ -21,6 +22,8 @@ import msgspec
 import pytest
 
 from adapters.postgres.erasure import ERASED_TABLES
+from adapters.postgres.forks import any_forked
+from adapters.postgres.stream_writes import LOCK_MANY_STATEMENT
 from adapters.postgres.streams import PostgresStreams
 from application.close_stream import CloseCommand
 from application.delete_stream import DeleteCommand
@@ -373,10 +376,12 @@ async def test_a_batchs_deletions_are_erased_together_each_answering_alone(
 
 
 async def test_a_batch_deleting_a_stream_a_fork_reads_decides_each_deletion_in_turn(
-    pool: asyncpg.Pool,
+    pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """With a fork linking to one of the streams a batch deletes, every deletion is decided and
-    erased in turn, as one stream's are: that one is soft-deleted, the others erased."""
+    erased in turn, as one stream's are: that one is soft-deleted, the others erased, in the
+    batch's transaction (erasing the source would break its fork's link: the batch would be
+    refused and committed stream by stream, and say so)."""
     repo = PostgresStreams(pool)
     run = new_key()
     doomed = [run._replace(stream_id=f"d{i}") for i in range(3)]
@@ -384,8 +389,14 @@ async def test_a_batch_deleting_a_stream_a_fork_reads_decides_each_deletion_in_t
     for key in (*doomed, source):
         await repo.create(key, definition(key.stream_id), NOW)
         await repo.update(key, [append()])
-    fork = await _fork_of(repo, source, "fork")
-    results = await repo.update_many([(k, [DeleteCommand(NOW)]) for k in (*doomed, source)])
+    async with pool.acquire() as conn:
+        assert not await any_forked(conn, [*doomed, source])
+        fork = await _fork_of(repo, source, "fork")
+        assert await any_forked(conn, [*doomed, source]) and await any_forked(conn, [source])
+        assert not await any_forked(conn, doomed)
+    with caplog.at_level(logging.WARNING, logger="ductor_streams.group_commit"):
+        results = await repo.update_many([(k, [DeleteCommand(NOW)]) for k in (*doomed, source)])
+    assert not [r.message for r in caplog.records if "was refused" in r.message]
     assert all(not isinstance(r, BaseException) and isinstance(r[0], Done) for r in results)
     for key in doomed:
         assert await _rows_of(pool, key) == {}, key
@@ -415,7 +426,8 @@ async def test_a_batch_locks_its_rows_in_key_order_whatever_order_it_was_given(
         for _ in range(200):  # until the batch waits for the blocker's lock
             waiting = await pool.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database() AND query LIKE '%FOR NO KEY UPDATE OF s%'"
+                "AND datname = current_database() AND (query LIKE '%FOR NO KEY UPDATE OF s%' "
+                f"OR query LIKE 'BEGIN; EXECUTE {LOCK_MANY_STATEMENT}(%')"
             )
             if waiting:
                 break

@@ -26,12 +26,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 import msgspec
 
+from adapters.postgres.bounded import bounded_on
 from application.group_commit import commit_group
-from application.waiting import Unanswered, spending
+from application.waiting import Unanswered, committing, spending
 from domain.stream import StreamKey
 
 # At most this many creations in one statement.
@@ -94,7 +96,31 @@ WITH wanted AS MATERIALIZED (
 SELECT tenant, run_id, stream_id FROM made
 """
 
-_Waiting = tuple[Creation, "asyncio.Future[bool]"]
+# How long a statement of creations waits for another transaction's row (a key being created
+# or erased elsewhere) before it gives up; its creations are then inserted one at a time.
+LOCK_WAIT_MS = 50
+
+
+async def insert_together(
+    pool: Any, rows: str, lock_wait_ms: int = LOCK_WAIT_MS
+) -> list[asyncpg.Record]:
+    """`_INSERT_MANY` of `rows` in a transaction whose lock waits give up after
+    `lock_wait_ms` (LockNotAvailableError), bounded as the pool's statements are."""
+
+    async def insert() -> list[asyncpg.Record]:
+        async with pool.acquire() as conn:
+            await conn.execute(f"BEGIN; SET LOCAL lock_timeout = {int(lock_wait_ms)}")
+            created: list[asyncpg.Record] = await conn.fetch(_INSERT_MANY, rows)
+            committing()
+            await conn.execute("COMMIT")  # (a failed transaction is rolled back on release)
+        return created
+
+    return await bounded_on(pool, insert())
+
+
+# A creation, and its answer: True, inserted; False, its key was there; None, not inserted with
+# the others (`create` says why): its caller inserts it alone.
+_Waiting = tuple[Creation, "asyncio.Future[bool | None]"]
 
 
 class Creations:
@@ -102,18 +128,24 @@ class Creations:
 
     def __init__(
         self,
-        insert: Callable[[str, str], Awaitable[list[asyncpg.Record]]],
+        insert: Callable[[str], Awaitable[list[asyncpg.Record]]],
         group_of: Callable[[StreamKey], Hashable] = commit_group,
     ) -> None:
-        # `insert(statement, rows)`: the statement's rows, on a connection of the pool.
+        # `insert(rows)`: `_INSERT_MANY`'s rows inserted (`insert_together`): the keys created.
         self._insert = insert
         self._group_of = group_of
         self._waiting: dict[Hashable, list[_Waiting]] = {}
         self._leaders: set[asyncio.Task[None]] = set()
 
-    async def create(self, creation: Creation) -> bool:
-        """Whether `creation` inserted its stream (False: its key was there already)."""
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    async def create(self, creation: Creation) -> bool | None:
+        """Whether `creation` inserted its stream (False: its key was there already), or None:
+        the caller is to insert it alone, in its own transaction, as if there were no others.
+        That is the answer when the statement waited on another transaction's row past
+        `LOCK_WAIT_MS` (a key being created or erased elsewhere: the others are not held up by
+        it), and when the server refused a statement of several (one bad row, or an outage:
+        each then meets its own error)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool | None] = loop.create_future()
         group = self._group_of(creation.key)
         waiting = self._waiting.get(group)
         entry = (creation, future)
@@ -124,7 +156,6 @@ class Creations:
             leader = asyncio.create_task(self._lead(group), name=f"creation-leader {group}")
             self._leaders.add(leader)
             leader.add_done_callback(self._leaders.discard)
-        loop = asyncio.get_running_loop()
         with spending() as seconds:
             timer = loop.call_later(seconds, _expire, future)
             try:
@@ -146,6 +177,8 @@ class Creations:
                 left: list[_Waiting] = []
                 keys: set[StreamKey] = set()
                 for entry in waiting:
+                    if entry[1].done():  # its request gave up (cancelled): nothing to insert
+                        continue
                     # A second creation of a key waits for the next statement, as do those
                     # past the batch's bound.
                     if len(taken) == MAX_BATCH or entry[0].key in keys:
@@ -154,49 +187,58 @@ class Creations:
                         keys.add(entry[0].key)
                         taken.append(entry)
                 waiting[:] = left  # the same list: `create` appends to it meanwhile
-                await self._commit(taken)
+                if taken:
+                    await self._commit(taken)
         finally:
             del self._waiting[group]
-            for _, future in waiting:
-                if not future.done():
-                    future.set_exception(RuntimeError("the creation leader stopped"))
+            # Only if the leader itself was cancelled (the process stopping): nothing of these
+            # was tried.
+            _fail(waiting, Unanswered("the database", 0.0))
 
     async def _commit(self, taken: list[_Waiting]) -> None:
+        """`taken`'s statement, and each creation's answer; never raises but for the leader's
+        own cancellation."""
         rows = _encode([creation for creation, _ in taken]).decode()
         try:
-            created = await self._insert(_INSERT_MANY, rows)
-        except asyncpg.PostgresError:
-            if len(taken) == 1:
-                raise
-            # The server refused the statement, so nothing of it was inserted: each creation
-            # is then tried alone, so that one that fails fails only itself.
-            for entry in taken:
-                await self._commit_alone(entry)
+            created = await self._insert(rows)
+        except asyncpg.LockNotAvailableError:
+            _answer(taken, None)  # each alone, waiting for that row only if it is its own
             return
-        except BaseException as error:
-            for _, future in taken:
-                if not future.done():
-                    future.set_exception(error)
-            if not isinstance(error, Exception):
-                raise
+        except asyncpg.PostgresError as error:
+            # Refused by the server: nothing of the statement was inserted.
+            if len(taken) == 1:
+                _fail(taken, error)
+            else:
+                _answer(taken, None)  # each alone, so that one that fails fails only itself
+            return
+        except asyncio.CancelledError:
+            _fail(taken, Unanswered("the database", 0.0, outcome_unknown=True))
+            raise
+        except Exception as error:  # a lost connection, a silent one, a commit of unknown outcome
+            _fail(taken, error)
             return
         made = {StreamKey(row[0], row[1], row[2]) for row in created}
         for creation, future in taken:
             if not future.done():
                 future.set_result(creation.key in made)
 
-    async def _commit_alone(self, entry: _Waiting) -> None:
-        try:
-            await self._commit([entry])
-        except asyncpg.PostgresError as error:
-            if not entry[1].done():
-                entry[1].set_exception(error)
+
+def _answer(taken: list[_Waiting], answer: bool | None) -> None:
+    for _, future in taken:
+        if not future.done():
+            future.set_result(answer)
+
+
+def _fail(taken: list[_Waiting], error: BaseException) -> None:
+    for _, future in taken:
+        if not future.done():
+            future.set_exception(error)
 
 
 class _Expired(Exception):
     """A creation's wait reached its bound."""
 
 
-def _expire(future: asyncio.Future[bool]) -> None:
+def _expire(future: asyncio.Future[bool | None]) -> None:
     if not future.done():
         future.set_exception(_Expired())

@@ -27,7 +27,7 @@ import msgspec
 from adapters.postgres.bounded import bounded, bounded_on
 from adapters.postgres.cleanup import aged_rows, delete_in_batches
 from adapters.postgres.connections import Connection
-from adapters.postgres.creations import Creation, Creations
+from adapters.postgres.creations import Creation, Creations, insert_together
 from adapters.postgres.definitions import DefinitionCache
 from adapters.postgres.erasure import WAKE_CHANNEL, erase, erase_keys
 from adapters.postgres.forks import (
@@ -270,7 +270,7 @@ class PostgresStreams(RecordReads):
         # stream do not each pay a lock that finds the other's state.
         self._contended: dict[StreamKey, float] = {}
         # Creations that only insert, waiting at once: inserted together.
-        self._creations = Creations(lambda statement, rows: self._pool.fetch(statement, rows))
+        self._creations = Creations(lambda rows: insert_together(self._pool, rows))
         if wake is not None:  # the wake bus hears deletions on every replica
             wake.on_deleted(self.forget)
             wake.on_missed(self.forget_all)
@@ -321,10 +321,15 @@ class PostgresStreams(RecordReads):
             definition.expiry.idle_seconds,
             definition.expiry.expires_at,
         )
+        created: bool | None
         if then or definition.fork is not None:
             created = await bounded(self._create_then(stream, creation, then))
         else:  # with the other creations waiting (adapters/postgres/creations.py)
             created = await self._creations.create(creation)
+            if created is None:  # not with the others: alone, as if there were none
+                created = await self._pool.fetchval(
+                    _INSERT_STREAM, *msgspec.structs.astuple(creation)
+                )
             if created:
                 # Its first append needs neither read: the definition is the one just
                 # written, and the row holds the state this process wrote (`_remember`).
