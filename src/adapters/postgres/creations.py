@@ -2,8 +2,8 @@
 
 A workflow platform starts hundreds of runs at once, and each creates its few streams. Each
 creation was a statement and a commit (a WAL flush) of its own: 64 connections creating
-streams of new runs made about 1,650 a second, 0.46 times the rate of one-record appends spread over
-1,000 streams on the same server (docs/benchmarks.md, "2026-12-06, fourteenth sitting").
+streams of new runs made 1,151-1,196 a second, 0.42 times the rate of one-record appends spread
+over 1,000 streams on the same server (docs/benchmarks.md, "2026-12-06, fourteenth sitting").
 
 A creation with nothing to do in its transaction but insert (no initial records, not a fork:
 `PostgresStreams.create` says which) is queued here. One leader per commit group
@@ -16,6 +16,11 @@ created; what arrives meanwhile waits for the next statement. A lone creation wa
 - **One answer per creation.** A key already there (or inserted meanwhile by another process)
   is not created, and that creation answers so (`create` then loads the stream). A second
   creation of a key already in the batch waits for the next statement, where it finds the first.
+- **Never held up by another transaction's row.** The statement waits at most `LOCK_WAIT_MS`
+  for a key another transaction holds (being created with initial records, or erased, or in
+  another replica's statement); past that, and when the server refuses a statement of several,
+  each of its creations is handed back and inserted alone by its own request, as if there were
+  no others. A lone creation the server refuses answers its error at once.
 - **Bounded.** A creation waits within its request's allowance: still queued at the bound, it
   is withdrawn (503, nothing created); taken into a statement, it answers 503 "may have been
   created". The statement itself runs within the default bound, as the append leader's do.
