@@ -28,8 +28,7 @@ created; what arrives meanwhile waits for the next statement. A lone creation wa
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -37,8 +36,9 @@ import asyncpg
 import msgspec
 
 from adapters.postgres.bounded import bounded_on
+from adapters.postgres.together import Together
 from application.group_commit import commit_group
-from application.waiting import Unanswered, committing, spending
+from application.waiting import committing
 from domain.stream import StreamKey
 
 # At most this many creations in one statement.
@@ -123,13 +123,8 @@ async def insert_together(
     return await bounded_on(pool, insert())
 
 
-# A creation, and its answer: True, inserted; False, its key was there; None, not inserted with
-# the others (`create` says why): its caller inserts it alone.
-_Waiting = tuple[Creation, "asyncio.Future[bool | None]"]
-
-
 class Creations:
-    """The creations waiting, per commit group, and each group's leader while it has any."""
+    """The creations waiting, inserted together (adapters/postgres/together.py) by `insert`."""
 
     def __init__(
         self,
@@ -138,9 +133,13 @@ class Creations:
     ) -> None:
         # `insert(rows)`: `_INSERT_MANY`'s rows inserted (`insert_together`): the keys created.
         self._insert = insert
-        self._group_of = group_of
-        self._waiting: dict[Hashable, list[_Waiting]] = {}
-        self._leaders: set[asyncio.Task[None]] = set()
+        self._together: Together[Creation, bool | None] = Together(
+            self._insert_all,
+            key_of=lambda creation: creation.key,
+            group_of=lambda creation: group_of(creation.key),
+            name="creations",
+            most=MAX_BATCH,
+        )
 
     async def create(self, creation: Creation) -> bool | None:
         """Whether `creation` inserted its stream (False: its key was there already), or None:
@@ -149,101 +148,17 @@ class Creations:
         `LOCK_WAIT_MS` (a key being created or erased elsewhere: the others are not held up by
         it), and when the server refused a statement of several (one bad row, or an outage:
         each then meets its own error)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool | None] = loop.create_future()
-        group = self._group_of(creation.key)
-        waiting = self._waiting.get(group)
-        entry = (creation, future)
-        if waiting is not None:
-            waiting.append(entry)
-        else:
-            self._waiting[group] = [entry]
-            leader = asyncio.create_task(self._lead(group), name=f"creation-leader {group}")
-            self._leaders.add(leader)
-            leader.add_done_callback(self._leaders.discard)
-        with spending() as seconds:
-            timer = loop.call_later(seconds, _expire, future)
-            try:
-                return await future
-            except _Expired:
-                queued = self._waiting.get(group, [])
-                if entry in queued:
-                    queued.remove(entry)
-                    raise Unanswered("the database", seconds) from None
-                raise Unanswered("the database", seconds, outcome_unknown=True) from None
-            finally:
-                timer.cancel()
+        return await self._together.submit(creation)
 
-    async def _lead(self, group: Hashable) -> None:
-        waiting = self._waiting[group]
-        try:
-            while waiting:
-                taken: list[_Waiting] = []
-                left: list[_Waiting] = []
-                keys: set[StreamKey] = set()
-                for entry in waiting:
-                    if entry[1].done():  # its request gave up (cancelled): nothing to insert
-                        continue
-                    # A second creation of a key waits for the next statement, as do those
-                    # past the batch's bound.
-                    if len(taken) == MAX_BATCH or entry[0].key in keys:
-                        left.append(entry)
-                    else:
-                        keys.add(entry[0].key)
-                        taken.append(entry)
-                waiting[:] = left  # the same list: `create` appends to it meanwhile
-                if taken:
-                    await self._commit(taken)
-        finally:
-            del self._waiting[group]
-            # Only if the leader itself was cancelled (the process stopping): nothing of these
-            # was tried.
-            _fail(waiting, Unanswered("the database", 0.0))
-
-    async def _commit(self, taken: list[_Waiting]) -> None:
-        """`taken`'s statement, and each creation's answer; never raises but for the leader's
-        own cancellation."""
-        rows = _encode([creation for creation, _ in taken]).decode()
+    async def _insert_all(self, creations: list[Creation]) -> Sequence[bool | BaseException | None]:
+        rows = _encode(creations).decode()
         try:
             created = await self._insert(rows)
         except asyncpg.LockNotAvailableError:
-            _answer(taken, None)  # each alone, waiting for that row only if it is its own
-            return
+            return [None] * len(creations)  # each alone: it waits for that row if it is its own
         except asyncpg.PostgresError as error:
-            # Refused by the server: nothing of the statement was inserted.
-            if len(taken) == 1:
-                _fail(taken, error)
-            else:
-                _answer(taken, None)  # each alone, so that one that fails fails only itself
-            return
-        except asyncio.CancelledError:
-            _fail(taken, Unanswered("the database", 0.0, outcome_unknown=True))
-            raise
-        except Exception as error:  # a lost connection, a silent one, a commit of unknown outcome
-            _fail(taken, error)
-            return
+            # Refused by the server: nothing of the statement was inserted. Several: each
+            # alone, so that one that fails fails only itself.
+            return [error] if len(creations) == 1 else [None] * len(creations)
         made = {StreamKey(row[0], row[1], row[2]) for row in created}
-        for creation, future in taken:
-            if not future.done():
-                future.set_result(creation.key in made)
-
-
-def _answer(taken: list[_Waiting], answer: bool | None) -> None:
-    for _, future in taken:
-        if not future.done():
-            future.set_result(answer)
-
-
-def _fail(taken: list[_Waiting], error: BaseException) -> None:
-    for _, future in taken:
-        if not future.done():
-            future.set_exception(error)
-
-
-class _Expired(Exception):
-    """A creation's wait reached its bound."""
-
-
-def _expire(future: asyncio.Future[bool | None]) -> None:
-    if not future.done():
-        future.set_exception(_Expired())
+        return [creation.key in made for creation in creations]
