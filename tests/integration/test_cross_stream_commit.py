@@ -21,7 +21,6 @@ import httpx
 import msgspec
 import pytest
 
-from adapters.postgres.bounded import BoundedPool
 from adapters.postgres.erasure import ERASED_TABLES
 from adapters.postgres.forks import any_forked
 from adapters.postgres.stream_writes import LOCK_MANY_STATEMENT
@@ -29,12 +28,11 @@ from adapters.postgres.streams import PostgresStreams
 from application.close_stream import CloseCommand
 from application.delete_stream import DeleteCommand
 from application.errors import NotFound
-from application.placement import Misdirected
 from application.ports import Command, Done, Failed, Outcome
 from application.set_legal_hold import LegalHoldCommand
 from domain.definition import Fork
 from domain.errors import LegalHoldActive
-from domain.stream import Stream, StreamKey
+from domain.stream import StreamKey
 from tests.conftest import SERVER_ENV, api_client
 from tests.integration.test_durable_streams import ds_client
 from tests.integration.test_http_records import assert_problem, create
@@ -484,94 +482,3 @@ async def test_large_appends_beside_small_ones_each_commit_once_and_in_order(
         found = await records_of(api, run_id, name)
         assert [r["data"] for r in found] == sent[name]
         assert [r["sequence"] for r in found] == list(range(1, len(sent[name]) + 1))
-
-
-async def _runs_with_records(repo: PostgresStreams, count: int) -> list[StreamKey]:
-    """`count` runs of three streams each with a record: each run's first stream's key."""
-    firsts = []
-    for _ in range(count):
-        run = new_key()
-        for name in ("a", "b", "c"):
-            key = run._replace(stream_id=name)
-            await repo.create(key, definition(name), NOW)
-            await repo.update(key, [append()])
-        firsts.append(run._replace(stream_id="a"))
-    return firsts
-
-
-async def test_runs_deleted_at_once_are_erased_together_each_all_or_nothing(
-    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Run deletions waiting at once share a transaction; each run is all or nothing alone: a
-    held run, a missing one and one refused by its check answer their own errors, and none of
-    their streams is touched; a fork in one run of a source in another, both deleted together,
-    leaves nothing behind (the source released with its last fork)."""
-    repo = PostgresStreams(pool)
-    doomed = await _runs_with_records(repo, 4)
-    held, refused, source_run, fork_run = await _runs_with_records(repo, 4)
-    await repo.update(held._replace(stream_id="b"), [LegalHoldCommand(True, "audit", NOW)])
-    fork = await _fork_of(repo, source_run, "f")
-    moved_fork = fork_run._replace(stream_id="fork-of-a")  # a fork of source_run/a in fork_run
-    loaded = await repo.load(fork)
-    assert loaded is not None
-    await repo.create(
-        moved_fork, msgspec.structs.replace(loaded.definition, stream_id=moved_fork.stream_id), NOW
-    )
-    transactions: list[int] = []
-    together = repo._delete_runs
-
-    async def counted(deletions, lock_wait_ms):  # type: ignore[no-untyped-def]
-        transactions.append(len(deletions))
-        return await together(deletions, lock_wait_ms)
-
-    monkeypatch.setattr(repo, "_delete_runs", counted)
-
-    def misdirected(stream: Stream) -> None:
-        if stream.key.run_id == refused.run_id:
-            raise Misdirected("homed elsewhere", metadata_home="elsewhere", metadata_replicas=[])
-
-    missing = new_key()
-    runs = [*doomed, held, refused, missing, source_run, fork_run]
-    answers = await asyncio.gather(
-        *(repo.delete_run(k.tenant, k.run_id, NOW, misdirected) for k in runs),
-        return_exceptions=True,
-    )
-    *erased, held_answer, refused_answer, missing_answer, source_answer, fork_answer = answers
-    assert transactions == [len(runs)]  # one transaction for all of them
-    for answer in (*erased, source_answer, fork_answer):
-        assert isinstance(answer, list) and len(answer) >= 3, answer
-    assert isinstance(held_answer, LegalHoldActive)
-    assert isinstance(refused_answer, Misdirected)
-    assert isinstance(missing_answer, NotFound)
-    for run in (*doomed, source_run, fork_run):
-        for name in ("a", "b", "c", "f", "fork-of-a"):
-            assert await _rows_of(pool, run._replace(stream_id=name)) == {}, (run, name)
-    for run in (held, refused):  # untouched
-        for name in ("a", "b", "c"):
-            loaded = await repo.load(run._replace(stream_id=name))
-            assert loaded is not None and loaded.state.head == 1 and not loaded.state.deleted
-
-
-async def test_a_run_deletion_waiting_on_a_row_holds_up_no_other(
-    pool: asyncpg.Pool,
-) -> None:
-    """A stream of one run held by a long transaction: the deletions waiting with it give up
-    on the shared transaction after its lock wait and are each done alone, so that the other
-    run is deleted at once and the held one once its row is free."""
-    repo = PostgresStreams(BoundedPool(pool))  # the service's: bounded waits
-    blocked, free = await _runs_with_records(repo, 2)
-    async with pool.acquire() as blocker, blocker.transaction():
-        await blocker.execute(
-            "SELECT 1 FROM streams WHERE tenant = $1 AND run_id = $2 AND stream_id = $3 "
-            "FOR NO KEY UPDATE",
-            *blocked,
-        )
-        waiting_one = asyncio.create_task(repo.delete_run(blocked.tenant, blocked.run_id, NOW))
-        await asyncio.sleep(0.02)
-        other = await asyncio.wait_for(repo.delete_run(free.tenant, free.run_id, NOW), 2.0)
-        assert len(other) == 3
-        await asyncio.sleep(0.1)
-        assert not waiting_one.done()  # alone, it waits for its own row
-    assert len(await asyncio.wait_for(waiting_one, 5.0)) == 3
-    for run in (blocked, free):
-        assert await _rows_of(pool, run._replace(stream_id="a")) == {}

@@ -105,13 +105,9 @@ async def erase(
     await conn.execute(_ERASE, tenant, run_id, stream_ids, ERASED_STREAM + reason)
 
 
-async def erase_keys(
-    conn: Connection, keys: Sequence[StreamKey], reason: str, *, locked_for_update: bool = False
-) -> None:
+async def erase_keys(conn: Connection, keys: Sequence[StreamKey], reason: str) -> None:
     """Erase these streams, of any tenants and runs, as `erase` does one run's: two statements
-    however many they are (a batch's deletions), one if the caller took their rows FOR UPDATE
-    in an earlier statement. The caller holds their row locks."""
+    however many they are (a batch's deletions). The caller holds their row locks."""
     columns = ([k.tenant for k in keys], [k.run_id for k in keys], [k.stream_id for k in keys])
-    if not locked_for_update:
-        await conn.execute(_LOCK_KEYS_FOR_ERASURE, *columns)
+    await conn.execute(_LOCK_KEYS_FOR_ERASURE, *columns)
     await conn.execute(_ERASE_KEYS, *columns, ERASED_STREAM + reason)

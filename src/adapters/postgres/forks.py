@@ -48,6 +48,11 @@ SELECT EXISTS (SELECT 1 FROM stream_forks
 
 _LOCK_RELEASED = f"SELECT definition, state FROM streams WHERE {_KEY} FOR UPDATE"
 
+_RUN_FORKS = """
+SELECT source_stream_id, run_id, stream_id FROM stream_forks
+WHERE tenant = $1 AND source_run_id = $2
+"""
+
 
 async def fork_facts(conn: Connection, key: StreamKey) -> tuple[bool, int]:
     """Under the stream's row lock: whether forks link to it, and the furthest they pin."""
@@ -63,26 +68,13 @@ async def any_forked(conn: Connection, keys: list[StreamKey]) -> bool:
     return bool(await conn.fetchval(_ANY_FORKED, *columns))
 
 
-_RUNS_FORKS = """
-SELECT f.tenant, f.source_run_id, f.source_stream_id, f.run_id, f.stream_id
-FROM stream_forks f
-JOIN unnest($1::text[], $2::text[]) AS r (tenant, run_id)
-  ON f.tenant = r.tenant AND f.source_run_id = r.run_id
-"""
-
-
-async def runs_forks(
-    conn: Connection, runs: list[tuple[str, str]]
-) -> dict[tuple[str, str], dict[StreamKey, set[StreamKey]]]:
-    """The forks of each stream of these runs (tenant, run), wherever the forks are."""
-    found: dict[tuple[str, str], dict[StreamKey, set[StreamKey]]] = {}
-    rows = await conn.fetch(_RUNS_FORKS, [r[0] for r in runs], [r[1] for r in runs])
-    for tenant, run_id, source_id, fork_run, fork_id in rows:
-        forks = found.setdefault((tenant, run_id), {})
-        forks.setdefault(StreamKey(tenant, run_id, source_id), set()).add(
-            StreamKey(tenant, fork_run, fork_id)
-        )
-    return found
+async def run_forks(conn: Connection, tenant: str, run_id: str) -> dict[StreamKey, set[StreamKey]]:
+    """The forks of each stream of the run (wherever they are)."""
+    forks: dict[StreamKey, set[StreamKey]] = {}
+    for source_id, fork_run, fork_id in await conn.fetch(_RUN_FORKS, tenant, run_id):
+        source = StreamKey(tenant, run_id, source_id)
+        forks.setdefault(source, set()).add(StreamKey(tenant, fork_run, fork_id))
+    return forks
 
 
 async def link_fork(conn: Connection, key: StreamKey, fork: Fork) -> None:

@@ -27,7 +27,7 @@ import msgspec
 from adapters.postgres.bounded import bounded, bounded_on
 from adapters.postgres.cleanup import aged_rows, delete_in_batches
 from adapters.postgres.connections import Connection
-from adapters.postgres.creations import LOCK_WAIT_MS, Creation, Creations, insert_together
+from adapters.postgres.creations import Creation, Creations, insert_together
 from adapters.postgres.definitions import DefinitionCache
 from adapters.postgres.erasure import WAKE_CHANNEL, erase, erase_keys
 from adapters.postgres.forks import (
@@ -35,7 +35,7 @@ from adapters.postgres.forks import (
     fork_facts,
     link_fork,
     release_sources,
-    runs_forks,
+    run_forks,
 )
 from adapters.postgres.intents import (
     arm_upload,
@@ -57,12 +57,10 @@ from adapters.postgres.stream_writes import (
     with_statements,
     write,
 )
-from adapters.postgres.together import Together
 from application import tracing
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
 from application.fork_reads import ForkLink, kept_by_forks
-from application.group_commit import commit_group
 from application.ports import (
     Command,
     ConsumerPosition,
@@ -231,23 +229,10 @@ SELECT stream_id, definition, state, consumers, upto, fetched FROM (
 ORDER BY stream_id
 """
 
-# Every stream of these runs (tenant, run), locked in the key's order.
-_RUNS_LOCK = """
-SELECT s.tenant, s.run_id, s.stream_id, s.definition, s.state FROM streams s
-JOIN unnest($1::text[], $2::text[]) AS r (tenant, run_id)
-  ON s.tenant = r.tenant AND s.run_id = r.run_id
-ORDER BY s.tenant, s.run_id, s.stream_id FOR UPDATE OF s
+_RUN_LOCK = """
+SELECT stream_id, definition, state FROM streams
+WHERE tenant = $1 AND run_id = $2 ORDER BY stream_id FOR UPDATE
 """
-
-
-class RunDeletion(NamedTuple):
-    """A run's deletion, as `delete_run` is asked for it."""
-
-    tenant: str
-    run_id: str
-    now: datetime
-    check: Callable[[Stream], None] | None
-
 
 # A keyset page over the primary key (tenant, run_id, stream_id): one group per run. A prefix
 # starts the range at itself (run_id >= prefix keeps it an index range) and ends it at the first
@@ -284,15 +269,8 @@ class PostgresStreams(RecordReads):
         # not remembered for `CONTENDED_SECONDS`, so that two processes taking turns on a
         # stream do not each pay a lock that finds the other's state.
         self._contended: dict[StreamKey, float] = {}
-        # Creations that only insert, waiting at once: inserted together; so are run
-        # deletions (adapters/postgres/together.py).
+        # Creations that only insert, waiting at once: inserted together.
         self._creations = Creations(lambda rows: insert_together(self._pool, rows))
-        self._run_deletions: Together[RunDeletion, list[StreamKey] | None] = Together(
-            self._delete_together,
-            key_of=lambda d: (d.tenant, d.run_id),
-            group_of=lambda d: commit_group(StreamKey(d.tenant, d.run_id, "")),
-            name="run deletions",
-        )
         if wake is not None:  # the wake bus hears deletions on every replica
             wake.on_deleted(self.forget)
             wake.on_missed(self.forget_all)
@@ -814,73 +792,40 @@ class PostgresStreams(RecordReads):
     async def delete_run(
         self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None = None
     ) -> list[StreamKey]:
-        deletion = RunDeletion(tenant, run_id, now, check)
-        erased = await self._run_deletions.submit(deletion)  # with the others waiting
-        if erased is not None:
-            return erased
-        # Alone, waiting for every row it needs. A deadlock (PostgreSQL rolled the deletion
-        # back: nothing of it happened) is tried again; the request's budget bounds the tries.
+        # A deadlock (PostgreSQL rolled the deletion back: nothing of it happened) is tried
+        # again; the request's budget bounds the tries.
         for attempt in range(1, DEADLOCK_TRIES + 1):
             try:
-                [result] = await bounded(self._delete_runs([deletion], lock_wait_ms=None))
+                return await bounded(self._delete_run(tenant, run_id, now, check))
             except asyncpg.DeadlockDetectedError:
                 if attempt == DEADLOCK_TRIES:
                     raise Unanswered("the database (a deadlock, tried again)", 0.0) from None
                 await asyncio.sleep(random.uniform(0.01, 0.1))
-                continue
-            if isinstance(result, BaseException):
-                raise result
-            assert result is not None
-            return result
         raise AssertionError("unreachable")
 
-    async def _delete_together(
-        self, deletions: list[RunDeletion]
-    ) -> Sequence[list[StreamKey] | BaseException | None]:
-        """The deletions waiting at once, in one transaction; None for each one to be done
-        alone: when the transaction waited on a row past `LOCK_WAIT_MS` (held by a long
-        transaction: the others are not held up by it), met a deadlock, or was refused with
-        several deletions in it (each then meets its own error)."""
-        try:
-            return await bounded(self._delete_runs(deletions, LOCK_WAIT_MS))
-        except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError):
-            return [None] * len(deletions)
-        except asyncpg.PostgresError as error:
-            return [error] if len(deletions) == 1 else [None] * len(deletions)
-
-    async def _delete_runs(
-        self, deletions: list[RunDeletion], lock_wait_ms: int | None
-    ) -> list[list[StreamKey] | BaseException]:
-        """Each run all or nothing: every stream of every run is locked (in the key's order),
-        each run decided on its own (a legal hold, or a stream homed elsewhere, refuses that
-        run alone: nothing of it is written), and the streams of the runs decided erased
-        together, or soft-deleted where a fork outside the run still reads them."""
-        async with self._pool.acquire() as conn:
-            begin = "BEGIN"
-            if lock_wait_ms is not None:
-                begin += f"; SET LOCAL lock_timeout = {int(lock_wait_ms)}"
-            await conn.execute(begin)  # (a failed transaction is rolled back on release)
-            runs = [(d.tenant, d.run_id) for d in deletions]
-            rows: dict[tuple[str, str], list[asyncpg.Record]] = {}
-            for r in await conn.fetch(_RUNS_LOCK, [t for t, _ in runs], [i for _, i in runs]):
-                rows.setdefault((r[0], r[1]), []).append(r)
-            forks = await runs_forks(conn, runs) if rows else {}
-            results: list[list[StreamKey] | BaseException] = []
-            decided: list[tuple[list[StreamKey], list[Stream], datetime]] = []
-            soft: list[tuple[Stream, list[Event]]] = []
-            for deletion, run in zip(deletions, runs, strict=True):
-                if run not in rows:
-                    results.append(NotFound(f"no run {deletion.run_id!r}"))
-                    continue
-                try:
-                    keys, erased, kept = _decide_run(deletion, rows[run], forks.get(run, {}))
-                except Exception as error:  # refused: a legal hold, a stream homed elsewhere
-                    results.append(error)
-                    continue
-                results.append(keys)
-                decided.append((keys, erased, deletion.now))
-                soft += kept
-            for stream, events in soft:  # forks outside their run still read these
+    async def _delete_run(
+        self, tenant: str, run_id: str, now: datetime, check: Callable[[Stream], None] | None
+    ) -> list[StreamKey]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(_RUN_LOCK, tenant, run_id)
+            if not rows:
+                raise NotFound(f"no run {run_id!r}")
+            forks = await run_forks(conn, tenant, run_id)
+            keys = [StreamKey(tenant, run_id, r[0]) for r in rows]
+            kept = kept_by_forks(keys, forks)
+            streams, soft = [], []
+            for key, r in zip(keys, rows, strict=True):
+                stream = Stream(key, decode_definition(r[1]), decode_state(r[2]))
+                stream.forked = key in kept
+                if check is not None:
+                    check(stream)
+                if not stream.state.soft_deleted:
+                    # A legal hold refuses the whole run: nothing is written.
+                    events = stream.delete(now)
+                    if key in kept:
+                        soft.append((stream, events))
+                streams.append(stream)
+            for stream, events in soft:  # forks outside the run still read these
                 for event in events:
                     stream.apply(event)
                 changes = Changes(events=events)
@@ -889,27 +834,23 @@ class PostgresStreams(RecordReads):
                 writes.add(stream, changes, [], inline)
                 await execute_writes(conn, writes)
                 await conn.execute(SOFT_DELETED, *stream.key)
-            if erasing := [s.key for _, erased, _ in decided for s in erased]:
-                # (`_RUNS_LOCK` took the rows FOR UPDATE, waiting for any FOR KEY SHARE: that
-                # is what erasure's own lock would do.)
-                await erase_keys(conn, erasing, "deleted", locked_for_update=True)
+            erased = [s for s in streams if s.key not in kept]
+            # (`_RUN_LOCK` took the rows FOR UPDATE, waiting for any FOR KEY SHARE: that is
+            # what `lock_for_deletion` would do.)
+            ids = [s.key.stream_id for s in erased]
+            await erase(conn, tenant, run_id, ids, "deleted", locked_for_update=True)
             released: list[StreamKey] = []
-            for keys, erased, now in decided:
-                # (Once: built for each erased stream, it cost a run of 10,000 streams 7 s of
-                # this process's CPU, and 20,000 46 s, every other request of it waiting.)
-                in_run = frozenset(keys)
-                for stream in erased:
-                    released += await release_sources(
-                        conn, stream.key, stream.definition.fork, now, in_run
-                    )
+            # (Once: built for each erased stream, it cost a run of 10,000 streams 7 s of this
+            # process's CPU, and 20,000 46 s, every other request of the process waiting.)
+            in_run = frozenset(keys)
+            for stream in erased:
+                released += await release_sources(
+                    conn, stream.key, stream.definition.fork, now, in_run
+                )
             committing()
-            await conn.execute("COMMIT")
-        for keys, _, _ in decided:
-            for key in keys:
-                self.forget(key)
-        for key in released:
+        for key in (*keys, *released):
             self.forget(key)
-        return results
+        return keys
 
     async def list_runs(
         self, tenant: str, after: str | None, limit: int, prefix: str = ""
@@ -978,29 +919,6 @@ async def _check_fences(conn: Connection, key: StreamKey, commands: Sequence[Com
         if isinstance(command, PruneCommand) and command.fence_holder is not None:
             held = await conn.fetchval(_RETENTION_FENCE, *key, command.fence_holder)
             command.lease_held = bool(held)
-
-
-def _decide_run(
-    deletion: RunDeletion, rows: list[asyncpg.Record], forks: dict[StreamKey, set[StreamKey]]
-) -> tuple[list[StreamKey], list[Stream], list[tuple[Stream, list[Event]]]]:
-    """A run's deletion decided under its rows' locks (`rows`: its streams, in the key's order;
-    `forks`: the forks of each): its keys, the streams to erase, and those to soft-delete (a
-    fork outside the run still reads them) with their events. Raises what refuses it."""
-    keys = [StreamKey(deletion.tenant, deletion.run_id, r[2]) for r in rows]
-    kept = kept_by_forks(keys, forks)
-    streams, soft = [], []
-    for key, r in zip(keys, rows, strict=True):
-        stream = Stream(key, decode_definition(r[3]), decode_state(r[4]))
-        stream.forked = key in kept
-        if deletion.check is not None:
-            deletion.check(stream)
-        if not stream.state.soft_deleted:
-            # A legal hold refuses the whole run: nothing is written.
-            events = stream.delete(deletion.now)
-            if key in kept:
-                soft.append((stream, events))
-        streams.append(stream)
-    return keys, [s for s in streams if s.key not in kept], soft
 
 
 def _with_consumers(state: bytes, consumers: bytes | None) -> StreamState:
