@@ -89,6 +89,38 @@ async def test_a_connection_lost_during_commit_is_of_unknown_outcome_and_before_
     assert not isinstance(raised.value, CommitOutcomeUnknown)
 
 
+async def test_a_lost_connection_raised_as_a_server_error_during_commit_is_of_unknown_outcome() -> (
+    None
+):
+    """asyncpg raises a connection closed under a statement, and the server's shutdown, as
+    PostgresErrors: during COMMIT they say nothing of whether it committed (a batch taken for
+    refused would be committed again stream by stream: its appends twice)."""
+    import asyncpg
+
+    lost = (
+        asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+        asyncpg.exceptions.AdminShutdownError("terminating connection due to administrator"),
+    )
+    for error in lost:
+
+        async def failing(after_commit: bool, error: Exception = error) -> None:
+            if after_commit:
+                committing()
+            raise error
+
+        with pytest.raises(CommitOutcomeUnknown):
+            await bounded(failing(after_commit=True))
+        with pytest.raises(type(error)):
+            await bounded(failing(after_commit=False))
+
+    async def refused() -> None:  # the server's answer to COMMIT: nothing was committed
+        committing()
+        raise asyncpg.SerializationError("could not serialize access")
+
+    with pytest.raises(asyncpg.SerializationError):
+        await bounded(refused())
+
+
 class StuckStreams(MemoryStreams):
     """The first transaction hangs (its connection went silent) until `release` is set."""
 

@@ -37,6 +37,14 @@ T = TypeVar("T")
 
 # A server's answer that the commit failed: then nothing was committed, and saying so is safe.
 _REFUSED = asyncpg.PostgresError
+# ... but not these, though asyncpg raises them as PostgresErrors: the connection was lost
+# (class 08: asyncpg's ConnectionDoesNotExistError when it closes under a statement) or the
+# server was shut down (57P01, 57P02), which may have happened after the commit was flushed.
+_LOST = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+)
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:
@@ -81,7 +89,7 @@ async def bounded(
     error = task.exception()
     if error is None:
         return task.result()
-    if commit.sent and not isinstance(error, _REFUSED):
+    if commit.sent and (not isinstance(error, _REFUSED) or isinstance(error, _LOST)):
         raise CommitOutcomeUnknown(f"the connection failed during COMMIT ({error})") from error
     raise error
 
