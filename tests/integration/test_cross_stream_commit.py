@@ -300,8 +300,10 @@ async def test_a_refused_batch_is_committed_stream_by_stream_each_answering_alon
     assert (await repo.page(keys[0], 0, 10))[0].head == 2
 
 
-async def _fork_of(repo: PostgresStreams, source: StreamKey, stream_id: str) -> StreamKey:
-    """A fork of `source` through its head, in the source's run."""
+async def _fork_of(
+    repo: PostgresStreams, source: StreamKey, stream_id: str, into: str | None = None
+) -> StreamKey:
+    """A fork of `source` through its head, in the source's run (or in run `into`)."""
     loaded = await repo.load(source)
     assert loaded is not None and loaded.state.created_at is not None
     head = loaded.state.head
@@ -312,10 +314,30 @@ async def _fork_of(repo: PostgresStreams, source: StreamKey, stream_id: str) -> 
         through=head,
         offset=head,
     )
-    key = source._replace(stream_id=stream_id)
+    key = source._replace(stream_id=stream_id, run_id=into or source.run_id)
     made = msgspec.structs.replace(loaded.definition, stream_id=stream_id, fork=link)
     assert (await repo.create(key, made, NOW))[1]
     return key
+
+
+async def test_a_chain_of_forks_out_of_a_run_and_back_leaves_nothing_once_both_runs_go(
+    pool: asyncpg.Pool,
+) -> None:
+    """s in run A <- f in run B <- g in run A. Deleting B keeps f (g reads it); deleting A then
+    erases g, which releases f, which releases s: nothing is left soft-deleted for ever."""
+    repo = PostgresStreams(pool)
+    a, b = new_key(), new_key()
+    s = a._replace(stream_id="s")
+    await repo.create(s, definition("s"), NOW)
+    await repo.update(s, [append()])
+    f = await _fork_of(repo, s, "f", into=b.run_id)
+    g = await _fork_of(repo, f, "g", into=a.run_id)
+    await repo.delete_run(b.tenant, b.run_id, NOW)
+    kept = await repo.load(f)
+    assert kept is not None and kept.state.soft_deleted  # g still reads it
+    await repo.delete_run(a.tenant, a.run_id, NOW)
+    for key in (s, f, g):
+        assert await _rows_of(pool, key) == {}, key
 
 
 async def _rows_of(pool: asyncpg.Pool, key: StreamKey) -> dict[str, int]:
