@@ -340,6 +340,27 @@ async def test_a_chain_of_forks_out_of_a_run_and_back_leaves_nothing_once_both_r
         assert await _rows_of(pool, key) == {}, key
 
 
+async def test_a_source_deleted_in_the_batch_that_erases_its_last_fork_is_released(
+    pool: asyncpg.Pool,
+) -> None:
+    """The source is decided first (its forks still link to it: soft-deleted), then its last
+    forks are erased in the same batch: it goes too, in that transaction, whatever order the
+    batch decided them in."""
+    repo = PostgresStreams(pool)
+    for order in ("source first", "forks first"):
+        run = new_key()
+        source = run._replace(stream_id="m-source")
+        await repo.create(source, definition("m-source"), NOW)
+        await repo.update(source, [append()])
+        forks = [await _fork_of(repo, source, name) for name in ("a-fork", "z-fork")]
+        batch = [source, *forks] if order == "source first" else [*forks, source]
+        results = await repo.update_many([(k, [DeleteCommand(NOW)]) for k in batch])
+        assert all(not isinstance(r, BaseException) and isinstance(r[0], Done) for r in results)
+        for key in (source, *forks):
+            assert await _rows_of(pool, key) == {}, (order, key)
+            assert await repo.load(key) is None
+
+
 async def _rows_of(pool: asyncpg.Pool, key: StreamKey) -> dict[str, int]:
     """The stream's rows still in any table a deletion erases (its streams row included)."""
     counts = {}

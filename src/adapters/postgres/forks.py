@@ -61,6 +61,11 @@ async def fork_facts(conn: Connection, key: StreamKey) -> tuple[bool, int]:
     return bool(row[0]), int(row[1])
 
 
+async def has_forks(conn: Connection, key: StreamKey) -> bool:
+    """Under the stream's row lock: whether a fork links to it."""
+    return bool(await conn.fetchval(_HAS_FORKS, *key))
+
+
 async def any_forked(conn: Connection, keys: list[StreamKey]) -> bool:
     """Under these streams' row locks: whether a fork links to any of them (one statement for
     a batch's deletions, which need `fork_facts` only for a stream that has forks)."""

@@ -33,6 +33,7 @@ from adapters.postgres.erasure import WAKE_CHANNEL, erase, erase_keys
 from adapters.postgres.forks import (
     any_forked,
     fork_facts,
+    has_forks,
     link_fork,
     release_sources,
     run_forks,
@@ -77,6 +78,7 @@ from domain.events import (
     Event,
     RecordsPruned,
     StreamDeleted,
+    StreamSoftDeleted,
     encode_event,
 )
 from domain.objects import ObjectIntent
@@ -664,6 +666,8 @@ class PostgresStreams(RecordReads):
                 done.append(settled)
             if erasing:
                 await self._erase_together(conn, done, erasing)
+            else:
+                await _release_soft_deleted(conn, done)
             writing = [d for d in done if not d.changes.deleted and d.changes.events]
             writes = StreamWrites()
             for d in writing:
@@ -922,6 +926,31 @@ async def _check_fences(conn: Connection, key: StreamKey, commands: Sequence[Com
         if isinstance(command, PruneCommand) and command.fence_holder is not None:
             held = await conn.fetchval(_RETENTION_FENCE, *key, command.fence_holder)
             command.lease_held = bool(held)
+
+
+async def _release_soft_deleted(conn: Connection, done: list[_Settled]) -> None:
+    """A stream of the batch soft-deleted (a fork still read it when it was decided) whose last
+    fork the batch erased after that: erased now, as the fork's cascade would have (it read
+    the stream's row before its soft delete was written), with its own chain after it. Else it
+    stayed soft-deleted with no fork, for ever."""
+    if not any(d.changes.deleted for d in done):
+        return
+    for i, settled in enumerate(done):
+        if settled.changes.deleted:
+            continue
+        soft = [e for e in settled.changes.events if isinstance(e, StreamSoftDeleted)]
+        if not soft or await has_forks(conn, settled.key):
+            continue
+        stream = settled.stream
+        stream.forked = False
+        events = stream.release(soft[0].at)
+        if not events:
+            continue
+        key = settled.key
+        await erase(conn, key.tenant, key.run_id, [key.stream_id], "deleted")
+        chain = await release_sources(conn, key, stream.definition.fork, soft[0].at)
+        changes = Changes(events=[*settled.changes.events, *events], deleted=True)
+        done[i] = settled._replace(changes=changes, released=[*settled.released, *chain])
 
 
 def _with_consumers(state: bytes, consumers: bytes | None) -> StreamState:
