@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Awaitable
 
 import asyncpg
@@ -197,6 +198,31 @@ async def test_a_key_held_elsewhere_holds_up_no_other_creation(pool: asyncpg.Poo
         with pytest.raises(Unanswered):  # alone, it waits for its own key
             await stuck
     assert created
+
+
+async def test_a_key_held_elsewhere_is_created_alone_for_a_while_and_logs_no_error(
+    pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a statement waited on another's row, its keys go alone for `ALONE_SECONDS`: one
+    tenant creating a held key again and again costs the others' statements nothing more. The
+    statement given up on is rolled back by the adapter (the pool would log an error)."""
+    monkeypatch.setattr("adapters.postgres.creations.ALONE_SECONDS", 0.3)
+    counted = Counted(pool)
+    creations = Creations(counted)
+    run = new_key()
+    held = _creation(run._replace(stream_id="held"))
+    async with pool.acquire() as blocker, blocker.transaction():
+        await insert_row(blocker, held)
+        with caplog.at_level(logging.WARNING):
+            assert await creations.create(held) is None  # after the lock wait: alone
+            assert counted.rows == [1]
+            assert await creations.create(held) is None  # at once, no statement
+            assert counted.rows == [1]
+        await asyncio.sleep(0.35)
+        await blocker.execute("ROLLBACK; BEGIN")
+    assert await creations.create(held) is True  # with the others again
+    assert counted.rows == [1, 1]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.records
 
 
 async def test_a_creation_waiting_past_its_bound_is_withdrawn_or_answered_unknown(

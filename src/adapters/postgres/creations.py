@@ -28,6 +28,7 @@ created; what arrives meanwhile waits for the next statement. A lone creation wa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import datetime
 from typing import Any
@@ -41,8 +42,16 @@ from application.group_commit import commit_group
 from application.waiting import committing
 from domain.stream import StreamKey
 
-# At most this many creations in one statement.
+# At most this many creations in one statement, and this many bytes of their definitions and
+# states (a definition's schema may take 64 KiB: 256 of those made a statement of 22 MB, and
+# the creations behind it waited for it).
 MAX_BATCH = 256
+MAX_BATCH_BYTES = 1024 * 1024
+# A statement that waited on another transaction's row past `LOCK_WAIT_MS`: its keys are each
+# created alone for this long, so that a key held elsewhere and created again and again (one
+# tenant's loop) does not cost every statement of the others that wait.
+ALONE_SECONDS = 1.0
+ALONE_KEYS = 10_000  # at most this many such keys remembered, the oldest forgotten first
 
 
 class Creation(msgspec.Struct, frozen=True):
@@ -115,7 +124,14 @@ async def insert_together(
     async def insert() -> list[asyncpg.Record]:
         async with pool.acquire() as conn:
             await conn.execute(f"BEGIN; SET LOCAL lock_timeout = {int(lock_wait_ms)}")
-            created: list[asyncpg.Record] = await conn.fetch(_INSERT_MANY, rows)
+            try:
+                created: list[asyncpg.Record] = await conn.fetch(_INSERT_MANY, rows)
+            except asyncpg.PostgresError as error:
+                if not isinstance(error, asyncpg.PostgresConnectionError):
+                    # Ended here, not by the pool's reset, which logs an error for it (and a
+                    # lock wait given up is the designed way out).
+                    await conn.execute("ROLLBACK")
+                raise
             committing()
             await conn.execute("COMMIT")  # (a failed transaction is rolled back on release)
         return created
@@ -139,7 +155,11 @@ class Creations:
             group_of=lambda creation: group_of(creation.key),
             name="creations",
             most=MAX_BATCH,
+            weigh=lambda creation: len(creation.definition) + len(creation.state),
+            most_weight=MAX_BATCH_BYTES,
         )
+        # Keys whose statement waited on another's row, until when they are created alone.
+        self._alone: dict[StreamKey, float] = {}
 
     async def create(self, creation: Creation) -> bool | None:
         """Whether `creation` inserted its stream (False: its key was there already), or None:
@@ -147,7 +167,13 @@ class Creations:
         That is the answer when the statement waited on another transaction's row past
         `LOCK_WAIT_MS` (a key being created or erased elsewhere: the others are not held up by
         it), and when the server refused a statement of several (one bad row, or an outage:
-        each then meets its own error)."""
+        each then meets its own error), and for `ALONE_SECONDS` after for the keys of a
+        statement that waited so."""
+        until = self._alone.get(creation.key)
+        if until is not None:
+            if time.monotonic() < until:
+                return None
+            del self._alone[creation.key]
         return await self._together.submit(creation)
 
     async def _insert_all(self, creations: list[Creation]) -> Sequence[bool | BaseException | None]:
@@ -155,6 +181,12 @@ class Creations:
         try:
             created = await self._insert(rows)
         except asyncpg.LockNotAvailableError:
+            until = time.monotonic() + ALONE_SECONDS
+            for creation in creations:
+                self._alone.pop(creation.key, None)
+                self._alone[creation.key] = until
+                if len(self._alone) > ALONE_KEYS:
+                    del self._alone[next(iter(self._alone))]
             return [None] * len(creations)  # each alone: it waits for that row if it is its own
         except asyncpg.PostgresError as error:
             # Refused by the server: nothing of the statement was inserted. Several: each

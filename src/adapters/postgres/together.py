@@ -47,13 +47,18 @@ class Together(Generic[T, R]):
         group_of: Callable[[T], Hashable],
         name: str,
         most: int = 256,
+        weigh: Callable[[T], int] | None = None,
+        most_weight: int = 0,
     ) -> None:
-        # `do(items)`: one result or error per item, in their order.
+        # `do(items)`: one result or error per item, in their order. A turn takes at most `most`
+        # items and, with `weigh`, at most `most_weight` of their weights (at least one item).
         self._do = do
         self._key_of = key_of
         self._group_of = group_of
         self._name = name
         self._most = most
+        self._weigh = weigh
+        self._most_weight = most_weight
         self._waiting: dict[Hashable, list[tuple[T, asyncio.Future[R]]]] = {}
         self._leaders: set[asyncio.Task[None]] = set()
 
@@ -91,14 +96,18 @@ class Together(Generic[T, R]):
                 taken: list[tuple[T, asyncio.Future[R]]] = []
                 left: list[tuple[T, asyncio.Future[R]]] = []
                 keys: set[Hashable] = set()
+                weight = 0
                 for entry in waiting:
                     if entry[1].done():  # its request gave up (cancelled): nothing to do
                         continue
                     key = self._key_of(entry[0])
-                    if len(taken) == self._most or key in keys:
+                    more = 0 if self._weigh is None else self._weigh(entry[0])
+                    full = len(taken) == self._most or (taken and weight + more > self._most_weight)
+                    if full or key in keys:
                         left.append(entry)  # the next turn's
                     else:
                         keys.add(key)
+                        weight += more
                         taken.append(entry)
                 waiting[:] = left  # the same list: `submit` appends to it meanwhile
                 if taken:
