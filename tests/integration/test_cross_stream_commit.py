@@ -361,6 +361,26 @@ async def test_a_source_deleted_in_the_batch_that_erases_its_last_fork_is_releas
             assert await repo.load(key) is None
 
 
+async def test_a_chain_soft_deleted_in_one_batch_goes_whole_in_any_order(
+    pool: asyncpg.Pool,
+) -> None:
+    """p <- s <- f (s a fork of p, f of s), all deleted in one batch: in every order the batch
+    may decide them in, nothing is left (p and s each soft-deleted while a fork linked them)."""
+    repo = PostgresStreams(pool)
+    for order in ("psf", "pfs", "spf", "sfp", "fps", "fsp"):
+        run = new_key()
+        p = run._replace(stream_id="p")
+        await repo.create(p, definition("p"), NOW)
+        await repo.update(p, [append()])
+        s = await _fork_of(repo, p, "s")
+        f = await _fork_of(repo, s, "f")
+        named = {"p": p, "s": s, "f": f}
+        results = await repo.update_many([(named[n], [DeleteCommand(NOW)]) for n in order])
+        assert all(not isinstance(r, BaseException) and isinstance(r[0], Done) for r in results)
+        for key in (p, s, f):
+            assert await _rows_of(pool, key) == {}, (order, key)
+
+
 async def _rows_of(pool: asyncpg.Pool, key: StreamKey) -> dict[str, int]:
     """The stream's rows still in any table a deletion erases (its streams row included)."""
     counts = {}

@@ -28,6 +28,7 @@ created; what arrives meanwhile waits for the next statement. A lone creation wa
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from datetime import datetime
@@ -127,10 +128,14 @@ async def insert_together(
             try:
                 created: list[asyncpg.Record] = await conn.fetch(_INSERT_MANY, rows)
             except asyncpg.PostgresError as error:
-                if not isinstance(error, asyncpg.PostgresConnectionError):
+                if not isinstance(error, asyncpg.PostgresConnectionError) and not conn.is_closed():
                     # Ended here, not by the pool's reset, which logs an error for it (and a
-                    # lock wait given up is the designed way out).
-                    await conn.execute("ROLLBACK")
+                    # lock wait given up is the designed way out). If the rollback fails too,
+                    # the statement's error is still the one answered.
+                    with contextlib.suppress(
+                        asyncpg.PostgresError, asyncpg.InterfaceError, OSError
+                    ):
+                        await conn.execute("ROLLBACK")
                 raise
             committing()
             await conn.execute("COMMIT")  # (a failed transaction is rolled back on release)

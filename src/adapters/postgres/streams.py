@@ -932,25 +932,28 @@ async def _release_soft_deleted(conn: Connection, done: list[_Settled]) -> None:
     """A stream of the batch soft-deleted (a fork still read it when it was decided) whose last
     fork the batch erased after that: erased now, as the fork's cascade would have (it read
     the stream's row before its soft delete was written), with its own chain after it. Else it
-    stayed soft-deleted with no fork, for ever."""
-    if not any(d.changes.deleted for d in done):
-        return
-    for i, settled in enumerate(done):
-        if settled.changes.deleted:
-            continue
-        soft = [e for e in settled.changes.events if isinstance(e, StreamSoftDeleted)]
-        if not soft or await has_forks(conn, settled.key):
-            continue
-        stream = settled.stream
-        stream.forked = False
-        events = stream.release(soft[0].at)
-        if not events:
-            continue
-        key = settled.key
-        await erase(conn, key.tenant, key.run_id, [key.stream_id], "deleted")
-        chain = await release_sources(conn, key, stream.definition.fork, soft[0].at)
-        changes = Changes(events=[*settled.changes.events, *events], deleted=True)
-        done[i] = settled._replace(changes=changes, released=[*settled.released, *chain])
+    stayed soft-deleted with no fork, for ever. Again until nothing more goes: a chain of them
+    soft-deleted in the batch (P <- S <- F, decided in that order) goes one link a pass."""
+    changed = any(d.changes.deleted for d in done)
+    while changed:
+        changed = False
+        for i, settled in enumerate(done):
+            if settled.changes.deleted:
+                continue
+            soft = [e for e in settled.changes.events if isinstance(e, StreamSoftDeleted)]
+            if not soft or await has_forks(conn, settled.key):
+                continue
+            stream = settled.stream
+            stream.forked = False
+            events = stream.release(soft[0].at)
+            if not events:
+                continue
+            key = settled.key
+            await erase(conn, key.tenant, key.run_id, [key.stream_id], soft[0].reason)
+            chain = await release_sources(conn, key, stream.definition.fork, soft[0].at)
+            changes = Changes(events=[*settled.changes.events, *events], deleted=True)
+            done[i] = settled._replace(changes=changes, released=[*settled.released, *chain])
+            changed = True
 
 
 def _with_consumers(state: bytes, consumers: bytes | None) -> StreamState:
