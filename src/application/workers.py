@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from application.errors import NotFound
 from application.log_context import forget_stream
 from domain.stream import StreamKey
 
@@ -293,7 +294,12 @@ class Worker:
                 with contextlib.suppress(ValueError):
                     held.remove(job)
                 if task.cancelled() and (claim is None or claim.left() > 0):
-                    log.warning("%s: %s was taken over by another worker", self.name, job.key)
+                    log.warning(
+                        "%s: %s lost its lease (taken over by another worker, or its job ended "
+                        "with its stream's deletion)",
+                        self.name,
+                        job.key,
+                    )
 
     async def _keep_claims(
         self, held: list[Job], running: dict[Job, asyncio.Task[None]], claims: dict[Job, Claim]
@@ -329,10 +335,16 @@ class Worker:
             log.warning("%s stopped %s before acting: %s", self.name, job.key, error)
             return
         except Exception as error:
-            self.failures += 1
-            log.warning(
-                "%s failed on %s (attempt %d): %s", self.name, job.key, job.attempts + 1, error
-            )
+            if isinstance(error, NotFound):
+                # Its stream was deleted meanwhile, and its job's row with it: no failure (a
+                # storm of deletions made one warning of each). Recorded as one all the same,
+                # in case the row is still there.
+                log.info("%s: %s is gone: %s", self.name, job.key, error)
+            else:
+                self.failures += 1
+                log.warning(
+                    "%s failed on %s (attempt %d): %s", self.name, job.key, job.attempts + 1, error
+                )
             retry_in = retry_delay(error, job.attempts, self._retry_base)
             with contextlib.suppress(Exception):
                 await self._queue.failed(job, f"{type(error).__name__}: {error}", retry_in)

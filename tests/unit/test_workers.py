@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from application.errors import NotFound
 from application.workers import Job, Worker, ensure_claimed
 from domain.stream import StreamKey
 
@@ -270,3 +271,23 @@ async def test_a_worker_that_cannot_claim_backs_off_and_logs_the_outage_once_per
     finally:
         stopping.set()
         await asyncio.wait_for(running, 5)
+
+
+async def test_a_job_whose_stream_is_gone_is_no_failure_and_warns_of_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gone, after = job(1), job(2)
+    queue = Queue([gone, after])
+    finished = asyncio.Event()
+
+    async def handle(j: Job) -> None:
+        if j == gone:
+            raise NotFound("no stream 's1' in run 'r'")
+        finished.set()
+
+    worker = Worker("w", queue, handle, poll_seconds=0.01)
+    with caplog.at_level(logging.INFO, logger="ductor_streams"):
+        await run_until(worker, finished)
+    assert worker.failures == 0
+    assert queue.refused == [gone]  # retried later, as before, should its row still be there
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records
