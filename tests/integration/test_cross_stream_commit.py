@@ -381,6 +381,38 @@ async def test_a_chain_soft_deleted_in_one_batch_goes_whole_in_any_order(
             assert await _rows_of(pool, key) == {}, (order, key)
 
 
+async def test_a_stream_its_batch_erased_before_deciding_it_answers_404_alone(
+    pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A soft-deleted source released by the cascade of its last fork, decided earlier in the
+    same batch, is gone when its own commands are decided: they answer 404, and the batch is
+    not refused for it (its definition, no longer kept here, could not be read back)."""
+    repo = PostgresStreams(pool)
+    run = new_key()
+    source, other = run._replace(stream_id="src"), run._replace(stream_id="other")
+    for key in (source, other):
+        await repo.create(key, definition(key.stream_id), NOW)
+        await repo.update(key, [append()])
+    fork = await _fork_of(repo, source, "fork")
+    [soft] = await repo.update(source, [DeleteCommand(NOW)])  # its fork still reads it
+    assert isinstance(soft, Done)
+    kept = repo._definitions.get
+    monkeypatch.setattr(  # evicted, as a busy process's cache may have
+        repo._definitions, "get", lambda key: None if key == source else kept(key)
+    )
+    with caplog.at_level(logging.WARNING, logger="ductor_streams.group_commit"):
+        results = await repo.update_many(
+            [(fork, [DeleteCommand(NOW)]), (source, [append()]), (other, [append()])]
+        )
+    assert not [r.message for r in caplog.records if "was refused" in r.message]
+    fork_result, source_result, other_result = results
+    assert isinstance(source_result, NotFound)
+    assert not isinstance(fork_result, BaseException) and isinstance(fork_result[0], Done)
+    assert not isinstance(other_result, BaseException) and isinstance(other_result[0], Done)
+    for key in (source, fork):
+        assert await _rows_of(pool, key) == {}, key
+
+
 async def _rows_of(pool: asyncpg.Pool, key: StreamKey) -> dict[str, int]:
     """The stream's rows still in any table a deletion erases (its streams row included)."""
     counts = {}

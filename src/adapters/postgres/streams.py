@@ -659,9 +659,13 @@ class PostgresStreams(RecordReads):
                 if row is None:
                     results.append(NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}"))
                     continue
-                settled = await self._settle(
-                    conn, key, row, commands, receipts.get(key, {}), unforked=key in erasing
-                )
+                try:
+                    settled = await self._settle(
+                        conn, key, row, commands, receipts.get(key, {}), unforked=key in erasing
+                    )
+                except NotFound as gone:
+                    results.append(gone)
+                    continue
                 results.append(settled.outcomes)
                 done.append(settled)
             if erasing:
@@ -718,6 +722,10 @@ class PostgresStreams(RecordReads):
         if payload is None and (known is None or known[0] != state.created_at):
             # Evicted meanwhile, or kept for a deleted stream of the same ID.
             payload = await conn.fetchval(f"SELECT definition FROM streams WHERE {_KEY}", *key)
+            if payload is None:
+                # Erased since its row was locked, by this transaction: the cascade of a fork
+                # decided before it in the batch released it. It is gone, as if deleted before.
+                raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
         definition = self._definition(key, state, payload)
         # A snapshot written before migration 0488 still carries its consumers: this
         # write moves them to their column.
