@@ -55,7 +55,7 @@ from application.ports import (
     Replayed,
 )
 from application.views import AppendAnswer
-from application.waiting import Unanswered
+from application.waiting import Expired, Unanswered, expire
 from domain.producers import ProducerClaim
 from domain.records import NewRecord
 from domain.stream import StreamKey
@@ -192,17 +192,8 @@ CONNECT_SECONDS = 0.5
 MAX_OWNERS = 10_000
 
 
-class _Expired(Exception):
-    pass
-
-
 class _Lost(Exception):
     pass
-
-
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_exception(_Expired())
 
 
 def _score(member: str, key: bytes) -> int:
@@ -367,10 +358,10 @@ class UnixPeers:
         link.pending[number] = future
         link.channel.send(payload)
         self.forwarded += 1
-        timer = loop.call_later(seconds, _expire, future)
+        timer = loop.call_later(seconds, expire, future)
         try:
             return await future
-        except (_Expired, _Lost):
+        except (Expired, _Lost):
             raise Unanswered(_WHAT, seconds, outcome_unknown=True) from None
         finally:
             timer.cancel()

@@ -47,7 +47,7 @@ from application.ports import (
     StreamRepository,
 )
 from application.throughput import Throughput
-from application.waiting import Unanswered, spending
+from application.waiting import Expired, Unanswered, expire, spending
 from domain.events import RecordsAppended
 from domain.stream import StreamKey
 
@@ -88,15 +88,6 @@ def _fail(taken: list[_Pending], error: BaseException) -> None:
         future = pending[1]
         if not future.done():
             future.set_exception(error)
-
-
-class _Expired(Exception):
-    """A request's wait for its batch reached its bound."""
-
-
-def _expire(future: asyncio.Future[Outcome]) -> None:
-    if not future.done():
-        future.set_exception(_Expired())
 
 
 class GroupCommit:
@@ -197,10 +188,10 @@ class GroupCommit:
         with spending() as seconds:
             # A timer on the request's own future, not asyncio.timeout: the cheapest bound on
             # the path every append takes (the leader checks `done()` before it answers).
-            timer = loop.call_later(seconds, _expire, future)
+            timer = loop.call_later(seconds, expire, future)
             try:
                 return await future
-            except _Expired:
+            except Expired:
                 queued = self._queues.get(key)
                 if queued is not None:
                     for i, pending in enumerate(queued):

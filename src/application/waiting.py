@@ -66,6 +66,17 @@ class CommitOutcomeUnknown(ConnectionError):
     outcome_unknown = True
 
 
+class Expired(Exception):
+    """A wait on a future reached the bound its timer set (`expire`)."""
+
+
+def expire(future: asyncio.Future[Any]) -> None:
+    """The timer of a bounded wait on `future` (`loop.call_later(seconds, expire, future)`):
+    the waiter gets `Expired` unless the future was answered first."""
+    if not future.done():
+        future.set_exception(Expired())
+
+
 class Budget:
     __slots__ = (
         "admitted",

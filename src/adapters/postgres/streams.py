@@ -685,8 +685,8 @@ class PostgresStreams(RecordReads):
         self, conn: Connection, done: list[_Settled], erasing: set[StreamKey]
     ) -> None:
         """Erase the batch's streams in `erasing` that their commands deleted (`_settle` left
-        them to this), then walk up the fork chain of each that was a fork, in the key's order,
-        as `_settle` does after erasing one."""
+        them to this), then walk up the fork chain of each that was a fork, in the batch's
+        order, as `_settle` does after erasing one."""
         deleted = [
             (i, settled, event)
             for i, settled in enumerate(done)

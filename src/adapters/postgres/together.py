@@ -20,21 +20,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from application.waiting import Unanswered, spending
+from application.waiting import Expired, Unanswered, expire, spending
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-class _Expired(Exception):
-    """A request's wait reached its bound."""
-
-
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_exception(_Expired())
 
 
 class Together(Generic[T, R]):
@@ -77,10 +68,10 @@ class Together(Generic[T, R]):
             self._leaders.add(leader)
             leader.add_done_callback(self._leaders.discard)
         with spending() as seconds:
-            timer = loop.call_later(seconds, _expire, future)
+            timer = loop.call_later(seconds, expire, future)
             try:
                 return await future
-            except _Expired:
+            except Expired:
                 queued = self._waiting.get(group, [])
                 if entry in queued:
                     queued.remove(entry)
