@@ -88,21 +88,31 @@ def _run_wrk(
     process.returncode = os.waitstatus_to_exitcode(status)
     out = process.stdout.read().decode()
     err = process.stderr.read().decode()
+    result = result_of(
+        process.returncode, out, err, f"wrk -t{min(threads, connections)} -c{connections}"
+    )
+    result.client_cpu = 100 * (usage.ru_utime + usage.ru_stime) / result.seconds
+    return result
+
+
+_ERRORS = ("connect", "read", "write", "status", "timeout")
+
+
+def result_of(returncode: int, out: str, err: str, tool: str) -> LoadResult:
+    """What a wrk run whose script prints bench/wrk_result.lua's line measured."""
     line = next((ln for ln in out.splitlines() if ln.startswith("BENCH_RESULT")), None)
-    if process.returncode != 0 or line is None:
-        raise RuntimeError(f"wrk failed ({process.returncode}):\n{out}\n{err}")
+    if returncode != 0 or line is None:
+        raise RuntimeError(f"wrk failed ({returncode}):\n{out}\n{err}")
     values = {k: float(v) for k, v in _FIELD.findall(line)}
-    seconds = values["duration_us"] / 1e6
-    errors = sum(int(values[k]) for k in ("connect", "read", "write", "status", "timeout"))
     return LoadResult(
         requests=int(values["requests"]),
-        seconds=seconds,
-        errors=errors,
+        seconds=values["duration_us"] / 1e6,
+        errors=sum(int(values[k]) for k in _ERRORS),
         p50_ms=values["p50_us"] / 1000,
         p99_ms=values["p99_us"] / 1000,
-        client_cpu=100 * (usage.ru_utime + usage.ru_stime) / seconds,
-        tool=f"wrk -t{min(threads, connections)} -c{connections}",
-        detail={k: int(values[k]) for k in ("connect", "read", "write", "status", "timeout")},
+        client_cpu=0.0,
+        tool=tool,
+        detail={k: int(values[k]) for k in _ERRORS},
     )
 
 

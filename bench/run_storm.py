@@ -47,19 +47,7 @@ def _wrk(port: int, kind: str, prefix: str, args: argparse.Namespace) -> load.Lo
         *("--", TOKEN, kind, prefix, str(args.loops // threads)),
     ]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH_RESULT")), None)
-    if done.returncode != 0 or line is None:
-        raise RuntimeError(f"wrk failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    values = {k: float(v) for k, v in load._FIELD.findall(line)}
-    return load.LoadResult(
-        requests=int(values["requests"]),
-        seconds=values["duration_us"] / 1e6,
-        errors=sum(int(values[k]) for k in ("connect", "read", "write", "status", "timeout")),
-        p50_ms=values["p50_us"] / 1000,
-        p99_ms=values["p99_us"] / 1000,
-        client_cpu=0.0,
-        tool="wrk",
-    )
+    return load.result_of(done.returncode, done.stdout, done.stderr, "wrk")
 
 
 def _window(
