@@ -75,7 +75,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--profile",
         metavar="LOAD",
-        help="py-spy on our server during that load's window (hot, spread100, spread1000, runs)",
+        help="py-spy on our server during that load's window (hot, spread100, spread1000, runs;"
+        " hot@w2, spread100@w2 for --workers 2, all its processes)",
     )
     args = parser.parse_args(argv)
     args.selected = [n for n in args.only.split(",") if n]
@@ -196,7 +197,8 @@ def ours(window: Window, url: str, pg_pid: int, token: str, workers: int, names:
             body = json.dumps({"records": [{"data": json.loads(RECORD)}]}).encode()
             print(f"  {label}, --workers {workers} ...", flush=True)
             roots = {"server": server.pid, "postgres": pg_pid}
-            spied = server.pid if a.profile == name and workers == 1 else None
+            window_name = name if workers == 1 else f"{name}@w{workers}"
+            spied = server.pid if a.profile == window_name else None
             result = wrk(window, server.port, paths, body, token, roots=roots, profile_pid=spied)
             row = _row(name, label, result)
             suffix = "" if workers == 1 else f"@w{workers}"
