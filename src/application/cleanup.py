@@ -4,6 +4,7 @@ Each method is one sweep's tick (`async def tick() -> int`, run by a LeasedSweep
 across every replica runs it at a time): it removes what is older than its age, a bounded batch
 per statement, never anything of a stream under legal hold, and answers how much it removed.
 
+- the tenants' stream counts: the parts their writers kept apart, folded;
 - delivered input-delivery rows, done deletion-outbox rows and gap evidence: older than
   `age` (DUCTOR_STREAMS_CLEANUP_AGE_SECONDS);
 - what abandoned uploads left in the object stores (temporary files, incomplete multipart
@@ -46,6 +47,9 @@ class Cleanup:
 
     async def gap_evidence(self) -> int:
         return await self._storage.forget_gap_evidence(self._age, self._batch)
+
+    async def stream_counts(self) -> int:
+        return await self._storage.fold_stream_counts()
 
     async def abandoned_uploads(self) -> int:
         """Every region's store is swept, even when one fails (its error is raised after)."""

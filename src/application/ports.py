@@ -225,6 +225,17 @@ class StorageCleanup(Protocol):
     async def forget_gap_evidence(self, older_than: timedelta, batch: int = 1000) -> int:
         """Gap evidence recorded more than `older_than` ago."""
 
+    async def fold_stream_counts(self) -> int:
+        """Keep the tenants' stream counts (`TenantStreamCounts`) quick to read: the parts
+        kept apart while they were written are summed where nothing writes them any more.
+        Answers how many parts it folded."""
+
+
+class TenantStreamCounts(Protocol):
+    async def tenant_streams(self, tenant: str) -> int:
+        """How many streams the tenant holds, a soft-deleted one too (its rows are kept until
+        its last fork goes), as of the last commit: whatever created or erased them."""
+
 
 class AccessRecord(msgspec.Struct, frozen=True):
     last_access: datetime

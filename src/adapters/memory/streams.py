@@ -384,6 +384,9 @@ class MemoryStreams:
             self._wake.notify(key)
         return keys
 
+    async def tenant_streams(self, tenant: str) -> int:
+        return sum(1 for key in self._rows if key.tenant == tenant)
+
     async def list_runs(
         self, tenant: str, after: str | None, limit: int, prefix: str = ""
     ) -> list[RunSummary]:

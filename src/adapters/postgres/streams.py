@@ -58,6 +58,7 @@ from adapters.postgres.stream_writes import (
     with_statements,
     write,
 )
+from adapters.postgres.tenant_counts import tenant_streams
 from application import tracing
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
@@ -866,6 +867,9 @@ class PostgresStreams(RecordReads):
         for key in (*keys, *released):
             self.forget(key)
         return keys
+
+    async def tenant_streams(self, tenant: str) -> int:
+        return await tenant_streams(self._pool, tenant)
 
     async def list_runs(
         self, tenant: str, after: str | None, limit: int, prefix: str = ""
