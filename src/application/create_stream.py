@@ -2,7 +2,8 @@
 
 An `expires_at` that has already passed is refused (400): such a stream could only ever answer
 404. An expired stream not erased yet is erased here first, so its ID can be created again at
-once (from sequence 1), as after the sweep."""
+once (from sequence 1), as after the sweep. A new stream of a tenant that holds its limit of
+streams is refused (409 `quota-exhausted`, application/stream_limits.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from application.expiry import AccessLog, ExpireCommand
 from application.input_delivery import check_input_ids
 from application.placement import Deployment
 from application.ports import Clock, Command, StreamRepository
+from application.stream_limits import StreamLimit
 from application.throughput import Throughput
 from application.views import StreamDocument, stream_document
 from domain.definition import DefinitionRequest, StreamDefinition, resolve_definition
-from domain.errors import DefinitionConflict, InvalidInput
+from domain.errors import DefinitionConflict, InvalidInput, QuotaExhausted
 from domain.records import NewRecord
 from domain.stream import Stream, StreamKey
 
@@ -41,8 +43,10 @@ class CreateStream:
         deployment: Deployment,
         access: AccessLog,
         throughput: Throughput | None = None,
+        limit: StreamLimit | None = None,
     ) -> None:
         self._streams = streams
+        self._limit = limit
         self._throughput = throughput or Throughput()
         self._clock = clock
         self._deployment = deployment
@@ -96,6 +100,7 @@ class CreateStream:
                 f"expiry.expires_at {expires_at.isoformat()} has already passed",
                 field="expiry.expires_at",
             )
+        await self._within_limit(key)
         stream, created = await self._create_with(key, definition, now, then)
         if created and definition.expiry.enabled:
             # Its creation is its first access, recorded with it.
@@ -125,12 +130,28 @@ class CreateStream:
             )
         return stream, created
 
+    async def _within_limit(self, key: StreamKey) -> None:
+        """Refuse a new stream to a tenant that holds its limit of them; a stream already
+        there is answered as before (its creation repeated, or a conflict)."""
+        limit = self._limit
+        if limit is None or not await limit.reached(key.tenant):
+            return
+        if await self._streams.load(key) is not None:
+            return
+        raise QuotaExhausted(
+            f"the tenant holds {limit.limit} streams, its limit: no stream is created until "
+            "some are deleted",
+            limit=limit.limit,
+        )
+
     async def _create_with(
         self, key: StreamKey, definition: StreamDefinition, now: datetime, then: _Then
     ) -> tuple[Stream, bool]:
         commands = then(now)
         stream, created = await self._streams.create(key, definition, now, commands)
         if created:
+            if self._limit is not None:
+                self._limit.created(key.tenant)
             self._throughput.created(commands)
             context = tracing.current()
             if context is not None:

@@ -83,6 +83,7 @@ from application.placement import Deployment
 from application.read_records import ReadRecords
 from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
+from application.stream_limits import StreamLimit
 from application.subscribe import Subscribe
 from application.subscriptions import DeliverWakes, Subscriptions, WakeScheduler, WakeTokens
 from application.throughput import Throughput
@@ -369,8 +370,11 @@ class Container(containers.DeclarativeContainer):
     issue_token = providers.Singleton(IssueToken, tokens)
     mint_token = providers.Singleton(MintToken, tokens, settings.provided.max_token_seconds)
     tenant_tokens = providers.Singleton(TenantTokens, tokens, token_cache)
+    stream_limit = providers.Singleton(
+        StreamLimit, streams, settings.provided.max_streams_per_tenant
+    )
     create_stream = providers.Singleton(
-        CreateStream, streams, clock, deployment, access_log, throughput
+        CreateStream, streams, clock, deployment, access_log, throughput, stream_limit
     )
     list_streams = providers.Singleton(ListStreams, streams, deployment, access_log, stream_access)
     append_records = providers.Singleton(
@@ -760,6 +764,7 @@ async def workers(container: Container) -> list[Runs]:
         sweep("forget-delivered-inputs", cleanup.delivered_inputs, every),
         sweep("forget-done-deletions", cleanup.done_deletions, every),
         sweep("forget-gap-evidence", cleanup.gap_evidence, every),
+        sweep("fold-stream-counts", cleanup.stream_counts, every),
         sweep(
             "forget-ended-tokens",
             lambda: tokens.forget_ended(timedelta(seconds=settings.cleanup_age_seconds)),

@@ -115,7 +115,13 @@ def _documented_create(
             links=tuple(Link(operation, where) for operation in (read, append, delete)),
         ),
         Answer(200, "It exists with this configuration", headers=(NEXT_OFFSET, CLOSED)),
-        problems=(*ON_A_STREAM, "definition-conflict", "request-too-large", "record-too-large"),
+        problems=(
+            *ON_A_STREAM,
+            "definition-conflict",
+            "quota-exhausted",
+            "request-too-large",
+            "record-too-large",
+        ),
         request_body=CREATE_BODY,
         request_headers=(
             Header(

@@ -161,6 +161,7 @@ class StreamsController(Controller):
                 "misdirected",
                 "definition-conflict",
                 "content-class-forbidden",
+                "quota-exhausted",
             ),
             request_body=DefinitionRequest,
         ),
