@@ -32,10 +32,46 @@ class WebhookTarget(msgspec.Struct, frozen=True):
 
 
 def _literal(host: str) -> IPAddress | None:
+    """The address a host names literally: in its usual forms, or in the shorthand forms that
+    resolvers and browsers take as IPv4 too (`127.1`, `0x7f000001`, `2130706433`, `0`)."""
     try:
         return ipaddress.ip_address(host)
     except ValueError:
+        return _ipv4_shorthand(host)
+
+
+def _ipv4_number(part: str) -> int | None:
+    """One part of a shorthand IPv4 address: decimal, `0x` hexadecimal or `0` octal."""
+    base = 10
+    if part[:2] in ("0x", "0X"):
+        part, base = part[2:], 16
+    elif len(part) > 1 and part.startswith("0"):
+        part, base = part[1:], 8
+    if not part:
+        return 0 if base == 16 else None
+    try:
+        return int(part, base) if part.isalnum() and part.isascii() else None
+    except ValueError:
         return None
+
+
+def _ipv4_shorthand(host: str) -> ipaddress.IPv4Address | None:
+    """`a`, `a.b`, `a.b.c` or `a.b.c.d` of numbers, the last filling the bytes left (the WHATWG
+    URL standard's IPv4 parser, as `inet_aton` reads them); None for a name."""
+    parts = host.split(".")
+    if not 1 <= len(parts) <= 4:
+        return None
+    numbers = [_ipv4_number(p) for p in parts]
+    if any(n is None for n in numbers):
+        return None
+    values = [n for n in numbers if n is not None]
+    *leading, last = values
+    if any(n > 255 for n in leading) or last >= 256 ** (5 - len(values)):
+        return None
+    address = last
+    for i, n in enumerate(leading):
+        address += n << (8 * (3 - i))
+    return ipaddress.IPv4Address(address)
 
 
 def is_loopback_host(host: str) -> bool:

@@ -35,6 +35,17 @@ REFUSED_URLS = [
     "https://hooks.example.com/ü",
     "http://127.0.0.1:0/hook",  # port 0: nothing listens there
     "https://hooks.example.com:0/",
+    # Shorthand IPv4 forms, which resolvers and browsers read as addresses: held to the same
+    # rules as the dotted form before storing, not only at delivery.
+    "https://10.1/hook",  # 10.0.0.1
+    "https://0x0a000001/hook",
+    "https://167772161/hook",
+    "https://012.0.0.1/hook",  # octal 10
+    "https://0/hook",  # 0.0.0.0
+    "https://0x/hook",
+    "https://169.254.43518/hook",  # 169.254.169.254
+    "https://0xa9.0xfe.0xa9.0xfe/hook",
+    "http://0x08080808/hook",  # 8.8.8.8: public, but plain http off loopback
 ]
 
 
@@ -53,6 +64,10 @@ def test_a_refused_url_is_refused_before_it_is_stored(url: str) -> None:
         "http://localhost:9/hook",
         "http://[::1]:9/hook",
         "https://8.8.8.8/hook",
+        "https://0x08080808/hook",  # 8.8.8.8
+        "http://127.1/hook",  # 127.0.0.1: loopback, as its delivery finds it
+        "http://2130706433/hook",
+        "https://1e2.example/hook",  # a name, not a number
     ],
 )
 def test_https_and_http_to_loopback_are_accepted(url: str) -> None:
