@@ -42,7 +42,7 @@ class Definitions:
         definition = await self._streams.definition(key)
         if definition is None:
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
-        if runs is not None and not await sources_within(self._streams, key, definition, runs):
+        if runs is not None and not await self.within(key, definition, runs):
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
         about_stream(key, definition.placement.log_region)
         self.deployment.require_home(definition)
@@ -50,6 +50,12 @@ class Definitions:
         if delivers_data:
             self.deployment.require_egress(definition)
         return definition
+
+    async def within(
+        self, key: StreamKey, definition: StreamDefinition, runs: frozenset[str]
+    ) -> bool:
+        """Whether a caller restricted to `runs` sees the stream: `sources_within`."""
+        return await sources_within(self._streams, key, definition, runs)
 
 
 async def sources_within(

@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from application import tracing
-from application.access import Caller, require_reader
+from application.access import Caller, Scope, require_reader
 from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
 from application.wake import WakeRegistry
@@ -80,6 +80,7 @@ class Delivery(msgspec.Struct, frozen=True):
     url: str | None = None
     wake_stream: StreamPath | None = None
     created_by: str = ""
+    creator_runs: tuple[str, ...] | None = None  # Subscription.creator_runs
 
 
 class Change(msgspec.Struct, frozen=True):
@@ -212,6 +213,19 @@ def _configured(caller: Caller, sub: Subscription) -> Subscription:
     return msgspec.structs.replace(sub.with_webhook_address(), last_error=None)
 
 
+Runs = tuple[str, ...] | None  # a subscription's creator's runs (Subscription.creator_runs)
+
+
+def creator_caller(tenant: str, creator: str, runs: Runs, scope: Scope) -> Caller:
+    """The caller a subscription acts as when it reads or writes streams for its creator."""
+    return Caller(
+        tenant=tenant,
+        principal=creator,
+        scopes=frozenset({scope}),
+        runs=None if runs is None else frozenset(runs),
+    )
+
+
 def _visible(caller: Caller, sub: Subscription | None, subscription_id: str) -> Subscription:
     if sub is None or not within_runs(caller, sub.config):
         raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
@@ -222,9 +236,9 @@ class _Unchecked(Exception):
     """A decision met pending streams whose readability by the subscription's creator is not
     known yet: it is decided again once it is."""
 
-    def __init__(self, tenant: str, creator: str, paths: list[StreamPath]) -> None:
-        super().__init__(tenant, creator, paths)
-        self.tenant, self.creator, self.paths = tenant, creator, paths
+    def __init__(self, tenant: str, creator: str, runs: Runs, paths: list[StreamPath]) -> None:
+        super().__init__(tenant, creator, runs, paths)
+        self.tenant, self.creator, self.runs, self.paths = tenant, creator, runs, paths
 
 
 # How long whether a subscription's creator may read a stream is remembered (a definition, and
@@ -250,8 +264,8 @@ class Subscriptions:
         self._check_url = check_url
         self._clock = clock
         self._definitions = definitions
-        # (tenant, creator, stream) -> (whether the creator may read it, until when known)
-        self._readable: dict[tuple[str, str, StreamPath], tuple[bool, float]] = {}
+        # (tenant, creator, its runs, stream) -> (whether the creator may read it, until when)
+        self._readable: dict[tuple[str, str, Runs, StreamPath], tuple[bool, float]] = {}
 
     @tracing.use_case("put subscription")
     async def put(
@@ -286,6 +300,7 @@ class Subscriptions:
                 created_at=now,
                 created_by=caller.principal,
                 base_url=base_url,
+                creator_runs=None if caller.runs is None else tuple(sorted(caller.runs)),
             )
             # Existing streams are linked at their tail: creating one replays nothing. A stream
             # named and matched by the pattern is linked both ways, so that unlinking it by name
@@ -331,12 +346,12 @@ class Subscriptions:
         every stream it matches, a stream's pinned readers included): a receiver is told of
         no stream's offsets that whoever configured it could not read."""
         body = msgspec.json.decode(delivery.payload)
-        tenant, creator = delivery.tenant, delivery.created_by
+        tenant, creator, runs = delivery.tenant, delivery.created_by, delivery.creator_runs
         streams = body.get("streams", [])
         shown = [
             s
             for s in streams
-            if await self._creator_may_read(tenant, creator, parse_path(s["path"]))
+            if await self._creator_may_read(tenant, creator, runs, parse_path(s["path"]))
         ]
         if len(shown) == len(streams):
             return delivery.payload
@@ -359,23 +374,28 @@ class Subscriptions:
                 return await self._store.update(tenant, subscription_id, self._seeing(decide))
             except _Unchecked as unchecked:
                 for path in unchecked.paths:
-                    await self._creator_may_read(unchecked.tenant, unchecked.creator, path)
+                    await self._creator_may_read(
+                        unchecked.tenant, unchecked.creator, unchecked.runs, path
+                    )
         # Streams linked faster than they could be checked (three rounds): those known hidden
         # are acknowledged, the others decided as they are.
         return await self._store.update(tenant, subscription_id, self._seeing(decide, check=False))
 
-    async def _creator_may_read(self, tenant: str, creator: str, path: StreamPath) -> bool:
-        """Whether a subscription's creator may read a stream, as remembered for
-        `READABLE_SECONDS` (a webhook's every delivery and a pattern's every stream ask)."""
+    async def _creator_may_read(
+        self, tenant: str, creator: str, runs: Runs, path: StreamPath
+    ) -> bool:
+        """Whether a subscription's creator (restricted to `runs`, or not) may read a stream,
+        as remembered for `READABLE_SECONDS` (a webhook's every delivery and a pattern's every
+        stream ask)."""
         now = time.monotonic()
-        known = self._readable.get((tenant, creator, path))
+        known = self._readable.get((tenant, creator, runs, path))
         if known is not None and known[1] >= now:
             return known[0]
-        caller = Caller(tenant=tenant, principal=creator, scopes=frozenset({"streams:read"}))
+        caller = creator_caller(tenant, creator, runs, "streams:read")
         readable = await self._may_read(caller, path)
         if len(self._readable) > READABLE_KEPT:
             self._readable.clear()
-        self._readable[(tenant, creator, path)] = readable, now + READABLE_SECONDS
+        self._readable[(tenant, creator, runs, path)] = readable, now + READABLE_SECONDS
         return readable
 
     def _seeing(
@@ -388,10 +408,11 @@ class Subscriptions:
                 return decide(sub, heads)
             pending = [k.path for k in sub.links if heads.get(k.path, 0) > k.acked]
             now = time.monotonic()
-            known = {p: self._readable.get((sub.tenant, sub.created_by, p)) for p in pending}
+            who = (sub.tenant, sub.created_by, sub.creator_runs)
+            known = {p: self._readable.get((*who, p)) for p in pending}
             unknown = [p for p, seen in known.items() if seen is None or seen[1] < now]
             if unknown and check:
-                raise _Unchecked(sub.tenant, sub.created_by, unknown)
+                raise _Unchecked(*who, unknown)
             hidden = [(p, heads[p]) for p, seen in known.items() if seen and not seen[0]]
             if not hidden:
                 return decide(sub, heads)
@@ -402,16 +423,22 @@ class Subscriptions:
         return seeing
 
     async def _may_read(self, caller: Caller, path: StreamPath) -> bool:
+        """Whether a link to `path` may be shown to `caller`: not a stream its pinned readers
+        leave the caller out of, nor, for a caller restricted to runs, a fork whose source
+        chain leaves them (such a fork is not there for it: its offsets are the other run's)."""
         if self._definitions is None:
             return True
+        key = caller.key(path.run_id, path.stream_id)
         try:
-            definition = await self._definitions.get(
-                caller.key(path.run_id, path.stream_id), touch=False, runs=caller.runs
-            )
+            definition = await self._definitions.get(key, touch=False, runs=None)
         except errors.DomainError:
             # Not there (yet, or any more; a link may name a stream before it is created), or
             # served elsewhere: the link reveals no stream's content or pins.
             return True
+        if caller.runs is not None and not await self._definitions.within(
+            key, definition, caller.runs
+        ):
+            return False
         return definition.authorization.may_read(caller.principal)
 
     @tracing.use_case("delete subscription")
@@ -481,6 +508,7 @@ class Subscriptions:
                 payload,
                 url=sub.config.webhook_url,
                 created_by=sub.created_by,
+                creator_runs=sub.creator_runs,
             )
         else:
             first = next((s.path.path for s in woken.streams(heads) if s.pending), "")
@@ -502,6 +530,7 @@ class Subscriptions:
                 payload,
                 wake_stream=sub.config.wake_stream,
                 created_by=sub.created_by,
+                creator_runs=sub.creator_runs,
             )
         return Change(woken, (delivery,))
 
@@ -636,7 +665,7 @@ class Subscriptions:
         kept = {
             k.path: k
             for k in shown.links
-            if await self._creator_may_read(sub.tenant, sub.created_by, k.path)
+            if await self._creator_may_read(sub.tenant, sub.created_by, sub.creator_runs, k.path)
         }
         if len(kept) != len(shown.links):
             shown = shown.with_links(kept)
@@ -920,10 +949,10 @@ class DeliverWakes:
 
     async def _wake_event(self, delivery: Delivery, job: Job) -> None:
         assert delivery.wake_stream is not None
-        caller = Caller(
-            tenant=delivery.tenant,
-            principal=delivery.created_by,
-            scopes=frozenset({"streams:write"}),
+        # Written as its creator would write it: a wake stream the creator's runs leave out (a
+        # fork of another run's stream) is not there, and the attempt fails as for none.
+        caller = creator_caller(
+            delivery.tenant, delivery.created_by, delivery.creator_runs, "streams:write"
         )
         record = RecordInput(data=msgspec.Raw(delivery.payload))
         ensure_claimed()

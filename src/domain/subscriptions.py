@@ -331,6 +331,10 @@ class Subscription(msgspec.Struct, frozen=True):
     # While failing: why the last attempt failed (a webhook's answer or error, a wake stream's
     # refusal), for whoever configures subscriptions. Kept beside the state, like `failing`.
     last_error: str | None = None
+    # The runs its creator's token was restricted to (sorted; None: not restricted). Its wakes
+    # show and write streams as its creator sees them: a fork whose source chain leaves these
+    # runs is not there for it.
+    creator_runs: tuple[str, ...] | None = None
 
     @property
     def status(self) -> str:

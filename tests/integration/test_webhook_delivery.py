@@ -444,3 +444,71 @@ def test_a_fork_a_pattern_links_wakes_its_subscription_when_it_is_made(
         deployment.worker = WorkerProcess(
             database_url=deployment.database_url, data_dir=deployment.data_dir, env=WORKER_ENV
         ).start()
+
+
+def test_a_run_scoped_creators_wakes_leave_out_a_fork_of_another_run(
+    deployment: Deployment,
+) -> None:
+    """To a token restricted to a run, a fork there of another run's stream is not there (404
+    on every route): a subscription it made neither shows the fork, nor tells its receiver of
+    it, nor writes its wake events into it."""
+    mine, other = "scoped-" + secrets.token_hex(3), "other-" + secrets.token_hex(3)
+    deployment.write(f"{other}/src", [1, 2])
+    deployment.write(f"{mine}/open", [])
+    with deployment.client() as c:
+        forked = c.put(
+            f"{deployment.root}/{mine}/hidden",
+            headers={"Stream-Forked-From": f"/v1/stream/{other}/src"},
+        )
+        assert forked.status_code == 201, forked.text
+        minted = c.post(
+            f"{deployment.server.base_url}/api/workflow-streams/tokens",
+            json={
+                "scopes": ["streams:read", "streams:write", "streams:admin"],
+                "expires_in_seconds": 600,
+                "runs": [mine],
+            },
+        )
+        assert minted.status_code == 201, minted.text
+    scoped = httpx.Client(headers={"authorization": f"Bearer {minted.json()['token']}"}, timeout=10)
+    subs = f"{deployment.root}/__ds/subscriptions"
+    hook, wake = "sub-" + secrets.token_hex(4), "sub-" + secrets.token_hex(4)
+    with scoped:
+        assert scoped.get(f"{deployment.root}/{mine}/hidden").status_code == 404
+        made = scoped.put(
+            f"{subs}/{hook}",
+            json={
+                "type": "webhook",
+                "pattern": f"{mine}/*",
+                "webhook": {"url": deployment.receiver.url(mine, callback=1)},
+            },
+        )
+        assert made.status_code == 201, made.text
+        made = scoped.put(
+            f"{subs}/{wake}",
+            json={
+                "type": "pull-wake",
+                "streams": [f"{mine}/open"],
+                "wake_stream": f"{mine}/hidden",
+            },
+        )
+        assert made.status_code == 201, made.text
+        # The fork is linked by the pattern: its creator's token is not shown it.
+        linked = {s["path"] for s in deployment.subscription(hook)["streams"]}
+        assert f"{mine}/hidden" in linked
+        shown = scoped.get(f"{subs}/{hook}").json()
+        assert [s["path"] for s in shown["streams"]] == [f"{mine}/open"], shown
+        deployment.write(f"{mine}/hidden", {"n": 3}, create=False)
+        time.sleep(1.5)
+        assert deployment.receiver.entries(mine) == []  # nothing its creator sees changed
+        deployment.write(f"{mine}/open", {"n": 1}, create=False)
+        woken_for(deployment, mine, f"{mine}/open")
+        for entry in deployment.receiver.entries(mine):
+            assert "hidden" not in json.dumps(body_of(entry)), body_of(entry)
+        # The pull-wake's wake stream is not there for its creator: the wake fails as for one
+        # that does not exist, and nothing is written into the fork.
+        failed = wait_for(lambda: (s := deployment.subscription(wake))["status"] == "failed" and s)
+        assert f"the wake stream '{mine}/hidden'" in failed["last_error"], failed
+    with deployment.client() as c:
+        read = c.get(f"{deployment.root}/{mine}/hidden", params={"offset": "-1"})
+    assert read.json() == [1, 2, {"n": 3}], read.text

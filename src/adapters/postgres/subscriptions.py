@@ -73,8 +73,8 @@ _DROP_LINKS = """DELETE FROM ds_subscription_links
                        (SELECT * FROM unnest($3::text[], $4::text[]))"""
 _ENQUEUE = """INSERT INTO ds_wake_deliveries
               (tenant, subscription_id, generation, wake_id, kind, payload, url, wake_run,
-               wake_stream, created_by)
-              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+               wake_stream, created_by, created_by_runs)
+              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
               ON CONFLICT DO NOTHING"""
 # Idle with a linked stream past its cursor, or leased past the lease.
 _DUE = """SELECT s.tenant, s.subscription_id FROM ds_subscriptions s
@@ -293,6 +293,7 @@ class PostgresSubscriptions:
                 d.wake_stream.run_id if d.wake_stream else None,
                 d.wake_stream.stream_id if d.wake_stream else None,
                 d.created_by,
+                None if d.creator_runs is None else list(d.creator_runs),
             )
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
@@ -329,7 +330,8 @@ class PostgresSubscriptions:
 
     async def delivery(self, job: Job) -> Delivery | None:
         row = await self._pool.fetchrow(
-            """SELECT generation, wake_id, kind, payload, url, wake_run, wake_stream, created_by
+            """SELECT generation, wake_id, kind, payload, url, wake_run, wake_stream, created_by,
+                      created_by_runs
                FROM ds_wake_deliveries
                WHERE tenant = $1 AND subscription_id = $2 AND generation = $3
                  AND delivered_at IS NULL""",
@@ -349,6 +351,7 @@ class PostgresSubscriptions:
             url=row[4],
             wake_stream=StreamPath(row[5], row[6]) if row[5] is not None else None,
             created_by=row[7],
+            creator_runs=None if row[8] is None else tuple(row[8]),
         )
 
     async def forget_delivered(self, age_seconds: float, batch: int = 1000) -> int:
