@@ -466,10 +466,15 @@ class Objects:
         if intent.state == "committed":
             raise errors.ObjectStateConflict(f"object {object_id!r} is committed")
         if intent.state in OPEN_STATES:
-            # If it left the open state meanwhile, report what it is now.
+            # If it left the open state meanwhile, report what it is now: aborted or expired
+            # by another request (the same end), or committed by one (a 409, as if it had been
+            # committed before this abort: its record was appended and stays).
             with contextlib.suppress(errors.ObjectStateConflict):
                 await run_one(self._commits, key, AbortCommand(object_id, self._clock()))
-        return object_view(await self._intent(key, object_id))
+        intent = await self._intent(key, object_id)
+        if intent.state == "committed":
+            raise errors.ObjectStateConflict(f"object {object_id!r} is committed")
+        return object_view(intent)
 
     async def describe(
         self, caller: Caller, run_id: str, stream_id: str, object_id: str

@@ -9,6 +9,7 @@ from datetime import timedelta
 import msgspec
 import pytest
 
+from application import objects as objects_module
 from application.access import Caller
 from application.errors import Forbidden
 from domain import errors
@@ -119,6 +120,27 @@ async def test_a_committed_object_cannot_be_aborted(app) -> None:
     await s.objects.commit(ALICE, "r", "s", view.object_id)
     with pytest.raises(errors.ObjectStateConflict):
         await s.objects.abort(ALICE, "r", "s", view.object_id)
+
+
+async def test_an_abort_that_a_commit_overtakes_is_a_conflict_not_an_abort(
+    app, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The abort finds the object open, and a commit lands before its own decision: the
+    commit won (its record stays), so the abort is 409, never a 200 showing `committed`."""
+    _, s = app
+    view, _ = await s.objects.prepare(ALICE, "r", "s", prepare_request())
+    await s.objects.upload(ALICE, "r", "s", view.object_id, chunks(BODY))
+    real = objects_module.run_one
+
+    async def commit_first(commits, key, command):  # type: ignore[no-untyped-def]
+        if isinstance(command, objects_module.AbortCommand):
+            await s.objects.commit(ALICE, "r", "s", view.object_id)
+        return await real(commits, key, command)
+
+    monkeypatch.setattr(objects_module, "run_one", commit_first)
+    with pytest.raises(errors.ObjectStateConflict, match="committed"):
+        await s.objects.abort(ALICE, "r", "s", view.object_id)
+    assert (await s.objects.describe(ALICE, "r", "s", view.object_id)).state == "committed"
 
 
 async def test_only_the_preparing_principal_may_upload_commit_or_abort(app) -> None:
