@@ -36,6 +36,7 @@ from domain.records import RecordInput
 from domain.stream import StreamKey
 from domain.subscriptions import (
     DEFAULT_RUN,
+    MAX_EXPLICIT_STREAMS,
     MAX_WORKER,
     AlreadyClaimed,
     Fenced,
@@ -46,6 +47,7 @@ from domain.subscriptions import (
     SubscriptionConfig,
     SubscriptionConflict,
     SubscriptionNotFound,
+    TooManyLinks,
     WakeTokenInvalid,
     WrongSubscriptionType,
     check_subscription_id,
@@ -465,7 +467,15 @@ class Subscriptions:
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
             sub = _visible(caller, sub, subscription_id)
-            return Change(sub.linked({p: heads.get(p, 0) for p in paths}, explicit=True)), None
+            linked = sub.linked({p: heads.get(p, 0) for p in paths}, explicit=True)
+            if linked.named() > MAX_EXPLICIT_STREAMS and linked.named() > sub.named():
+                raise TooManyLinks(
+                    f"a subscription names at most {MAX_EXPLICIT_STREAMS} streams; it names "
+                    f"{sub.named()}: unlink some, or link them by a pattern",
+                    named=sub.named(),
+                    max_named=MAX_EXPLICIT_STREAMS,
+                )
+            return Change(linked), None
 
         await self._store.update(caller.tenant, subscription_id, decide, extra=paths)
 

@@ -72,6 +72,13 @@ class WakeTokenInvalid(DomainError):
     code = "wake-token-invalid"
 
 
+class TooManyLinks(DomainError):
+    """Linking would name more streams than a subscription may name (MAX_EXPLICIT_STREAMS):
+    every decision on a subscription reads all its links."""
+
+    code = "too-many-links"
+
+
 class WebhookUrlRejected(DomainError):
     code = "webhook-url-rejected"
 
@@ -384,6 +391,10 @@ class Subscription(msgspec.Struct, frozen=True):
             else:
                 links[path] = msgspec.structs.replace(old, glob=True)
         return self.with_links(links)
+
+    def named(self) -> int:
+        """How many streams it names (links them explicitly)."""
+        return sum(1 for link in self.links if link.explicit)
 
     def unlinked(self, path: StreamPath) -> Subscription:
         """Removes the explicit link only: a glob link stays while the pattern matches."""

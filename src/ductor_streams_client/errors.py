@@ -226,6 +226,13 @@ class TooManyConsumers(StreamsError):
     code_of_class = "too-many-consumers"
 
 
+class TooManyLinks(StreamsError):
+    """409: the subscription names as many streams as it may (1,000); unlink some, or link
+    them by a pattern."""
+
+    code_of_class = "too-many-links"
+
+
 class AckRegression(StreamsError):
     """409: an acknowledgement below the consumer's (`acked_sequence`)."""
 
@@ -493,6 +500,7 @@ CLASS_OF_CODE: dict[str, type[StreamsError]] = {
         DefinitionConflict,
         QuotaExhausted,
         TooManyConsumers,
+        TooManyLinks,
         AckRegression,
         ObjectStateConflict,
         TooManyOpenObjects,

@@ -366,6 +366,47 @@ async def test_bad_input_is_a_problem_that_changes_nothing(
     assert forged.status_code == 401 and forged.json()["error"]["code"] == "WAKE_TOKEN_INVALID"
 
 
+async def test_a_subscription_names_at_most_1000_streams(
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """Every decision on a subscription reads all its links: one grown by links of 40,000
+    streams a request to 160,000 held every wake decision past its bound."""
+    root = f"{server.base_url}/api/durable-streams/v1/stream/__ds/subscriptions"
+    name = sid()
+    named = [f"{run_id}/s{i}" for i in range(900)]
+    made = await api.put(
+        f"{root}/{name}",
+        json={"type": "webhook", "streams": named, "webhook": {"url": HOOK}},
+    )
+    assert made.status_code == 201, made.text
+    more = [f"{run_id}/t{i}" for i in range(100)]
+    assert (await api.post(f"{root}/{name}/streams", json={"streams": more})).status_code == 204
+    # At the bound: those it names already may be named again, one more may not, on either
+    # surface, and nothing of a refused request is linked.
+    again = await api.post(f"{root}/{name}/streams", json={"streams": more[:10]})
+    assert again.status_code == 204, again.text
+    refused = await api.post(f"{root}/{name}/streams", json={"streams": ["x/one", "x/two"]})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "TOO_MANY_LINKS"
+    native = await api.post(
+        f"/subscriptions/{name}/streams", json={"streams": [{"run_id": "x", "stream_id": "one"}]}
+    )
+    assert native.status_code == 409 and native.json()["code"] == "too-many-links", native.text
+    assert native.json()["named"] == 1000
+    paths = {s["path"] for s in (await api.get(f"{root}/{name}")).json()["streams"]}
+    assert len(paths) == 1000 and "x/one" not in paths
+    # One request links at most 1,000 (the PUT's bound too).
+    many = [f"y/s{i}" for i in range(1001)]
+    too_many = await api.post(f"{root}/{name}/streams", json={"streams": many})
+    assert too_many.status_code == 400, too_many.text
+    # Unlinked, there is room again.
+    gone = await api.delete(f"{root}/{name}/streams/{run_id}%2Fs0")
+    assert gone.status_code == 204, gone.text
+    linked = await api.post(f"{root}/{name}/streams", json={"streams": ["x/one"]})
+    assert linked.status_code == 204, linked.text
+    assert (await api.delete(f"{root}/{name}")).status_code == 204
+
+
 async def test_pull_wake_claim_ack_release_by_sequence(api: httpx.AsyncClient, run_id: str) -> None:
     for stream in ("wake", "e1"):
         await api.post(f"/runs/{run_id}/streams", json={"stream_id": stream, "direction": "output"})

@@ -7,7 +7,7 @@ Errors are problem+json like everywhere else, carrying also the protocol's own s
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, delete, get, post, put
@@ -170,7 +170,9 @@ STREAMS_BODY = RequestBody(
     schema={
         "type": "object",
         "required": ["streams"],
-        "properties": {"streams": {"type": "array", "items": _PATH_TEXT}},
+        "properties": {
+            "streams": {"type": "array", "items": _PATH_TEXT, "maxItems": MAX_EXPLICIT_STREAMS}
+        },
     },
 )
 ON_SUBSCRIPTION = ("unauthenticated", "invalid-input", "forbidden", "subscription-not-found")
@@ -195,7 +197,7 @@ class ClaimBody(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
 
 
 class StreamsBody(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
-    streams: list[str]
+    streams: Annotated[list[str], msgspec.Meta(max_length=MAX_EXPLICIT_STREAMS)]
 
 
 async def _authenticated(request: Request) -> tuple[Services, Caller]:
@@ -327,7 +329,9 @@ _RELEASE = documented(
 )
 _JWKS = documented(Documented(200, "The webhook signing keys (JWKS)"), authenticated=False)
 _STREAMS = documented(
-    Documented(204, "Linked"), problems=ON_SUBSCRIPTION, request_body=STREAMS_BODY
+    Documented(204, "Linked"),
+    problems=(*ON_SUBSCRIPTION, "too-many-links"),
+    request_body=STREAMS_BODY,
 )
 
 SUB = "/subscriptions/{subscription_id:str}"

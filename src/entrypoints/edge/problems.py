@@ -48,6 +48,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "ack-ahead-of-head": 400,
     "cross-scope-ack": 403,
     "too-many-consumers": 409,
+    "too-many-links": 409,
     "object-state-conflict": 409,
     "too-many-open-objects": 409,
     "digest-mismatch": 422,

@@ -315,7 +315,9 @@ class SubscriptionsApiController(Controller):
         summary="Link streams explicitly (from their current head)",
         status_code=204,
         operation_class=documented(
-            Answer(204, "Linked"), problems=(*PROBLEMS, *WITH_A_BODY), request_body=StreamsRequest
+            Answer(204, "Linked"),
+            problems=(*PROBLEMS, *WITH_A_BODY, "too-many-links"),
+            request_body=StreamsRequest,
         ),
     )
     async def add_streams(self, request: Request, subscription_id: FromPath[str]) -> None:
