@@ -265,7 +265,7 @@ def wire_schemas() -> tuple[dict[type, Any], dict[str, Any]]:
 def _refs_stand_alone(node: Any) -> None:
     """msgspec puts a field's extra schema beside its `$ref`; tools that read OpenAPI 3.0 ignore
     a `$ref`'s siblings, so each such pair becomes an `allOf`."""
-    if isinstance(node, list):
+    if isinstance(node, list | tuple):  # msgspec gives the body types' schemas as a tuple
         for item in node:
             _refs_stand_alone(item)
     elif isinstance(node, dict):

@@ -124,6 +124,28 @@ def test_the_document_describes_problems_auth_and_media_types(server: ServerProc
     assert document_expiry == {"$ref": "#/components/schemas/Expiry"}
 
 
+def test_an_input_streams_id_without_a_colon_is_in_the_create_schema(
+    server: ServerProcess,
+) -> None:
+    """A rule between two fields of the create body (an input stream's ID holds no `:`, its
+    events' ids' separator) is in its schema, so that a body the schema allows is one the
+    service takes: a schema-valid create was refused (400)."""
+    create = operations(document(server))["createStream"]
+    schema = create["requestBody"]["content"]["application/json"]["schema"]
+    assert schema["allOf"] == [{"$ref": "#/components/schemas/DefinitionRequest"}]
+    assert schema["if"] == {
+        "properties": {"direction": {"const": "input"}},
+        "required": ["direction"],
+    }
+    assert schema["then"] == {"properties": {"stream_id": {"pattern": "^[^:]*$"}}}
+    refused = httpx.post(
+        f"{server.base_url}/api/workflow-streams/runs/colon/streams",
+        json={"stream_id": "f:", "direction": "input"},
+        headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"},
+    )
+    assert refused.status_code == 400 and refused.json()["code"] == "invalid-input"
+
+
 def test_a_prepare_over_the_size_maximum_is_documented_as_its_413(server: ServerProcess) -> None:
     """A body field past its schema's bound is 400, but an object's `size` past 32 MiB is the
     contract's 413 object-too-large: the field's schema says so beside its `maximum`, and the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import msgspec
 from litestar import Controller, Request, Response, delete, get, post, put
 from litestar.params import FromPath, Parameter
 from litestar.types import ASGIApp
@@ -40,7 +41,7 @@ from entrypoints.http import appends
 from entrypoints.http.answers import EncodedJsonAnswer, HeadersAnswer
 from entrypoints.http.body import decode_body
 from entrypoints.http.schemas import AckBody, AppendBody, LegalHoldBody
-from entrypoints.openapi import Answer, Header, Link, documented
+from entrypoints.openapi import Answer, Header, Link, RequestBody, documented
 from entrypoints.sse.asgi import EventStreamResponse
 from entrypoints.sse.events import event_stream
 
@@ -122,6 +123,19 @@ SSE_EVENT = {
 }
 
 
+# The create body, with the rule between its fields that `check_input_ids` enforces: an input
+# stream's ID holds no `:` (the separator of its events' ids).
+CreateBody = Annotated[
+    DefinitionRequest,
+    msgspec.Meta(
+        extra_json_schema={
+            "if": {"properties": {"direction": {"const": "input"}}, "required": ["direction"]},
+            "then": {"properties": {"stream_id": {"pattern": "^[^:]*$"}}},
+        }
+    ),
+]
+
+
 async def authenticated(request: Request) -> tuple[Services, Caller]:
     services: Services = request.app.state.services
     return services, await services.authenticate(request.headers.get("authorization"))
@@ -163,7 +177,7 @@ class StreamsController(Controller):
                 "content-class-forbidden",
                 "quota-exhausted",
             ),
-            request_body=DefinitionRequest,
+            request_body=RequestBody("application/json", CreateBody),
         ),
     )
     async def create_stream(
