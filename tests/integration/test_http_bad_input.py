@@ -711,6 +711,44 @@ async def test_an_idempotency_key_with_a_tab_is_refused_and_no_receipt_is_kept(
     assert (await stored(pool, run_id)) == before
 
 
+async def test_a_header_of_one_value_sent_twice_is_refused_on_both_surfaces(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str, world: dict[str, Any]
+) -> None:
+    """Which of two credentials, keys or producer ids would count is not the service's to
+    guess (a proxy in front may have checked the other one): 400, and nothing is stored."""
+    before = await stored(pool, run_id)
+    token = api.headers["authorization"]
+    body = json.dumps({"records": [{"data": 3}]}).encode()
+    records = f"/runs/{run_id}/streams/s/records"
+    for twice in (
+        [("authorization", token), ("authorization", "Bearer someone-else")],
+        [("idempotency-key", "a"), ("idempotency-key", "b")],
+        [("content-type", "application/json"), ("content-type", "text/plain")],
+    ):
+        headers = [("authorization", token), ("content-type", "application/json")]
+        headers = [h for h in headers if h[0] != twice[0][0]] + twice
+        # The append front, and Litestar's routes (a read).
+        for method, path, content in (("POST", records, body), ("GET", records, None)):
+            response = await api.request(method, path, content=content, headers=headers)
+            problem = assert_problem(response, 400, ("invalid-input",))
+            assert twice[0][0] in problem["detail"], problem
+    assert (await stored(pool, run_id)) == before
+    ds = str(api.base_url).replace("/api/workflow-streams", "/api/durable-streams/v1/stream")
+    answer = await api.post(
+        f"{ds}/{run_id}/s",
+        content=b"[1]",
+        headers=[
+            ("content-type", "application/json"),
+            ("producer-id", "p"),
+            ("producer-id", "q"),
+            ("producer-epoch", "0"),
+            ("producer-seq", "0"),
+        ],
+    )
+    assert answer.status_code == 400, answer.text
+    assert (await stored(pool, run_id)) == before
+
+
 async def test_a_body_nested_exactly_64_deep_is_accepted_and_reads_back(
     api: httpx.AsyncClient, run_id: str, world: dict[str, Any]
 ) -> None:

@@ -6,7 +6,10 @@ and the append front), for both API surfaces:
   A Durable Streams URL with a trailing slash names no stream: 404.
 - a body is stored as sent: a write whose `Content-Encoding` is anything but `identity`, or whose
   `Transfer-Encoding` holds a coding other than `chunked`, would store the encoded bytes as its
-  content: 415."""
+  content: 415.
+- a header the service reads as one value (its credentials, an idempotency key, a content
+  type, a protocol header) sent twice is 400: which of the two counts would be the service's
+  guess, and a proxy in front may have checked the other one."""
 
 from __future__ import annotations
 
@@ -20,6 +23,27 @@ API = b"/api/"
 STREAMS = (DURABLE_STREAMS_PREFIX + STREAM_PATH + "/").encode()
 SUBSCRIPTION_PATHS = (DURABLE_STREAMS_PREFIX + STREAM_PATH + "/__ds/subscriptions/").encode()
 WRITES = frozenset({"POST", "PUT", "PATCH"})
+# Headers of one value each (RFC 9110 5.3: a sender sends no field twice that is not a list).
+SINGLE = frozenset(
+    {
+        b"authorization",
+        b"content-type",
+        b"idempotency-key",
+        b"last-event-id",
+        b"range",
+        b"if-range",
+        b"producer-id",
+        b"producer-epoch",
+        b"producer-seq",
+        b"stream-seq",
+        b"stream-ttl",
+        b"stream-expires-at",
+        b"stream-closed",
+        b"stream-forked-from",
+        b"stream-fork-offset",
+        b"stream-fork-sub-offset",
+    }
+)
 
 
 class UnsupportedMediaType(DomainError):
@@ -40,6 +64,15 @@ def check_scope(scope: Any) -> bool:
     # and all: the one place an encoded slash is meant.
     if b"%2f" in raw.lower() and not raw.startswith(SUBSCRIPTION_PATHS):
         raise InvalidInput("an ID may not contain '/' (an encoded %2F in the path)", field="path")
+    seen: set[bytes] = set()
+    for name, _ in scope["headers"]:
+        if name in SINGLE:
+            if name in seen:
+                raise InvalidInput(
+                    f"the {name.decode('latin-1')} header is sent more than once: send it once",
+                    field=name.decode("latin-1"),
+                )
+            seen.add(name)
     method = scope["method"]
     if raw.startswith(STREAMS) and raw.endswith(b"/"):
         raise NotFound(f"no stream at {raw[:200].decode('latin-1')!r}: the path ends in '/'")
