@@ -119,6 +119,7 @@ class DurableReads:
         timeout: float,
         *,
         caller: Caller,
+        definition: StreamDefinition,
         created_at: datetime | None = None,
     ) -> Waited:
         """The first records after `cursor` appended within `timeout` seconds, on the shared
@@ -128,7 +129,9 @@ class DurableReads:
         slot = self._slots.admit(caller)
         lease = self._tokens.hold(caller)
         try:
-            waited = await self._wait(key, cursor, timeout, lease, created_at)
+            # A read waiting keeps an idle-expiring stream alive, as a subscription does.
+            with self._definitions.access.kept_open(key, definition):
+                waited = await self._wait(key, cursor, timeout, lease, created_at)
         finally:
             self._tokens.release(lease)
             self._slots.release(caller, slot)

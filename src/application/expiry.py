@@ -191,18 +191,25 @@ class AccessLog:
     ) -> AsyncGenerator[T, None]:
         """Pass `items` through, touching the stream at each one (a subscription's deliveries
         and heartbeats: an open subscription keeps its stream alive)."""
-        if not definition.expiry.enabled:
+        # Touched at each flush too, however long the heartbeat is against idle_seconds.
+        with self.kept_open(key, definition):
             async with contextlib.aclosing(items):
                 async for item in items:
+                    if definition.expiry.enabled:
+                        self.touch(key, self._clock())
                     yield item
+
+    @contextlib.contextmanager
+    def kept_open(self, key: StreamKey, definition: StreamDefinition) -> Iterator[None]:
+        """While in it, the stream counts as accessed at every flush: a live connection on it
+        (a subscription, a read waiting for the next append) keeps an idle-expiring stream
+        alive, as its reads do."""
+        if not definition.expiry.enabled:
+            yield
             return
-        # Touched at each flush too, however long the heartbeat is against idle_seconds.
         self._open[key] = self._open.get(key, 0) + 1
         try:
-            async with contextlib.aclosing(items):
-                async for item in items:
-                    self.touch(key, self._clock())
-                    yield item
+            yield
         finally:
             if (left := self._open[key] - 1) > 0:
                 self._open[key] = left

@@ -90,9 +90,8 @@ class ReadRecords:
             raise errors.InvalidInput(f"limit must be 1 to {MAX_LIMIT}", field="limit")
         if not 0 <= wait <= MAX_WAIT_SECONDS:
             raise errors.InvalidInput(f"wait must be 0 to {MAX_WAIT_SECONDS} seconds", field="wait")
-        require_reader(
-            caller, await self._definitions.get(key, delivers_data=True, runs=caller.runs)
-        )
+        definition = await self._definitions.get(key, delivers_data=True, runs=caller.runs)
+        require_reader(caller, definition)
         if wait <= 0:
             page = await self._page(key, cursor, limit, wait_more=False)
             assert isinstance(page, StoredPage)
@@ -100,7 +99,8 @@ class ReadRecords:
         deadline = time.monotonic() + wait
         lease = self._tokens.hold(caller)
         try:
-            return await self._wait(caller, key, cursor, limit, deadline, lease)
+            with self._definitions.access.kept_open(key, definition):
+                return await self._wait(caller, key, cursor, limit, deadline, lease)
         finally:
             self._tokens.release(lease)
 

@@ -55,10 +55,12 @@ class CountingPages:
 
 async def pages_read_for_one_append(services: Services, stream_id: str, waiters: int) -> int:
     await create(services, stream_id)
-    key, _ = await services.durable_reads.open(CALLER, "r", stream_id)
+    key, definition = await services.durable_reads.open(CALLER, "r", stream_id)
     counter = CountingPages(services.durable_reads._reader)  # type: ignore[attr-defined]
     waits = [
-        asyncio.create_task(services.durable_reads.wait(key, 0, 10, caller=CALLER))
+        asyncio.create_task(
+            services.durable_reads.wait(key, 0, 10, caller=CALLER, definition=definition)
+        )
         for _ in range(waiters)
     ]
     while (tail := services.durable_reads._tails.tail(key)) is None or tail.subscribers < waiters:  # type: ignore[attr-defined]
@@ -79,8 +81,10 @@ async def test_waiting_readers_share_one_read_per_append(services: Services) -> 
 
 async def test_a_wait_ends_at_once_when_the_stream_closes(services: Services) -> None:
     await create(services, "closing")
-    key, _ = await services.durable_reads.open(CALLER, "r", "closing")
-    waiting = asyncio.create_task(services.durable_reads.wait(key, 0, 10, caller=CALLER))
+    key, definition = await services.durable_reads.open(CALLER, "r", "closing")
+    waiting = asyncio.create_task(
+        services.durable_reads.wait(key, 0, 10, caller=CALLER, definition=definition)
+    )
     await asyncio.sleep(0.05)
     await services.append_records.produce(CALLER, "r", "closing", [], close=True)
     waited = await asyncio.wait_for(waiting, 5)
@@ -89,8 +93,8 @@ async def test_a_wait_ends_at_once_when_the_stream_closes(services: Services) ->
 
 async def test_a_wait_times_out_empty(services: Services) -> None:
     await create(services, "quiet")
-    key, _ = await services.durable_reads.open(CALLER, "r", "quiet")
-    waited = await services.durable_reads.wait(key, 0, 0.05, caller=CALLER)
+    key, definition = await services.durable_reads.open(CALLER, "r", "quiet")
+    waited = await services.durable_reads.wait(key, 0, 0.05, caller=CALLER, definition=definition)
     assert (waited.records, waited.closed) == ([], False)
 
 
@@ -102,7 +106,7 @@ async def test_a_long_poll_whose_database_does_not_answer_is_an_outage_not_up_to
     from application.waiting import Unanswered
 
     await create(services, "silent")
-    key, _ = await services.durable_reads.open(CALLER, "r", "silent")
+    key, definition = await services.durable_reads.open(CALLER, "r", "silent")
     tails = services.durable_reads._tails  # type: ignore[attr-defined]
 
     async def silent(*_: object, **__: object):  # type: ignore[no-untyped-def]
@@ -111,7 +115,7 @@ async def test_a_long_poll_whose_database_does_not_answer_is_an_outage_not_up_to
 
     tails.follow = silent
     with pytest.raises(Unanswered):
-        await services.durable_reads.wait(key, 0, 10.0, caller=CALLER)
+        await services.durable_reads.wait(key, 0, 10.0, caller=CALLER, definition=definition)
 
 
 async def test_a_long_poll_checked_against_a_stream_since_replaced_is_not_found(
@@ -125,9 +129,11 @@ async def test_a_long_poll_checked_against_a_stream_since_replaced_is_not_found(
     from domain.stream import StreamKey
 
     await create(services, "replaced")
-    key, _ = await services.durable_reads.open(CALLER, "r", "replaced")
+    key, definition = await services.durable_reads.open(CALLER, "r", "replaced")
     assert isinstance(key, StreamKey)
     await services.append_records.produce(CALLER, "r", "replaced", [text(b"new")])
     long_ago = datetime(2000, 1, 1, tzinfo=UTC)
     with pytest.raises(NotFound):
-        await services.durable_reads.wait(key, 0, 2.0, caller=CALLER, created_at=long_ago)
+        await services.durable_reads.wait(
+            key, 0, 2.0, caller=CALLER, definition=definition, created_at=long_ago
+        )

@@ -3,6 +3,7 @@ batched access log and the sweep, with a clock the tests move."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from datetime import UTC, datetime, timedelta
 
@@ -199,6 +200,32 @@ async def test_an_open_subscription_keeps_touching(app) -> None:
         await s.get_stream(ALICE, "r", "x")
     clock.advance(10 + MARGIN)
     await container.access_log().flush()  # closed: it no longer counts
+    with pytest.raises(NotFound):
+        await s.get_stream(ALICE, "r", "x")
+
+
+async def test_reads_waiting_on_either_surface_keep_touching(app) -> None:
+    """A read waiting for the next append is a live connection on the stream, as a
+    subscription is: an idle-expiring stream does not expire under it (before, the other
+    routes answered 404 while it waited, and it then answered an empty page)."""
+    container, s, clock = app
+    await s.create_stream(ALICE, "r", request(stream_id="x", expiry={"idle_seconds": 10}))
+    native = asyncio.create_task(s.read_records(ALICE, "r", "x", 0, wait=30))
+    key, definition = await s.durable_reads.open(ALICE, "r", "x")
+    protocol = asyncio.create_task(
+        s.durable_reads.wait(key, 0, 30, caller=ALICE, definition=definition)
+    )
+    await asyncio.sleep(0.05)  # both waiting
+    for _ in range(5):
+        clock.advance(10 + MARGIN - 1)
+        await container.access_log().flush()
+    await s.get_stream(ALICE, "r", "x")
+    await s.append_records(ALICE, "r", "x", data(1))
+    async with asyncio.timeout(5):
+        assert len((await native).records) == 1
+        assert len((await protocol).records) == 1
+    clock.advance(10 + MARGIN)
+    await container.access_log().flush()  # done waiting: they no longer count
     with pytest.raises(NotFound):
         await s.get_stream(ALICE, "r", "x")
 

@@ -268,15 +268,17 @@ async def test_waiting_reads_of_both_surfaces_and_subscriptions_share_one_cap() 
         assert slots.count() == 0
         subscription = await s.subscribe(ALICE, "r", "x", 0)
         native = asyncio.create_task(s.read_records(ALICE, "r", "x", 1, wait=30))
-        key = ALICE.key("r", "x")
-        protocol = asyncio.create_task(s.durable_reads.wait(key, 1, 30, caller=ALICE))
+        key, definition = await s.durable_reads.open(ALICE, "r", "x")
+        protocol = asyncio.create_task(
+            s.durable_reads.wait(key, 1, 30, caller=ALICE, definition=definition)
+        )
         async with asyncio.timeout(5):
             while slots.count() < 3:
                 await asyncio.sleep(0.01)
         with pytest.raises(TooManySubscriptions):
             await s.read_records(ALICE, "r", "x", 1, wait=30)
         with pytest.raises(TooManySubscriptions):
-            await s.durable_reads.wait(key, 1, 30, caller=ALICE)
+            await s.durable_reads.wait(key, 1, 30, caller=ALICE, definition=definition)
         with pytest.raises(TooManySubscriptions):
             s.durable_reads.hold_live(ALICE)
         with pytest.raises(TooManySubscriptions):
@@ -292,7 +294,8 @@ async def test_waiting_reads_of_both_surfaces_and_subscriptions_share_one_cap() 
         assert slots.count() == 0
         # A wait that times out, and one cancelled (its client left), give their slots back.
         assert (await s.read_records(ALICE, "r", "x", 2, wait=0.05)).records == []
-        assert (await s.durable_reads.wait(key, 2, 0.05, caller=ALICE)).records == []
+        waited = await s.durable_reads.wait(key, 2, 0.05, caller=ALICE, definition=definition)
+        assert waited.records == []
         cancelled = asyncio.create_task(s.read_records(ALICE, "r", "x", 2, wait=30))
         async with asyncio.timeout(5):
             while slots.count() < 1:

@@ -470,7 +470,12 @@ async def read(
     if query.live == "long-poll" and not records:
         if not (closed and start >= head):
             waited = await reads.wait(
-                key, start, long_poll_seconds, caller=caller, created_at=position.created_at
+                key,
+                start,
+                long_poll_seconds,
+                caller=caller,
+                definition=definition,
+                created_at=position.created_at,
             )
             records, head, closed = trimmed(waited.records), max(waited.head, start), waited.closed
         if not records:
