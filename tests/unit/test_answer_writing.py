@@ -14,6 +14,7 @@ from application import waiting
 from application.tokens import TokenCache
 from entrypoints.edge import writing
 from entrypoints.edge.turns import with_turns
+from tests.support.buffered_client import Buffered
 
 
 @pytest.fixture(autouse=True)
@@ -79,27 +80,6 @@ async def test_a_client_that_takes_nothing_has_its_answer_cut_and_its_bytes_free
     wrapped.__cause__ = cut.value
     assert writing.cut_short(wrapped)  # as Litestar reraises it
     assert not waiting._answer_bytes
-
-
-class Buffered:
-    """A client reading `rate` bytes a second behind buffers of `capacity` bytes, which take
-    what is sent at once while they have room; a writer waiting on full buffers is woken only
-    once half of what they hold has been read, as the kernel wakes a TCP writer."""
-
-    def __init__(self, rate: float, capacity: int) -> None:
-        self.rate, self.capacity = rate, capacity
-        self.sent = 0
-        self.began = asyncio.get_running_loop().time()
-
-    def held(self) -> float:
-        return self.sent - (asyncio.get_running_loop().time() - self.began) * self.rate
-
-    async def send(self, message: dict) -> None:
-        if self.held() + len(message["body"]) > self.capacity:
-            full = self.held()
-            while self.held() > full / 2:
-                await asyncio.sleep(0.005)
-        self.sent += len(message["body"])
 
 
 async def test_a_client_reading_above_the_minimum_rate_behind_full_buffers_gets_it_all(

@@ -15,6 +15,7 @@ from entrypoints.edge.writing import WRITE_BYTES
 from entrypoints.sse import asgi as sse_asgi
 from entrypoints.sse.asgi import EventStreamResponse
 from entrypoints.sse.events import event_stream
+from tests.support.buffered_client import Buffered
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -150,37 +151,6 @@ async def test_a_client_that_reads_too_slowly_ends_its_event_stream(monkeypatch,
     assert "its client did not take what was written" in caplog.text
 
 
-class _Buffered:
-    """A client reading `rate` bytes a second behind buffers of `capacity` bytes, which take
-    what is sent at once while they have room; a writer waiting on full buffers is woken only
-    once half of what they hold has been read, as the kernel wakes a TCP writer."""
-
-    def __init__(self, rate: float, capacity: int) -> None:
-        self.rate, self.capacity = rate, capacity
-        self.sent = 0
-        self.began: float | None = None
-        self.ended = False
-
-    def read(self) -> float:
-        assert self.began is not None
-        return (asyncio.get_running_loop().time() - self.began) * self.rate
-
-    async def send(self, message) -> None:
-        if message["type"] != "http.response.body":
-            return
-        if self.began is None:
-            self.began = asyncio.get_running_loop().time()
-        if self.sent - self.read() + len(message["body"]) > self.capacity:
-            held = self.sent - self.read()
-            while self.sent - self.read() > held / 2:
-                await asyncio.sleep(0.005)
-        self.sent += len(message["body"])
-        self.ended = not message["more_body"]
-
-    async def receive(self):
-        await asyncio.Event().wait()
-
-
 async def test_a_client_reading_above_the_minimum_rate_through_a_backlog_is_not_ended(
     monkeypatch, caplog
 ) -> None:
@@ -190,7 +160,7 @@ async def test_a_client_reading_above_the_minimum_rate_through_a_backlog_is_not_
     monkeypatch.setattr(sse_asgi, "WRITE_STALL_SECONDS", 0.2)
     monkeypatch.setattr(sse_asgi, "WRITE_MIN_BYTES_PER_SECOND", 1_000_000)
     caplog.set_level(logging.INFO, "ductor_streams.sse")
-    client = _Buffered(2_000_000, 1_000_000)
+    client = Buffered(2_000_000, 1_000_000)
 
     async def backlog():
         for _ in range(30):
