@@ -14,15 +14,12 @@ from application import waiting
 from application.tokens import TokenCache
 from entrypoints.edge import writing
 from entrypoints.edge.turns import with_turns
-from tests.support.buffered_client import Buffered
 
 
 @pytest.fixture(autouse=True)
-def bounds(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def bounds() -> Iterator[None]:
     waiting.configure_turns(4, waiting_per_tenant=4, answer_bytes_per_tenant=1_000_000)
     writing.configure(0.2)
-    # A piece's bound is 0.2 s and the body up to it at this rate: about 0.2 s here.
-    monkeypatch.setattr(writing, "WRITE_MIN_BYTES_PER_SECOND", 100_000_000)
     yield
     writing.configure(writing.WRITE_STALL_SECONDS)
     waiting.configure_turns(0)
@@ -80,21 +77,6 @@ async def test_a_client_that_takes_nothing_has_its_answer_cut_and_its_bytes_free
     wrapped.__cause__ = cut.value
     assert writing.cut_short(wrapped)  # as Litestar reraises it
     assert not waiting._answer_bytes
-
-
-async def test_a_client_reading_above_the_minimum_rate_behind_full_buffers_gets_it_all(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """3 MB to a client reading at twice the minimum rate behind 1 MB of buffers: a piece's
-    `send` waits for half a megabyte to be read (0.25 s here), longer than the stall bound
-    (0.2 s), and the answer is not cut: the bound counts on from the body's first piece."""
-    monkeypatch.setattr(writing, "WRITE_MIN_BYTES_PER_SECOND", 1_000_000)
-    waiting.configure_turns(4, waiting_per_tenant=4, answer_bytes_per_tenant=10_000_000)
-    client = Buffered(2_000_000, 1_000_000)
-    body = b"x" * 3_000_000
-    async with asyncio.timeout(10):
-        await request("a", lambda: writing.in_pieces(client.send, {"body": body}))
-    assert client.sent == 3_000_000
 
 
 async def test_past_its_bytes_of_answers_not_taken_a_tenants_next_request_is_refused() -> None:

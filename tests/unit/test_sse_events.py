@@ -15,7 +15,6 @@ from entrypoints.edge.writing import WRITE_BYTES
 from entrypoints.sse import asgi as sse_asgi
 from entrypoints.sse.asgi import EventStreamResponse
 from entrypoints.sse.events import event_stream
-from tests.support.buffered_client import Buffered
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -112,7 +111,7 @@ async def test_a_client_that_takes_nothing_ends_its_event_stream(monkeypatch, ca
     async with asyncio.timeout(5):
         await EventStreamResponse(_endless(), [])(scope, client.receive, client.send)
     assert client.bodies == 1
-    assert "its client did not take what was written" in caplog.text
+    assert "its client took nothing" in caplog.text
 
 
 class _Slow:
@@ -148,38 +147,7 @@ async def test_a_client_that_reads_too_slowly_ends_its_event_stream(monkeypatch,
     async with asyncio.timeout(5):
         await EventStreamResponse(one_big_chunk(), [])(scope, client.receive, client.send)
     assert 0 < client.taken < 1_000_000
-    assert "its client did not take what was written" in caplog.text
-
-
-async def test_a_client_reading_above_the_minimum_rate_through_a_backlog_is_not_ended(
-    monkeypatch, caplog
-) -> None:
-    """30 deliveries of 100 KB at once, to a client reading at twice the minimum rate behind
-    1 MB of buffers: a `send` waits for half a megabyte to be read (0.25 s here), longer than
-    the stall bound (0.2 s); the allowance counted on over the backlog holds it all."""
-    monkeypatch.setattr(sse_asgi, "WRITE_STALL_SECONDS", 0.2)
-    monkeypatch.setattr(sse_asgi, "WRITE_MIN_BYTES_PER_SECOND", 1_000_000)
-    caplog.set_level(logging.INFO, "ductor_streams.sse")
-    client = Buffered(2_000_000, 1_000_000)
-
-    async def backlog():
-        for _ in range(30):
-            yield b"x" * 100_000
-
-    scope = {"type": "http", "app": SimpleNamespace(state=SimpleNamespace())}
-    async with asyncio.timeout(10):
-        await EventStreamResponse(backlog(), [])(scope, client.receive, client.send)
-    assert client.ended and client.sent == 3_000_000
-    assert "did not take" not in caplog.text
-
-
-def test_the_allowance_runs_on_over_a_backlog_and_starts_afresh_after_it() -> None:
-    allowance = sse_asgi.Allowance()
-    stall, rate = sse_asgi.WRITE_STALL_SECONDS, sse_asgi.WRITE_MIN_BYTES_PER_SECOND
-    first = allowance.of(100.0, rate)  # one second's worth at the minimum rate
-    assert first == 100.0 + stall + 1
-    assert allowance.of(100.5, rate) == first + 1  # handed before the first was taken
-    assert allowance.of(1000.0, 0) == 1000.0 + stall  # long after: afresh
+    assert "read slower than" in caplog.text
 
 
 async def test_stopping_ends_the_event_streams_still_writing() -> None:

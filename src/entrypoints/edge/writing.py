@@ -7,13 +7,9 @@ With 2,500 such connections the server held 9 GB, and its shutdown waited for th
 larger than WRITE_BYTES is handed over in pieces of that size (granian holds back a response's
 sends once a few wait for a client that does not read), and:
 
-- a piece not taken within WRITE_STALL_SECONDS plus the size of the body up to and with it at
-  WRITE_MIN_BYTES_PER_SECOND, counted from the body's first piece, ends the answer: its
-  connection is closed, and what it held is freed (`AnswerTooSlow`, an OSError: the client is
-  treated as gone). Counted so, not from each piece: the kernel takes megabytes before a
-  `send` waits and wakes a writer only once a good part of them is read, so a piece's `send`
-  may wait for what was handed before it, and a client reading steadily above the rate would
-  otherwise be ended (entrypoints/sse/asgi.py, `Allowance`);
+- a piece the client has not taken within WRITE_STALL_SECONDS, or a body not taken within that
+  plus its size at WRITE_MIN_BYTES_PER_SECOND, ends the answer: its connection is closed, and
+  what it held is freed (`AnswerTooSlow`, an OSError: the client is treated as gone);
 - while it is written, its bytes count against its tenant (application/waiting.py,
   `answer_writing`): past DUCTOR_STREAMS_MAX_ANSWER_BYTES_PER_TENANT of them, the tenant's next
   requests are refused 429 at once, before any work is done for them;
@@ -97,7 +93,8 @@ async def in_pieces(send: Send, message: dict) -> None:
     body = message["body"]
     more = message.get("more_body", False)
     loop = asyncio.get_running_loop()
-    began, handed = loop.time() + _stall[0], 0
+    stall = _stall[0]
+    taken_by = loop.time() + stall + len(body) / WRITE_MIN_BYTES_PER_SECOND
     task = asyncio.current_task()
     assert task is not None
     try:
@@ -111,15 +108,14 @@ async def in_pieces(send: Send, message: dict) -> None:
     try:
         for n, piece in enumerate(pieces(body)):
             going_on = more or n < last
-            handed += len(piece)
             try:
-                async with asyncio.timeout_at(began + handed / WRITE_MIN_BYTES_PER_SECOND):
+                async with asyncio.timeout_at(min(loop.time() + stall, taken_by)):
                     await send({"type": "http.response.body", "body": piece, "more_body": going_on})
             except TimeoutError:
                 log.info(
-                    "answer ended: its client did not take it within %.0f s and its size at %d "
+                    "answer ended: its client took nothing for %.0f s, or read slower than %d "
                     "bytes a second",
-                    _stall[0],
+                    stall,
                     WRITE_MIN_BYTES_PER_SECOND,
                 )
                 raise AnswerTooSlow("the client did not take its answer in time") from None

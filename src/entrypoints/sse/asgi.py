@@ -23,43 +23,16 @@ log = logging.getLogger("ductor_streams.sse")
 
 # Frames are handed to the server in pieces of at most WRITE_BYTES (entrypoints/edge/writing.py
 # says why), as every large answer is.
-# A piece the client has not taken within this long (and its chunk's size at the minimum rate
-# below) ends the response: a subscriber that stopped reading holds no slot, no server shutdown
-# and no follower for longer. It resumes with Last-Event-ID when it reads again. (One that
-# vanished without a word while its stream was idle is found only once what is written fills
-# the connection's buffers, or TCP gives up on it.)
+# A piece the client has not taken within this long ends the response: a subscriber that
+# stopped reading holds no slot, no server shutdown and no follower for longer. It resumes
+# with Last-Event-ID when it reads again. (One that vanished without a word while its stream
+# was idle is found only once what is written fills the connection's buffers, or TCP gives
+# up on it.)
 WRITE_STALL_SECONDS = 30.0
 # And a chunk (one delivery's events) must be taken within WRITE_STALL_SECONDS plus its size at
 # this rate: a client that reads a piece every 20 s would otherwise hold its delivery, and its
-# encoding, for as long as it liked (about 1.6 MB each). The allowance runs on from chunk to
-# chunk while they come faster than they are taken (`Allowance`).
+# encoding, for as long as it liked (about 1.6 MB each).
 WRITE_MIN_BYTES_PER_SECOND = 16 * 1024
-
-
-class Allowance:
-    """When each chunk must have been taken by: WRITE_STALL_SECONDS, then its size at the
-    minimum rate, counted on from the chunk before while they come faster than they are taken.
-
-    The server and the kernel take what is handed to them into their buffers (megabytes) before
-    a `send` waits, and the kernel wakes a writer only once a good part of its buffer has
-    drained, so a piece's `send` may wait for megabytes handed before it. Counted from each
-    piece's or chunk's hand-over, a client reading 32 KiB a second, twice the minimum, through
-    a backlog of 60 deliveries of 80 KB was ended after 144 s. Counted on, a client that takes
-    nothing is ended WRITE_STALL_SECONDS after, plus what had been handed to its connection at
-    the minimum rate: what the buffers hold and the client has not taken cannot be told apart."""
-
-    __slots__ = ("_until",)
-
-    def __init__(self) -> None:
-        self._until = float("-inf")
-
-    def of(self, now: float, size: int) -> float:
-        self._until = (
-            max(self._until, now + WRITE_STALL_SECONDS) + size / WRITE_MIN_BYTES_PER_SECOND
-        )
-        return self._until
-
-
 # The writers of this application's event streams, ended when the server stops (`stop_all`).
 _WRITERS = "event_stream_writers"
 
@@ -112,18 +85,19 @@ class EventStreamResponse:
 
     async def _write(self, send: Send) -> None:
         loop = asyncio.get_running_loop()
-        allowance = Allowance()
         try:
             async for chunk in self._chunks:
-                taken_by = allowance.of(loop.time(), len(chunk))
+                taken_by = (
+                    loop.time() + WRITE_STALL_SECONDS + len(chunk) / WRITE_MIN_BYTES_PER_SECOND
+                )
                 for piece in pieces(chunk):
-                    async with asyncio.timeout_at(taken_by):
+                    async with asyncio.timeout_at(min(loop.time() + WRITE_STALL_SECONDS, taken_by)):
                         await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except TimeoutError:  # before OSError, whose subclass it is
             log.info(
-                "event stream ended: its client did not take what was written within %.0f s "
-                "and its size at %d bytes a second",
+                "event stream ended: its client took nothing for %.0f s, or read slower than "
+                "%d bytes a second",
                 WRITE_STALL_SECONDS,
                 WRITE_MIN_BYTES_PER_SECOND,
             )
