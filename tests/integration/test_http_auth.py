@@ -380,6 +380,8 @@ async def test_the_openapi_document_lists_the_operations(root: httpx.AsyncClient
     for operation_id, field in (("createStream", "direction"), ("appendRecords", "records")):
         assert operation_id in operations, sorted(operations)
         schema = operations[operation_id]["requestBody"]["content"]["application/json"]["schema"]
-        if "$ref" in schema:
-            schema = schemas[schema["$ref"].rsplit("/", 1)[-1]]
+        # A reference, or one beside rules between its fields (`allOf` with if/then).
+        ref = schema.get("$ref") or schema.get("allOf", [{}])[0].get("$ref")
+        if ref is not None:
+            schema = schemas[ref.rsplit("/", 1)[-1]]
         assert field in schema["properties"], schema

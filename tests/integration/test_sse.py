@@ -195,9 +195,9 @@ async def subscribers() -> AsyncIterator[Subscribers]:
 
 def wide_client(base: httpx.AsyncClient, token: str | None = None) -> httpx.AsyncClient:
     """A client like `base` with room for many concurrent streaming connections."""
-    headers = dict(base.headers)
+    headers = dict(base.headers)  # (its names in lower case)
     if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
+        headers["authorization"] = f"Bearer {token}"
     return httpx.AsyncClient(
         base_url=base.base_url,
         headers=headers,
