@@ -430,6 +430,9 @@ class Subscriptions:
         chain leaves them (such a fork is not there for it: its offsets are the other run's)."""
         if self._definitions is None:
             return True
+        if caller.runs is not None and path.run_id not in caller.runs:
+            # A link another run's stream (an unrestricted admin may add one): not there for it.
+            return False
         key = caller.key(path.run_id, path.stream_id)
         try:
             definition = await self._definitions.get(key, touch=False, runs=None)

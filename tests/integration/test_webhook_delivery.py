@@ -493,9 +493,15 @@ def test_a_run_scoped_creators_wakes_leave_out_a_fork_of_another_run(
             },
         )
         assert made.status_code == 201, made.text
+        # An unrestricted admin links another run's stream to it: not there for its creator
+        # either (it must neither be told of it, nor stop waking).
+        with deployment.client() as c:
+            added = c.post(f"{subs}/{hook}/streams", json={"streams": [f"{other}/src"]})
+        assert added.status_code == 204, added.text
+        deployment.write(f"{other}/src", [3], create=False)
         # The fork is linked by the pattern: its creator's token is not shown it.
         linked = {s["path"] for s in deployment.subscription(hook)["streams"]}
-        assert f"{mine}/hidden" in linked
+        assert {f"{mine}/hidden", f"{other}/src"} <= linked
         shown = scoped.get(f"{subs}/{hook}").json()
         assert [s["path"] for s in shown["streams"]] == [f"{mine}/open"], shown
         deployment.write(f"{mine}/hidden", {"n": 3}, create=False)
@@ -504,7 +510,8 @@ def test_a_run_scoped_creators_wakes_leave_out_a_fork_of_another_run(
         deployment.write(f"{mine}/open", {"n": 1}, create=False)
         woken_for(deployment, mine, f"{mine}/open")
         for entry in deployment.receiver.entries(mine):
-            assert "hidden" not in json.dumps(body_of(entry)), body_of(entry)
+            told = json.dumps(body_of(entry))
+            assert "hidden" not in told and other not in told, body_of(entry)
         # The pull-wake's wake stream is not there for its creator: the wake fails as for one
         # that does not exist, and nothing is written into the fork.
         failed = wait_for(lambda: (s := deployment.subscription(wake))["status"] == "failed" and s)
