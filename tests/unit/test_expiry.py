@@ -215,7 +215,9 @@ async def test_reads_waiting_on_either_surface_keep_touching(app) -> None:
     protocol = asyncio.create_task(
         s.durable_reads.wait(key, 0, 30, caller=ALICE, definition=definition)
     )
-    await asyncio.sleep(0.05)  # both waiting
+    async with asyncio.timeout(5):  # both waiting
+        while container.access_log()._open.get(key) != 2:
+            await asyncio.sleep(0.01)
     for _ in range(5):
         clock.advance(10 + MARGIN - 1)
         await container.access_log().flush()

@@ -17,12 +17,18 @@ SELECT coalesce(sum(streams), 0)::bigint FROM tenant_stream_counts WHERE tenant 
 
 # The rows of backends no longer running, summed into backend 0's per tenant; then backend 0's
 # rows that came to nothing go. A backend that starts meanwhile with the pid of one that ended
-# finds its row gone (or takes it over: the sums are what count), never a count lost.
+# finds its row gone (or takes it over: the sums are what count), never a count lost. A row
+# some transaction holds is passed over (SKIP LOCKED), not waited for: it is a running
+# backend's (one that took an ended one's pid since the fold looked), and waiting for it while
+# it waits for another row the fold holds would be a deadlock.
 _FOLD = """
 WITH gone AS (
     DELETE FROM tenant_stream_counts c
-    WHERE c.backend <> 0
-      AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = c.backend)
+    WHERE (c.tenant, c.backend) IN (
+        SELECT o.tenant, o.backend FROM tenant_stream_counts o
+        WHERE o.backend <> 0
+          AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = o.backend)
+        FOR UPDATE SKIP LOCKED)
     RETURNING tenant, streams
 ), folded AS (
     INSERT INTO tenant_stream_counts (tenant, backend, streams)
