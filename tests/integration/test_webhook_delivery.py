@@ -8,6 +8,7 @@ over and every pending stream is woken and acknowledged exactly."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
 import json
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from cryptography.exceptions import InvalidSignature
@@ -446,6 +448,18 @@ def test_a_fork_a_pattern_links_wakes_its_subscription_when_it_is_made(
         ).start()
 
 
+async def creator_runs_of(database_url: str, subscription_id: str) -> list[str] | None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        runs: list[str] | None = await conn.fetchval(
+            "SELECT creator_runs FROM ds_subscriptions WHERE subscription_id = $1",
+            subscription_id,
+        )
+        return runs
+    finally:
+        await conn.close()
+
+
 def test_a_run_scoped_creators_wakes_leave_out_a_fork_of_another_run(
     deployment: Deployment,
 ) -> None:
@@ -499,6 +513,10 @@ def test_a_run_scoped_creators_wakes_leave_out_a_fork_of_another_run(
             added = c.post(f"{subs}/{hook}/streams", json={"streams": [f"{other}/src"]})
         assert added.status_code == 204, added.text
         deployment.write(f"{other}/src", [3], create=False)
+        # The creator's runs are kept in a column of their own, which a process that does not
+        # know them (an earlier version's, during an upgrade) does not rewrite with the state.
+        kept = asyncio.run(creator_runs_of(deployment.database_url, hook))
+        assert kept == [mine]
         # The fork is linked by the pattern: its creator's token is not shown it.
         linked = {s["path"] for s in deployment.subscription(hook)["streams"]}
         assert {f"{mine}/hidden", f"{other}/src"} <= linked

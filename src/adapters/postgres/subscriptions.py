@@ -24,9 +24,9 @@ _T = TypeVar("_T")
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Subscription).decode
 
-_LOCK = """SELECT state, failing, last_error FROM ds_subscriptions
+_LOCK = """SELECT state, failing, last_error, creator_runs FROM ds_subscriptions
            WHERE tenant = $1 AND subscription_id = $2 FOR UPDATE"""
-_GET = """SELECT state, failing, last_error FROM ds_subscriptions
+_GET = """SELECT state, failing, last_error, creator_runs FROM ds_subscriptions
           WHERE tenant = $1 AND subscription_id = $2"""
 _LINKS = """SELECT run_id, stream_id, explicit, glob, acked FROM ds_subscription_links
             WHERE tenant = $1 AND subscription_id = $2"""
@@ -46,8 +46,8 @@ _MATCHING = """SELECT run_id, stream_id, head FROM streams
 _LINKS_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('ds-links:' || $1, 0))"
 _INSERT = """INSERT INTO ds_subscriptions
              (tenant, subscription_id, kind, pattern_regex, state, wake_active, lease_until,
-              failing)
-             VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), $8)
+              failing, creator_runs)
+             VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), $8, $9)
              ON CONFLICT (tenant, subscription_id) DO NOTHING"""
 _UPDATE = """UPDATE ds_subscriptions
              SET state = $3, wake_active = $4, lease_until = to_timestamp($5), failing = $6,
@@ -111,7 +111,10 @@ class _Raced(Exception):
 
 
 def _state(sub: Subscription) -> bytes:
-    return _encode(msgspec.structs.replace(sub, links=(), failing=False, last_error=None))
+    """The state document: what the columns beside it keep is left out."""
+    return _encode(
+        msgspec.structs.replace(sub, links=(), failing=False, last_error=None, creator_runs=None)
+    )
 
 
 class PostgresSubscriptions:
@@ -130,7 +133,12 @@ class PostgresSubscriptions:
     async def _load(
         self, conn: Connection, row: Any, tenant: str, subscription_id: str
     ) -> Subscription:
-        sub = msgspec.structs.replace(_decode(row[0]), failing=row[1], last_error=row[2])
+        sub = msgspec.structs.replace(
+            _decode(row[0]),
+            failing=row[1],
+            last_error=row[2],
+            creator_runs=None if row[3] is None else tuple(row[3]),
+        )
         links = await conn.fetch(_LINKS, tenant, subscription_id)
         return sub.with_links(
             {StreamPath(r[0], r[1]): Link(StreamPath(r[0], r[1]), r[2], r[3], r[4]) for r in links}
@@ -246,6 +254,7 @@ class PostgresSubscriptions:
                 wake is not None,
                 lease,
                 new.failing,
+                None if new.creator_runs is None else list(new.creator_runs),
             )
             if inserted == "INSERT 0 0":
                 raise _Raced
