@@ -64,8 +64,11 @@ def check_scope(scope: Any) -> bool:
     # and all: the one place an encoded slash is meant.
     if b"%2f" in raw.lower() and not raw.startswith(SUBSCRIPTION_PATHS):
         raise InvalidInput("an ID may not contain '/' (an encoded %2F in the path)", field="path")
+    if raw.startswith(STREAMS) and raw.endswith(b"/"):
+        raise NotFound(f"no stream at {raw[:200].decode('latin-1')!r}: the path ends in '/'")
+    write = scope["method"] in WRITES
     seen: set[bytes] = set()
-    for name, _ in scope["headers"]:
+    for name, value in scope["headers"]:  # one pass: this runs for every request
         if name in SINGLE:
             if name in seen:
                 raise InvalidInput(
@@ -73,19 +76,15 @@ def check_scope(scope: Any) -> bool:
                     field=name.decode("latin-1"),
                 )
             seen.add(name)
-    method = scope["method"]
-    if raw.startswith(STREAMS) and raw.endswith(b"/"):
-        raise NotFound(f"no stream at {raw[:200].decode('latin-1')!r}: the path ends in '/'")
-    if method in WRITES:
-        for name, value in scope["headers"]:
-            if name == b"content-encoding" and any(c != b"identity" for c in _codings(value)):
-                raise UnsupportedMediaType(
-                    f"Content-Encoding {value[:40].decode('latin-1')!r} is not accepted: send the "
-                    "body as it is to be stored (identity)"
-                )
-            if name == b"transfer-encoding" and any(c != b"chunked" for c in _codings(value)):
-                raise UnsupportedMediaType(
-                    f"Transfer-Encoding {value[:40].decode('latin-1')!r} is not accepted: only "
-                    "chunked"
-                )
+        elif not write:
+            continue
+        elif name == b"content-encoding" and any(c != b"identity" for c in _codings(value)):
+            raise UnsupportedMediaType(
+                f"Content-Encoding {value[:40].decode('latin-1')!r} is not accepted: send the "
+                "body as it is to be stored (identity)"
+            )
+        elif name == b"transfer-encoding" and any(c != b"chunked" for c in _codings(value)):
+            raise UnsupportedMediaType(
+                f"Transfer-Encoding {value[:40].decode('latin-1')!r} is not accepted: only chunked"
+            )
     return raw.startswith(STREAMS)
