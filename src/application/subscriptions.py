@@ -388,13 +388,17 @@ class Subscriptions:
     ) -> bool:
         """Whether a subscription's creator (restricted to `runs`, or not) may read a stream,
         as remembered for `READABLE_SECONDS` (a webhook's every delivery and a pattern's every
-        stream ask)."""
+        stream ask). That a stream is not there is not remembered: it may be created, as a
+        stream the creator may not read, the next moment (a fork of another run's stream, for
+        a creator restricted to runs), and its first records must not be shown or wake."""
         now = time.monotonic()
         known = self._readable.get((tenant, creator, runs, path))
         if known is not None and known[1] >= now:
             return known[0]
         caller = creator_caller(tenant, creator, runs, "streams:read")
-        readable = await self._may_read(caller, path)
+        readable = await self._readability(caller, path)
+        if readable is None:
+            return True
         if len(self._readable) > READABLE_KEPT:
             self._readable.clear()
         self._readable[(tenant, creator, runs, path)] = readable, now + READABLE_SECONDS
@@ -428,6 +432,12 @@ class Subscriptions:
         """Whether a link to `path` may be shown to `caller`: not a stream its pinned readers
         leave the caller out of, nor, for a caller restricted to runs, a fork whose source
         chain leaves them (such a fork is not there for it: its offsets are the other run's)."""
+        readable = await self._readability(caller, path)
+        return readable is None or readable
+
+    async def _readability(self, caller: Caller, path: StreamPath) -> bool | None:
+        """`_may_read`, None when there is no such stream (yet, or any more), or it is served
+        elsewhere: a link to it reveals no stream's content or pins."""
         if self._definitions is None:
             return True
         if caller.runs is not None and path.run_id not in caller.runs:
@@ -438,8 +448,8 @@ class Subscriptions:
             definition = await self._definitions.get(key, touch=False, runs=None)
         except errors.DomainError:
             # Not there (yet, or any more; a link may name a stream before it is created), or
-            # served elsewhere: the link reveals no stream's content or pins.
-            return True
+            # served elsewhere.
+            return None
         if caller.runs is not None and not await self._definitions.within(
             key, definition, caller.runs
         ):

@@ -498,6 +498,9 @@ def test_a_run_scoped_creators_wakes_leave_out_a_fork_of_another_run(
             },
         )
         assert made.status_code == 201, made.text
+        # It names a stream not there yet: notifications list it, at nothing.
+        named = scoped.post(f"{subs}/{hook}/streams", json={"streams": [f"{mine}/late"]})
+        assert named.status_code == 204, named.text
         made = scoped.put(
             f"{subs}/{wake}",
             json={
@@ -521,15 +524,31 @@ def test_a_run_scoped_creators_wakes_leave_out_a_fork_of_another_run(
         linked = {s["path"] for s in deployment.subscription(hook)["streams"]}
         assert {f"{mine}/hidden", f"{other}/src"} <= linked
         shown = scoped.get(f"{subs}/{hook}").json()
-        assert [s["path"] for s in shown["streams"]] == [f"{mine}/open"], shown
+        assert {s["path"] for s in shown["streams"]} == {f"{mine}/open", f"{mine}/late"}, shown
         deployment.write(f"{mine}/hidden", {"n": 3}, create=False)
         time.sleep(1.5)
         assert deployment.receiver.entries(mine) == []  # nothing its creator sees changed
         deployment.write(f"{mine}/open", {"n": 1}, create=False)
         woken_for(deployment, mine, f"{mine}/open")
+        # That stream is then made a fork of the other run's (by an admin) and appended to:
+        # what was known of it (nothing there) is not taken for what it is now.
+        with deployment.client() as c:
+            late = c.put(
+                f"{deployment.root}/{mine}/late",
+                headers={"Stream-Forked-From": f"/v1/stream/{other}/src"},
+            )
+        assert late.status_code == 201, late.text
+        deployment.write(f"{mine}/late", {"n": 4}, create=False)
+        seen = len(deployment.receiver.entries(mine))
+        deployment.write(f"{mine}/open", {"n": 2}, create=False)
+        wait_for(lambda: len(deployment.receiver.entries(mine)) > seen)
+        time.sleep(1)
         for entry in deployment.receiver.entries(mine):
-            told = json.dumps(body_of(entry))
-            assert "hidden" not in told and other not in told, body_of(entry)
+            told = body_of(entry)
+            assert "hidden" not in json.dumps(told) and other not in json.dumps(told), told
+            for stream in told["streams"]:
+                if stream["path"] == f"{mine}/late":  # listed as not there: nothing of it
+                    assert not stream["has_pending"], told
         # The pull-wake's wake stream is not there for its creator: the wake fails as for one
         # that does not exist, and nothing is written into the fork.
         failed = wait_for(lambda: (s := deployment.subscription(wake))["status"] == "failed" and s)
