@@ -436,20 +436,20 @@ class Subscriptions:
         return readable is None or readable
 
     async def _readability(self, caller: Caller, path: StreamPath) -> bool | None:
-        """`_may_read`, None when there is no such stream (yet, or any more), or it is served
-        elsewhere: a link to it reveals no stream's content or pins."""
+        """`_may_read`, None when there is no such stream (yet, or any more): a link to it
+        reveals nothing, and what the stream made under that ID will be is not known yet."""
         if self._definitions is None:
             return True
         if caller.runs is not None and path.run_id not in caller.runs:
-            # A link another run's stream (an unrestricted admin may add one): not there for it.
+            # A link to another run's stream (an admin may add one): not there for it.
             return False
         key = caller.key(path.run_id, path.stream_id)
         try:
             definition = await self._definitions.get(key, touch=False, runs=None)
+        except NotFound:
+            return None  # not there (yet, or any more: a link may name it before it is made)
         except errors.DomainError:
-            # Not there (yet, or any more; a link may name a stream before it is created), or
-            # served elsewhere.
-            return None
+            return True  # served elsewhere: the link reveals no stream's content or pins
         if caller.runs is not None and not await self._definitions.within(
             key, definition, caller.runs
         ):
