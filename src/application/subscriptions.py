@@ -21,6 +21,7 @@ import hmac
 import logging
 import time
 from collections.abc import Callable, Collection
+from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -29,6 +30,7 @@ from application import tracing
 from application.access import Caller, Scope, require_reader
 from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
+from application.ports import TokenStore
 from application.wake import WakeRegistry
 from application.workers import OUTAGE_LOG_SECONDS, Job, Outage, backoff, ensure_claimed
 from domain import errors
@@ -124,30 +126,35 @@ class SubscriptionStore(Protocol):
 
 class WakeTokens:
     """Callback and claim tokens: HMAC-signed (tenant, subscription, generation, wake id,
-    expiry), so a token of an earlier wake still proves who it was for and is fenced (409),
-    while a forged one is refused (401)."""
+    expiry, and for a claim the id of the API token that claimed it), so a token of an earlier
+    wake still proves who it was for and is fenced (409), while a forged one is refused (401)."""
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
 
-    def issue(self, sub: Subscription, now: float) -> str:
+    def issue(self, sub: Subscription, now: float, claimed_by: str | None = None) -> str:
         assert sub.wake is not None
-        claims = msgspec.json.encode(
-            [sub.tenant, sub.id, sub.wake.generation, sub.wake.wake_id, int(now + TOKEN_SECONDS)]
-        )
+        wake, until = sub.wake, int(now + TOKEN_SECONDS)
+        fields = [sub.tenant, sub.id, wake.generation, wake.wake_id, until]
+        if claimed_by is not None:
+            fields.append(claimed_by)
+        claims = msgspec.json.encode(fields)
         body = base64.urlsafe_b64encode(claims).rstrip(b"=")
         mac = hmac.new(self._secret, body, hashlib.sha256).digest()
         return (body + b"." + base64.urlsafe_b64encode(mac).rstrip(b"=")).decode()
 
     def verify(self, token: str, tenant: str | None, subscription_id: str, now: float) -> Any:
-        """The token's claims [tenant, id, generation, wake_id, exp], or WakeTokenInvalid."""
+        """The token's claims [tenant, id, generation, wake_id, exp(, claimed_by)], or
+        WakeTokenInvalid."""
         try:
             body, _, mac = token.encode("ascii").partition(b".")
             want = base64.urlsafe_b64encode(hmac.new(self._secret, body, hashlib.sha256).digest())
             if not hmac.compare_digest(want.rstrip(b"="), mac):
                 raise ValueError("bad signature")
             claims = msgspec.json.decode(base64.urlsafe_b64decode(body + b"=" * (-len(body) % 4)))
-            t, sid, _generation, _wake, exp = claims
+            t, sid, _generation, _wake, exp = claims[:5]
+            if len(claims) > 6:
+                raise ValueError("too many claims")
         except (ValueError, UnicodeError, msgspec.DecodeError, TypeError):
             raise WakeTokenInvalid("the wake token is not valid") from None
         if sid != subscription_id or (tenant is not None and t != tenant):
@@ -243,6 +250,9 @@ class _Unchecked(Exception):
         self.tenant, self.creator, self.runs, self.paths = tenant, creator, runs, paths
 
 
+# How long a claiming API token found valid is taken as such (its revocation ends the claim's
+# token within this long).
+CLAIMER_SECONDS = 1.0
 # How long whether a subscription's creator may read a stream is remembered (a definition, and
 # so its readers, never changes; a stream erased and created again with other readers is seen
 # after this long), and how many such answers a process keeps.
@@ -260,9 +270,13 @@ class Subscriptions:
         check_url: UrlCheck,
         clock: Callable[[], float] = time.time,
         definitions: Definitions | None = None,
+        api_tokens: TokenStore | None = None,
     ) -> None:
         self._store = store
         self._tokens = tokens
+        # The API tokens that claimed wakes: a claim's token holds no longer than they do.
+        self._api_tokens = api_tokens
+        self._claimers: dict[str, float] = {}  # a claiming token's id -> valid until (monotonic)
         self._check_url = check_url
         self._clock = clock
         self._definitions = definitions
@@ -607,6 +621,29 @@ class Subscriptions:
         sub.check_wake(generation, wake)
         return sub
 
+    async def _claimer_valid(self, claims: Any) -> None:
+        """A claim's token is refused (401) once the API token that claimed the wake is
+        revoked or has expired: its holder may no longer ack, extend or release the wake (the
+        next claim takes it over when its lease runs out). Looked up at most once a second."""
+        if len(claims) < 6 or self._api_tokens is None:
+            return
+        token_id = claims[5]
+        now = time.monotonic()
+        if self._claimers.get(token_id, 0.0) > now:
+            return
+        record = await self._api_tokens.get(token_id)
+        ended = record is None or record.revoked_at is not None
+        if record is not None and record.expires_at is not None:
+            ended = ended or record.expires_at <= datetime.now(UTC)
+        if ended:
+            self._claimers.pop(token_id, None)
+            raise WakeTokenInvalid(
+                "the token that claimed this wake was revoked or has expired: claim again"
+            )
+        if len(self._claimers) > READABLE_KEPT:
+            self._claimers.clear()
+        self._claimers[token_id] = now + CLAIMER_SECONDS
+
     def wake_tenant(self, token: str, subscription_id: str) -> str:
         """The tenant a wake token of this subscription was signed for, checked before its
         callback's body is read (so the body is charged to that tenant, and one with no valid
@@ -628,7 +665,9 @@ class Subscriptions:
         """A webhook callback (kind WEBHOOK) or a pull-wake ack (WAKE_EVENT): apply the acks,
         extend the lease, and on `done` end the wake (and wake again at once when work is
         pending). Answers whether it woke again."""
-        tenant = self._tokens.verify(token, None, subscription_id, self._clock())[0]
+        claims = self._tokens.verify(token, None, subscription_id, self._clock())
+        tenant = claims[0]
+        await self._claimer_valid(claims)
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, bool]:
             sub = self._fenced_wake(sub, subscription_id, token, generation, wake_id)
@@ -677,7 +716,7 @@ class Subscriptions:
                 assert change.subscription is not None
                 sub, deliveries = change.subscription, change.deliveries
             sub = sub.leased(now + sub.config.lease_ttl_ms / 1000, holder=worker)
-            return Change(sub, deliveries), (sub, self._tokens.issue(sub, now))
+            return Change(sub, deliveries), (sub, self._tokens.issue(sub, now, caller.token_id))
 
         sub, token = await self.decide_seeing(caller.tenant, subscription_id, decide)
         found = await self._store.get(caller.tenant, subscription_id)

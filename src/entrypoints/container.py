@@ -555,6 +555,7 @@ class Container(containers.DeclarativeContainer):
         wake_tokens,
         webhook_sender.provided.check,
         definitions=definitions,
+        api_tokens=tokens,
     )
     wake_deliveries = providers.Singleton(
         PostgresWakeDeliveries,

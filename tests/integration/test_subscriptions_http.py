@@ -448,6 +448,57 @@ async def test_pull_wake_claim_ack_release_by_sequence(api: httpx.AsyncClient, r
     assert got["streams"][0]["acked_sequence"] == 1 and got["wake"] is None
 
 
+async def test_a_claim_ends_with_the_token_that_made_it(
+    server: ServerProcess, api: httpx.AsyncClient, run_id: str
+) -> None:
+    """A worker's claim holds no longer than its credential: once the API token that claimed
+    is revoked, the claim's token is refused (401), so its holder can no longer ack or extend
+    the lease (the next claim takes the wake over when the lease runs out)."""
+    minted = await api.post(
+        "/tokens",
+        json={"scopes": ["streams:read", "streams:write"], "expires_in_seconds": 600},
+    )
+    assert minted.status_code == 201, minted.text
+    async with api_client(server, minted.json()["token"]) as worker:
+        for stream in ("wake", "e1"):
+            made = await api.post(
+                f"/runs/{run_id}/streams", json={"stream_id": stream, "direction": "output"}
+            )
+            assert made.status_code == 201, made.text
+        name = sid()
+        put = await api.put(
+            f"/subscriptions/{name}",
+            json={
+                "type": "pull-wake",
+                "pattern": {"run_id": run_id, "stream_id": "e*"},
+                "wake_stream": {"run_id": run_id, "stream_id": "wake"},
+            },
+        )
+        assert put.status_code == 201, put.text
+        await api.post(f"/runs/{run_id}/streams/e1/records", json={"records": [{"data": 1}]})
+        claim = await worker.post(f"/subscriptions/{name}/claim", json={"worker": "w1"})
+        assert claim.status_code == 200, claim.text
+        claimed = claim.json()
+    auth = {"authorization": f"Bearer {claimed['token']}"}
+    wake = {"wake_id": claimed["wake_id"], "generation": claimed["generation"]}
+    beat = await api.post(f"/subscriptions/{name}/ack", json=wake, headers=auth)
+    assert beat.status_code == 200, beat.text
+    assert (await api.delete(f"/tokens/{minted.json()['id']}")).status_code == 204
+    await asyncio.sleep(1.2)  # what the claim knew of its token (a second) has passed
+    refused = await api.post(
+        f"/subscriptions/{name}/ack",
+        json={**wake, "acks": [{"run_id": run_id, "stream_id": "e1", "sequence": 1}]},
+        headers=auth,
+    )
+    assert refused.status_code == 401, refused.text
+    assert refused.json()["code"] == "wake-token-invalid"
+    got = (await api.get(f"/subscriptions/{name}")).json()
+    assert got["streams"][0]["acked_sequence"] == 0  # the ack changed nothing
+    # Releasing is still allowed: it only gives the wake up.
+    released = await api.post(f"/subscriptions/{name}/release", json=wake, headers=auth)
+    assert released.status_code == 204, released.text
+
+
 async def test_a_claim_shows_no_stream_its_worker_may_not_read(
     server: ServerProcess, tokens: Tokens, api: httpx.AsyncClient, run_id: str
 ) -> None:
