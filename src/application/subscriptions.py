@@ -623,8 +623,8 @@ class Subscriptions:
 
     async def _claimer_valid(self, claims: Any) -> None:
         """A claim's token is refused (401) once the API token that claimed the wake is
-        revoked or has expired: its holder may no longer ack, extend or release the wake (the
-        next claim takes it over when its lease runs out). Looked up at most once a second."""
+        revoked or has expired: its holder may no longer ack or extend the wake (the next
+        claim takes it over when its lease runs out). Looked up at most once a second."""
         if len(claims) < 6 or self._api_tokens is None:
             return
         token_id = claims[5]
