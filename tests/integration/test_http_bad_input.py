@@ -747,6 +747,21 @@ async def test_a_header_of_one_value_sent_twice_is_refused_on_both_surfaces(
     )
     assert answer.status_code == 400, answer.text
     assert (await stored(pool, run_id)) == before
+    # Two Host headers (RFC 9112 3.2: 400), which clients refuse to send: by hand.
+    url = api.base_url.join(records.lstrip("/"))
+    head = (
+        f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+        f"Host: example.com\r\nAuthorization: {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection((url.host, url.port), timeout=30) as sock:
+        sock.sendall(head + body)
+        received = b""
+        while chunk := sock.recv(65_536):
+            received += chunk
+    assert received.startswith(b"HTTP/1.1 400"), received[:300]
+    assert (await stored(pool, run_id)) == before
 
 
 async def test_a_body_nested_exactly_64_deep_is_accepted_and_reads_back(

@@ -27,6 +27,7 @@ WRITES = frozenset({"POST", "PUT", "PATCH"})
 SINGLE = frozenset(
     {
         b"authorization",
+        b"host",  # RFC 9112 3.2: more than one is 400
         b"content-type",
         b"idempotency-key",
         b"last-event-id",
