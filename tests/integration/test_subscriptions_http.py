@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import BOOTSTRAP_TOKEN, Tokens, api_client
+from tests.support.pull_wake import claimed_pull_wake
 from tests.support.server import ServerProcess
 
 HOOK = "http://127.0.0.1:9/hook"  # nothing listens there; these tests run no delivering worker
@@ -456,29 +457,15 @@ async def test_a_claim_ends_with_the_token_that_made_it(
     the lease (the next claim takes the wake over when the lease runs out)."""
     minted = await api.post(
         "/tokens",
-        json={"scopes": ["streams:read", "streams:write"], "expires_in_seconds": 600},
+        json={
+            "scopes": ["streams:read", "streams:write", "streams:admin"],
+            "expires_in_seconds": 600,
+        },
     )
     assert minted.status_code == 201, minted.text
+    name = sid()
     async with api_client(server, minted.json()["token"]) as worker:
-        for stream in ("wake", "e1"):
-            made = await api.post(
-                f"/runs/{run_id}/streams", json={"stream_id": stream, "direction": "output"}
-            )
-            assert made.status_code == 201, made.text
-        name = sid()
-        put = await api.put(
-            f"/subscriptions/{name}",
-            json={
-                "type": "pull-wake",
-                "pattern": {"run_id": run_id, "stream_id": "e*"},
-                "wake_stream": {"run_id": run_id, "stream_id": "wake"},
-            },
-        )
-        assert put.status_code == 201, put.text
-        await api.post(f"/runs/{run_id}/streams/e1/records", json={"records": [{"data": 1}]})
-        claim = await worker.post(f"/subscriptions/{name}/claim", json={"worker": "w1"})
-        assert claim.status_code == 200, claim.text
-        claimed = claim.json()
+        claimed = await claimed_pull_wake(worker, "", run_id, name)
     auth = {"authorization": f"Bearer {claimed['token']}"}
     wake = {"wake_id": claimed["wake_id"], "generation": claimed["generation"]}
     beat = await api.post(f"/subscriptions/{name}/ack", json=wake, headers=auth)
