@@ -26,6 +26,9 @@ DEFAULT_LEASE_TTL_MS = 30_000
 MIN_LEASE_TTL_MS = 1_000
 MAX_LEASE_TTL_MS = 600_000
 MAX_EXPLICIT_STREAMS = 1_000
+# The most streams one wake names: a decision reads the links with pending work up to this
+# many (and those it acknowledges), never all of them; the rest are woken by the next wakes.
+WAKE_STREAMS = 1_000
 MAX_DESCRIPTION = 1_000
 MAX_URL = 2_048
 MAX_WORKER = 256  # a pull-wake worker's name
@@ -74,7 +77,7 @@ class WakeTokenInvalid(DomainError):
 
 class TooManyLinks(DomainError):
     """Linking would name more streams than a subscription may name (MAX_EXPLICIT_STREAMS):
-    every decision on a subscription reads all its links."""
+    a decision looks for pending work among all its links, and `get` shows them all."""
 
     code = "too-many-links"
 
@@ -342,6 +345,13 @@ class Subscription(msgspec.Struct, frozen=True):
     # show and write streams as its creator sees them: a fork whose source chain leaves these
     # runs is not there for it.
     creator_runs: tuple[str, ...] | None = None
+    # The last stream the last wake named: the next wake names pending streams after it first,
+    # so that with more than WAKE_STREAMS pending, each is named in its turn.
+    woken_up_to: StreamPath | None = None
+    # A decision sees some of the links (`links`: those with pending work, up to WAKE_STREAMS,
+    # the current wake's and those the decision names); this many streams it names explicitly
+    # are among the others. What a decision leaves out of `links` it leaves as it is.
+    named_elsewhere: int = 0
 
     @property
     def status(self) -> str:
@@ -360,7 +370,12 @@ class Subscription(msgspec.Struct, frozen=True):
         ]
 
     def has_pending(self, heads: dict[StreamPath, int]) -> bool:
-        return any(s.pending for s in self.streams(heads))
+        return any(max(heads.get(link.path, 0), 0) > link.acked for link in self.links)
+
+    def wake_streams(self, heads: dict[StreamPath, int]) -> list[StreamStatus]:
+        """The streams the current wake names (its snapshot), as they are now."""
+        named = {path for path, _ in self.wake.tails} if self.wake else set()
+        return [s for s in self.streams(heads) if s.path in named]
 
     def with_links(self, links: dict[StreamPath, Link]) -> Subscription:
         return msgspec.structs.replace(self, links=tuple(sorted(links.values(), key=_by_path)))
@@ -394,7 +409,7 @@ class Subscription(msgspec.Struct, frozen=True):
 
     def named(self) -> int:
         """How many streams it names (links them explicitly)."""
-        return sum(1 for link in self.links if link.explicit)
+        return self.named_elsewhere + sum(1 for link in self.links if link.explicit)
 
     def unlinked(self, path: StreamPath) -> Subscription:
         """Removes the explicit link only: a glob link stays while the pattern matches."""
@@ -409,10 +424,22 @@ class Subscription(msgspec.Struct, frozen=True):
         return self.with_links(links)
 
     def issue_wake(self, heads: dict[StreamPath, int]) -> Subscription:
-        tails = tuple((s.path, s.tail) for s in self.streams(heads))
+        """A new wake naming the streams with pending work, up to WAKE_STREAMS of them, after
+        the last one the last wake named first."""
+        pending = [s for s in self.streams(heads) if s.pending]
+        after = self.woken_up_to
+        if after is not None:
+            pending = [s for s in pending if s.path > after] + [
+                s for s in pending if s.path <= after
+            ]
+        named = pending[:WAKE_STREAMS]
+        tails = tuple(sorted((s.path, s.tail) for s in named))
         generation = self.generation + 1
         return msgspec.structs.replace(
-            self, generation=generation, wake=Wake(generation, new_wake_id(), tails)
+            self,
+            generation=generation,
+            wake=Wake(generation, new_wake_id(), tails),
+            woken_up_to=named[-1].path if named else after,
         )
 
     def check_wake(self, generation: int, wake_id: str) -> Wake:
