@@ -102,14 +102,25 @@ class SubscriptionStore(Protocol):
         decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]],
         discover: str | None = None,
         extra: tuple[StreamPath, ...] = (),
+        touching: Collection[StreamPath] = (),
     ) -> _T:
-        """Lock the subscription (absent: None), load its links and the heads of its streams
-        (and of the streams the glob `discover` matches, and of `extra`), call `decide`, store
-        the change it answers (None: nothing) with its deliveries, commit, and answer the rest.
-        Links to streams that no longer exist are dropped; streams the pattern matches that
-        are not linked yet are linked from their start."""
+        """Lock the subscription (absent: None), load the links a decision sees and the heads
+        of their streams (and of the streams the glob `discover` matches, and of `extra`), call
+        `decide`, store the change it answers (None: nothing) with its deliveries, commit, and
+        answer the rest.
 
-    async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None: ...
+        A decision sees the links with pending work, up to WAKE_STREAMS of them (those after
+        the subscription's `woken_up_to` first, then from the first), and the links of the
+        streams of `extra`, of `touching` and of the current wake's snapshot; with `extra`,
+        `named_elsewhere` counts the explicit links among the others. A link the change leaves
+        out that the decision saw is removed; those it did not see are left as they are."""
+
+    async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
+        """The subscription with every link, and their streams' heads (what `GET` shows)."""
+
+    async def wake_id(self, tenant: str, subscription_id: str) -> str | None:
+        """The ID of the subscription's wake in flight (None: no wake, or no subscription),
+        without its links."""
 
     async def due(
         self, limit: int, streams: Collection[StreamKey] | None = None
@@ -378,6 +389,7 @@ class Subscriptions:
         tenant: str,
         subscription_id: str,
         decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]],
+        touching: Collection[StreamPath] = (),
     ) -> _T:
         """`store.update`, with every pending stream the subscription's creator may not read
         (its pinned readers leave the creator out, though a pattern linked it) acknowledged at
@@ -387,7 +399,9 @@ class Subscriptions:
         woke the subscription again at once (99 webhooks in 6 s)."""
         for _ in range(3):
             try:
-                return await self._store.update(tenant, subscription_id, self._seeing(decide))
+                return await self._store.update(
+                    tenant, subscription_id, self._seeing(decide), touching=touching
+                )
             except _Unchecked as unchecked:
                 for path in unchecked.paths:
                     await self._creator_may_read(
@@ -395,7 +409,9 @@ class Subscriptions:
                     )
         # Streams linked faster than they could be checked (three rounds): those known hidden
         # are acknowledged, the others decided as they are.
-        return await self._store.update(tenant, subscription_id, self._seeing(decide, check=False))
+        return await self._store.update(
+            tenant, subscription_id, self._seeing(decide, check=False), touching=touching
+        )
 
     async def _creator_may_read(
         self, tenant: str, creator: str, runs: Runs, path: StreamPath
@@ -516,7 +532,7 @@ class Subscriptions:
             sub = _visible(caller, sub, subscription_id)
             return Change(sub.unlinked(path)), None
 
-        await self._store.update(caller.tenant, subscription_id, decide)
+        await self._store.update(caller.tenant, subscription_id, decide, touching=(path,))
 
     # -- delivery ---------------------------------------------------------------------------
 
@@ -531,7 +547,7 @@ class Subscriptions:
                     "subscription_id": sub.id,
                     "wake_id": woken.wake.wake_id,
                     "generation": woken.wake.generation,
-                    "streams": [wire_status(s) for s in woken.streams(heads)],
+                    "streams": [wire_status(s) for s in woken.wake_streams(heads)],
                     "callback_url": f"{sub.base_url}/__ds/subscriptions/{sub.id}/callback",
                     "callback_token": self._tokens.issue(woken, now),
                 }
@@ -548,7 +564,7 @@ class Subscriptions:
                 creator_runs=sub.creator_runs,
             )
         else:
-            first = next((s.path.path for s in woken.streams(heads) if s.pending), "")
+            first = next((s.path.path for s in woken.wake_streams(heads) if s.pending), "")
             payload = msgspec.json.encode(
                 {
                     "type": "wake",
@@ -680,7 +696,9 @@ class Subscriptions:
                 return self.wake_change(sub, heads), True
             return Change(sub), False
 
-        return await self.decide_seeing(tenant, subscription_id, decide)
+        return await self.decide_seeing(
+            tenant, subscription_id, decide, touching={a.stream for a in acks}
+        )
 
     @tracing.use_case("claim wake")
     async def claim(
@@ -695,7 +713,7 @@ class Subscriptions:
 
         def decide(
             sub: Subscription | None, heads: Heads
-        ) -> tuple[Change | None, tuple[Subscription, str]]:
+        ) -> tuple[Change | None, tuple[Subscription, Heads, str]]:
             sub = _visible(caller, sub, subscription_id)
             _of_type(sub, WAKE_EVENT)
             wake = sub.wake
@@ -716,13 +734,17 @@ class Subscriptions:
                 assert change.subscription is not None
                 sub, deliveries = change.subscription, change.deliveries
             sub = sub.leased(now + sub.config.lease_ttl_ms / 1000, holder=worker)
-            return Change(sub, deliveries), (sub, self._tokens.issue(sub, now, caller.token_id))
+            token = self._tokens.issue(sub, now, caller.token_id)
+            return Change(sub, deliveries), (sub, heads, token)
 
-        sub, token = await self.decide_seeing(caller.tenant, subscription_id, decide)
-        found = await self._store.get(caller.tenant, subscription_id)
-        # What its creator may read (the subscription's streams), of what the worker may read:
-        # a stream the creator may not read is acknowledged as it grows, so a worker's ack of
-        # it would be refused as going back, with the acks beside it.
+        sub, heads, token = await self.decide_seeing(caller.tenant, subscription_id, decide)
+        # The wake's streams (its snapshot, as they are now), as the worker may see them, of
+        # those its creator may read (the subscription's streams): a stream the creator may not
+        # read is acknowledged as it grows, so a worker's ack of it would be refused as going
+        # back, with the acks beside it.
+        assert sub.wake is not None
+        woken = {path for path, _ in sub.wake.tails}
+        sub = sub.with_links({k.path: k for k in sub.links if k.path in woken})
         shown = await self._shown(caller, sub)
         kept = {
             k.path: k
@@ -731,7 +753,7 @@ class Subscriptions:
         }
         if len(kept) != len(shown.links):
             shown = shown.with_links(kept)
-        return shown, (found[1] if found else {}), token
+        return shown, heads, token
 
     @tracing.use_case("release wake")
     async def release(
@@ -942,12 +964,10 @@ class DeliverWakes:
         delivery = await self._store.delivery(job)
         if delivery is None:
             return None
-        current = await self._store.get(delivery.tenant, delivery.subscription_id)
-        if (
-            current is None
-            or current[0].wake is None
-            or current[0].wake.wake_id != delivery.wake_id
-        ):
+        # (Not `get`: a pattern's every link, read for each delivery, was half the process's
+        # CPU beside a subscription of 20,000 links.)
+        current = await self._store.wake_id(delivery.tenant, delivery.subscription_id)
+        if current != delivery.wake_id:
             return None  # deleted, or this wake ended (a later one carries the work)
         if delivery.kind == WAKE_EVENT:
             await self._wake_event(delivery, job)

@@ -135,11 +135,11 @@ async def test_a_stream_erased_while_a_decision_is_made_is_unlinked_after_it(
     pool = await provided(container.pool)
     store = await provided(container.subscription_store)
     path = StreamPath(run, "a")
-    heads = store._heads
+    deciding = store._deciding
     erasing: list[asyncio.Task[Any]] = []
 
-    async def erased_meanwhile(conn: Any, tenant: str, paths: Any) -> Any:
-        found = await heads(conn, tenant, paths)  # the links are read by now
+    async def erased_meanwhile(*args: Any) -> Any:
+        found = await deciding(*args)  # the links are read by now
         erasing.append(
             asyncio.create_task(
                 pool.execute(
@@ -153,7 +153,7 @@ async def test_a_stream_erased_while_a_decision_is_made_is_unlinked_after_it(
         assert not erasing[0].done()  # the erasure waits for the decision
         return found
 
-    store._heads = erased_meanwhile
+    store._deciding = erased_meanwhile
 
     def decide(sub: Any, _heads: Any) -> Any:
         from application.subscriptions import Change
@@ -161,7 +161,7 @@ async def test_a_stream_erased_while_a_decision_is_made_is_unlinked_after_it(
         return Change(sub.with_links({path: Link(path, True, False, 2)})), None
 
     await store.update(ADMIN.tenant, sid, decide)
-    store._heads = heads
+    store._deciding = deciding
     await asyncio.wait_for(erasing[0], 10)
     links = "SELECT acked FROM ds_subscription_links WHERE tenant = $1 AND subscription_id = $2"
     assert await pool.fetch(links, ADMIN.tenant, sid) == []
@@ -297,25 +297,25 @@ async def test_a_stream_linked_by_name_while_it_is_erased_and_created_again_star
     await services.subscriptions.put(ADMIN, sid, webhook(streams=[f"{run}/b"]), BASE)
     pool = await provided(container.pool)
     store = await provided(container.subscription_store)
-    heads = store._heads
+    deciding = store._deciding
     again: list[asyncio.Task[Any]] = []
 
     async def erase_and_create() -> None:
         await services.delete_stream(ADMIN, run, "a")
         await create(services, ADMIN, run, "a")
 
-    async def recreated_meanwhile(conn: Any, tenant: str, paths: Any) -> Any:
-        found = await heads(conn, tenant, paths)  # the named stream's head is read by now
+    async def recreated_meanwhile(*args: Any) -> Any:
+        found = await deciding(*args)  # the named stream's head is read by now
         again.append(asyncio.create_task(erase_and_create()))
         await asyncio.sleep(0.5)  # time enough for both, unless the erasure waits
         assert not again[0].done()  # it waits for the decision
         return found
 
-    store._heads = recreated_meanwhile
+    store._deciding = recreated_meanwhile
     try:
         await services.subscriptions.add_streams(ADMIN, sid, (StreamPath(run, "a"),))
     finally:
-        store._heads = heads
+        store._deciding = deciding
     await asyncio.wait_for(again[0], 10)
     acked = await pool.fetchval(
         "SELECT acked FROM ds_subscription_links"
@@ -590,3 +590,257 @@ async def test_changes_of_one_subscription_wait_for_each_other_holding_no_connec
         assert not any(change.done() for change in changes)
     assert await asyncio.wait_for(asyncio.gather(*changes), 10) == list(range(10))
     assert decided == list(range(10))
+
+
+_MARKS = (
+    "SELECT stream_id, head FROM ds_subscription_pending"
+    " WHERE tenant = $1 AND subscription_id = $2 ORDER BY stream_id"
+)
+
+
+async def test_an_append_marks_the_links_it_passes_and_their_acks_remove_the_marks(
+    deployed: tuple[Any, Any],
+) -> None:
+    """Migration 0508: the append's write statement marks each link its stream now stands past
+    (with the head), a decision reads the marks rather than every link, and removes those its
+    acks caught up with."""
+    from application.subscriptions import AckRequest
+    from domain.subscriptions import StreamPath
+    from tests.support.subscription_contract import (
+        ADMIN,
+        BASE,
+        WRITER,
+        append,
+        create,
+        pull_wake,
+        uid,
+    )
+
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    for name in ("wake", "ea", "eb", "ec"):
+        await create(services, ADMIN, run, name)
+    await services.subscriptions.put(ADMIN, sid, pull_wake(f"{run}/e*", f"{run}/wake"), BASE)
+    pool = await provided(container.pool)
+    assert await pool.fetch(_MARKS, ADMIN.tenant, sid) == []
+    await append(services, ADMIN, run, "ea", 2)
+    await append(services, ADMIN, run, "eb")
+    await append(services, ADMIN, run, "ea")
+    assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 3), ("eb", 1)]
+    sub, heads, token = await services.subscriptions.claim(WRITER, sid, "w")
+    assert sub.wake is not None
+    assert [(s.path.stream_id, s.tail) for s in sub.streams(heads)] == [("ea", 3), ("eb", 1)]
+    acks = [AckRequest(StreamPath(run, "ea"), 3), AckRequest(StreamPath(run, "eb"), 0)]
+    await services.subscriptions.callback(
+        token, sid, sub.generation, sub.wake.wake_id, acks, False, "wake-event"
+    )
+    # a's cursor reached its mark, b's did not.
+    assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("eb", 1)]
+
+
+async def test_a_mark_an_append_raises_while_a_decision_removes_it_stays(
+    deployed: tuple[Any, Any],
+) -> None:
+    """A decision acknowledges a stream up to the head it read, and then removes its mark. An
+    append committed meanwhile raises the mark (holding it): the removal waits for it, sees
+    the mark's new head past the cursor, and keeps it, so the append still wakes the
+    subscription. (A removal that judged by the head the decision read dropped it.)"""
+    import asyncio
+
+    from application.subscriptions import Change
+    from domain.subscriptions import StreamPath
+    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
+
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    await create(services, ADMIN, run, "ea")
+    await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/e*"), BASE)
+    await append(services, ADMIN, run, "ea")
+    pool = await provided(container.pool)
+    store = await provided(container.subscription_store)
+    path = StreamPath(run, "ea")
+
+    def caught_up(sub: Any, heads: Any) -> Any:
+        assert heads[path] == 1
+        return Change(sub.acknowledged([(path, 1)], heads)), None
+
+    async with pool.acquire() as appending:
+        transaction = appending.transaction()
+        await transaction.start()
+        await appending.execute(
+            "UPDATE ds_subscription_pending SET head = 2"
+            " WHERE tenant = $1 AND subscription_id = $2 AND stream_id = 'ea'",
+            ADMIN.tenant,
+            sid,
+        )
+        deciding = asyncio.create_task(store.update(ADMIN.tenant, sid, caught_up))
+        await asyncio.sleep(0.5)
+        assert not deciding.done()  # the removal waits for the mark's holder
+        await transaction.commit()
+    await asyncio.wait_for(deciding, 10)
+    assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 2)]
+
+
+async def test_the_sweep_marks_what_no_append_marked_and_forgets_what_is_settled(
+    deployed: tuple[Any, Any],
+) -> None:
+    """A decision sees pending work through the marks alone; a link past its cursor without a
+    mark (an append of a process of an earlier version, which writes none) is marked by the
+    scheduler's pass over the streams an announcement names, or by its sweep over every link.
+    The sweep forgets marks whose link is gone or caught up."""
+    from application.subscriptions import AckRequest
+    from domain.subscriptions import NoPendingWork, StreamPath
+    from tests.support.subscription_contract import (
+        ADMIN,
+        BASE,
+        WRITER,
+        append,
+        create,
+        pull_wake,
+        uid,
+    )
+
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    for name in ("wake", "ea", "eb"):
+        await create(services, ADMIN, run, name)
+    await services.subscriptions.put(ADMIN, sid, pull_wake(f"{run}/e*", f"{run}/wake"), BASE)
+    await append(services, ADMIN, run, "ea")
+    await append(services, ADMIN, run, "eb")
+    pool = await provided(container.pool)
+    store = await provided(container.subscription_store)
+    forget = "DELETE FROM ds_subscription_pending WHERE tenant = $1 AND subscription_id = $2"
+    await pool.execute(forget, ADMIN.tenant, sid)
+    with pytest.raises(NoPendingWork):
+        await services.subscriptions.claim(WRITER, sid, "w")
+    await store.due(1000, [ADMIN.key(run, "ea")])  # an announcement of `a`
+    assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 1)]
+    await pool.execute(forget, ADMIN.tenant, sid)
+    assert (ADMIN.tenant, sid) in await store.due(100_000)  # the sweep
+    assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 1), ("eb", 1)]
+    sub, _, token = await services.subscriptions.claim(WRITER, sid, "w")
+    assert sub.wake is not None and len(sub.wake.tails) == 2
+    acks = [AckRequest(StreamPath(run, "ea"), 1)]
+    await services.subscriptions.callback(
+        token, sid, sub.generation, sub.wake.wake_id, acks, False, "wake-event"
+    )
+    # A mark its link's cursor reached (a process of an earlier version removes none), and one
+    # of no link: forgotten by the sweep.
+    mark = (
+        "INSERT INTO ds_subscription_pending (tenant, subscription_id, run_id, stream_id, head)"
+        " VALUES ($1, $2, $3, $4, $5)"
+        " ON CONFLICT (tenant, subscription_id, run_id, stream_id) DO UPDATE SET head = $5"
+    )
+    await pool.execute(mark, ADMIN.tenant, sid, run, "ea", 1)
+    await pool.execute(mark, ADMIN.tenant, sid, run, "gone", 5)
+    await store.due(100_000)
+    assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("eb", 1)]
+
+
+async def test_appends_decisions_and_sweeps_on_the_same_marks_never_deadlock(
+    deployed: tuple[Any, Any],
+) -> None:
+    """Appends (each group commit marking the links of the streams it wrote), a worker's claims
+    and acks (each removing the marks it caught up with) and sweeps (marking every link past
+    its cursor, forgetting what is settled) on one subscription's marks, side by side for a
+    few seconds: nothing fails (a deadlock would fail one of them), and once every stream is
+    acknowledged no mark is left and no link is past its cursor."""
+    import asyncio
+    import time
+
+    from application.subscriptions import WAKE_EVENT, AckRequest
+    from domain.subscriptions import AlreadyClaimed, Fenced, NoPendingWork, StreamPath
+    from tests.support.subscription_contract import (
+        ADMIN,
+        BASE,
+        WRITER,
+        append,
+        create,
+        pull_wake,
+        uid,
+    )
+
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    names = [f"e{i}" for i in range(12)]
+    for name in ("wake", *names):
+        await create(services, ADMIN, run, name)
+    await services.subscriptions.put(ADMIN, sid, pull_wake(f"{run}/e*", f"{run}/wake"), BASE)
+    store = await provided(container.subscription_store)
+    pool = await provided(container.pool)
+    until = time.monotonic() + 4
+    counts = Counter[str]()
+
+    async def appender(offset: int) -> None:
+        n = offset
+        while time.monotonic() < until:
+            await append(services, ADMIN, run, names[n % len(names)])
+            n += 5
+            counts["append"] += 1
+
+    async def worker() -> None:
+        while time.monotonic() < until:
+            try:
+                sub, heads, token = await services.subscriptions.claim(WRITER, sid, "w")
+            except (NoPendingWork, AlreadyClaimed):
+                await asyncio.sleep(0.01)
+                continue
+            assert sub.wake is not None
+            acks = [AckRequest(s.path, s.tail) for s in sub.streams(heads)]
+            try:
+                await services.subscriptions.callback(
+                    token, sid, sub.generation, sub.wake.wake_id, acks, True, WAKE_EVENT
+                )
+                counts["ack"] += 1
+            except Fenced:
+                pass
+
+    async def sweeper() -> None:
+        while time.monotonic() < until:
+            await store.due(1000)
+            counts["sweep"] += 1
+            await asyncio.sleep(0.05)
+
+    await asyncio.gather(*(appender(i) for i in range(5)), worker(), worker(), sweeper())
+    assert counts["append"] > 50 and counts["ack"] > 5, counts
+    # Everything acknowledged: a last wake, if one is pending, acked to the heads.
+    for _ in range(20):
+        try:
+            sub, heads, token = await services.subscriptions.claim(WRITER, sid, "last")
+        except NoPendingWork:
+            break
+        except AlreadyClaimed:
+            await asyncio.sleep(1.1)  # a lease the workers left runs out
+            continue
+        assert sub.wake is not None
+        _, heads = await services.subscriptions.get(ADMIN, sid)  # every stream's
+        everything = [AckRequest(path, head) for path, head in heads.items()]
+        await services.subscriptions.callback(
+            token, sid, sub.generation, sub.wake.wake_id, everything, True, WAKE_EVENT
+        )
+    await store.due(1000)
+    sub, heads = await services.subscriptions.get(ADMIN, sid)
+    assert not sub.has_pending(heads)
+    assert await pool.fetch(_MARKS, ADMIN.tenant, sid) == []
+
+
+async def test_a_stream_created_again_forgets_the_marks_of_its_previous_incarnation(
+    deployed: tuple[Any, Any],
+) -> None:
+    """A mark left by an erased stream (the sweep forgets it within seconds) names a head the
+    stream created again under its ID has not reached: kept, it made the subscription due at
+    every sweep with nothing to deliver. The creation forgets it."""
+    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
+
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    await create(services, ADMIN, run, "ea")
+    await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/e*"), BASE)
+    await append(services, ADMIN, run, "ea", 3)
+    pool = await provided(container.pool)
+    assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 3)]
+    await services.delete_stream(ADMIN, run, "ea")
+    await create(services, ADMIN, run, "ea")
+    assert await pool.fetch(_MARKS, ADMIN.tenant, sid) == []
+    await append(services, ADMIN, run, "ea")
+    assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 1)]

@@ -219,3 +219,85 @@ class SubscriptionStoreContract:
         await services.subscriptions.delete(ADMIN, sid)
         with pytest.raises(SubscriptionNotFound):
             await services.subscriptions.get(ADMIN, sid)
+
+    async def test_a_wake_names_a_few_pending_streams_each_in_its_turn(
+        self, app: tuple[Any, SubscriptionStore], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A decision reads the links with pending work, a few at a time (WAKE_STREAMS; 3
+        here), never all: a wake names those, its `done` acknowledges them, and the next wake
+        names the next ones, even while the first keep growing. A linked stream with nothing
+        pending is in no wake, and `get` still shows it."""
+        services, store = app
+        monkeypatch.setattr(store, "_wake_streams", 3)
+        run, sid = uid("run"), uid("sub")
+        names = [f"s{i}" for i in range(6)]
+        for name in names:
+            await create(services, ADMIN, run, name)
+        await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/*"), BASE)
+        for name in names[:5]:
+            await append(services, ADMIN, run, name)
+
+        async def woken(generation: int) -> tuple[list[tuple[str, str]], str, str]:
+            delivery = await store.delivery(delivery_job(ADMIN.tenant, sid, generation))
+            assert delivery is not None
+            body = msgspec.json.decode(delivery.payload)
+            assert all(s["has_pending"] for s in body["streams"])
+            named = [(s["path"].split("/")[1], s["tail_offset"][-1]) for s in body["streams"]]
+            return named, body["callback_token"], body["wake_id"]
+
+        def acks(named: list[tuple[str, str]]) -> list[AckRequest]:
+            return [AckRequest(StreamPath(run, name), int(tail)) for name, tail in named]
+
+        assert await store.update(ADMIN.tenant, sid, services.subscriptions.tick) is True
+        first, token, wake = await woken(1)
+        assert first == [("s0", "1"), ("s1", "1"), ("s2", "1")]
+        await append(services, ADMIN, run, "s0")  # grows before the next wake
+        assert await services.subscriptions.callback(
+            token, sid, 1, wake, acks(first), True, WEBHOOK
+        )
+        second, token, wake = await woken(2)
+        assert second == [("s0", "2"), ("s3", "1"), ("s4", "1")]
+        assert not await services.subscriptions.callback(
+            token, sid, 2, wake, acks(second), True, WEBHOOK
+        )
+        sub, heads = await services.subscriptions.get(ADMIN, sid)
+        assert [(k.path.stream_id, k.acked) for k in sub.links] == [
+            ("s0", 2),
+            ("s1", 1),
+            ("s2", 1),
+            ("s3", 1),
+            ("s4", 1),
+            ("s5", 0),
+        ]
+        assert sub.wake is None and not sub.has_pending(heads)
+
+    async def test_a_claim_shows_the_streams_of_its_wake(
+        self, app: tuple[Any, SubscriptionStore]
+    ) -> None:
+        """A claim names what its wake names: the streams with pending work, not every stream
+        the subscription links."""
+        services, _ = app
+        run, sid = uid("run"), uid("pull")
+        for name in ("wake", "e0", "e1", "e2"):
+            await create(services, ADMIN, run, name)
+        await services.subscriptions.put(ADMIN, sid, pull_wake(f"{run}/e*", f"{run}/wake"), BASE)
+        await append(services, ADMIN, run, "e1", 2)
+        sub, heads, token = await services.subscriptions.claim(WRITER, sid, "w1")
+        assert [s.path.stream_id for s in sub.streams(heads)] == ["e1"]
+        assert sub.wake is not None
+        await services.subscriptions.callback(
+            token,
+            sid,
+            sub.generation,
+            sub.wake.wake_id,
+            [AckRequest(StreamPath(run, "e1"), 2)],
+            True,
+            WAKE_EVENT,
+        )
+        shown, heads = await services.subscriptions.get(ADMIN, sid)
+        assert [(k.path.stream_id, k.acked) for k in shown.links] == [
+            ("e0", 0),
+            ("e1", 2),
+            ("e2", 0),
+        ]
+        assert shown.wake is None

@@ -17,15 +17,21 @@ from adapters.memory.streams import MemoryStreams
 from application.subscriptions import Change, Delivery, Heads
 from application.workers import Job
 from domain.stream import StreamKey, decode_state
-from domain.subscriptions import StreamPath, Subscription, matches
+from domain.subscriptions import WAKE_STREAMS, Link, StreamPath, Subscription, matches
 
 _T = TypeVar("_T")
 StreamHeads = Callable[[str], dict[StreamPath, int]]
 
 
 class MemorySubscriptions:
-    def __init__(self, heads: StreamHeads, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        heads: StreamHeads,
+        clock: Callable[[], float] = time.time,
+        wake_streams: int = WAKE_STREAMS,
+    ) -> None:
         self._heads = heads
+        self._wake_streams = wake_streams
         self._clock = clock
         self._rows: dict[tuple[str, str], bytes] = {}
         self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -48,6 +54,26 @@ class MemorySubscriptions:
                 linked.update(new)
         return sub, {p: h for p, h in streams.items() if p in linked}
 
+    def _deciding(
+        self, sub: Subscription, heads: Heads, named: set[StreamPath], count_named: bool
+    ) -> tuple[Subscription, Heads]:
+        """What PostgreSQL's decision reads: the links with pending work, up to `wake_streams`
+        (after `woken_up_to` first), and those `named` or in the current wake."""
+        pending = [k for k in sub.links if max(heads.get(k.path, 0), 0) > k.acked]
+        after = sub.woken_up_to
+        if after is not None:
+            pending = [k for k in pending if k.path > after] + [
+                k for k in pending if k.path <= after
+            ]
+        seen: dict[StreamPath, Link] = {k.path: k for k in pending[: self._wake_streams]}
+        if sub.wake is not None:
+            named = named | {path for path, _ in sub.wake.tails}
+        seen.update({k.path: k for k in sub.links if k.path in named})
+        view = sub.with_links(seen)
+        if count_named:
+            view = msgspec.structs.replace(view, named_elsewhere=sub.named() - view.named())
+        return view, {p: h for p, h in heads.items() if p in seen}
+
     async def update(
         self,
         tenant: str,
@@ -55,12 +81,17 @@ class MemorySubscriptions:
         decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]],
         discover: str | None = None,
         extra: tuple[StreamPath, ...] = (),
+        touching: Collection[StreamPath] = (),
     ) -> _T:
         async with self._locks[(tenant, subscription_id)]:
             found = self._load(tenant, subscription_id)
             streams = self._heads(tenant)
-            sub, heads = (None, {}) if found is None else found
-            heads = dict(heads)
+            whole: Subscription | None = None
+            sub: Subscription | None = None
+            heads: Heads = {}
+            if found is not None:
+                whole = found[0]
+                sub, heads = self._deciding(whole, found[1], {*extra, *touching}, bool(extra))
             heads.update({p: streams[p] for p in extra if p in streams})
             if discover is not None and sub is None:
                 heads.update({p: h for p, h in streams.items() if matches(discover, p)})
@@ -71,9 +102,13 @@ class MemorySubscriptions:
                     for key in [k for k in self.outbox if k[:2] == (tenant, subscription_id)]:
                         del self.outbox[key]
                 else:
-                    self._rows[(tenant, subscription_id)] = msgspec.msgpack.encode(
-                        change.subscription
-                    )
+                    new = change.subscription
+                    if whole is not None and sub is not None:  # the links it did not see stay
+                        seen = {k.path for k in sub.links}
+                        kept = {k.path: k for k in whole.links if k.path not in seen}
+                        new = new.with_links({**kept, **{k.path: k for k in new.links}})
+                    new = msgspec.structs.replace(new, named_elsewhere=0)
+                    self._rows[(tenant, subscription_id)] = msgspec.msgpack.encode(new)
                     for d in change.deliveries:
                         self.outbox.setdefault(
                             (d.tenant, d.subscription_id, d.generation), (d, 0.0)
@@ -82,6 +117,11 @@ class MemorySubscriptions:
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         return self._load(tenant, subscription_id)
+
+    async def wake_id(self, tenant: str, subscription_id: str) -> str | None:
+        raw = self._rows.get((tenant, subscription_id))
+        wake = None if raw is None else msgspec.msgpack.decode(raw, type=Subscription).wake
+        return None if wake is None else wake.wake_id
 
     async def due(
         self, limit: int, streams: Collection[StreamKey] | None = None

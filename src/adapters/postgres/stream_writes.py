@@ -298,16 +298,35 @@ WITH new_records AS (
     INSERT INTO input_deliveries (tenant, run_id, stream_id, sequence)
     SELECT d.tenant, d.run_id, d.stream_id, d.sequence
     FROM {_DELIVERIES}
+), written AS (
+    UPDATE streams AS t
+    SET version = s.version, head = s.head, earliest = s.earliest, closed = s.closed,
+        legal_hold = s.legal_hold, state = decode(s.state, 'base64'),
+        consumers = CASE WHEN s.write_consumers THEN decode(s.consumers, 'base64')
+                         ELSE t.consumers END
+    FROM {_STREAMS}
+    WHERE t.tenant = s.tenant AND t.run_id = s.run_id AND t.stream_id = s.stream_id
+    RETURNING s.tenant, s.run_id, s.stream_id, s.head
+), marked AS (
+    -- The subscriptions' links these streams now stand past the cursors of, marked pending
+    -- (migration 0508), in the marks' key order: a decision removes marks in that order too.
+    INSERT INTO ds_subscription_pending AS p (tenant, subscription_id, run_id, stream_id, head)
+    -- (`OFFSET 0`: each stream's links looked up by its key, never a pass over every link,
+    -- whatever the planner knows of the table.)
+    SELECT w.tenant, l.subscription_id, w.run_id, w.stream_id, w.head
+    FROM written w
+    CROSS JOIN LATERAL (
+        SELECT subscription_id, acked FROM ds_subscription_links
+        WHERE tenant = w.tenant AND run_id = w.run_id AND stream_id = w.stream_id
+        OFFSET 0) l
+    WHERE l.acked < w.head
+    ORDER BY w.tenant, l.subscription_id, w.run_id, w.stream_id
+    ON CONFLICT (tenant, subscription_id, run_id, stream_id)
+    DO UPDATE SET head = excluded.head WHERE p.head < excluded.head
 )
-UPDATE streams AS t
-SET version = s.version, head = s.head, earliest = s.earliest, closed = s.closed,
-    legal_hold = s.legal_hold, state = decode(s.state, 'base64'),
-    consumers = CASE WHEN s.write_consumers THEN decode(s.consumers, 'base64')
-                     ELSE t.consumers END
-FROM {_STREAMS}
-WHERE t.tenant = s.tenant AND t.run_id = s.run_id AND t.stream_id = s.stream_id
-RETURNING pg_notify('{WAKE_CHANNEL}', s.tenant || '/' || s.run_id || '/' || s.stream_id || ' '
-                    || s.head::text)
+SELECT pg_notify('{WAKE_CHANNEL}', w.tenant || '/' || w.run_id || '/' || w.stream_id || ' '
+                 || w.head::text)
+FROM written w
 """
 
 

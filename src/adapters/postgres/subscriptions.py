@@ -18,7 +18,7 @@ from application.subscriptions import Change, Delivery, Heads
 from application.waiting import committing, within_allowance
 from application.workers import Job
 from domain.stream import StreamKey
-from domain.subscriptions import Link, StreamPath, Subscription, pattern_regex
+from domain.subscriptions import WAKE_STREAMS, Link, StreamPath, Subscription, pattern_regex
 
 _T = TypeVar("_T")
 _encode = msgspec.msgpack.Encoder().encode
@@ -26,13 +26,119 @@ _decode = msgspec.msgpack.Decoder(Subscription).decode
 
 _LOCK = """SELECT state, failing, last_error, creator_runs FROM ds_subscriptions
            WHERE tenant = $1 AND subscription_id = $2 FOR UPDATE"""
+_STATE = "SELECT state FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2"
 _GET = """SELECT state, failing, last_error, creator_runs FROM ds_subscriptions
           WHERE tenant = $1 AND subscription_id = $2"""
-_LINKS = """SELECT run_id, stream_id, explicit, glob, acked FROM ds_subscription_links
-            WHERE tenant = $1 AND subscription_id = $2"""
-_HEADS = """SELECT run_id, stream_id, head FROM streams
-            WHERE tenant = $1 AND (run_id, stream_id) IN
-                  (SELECT * FROM unnest($2::text[], $3::text[]))"""
+# Every link, with its stream's head (what `get` shows).
+_LINKS = """SELECT l.run_id, l.stream_id, l.explicit, l.glob, l.acked, t.head
+            FROM ds_subscription_links l
+            LEFT JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
+                                 = (l.tenant, l.run_id, l.stream_id)
+            WHERE l.tenant = $1 AND l.subscription_id = $2"""
+# What a decision reads of the links: those marked pending (migration 0508), up to $5, after
+# the stream the last wake named up to first (the order a wake names them in,
+# `Subscription.issue_wake`)...
+# (Each link looked up by its whole key, `OFFSET 0` keeping the planner from joining the
+# subscription's every link instead, as it did on tables it had no statistics for yet: a pass
+# over 20,000 links for each mark.)
+_PENDING_LINKS = """SELECT p.run_id, p.stream_id, l.explicit, l.glob, l.acked, t.head
+                    FROM ds_subscription_pending p
+                    CROSS JOIN LATERAL (
+                        SELECT explicit, glob, acked FROM ds_subscription_links
+                        WHERE tenant = p.tenant AND subscription_id = p.subscription_id
+                          AND run_id = p.run_id AND stream_id = p.stream_id
+                        OFFSET 0) l
+                    LEFT JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
+                                         = (p.tenant, p.run_id, p.stream_id)
+                    WHERE p.tenant = $1 AND p.subscription_id = $2 AND l.acked < p.head
+                    ORDER BY (p.run_id, p.stream_id) <= ($3, $4), p.run_id, p.stream_id
+                    LIMIT $5"""
+# ... and those it names (what it acknowledges, links or unlinks, and the current wake's).
+_NAMED_LINKS = """SELECT k.run_id, k.stream_id, l.explicit, l.glob, l.acked, t.head
+                  FROM unnest($3::text[], $4::text[]) AS k(run_id, stream_id)
+                  CROSS JOIN LATERAL (
+                      SELECT explicit, glob, acked FROM ds_subscription_links
+                      WHERE tenant = $1 AND subscription_id = $2
+                        AND run_id = k.run_id AND stream_id = k.stream_id
+                      OFFSET 0) l
+                  LEFT JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
+                                       = ($1, k.run_id, k.stream_id)"""
+_NAMED_COUNT = """SELECT count(*) FROM ds_subscription_links
+                  WHERE tenant = $1 AND subscription_id = $2 AND explicit"""
+# After a decision's writes: the marks of the links it read (or named) that are pending no more
+# removed: each whose head the link's cursor (`acked`, as the decision left it; a link it
+# removed: past any head) has reached. Held first, in the key's order, as every writer of marks
+# takes them. A mark an append raised meanwhile (making this wait) is judged by its new head:
+# the condition is the mark's own against a parameter, which PostgreSQL checks again on the
+# version it waited for. (Judged through the links, as NOT EXISTS, it was not: the mark was
+# removed.)
+_SETTLE = """WITH cursors AS (
+                 SELECT * FROM unnest($3::text[], $4::text[], $5::bigint[])
+                     AS c(run_id, stream_id, acked)
+             ), held AS MATERIALIZED (
+                 SELECT p.run_id, p.stream_id FROM ds_subscription_pending p
+                 JOIN cursors c ON (c.run_id, c.stream_id) = (p.run_id, p.stream_id)
+                 WHERE p.tenant = $1 AND p.subscription_id = $2 AND p.head <= c.acked
+                 ORDER BY p.run_id, p.stream_id
+                 FOR UPDATE OF p
+             )
+             DELETE FROM ds_subscription_pending p USING cursors c
+             WHERE p.tenant = $1 AND p.subscription_id = $2
+               AND (p.run_id, p.stream_id) = (c.run_id, c.stream_id) AND p.head <= c.acked
+               AND (p.run_id, p.stream_id) IN (SELECT run_id, stream_id FROM held)"""
+# Marks for the links past their cursors: of the streams `k` names (an announcement: a fork
+# that starts with records, an append of a process of an earlier version), or of every stream
+# (the sweep's belt). In the key's order, like every writer of marks.
+_MARK = """INSERT INTO ds_subscription_pending AS p
+               (tenant, subscription_id, run_id, stream_id, head)
+           SELECT l.tenant, l.subscription_id, l.run_id, l.stream_id, t.head
+           FROM {source}
+           JOIN streams t ON (t.tenant, t.run_id, t.stream_id) = (l.tenant, l.run_id, l.stream_id)
+           WHERE t.head > l.acked
+           ORDER BY l.tenant, l.subscription_id, l.run_id, l.stream_id
+           ON CONFLICT (tenant, subscription_id, run_id, stream_id)
+           DO UPDATE SET head = excluded.head WHERE p.head < excluded.head"""
+_MARK_ALL = _MARK.format(source="ds_subscription_links l")
+_MARK_OF = _MARK.format(
+    source="""unnest($1::text[], $2::text[], $3::text[]) AS k(tenant, run_id, stream_id)
+           JOIN ds_subscription_links l
+             ON (l.tenant, l.run_id, l.stream_id) = (k.tenant, k.run_id, k.stream_id)"""
+)
+# The sweep's: marks whose link's cursor reached them (left by a process of an earlier
+# version, which removes none), and marks whose link is gone, removed; those another
+# transaction holds are passed over (the sweep waits for no one).
+_FORGET_CAUGHT_UP = """WITH held AS MATERIALIZED (
+                           SELECT p.tenant, p.subscription_id, p.run_id, p.stream_id
+                           FROM ds_subscription_pending p
+                           JOIN ds_subscription_links l
+                             ON (l.tenant, l.subscription_id, l.run_id, l.stream_id)
+                              = (p.tenant, p.subscription_id, p.run_id, p.stream_id)
+                           WHERE l.acked >= p.head
+                           ORDER BY p.tenant, p.subscription_id, p.run_id, p.stream_id
+                           LIMIT 10000
+                           FOR UPDATE OF p SKIP LOCKED
+                       )
+                       DELETE FROM ds_subscription_pending p
+                       USING held h, ds_subscription_links l
+                       WHERE (p.tenant, p.subscription_id, p.run_id, p.stream_id)
+                           = (h.tenant, h.subscription_id, h.run_id, h.stream_id)
+                         AND (l.tenant, l.subscription_id, l.run_id, l.stream_id)
+                           = (p.tenant, p.subscription_id, p.run_id, p.stream_id)
+                         AND l.acked >= p.head"""
+_FORGET_UNLINKED = """WITH held AS MATERIALIZED (
+                          SELECT p.tenant, p.subscription_id, p.run_id, p.stream_id
+                          FROM ds_subscription_pending p
+                          WHERE NOT EXISTS (
+                              SELECT 1 FROM ds_subscription_links l
+                              WHERE (l.tenant, l.subscription_id, l.run_id, l.stream_id)
+                                  = (p.tenant, p.subscription_id, p.run_id, p.stream_id))
+                          ORDER BY p.tenant, p.subscription_id, p.run_id, p.stream_id
+                          LIMIT 10000
+                          FOR UPDATE SKIP LOCKED
+                      )
+                      DELETE FROM ds_subscription_pending p USING held h
+                      WHERE (p.tenant, p.subscription_id, p.run_id, p.stream_id)
+                          = (h.tenant, h.subscription_id, h.run_id, h.stream_id)"""
 _HOLD_NAMED = """SELECT run_id, stream_id, head FROM streams
                  WHERE tenant = $1 AND (run_id, stream_id) IN
                        (SELECT * FROM unnest($2::text[], $3::text[]))
@@ -62,33 +168,50 @@ _UPSERT_LINKS = """INSERT INTO ds_subscription_links
                    SET explicit = EXCLUDED.explicit, glob = EXCLUDED.glob, acked = EXCLUDED.acked"""
 # A link the decision read and changed: updated only if it is still there (a stream's erasure
 # removes its links without the subscription's lock, and must not see them written back).
-_UPDATE_LINKS = """UPDATE ds_subscription_links AS l
-                   SET explicit = c.explicit, glob = c.glob, acked = c.acked
-                   FROM unnest($3::text[], $4::text[], $5::bool[], $6::bool[], $7::bigint[])
-                        AS c(run_id, stream_id, explicit, glob, acked)
-                   WHERE l.tenant = $1 AND l.subscription_id = $2
-                     AND (l.run_id, l.stream_id) = (c.run_id, c.stream_id)"""
-_DROP_LINKS = """DELETE FROM ds_subscription_links
-                 WHERE tenant = $1 AND subscription_id = $2 AND (run_id, stream_id) IN
-                       (SELECT * FROM unnest($3::text[], $4::text[]))"""
+# (Each link found by its whole key, then written by its row's address: the planner, knowing
+# nothing of a table yet, once wrote a subscription's few links through a pass over all its
+# 20,000, in every ack.) A link gone meanwhile is not found, so not written back.
+_UPDATE_LINKS = """WITH c AS (
+                       SELECT * FROM unnest($3::text[], $4::text[], $5::bool[], $6::bool[],
+                                            $7::bigint[])
+                           AS c(run_id, stream_id, explicit, glob, acked)
+                   ), found AS (
+                       SELECT f.tid, c.explicit, c.glob, c.acked FROM c
+                       CROSS JOIN LATERAL (
+                           SELECT ctid AS tid FROM ds_subscription_links
+                           WHERE tenant = $1 AND subscription_id = $2
+                             AND run_id = c.run_id AND stream_id = c.stream_id
+                           OFFSET 0) f
+                   )
+                   UPDATE ds_subscription_links AS l
+                   SET explicit = found.explicit, glob = found.glob, acked = found.acked
+                   FROM found WHERE l.ctid = found.tid"""
+_DROP_LINKS = """WITH found AS (
+                     SELECT f.tid FROM unnest($3::text[], $4::text[]) AS c(run_id, stream_id)
+                     CROSS JOIN LATERAL (
+                         SELECT ctid AS tid FROM ds_subscription_links
+                         WHERE tenant = $1 AND subscription_id = $2
+                           AND run_id = c.run_id AND stream_id = c.stream_id
+                         OFFSET 0) f
+                 )
+                 DELETE FROM ds_subscription_links AS l USING found WHERE l.ctid = found.tid"""
 _ENQUEUE = """INSERT INTO ds_wake_deliveries
               (tenant, subscription_id, generation, wake_id, kind, payload, url, wake_run,
                wake_stream, created_by, created_by_runs)
               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
               ON CONFLICT DO NOTHING"""
-# Idle with a linked stream past its cursor, or leased past the lease.
+# Idle with a mark (after `_MARK_ALL` and the forgetting of those caught up), or leased past
+# the lease.
 _DUE = """SELECT s.tenant, s.subscription_id FROM ds_subscriptions s
           WHERE (NOT s.wake_active AND EXISTS (
-                    SELECT 1 FROM ds_subscription_links l
-                    JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
-                                    = (l.tenant, l.run_id, l.stream_id)
-                    WHERE l.tenant = s.tenant AND l.subscription_id = s.subscription_id
-                      AND t.head > l.acked))
+                    SELECT 1 FROM ds_subscription_pending p
+                    WHERE p.tenant = s.tenant AND p.subscription_id = s.subscription_id))
              OR s.lease_until < now()
           LIMIT $1"""
 # The same, for the subscriptions linking some streams (through the links' stream index), and
 # those leased past their lease (through the lease index): what a notified append may have
-# made due, at the cost of those streams rather than of every subscription.
+# made due, at the cost of those streams rather than of every subscription. (After `_MARK_OF`
+# for those streams.)
 _DUE_OF = """SELECT s.tenant, s.subscription_id FROM ds_subscriptions s
              WHERE (s.tenant, s.subscription_id) IN (
                  SELECT l.tenant, l.subscription_id
@@ -102,8 +225,19 @@ _DUE_OF = """SELECT s.tenant, s.subscription_id FROM ds_subscriptions s
              UNION
              SELECT tenant, subscription_id FROM ds_subscriptions WHERE lease_until < now()
              LIMIT $1"""
-_OF_STREAM = """SELECT subscription_id FROM ds_subscription_links
-                WHERE tenant = $1 AND run_id = $2 AND stream_id = $3 ORDER BY subscription_id"""
+# The subscriptions linking a stream, each with that link alone.
+_OF_STREAM = """SELECT s.state, s.failing, s.last_error, s.creator_runs, l.explicit, l.glob,
+                       l.acked, t.head
+                FROM ds_subscription_links l
+                JOIN ds_subscriptions s ON (s.tenant, s.subscription_id)
+                                         = (l.tenant, l.subscription_id)
+                LEFT JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
+                                     = (l.tenant, l.run_id, l.stream_id)
+                WHERE l.tenant = $1 AND l.run_id = $2 AND l.stream_id = $3
+                ORDER BY l.subscription_id"""
+
+
+_GONE = 2**62  # a link removed: past any head its mark may have
 
 
 class _Raced(Exception):
@@ -113,13 +247,32 @@ class _Raced(Exception):
 def _state(sub: Subscription) -> bytes:
     """The state document: what the columns beside it keep is left out."""
     return _encode(
-        msgspec.structs.replace(sub, links=(), failing=False, last_error=None, creator_runs=None)
+        msgspec.structs.replace(
+            sub, links=(), failing=False, last_error=None, creator_runs=None, named_elsewhere=0
+        )
     )
 
 
+def _row(row: Any) -> Subscription:
+    """A subscription from its row's state, failing, last_error and creator_runs (no links)."""
+    return msgspec.structs.replace(
+        _decode(row[0]),
+        failing=row[1],
+        last_error=row[2],
+        creator_runs=None if row[3] is None else tuple(row[3]),
+    )
+
+
+def _linked(sub: Subscription, rows: list[Any]) -> tuple[Subscription, Heads]:
+    """`sub` with the links of `rows` (path, explicit, glob, acked, head), and their heads."""
+    links = {StreamPath(r[0], r[1]): Link(StreamPath(r[0], r[1]), r[2], r[3], r[4]) for r in rows}
+    return sub.with_links(links), {StreamPath(r[0], r[1]): r[5] for r in rows if r[5] is not None}
+
+
 class PostgresSubscriptions:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, wake_streams: int = WAKE_STREAMS) -> None:
         self._pool = pool
+        self._wake_streams = wake_streams  # the most pending links a decision reads
         # One lock per subscription being changed in this process, taken before a connection:
         # the changes of one subscription wait for each other here, holding nothing, rather
         # than on its row, each on a connection of the pool. (A flood of one wake's acks held
@@ -130,28 +283,52 @@ class PostgresSubscriptions:
             weakref.WeakValueDictionary()
         )
 
-    async def _load(
-        self, conn: Connection, row: Any, tenant: str, subscription_id: str
-    ) -> Subscription:
-        sub = msgspec.structs.replace(
-            _decode(row[0]),
-            failing=row[1],
-            last_error=row[2],
-            creator_runs=None if row[3] is None else tuple(row[3]),
+    async def _deciding(
+        self,
+        conn: Connection,
+        row: Any,
+        tenant: str,
+        subscription_id: str,
+        named: Collection[StreamPath],
+        count_named: bool,
+    ) -> tuple[Subscription, Heads]:
+        """The subscription as a decision sees it (`Subscription.named_elsewhere`): the links
+        marked pending, up to `wake_streams`, and those `named` or in the current wake, with
+        their streams' heads. Never all its links: a pattern links every stream it matches
+        (160,000 links took each decision past its 5 s bound when it read them all)."""
+        sub = _row(row)
+        after = sub.woken_up_to or StreamPath("", "")
+        rows = list(
+            await conn.fetch(
+                _PENDING_LINKS,
+                tenant,
+                subscription_id,
+                after.run_id,
+                after.stream_id,
+                self._wake_streams,
+            )
         )
-        links = await conn.fetch(_LINKS, tenant, subscription_id)
-        return sub.with_links(
-            {StreamPath(r[0], r[1]): Link(StreamPath(r[0], r[1]), r[2], r[3], r[4]) for r in links}
-        )
-
-    async def _heads(self, conn: Connection, tenant: str, paths: set[StreamPath]) -> Heads:
-        if not paths:
-            return {}
-        ordered = sorted(paths)
-        rows = await conn.fetch(
-            _HEADS, tenant, [p.run_id for p in ordered], [p.stream_id for p in ordered]
-        )
-        return {StreamPath(r[0], r[1]): r[2] for r in rows}
+        wanted = set(named)
+        if sub.wake is not None:
+            wanted.update(path for path, _ in sub.wake.tails)
+        wanted.difference_update(StreamPath(r[0], r[1]) for r in rows)
+        if wanted:
+            ordered = sorted(wanted)
+            rows.extend(
+                await conn.fetch(
+                    _NAMED_LINKS,
+                    tenant,
+                    subscription_id,
+                    [p.run_id for p in ordered],
+                    [p.stream_id for p in ordered],
+                )
+            )
+        sub, heads = _linked(sub, rows)
+        if count_named:
+            named_count = await conn.fetchval(_NAMED_COUNT, tenant, subscription_id)
+            seen = sum(1 for link in sub.links if link.explicit)
+            sub = msgspec.structs.replace(sub, named_elsewhere=named_count - seen)
+        return sub, heads
 
     async def update(
         self,
@@ -160,6 +337,7 @@ class PostgresSubscriptions:
         decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]],
         discover: str | None = None,
         extra: tuple[StreamPath, ...] = (),
+        touching: Collection[StreamPath] = (),
     ) -> _T:
         key = (tenant, subscription_id)
         lock = self._changing.get(key)
@@ -174,7 +352,8 @@ class PostgresSubscriptions:
             while True:
                 try:
                     return await bounded_on(
-                        self._pool, self._update(tenant, subscription_id, decide, discover, extra)
+                        self._pool,
+                        self._update(tenant, subscription_id, decide, discover, extra, touching),
                     )
                 except _Raced:
                     # Another transaction created it meanwhile (nothing was locked: there was
@@ -191,6 +370,7 @@ class PostgresSubscriptions:
         decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]],
         discover: str | None,
         extra: tuple[StreamPath, ...],
+        touching: Collection[StreamPath],
     ) -> _T:
         async with self._pool.acquire() as conn, conn.transaction():
             named: Heads = {}
@@ -210,9 +390,12 @@ class PostgresSubscriptions:
                 )
                 named = {StreamPath(r[0], r[1]): r[2] for r in rows}
             row = await conn.fetchrow(_LOCK, tenant, subscription_id)
-            sub = None if row is None else await self._load(conn, row, tenant, subscription_id)
-            paths = {link.path for link in sub.links} if sub else set()
-            heads = await self._heads(conn, tenant, paths - set(named))
+            sub: Subscription | None = None
+            heads: Heads = {}
+            if row is not None:
+                sub, heads = await self._deciding(
+                    conn, row, tenant, subscription_id, {*extra, *touching}, bool(extra)
+                )
             heads.update(named)
             if discover is not None and sub is None:
                 # Not while a stream is being created, nor one created until this commits
@@ -223,10 +406,36 @@ class PostgresSubscriptions:
             change, answer = decide(sub, heads)
             if change is not None:
                 await self._write(conn, tenant, subscription_id, sub, change)
+            if sub is not None and sub.links:
+                await self._settle(conn, tenant, subscription_id, sub, change)
+            if change is not None:
                 # Bounded (`bounded_on`): given up on from here, the change may have committed
                 # (a claim, a done, a release: a client must not take it as not made).
                 committing()
         return answer
+
+    async def _settle(
+        self,
+        conn: Connection,
+        tenant: str,
+        subscription_id: str,
+        seen: Subscription,
+        change: Change | None,
+    ) -> None:
+        """`_SETTLE` for the links the decision saw, at the cursors it left them at."""
+        after = seen if change is None else change.subscription
+        if after is None:
+            return  # deleted: its marks are the sweep's
+        acked = {link.path: link.acked for link in after.links}
+        ordered = sorted(link.path for link in seen.links)
+        await conn.execute(
+            _SETTLE,
+            tenant,
+            subscription_id,
+            [p.run_id for p in ordered],
+            [p.stream_id for p in ordered],
+            [acked.get(p, _GONE) for p in ordered],
+        )
 
     async def _write(
         self,
@@ -313,29 +522,43 @@ class PostgresSubscriptions:
             row = await conn.fetchrow(_GET, tenant, subscription_id)
             if row is None:
                 return None
-            sub = await self._load(conn, row, tenant, subscription_id)
-            return sub, await self._heads(conn, tenant, {link.path for link in sub.links})
+            return _linked(_row(row), await conn.fetch(_LINKS, tenant, subscription_id))
+
+    async def wake_id(self, tenant: str, subscription_id: str) -> str | None:
+        state = await self._pool.fetchval(_STATE, tenant, subscription_id)
+        wake = None if state is None else _decode(state).wake
+        return None if wake is None else wake.wake_id
 
     async def due(
         self, limit: int, streams: Collection[StreamKey] | None = None
     ) -> list[tuple[str, str]]:
         if streams is None:
+            # The sweep: every link past its cursor marked (the belt to the appends' marks),
+            # the marks pending no more forgotten, then the subscriptions with one.
+            await self._pool.execute(_MARK_ALL)
+            await self._pool.execute(_FORGET_CAUGHT_UP)
+            await self._pool.execute(_FORGET_UNLINKED)
             rows = await self._pool.fetch(_DUE, limit)
         else:
             keys = sorted(streams)
-            rows = await self._pool.fetch(
-                _DUE_OF,
-                limit,
+            named = (
                 [k.tenant for k in keys],
                 [k.run_id for k in keys],
                 [k.stream_id for k in keys],
             )
+            await self._pool.execute(_MARK_OF, *named)
+            rows = await self._pool.fetch(_DUE_OF, limit, *named)
         return [(r[0], r[1]) for r in rows]
 
     async def of_stream(self, key: StreamKey) -> list[tuple[Subscription, Heads]]:
-        rows = await self._pool.fetch(_OF_STREAM, *key)
-        found = [await self.get(key.tenant, r[0]) for r in rows]
-        return [f for f in found if f is not None]
+        path = StreamPath(key.run_id, key.stream_id)
+        return [
+            (
+                _row(r).with_links({path: Link(path, r[4], r[5], r[6])}),
+                {} if r[7] is None else {path: r[7]},
+            )
+            for r in await self._pool.fetch(_OF_STREAM, *key)
+        ]
 
     async def delivery(self, job: Job) -> Delivery | None:
         row = await self._pool.fetchrow(
