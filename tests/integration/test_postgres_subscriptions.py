@@ -749,7 +749,7 @@ async def test_appends_decisions_and_sweeps_on_the_same_marks_never_deadlock(
     import time
 
     from application.subscriptions import WAKE_EVENT, AckRequest
-    from domain.subscriptions import AlreadyClaimed, Fenced, NoPendingWork, StreamPath
+    from domain.subscriptions import AlreadyClaimed, Fenced, NoPendingWork
     from tests.support.subscription_contract import (
         ADMIN,
         BASE,
