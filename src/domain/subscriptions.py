@@ -77,7 +77,7 @@ class WakeTokenInvalid(DomainError):
 
 class TooManyLinks(DomainError):
     """Linking would name more streams than a subscription may name (MAX_EXPLICIT_STREAMS):
-    a decision looks for pending work among all its links, and `get` shows them all."""
+    `get` shows every link, and the wake scheduler's sweep passes over them."""
 
     code = "too-many-links"
 

@@ -370,9 +370,9 @@ async def test_bad_input_is_a_problem_that_changes_nothing(
 async def test_a_subscription_names_at_most_1000_streams(
     api: httpx.AsyncClient, server: ServerProcess, run_id: str
 ) -> None:
-    """A decision looks for pending work among all a subscription's links, and `GET` lists
-    them: one grown by links of 40,000 streams a request to 160,000 held every wake decision
-    past its bound (when decisions also read every link)."""
+    """`GET` lists every link of a subscription, and the sweep passes over them: one grown by
+    links of 40,000 streams a request to 160,000 held every wake decision past its bound (when
+    decisions still read every link)."""
     root = f"{server.base_url}/api/durable-streams/v1/stream/__ds/subscriptions"
     name = sid()
     named = [f"{run_id}/s{i}" for i in range(900)]
