@@ -7,23 +7,28 @@
 --   * by every append's write statement, for the links of the streams it wrote past their
 --     cursors (adapters/postgres/stream_writes.py), so a claim or a `done` right after an
 --     append sees it;
---   * by the wake scheduler, for the streams an announcement names (a fork that starts with
---     records, an append by a process of an earlier version), and by its sweep for every link,
---     as the belt to both.
+--   * by a fork that starts with records, in its creating transaction;
+--   * by a decision that links streams, once it has committed, for those past their cursors;
+--   * by the wake scheduler, for the streams an announcement names (an append by a process of
+--     an earlier version), and by its sweep for every link, as the belt to all of these.
 -- A decision removes the marks of the links it read that are no longer pending, by a statement
--- that checks the mark's own `head` against the link's cursor: an append that raises the mark
--- meanwhile makes it wait, and then keeps the mark. Every writer takes the marks in their
--- key's order, so none deadlocks with another. No foreign keys: a mark whose link or
--- subscription is gone is removed by the sweep (a key-share lock taken for a foreign key made
--- a mark's writer and a link's deletion wait for each other).
+-- that checks the mark's own `head` against the link's cursor, passing over a mark another
+-- transaction holds (an append raising it). Every writer takes the marks in their key's order,
+-- and a writer leaves a mark already at its head untouched. No foreign keys: a mark whose link,
+-- stream or subscription is gone is removed by the sweep (a key-share lock taken for a foreign
+-- key made a mark's writer and a link's deletion wait for each other).
+-- The key is in the code points' order (COLLATE "C"), as the domain orders streams: a decision
+-- reads a subscription's marks after the last stream its last wake named, through the key.
+-- The second index finds a stream's marks (a stream created again forgets them).
 CREATE TABLE ds_subscription_pending (
-    tenant          text NOT NULL,
-    subscription_id text NOT NULL,
-    run_id          text NOT NULL,
-    stream_id       text NOT NULL,
+    tenant          text COLLATE "C" NOT NULL,
+    subscription_id text COLLATE "C" NOT NULL,
+    run_id          text COLLATE "C" NOT NULL,
+    stream_id       text COLLATE "C" NOT NULL,
     head            bigint NOT NULL,
     PRIMARY KEY (tenant, subscription_id, run_id, stream_id)
 );
+CREATE INDEX ds_subscription_pending_stream ON ds_subscription_pending (tenant, run_id, stream_id);
 
 INSERT INTO ds_subscription_pending (tenant, subscription_id, run_id, stream_id, head)
 SELECT l.tenant, l.subscription_id, l.run_id, l.stream_id, t.head

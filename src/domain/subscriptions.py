@@ -77,7 +77,7 @@ class WakeTokenInvalid(DomainError):
 
 class TooManyLinks(DomainError):
     """Linking would name more streams than a subscription may name (MAX_EXPLICIT_STREAMS):
-    `get` shows every link, and the wake scheduler's sweep passes over them."""
+    `get` shows every link, and the wake scheduler passes over them every 30 s."""
 
     code = "too-many-links"
 
@@ -423,16 +423,16 @@ class Subscription(msgspec.Struct, frozen=True):
             del links[path]
         return self.with_links(links)
 
-    def issue_wake(self, heads: dict[StreamPath, int]) -> Subscription:
-        """A new wake naming the streams with pending work, up to WAKE_STREAMS of them, after
-        the last one the last wake named first."""
+    def issue_wake(self, heads: dict[StreamPath, int], limit: int = WAKE_STREAMS) -> Subscription:
+        """A new wake naming the streams with pending work, up to `limit` of them, after the
+        last one the last wake named first."""
         pending = [s for s in self.streams(heads) if s.pending]
         after = self.woken_up_to
         if after is not None:
             pending = [s for s in pending if s.path > after] + [
                 s for s in pending if s.path <= after
             ]
-        named = pending[:WAKE_STREAMS]
+        named = pending[:limit]
         tails = tuple(sorted((s.path, s.tail) for s in named))
         generation = self.generation + 1
         return msgspec.structs.replace(

@@ -642,9 +642,11 @@ async def test_a_mark_an_append_raises_while_a_decision_removes_it_stays(
     deployed: tuple[Any, Any],
 ) -> None:
     """A decision acknowledges a stream up to the head it read, and then removes its mark. An
-    append committed meanwhile raises the mark (holding it): the removal waits for it, sees
-    the mark's new head past the cursor, and keeps it, so the append still wakes the
-    subscription. (A removal that judged by the head the decision read dropped it.)"""
+    append raising the mark meanwhile holds it: the removal passes over it (waiting, holding the
+    subscription's row, it deadlocked with a run's deletion), and the mark stays at the
+    append's head, so the append still wakes the subscription. Raised and committed before the
+    removal, the mark is judged by its new head: kept too. (A removal that judged by the head
+    the decision read dropped it.)"""
     import asyncio
 
     from application.subscriptions import Change
@@ -673,12 +675,18 @@ async def test_a_mark_an_append_raises_while_a_decision_removes_it_stays(
             ADMIN.tenant,
             sid,
         )
-        deciding = asyncio.create_task(store.update(ADMIN.tenant, sid, caught_up))
-        await asyncio.sleep(0.5)
-        assert not deciding.done()  # the removal waits for the mark's holder
+        await asyncio.wait_for(store.update(ADMIN.tenant, sid, caught_up), 5)  # no wait
         await transaction.commit()
-    await asyncio.wait_for(deciding, 10)
     assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 2)]
+    # Raised and committed while a decision's snapshot still shows the old head.
+    await pool.execute(
+        "UPDATE ds_subscription_pending SET head = 3"
+        " WHERE tenant = $1 AND subscription_id = $2 AND stream_id = 'ea'",
+        ADMIN.tenant,
+        sid,
+    )
+    await store.update(ADMIN.tenant, sid, caught_up)
+    assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 3)]
 
 
 async def test_the_sweep_marks_what_no_append_marked_and_forgets_what_is_settled(
@@ -716,6 +724,7 @@ async def test_the_sweep_marks_what_no_append_marked_and_forgets_what_is_settled
     await store.due(1000, [ADMIN.key(run, "ea")])  # an announcement of `a`
     assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 1)]
     await pool.execute(forget, ADMIN.tenant, sid)
+    store._mark_all_every = 0.0  # (every minute at most, by default)
     assert (ADMIN.tenant, sid) in await store.due(100_000)  # the sweep
     assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 1), ("eb", 1)]
     sub, _, token = await services.subscriptions.claim(WRITER, sid, "w")
@@ -746,6 +755,7 @@ async def test_appends_decisions_and_sweeps_on_the_same_marks_never_deadlock(
     few seconds: nothing fails (a deadlock would fail one of them), and once every stream is
     acknowledged no mark is left and no link is past its cursor."""
     import asyncio
+    import math
     import time
 
     from application.subscriptions import WAKE_EVENT, AckRequest
@@ -801,8 +811,16 @@ async def test_appends_decisions_and_sweeps_on_the_same_marks_never_deadlock(
             counts["sweep"] += 1
             await asyncio.sleep(0.05)
 
+    store._mark_all_every = math.inf  # the sweeps forget marks, and mark nothing
     await asyncio.gather(*(appender(i) for i in range(5)), worker(), worker(), sweeper())
     assert counts["append"] > 50 and counts["ack"] > 5, counts
+    # No mark lost, none left behind: every link past its cursor, and no other, is marked at
+    # its stream's head (nothing here marks links but the appends and the decisions).
+    sub, heads = await services.subscriptions.get(ADMIN, sid)
+    marks = {r[0]: r[1] for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)}
+    pending = {k.path.stream_id: heads[k.path] for k in sub.links if heads[k.path] > k.acked}
+    assert {n: h for n, h in marks.items() if n in pending} == pending
+    assert all(n in pending for n in marks), (marks, pending)
     # Everything acknowledged: a last wake, if one is pending, acked to the heads.
     for _ in range(20):
         try:
@@ -818,7 +836,6 @@ async def test_appends_decisions_and_sweeps_on_the_same_marks_never_deadlock(
         await services.subscriptions.callback(
             token, sid, sub.generation, sub.wake.wake_id, everything, True, WAKE_EVENT
         )
-    await store.due(1000)
     sub, heads = await services.subscriptions.get(ADMIN, sid)
     assert not sub.has_pending(heads)
     assert await pool.fetch(_MARKS, ADMIN.tenant, sid) == []
@@ -844,3 +861,89 @@ async def test_a_stream_created_again_forgets_the_marks_of_its_previous_incarnat
     assert await pool.fetch(_MARKS, ADMIN.tenant, sid) == []
     await append(services, ADMIN, run, "ea")
     assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 1)]
+
+
+async def test_a_write_that_moves_no_head_takes_no_mark(deployed: tuple[Any, Any]) -> None:
+    """A write that moves no stream's head (a close, here; a deletion kept for forks, in a
+    run's deletion) leaves the stream's marks untouched. An upsert that changed nothing still
+    locked the mark: a run's deletion held it while a decision waited for it, holding its
+    subscription, which the deletion's erasures then waited for (a deadlock)."""
+    import asyncio
+
+    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
+
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    await create(services, ADMIN, run, "ea")
+    await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/e*"), BASE)
+    await append(services, ADMIN, run, "ea", 2)
+    pool = await provided(container.pool)
+    async with pool.acquire() as holding, holding.transaction():
+        await holding.execute(
+            "SELECT 1 FROM ds_subscription_pending"
+            " WHERE tenant = $1 AND subscription_id = $2 FOR UPDATE",
+            ADMIN.tenant,
+            sid,
+        )
+        await asyncio.wait_for(services.close_stream(ADMIN, run, "ea"), 5)
+    assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 2)]
+
+
+async def test_an_append_between_a_links_head_and_its_commit_is_marked(
+    deployed: tuple[Any, Any],
+) -> None:
+    """A decision linking a stream by name reads its head, and an append commits before the
+    decision does: the append's statement cannot see the link yet (nor the scheduler's marking
+    of its announcement, if it runs before the decision commits). Once committed, the decision
+    marks the links it made that stand past their cursors."""
+    from domain.subscriptions import StreamPath
+    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
+
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    await create(services, ADMIN, run, "x")
+    await create(services, ADMIN, run, "a")
+    await append(services, ADMIN, run, "a", 2)
+    await services.subscriptions.put(ADMIN, sid, webhook(streams=[f"{run}/x"]), BASE)
+    pool = await provided(container.pool)
+    store = await provided(container.subscription_store)
+    deciding = store._deciding
+
+    async def appended_meanwhile(*args: Any) -> Any:
+        found = await deciding(*args)
+        await append(services, ADMIN, run, "a")  # committed before the decision
+        return found
+
+    store._deciding = appended_meanwhile
+    try:
+        await services.subscriptions.add_streams(ADMIN, sid, (StreamPath(run, "a"),))
+    finally:
+        store._deciding = deciding
+    sub, heads = await services.subscriptions.get(ADMIN, sid)
+    link = sub.link(StreamPath(run, "a"))
+    assert link is not None and link.acked == 2 and heads[link.path] == 3
+    assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("a", 3)]
+
+
+async def test_the_sweep_forgets_a_mark_of_a_stream_erased_and_named_again(
+    deployed: tuple[Any, Any],
+) -> None:
+    """A stream with a pending link is erased (its link goes, its mark stays until the sweep),
+    and named again before the sweep, as a stream not there yet (its link at 0): the old
+    stream's mark is neither caught up with nor without a link, and kept the subscription due
+    at every sweep. The sweep forgets a mark whose stream is gone."""
+    from domain.subscriptions import StreamPath
+    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
+
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    await create(services, ADMIN, run, "a")
+    await services.subscriptions.put(ADMIN, sid, webhook(streams=[f"{run}/a"]), BASE)
+    await append(services, ADMIN, run, "a", 7)
+    pool = await provided(container.pool)
+    store = await provided(container.subscription_store)
+    await services.delete_stream(ADMIN, run, "a")
+    await services.subscriptions.add_streams(ADMIN, sid, (StreamPath(run, "a"),))
+    assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("a", 7)]
+    assert (ADMIN.tenant, sid) not in await store.due(100_000)
+    assert await pool.fetch(_MARKS, ADMIN.tenant, sid) == []

@@ -412,27 +412,29 @@ def test_a_webhook_names_no_stream_its_creator_may_not_read(deployment: Deployme
 def test_a_fork_a_pattern_links_wakes_its_subscription_when_it_is_made(
     deployment: Deployment,
 ) -> None:
-    """A fork starts with its source's records and no append of its own: its creation is
-    announced like an append, so the subscription wakes then, not at the scheduler's next look
-    at every subscription. The worker here looks at every subscription once an hour, so a
-    creation that was not announced would not wake it within the test."""
+    """A fork starts with its source's records and no append of its own: its creation marks
+    its links pending (migration 0508) and is announced like an append, so the subscription
+    wakes then, not at the scheduler's next look at every subscription. The fork is made here
+    with no worker running, and its links must be marked all the same; the worker started
+    after looks at every subscription once an hour, so a creation that was not announced would
+    not wake it within the test."""
     deployment.worker.stop()
-    deployment.worker = WorkerProcess(
-        database_url=deployment.database_url,
-        data_dir=deployment.data_dir,
-        env={**WORKER_ENV, "DUCTOR_STREAMS_SUBSCRIPTION_SWEEP_SECONDS": "3600"},
-    ).start()
     try:
         run = "forked-" + secrets.token_hex(3)
         deployment.write(f"{run}/src", [1, 2])
         deployment.subscribe(deployment.receiver.url(run, done=1), f"{run}/*")
-        time.sleep(0.3)  # (`src` is linked at its tail: nothing of it is pending)
         with deployment.client() as c:
             forked = c.put(
                 f"{deployment.root}/{run}/fork",
                 headers={"Stream-Forked-From": f"/v1/stream/{run}/src"},
             )
         assert forked.status_code == 201, forked.text
+        assert asyncio.run(marks_of(deployment.database_url, run)) == [("fork", 2)]
+        deployment.worker = WorkerProcess(
+            database_url=deployment.database_url,
+            data_dir=deployment.data_dir,
+            env={**WORKER_ENV, "DUCTOR_STREAMS_SUBSCRIPTION_SWEEP_SECONDS": "3600"},
+        ).start()
         wait_for(
             lambda: any(
                 s["path"] == f"{run}/fork" and s["has_pending"]
@@ -446,6 +448,20 @@ def test_a_fork_a_pattern_links_wakes_its_subscription_when_it_is_made(
         deployment.worker = WorkerProcess(
             database_url=deployment.database_url, data_dir=deployment.data_dir, env=WORKER_ENV
         ).start()
+
+
+async def marks_of(database_url: str, run_id: str) -> list[tuple[str, int]]:
+    """The marks of pending links to streams of `run_id` (stream ID, head)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT stream_id, head FROM ds_subscription_pending WHERE run_id = $1"
+            " ORDER BY stream_id",
+            run_id,
+        )
+        return [(r[0], r[1]) for r in rows]
+    finally:
+        await conn.close()
 
 
 async def creator_runs_of(database_url: str, subscription_id: str) -> list[str] | None:

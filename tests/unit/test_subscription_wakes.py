@@ -72,21 +72,28 @@ def test_past_wake_streams_pending_each_stream_is_named_in_its_turn() -> None:
 @given(
     st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=40),
     st.integers(min_value=1, max_value=6),
+    st.lists(st.integers(min_value=0, max_value=39), max_size=10),
 )
-def test_no_pending_stream_waits_longer_than_its_turn(heads_of: list[int], rounds: int) -> None:
-    """Whatever is pending, a stream pending at a wake is named by it or by one of the next
-    (those pending) / WAKE_STREAMS wakes, done one after the other."""
+def test_no_pending_stream_waits_longer_than_its_turn(
+    heads_of: list[int], limit: int, growing: list[int]
+) -> None:
+    """A wake names at most `limit` pending streams. Done one after the other, whatever grows
+    meanwhile (`growing`: the streams that get a record before each next wake), every stream
+    pending at the first wake is named within ceil(pending / limit) wakes: its turn."""
     sub = subscription(len(heads_of))
     heads = {link.path: h for link, h in zip(sub.links, heads_of, strict=True)}
     pending = {p for p, h in heads.items() if h > 0}
     named: set[StreamPath] = set()
-    for _ in range(max(1, -(-len(pending) // WAKE_STREAMS))):
-        sub = sub.issue_wake(heads)
+    for _ in range(-(-len(pending) // limit)):
+        sub = sub.issue_wake(heads, limit)
         assert sub.wake is not None
+        assert len(sub.wake.tails) <= limit
         named.update(path for path, _ in sub.wake.tails)
         sub = done(sub)
-    assert named == pending
-    assert not sub.has_pending(heads)
+        for i in growing:
+            if i < len(sub.links):
+                heads[sub.links[i].path] += 1
+    assert pending <= named
 
 
 def test_the_state_keeps_where_the_last_wake_ended() -> None:

@@ -48,6 +48,7 @@ from adapters.postgres.journal import read_journal
 from adapters.postgres.producers import all_producers, producers_for
 from adapters.postgres.record_reads import RecordReads
 from adapters.postgres.stream_writes import (
+    MARK_WRITTEN,
     SOFT_DELETED,
     StreamWrites,
     Transaction,
@@ -108,6 +109,13 @@ _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
 # How often a run's deletion is tried when PostgreSQL ends it as a deadlock.
 DEADLOCK_TRIES = 3
 
+_FORK_HEAD = f"""
+WITH written AS (
+    UPDATE streams SET head = $4, earliest = $5 WHERE {_KEY}
+    RETURNING tenant, run_id, stream_id, head
+)
+{MARK_WRITTEN}
+"""
 _INSERT_STREAM = """
 WITH created AS (
     INSERT INTO streams (tenant, run_id, stream_id, definition, created_at, version, state)
@@ -365,12 +373,10 @@ class PostgresStreams(RecordReads):
             if fork is not None:  # the source locked after the fork's row: child before parent
                 await link_fork(conn, stream.key, fork)
                 # The row's head and earliest columns (what pages read) start where the fork's
-                # state does, at its fork point, not at the columns' defaults (0 and 1).
+                # state does, at its fork point, not at the columns' defaults (0 and 1); the
+                # links a pattern gave it are marked pending if it starts with records.
                 await conn.execute(
-                    f"UPDATE streams SET head = $4, earliest = $5 WHERE {_KEY}",
-                    *stream.key,
-                    stream.state.head,
-                    stream.state.earliest,
+                    _FORK_HEAD, *stream.key, stream.state.head, stream.state.earliest
                 )
                 if not then and stream.state.head > 0:
                     # It starts with records (its source's): announced like an append's, at the

@@ -5,6 +5,9 @@ and the wake outbox, claimed by the delivering workers with a lease like input d
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
+import time
 import weakref
 from collections.abc import Callable, Collection
 from typing import Any, TypeVar
@@ -21,6 +24,7 @@ from domain.stream import StreamKey
 from domain.subscriptions import WAKE_STREAMS, Link, StreamPath, Subscription, pattern_regex
 
 _T = TypeVar("_T")
+log = logging.getLogger("ductor_streams.subscriptions")
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Subscription).decode
 
@@ -41,18 +45,28 @@ _LINKS = """SELECT l.run_id, l.stream_id, l.explicit, l.glob, l.acked, t.head
 # (Each link looked up by its whole key, `OFFSET 0` keeping the planner from joining the
 # subscription's every link instead, as it did on tables it had no statistics for yet: a pass
 # over 20,000 links for each mark.)
-_PENDING_LINKS = """SELECT p.run_id, p.stream_id, l.explicit, l.glob, l.acked, t.head
-                    FROM ds_subscription_pending p
-                    CROSS JOIN LATERAL (
-                        SELECT explicit, glob, acked FROM ds_subscription_links
-                        WHERE tenant = p.tenant AND subscription_id = p.subscription_id
-                          AND run_id = p.run_id AND stream_id = p.stream_id
-                        OFFSET 0) l
-                    LEFT JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
-                                         = (p.tenant, p.run_id, p.stream_id)
-                    WHERE p.tenant = $1 AND p.subscription_id = $2 AND l.acked < p.head
-                    ORDER BY (p.run_id, p.stream_id) <= ($3, $4), p.run_id, p.stream_id
-                    LIMIT $5"""
+_PENDING_LINK = """SELECT {part} AS part, p.run_id, p.stream_id, l.explicit, l.glob, l.acked,
+                          t.head
+                   FROM ds_subscription_pending p
+                   CROSS JOIN LATERAL (
+                       SELECT explicit, glob, acked FROM ds_subscription_links
+                       WHERE tenant = p.tenant AND subscription_id = p.subscription_id
+                         AND run_id = p.run_id AND stream_id = p.stream_id
+                       OFFSET 0) l
+                   LEFT JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
+                                        = (p.tenant, p.run_id, p.stream_id)
+                   WHERE p.tenant = $1 AND p.subscription_id = $2 AND l.acked < p.head
+                     AND (p.run_id, p.stream_id) {compare} ($3, $4)
+                   ORDER BY p.run_id, p.stream_id
+                   LIMIT $5"""
+# (Through the marks' key, in its order, which is the code points' (COLLATE "C", migration
+# 0508) as the domain's: the marks after the last stream named, then from the first.)
+_PENDING_LINKS = f"""SELECT run_id, stream_id, explicit, glob, acked, head FROM (
+                         ({_PENDING_LINK.format(part=0, compare=">")})
+                         UNION ALL
+                         ({_PENDING_LINK.format(part=1, compare="<=")})) AS pending
+                     ORDER BY part, run_id, stream_id
+                     LIMIT $5"""
 # ... and those it names (what it acknowledges, links or unlinks, and the current wake's).
 _NAMED_LINKS = """SELECT k.run_id, k.stream_id, l.explicit, l.glob, l.acked, t.head
                   FROM unnest($3::text[], $4::text[]) AS k(run_id, stream_id)
@@ -67,11 +81,13 @@ _NAMED_COUNT = """SELECT count(*) FROM ds_subscription_links
                   WHERE tenant = $1 AND subscription_id = $2 AND explicit"""
 # After a decision's writes: the marks of the links it read (or named) that are pending no more
 # removed: each whose head the link's cursor (`acked`, as the decision left it; a link it
-# removed: past any head) has reached. Held first, in the key's order, as every writer of marks
-# takes them. A mark an append raised meanwhile (making this wait) is judged by its new head:
-# the condition is the mark's own against a parameter, which PostgreSQL checks again on the
-# version it waited for. (Judged through the links, as NOT EXISTS, it was not: the mark was
-# removed.)
+# removed: past any head) has reached. A mark another transaction holds is left: only a writer
+# that raises a mark (an append, the scheduler) or removes it holds one, so it stays pending or
+# goes anyway; and a decision that waited for marks, holding its subscription's row, deadlocked
+# with a run's deletion (its marks, then the subscriptions its erasures hold). A mark raised
+# and committed after this statement began is judged by its new head: the condition is the
+# mark's own against a parameter, which PostgreSQL checks again on the row it locks. (Judged
+# through the links, as NOT EXISTS, it was not: the mark was removed.)
 _SETTLE = """WITH cursors AS (
                  SELECT * FROM unnest($3::text[], $4::text[], $5::bigint[])
                      AS c(run_id, stream_id, acked)
@@ -80,21 +96,27 @@ _SETTLE = """WITH cursors AS (
                  JOIN cursors c ON (c.run_id, c.stream_id) = (p.run_id, p.stream_id)
                  WHERE p.tenant = $1 AND p.subscription_id = $2 AND p.head <= c.acked
                  ORDER BY p.run_id, p.stream_id
-                 FOR UPDATE OF p
+                 FOR UPDATE OF p SKIP LOCKED
              )
              DELETE FROM ds_subscription_pending p USING cursors c
              WHERE p.tenant = $1 AND p.subscription_id = $2
                AND (p.run_id, p.stream_id) = (c.run_id, c.stream_id) AND p.head <= c.acked
                AND (p.run_id, p.stream_id) IN (SELECT run_id, stream_id FROM held)"""
-# Marks for the links past their cursors: of the streams `k` names (an announcement: a fork
-# that starts with records, an append of a process of an earlier version), or of every stream
-# (the sweep's belt). In the key's order, like every writer of marks.
+# Marks for the links past their cursors: of the streams `k` names (an announcement: an
+# append of a process of an earlier version), of the links a decision just made (`_MARK_NEW`),
+# or of every link (the sweep's belt). In the key's order, like every writer of marks; a mark
+# already at the head is not touched (an upsert that changes nothing still locks the row).
 _MARK = """INSERT INTO ds_subscription_pending AS p
                (tenant, subscription_id, run_id, stream_id, head)
            SELECT l.tenant, l.subscription_id, l.run_id, l.stream_id, t.head
            FROM {source}
            JOIN streams t ON (t.tenant, t.run_id, t.stream_id) = (l.tenant, l.run_id, l.stream_id)
            WHERE t.head > l.acked
+             AND NOT EXISTS (
+                 SELECT 1 FROM ds_subscription_pending q
+                 WHERE (q.tenant, q.subscription_id, q.run_id, q.stream_id)
+                     = (l.tenant, l.subscription_id, l.run_id, l.stream_id)
+                   AND q.head >= t.head)
            ORDER BY l.tenant, l.subscription_id, l.run_id, l.stream_id
            ON CONFLICT (tenant, subscription_id, run_id, stream_id)
            DO UPDATE SET head = excluded.head WHERE p.head < excluded.head"""
@@ -104,34 +126,48 @@ _MARK_OF = _MARK.format(
            JOIN ds_subscription_links l
              ON (l.tenant, l.run_id, l.stream_id) = (k.tenant, k.run_id, k.stream_id)"""
 )
+_MARK_NEW = _MARK.format(
+    source="""unnest($3::text[], $4::text[]) AS k(run_id, stream_id)
+           JOIN ds_subscription_links l
+             ON (l.tenant, l.subscription_id, l.run_id, l.stream_id)
+              = ($1, $2, k.run_id, k.stream_id)"""
+)
 # The sweep's: marks whose link's cursor reached them (left by a process of an earlier
-# version, which removes none), and marks whose link is gone, removed; those another
-# transaction holds are passed over (the sweep waits for no one).
+# version, which removes none), and marks whose link or stream is gone (a link named again
+# before the sweep, to a stream erased, would keep a mark of the old stream's head), removed;
+# those another transaction holds are passed over (the sweep waits for no one). Held, a mark
+# keeps its head, and its link's cursor does not go back (a stream created again, which starts
+# its links at 0, forgets their marks itself, after this): it is removed without a second look.
+# Each mark's link looked up by its key (`OFFSET 0`): the pass is over the marks, not the links.
 _FORGET_CAUGHT_UP = """WITH held AS MATERIALIZED (
                            SELECT p.tenant, p.subscription_id, p.run_id, p.stream_id
                            FROM ds_subscription_pending p
-                           JOIN ds_subscription_links l
-                             ON (l.tenant, l.subscription_id, l.run_id, l.stream_id)
-                              = (p.tenant, p.subscription_id, p.run_id, p.stream_id)
+                           CROSS JOIN LATERAL (
+                               SELECT acked FROM ds_subscription_links
+                               WHERE tenant = p.tenant AND subscription_id = p.subscription_id
+                                 AND run_id = p.run_id AND stream_id = p.stream_id
+                               OFFSET 0) l
                            WHERE l.acked >= p.head
                            ORDER BY p.tenant, p.subscription_id, p.run_id, p.stream_id
                            LIMIT 10000
                            FOR UPDATE OF p SKIP LOCKED
                        )
-                       DELETE FROM ds_subscription_pending p
-                       USING held h, ds_subscription_links l
+                       DELETE FROM ds_subscription_pending p USING held h
                        WHERE (p.tenant, p.subscription_id, p.run_id, p.stream_id)
-                           = (h.tenant, h.subscription_id, h.run_id, h.stream_id)
-                         AND (l.tenant, l.subscription_id, l.run_id, l.stream_id)
-                           = (p.tenant, p.subscription_id, p.run_id, p.stream_id)
-                         AND l.acked >= p.head"""
+                           = (h.tenant, h.subscription_id, h.run_id, h.stream_id)"""
 _FORGET_UNLINKED = """WITH held AS MATERIALIZED (
                           SELECT p.tenant, p.subscription_id, p.run_id, p.stream_id
                           FROM ds_subscription_pending p
                           WHERE NOT EXISTS (
-                              SELECT 1 FROM ds_subscription_links l
-                              WHERE (l.tenant, l.subscription_id, l.run_id, l.stream_id)
-                                  = (p.tenant, p.subscription_id, p.run_id, p.stream_id))
+                              SELECT 1 FROM ds_subscription_links
+                              WHERE tenant = p.tenant AND subscription_id = p.subscription_id
+                                AND run_id = p.run_id AND stream_id = p.stream_id
+                              OFFSET 0)
+                             OR NOT EXISTS (
+                              SELECT 1 FROM streams
+                              WHERE tenant = p.tenant AND run_id = p.run_id
+                                AND stream_id = p.stream_id
+                              OFFSET 0)
                           ORDER BY p.tenant, p.subscription_id, p.run_id, p.stream_id
                           LIMIT 10000
                           FOR UPDATE SKIP LOCKED
@@ -240,6 +276,13 @@ _OF_STREAM = """SELECT s.state, s.failing, s.last_error, s.creator_runs, l.expli
 
 
 _GONE = 2**62  # a link removed: past any head its mark may have
+# How often a process's sweep passes over every link to mark those past their cursors: every
+# append and fork marks its own, a decision those it links, and the scheduler those of every
+# announcement, so this pass is for what slips between them: an append of a process of an
+# earlier version (during a rolling upgrade) whose announcement was lost, or a mark the sweep
+# forgot as a link to its stream was being named again. (Every sweep, every 5 s, it grew with
+# the links: 43 ms for 20,000.)
+MARK_ALL_SECONDS = 30.0
 
 
 class _Raced(Exception):
@@ -272,9 +315,18 @@ def _linked(sub: Subscription, rows: list[Any]) -> tuple[Subscription, Heads]:
 
 
 class PostgresSubscriptions:
-    def __init__(self, pool: asyncpg.Pool, wake_streams: int = WAKE_STREAMS) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        wake_streams: int = WAKE_STREAMS,
+        mark_all_every: float = MARK_ALL_SECONDS,
+    ) -> None:
         self._pool = pool
         self._wake_streams = wake_streams  # the most pending links a decision reads
+        # How often this process's sweep marks every link past its cursor (`_MARK_ALL`, a pass
+        # over every link), and when it last did.
+        self._mark_all_every = mark_all_every
+        self._marked_all_at = -math.inf
         # One lock per subscription being changed in this process, taken before a connection:
         # the changes of one subscription wait for each other here, holding nothing, rather
         # than on its row, each on a connection of the pool. (A flood of one wake's acks held
@@ -406,15 +458,36 @@ class PostgresSubscriptions:
                 rows = await conn.fetch(_MATCHING, tenant, pattern_regex(discover))
                 heads.update({StreamPath(r[0], r[1]): r[2] for r in rows})
             change, answer = decide(sub, heads)
+            made: list[StreamPath] = []
             if change is not None:
-                await self._write(conn, tenant, subscription_id, sub, change)
+                made = await self._write(conn, tenant, subscription_id, sub, change)
             if sub is not None and sub.links:
                 await self._settle(conn, tenant, subscription_id, sub, change)
             if change is not None:
                 # Bounded (`bounded_on`): given up on from here, the change may have committed
                 # (a claim, a done, a release: a client must not take it as not made).
                 committing()
+        if made:
+            await self._mark_made(tenant, subscription_id, made)
         return answer
+
+    async def _mark_made(self, tenant: str, subscription_id: str, made: list[StreamPath]) -> None:
+        """Once a decision that made links has committed: those whose stream stands past the
+        cursor (an append committed between the read of its head and that commit, whose own
+        statement could not see the link, nor the scheduler's marking of its announcement, if
+        that ran before the commit) marked. The decision's outcome does not depend on it: a
+        failure is logged, and the scheduler's pass over every link marks them."""
+        ordered = sorted(made)
+        try:
+            await self._pool.execute(
+                _MARK_NEW,
+                tenant,
+                subscription_id,
+                [p.run_id for p in ordered],
+                [p.stream_id for p in ordered],
+            )
+        except (asyncpg.PostgresError, OSError, TimeoutError) as error:
+            log.warning("marking the links a decision made failed: %s", error)
 
     async def _settle(
         self,
@@ -446,11 +519,12 @@ class PostgresSubscriptions:
         subscription_id: str,
         old: Subscription | None,
         change: Change,
-    ) -> None:
+    ) -> list[StreamPath]:
+        """The change written; answers the links it made (for `_mark_made`)."""
         new = change.subscription
         if new is None:
             await conn.execute(_DELETE, tenant, subscription_id)
-            return
+            return []
         wake = new.wake
         lease = None if wake is None else wake.lease_until
         if old is None:
@@ -515,6 +589,7 @@ class PostgresSubscriptions:
                 d.created_by,
                 None if d.creator_runs is None else list(d.creator_runs),
             )
+        return [k.path for k in changed if k.path not in before]
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         return await bounded_on(self._pool, self._get(tenant, subscription_id))
@@ -535,9 +610,14 @@ class PostgresSubscriptions:
         self, limit: int, streams: Collection[StreamKey] | None = None
     ) -> list[tuple[str, str]]:
         if streams is None:
-            # The sweep: every link past its cursor marked (the belt to the appends' marks),
-            # the marks pending no more forgotten, then the subscriptions with one.
-            await self._pool.execute(_MARK_ALL)
+            # The sweep: every link past its cursor marked (the belt to the appends' and the
+            # announcements' marks: for an append of a process of an earlier version whose
+            # announcement was lost), at most every `mark_all_every`; the marks pending no more
+            # forgotten; then the subscriptions with one.
+            now = time.monotonic()
+            if now - self._marked_all_at >= self._mark_all_every:
+                await self._pool.execute(_MARK_ALL)
+                self._marked_all_at = now
             await self._pool.execute(_FORGET_CAUGHT_UP)
             await self._pool.execute(_FORGET_UNLINKED)
             rows = await self._pool.fetch(_DUE, limit)
