@@ -78,13 +78,15 @@ def test_no_pending_stream_waits_longer_than_its_turn(
     heads_of: list[int], limit: int, growing: list[int]
 ) -> None:
     """A wake names at most `limit` pending streams. Done one after the other, whatever grows
-    meanwhile (`growing`: the streams that get a record before each next wake), every stream
-    pending at the first wake is named within ceil(pending / limit) wakes: its turn."""
+    meanwhile (`growing`: the streams that get a record before each next wake, and so may be
+    named before one pending since the start), every stream pending at the first wake is named
+    within one turn over the links, ceil(links / limit) wakes: each wake names the next pending
+    streams after the last one named, so passes `limit` of them or reaches it."""
     sub = subscription(len(heads_of))
     heads = {link.path: h for link, h in zip(sub.links, heads_of, strict=True)}
     pending = {p for p, h in heads.items() if h > 0}
     named: set[StreamPath] = set()
-    for _ in range(-(-len(pending) // limit)):
+    for _ in range(-(-len(heads_of) // limit)):
         sub = sub.issue_wake(heads, limit)
         assert sub.wake is not None
         assert len(sub.wake.tails) <= limit
