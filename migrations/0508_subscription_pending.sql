@@ -17,17 +17,22 @@
 -- and a writer leaves a mark already at its head untouched. No foreign keys: a mark whose link,
 -- stream or subscription is gone is removed by the sweep (a key-share lock taken for a foreign
 -- key made a mark's writer and a link's deletion wait for each other).
--- The key is in the code points' order (COLLATE "C"), as the domain orders streams: a decision
--- reads a subscription's marks after the last stream its last wake named, through the key.
--- The second index finds a stream's marks (a stream created again forgets them).
+-- A decision reads a subscription's marks after the last stream its last wake named, in the code
+-- points' order (the domain's), whatever the database's collation: the second index keeps them
+-- in that order. (The key columns keep the database's collation: declared `COLLATE "C"`, they
+-- could not be compared with the links' and streams' keys through those tables' indexes, and
+-- every look-up of a mark's link became a pass over every link.) The third finds a stream's
+-- marks (a stream created again forgets them).
 CREATE TABLE ds_subscription_pending (
-    tenant          text COLLATE "C" NOT NULL,
-    subscription_id text COLLATE "C" NOT NULL,
-    run_id          text COLLATE "C" NOT NULL,
-    stream_id       text COLLATE "C" NOT NULL,
+    tenant          text NOT NULL,
+    subscription_id text NOT NULL,
+    run_id          text NOT NULL,
+    stream_id       text NOT NULL,
     head            bigint NOT NULL,
     PRIMARY KEY (tenant, subscription_id, run_id, stream_id)
 );
+CREATE INDEX ds_subscription_pending_order
+    ON ds_subscription_pending (tenant, subscription_id, run_id COLLATE "C", stream_id COLLATE "C");
 CREATE INDEX ds_subscription_pending_stream ON ds_subscription_pending (tenant, run_id, stream_id);
 
 INSERT INTO ds_subscription_pending (tenant, subscription_id, run_id, stream_id, head)

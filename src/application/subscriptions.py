@@ -838,10 +838,16 @@ class WakeScheduler:
         outage = Outage(self.name, OUTAGE_LOG_SECONDS, doing="decide wakes")
         failures = 0
         swept_at: float | None = None
+        sweep_failed = False
         while not stopping.is_set():
             self._heard.clear()
             streams, self._notified = self._notified, set()
             sweep = swept_at is None or self._clock() - swept_at >= self._sweep
+            if sweep and sweep_failed and streams:
+                # A sweep that failed (past its bound, say) is tried again after the streams
+                # announced meanwhile are decided: failing at every tick, it held up every
+                # announced wake, of every tenant, for as long as it failed.
+                sweep = False
             try:
                 limit = 100
                 found = await self._subscriptions.wake_due(
@@ -855,6 +861,7 @@ class WakeScheduler:
             except Exception as error:  # the database is out of reach: retried, backing off
                 self._notified |= streams  # nothing was decided for them
                 swept_at = None  # and what was said meanwhile may not have been heard
+                sweep_failed = sweep
                 outage.failed(error)
                 failures += 1
                 self.ticks += 1
@@ -864,6 +871,7 @@ class WakeScheduler:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), pause)
                 continue
+            sweep_failed = False
             if failures:
                 outage.recovered()
                 failures = 0

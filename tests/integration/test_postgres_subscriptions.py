@@ -947,3 +947,49 @@ async def test_the_sweep_forgets_a_mark_of_a_stream_erased_and_named_again(
     assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("a", 7)]
     assert (ADMIN.tenant, sid) not in await store.due(100_000)
     assert await pool.fetch(_MARKS, ADMIN.tenant, sid) == []
+
+
+async def test_the_marks_look_links_and_streams_up_through_their_indexes(
+    deployed: tuple[Any, Any],
+) -> None:
+    """Every statement that goes from a mark (or a written stream) to its link or stream finds
+    it through the index of that table's key, whatever the planner prefers on tables this
+    small (`enable_seqscan` off: a scan is taken only where no index can serve). The marks'
+    key columns once had a collation of their own (`C`): compared with the links' and the
+    streams' keys, no index of theirs could serve, and each mark's look-up was a pass over
+    every link of every tenant (10,000 pending marks of one tenant stopped every tenant's
+    wakes)."""
+    from adapters.postgres.stream_writes import MARK_WRITTEN
+    from adapters.postgres.subscriptions import (
+        _FORGET_CAUGHT_UP,
+        _FORGET_UNLINKED,
+        _NAMED_LINKS,
+        _PENDING_LINKS,
+        _SETTLE,
+    )
+    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
+
+    container, services = deployed
+    run, sid = uid("run"), uid("sub")
+    await create(services, ADMIN, run, "ea")
+    await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/e*"), BASE)
+    await append(services, ADMIN, run, "ea")
+    written = (
+        "WITH written AS (SELECT $1::text AS tenant, $2::text AS run_id, $3::text AS stream_id,"
+        f" $4::bigint AS head) {MARK_WRITTEN}"
+    )
+    statements: list[tuple[str, tuple[Any, ...]]] = [
+        (_PENDING_LINKS, (ADMIN.tenant, sid, "", "", 1000)),
+        (_NAMED_LINKS, (ADMIN.tenant, sid, [run], ["ea"])),
+        (_SETTLE, (ADMIN.tenant, sid, [run], ["ea"], [1])),
+        (_FORGET_CAUGHT_UP, ()),
+        (_FORGET_UNLINKED, ()),
+        (written, (ADMIN.tenant, run, "ea", 2)),
+    ]
+    pool = await provided(container.pool)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        for statement, args in statements:
+            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + statement, *args))
+            for table in ("ds_subscription_links", "streams"):
+                assert f"Seq Scan on {table}" not in plan, plan

@@ -113,3 +113,39 @@ async def test_a_tick_that_finds_its_limit_due_sweeps_next() -> None:
     assert subscriptions.asked[:3] == [None, None, None]
     stopping.set()
     await running
+
+
+class SweepFails:
+    """Every look at every subscription fails (past its bound, say); ticks for the streams
+    announced succeed, and say which streams they decided."""
+
+    def __init__(self) -> None:
+        self.decided: set[StreamKey] = set()
+        self.sweeps = 0
+
+    async def wake_due(self, limit: int = 100, streams: object = None) -> int:
+        if streams is None:
+            self.sweeps += 1
+            raise TimeoutError
+        self.decided |= set(streams)  # type: ignore[call-overload]
+        return 0
+
+
+async def test_a_sweep_that_keeps_failing_holds_up_no_announced_stream() -> None:
+    """A failed sweep made the next tick a sweep again: failing at every tick, it held up
+    every announced wake, of every tenant (a tenant's 10,000 pending marks, when a mark's look-up
+    was a pass over every link). The streams announced are now decided between the attempts."""
+    wake = WakeRegistry()
+    subscriptions = SweepFails()
+    scheduler = WakeScheduler(subscriptions, wake, poll_seconds=0.01)  # type: ignore[arg-type]
+    stopping = asyncio.Event()
+    running = asyncio.create_task(scheduler.run(stopping))
+    keys = [StreamKey("t", "r", f"s{i}") for i in range(3)]
+    async with asyncio.timeout(10):
+        for key in keys:
+            wake.notify(key)
+            while key not in subscriptions.decided:
+                await asyncio.sleep(0.01)
+    assert subscriptions.sweeps >= 1
+    stopping.set()
+    await running

@@ -47,7 +47,11 @@ _LINKS = """SELECT l.run_id, l.stream_id, l.explicit, l.glob, l.acked, t.head
 # over 20,000 links for each mark.)
 _PENDING_LINK = """SELECT {part} AS part, p.run_id, p.stream_id, l.explicit, l.glob, l.acked,
                           t.head
-                   FROM ds_subscription_pending p
+                   FROM (SELECT * FROM ds_subscription_pending
+                         WHERE tenant = $1 AND subscription_id = $2
+                           AND (run_id COLLATE "C", stream_id COLLATE "C") {compare} ($3, $4)
+                         ORDER BY run_id COLLATE "C", stream_id COLLATE "C"
+                         LIMIT $5) p
                    CROSS JOIN LATERAL (
                        SELECT explicit, glob, acked FROM ds_subscription_links
                        WHERE tenant = p.tenant AND subscription_id = p.subscription_id
@@ -55,17 +59,15 @@ _PENDING_LINK = """SELECT {part} AS part, p.run_id, p.stream_id, l.explicit, l.g
                        OFFSET 0) l
                    LEFT JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
                                         = (p.tenant, p.run_id, p.stream_id)
-                   WHERE p.tenant = $1 AND p.subscription_id = $2 AND l.acked < p.head
-                     AND (p.run_id, p.stream_id) {compare} ($3, $4)
-                   ORDER BY p.run_id, p.stream_id
-                   LIMIT $5"""
-# (Through the marks' key, in its order, which is the code points' (COLLATE "C", migration
-# 0508) as the domain's: the marks after the last stream named, then from the first.)
+                   WHERE l.acked < p.head"""
+# (Through the marks' order index, in the code points' order, as the domain orders streams
+# (migration 0508): the marks after the last stream named, then from the first. A mark its
+# link caught up with, which the sweep forgets, takes a place in the window meanwhile.)
 _PENDING_LINKS = f"""SELECT run_id, stream_id, explicit, glob, acked, head FROM (
                          ({_PENDING_LINK.format(part=0, compare=">")})
                          UNION ALL
                          ({_PENDING_LINK.format(part=1, compare="<=")})) AS pending
-                     ORDER BY part, run_id, stream_id
+                     ORDER BY part, run_id COLLATE "C", stream_id COLLATE "C"
                      LIMIT $5"""
 # ... and those it names (what it acknowledges, links or unlinks, and the current wake's).
 _NAMED_LINKS = """SELECT k.run_id, k.stream_id, l.explicit, l.glob, l.acked, t.head
@@ -610,16 +612,17 @@ class PostgresSubscriptions:
         self, limit: int, streams: Collection[StreamKey] | None = None
     ) -> list[tuple[str, str]]:
         if streams is None:
-            # The sweep: every link past its cursor marked (the belt to the appends' and the
-            # announcements' marks: for an append of a process of an earlier version whose
-            # announcement was lost), at most every `mark_all_every`; the marks pending no more
-            # forgotten; then the subscriptions with one.
+            # The sweep: at most every `mark_all_every`, every link past its cursor marked (the
+            # belt to the appends' and the announcements' marks: for an append of a process of
+            # an earlier version whose announcement was lost) and the marks pending no more
+            # forgotten (each a look-up of its link: a pass over the marks); then, every sweep,
+            # the subscriptions with a mark.
             now = time.monotonic()
             if now - self._marked_all_at >= self._mark_all_every:
                 await self._pool.execute(_MARK_ALL)
+                await self._pool.execute(_FORGET_CAUGHT_UP)
+                await self._pool.execute(_FORGET_UNLINKED)
                 self._marked_all_at = now
-            await self._pool.execute(_FORGET_CAUGHT_UP)
-            await self._pool.execute(_FORGET_UNLINKED)
             rows = await self._pool.fetch(_DUE, limit)
         else:
             keys = sorted(streams)
