@@ -10,9 +10,21 @@ from typing import Any
 
 import pytest
 
+from application.subscriptions import WAKE_EVENT, AckRequest, Change
+from domain.subscriptions import AlreadyClaimed, Fenced, NoPendingWork, StreamPath
 from entrypoints.config import Settings
 from entrypoints.container import Container, provided, start, stop
-from tests.support.subscription_contract import SubscriptionStoreContract
+from tests.support.subscription_contract import (
+    ADMIN,
+    BASE,
+    WRITER,
+    SubscriptionStoreContract,
+    append,
+    create,
+    pull_wake,
+    uid,
+    webhook,
+)
 
 
 class TestPostgresSubscriptions(SubscriptionStoreContract):
@@ -598,29 +610,26 @@ _MARKS = (
 )
 
 
+async def _subscribed(services: Any, names: tuple[str, ...], pull: bool = False) -> tuple[str, str]:
+    """A run of its own with the streams `names` (and `wake`, for a pull-wake), and a
+    subscription of its own over the run's `e*`: (run, subscription ID)."""
+    run, sid = uid("run"), uid("sub")
+    for name in (("wake",) if pull else ()) + names:
+        await create(services, ADMIN, run, name)
+    config = pull_wake(f"{run}/e*", f"{run}/wake") if pull else webhook(f"{run}/e*")
+    await services.subscriptions.put(ADMIN, sid, config, BASE)
+    return run, sid
+
+
 async def test_an_append_marks_the_links_it_passes_and_their_acks_remove_the_marks(
     deployed: tuple[Any, Any],
 ) -> None:
     """Migration 0508: the append's write statement marks each link its stream now stands past
     (with the head), a decision reads the marks rather than every link, and removes those its
     acks caught up with."""
-    from application.subscriptions import AckRequest
-    from domain.subscriptions import StreamPath
-    from tests.support.subscription_contract import (
-        ADMIN,
-        BASE,
-        WRITER,
-        append,
-        create,
-        pull_wake,
-        uid,
-    )
 
     container, services = deployed
-    run, sid = uid("run"), uid("sub")
-    for name in ("wake", "ea", "eb", "ec"):
-        await create(services, ADMIN, run, name)
-    await services.subscriptions.put(ADMIN, sid, pull_wake(f"{run}/e*", f"{run}/wake"), BASE)
+    run, sid = await _subscribed(services, ("ea", "eb", "ec"), pull=True)
     pool = await provided(container.pool)
     assert await pool.fetch(_MARKS, ADMIN.tenant, sid) == []
     await append(services, ADMIN, run, "ea", 2)
@@ -649,14 +658,8 @@ async def test_a_mark_an_append_raises_while_a_decision_removes_it_stays(
     the decision read dropped it.)"""
     import asyncio
 
-    from application.subscriptions import Change
-    from domain.subscriptions import StreamPath
-    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
-
     container, services = deployed
-    run, sid = uid("run"), uid("sub")
-    await create(services, ADMIN, run, "ea")
-    await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/e*"), BASE)
+    run, sid = await _subscribed(services, ("ea",))
     await append(services, ADMIN, run, "ea")
     pool = await provided(container.pool)
     store = await provided(container.subscription_store)
@@ -696,23 +699,9 @@ async def test_the_sweep_marks_what_no_append_marked_and_forgets_what_is_settled
     mark (an append of a process of an earlier version, which writes none) is marked by the
     scheduler's pass over the streams an announcement names, or by its sweep over every link.
     The sweep forgets marks whose link is gone or caught up."""
-    from application.subscriptions import AckRequest
-    from domain.subscriptions import NoPendingWork, StreamPath
-    from tests.support.subscription_contract import (
-        ADMIN,
-        BASE,
-        WRITER,
-        append,
-        create,
-        pull_wake,
-        uid,
-    )
 
     container, services = deployed
-    run, sid = uid("run"), uid("sub")
-    for name in ("wake", "ea", "eb"):
-        await create(services, ADMIN, run, name)
-    await services.subscriptions.put(ADMIN, sid, pull_wake(f"{run}/e*", f"{run}/wake"), BASE)
+    run, sid = await _subscribed(services, ("ea", "eb"), pull=True)
     await append(services, ADMIN, run, "ea")
     await append(services, ADMIN, run, "eb")
     pool = await provided(container.pool)
@@ -757,18 +746,6 @@ async def test_appends_decisions_and_sweeps_on_the_same_marks_never_deadlock(
     import asyncio
     import math
     import time
-
-    from application.subscriptions import WAKE_EVENT, AckRequest
-    from domain.subscriptions import AlreadyClaimed, Fenced, NoPendingWork
-    from tests.support.subscription_contract import (
-        ADMIN,
-        BASE,
-        WRITER,
-        append,
-        create,
-        pull_wake,
-        uid,
-    )
 
     container, services = deployed
     run, sid = uid("run"), uid("sub")
@@ -847,12 +824,9 @@ async def test_a_stream_created_again_forgets_the_marks_of_its_previous_incarnat
     """A mark left by an erased stream (the sweep forgets it within seconds) names a head the
     stream created again under its ID has not reached: kept, it made the subscription due at
     every sweep with nothing to deliver. The creation forgets it."""
-    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
 
     container, services = deployed
-    run, sid = uid("run"), uid("sub")
-    await create(services, ADMIN, run, "ea")
-    await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/e*"), BASE)
+    run, sid = await _subscribed(services, ("ea",))
     await append(services, ADMIN, run, "ea", 3)
     pool = await provided(container.pool)
     assert [tuple(r) for r in await pool.fetch(_MARKS, ADMIN.tenant, sid)] == [("ea", 3)]
@@ -870,12 +844,8 @@ async def test_a_write_that_moves_no_head_takes_no_mark(deployed: tuple[Any, Any
     subscription, which the deletion's erasures then waited for (a deadlock)."""
     import asyncio
 
-    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
-
     container, services = deployed
-    run, sid = uid("run"), uid("sub")
-    await create(services, ADMIN, run, "ea")
-    await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/e*"), BASE)
+    run, sid = await _subscribed(services, ("ea",))
     await append(services, ADMIN, run, "ea", 2)
     pool = await provided(container.pool)
     async with pool.acquire() as holding, holding.transaction():
@@ -896,8 +866,6 @@ async def test_an_append_between_a_links_head_and_its_commit_is_marked(
     decision does: the append's statement cannot see the link yet (nor the scheduler's marking
     of its announcement, if it runs before the decision commits). Once committed, the decision
     marks the links it made that stand past their cursors."""
-    from domain.subscriptions import StreamPath
-    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
 
     container, services = deployed
     run, sid = uid("run"), uid("sub")
@@ -932,8 +900,6 @@ async def test_the_sweep_forgets_a_mark_of_a_stream_erased_and_named_again(
     and named again before the sweep, as a stream not there yet (its link at 0): the old
     stream's mark is neither caught up with nor without a link, and kept the subscription due
     at every sweep. The sweep forgets a mark whose stream is gone."""
-    from domain.subscriptions import StreamPath
-    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
 
     container, services = deployed
     run, sid = uid("run"), uid("sub")
@@ -967,12 +933,9 @@ async def test_the_marks_look_links_and_streams_up_through_their_indexes(
         _PENDING_LINKS,
         _SETTLE,
     )
-    from tests.support.subscription_contract import ADMIN, BASE, append, create, uid, webhook
 
     container, services = deployed
-    run, sid = uid("run"), uid("sub")
-    await create(services, ADMIN, run, "ea")
-    await services.subscriptions.put(ADMIN, sid, webhook(f"{run}/e*"), BASE)
+    run, sid = await _subscribed(services, ("ea",))
     await append(services, ADMIN, run, "ea")
     written = (
         "WITH written AS (SELECT $1::text AS tenant, $2::text AS run_id, $3::text AS stream_id,"

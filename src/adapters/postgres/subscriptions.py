@@ -310,6 +310,11 @@ def _row(row: Any) -> Subscription:
     )
 
 
+def _columns(paths: Collection[StreamPath]) -> tuple[list[str], list[str]]:
+    """`paths` as the two array parameters a statement takes them in: run IDs, stream IDs."""
+    return [p.run_id for p in paths], [p.stream_id for p in paths]
+
+
 def _linked(sub: Subscription, rows: list[Any]) -> tuple[Subscription, Heads]:
     """`sub` with the links of `rows` (path, explicit, glob, acked, head), and their heads."""
     links = {StreamPath(r[0], r[1]): Link(StreamPath(r[0], r[1]), r[2], r[3], r[4]) for r in rows}
@@ -375,8 +380,7 @@ class PostgresSubscriptions:
                     _NAMED_LINKS,
                     tenant,
                     subscription_id,
-                    [p.run_id for p in ordered],
-                    [p.stream_id for p in ordered],
+                    *_columns(ordered),
                 )
             )
         sub, heads = _linked(sub, rows)
@@ -441,8 +445,7 @@ class PostgresSubscriptions:
                 rows = await conn.fetch(
                     _HOLD_NAMED,
                     tenant,
-                    [p.run_id for p in ordered],
-                    [p.stream_id for p in ordered],
+                    *_columns(ordered),
                 )
                 named = {StreamPath(r[0], r[1]): r[2] for r in rows}
             row = await conn.fetchrow(_LOCK, tenant, subscription_id)
@@ -485,8 +488,7 @@ class PostgresSubscriptions:
                 _MARK_NEW,
                 tenant,
                 subscription_id,
-                [p.run_id for p in ordered],
-                [p.stream_id for p in ordered],
+                *_columns(ordered),
             )
         except (asyncpg.PostgresError, OSError, TimeoutError) as error:
             log.warning("marking the links a decision made failed: %s", error)
@@ -509,8 +511,7 @@ class PostgresSubscriptions:
             _SETTLE,
             tenant,
             subscription_id,
-            [p.run_id for p in ordered],
-            [p.stream_id for p in ordered],
+            *_columns(ordered),
             [acked.get(p, _GONE) for p in ordered],
         )
 
@@ -573,8 +574,7 @@ class PostgresSubscriptions:
                 _DROP_LINKS,
                 tenant,
                 subscription_id,
-                [p.run_id for p in gone],
-                [p.stream_id for p in gone],
+                *_columns(gone),
             )
         for d in change.deliveries:
             await conn.execute(
