@@ -742,9 +742,7 @@ class Subscriptions:
         # those its creator may read (the subscription's streams): a stream the creator may not
         # read is acknowledged as it grows, so a worker's ack of it would be refused as going
         # back, with the acks beside it.
-        assert sub.wake is not None
-        woken = {path for path, _ in sub.wake.tails}
-        sub = sub.with_links({k.path: k for k in sub.links if k.path in woken})
+        sub = sub.of_wake()
         shown = await self._shown(caller, sub)
         kept = {
             k.path: k

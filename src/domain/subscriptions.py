@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
@@ -372,10 +372,14 @@ class Subscription(msgspec.Struct, frozen=True):
     def has_pending(self, heads: dict[StreamPath, int]) -> bool:
         return any(max(heads.get(link.path, 0), 0) > link.acked for link in self.links)
 
+    def of_wake(self) -> Subscription:
+        """This subscription with the links of its current wake's snapshot alone."""
+        named = {path for path, _ in self.wake.tails} if self.wake else set()
+        return self.with_links({k.path: k for k in self.links if k.path in named})
+
     def wake_streams(self, heads: dict[StreamPath, int]) -> list[StreamStatus]:
         """The streams the current wake names (its snapshot), as they are now."""
-        named = {path for path, _ in self.wake.tails} if self.wake else set()
-        return [s for s in self.streams(heads) if s.path in named]
+        return self.of_wake().streams(heads)
 
     def with_links(self, links: dict[StreamPath, Link]) -> Subscription:
         return msgspec.structs.replace(self, links=tuple(sorted(links.values(), key=_by_path)))
@@ -426,13 +430,8 @@ class Subscription(msgspec.Struct, frozen=True):
     def issue_wake(self, heads: dict[StreamPath, int], limit: int = WAKE_STREAMS) -> Subscription:
         """A new wake naming the streams with pending work, up to `limit` of them, after the
         last one the last wake named first."""
-        pending = [s for s in self.streams(heads) if s.pending]
         after = self.woken_up_to
-        if after is not None:
-            pending = [s for s in pending if s.path > after] + [
-                s for s in pending if s.path <= after
-            ]
-        named = pending[:limit]
+        named = in_turn([s for s in self.streams(heads) if s.pending], after)[:limit]
         tails = tuple(sorted((s.path, s.tail) for s in named))
         generation = self.generation + 1
         return msgspec.structs.replace(
@@ -475,6 +474,22 @@ class Subscription(msgspec.Struct, frozen=True):
             self.wake, lease_until=until, holder=holder if holder is not None else self.wake.holder
         )
         return msgspec.structs.replace(self, wake=wake)
+
+
+class _Pathed(Protocol):
+    @property
+    def path(self) -> StreamPath: ...
+
+
+_P = TypeVar("_P", bound=_Pathed)
+
+
+def in_turn(items: list[_P], after: StreamPath | None) -> list[_P]:
+    """`items` (in path order) in the order a wake names them: those after `after` (the last
+    stream the last wake named) first, then from the first."""
+    if after is None:
+        return items
+    return [i for i in items if i.path > after] + [i for i in items if i.path <= after]
 
 
 def _by_path(link: Link) -> StreamPath:

@@ -3,9 +3,10 @@ trigger that links what a glob matches included."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -34,6 +35,24 @@ class TestPostgresSubscriptions(SubscriptionStoreContract):
         services = await start(container)
         yield services, await provided(container.subscription_store)
         await stop(container)
+
+
+@contextlib.contextmanager
+def meanwhile(store: Any, action: Callable[[], Awaitable[None]]) -> Iterator[None]:
+    """Within it, each decision of `store` runs `action` once it has read the subscription (its
+    row held, its links and their heads read), before it decides."""
+    deciding = store._deciding
+
+    async def then_action(*args: Any) -> Any:
+        found = await deciding(*args)
+        await action()
+        return found
+
+    store._deciding = then_action
+    try:
+        yield
+    finally:
+        store._deciding = deciding
 
 
 @pytest.fixture
@@ -147,11 +166,9 @@ async def test_a_stream_erased_while_a_decision_is_made_is_unlinked_after_it(
     pool = await provided(container.pool)
     store = await provided(container.subscription_store)
     path = StreamPath(run, "a")
-    deciding = store._deciding
     erasing: list[asyncio.Task[Any]] = []
 
-    async def erased_meanwhile(*args: Any) -> Any:
-        found = await deciding(*args)  # the links are read by now
+    async def erase() -> None:  # the links are read by now
         erasing.append(
             asyncio.create_task(
                 pool.execute(
@@ -163,17 +180,14 @@ async def test_a_stream_erased_while_a_decision_is_made_is_unlinked_after_it(
         )
         await asyncio.sleep(0.3)
         assert not erasing[0].done()  # the erasure waits for the decision
-        return found
-
-    store._deciding = erased_meanwhile
 
     def decide(sub: Any, _heads: Any) -> Any:
         from application.subscriptions import Change
 
         return Change(sub.with_links({path: Link(path, True, False, 2)})), None
 
-    await store.update(ADMIN.tenant, sid, decide)
-    store._deciding = deciding
+    with meanwhile(store, erase):
+        await store.update(ADMIN.tenant, sid, decide)
     await asyncio.wait_for(erasing[0], 10)
     links = "SELECT acked FROM ds_subscription_links WHERE tenant = $1 AND subscription_id = $2"
     assert await pool.fetch(links, ADMIN.tenant, sid) == []
@@ -309,25 +323,19 @@ async def test_a_stream_linked_by_name_while_it_is_erased_and_created_again_star
     await services.subscriptions.put(ADMIN, sid, webhook(streams=[f"{run}/b"]), BASE)
     pool = await provided(container.pool)
     store = await provided(container.subscription_store)
-    deciding = store._deciding
     again: list[asyncio.Task[Any]] = []
 
     async def erase_and_create() -> None:
         await services.delete_stream(ADMIN, run, "a")
         await create(services, ADMIN, run, "a")
 
-    async def recreated_meanwhile(*args: Any) -> Any:
-        found = await deciding(*args)  # the named stream's head is read by now
+    async def recreate() -> None:  # the named stream's head is read by now
         again.append(asyncio.create_task(erase_and_create()))
         await asyncio.sleep(0.5)  # time enough for both, unless the erasure waits
         assert not again[0].done()  # it waits for the decision
-        return found
 
-    store._deciding = recreated_meanwhile
-    try:
+    with meanwhile(store, recreate):
         await services.subscriptions.add_streams(ADMIN, sid, (StreamPath(run, "a"),))
-    finally:
-        store._deciding = deciding
     await asyncio.wait_for(again[0], 10)
     acked = await pool.fetchval(
         "SELECT acked FROM ds_subscription_links"
@@ -875,18 +883,12 @@ async def test_an_append_between_a_links_head_and_its_commit_is_marked(
     await services.subscriptions.put(ADMIN, sid, webhook(streams=[f"{run}/x"]), BASE)
     pool = await provided(container.pool)
     store = await provided(container.subscription_store)
-    deciding = store._deciding
 
-    async def appended_meanwhile(*args: Any) -> Any:
-        found = await deciding(*args)
-        await append(services, ADMIN, run, "a")  # committed before the decision
-        return found
+    async def append_one() -> None:  # committed before the decision
+        await append(services, ADMIN, run, "a")
 
-    store._deciding = appended_meanwhile
-    try:
+    with meanwhile(store, append_one):
         await services.subscriptions.add_streams(ADMIN, sid, (StreamPath(run, "a"),))
-    finally:
-        store._deciding = deciding
     sub, heads = await services.subscriptions.get(ADMIN, sid)
     link = sub.link(StreamPath(run, "a"))
     assert link is not None and link.acked == 2 and heads[link.path] == 3
@@ -925,7 +927,7 @@ async def test_the_marks_look_links_and_streams_up_through_their_indexes(
     streams' keys, no index of theirs could serve, and each mark's look-up was a pass over
     every link of every tenant (10,000 pending marks of one tenant stopped every tenant's
     wakes)."""
-    from adapters.postgres.stream_writes import MARK_WRITTEN
+    from adapters.postgres.marks import MARK_WRITTEN
     from adapters.postgres.subscriptions import (
         _FORGET_CAUGHT_UP,
         _FORGET_UNLINKED,

@@ -17,7 +17,14 @@ from adapters.memory.streams import MemoryStreams
 from application.subscriptions import Change, Delivery, Heads
 from application.workers import Job
 from domain.stream import StreamKey, decode_state
-from domain.subscriptions import WAKE_STREAMS, Link, StreamPath, Subscription, matches
+from domain.subscriptions import (
+    WAKE_STREAMS,
+    Link,
+    StreamPath,
+    Subscription,
+    in_turn,
+    matches,
+)
 
 _T = TypeVar("_T")
 StreamHeads = Callable[[str], dict[StreamPath, int]]
@@ -60,12 +67,8 @@ class MemorySubscriptions:
         """What PostgreSQL's decision reads: the links with pending work, up to `wake_streams`
         (after `woken_up_to` first), and those `named` or in the current wake."""
         pending = [k for k in sub.links if max(heads.get(k.path, 0), 0) > k.acked]
-        after = sub.woken_up_to
-        if after is not None:
-            pending = [k for k in pending if k.path > after] + [
-                k for k in pending if k.path <= after
-            ]
-        seen: dict[StreamPath, Link] = {k.path: k for k in pending[: self._wake_streams]}
+        turn = in_turn(pending, sub.woken_up_to)[: self._wake_streams]
+        seen: dict[StreamPath, Link] = {k.path: k for k in turn}
         if sub.wake is not None:
             named = named | {path for path, _ in sub.wake.tails}
         seen.update({k.path: k for k in sub.links if k.path in named})

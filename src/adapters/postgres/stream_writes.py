@@ -24,6 +24,7 @@ from adapters.postgres.connections import Connection
 from adapters.postgres.erasure import WAKE_CHANNEL, lock_for_deletion
 from adapters.postgres.intents import PROJECTED, project_objects
 from adapters.postgres.journal import schedule_compaction
+from adapters.postgres.marks import MARK_WRITTEN
 from adapters.postgres.producers import write_producers
 from adapters.postgres.traces import TRACES_CHANNEL, trace_announcement
 from application import tracing
@@ -259,30 +260,6 @@ _STREAMS = _rows(
     "legal_hold boolean, state text, write_consumers boolean, consumers text",
 )
 
-# The subscriptions' links that streams written (`written`: tenant, run_id, stream_id, head) now
-# stand past the cursors of, marked pending (migration 0508), in the marks' key order, as every
-# writer of marks takes them. A mark already at the head (a write that moved no head: a close,
-# an ack, a deletion kept for forks) is left untouched: an upsert that changes nothing still
-# locks the row, and a run's deletion so held a mark a decision waited for while the deletion's
-# erasures waited for that decision's subscription. (`OFFSET 0`: each stream's links looked up
-# by its key, never a pass over every link, whatever the planner knows of the table.)
-MARK_WRITTEN = """
-    INSERT INTO ds_subscription_pending AS p (tenant, subscription_id, run_id, stream_id, head)
-    SELECT w.tenant, l.subscription_id, w.run_id, w.stream_id, w.head
-    FROM written w
-    CROSS JOIN LATERAL (
-        SELECT subscription_id, acked FROM ds_subscription_links
-        WHERE tenant = w.tenant AND run_id = w.run_id AND stream_id = w.stream_id
-        OFFSET 0) l
-    WHERE l.acked < w.head
-      AND NOT EXISTS (
-          SELECT 1 FROM ds_subscription_pending q
-          WHERE q.tenant = w.tenant AND q.subscription_id = l.subscription_id
-            AND q.run_id = w.run_id AND q.stream_id = w.stream_id AND q.head >= w.head)
-    ORDER BY w.tenant, l.subscription_id, w.run_id, w.stream_id
-    ON CONFLICT (tenant, subscription_id, run_id, stream_id)
-    DO UPDATE SET head = excluded.head WHERE p.head < excluded.head"""
-
 # One round trip writes everything the transaction's streams' commands caused, their NOTIFYs
 # included. Data-modifying CTEs always run to completion, referenced or not; an empty array
 # inserts nothing.
@@ -332,7 +309,8 @@ WITH new_records AS (
     WHERE t.tenant = s.tenant AND t.run_id = s.run_id AND t.stream_id = s.stream_id
     RETURNING s.tenant, s.run_id, s.stream_id, s.head
 ), marked AS (
-{MARK_WRITTEN}
+    -- the links these streams now stand past the cursors of, marked pending (marks.py)
+    {MARK_WRITTEN}
 )
 SELECT pg_notify('{WAKE_CHANNEL}', w.tenant || '/' || w.run_id || '/' || w.stream_id || ' '
                  || w.head::text)

@@ -45,10 +45,10 @@ from adapters.postgres.intents import (
     upload_ended,
 )
 from adapters.postgres.journal import read_journal
+from adapters.postgres.marks import MARK_WRITTEN
 from adapters.postgres.producers import all_producers, producers_for
 from adapters.postgres.record_reads import RecordReads
 from adapters.postgres.stream_writes import (
-    MARK_WRITTEN,
     SOFT_DELETED,
     StreamWrites,
     Transaction,

@@ -17,6 +17,7 @@ import msgspec
 
 from adapters.postgres.bounded import bounded_on
 from adapters.postgres.connections import Connection
+from adapters.postgres.marks import MARK
 from application.subscriptions import Change, Delivery, Heads
 from application.waiting import committing, within_allowance
 from application.workers import Job
@@ -104,35 +105,28 @@ _SETTLE = """WITH cursors AS (
              WHERE p.tenant = $1 AND p.subscription_id = $2
                AND (p.run_id, p.stream_id) = (c.run_id, c.stream_id) AND p.head <= c.acked
                AND (p.run_id, p.stream_id) IN (SELECT run_id, stream_id FROM held)"""
-# Marks for the links past their cursors: of the streams `k` names (an announcement: an
-# append of a process of an earlier version), of the links a decision just made (`_MARK_NEW`),
-# or of every link (the sweep's belt). In the key's order, like every writer of marks; a mark
-# already at the head is not touched (an upsert that changes nothing still locks the row).
-_MARK = """INSERT INTO ds_subscription_pending AS p
-               (tenant, subscription_id, run_id, stream_id, head)
-           SELECT l.tenant, l.subscription_id, l.run_id, l.stream_id, t.head
-           FROM {source}
-           JOIN streams t ON (t.tenant, t.run_id, t.stream_id) = (l.tenant, l.run_id, l.stream_id)
-           WHERE t.head > l.acked
-             AND NOT EXISTS (
-                 SELECT 1 FROM ds_subscription_pending q
-                 WHERE (q.tenant, q.subscription_id, q.run_id, q.stream_id)
-                     = (l.tenant, l.subscription_id, l.run_id, l.stream_id)
-                   AND q.head >= t.head)
-           ORDER BY l.tenant, l.subscription_id, l.run_id, l.stream_id
-           ON CONFLICT (tenant, subscription_id, run_id, stream_id)
-           DO UPDATE SET head = excluded.head WHERE p.head < excluded.head"""
-_MARK_ALL = _MARK.format(source="ds_subscription_links l")
-_MARK_OF = _MARK.format(
-    source="""unnest($2::text[], $3::text[], $4::text[]) AS k(tenant, run_id, stream_id)
-           JOIN ds_subscription_links l
-             ON (l.tenant, l.run_id, l.stream_id) = (k.tenant, k.run_id, k.stream_id)"""
+# Marks for the links past their cursors (marks.py): of the streams `k` names (an
+# announcement: an append of a process of an earlier version), of the links a decision just made
+# (`_MARK_NEW`), or of every link (the sweep's belt).
+_WITH_HEADS = """SELECT l.tenant, l.subscription_id, l.run_id, l.stream_id, l.acked, t.head
+                 FROM {links}
+                 JOIN streams t
+                   ON (t.tenant, t.run_id, t.stream_id) = (l.tenant, l.run_id, l.stream_id)"""
+_MARK_ALL = MARK.format(links=_WITH_HEADS.format(links="ds_subscription_links l"))
+_MARK_OF = MARK.format(
+    links=_WITH_HEADS.format(
+        links="""unnest($2::text[], $3::text[], $4::text[]) AS k(tenant, run_id, stream_id)
+                 JOIN ds_subscription_links l
+                   ON (l.tenant, l.run_id, l.stream_id) = (k.tenant, k.run_id, k.stream_id)"""
+    )
 )
-_MARK_NEW = _MARK.format(
-    source="""unnest($3::text[], $4::text[]) AS k(run_id, stream_id)
-           JOIN ds_subscription_links l
-             ON (l.tenant, l.subscription_id, l.run_id, l.stream_id)
-              = ($1, $2, k.run_id, k.stream_id)"""
+_MARK_NEW = MARK.format(
+    links=_WITH_HEADS.format(
+        links="""unnest($3::text[], $4::text[]) AS k(run_id, stream_id)
+                 JOIN ds_subscription_links l
+                   ON (l.tenant, l.subscription_id, l.run_id, l.stream_id)
+                    = ($1, $2, k.run_id, k.stream_id)"""
+    )
 )
 # The sweep's: marks whose link's cursor reached them (left by a process of an earlier
 # version, which removes none), and marks whose link or stream is gone (a link named again
