@@ -48,8 +48,8 @@ class Cleanup:
     async def gap_evidence(self) -> int:
         return await self._storage.forget_gap_evidence(self._age, self._batch)
 
-    async def stream_counts(self) -> int:
-        return await self._storage.fold_stream_counts()
+    async def tenant_counts(self) -> int:
+        return await self._storage.fold_tenant_counts()
 
     async def abandoned_uploads(self) -> int:
         """Every region's store is swept, even when one fails (its error is raised after)."""

@@ -3,7 +3,7 @@
 An `expires_at` that has already passed is refused (400): such a stream could only ever answer
 404. An expired stream not erased yet is erased here first, so its ID can be created again at
 once (from sequence 1), as after the sweep. A new stream of a tenant that holds its limit of
-streams is refused (409 `quota-exhausted`, application/stream_limits.py)."""
+streams is refused (409 `quota-exhausted`, application/tenant_limits.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from application.expiry import AccessLog, ExpireCommand
 from application.input_delivery import check_input_ids
 from application.placement import Deployment
 from application.ports import Clock, Command, StreamRepository
-from application.stream_limits import StreamLimit
+from application.tenant_limits import ByteLimit, StreamLimit
 from application.throughput import Throughput
 from application.views import StreamDocument, stream_document
 from domain.definition import DefinitionRequest, StreamDefinition, resolve_definition
@@ -44,9 +44,11 @@ class CreateStream:
         access: AccessLog,
         throughput: Throughput | None = None,
         limit: StreamLimit | None = None,
+        byte_limit: ByteLimit | None = None,
     ) -> None:
         self._streams = streams
         self._limit = limit
+        self._byte_limit = byte_limit
         self._throughput = throughput or Throughput()
         self._clock = clock
         self._deployment = deployment
@@ -148,10 +150,19 @@ class CreateStream:
         self, key: StreamKey, definition: StreamDefinition, now: datetime, then: _Then
     ) -> tuple[Stream, bool]:
         commands = then(now)
+        byte_limit = self._byte_limit
+        if byte_limit is not None and any(command.records for command in commands):
+            # The initial records count against the tenant's limit as an append's do: refused
+            # there, the stream is not created either.
+            room = await byte_limit.room(key.tenant)
+            for command in commands:
+                command.tenant_room = room  # type: ignore[attr-defined]
         stream, created = await self._streams.create(key, definition, now, commands)
         if created:
             if self._limit is not None:
                 self._limit.created(key.tenant)
+            if byte_limit is not None:
+                byte_limit.added(key.tenant, sum(r.size for c in commands for r in c.records))
             self._throughput.created(commands)
             context = tracing.current()
             if context is not None:

@@ -26,8 +26,15 @@ import msgspec
 
 from application.errors import NotFound
 from application.ports import Command, Done, Failed, Outcome, Replayed
+from application.tenant_limits import TenantRoom
 from domain.errors import IdempotencyKeyReused
-from domain.events import Event, RecordsAppended, StreamDeleted, StreamSnapshotted
+from domain.events import (
+    Event,
+    ObjectPrepared,
+    RecordsAppended,
+    StreamDeleted,
+    StreamSnapshotted,
+)
 from domain.records import NewRecord
 from domain.state import ConsumersNotLoaded
 from domain.stream import Stream
@@ -95,6 +102,7 @@ def decide_all(
     wanted = {
         c.offset_of for c in commands if c.offset_of is not None and c.offset_of not in offsets
     }
+    stored = 0  # bytes this group's commands stored or pledged so far (`tenant_room`)
     for command in commands:
         if stream.state.deleted:
             # Erased earlier in this group: a command after it finds no stream, as it would
@@ -124,6 +132,15 @@ def decide_all(
         except Exception as error:
             outcomes.append(Failed(error))
             continue
+        room: TenantRoom | None = getattr(command, "tenant_room", None)
+        if room is not None and (adding := stored_bytes(events)):
+            # The tenant's limit (application/tenant_limits.py): decided here, after a retry of
+            # what was stored is recognized above or by the decision (a duplicate stores
+            # nothing), so that one is answered as before at the limit.
+            if room.held + stored + adding > room.limit:
+                outcomes.append(Failed(room.refusal(adding, stored)))
+                continue
+            stored += adding
         for event in events:
             stream.apply(event)
             if isinstance(event, RecordsAppended):
@@ -150,6 +167,18 @@ def decide_all(
         if changes.snapshot is not None:
             changes.events.append(changes.snapshot)
     return outcomes, changes
+
+
+def stored_bytes(events: Sequence[Event]) -> int:
+    """The bytes these events store in records, or pledge to an object's record: what counts
+    against the tenant's limit on its records' bytes."""
+    size = 0
+    for event in events:
+        if type(event) is RecordsAppended:
+            size += event.bytes
+        elif type(event) is ObjectPrepared:
+            size += event.intent.size
+    return size
 
 
 def snapshot_if_due(

@@ -36,6 +36,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, TypeVar
 
 from application import tracing
+from application.deciding import stored_bytes
 from application.ports import (
     AnsweringCommand,
     Command,
@@ -46,6 +47,7 @@ from application.ports import (
     PeerUnavailable,
     StreamRepository,
 )
+from application.tenant_limits import ByteLimit
 from application.throughput import Throughput
 from application.waiting import Expired, Unanswered, expire, spending
 from domain.events import RecordsAppended
@@ -102,8 +104,10 @@ class GroupCommit:
         aside_records: int = ASIDE_RECORDS,
         aside_bytes: int = ASIDE_BYTES,
         max_aside: int = MAX_ASIDE,
+        byte_limit: ByteLimit | None = None,
     ) -> None:
         self._streams = streams
+        self._byte_limit = byte_limit
         self.throughput = throughput or Throughput()
         self._max_records = max_group_records
         self._max_bytes = max_group_bytes
@@ -135,7 +139,20 @@ class GroupCommit:
         """`command`'s outcome, committed with the others waiting for its stream: by this
         process, or, for an append (`forwardable`) whose stream another process of this host
         commits (`CommitPeers.owner`), by that one. While tracing, each process commits its
-        own, so that an append's trace stays in one process."""
+        own, so that an append's trace stays in one process.
+
+        With a limit on the tenants' bytes, the command carries its tenant's room
+        (`tenant_room`) to its decision, and what it stored is counted here once it is done."""
+        limit = self._byte_limit
+        if limit is None or not (command.records or getattr(command, "pledges", False)):
+            return await self._submit(key, command)
+        command.tenant_room = await limit.room(key.tenant)  # type: ignore[attr-defined]
+        outcome = await self._submit(key, command)
+        if type(outcome) is Done:
+            limit.added(key.tenant, stored_bytes(outcome.events))
+        return outcome
+
+    async def _submit(self, key: StreamKey, command: Command) -> Outcome:
         peers = self._peers
         if peers is not None and getattr(command, "forwardable", False) and not tracing.on():
             owner = peers.owner(key)

@@ -156,6 +156,8 @@ class _ObjectCommand:
 
 
 class PrepareCommand(_ObjectCommand):
+    pledges = True  # its intent's bytes count against the tenant's limit (group_commit.py)
+
     def __init__(
         self, intent: ObjectIntent, caller: Caller, now: datetime, max_open: int | None = None
     ) -> None:

@@ -48,7 +48,9 @@ class Command(Protocol):
     # A command may also say `needs_consumers = True` (its decide or answer reads the stream's
     # consumers): an adapter that keeps them apart then reads them with the row lock, instead
     # of after a first ConsumersNotLoaded. One that may erase the stream says `erases = True`:
-    # an adapter may then erase a batch's deletions together.
+    # an adapter may then erase a batch's deletions together. One that pledges bytes to an
+    # object's record says `pledges = True`. A command that stores or pledges bytes carries its
+    # tenant's `tenant_room` (application/tenant_limits.py) when the tenants' bytes are limited.
 
     def decide(self, stream: Stream, offset: int | None) -> list[Event]: ...
 
@@ -225,16 +227,21 @@ class StorageCleanup(Protocol):
     async def forget_gap_evidence(self, older_than: timedelta, batch: int = 1000) -> int:
         """Gap evidence recorded more than `older_than` ago."""
 
-    async def fold_stream_counts(self) -> int:
-        """Keep the tenants' stream counts (`TenantStreamCounts`) quick to read: the parts
+    async def fold_tenant_counts(self) -> int:
+        """Keep the tenants' counts of streams and bytes (`TenantCounts`) quick to read: the parts
         kept apart while they were written are summed where nothing writes them any more.
         Answers how many parts it folded."""
 
 
-class TenantStreamCounts(Protocol):
+class TenantCounts(Protocol):
     async def tenant_streams(self, tenant: str) -> int:
         """How many streams the tenant holds, a soft-deleted one too (its rows are kept until
         its last fork goes), as of the last commit: whatever created or erased them."""
+
+    async def tenant_bytes(self, tenant: str) -> int:
+        """How many bytes the tenant's records hold (the sum of their sizes: an object's
+        record counts its object's size), a soft-deleted stream's too, as of the last commit:
+        whatever appended, pruned or erased them."""
 
 
 class AccessRecord(msgspec.Struct, frozen=True):

@@ -83,9 +83,9 @@ from application.placement import Deployment
 from application.read_records import ReadRecords
 from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
-from application.stream_limits import StreamLimit
 from application.subscribe import Subscribe
 from application.subscriptions import DeliverWakes, Subscriptions, WakeScheduler, WakeTokens
+from application.tenant_limits import ByteLimit, StreamLimit
 from application.throughput import Throughput
 from application.tokens import Authenticate, IssueToken, MintToken, TenantTokens, TokenCache
 from application.wake import WakeRegistry
@@ -362,7 +362,11 @@ class Container(containers.DeclarativeContainer):
     definitions = providers.Singleton(Definitions, streams, deployment, access_log)
     # Records and appends, counted where they commit (every surface, every way in).
     throughput = providers.Singleton(Throughput)
-    commits = providers.Singleton(GroupCommit, streams, throughput=throughput)
+    # A tenant's limit on its records' bytes, decided with each append (tenant_limits.py).
+    byte_limit = providers.Singleton(ByteLimit, streams, settings.provided.max_bytes_per_tenant)
+    commits = providers.Singleton(
+        GroupCommit, streams, throughput=throughput, byte_limit=byte_limit
+    )
     peers = providers.Resource(open_peers, settings, commits)
     figures = providers.Singleton(ReadFigures, providers.Singleton(PostgresFigures, pool))
 
@@ -374,7 +378,7 @@ class Container(containers.DeclarativeContainer):
         StreamLimit, streams, settings.provided.max_streams_per_tenant
     )
     create_stream = providers.Singleton(
-        CreateStream, streams, clock, deployment, access_log, throughput, stream_limit
+        CreateStream, streams, clock, deployment, access_log, throughput, stream_limit, byte_limit
     )
     list_streams = providers.Singleton(ListStreams, streams, deployment, access_log, stream_access)
     append_records = providers.Singleton(
@@ -765,7 +769,7 @@ async def workers(container: Container) -> list[Runs]:
         sweep("forget-delivered-inputs", cleanup.delivered_inputs, every),
         sweep("forget-done-deletions", cleanup.done_deletions, every),
         sweep("forget-gap-evidence", cleanup.gap_evidence, every),
-        sweep("fold-stream-counts", cleanup.stream_counts, every),
+        sweep("fold-tenant-counts", cleanup.tenant_counts, every),
         sweep(
             "forget-ended-tokens",
             lambda: tokens.forget_ended(timedelta(seconds=settings.cleanup_age_seconds)),

@@ -36,7 +36,7 @@ SWEEPS = {
     "forget-done-deletions",
     "forget-gap-evidence",
     "forget-ended-tokens",
-    "fold-stream-counts",
+    "fold-tenant-counts",
 }
 BODY = os.urandom(100_000)
 

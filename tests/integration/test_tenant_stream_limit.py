@@ -12,7 +12,7 @@ import asyncpg
 import httpx
 import pytest
 
-from adapters.postgres.tenant_counts import fold_tenant_stream_counts, tenant_streams
+from adapters.postgres.tenant_counts import fold_tenant_counts, tenant_streams
 from tests.conftest import SERVER_ENV, Tokens
 from tests.support.server import ServerProcess
 
@@ -132,7 +132,7 @@ async def test_the_fold_sums_the_rows_of_ended_backends_and_keeps_the_count(
         assert 2 <= await pool.fetchval(rows, tenant) <= 3
         assert await tenant_streams(pool, tenant) == 9
         for _ in range(50):  # a closed connection's backend ends a moment after
-            await fold_tenant_stream_counts(pool)
+            await fold_tenant_counts(pool)
             if await pool.fetchval(rows, tenant) == 2:
                 break
             await asyncio.sleep(0.1)
@@ -144,7 +144,7 @@ async def test_the_fold_sums_the_rows_of_ended_backends_and_keeps_the_count(
     finally:
         await staying.close()
     for _ in range(50):
-        await fold_tenant_stream_counts(pool)
+        await fold_tenant_counts(pool)
         if not await pool.fetchval(rows, tenant):
             break
         await asyncio.sleep(0.1)
@@ -172,13 +172,13 @@ async def test_the_fold_passes_over_a_row_a_transaction_holds(pool: asyncpg.Pool
         )
         async with pool.acquire() as folder:
             await folder.execute("SET lock_timeout = 2000")  # a wait would fail the fold
-            await fold_tenant_stream_counts(folder)
+            await fold_tenant_counts(folder)
             await folder.execute("RESET lock_timeout")
     backends = await pool.fetch(
         "SELECT backend, streams FROM tenant_stream_counts WHERE tenant = $1", tenant
     )
     assert [tuple(r) for r in backends] == [(gone_pid, 5)]
-    await fold_tenant_stream_counts(pool)  # once let go, it is folded
+    await fold_tenant_counts(pool)  # once let go, it is folded
     backends = await pool.fetch(
         "SELECT backend, streams FROM tenant_stream_counts WHERE tenant = $1", tenant
     )

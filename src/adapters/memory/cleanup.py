@@ -43,5 +43,5 @@ class MemoryCleanup:
     async def forget_gap_evidence(self, older_than: timedelta, batch: int = 1000) -> int:
         return 0
 
-    async def fold_stream_counts(self) -> int:
+    async def fold_tenant_counts(self) -> int:
         return 0  # memory counts a tenant's streams from its rows: nothing to fold

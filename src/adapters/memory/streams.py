@@ -387,6 +387,14 @@ class MemoryStreams:
     async def tenant_streams(self, tenant: str) -> int:
         return sum(1 for key in self._rows if key.tenant == tenant)
 
+    async def tenant_bytes(self, tenant: str) -> int:
+        return sum(
+            record.size
+            for key, row in self._rows.items()
+            if key.tenant == tenant
+            for record in row.records.values()
+        )
+
     async def list_runs(
         self, tenant: str, after: str | None, limit: int, prefix: str = ""
     ) -> list[RunSummary]:

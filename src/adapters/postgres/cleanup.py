@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from adapters.postgres.tenant_counts import fold_tenant_stream_counts
+from adapters.postgres.tenant_counts import fold_tenant_counts
 
 
 def _not_held(alias: str) -> str:
@@ -96,5 +96,5 @@ class PostgresCleanup:
     async def forget_gap_evidence(self, older_than: timedelta, batch: int = 1000) -> int:
         return await delete_in_batches(self._pool, _GAP_EVIDENCE, older_than, batch)
 
-    async def fold_stream_counts(self) -> int:
-        return await fold_tenant_stream_counts(self._pool)
+    async def fold_tenant_counts(self) -> int:
+        return await fold_tenant_counts(self._pool)

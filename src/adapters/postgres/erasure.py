@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from adapters.postgres.connections import Connection
 from adapters.postgres.intents import TAKE_OVER
+from adapters.postgres.tenant_counts import COUNT_BYTES
 from application.deletions import ERASED_STREAM
 from domain.stream import StreamKey
 
@@ -51,8 +52,15 @@ def erase_statement(tables: Sequence[str] = ERASED_TABLES, of_them: str = _OF_TH
     """Data-modifying CTEs all read the statement's snapshot, so the outbox is filled from the
     intents the same statement deletes."""
     deletes = ",\n".join(
-        f"erased_{table} AS (DELETE FROM {table} WHERE {of_them})" for table in tables
+        f"erased_{table} AS (DELETE FROM {table} WHERE {of_them}"
+        + (" RETURNING tenant, size" if table == "stream_records" else "")
+        + ")"
+        for table in tables
     )
+    if "stream_records" in tables:
+        # The records' bytes, taken from their tenants' counts (tenant_counts.py).
+        records = "SELECT tenant, size FROM erased_stream_records"
+        deletes += f",\nuncounted AS ({COUNT_BYTES.format(sign='-', records=records)})"
     return f"""
 WITH bodies AS (
     INSERT INTO deletion_outbox (tenant, run_id, stream_id, storage_region, storage_key, reason)

@@ -26,6 +26,7 @@ from adapters.postgres.intents import PROJECTED, project_objects
 from adapters.postgres.journal import schedule_compaction
 from adapters.postgres.marks import MARK_WRITTEN
 from adapters.postgres.producers import write_producers
+from adapters.postgres.tenant_counts import COUNT_BYTES
 from adapters.postgres.traces import TRACES_CHANNEL, trace_announcement
 from application import tracing
 from application.deciding import Changes
@@ -271,6 +272,10 @@ WITH new_records AS (
     SELECT r.tenant, r.run_id, r.stream_id, r.sequence, r.appended_at, r.kind, r.content_type,
            r.size, r.end_offset, decode(r.payload, 'base64')
     FROM {_RECORDS}
+    RETURNING tenant, size
+), counted AS (
+    -- their bytes, added to their tenant's count (tenant_counts.py)
+    {COUNT_BYTES.format(sign="", records="SELECT tenant, size FROM new_records")}
 ), new_events AS (
     INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
     SELECT e.tenant, e.run_id, e.stream_id, e.version, e.type, decode(e.payload, 'base64')
@@ -318,7 +323,12 @@ FROM written w
 """
 
 
-_DELETE_PRUNED = f"DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4"
+_DELETE_PRUNED = f"""
+WITH pruned AS (
+    DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4 RETURNING tenant, size
+)
+{COUNT_BYTES.format(sign="-", records="SELECT tenant, size FROM pruned")}
+"""
 
 
 SOFT_DELETED = f"""
@@ -346,6 +356,8 @@ _RECORD_COLUMNS = (
     "end_offset",
     "payload",
 )
+# A large group's records, written by COPY, added to their tenant's count.
+_COUNT_COPIED = COUNT_BYTES.format(sign="", records="SELECT $1::text AS tenant, $2::int8 AS size")
 COPY_THRESHOLD = 64
 COPY_PIECE = 5_000  # rows a COPY statement carries (about 12 ms of encoding here)
 
@@ -653,6 +665,8 @@ async def before_write(
             await conn.copy_records_to_table(
                 "stream_records", records=rows[start : start + COPY_PIECE], columns=_RECORD_COLUMNS
             )
+        copied = sum(r.size for appended in changes.appended for r in appended.records)
+        await conn.execute(_COUNT_COPIED, key.tenant, copied)
         rows = []
     writes.add(stream, changes, [RecordRow(*row) for row in rows], inline)
 

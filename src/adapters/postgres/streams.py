@@ -59,7 +59,7 @@ from adapters.postgres.stream_writes import (
     with_statements,
     write,
 )
-from adapters.postgres.tenant_counts import tenant_streams
+from adapters.postgres.tenant_counts import tenant_bytes, tenant_streams
 from application import tracing
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
@@ -876,6 +876,9 @@ class PostgresStreams(RecordReads):
 
     async def tenant_streams(self, tenant: str) -> int:
         return await tenant_streams(self._pool, tenant)
+
+    async def tenant_bytes(self, tenant: str) -> int:
+        return await tenant_bytes(self._pool, tenant)
 
     async def list_runs(
         self, tenant: str, after: str | None, limit: int, prefix: str = ""

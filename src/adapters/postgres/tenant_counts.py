@@ -1,19 +1,32 @@
-"""How many streams each tenant holds, as the triggers of migration 0505 count them.
+"""What each tenant holds, for its limits: its streams (migration 0505, counted by triggers) and
+its records' bytes (migration 0509, counted by the statements that write and delete records).
 
-Every statement that inserts or deletes rows of `streams` adds its change to the row of its own
-backend (`pg_backend_pid()`) in `tenant_stream_counts`, in its own transaction: so the count is
-exact once committed, whatever path created or erased the streams, and no two transactions wait
-for each other on it. A tenant's count is the sum of its rows: one per backend that changed its
-streams since the last fold, and backend 0's. The fold moves the rows of backends that have
-ended into backend 0's; a backend still running keeps its row (its transaction may hold it)."""
+Every statement that inserts or deletes streams or records adds its change to the row of its own
+backend (`pg_backend_pid()`) in `tenant_stream_counts` or `tenant_byte_counts`, in its own
+transaction: so a count is exact once committed, and no two transactions wait for each other on
+it. A tenant's count is the sum of its rows: one per backend that changed it since the last
+fold, and backend 0's. The fold moves the rows of backends that have ended into backend 0's; a
+backend still running keeps its row (its transaction may hold it)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 _COUNT = """
-SELECT coalesce(sum(streams), 0)::bigint FROM tenant_stream_counts WHERE tenant = $1
+SELECT coalesce(sum({column}), 0)::bigint FROM {table} WHERE tenant = $1
 """
+_STREAMS = ("tenant_stream_counts", "streams")
+_BYTES = ("tenant_byte_counts", "bytes")
+
+# The bytes of the records in the row set `{records}` (tenant, size), added (`sign` '') or taken
+# away ('-') from their tenants' counts, as part of the statement that inserts or deletes them:
+# a CTE of its own (`WITH ... counted AS (COUNT_BYTES)`). Each tenant's row of this backend, in
+# the key's order.
+COUNT_BYTES = """
+    INSERT INTO tenant_byte_counts AS c (tenant, backend, bytes)
+    SELECT b.tenant, pg_backend_pid(), {sign}sum(b.size) FROM ({records}) AS b
+    GROUP BY b.tenant ORDER BY b.tenant
+    ON CONFLICT (tenant, backend) DO UPDATE SET bytes = c.bytes + excluded.bytes"""
 
 # The rows of backends no longer running, summed into backend 0's per tenant; then backend 0's
 # rows that came to nothing go. A backend that starts meanwhile with the pid of one that ended
@@ -23,34 +36,42 @@ SELECT coalesce(sum(streams), 0)::bigint FROM tenant_stream_counts WHERE tenant 
 # it waits for another row the fold holds would be a deadlock.
 _FOLD = """
 WITH gone AS (
-    DELETE FROM tenant_stream_counts c
+    DELETE FROM {table} c
     WHERE (c.tenant, c.backend) IN (
-        SELECT o.tenant, o.backend FROM tenant_stream_counts o
+        SELECT o.tenant, o.backend FROM {table} o
         WHERE o.backend <> 0
           AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = o.backend)
         FOR UPDATE SKIP LOCKED)
-    RETURNING tenant, streams
+    RETURNING tenant, {column}
 ), folded AS (
-    INSERT INTO tenant_stream_counts (tenant, backend, streams)
-    SELECT tenant, 0, sum(streams) FROM gone GROUP BY tenant ORDER BY tenant
+    INSERT INTO {table} (tenant, backend, {column})
+    SELECT tenant, 0, sum({column}) FROM gone GROUP BY tenant ORDER BY tenant
     ON CONFLICT (tenant, backend)
-    DO UPDATE SET streams = tenant_stream_counts.streams + excluded.streams
+    DO UPDATE SET {column} = {table}.{column} + excluded.{column}
     RETURNING 1
 )
 SELECT count(*) FROM gone
 """
-_EMPTY = "DELETE FROM tenant_stream_counts WHERE backend = 0 AND streams = 0"
+_EMPTY = "DELETE FROM {table} WHERE backend = 0 AND {column} = 0"
 
 
 async def tenant_streams(pool: Any, tenant: str) -> int:
     """The streams `tenant` holds (a soft-deleted one too, until it is erased)."""
-    count: int = await pool.fetchval(_COUNT, tenant)
+    count: int = await pool.fetchval(_COUNT.format(table=_STREAMS[0], column=_STREAMS[1]), tenant)
     return count
 
 
-async def fold_tenant_stream_counts(pool: Any) -> int:
-    """Fold the rows of ended backends into each tenant's row of backend 0; answers how many
-    rows it folded."""
-    folded: int = await pool.fetchval(_FOLD)
-    await pool.execute(_EMPTY)
+async def tenant_bytes(pool: Any, tenant: str) -> int:
+    """The bytes `tenant`'s records hold (a soft-deleted stream's too, until it is erased)."""
+    count: int = await pool.fetchval(_COUNT.format(table=_BYTES[0], column=_BYTES[1]), tenant)
+    return count
+
+
+async def fold_tenant_counts(pool: Any) -> int:
+    """Fold the rows of ended backends into each tenant's row of backend 0, streams and bytes;
+    answers how many rows it folded."""
+    folded = 0
+    for table, column in (_STREAMS, _BYTES):
+        folded += await pool.fetchval(_FOLD.format(table=table, column=column))
+        await pool.execute(_EMPTY.format(table=table, column=column))
     return folded

@@ -1,0 +1,142 @@
+"""A tenant's limits on what it holds, in the database every tenant shares: its streams
+(DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT) and its records' bytes
+(DUCTOR_STREAMS_MAX_BYTES_PER_TENANT).
+
+A valid token creating streams in a loop (2,000 a second and more), or appending to them, would
+otherwise fill the database's disk for everyone. Past its limit, a creation is refused (409
+`quota-exhausted`; a creation that finds its stream already there is answered as before), and
+so is an append or an object's intent whose bytes would pass it (`TenantRoom`, decided under
+the stream's row lock, after an idempotent or a producer's retry is recognized: a retry of what
+was stored is answered as before, limit or not).
+
+Each count is read from the storage (`TenantCounts`), at most once a second per tenant and
+process, and this process's own additions since are added to it; a request past a count that old
+is refused without reading. So a limit may be passed by what the other processes and replicas
+added in the last second, and by requests in flight at once, never by more."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from application.ports import TenantCounts
+from domain.errors import QuotaExhausted
+
+FRESH_SECONDS = 1.0
+# Tenants whose counts a process keeps at once; the one read longest ago goes first.
+MAX_TENANTS = 10_000
+
+
+class _Tally:
+    """A count per tenant, read through `read` at most every `fresh` seconds, with this
+    process's own changes since added."""
+
+    def __init__(
+        self,
+        read: Callable[[str], Awaitable[int]],
+        fresh_seconds: float,
+        clock: Callable[[], float],
+        max_tenants: int,
+    ) -> None:
+        self._read = read
+        self._fresh = fresh_seconds
+        self._clock = clock
+        self._max_tenants = max_tenants
+        self._known: OrderedDict[str, tuple[int, float]] = OrderedDict()
+
+    async def count(self, tenant: str) -> int:
+        now = self._clock()
+        known = self._known.get(tenant)
+        if known is None or now - known[1] >= self._fresh:
+            known = (await self._read(tenant), now)
+            self._known[tenant] = known
+            self._known.move_to_end(tenant)
+            while len(self._known) > self._max_tenants:
+                self._known.popitem(last=False)
+        return known[0]
+
+    def add(self, tenant: str, amount: int) -> None:
+        """Counted until the next read (a tenant not known is read then anyway)."""
+        known = self._known.get(tenant)
+        if known is not None:
+            self._known[tenant] = (known[0] + amount, known[1])
+
+
+class StreamLimit:
+    def __init__(
+        self,
+        counts: TenantCounts,
+        limit: int,
+        *,
+        fresh_seconds: float = FRESH_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        max_tenants: int = MAX_TENANTS,
+    ) -> None:
+        self.limit = limit  # 0: no limit
+        self._tally = _Tally(counts.tenant_streams, fresh_seconds, clock, max_tenants)
+
+    async def reached(self, tenant: str) -> bool:
+        """Whether the tenant holds its limit of streams, as last counted (within a second)
+        with this process's creations since."""
+        if not self.limit:
+            return False
+        return await self._tally.count(tenant) >= self.limit
+
+    def created(self, tenant: str) -> None:
+        """This process created one of the tenant's streams: counted until the next read."""
+        self._tally.add(tenant, 1)
+
+
+class TenantRoom(msgspec.Struct, frozen=True):
+    """What a tenant's records held, as counted when a request came, and its limit: carried by
+    the request's command (`tenant_room`) to its decision under the row lock
+    (`deciding.decide_all`), in whichever process of the host commits it."""
+
+    held: int
+    limit: int
+
+    def refusal(self, adding: int, before: int) -> QuotaExhausted:
+        """The refusal of a request adding `adding` bytes after `before` bytes the same
+        transaction already added for it."""
+        held = self.held + before
+        if held >= self.limit:
+            detail = f"the tenant's records hold {held} bytes, its limit of {self.limit}"
+        else:
+            detail = (
+                f"{adding} bytes would pass the tenant's limit of {self.limit} bytes: its "
+                f"records hold {held}"
+            )
+        return QuotaExhausted(
+            f"{detail}: nothing more is stored until some are deleted",
+            tenant_bytes=held,
+            max_tenant_bytes=self.limit,
+        )
+
+
+class ByteLimit:
+    def __init__(
+        self,
+        counts: TenantCounts,
+        limit: int,
+        *,
+        fresh_seconds: float = FRESH_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        max_tenants: int = MAX_TENANTS,
+    ) -> None:
+        self.limit = limit  # 0: no limit
+        self._tally = _Tally(counts.tenant_bytes, fresh_seconds, clock, max_tenants)
+
+    async def room(self, tenant: str) -> TenantRoom | None:
+        """The tenant's bytes as last counted (within a second) with this process's additions
+        since, and its limit; None without a limit."""
+        if not self.limit:
+            return None
+        return TenantRoom(await self._tally.count(tenant), self.limit)
+
+    def added(self, tenant: str, size: int) -> None:
+        """This process stored `size` more bytes of the tenant's records."""
+        if size:
+            self._tally.add(tenant, size)

@@ -1,0 +1,306 @@
+"""A tenant's limit on its records' bytes (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT), on real
+PostgreSQL and real server and worker processes: the count every way of writing and removing
+records keeps (migration 0509: the write statement, a large group's COPY, an object's commit, a
+prune, an erasure, a run's deletion), and the 409 past the limit on both surfaces, with a retry
+of what was stored still answered as before."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import httpx
+import pytest
+
+from adapters.postgres.tenant_counts import fold_tenant_counts, tenant_bytes
+from tests.conftest import SERVER_ENV, Tokens
+from tests.support.server import ServerProcess, WorkerProcess
+
+LIMIT = 1_000
+DS = "/api/durable-streams/v1/stream"
+NATIVE = "/api/workflow-streams"
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def limited(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server whose tenants' records may hold 1,000 bytes each."""
+    process = ServerProcess(
+        database_url=database_url,
+        data_dir=tmp_path_factory.mktemp("bytes-limited"),
+        env={**SERVER_ENV, "DUCTOR_STREAMS_MAX_BYTES_PER_TENANT": str(LIMIT)},
+    ).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def pruner(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    process = WorkerProcess(
+        database_url=database_url,
+        data_dir=tmp_path_factory.mktemp("bytes-pruner"),
+        env={
+            "DUCTOR_STREAMS_WORKER_POLL_SECONDS": "0.1",
+            "DUCTOR_STREAMS_PRUNE_INTERVAL_SECONDS": "0.2",
+            "DUCTOR_STREAMS_WORKER_LEASE_SECONDS": "2",
+        },
+    ).start()
+    yield process
+    process.stop()
+
+
+async def client_of(server: ServerProcess, tokens: Tokens, tenant: str) -> httpx.AsyncClient:
+    token = await tokens.create(tenant=tenant)
+    return httpx.AsyncClient(
+        base_url=server.base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+
+
+@pytest.fixture
+async def api(limited: ServerProcess, tokens: Tokens) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the limited server, for a tenant of its own."""
+    async with await client_of(limited, tokens, "t-" + secrets.token_hex(5)) as client:
+        yield client
+
+
+async def counted(pool: asyncpg.Pool, tenant: str) -> tuple[int, int]:
+    """The tenant's bytes as the write statements count them, and as its records hold them."""
+    actual = await pool.fetchval(
+        "SELECT coalesce(sum(size), 0) FROM stream_records WHERE tenant = $1", tenant
+    )
+    return await tenant_bytes(pool, tenant), actual
+
+
+async def create(api: httpx.AsyncClient, run: str, stream: str, **definition: object) -> str:
+    answer = await api.post(
+        f"{NATIVE}/runs/{run}/streams",
+        json={"stream_id": stream, "direction": "output", **definition},
+    )
+    assert answer.status_code == 201, answer.text
+    return f"{NATIVE}/runs/{run}/streams/{stream}"
+
+
+async def append(
+    api: httpx.AsyncClient, path: str, data: list[object], key: str | None = None
+) -> httpx.Response:
+    headers = {} if key is None else {"Idempotency-Key": key}
+    return await api.post(
+        f"{path}/records", json={"records": [{"data": d} for d in data]}, headers=headers
+    )
+
+
+async def test_every_way_of_writing_and_removing_records_is_counted(
+    server: ServerProcess, pruner: WorkerProcess, tokens: Tokens, pool: asyncpg.Pool
+) -> None:
+    tenant = "t-" + secrets.token_hex(5)
+    async with await client_of(server, tokens, tenant) as api:
+        # Small appends (the write statement), together on many streams, and one large group
+        # (COPY: 64 records and more).
+        paths = [await create(api, "r1", f"s{i}") for i in range(5)]
+        answers = await asyncio.gather(
+            *(append(api, p, ["x" * (10 + i)] * 3) for i, p in enumerate(paths))
+        )
+        assert [a.status_code for a in answers] == [201] * 5
+        assert (await append(api, paths[0], list(range(500)))).status_code == 201
+        held, actual = await counted(pool, tenant)
+        assert held == actual > 0
+
+        # A Durable Streams creation with its first records, and its appends.
+        made = await api.put(f"{DS}/r2/ds", content=b'[{"a":1},{"b":22}]', headers=JSON)
+        assert made.status_code == 201, made.text
+        for n in range(3):
+            posted = await api.post(f"{DS}/r2/ds", content=b'{"n":%d}' % n, headers=JSON)
+            assert posted.status_code in (200, 204), posted.text
+        held, actual = await counted(pool, tenant)
+        assert held == actual
+
+        # An object's record counts its object's size.
+        body = secrets.token_bytes(70_000)
+        objects = await create(api, "r1", "objects")
+        prepared = await api.post(
+            f"{objects}/objects",
+            json={
+                "idempotency_key": "k",
+                "size": len(body),
+                "sha256": hashlib.sha256(body).hexdigest(),
+                "content_type": "application/octet-stream",
+            },
+        )
+        assert prepared.status_code == 201, prepared.text
+        object_path = f"{objects}/objects/{prepared.json()['object_id']}"
+        assert (await api.put(f"{object_path}/body", content=body)).status_code == 200
+        assert (await api.post(f"{object_path}/commit")).status_code == 201
+        before = held
+        held, actual = await counted(pool, tenant)
+        assert held == actual == before + len(body)
+
+        # A prune by retention (the worker's).
+        kept = await create(api, "r3", "kept", retention={"max_records": 2})
+        assert (await append(api, kept, ["y" * 100] * 10)).status_code == 201
+        async with asyncio.timeout(20):
+            while (await api.get(kept)).json()["state"]["earliest"] != 9:
+                await asyncio.sleep(0.1)
+        held, actual = await counted(pool, tenant)
+        assert held == actual
+
+        # A fork, its source deleted (kept, records and all, while the fork reads it), then the
+        # fork: both go.
+        fork = await api.put(
+            f"{DS}/r2/fork", headers={"Stream-Forked-From": "/v1/stream/r2/ds", **JSON}
+        )
+        assert fork.status_code == 201, fork.text
+        assert (await api.delete(f"{DS}/r2/ds")).status_code == 204
+        assert await counted(pool, tenant) == (held, actual)
+        assert (await api.delete(f"{DS}/r2/fork")).status_code == 204
+        held, actual = await counted(pool, tenant)
+        assert held == actual
+
+        # A stream deleted alone, and whole runs.
+        assert (await api.delete(paths[0])).status_code == 204
+        held, actual = await counted(pool, tenant)
+        assert held == actual
+        for run in ("r1", "r3"):
+            assert (await api.delete(f"{NATIVE}/runs/{run}")).status_code == 204
+        assert await counted(pool, tenant) == (0, 0)
+
+
+async def test_a_rolled_back_append_leaves_the_count_as_it_was(pool: asyncpg.Pool) -> None:
+    tenant = "t-" + secrets.token_hex(5)
+    async with pool.acquire() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        await conn.execute(
+            "INSERT INTO tenant_byte_counts (tenant, backend, bytes) "
+            "VALUES ($1, pg_backend_pid(), 5)",
+            tenant,
+        )
+        assert await tenant_bytes(conn, tenant) == 5  # its own transaction sees it
+        await transaction.rollback()
+    assert await tenant_bytes(pool, tenant) == 0
+
+
+async def test_the_fold_sums_the_byte_rows_of_ended_backends(pool: asyncpg.Pool) -> None:
+    tenant = "t-" + secrets.token_hex(5)
+    await pool.execute(
+        "INSERT INTO tenant_byte_counts (tenant, backend, bytes) "
+        "VALUES ($1, $2, 40), ($1, $3, 2), ($1, 0, 100)",
+        tenant,
+        2**31 - 5,  # no backend has these
+        2**31 - 6,
+    )
+    await fold_tenant_counts(pool)
+    rows = await pool.fetch(
+        "SELECT backend, bytes FROM tenant_byte_counts WHERE tenant = $1", tenant
+    )
+    assert [tuple(r) for r in rows] == [(0, 142)]
+    assert await tenant_bytes(pool, tenant) == 142
+    await pool.execute("DELETE FROM tenant_byte_counts WHERE tenant = $1", tenant)
+
+
+async def problem_of(answer: httpx.Response) -> dict:
+    assert answer.status_code == 409, answer.text
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    problem = answer.json()
+    assert problem["code"] == "quota-exhausted"
+    assert problem["max_tenant_bytes"] == LIMIT
+    return problem
+
+
+async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_served(
+    limited: ServerProcess, tokens: Tokens, api: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    path = await create(api, "run", "s")
+    # 10 appends of 3 records of 30 bytes (32 with the JSON quotes): 960 bytes.
+    for n in range(10):
+        first = await append(api, path, ["z" * 30] * 3, key=f"k{n}")
+        assert first.status_code == 201, first.text
+    # 96 more would pass 1,000: refused, and nothing is appended.
+    problem = await problem_of(await append(api, path, ["z" * 30] * 3))
+    assert problem["tenant_bytes"] == 960
+    head = (await api.get(path)).json()["state"]["head"]
+    assert head == 30
+    # A smaller one still fits.
+    assert (await append(api, path, ["z" * 30])).status_code == 201
+    # The retry of an append that was stored is answered as before, at the limit.
+    again = await append(api, path, ["z" * 30] * 3, key="k9")
+    assert again.status_code == 200, again.text
+    assert again.headers.get("idempotent-replayed") == "true"
+    assert again.json() == first.json()
+
+    # The Durable Streams surface: an append past the limit, a creation with records.
+    made = await api.put(f"{DS}/run/ds", headers=JSON)
+    assert made.status_code == 201, made.text
+    producer = {"Producer-Id": "p", "Producer-Epoch": "0", "Producer-Seq": "0"}
+    small = await api.post(f"{DS}/run/ds", content=b'{"a":1}', headers={**JSON, **producer})
+    assert small.status_code in (200, 204), small.text
+    large = b'{"a":"' + b"w" * 200 + b'"}'
+    refused = await api.post(
+        f"{DS}/run/ds", content=large, headers={**JSON, **producer, "Producer-Seq": "1"}
+    )
+    assert refused.status_code == 409, refused.text
+    # The producer's retry of what was stored is its duplicate, at the limit.
+    duplicate = await api.post(f"{DS}/run/ds", content=b'{"a":1}', headers={**JSON, **producer})
+    assert duplicate.status_code == 204, duplicate.text
+    refused = await api.put(f"{DS}/run/ds2", content=b"[" + large + b"]", headers=JSON)
+    assert refused.status_code == 409, refused.text
+    assert (await api.head(f"{DS}/run/ds2")).status_code == 404
+
+    # An object's intent whose size would pass the limit.
+    refused = await api.post(
+        f"{path}/objects",
+        json={
+            "idempotency_key": "o",
+            "size": 500,
+            "sha256": hashlib.sha256(b"o" * 500).hexdigest(),
+            "content_type": "application/octet-stream",
+        },
+    )
+    await problem_of(refused)
+
+    # Another tenant is not held by it.
+    async with await client_of(limited, tokens, "t-" + secrets.token_hex(5)) as other:
+        other_path = await create(other, "run", "s")
+        assert (await append(other, other_path, ["z" * 300] * 3)).status_code == 201
+
+    # Once a stream is deleted, the tenant may append again (counted within a second).
+    assert (await api.delete(path)).status_code == 204
+    fresh = await create(api, "run", "fresh")
+    for _ in range(40):
+        answer = await append(api, fresh, ["z" * 30] * 3)
+        if answer.status_code != 409:
+            break
+        await asyncio.sleep(0.1)
+    assert answer.status_code == 201, answer.text
+
+
+async def test_two_replicas_appending_and_deleting_at_once_keep_the_count_exact(
+    server: ServerProcess, server_b: ServerProcess, tokens: Tokens, pool: asyncpg.Pool
+) -> None:
+    """One tenant's appends, large and small, and deletions, through two server processes on
+    overlapping streams at once: every statement adds to its own backend's row, so none waits
+    for another on the count, none fails, and the count stays exact."""
+    tenant = "t-" + secrets.token_hex(5)
+    async with (
+        await client_of(server, tokens, tenant) as a,
+        await client_of(server_b, tokens, tenant) as b,
+    ):
+        paths = [await create(a, "r", f"s{i}") for i in range(6)]
+
+        async def writer(api: httpx.AsyncClient, n: int) -> None:
+            for turn in range(15):
+                path = paths[(n + turn) % len(paths)]
+                size = 100 if turn % 5 else 3  # every fifth a large group (COPY)
+                answer = await append(api, path, ["v" * (n + 1)] * size)
+                assert answer.status_code == 201, answer.text
+            doomed = await create(api, "gone", f"d{n}")
+            assert (await append(api, doomed, ["x" * 50] * 80)).status_code == 201
+            assert (await api.delete(doomed)).status_code == 204
+
+        await asyncio.gather(*(writer(a if n % 2 else b, n) for n in range(8)))
+        held, actual = await counted(pool, tenant)
+        assert held == actual > 0
+        assert (await a.delete(f"{NATIVE}/runs/r")).status_code == 204
+        assert await counted(pool, tenant) == (0, 0)

@@ -1,0 +1,251 @@
+"""A tenant's limits (application/tenant_limits.py) on the memory adapters. On the streams it
+holds: the count read at most once a second, this process's creations added, a stream already
+there answered at the limit, and 0 meaning none. On its records' bytes: decided with each
+append under the row lock, after a retry of what was stored is recognized, across a group's
+commands, on every way records come in."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from datetime import UTC, datetime
+
+import msgspec
+import pytest
+from dependency_injector import providers
+
+from adapters.memory.streams import MemoryStreams
+from application.access import Caller
+from application.append_records import AppendCommand
+from application.deciding import decide_all
+from application.ports import Done, Failed, Idempotency, Replayed
+from application.tenant_limits import ByteLimit, StreamLimit, TenantRoom
+from domain import errors
+from domain.definition import DefinitionRequest, resolve_definition
+from domain.objects import ObjectRequest
+from domain.producers import ProducerClaim
+from domain.records import NewRecord, RecordInput, RecordKind, fingerprint
+from domain.stream import Stream, StreamKey
+from entrypoints.config import Settings
+from entrypoints.container import memory_container, start, stop
+
+ALL = frozenset({"streams:read", "streams:write", "streams:admin"})
+ALICE = Caller(tenant="acme", principal="alice", scopes=ALL)
+BOB = Caller(tenant="other", principal="bob", scopes=ALL)
+NOW = datetime(2026, 12, 7, tzinfo=UTC)
+
+
+class Counts:
+    """Counts a test sets, and how often they were read."""
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = {}
+        self.reads = 0
+
+    async def tenant_streams(self, tenant: str) -> int:
+        self.reads += 1
+        return self.count.get(tenant, 0)
+
+    tenant_bytes = tenant_streams
+
+
+class Ticks:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def request(stream_id: str) -> DefinitionRequest:
+    return msgspec.convert({"stream_id": stream_id, "direction": "output"}, DefinitionRequest)
+
+
+async def test_the_count_is_read_at_most_once_a_second_with_this_process_creations_added() -> None:
+    counts, ticks = Counts(), Ticks()
+    limit = StreamLimit(counts, 3, clock=ticks)
+    counts.count["a"] = 1
+    assert not await limit.reached("a")
+    limit.created("a")
+    assert not await limit.reached("a")
+    limit.created("a")
+    # 1 read + 2 created here: the limit, without reading again.
+    assert await limit.reached("a")
+    assert counts.reads == 1
+    # Another process deleted streams meanwhile: seen once the count is a second old.
+    counts.count["a"] = 0
+    ticks.now += 0.99
+    assert await limit.reached("a")
+    ticks.now += 0.01
+    assert not await limit.reached("a")
+    assert counts.reads == 2
+
+
+async def test_no_limit_reads_nothing() -> None:
+    counts = Counts()
+    limit = StreamLimit(counts, 0)
+    counts.count["a"] = 10**9
+    assert not await limit.reached("a")
+    assert counts.reads == 0
+
+
+async def test_the_counts_kept_are_bounded() -> None:
+    counts, ticks = Counts(), Ticks()
+    limit = StreamLimit(counts, 3, clock=ticks, max_tenants=2)
+    for tenant in ("a", "b", "c"):
+        await limit.reached(tenant)
+    await limit.reached("a")  # forgotten: read again
+    assert counts.reads == 4
+
+
+@pytest.fixture
+async def services():
+    container = memory_container(Settings(max_streams_per_tenant=2))
+    services = await start(container)
+    yield container, services
+    await stop(container)
+
+
+async def test_past_the_limit_a_new_stream_is_refused_and_one_already_there_answered(
+    services,
+) -> None:
+    container, services = services
+    create = services.create_stream
+    assert (await create(ALICE, "r", request("s1")))[1]
+    assert (await create(ALICE, "r", request("s2")))[1]
+    with pytest.raises(errors.QuotaExhausted) as refused:
+        await create(ALICE, "r", request("s3"))
+    assert refused.value.extra == {"limit": 2}
+    streams = container.streams()
+    assert isinstance(streams, MemoryStreams)
+    assert await streams.tenant_streams("acme") == 2
+    # Its creation repeated is answered as it is; a conflicting one is still a conflict.
+    document, created = await create(ALICE, "r", request("s1"))
+    assert not created and document.stream_id == "s1"
+    with pytest.raises(errors.DefinitionConflict):
+        await create(
+            ALICE,
+            "r",
+            msgspec.convert(
+                {"stream_id": "s1", "direction": "input", "schema": {}}, DefinitionRequest
+            ),
+        )
+    # Another tenant's limit is its own.
+    assert (await create(BOB, "r", request("s1")))[1]
+
+
+async def test_the_bytes_are_read_at_most_once_a_second_with_this_process_additions() -> None:
+    counts, ticks = Counts(), Ticks()
+    limit = ByteLimit(counts, 100, clock=ticks)
+    counts.count["a"] = 40
+    assert await limit.room("a") == TenantRoom(40, 100)
+    limit.added("a", 25)
+    assert await limit.room("a") == TenantRoom(65, 100)
+    assert counts.reads == 1
+    counts.count["a"] = 10  # pruned or deleted meanwhile, by any process
+    ticks.now += 1.0
+    assert await limit.room("a") == TenantRoom(10, 100)
+    assert counts.reads == 2
+    assert await ByteLimit(counts, 0).room("a") is None
+    assert counts.reads == 2
+
+
+def _append(size: int, key: str | None = None) -> AppendCommand:
+    records = [NewRecord(RecordKind.BINARY, "text/plain", b"x" * size, size)]
+    idempotency = None if key is None else Idempotency(key, fingerprint(records))
+    return AppendCommand(ALICE, records, idempotency, NOW)
+
+
+def _stream() -> Stream:
+    definition = resolve_definition(
+        DefinitionRequest(direction="output", stream_id="s"), region="local", egress_region="local"
+    )
+    stream, _ = Stream.create(StreamKey("acme", "r", "s"), definition, NOW)
+    return stream
+
+
+def test_a_group_counts_what_its_earlier_commands_stored() -> None:
+    """Each command carries the room its request saw; the decision adds what the group's
+    earlier commands stored, so two that fit alone do not pass the limit together."""
+    commands = [_append(30), _append(30), _append(10)]
+    for command in commands:
+        command.tenant_room = TenantRoom(50, 100)  # type: ignore[attr-defined]
+    outcomes, changes = decide_all(_stream(), commands, {}, {})
+    assert isinstance(outcomes[0], Done) and isinstance(outcomes[2], Done)
+    refused = outcomes[1]
+    assert isinstance(refused, Failed) and isinstance(refused.error, errors.QuotaExhausted)
+    assert refused.error.extra == {"tenant_bytes": 80, "max_tenant_bytes": 100}
+    assert [a.first_sequence for a in changes.appended] == [1, 2]
+
+
+def test_a_retry_of_what_was_stored_is_replayed_at_the_limit() -> None:
+    stream, receipts = _stream(), {}
+    first = _append(30, key="k")
+    outcomes, _ = decide_all(stream, [first], receipts, {})
+    assert isinstance(outcomes[0], Done)
+    retry = _append(30, key="k")
+    retry.tenant_room = TenantRoom(100, 100)  # type: ignore[attr-defined]
+    [replayed], _ = decide_all(stream, [retry], receipts, {})
+    assert isinstance(replayed, Replayed)
+
+
+@pytest.fixture
+async def bytes_limited():
+    """A container whose tenants' records may hold 100 bytes, counted afresh at every request
+    (so that a deletion frees room at once)."""
+    container = memory_container(Settings(max_bytes_per_tenant=100))
+    container.byte_limit.override(
+        providers.Singleton(ByteLimit, container.streams, 100, fresh_seconds=0)
+    )
+    services = await start(container)
+    yield services
+    await stop(container)
+
+
+def records(*sizes: int) -> list[RecordInput]:
+    return [RecordInput(data_base64=base64.b64encode(b"b" * n).decode()) for n in sizes]
+
+
+async def test_every_way_records_come_in_is_held_to_the_tenant_bytes(bytes_limited) -> None:
+    services = bytes_limited
+    for stream_id in ("s", "other"):
+        await services.create_stream(ALICE, "r", request(stream_id))
+    answer, _ = await services.append_records(ALICE, "r", "s", records(60), "k")
+    # Past 100 on any of the tenant's streams: refused, and nothing is appended.
+    with pytest.raises(errors.QuotaExhausted) as refused:
+        await services.append_records(ALICE, "r", "other", records(30, 20))
+    assert refused.value.extra == {"tenant_bytes": 60, "max_tenant_bytes": 100}
+    # The retry of what was stored is replayed as it was.
+    assert await services.append_records(ALICE, "r", "s", records(60), "k") == (answer, True)
+    # A Durable Streams write, and the producer's retry of what was stored.
+    claim = ProducerClaim("p", 0, 0)
+    produce = services.append_records.produce
+    written = await produce(ALICE, "r", "other", [_record(30)], producer=claim)
+    with pytest.raises(errors.QuotaExhausted):
+        await produce(ALICE, "r", "other", [_record(30)], producer=ProducerClaim("p", 0, 1))
+    again = await produce(ALICE, "r", "other", [_record(30)], producer=claim)
+    assert again.duplicate and again.head == written.head == 1
+    # An object's intent pledges its size.
+    with pytest.raises(errors.QuotaExhausted):
+        await services.objects.prepare(ALICE, "r", "s", object_request(20))
+    # Another tenant's room is its own.
+    await services.create_stream(BOB, "r", request("s"))
+    await services.append_records(BOB, "r", "s", records(90))
+    # A deletion gives the room back.
+    await services.delete_stream(ALICE, "r", "s")
+    await services.append_records(ALICE, "r", "other", records(30, 20))
+
+
+def _record(size: int) -> NewRecord:
+    return NewRecord(RecordKind.BINARY, "application/octet-stream", b"d" * size, size)
+
+
+def object_request(size: int) -> ObjectRequest:
+    body = b"o" * size
+    fields = {
+        "idempotency_key": "o",
+        "size": size,
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "content_type": "application/octet-stream",
+    }
+    return msgspec.convert(fields, ObjectRequest)
