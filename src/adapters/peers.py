@@ -54,6 +54,7 @@ from application.ports import (
     PeerUnavailable,
     Replayed,
 )
+from application.tenant_limits import TenantRoom
 from application.views import AppendAnswer
 from application.waiting import Expired, Unanswered, expire
 from domain.producers import ProducerClaim
@@ -71,6 +72,7 @@ class _Append(msgspec.Struct, array_like=True, tag=1):
     records: list[NewRecord]
     idempotency: Idempotency | None
     now: datetime
+    room: TenantRoom | None = None  # the command's `tenant_room`, decided where it commits
 
 
 class _Produce(msgspec.Struct, array_like=True, tag=2):
@@ -81,6 +83,7 @@ class _Produce(msgspec.Struct, array_like=True, tag=2):
     writer_seq: str | None
     close: bool
     content_conflict: str | None
+    room: TenantRoom | None = None
 
 
 class _Request(msgspec.Struct, array_like=True):
@@ -104,7 +107,8 @@ class _Reply(msgspec.Struct, array_like=True):
 def _wire(command: Command) -> _Append | _Produce:
     if type(command) is AppendCommand:
         records = list(command.records)
-        return _Append(command.caller, records, command.idempotency, command.now)
+        room = getattr(command, "tenant_room", None)
+        return _Append(command.caller, records, command.idempotency, command.now, room)
     if type(command) is ProduceCommand:
         return _Produce(
             command.caller,
@@ -114,23 +118,29 @@ def _wire(command: Command) -> _Append | _Produce:
             command.writer_seq,
             command.close,
             command.content_conflict,
+            getattr(command, "tenant_room", None),
         )
     raise PeerUnavailable(f"a {type(command).__name__} is committed where it is received")
 
 
 def _command(wire: _Append | _Produce) -> Command:
+    command: AppendCommand | ProduceCommand
     if type(wire) is _Append:
-        return AppendCommand(wire.caller, wire.records, wire.idempotency, wire.now)
-    assert type(wire) is _Produce
-    return ProduceCommand(
-        wire.caller,
-        wire.records,
-        wire.now,
-        producer=wire.producer,
-        writer_seq=wire.writer_seq,
-        close=wire.close,
-        content_conflict=wire.content_conflict,
-    )
+        command = AppendCommand(wire.caller, wire.records, wire.idempotency, wire.now)
+    else:
+        assert type(wire) is _Produce
+        command = ProduceCommand(
+            wire.caller,
+            wire.records,
+            wire.now,
+            producer=wire.producer,
+            writer_seq=wire.writer_seq,
+            close=wire.close,
+            content_conflict=wire.content_conflict,
+        )
+    if wire.room is not None:
+        command.tenant_room = wire.room  # type: ignore[union-attr]
+    return command
 
 
 def _outcome(reply: _Reply) -> Outcome:

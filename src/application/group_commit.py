@@ -84,6 +84,14 @@ ASIDE_BYTES = 4 * 1024 * 1024
 MAX_ASIDE = 2
 
 
+def _count_forwarded(limit: ByteLimit, key: StreamKey, command: Command, outcome: Outcome) -> None:
+    """What a write forwarded to its stream's owner stored, counted where it was received (its
+    events stay with the owner: a write that stored nothing, a producer's duplicate, says so in
+    its answer)."""
+    if type(outcome) is Done and not getattr(outcome.answer, "duplicate", False):
+        limit.added(key.tenant, sum(r.size for r in command.records))
+
+
 def _fail(taken: list[_Pending], error: BaseException) -> None:
     """Each of these requests, not answered yet, answered with `error`."""
     for pending in taken:
@@ -142,26 +150,25 @@ class GroupCommit:
         own, so that an append's trace stays in one process.
 
         With a limit on the tenants' bytes, the command carries its tenant's room
-        (`tenant_room`) to its decision, and what it stored is counted here once it is done."""
+        (`tenant_room`) to its decision, wherever it is committed. What it stored is counted
+        by the process that commits it (`_commit`), and, forwarded, by this one too: this
+        process's next requests of the tenant must not wait a second to see it."""
         limit = self._byte_limit
-        if limit is None or not (command.records or getattr(command, "pledges", False)):
-            return await self._submit(key, command)
-        command.tenant_room = await limit.room(key.tenant)  # type: ignore[attr-defined]
-        outcome = await self._submit(key, command)
-        if type(outcome) is Done:
-            limit.added(key.tenant, stored_bytes(outcome.events))
-        return outcome
-
-    async def _submit(self, key: StreamKey, command: Command) -> Outcome:
+        if limit is not None and (command.records or getattr(command, "pledges", False)):
+            command.tenant_room = await limit.room(key.tenant)  # type: ignore[attr-defined]
         peers = self._peers
         if peers is not None and getattr(command, "forwardable", False) and not tracing.on():
             owner = peers.owner(key)
             if owner is not None:
                 with spending() as seconds:
                     try:
-                        return await peers.submit(owner, key, command, seconds)
+                        outcome = await peers.submit(owner, key, command, seconds)
                     except PeerUnavailable:
                         pass  # nothing was sent: committed here
+                    else:
+                        if limit is not None:
+                            _count_forwarded(limit, key, command, outcome)
+                        return outcome
         return await self.submit_here(key, command)
 
     def enqueue(self, key: StreamKey, command: Command) -> asyncio.Future[Outcome]:
@@ -285,11 +292,15 @@ class GroupCommit:
             if not isinstance(error, Exception):
                 raise
             return
-        for (_, taken), result in zip(batch, results, strict=True):
+        for (key, taken), result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):  # that stream alone failed
                 _fail(taken, result)
                 continue
             self.throughput.committed([p[0] for p in taken], result)
+            if self._byte_limit is not None:
+                self._byte_limit.added(
+                    key.tenant, sum(stored_bytes(o.events) for o in result if type(o) is Done)
+                )
             for pending, outcome in zip(taken, result, strict=True):
                 future = pending[1]
                 if not future.done():

@@ -304,3 +304,46 @@ async def test_two_replicas_appending_and_deleting_at_once_keep_the_count_exact(
         assert held == actual > 0
         assert (await a.delete(f"{NATIVE}/runs/r")).status_code == 204
         assert await counted(pool, tenant) == (0, 0)
+
+
+async def test_under_two_workers_the_limit_holds_for_writes_their_owners_commit(
+    database_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    tokens: Tokens,
+    pool: asyncpg.Pool,
+) -> None:
+    """`serve --workers 2`: each stream's writes are committed by its owner among the two, so
+    half of what one connection writes is forwarded. The owner decides with the room the
+    receiving process saw, and the receiving process counts what it forwarded: one writer, on
+    both surfaces, never passes the limit."""
+    process = ServerProcess(
+        database_url=database_url,
+        data_dir=tmp_path_factory.mktemp("bytes-workers"),
+        env={**SERVER_ENV, "DUCTOR_STREAMS_MAX_BYTES_PER_TENANT": str(LIMIT)},
+        args=["--workers", "2"],
+    ).start()
+    try:
+        tenant = "t-" + secrets.token_hex(5)
+        async with await client_of(process, tokens, tenant) as api:
+            native = [await create(api, "r", f"s{i}") for i in range(6)]
+            for i in range(6):
+                made = await api.put(f"{DS}/r/ds{i}", headers=JSON)
+                assert made.status_code == 201, made.text
+            # Records of 100 bytes: the limit is reached within the second a count is kept.
+            refused = 0
+            for n in range(40):
+                if n % 2:
+                    answer = await append(api, native[n % 6], ["q" * 98])
+                else:
+                    answer = await api.post(
+                        f"{DS}/r/ds{n % 6}", content=b'"' + b"q" * 98 + b'"', headers=JSON
+                    )
+                if answer.status_code == 409:
+                    refused += 1
+                else:
+                    assert answer.status_code in (200, 201, 204), answer.text
+            held, actual = await counted(pool, tenant)
+            assert held == actual == LIMIT
+            assert refused == 40 - LIMIT // 100
+    finally:
+        process.stop()

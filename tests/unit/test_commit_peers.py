@@ -15,6 +15,7 @@ from adapters.peers import UnixPeers
 from application.append_records import ProduceCommand, Produced
 from application.group_commit import GroupCommit
 from application.ports import Command, Done, Failed, Outcome, PeerUnavailable, Replayed
+from application.tenant_limits import TenantRoom
 from application.views import AppendAnswer, Credit
 from application.waiting import Unanswered
 from domain import errors
@@ -114,6 +115,31 @@ async def test_an_append_and_a_durable_streams_write_come_back_with_their_answer
     )
     assert isinstance(got_produce, ProduceCommand)
     assert (got_produce.producer, got_produce.writer_seq, got_produce.close) == (claim, "s1", True)
+    # Without a limit on the tenants' bytes, they carry no room.
+    assert getattr(got_append, "tenant_room", None) is None
+
+
+async def test_a_forwarded_write_carries_its_tenant_room_to_its_decision(
+    tmp_path: Path, started: list[UnixPeers]
+) -> None:
+    """The owner decides the tenant's limit with the room the receiving process saw: a write
+    forwarded without it would pass the limit under `--workers N`."""
+    seen: list[Command] = []
+
+    def enqueue(key: StreamKey, command: Command) -> asyncio.Future[Outcome]:
+        seen.append(command)
+        return answering(Done([], None))(key, command)
+
+    a, _ = await pair(tmp_path, started, enqueue)
+    key = owned_by(a, "b")
+    room = TenantRoom(held=90, limit=100)
+    sent = append([record(b'"x"')])
+    sent.tenant_room = room  # type: ignore[attr-defined]
+    produce = ProduceCommand(WRITER, [record()], NOW)
+    produce.tenant_room = room  # type: ignore[attr-defined]
+    for command in (sent, produce):
+        await a.submit("b", key, command, 2.0)
+    assert [getattr(c, "tenant_room", None) for c in seen] == [room, room]
 
 
 async def test_a_refusal_and_a_replay_come_back_as_themselves(
