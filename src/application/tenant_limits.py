@@ -47,6 +47,13 @@ class _Tally:
         self._max_tenants = max_tenants
         self._known: OrderedDict[str, tuple[int, float]] = OrderedDict()
 
+    def fresh(self, tenant: str) -> int | None:
+        """The count, if it was read within `fresh` seconds (no await on the append path)."""
+        known = self._known.get(tenant)
+        if known is None or self._clock() - known[1] >= self._fresh:
+            return None
+        return known[0]
+
     async def count(self, tenant: str) -> int:
         now = self._clock()
         known = self._known.get(tenant)
@@ -134,7 +141,10 @@ class ByteLimit:
         since, and its limit; None without a limit."""
         if not self.limit:
             return None
-        return TenantRoom(await self._tally.count(tenant), self.limit)
+        held = self._tally.fresh(tenant)
+        if held is None:
+            held = await self._tally.count(tenant)
+        return TenantRoom(held, self.limit)
 
     def added(self, tenant: str, size: int) -> None:
         """This process stored `size` more bytes of the tenant's records."""
