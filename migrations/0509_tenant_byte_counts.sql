@@ -1,12 +1,14 @@
--- How many bytes each tenant's records hold, for its limit (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT):
--- the sum of `stream_records.size` (an object's record counts its object's size). Kept as
+-- How many bytes each tenant holds, for its limit (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT): the sum
+-- of `stream_records.size` (an object's record counts its object's size) and of the sizes its
+-- open object intents pledge (their bodies are being uploaded, or wait for a commit). Kept as
 -- 0505's stream counts are, one row per tenant and backend, so that two transactions never
 -- wait for each other here; but not by triggers: a statement-level trigger's transition table
 -- would hold a copy of every row written or deleted, payloads and all, and every append's write
--- statement would pay for it. The statements that insert or delete records add their own
--- change instead (adapters/postgres/tenant_counts.py, `COUNT_BYTES`): the write statement, a
--- large group's COPY, a prune and an erasure. The storage cleanup folds the rows of backends
--- that have ended into the tenant's row of backend 0.
+-- statement would pay for it. The statements that insert or delete records, and that open or
+-- end intents, add their own change instead (adapters/postgres/tenant_counts.py,
+-- `COUNT_BYTES`): the write statement, a large group's COPY, a prune, an intent's prepare and
+-- end (a commit, an abort, an expiry), and an erasure. The storage cleanup folds the rows of
+-- backends that have ended into the tenant's row of backend 0.
 CREATE TABLE tenant_byte_counts (
     tenant  text NOT NULL,
     backend integer NOT NULL,
@@ -14,8 +16,13 @@ CREATE TABLE tenant_byte_counts (
     PRIMARY KEY (tenant, backend)
 );
 
--- The records already there, counted while no record is written: a write waits for this lock
--- until the migration commits, so none is counted twice or missed.
-LOCK TABLE stream_records IN SHARE MODE;
+-- The records and open intents already there, counted while none is written: a write waits for
+-- these locks until the migration commits, so none is counted twice or missed.
+LOCK TABLE stream_records, object_intents IN SHARE MODE;
 INSERT INTO tenant_byte_counts (tenant, backend, bytes)
-SELECT tenant, 0, sum(size) FROM stream_records GROUP BY tenant;
+SELECT tenant, 0, sum(size) FROM (
+    SELECT tenant, size FROM stream_records
+    UNION ALL
+    SELECT tenant, size FROM object_intents WHERE state IN ('prepared', 'uploaded')
+) AS held
+GROUP BY tenant;

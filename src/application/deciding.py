@@ -30,6 +30,9 @@ from application.tenant_limits import TenantRoom
 from domain.errors import IdempotencyKeyReused
 from domain.events import (
     Event,
+    ObjectAborted,
+    ObjectCommitted,
+    ObjectExpired,
     ObjectPrepared,
     RecordsAppended,
     StreamDeleted,
@@ -133,11 +136,13 @@ def decide_all(
             outcomes.append(Failed(error))
             continue
         room: TenantRoom | None = getattr(command, "tenant_room", None)
-        if room is not None and (adding := stored_bytes(events)):
+        adding = 0
+        if room is not None and (adding := stored_bytes(stream, events)):
             # The tenant's limit (application/tenant_limits.py): decided here, after a retry of
             # what was stored is recognized above or by the decision (a duplicate stores
-            # nothing), so that one is answered as before at the limit.
-            if room.held + stored + adding > room.limit:
+            # nothing), so that one is answered as before at the limit. What gives room back
+            # (an abort; a commit turns its pledge into its record) is never refused.
+            if adding > 0 and room.held + stored + adding > room.limit:
                 outcomes.append(Failed(room.refusal(adding, stored)))
                 continue
             stored += adding
@@ -158,7 +163,7 @@ def decide_all(
             receipt = Receipt(idem.key, idem.fingerprint, _encode(answer))
             receipts[idem.key] = receipt
             changes.receipts.append(receipt)
-        outcomes.append(Done(events=events, answer=answer))
+        outcomes.append(Done(events=events, answer=answer, stored=adding))
     changes.deleted = any(type(e) is StreamDeleted for e in changes.events)
     if changes.events and not stream.state.deleted:  # an erased stream keeps no journal
         changes.snapshot = snapshot_if_due(
@@ -169,15 +174,25 @@ def decide_all(
     return outcomes, changes
 
 
-def stored_bytes(events: Sequence[Event]) -> int:
-    """The bytes these events store in records, or pledge to an object's record: what counts
-    against the tenant's limit on its records' bytes."""
+def stored_bytes(stream: Stream, events: Sequence[Event]) -> int:
+    """What these events, not yet applied to `stream`, add to its tenant's bytes: records'
+    sizes, and the sizes open object intents pledge, less the pledges they end (a commit ends
+    its intent's pledge as its record takes it up: the two together add nothing)."""
     size = 0
     for event in events:
-        if type(event) is RecordsAppended:
-            size += event.bytes
-        elif type(event) is ObjectPrepared:
-            size += event.intent.size
+        match event:
+            case RecordsAppended(bytes=appended):
+                size += appended
+            case ObjectPrepared(intent=intent):
+                size += intent.size
+            case (
+                ObjectCommitted(object_id=ended)
+                | ObjectAborted(object_id=ended)
+                | ObjectExpired(object_id=ended)
+            ):
+                pledged = stream.state.objects.get(ended)
+                if pledged is not None:
+                    size -= pledged.size
     return size
 
 

@@ -36,7 +36,6 @@ from itertools import islice
 from typing import TYPE_CHECKING, TypeVar
 
 from application import tracing
-from application.deciding import stored_bytes
 from application.ports import (
     AnsweringCommand,
     Command,
@@ -298,9 +297,7 @@ class GroupCommit:
                 continue
             self.throughput.committed([p[0] for p in taken], result)
             if self._byte_limit is not None:
-                self._byte_limit.added(
-                    key.tenant, sum(stored_bytes(o.events) for o in result if type(o) is Done)
-                )
+                self._byte_limit.added(key.tenant, sum(o.stored for o in result if type(o) is Done))
             for pending, outcome in zip(taken, result, strict=True):
                 future = pending[1]
                 if not future.done():

@@ -69,6 +69,9 @@ class AnsweringCommand(Command, Protocol[AnswerT_co]):
 class Done(msgspec.Struct, frozen=True):
     events: list[Event]
     answer: Any
+    # The bytes the command added to its tenant's (records, and objects' pledges; less what it
+    # released), when its tenant's bytes are limited (`tenant_room`): counted by the process.
+    stored: int = 0
 
 
 class Replayed(msgspec.Struct, frozen=True):

@@ -5,7 +5,6 @@ over without losing one."""
 from __future__ import annotations
 
 import secrets
-import shutil
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from adapters.postgres.migrations import migrate, migrations_dir, pending_files
+from adapters.postgres.migrations import migrate
 from adapters.postgres.streams import PostgresStreams
 from application.append_records import ProduceCommand
 from application.ports import Failed
@@ -22,7 +21,7 @@ from domain.producers import ProducerClaim
 from domain.state import Producer, StreamState, encode_state
 from domain.stream import Stream, StreamKey, encode_definition
 from tests.support.builders import NOW, WRITER, definition, new_key, record
-from tests.support.postgres import with_database
+from tests.support.postgres import database_before
 
 KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
 
@@ -72,23 +71,8 @@ async def test_an_append_stores_no_producer_in_the_snapshot_and_touches_only_its
 @pytest.fixture
 async def before_0491(postgres_admin_url: str, tmp_path: Path) -> AsyncIterator[str]:
     """A database migrated up to the migration before 0491."""
-    name = "ds_test_" + secrets.token_hex(4)
-    admin = await asyncpg.connect(postgres_admin_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    older = tmp_path / "migrations"
-    older.mkdir()
-    for version, path in pending_files(migrations_dir()):
-        if version < 491:
-            shutil.copy(path, older / path.name)
-    url = with_database(postgres_admin_url, name)
-    conn = await asyncpg.connect(url)
-    try:
-        await migrate(conn, older)
-    finally:
-        await conn.close()
-    yield url
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.close()
+    async with database_before(postgres_admin_url, 491, tmp_path) as url:
+        yield url
 
 
 async def test_migration_0491_moves_the_producers_out_of_the_snapshots(before_0491: str) -> None:

@@ -10,13 +10,16 @@ import asyncio
 import hashlib
 import secrets
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
 
+from adapters.postgres.migrations import migrate
 from adapters.postgres.tenant_counts import fold_tenant_counts, tenant_bytes
 from tests.conftest import SERVER_ENV, Tokens
+from tests.support.postgres import database_before
 from tests.support.server import ServerProcess, WorkerProcess
 
 LIMIT = 1_000
@@ -67,11 +70,25 @@ async def api(limited: ServerProcess, tokens: Tokens) -> AsyncIterator[httpx.Asy
 
 
 async def counted(pool: asyncpg.Pool, tenant: str) -> tuple[int, int]:
-    """The tenant's bytes as the write statements count them, and as its records hold them."""
+    """The tenant's bytes as the write statements count them, and as its records and open
+    object intents hold them."""
     actual = await pool.fetchval(
-        "SELECT coalesce(sum(size), 0) FROM stream_records WHERE tenant = $1", tenant
+        "SELECT coalesce(sum(size), 0) FROM ("
+        " SELECT size FROM stream_records WHERE tenant = $1"
+        " UNION ALL SELECT size FROM object_intents"
+        " WHERE tenant = $1 AND state IN ('prepared', 'uploaded')) AS held",
+        tenant,
     )
     return await tenant_bytes(pool, tenant), actual
+
+
+def intent_of(body: bytes, key: str) -> dict:
+    return {
+        "idempotency_key": key,
+        "size": len(body),
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "content_type": "application/octet-stream",
+    }
 
 
 async def create(api: httpx.AsyncClient, run: str, stream: str, **definition: object) -> str:
@@ -117,25 +134,29 @@ async def test_every_way_of_writing_and_removing_records_is_counted(
         held, actual = await counted(pool, tenant)
         assert held == actual
 
-        # An object's record counts its object's size.
+        # An object's intent pledges its size from its prepare; its record counts it once
+        # committed; an aborted one's pledge ends.
         body = secrets.token_bytes(70_000)
         objects = await create(api, "r1", "objects")
-        prepared = await api.post(
-            f"{objects}/objects",
-            json={
-                "idempotency_key": "k",
-                "size": len(body),
-                "sha256": hashlib.sha256(body).hexdigest(),
-                "content_type": "application/octet-stream",
-            },
-        )
+        prepared = await api.post(f"{objects}/objects", json=intent_of(body, "k"))
         assert prepared.status_code == 201, prepared.text
-        object_path = f"{objects}/objects/{prepared.json()['object_id']}"
-        assert (await api.put(f"{object_path}/body", content=body)).status_code == 200
-        assert (await api.post(f"{object_path}/commit")).status_code == 201
         before = held
         held, actual = await counted(pool, tenant)
         assert held == actual == before + len(body)
+        object_path = f"{objects}/objects/{prepared.json()['object_id']}"
+        assert (await api.put(f"{object_path}/body", content=body)).status_code == 200
+        assert (await api.post(f"{object_path}/commit")).status_code == 201
+        assert await counted(pool, tenant) == (held, actual)
+        dropped = await api.post(f"{objects}/objects", json=intent_of(b"a" * 5_000, "a"))
+        assert (await counted(pool, tenant))[0] == held + 5_000
+        aborted = await api.post(f"{objects}/objects/{dropped.json()['object_id']}/abort")
+        assert aborted.status_code == 200, aborted.text
+        assert await counted(pool, tenant) == (held, actual)
+        # One left open goes with its stream (below).
+        left = await api.post(f"{objects}/objects", json=intent_of(b"l" * 3_000, "l"))
+        assert left.status_code == 201, left.text
+        held, actual = await counted(pool, tenant)
+        assert held == actual
 
         # A prune by retention (the worker's).
         kept = await create(api, "r3", "kept", retention={"max_records": 2})
@@ -249,16 +270,7 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
     assert (await api.head(f"{DS}/run/ds2")).status_code == 404
 
     # An object's intent whose size would pass the limit.
-    refused = await api.post(
-        f"{path}/objects",
-        json={
-            "idempotency_key": "o",
-            "size": 500,
-            "sha256": hashlib.sha256(b"o" * 500).hexdigest(),
-            "content_type": "application/octet-stream",
-        },
-    )
-    await problem_of(refused)
+    await problem_of(await api.post(f"{path}/objects", json=intent_of(b"o" * 500, "o")))
 
     # Another tenant is not held by it.
     async with await client_of(limited, tokens, "t-" + secrets.token_hex(5)) as other:
@@ -347,3 +359,85 @@ async def test_under_two_workers_the_limit_holds_for_writes_their_owners_commit(
             assert refused == 40 - LIMIT // 100
     finally:
         process.stop()
+
+
+async def test_open_intents_pledge_their_sizes_and_a_commit_at_the_limit_goes_through(
+    limited: ServerProcess, tokens: Tokens, pool: asyncpg.Pool
+) -> None:
+    """Object bodies uploaded for intents never committed would otherwise be stored beyond the
+    limit (in the object store): an intent pledges its size from its prepare. A commit turns
+    its pledge into its record, so it is not refused at the limit; an abort gives the room
+    back."""
+    tenant = "t-" + secrets.token_hex(5)
+    async with await client_of(limited, tokens, tenant) as api:
+        await pledges_at_the_limit(api, pool, tenant)
+
+
+async def pledges_at_the_limit(api: httpx.AsyncClient, pool: asyncpg.Pool, tenant: str) -> None:
+    paths = [await create(api, "run", f"o{i}") for i in range(4)]
+    body = b"p" * 300
+    intents = []
+    for i, path in enumerate(paths[:3]):
+        prepared = await api.post(f"{path}/objects", json=intent_of(body, f"k{i}"))
+        assert prepared.status_code == 201, prepared.text
+        intents.append(f"{path}/objects/{prepared.json()['object_id']}")
+    # 900 pledged: a fourth intent, and an append of 200, would pass 1,000.
+    problem = await problem_of(await api.post(f"{paths[3]}/objects", json=intent_of(body, "k3")))
+    assert problem["tenant_bytes"] == 900
+    await problem_of(await append(api, paths[3], ["x" * 198]))
+    assert (await append(api, paths[3], ["x" * 98])).status_code == 201  # 1,000 now
+    # Each commit at the limit goes through.
+    for intent in intents[:2]:
+        assert (await api.put(f"{intent}/body", content=body)).status_code == 200
+        committed = await api.post(f"{intent}/commit")
+        assert committed.status_code == 201, committed.text
+    assert await counted(pool, tenant) == (1_000, 1_000)
+    # An abort gives its pledge back.
+    assert (await api.post(f"{intents[2]}/abort")).status_code == 200
+    assert await counted(pool, tenant) == (700, 700)
+    for _ in range(40):
+        answer = await append(api, paths[3], ["x" * 198])
+        if answer.status_code != 409:
+            break
+        await asyncio.sleep(0.1)
+    assert answer.status_code == 201, answer.text
+
+
+async def test_migration_0509_counts_the_records_and_open_intents_already_there(
+    postgres_admin_url: str, tmp_path: Path
+) -> None:
+    async with database_before(postgres_admin_url, 509, tmp_path) as url:
+        conn = await asyncpg.connect(url)
+        try:
+            record = (
+                "INSERT INTO stream_records (tenant, run_id, stream_id, sequence, appended_at,"
+                " kind, content_type, size, end_offset, payload)"
+                " VALUES ($1, 'r', $2, $3, now(), 1, 'text/plain', $4, 0, '\\x00')"
+            )
+            for tenant, stream, sequence, size in [
+                ("a", "s", 1, 10),
+                ("a", "s", 2, 20),
+                ("a", "t", 1, 5),
+                ("b", "s", 1, 7),
+            ]:
+                await conn.execute(record, tenant, stream, sequence, size)
+            intent = (
+                "INSERT INTO object_intents (tenant, run_id, stream_id, object_id,"
+                " idempotency_key, state, size, sha256, content_type, storage_region,"
+                " storage_key, receipt, expires_at, created_at, updated_at)"
+                " VALUES ('a', 'r', 's', $1, $1, $2, $3, '\\x00', 'x', 'local', $1, '\\x00',"
+                " now(), now(), now())"
+            )
+            for object_id, state, size in [
+                ("o1", "prepared", 100),
+                ("o2", "uploaded", 200),
+                ("o3", "committed", 400),  # its record counts it (not inserted here)
+                ("o4", "aborted", 800),
+            ]:
+                await conn.execute(intent, object_id, state, size)
+            assert "0509_tenant_byte_counts.sql" in await migrate(conn)
+            assert await tenant_bytes(conn, "a") == 335
+            assert await tenant_bytes(conn, "b") == 7
+            assert await tenant_bytes(conn, "c") == 0
+        finally:
+            await conn.close()

@@ -10,14 +10,15 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from adapters.postgres.migrations import migrate
+from adapters.postgres.migrations import migrate, migrations_dir, pending_files
 
 
 def _docker_answers() -> bool:
@@ -85,3 +86,28 @@ async def drop_test_database(admin_url: str, name: str) -> None:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def database_before(admin_url: str, version: int, scratch: Path) -> AsyncIterator[str]:
+    """A new database migrated up to the migration before `version` (its URL), dropped after:
+    a migration's test fills it as an older version left it, then migrates the rest."""
+    name = "ds_test_" + secrets.token_hex(4)
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        older = scratch / f"migrations-before-{version}"
+        older.mkdir()
+        for number, path in pending_files(migrations_dir()):
+            if number < version:
+                shutil.copy(path, older / path.name)
+        url = with_database(admin_url, name)
+        conn = await asyncpg.connect(url)
+        try:
+            await migrate(conn, older)
+        finally:
+            await conn.close()
+        yield url
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()

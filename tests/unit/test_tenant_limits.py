@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 import pytest
@@ -17,12 +17,12 @@ from dependency_injector import providers
 from adapters.memory.streams import MemoryStreams
 from application.access import Caller
 from application.append_records import AppendCommand
-from application.deciding import decide_all
+from application.deciding import decide_all, stored_bytes
 from application.ports import Done, Failed, Idempotency, Replayed
 from application.tenant_limits import ByteLimit, StreamLimit, TenantRoom
 from domain import errors
 from domain.definition import DefinitionRequest, resolve_definition
-from domain.objects import ObjectRequest
+from domain.objects import AuthorizationReceipt, ObjectIntent, ObjectRequest
 from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordInput, RecordKind, fingerprint
 from domain.stream import Stream, StreamKey
@@ -198,7 +198,7 @@ async def bytes_limited():
         providers.Singleton(ByteLimit, container.streams, 100, fresh_seconds=0)
     )
     services = await start(container)
-    yield services
+    yield container, services
     await stop(container)
 
 
@@ -207,7 +207,7 @@ def records(*sizes: int) -> list[RecordInput]:
 
 
 async def test_every_way_records_come_in_is_held_to_the_tenant_bytes(bytes_limited) -> None:
-    services = bytes_limited
+    container, services = bytes_limited
     for stream_id in ("s", "other"):
         await services.create_stream(ALICE, "r", request(stream_id))
     answer, _ = await services.append_records(ALICE, "r", "s", records(60), "k")
@@ -228,6 +228,9 @@ async def test_every_way_records_come_in_is_held_to_the_tenant_bytes(bytes_limit
     # An object's intent pledges its size.
     with pytest.raises(errors.QuotaExhausted):
         await services.objects.prepare(ALICE, "r", "s", object_request(20))
+    assert await container.streams().tenant_bytes("acme") == 90
+    await services.objects.prepare(ALICE, "r", "s", object_request(10))
+    assert await container.streams().tenant_bytes("acme") == 100
     # Another tenant's room is its own.
     await services.create_stream(BOB, "r", request("s"))
     await services.append_records(BOB, "r", "s", records(90))
@@ -249,3 +252,35 @@ def object_request(size: int) -> ObjectRequest:
         "content_type": "application/octet-stream",
     }
     return msgspec.convert(fields, ObjectRequest)
+
+
+def test_an_intent_pledges_its_size_until_its_commit_takes_it_up_or_it_ends() -> None:
+    """`stored_bytes`: a prepare adds its size, a commit adds its record and ends its pledge
+    (nothing in all), an abort or an expiry gives it back."""
+    stream = _stream()
+    request = object_request(40)
+    intent = ObjectIntent(
+        object_id="o1",
+        idempotency_key="o",
+        state="prepared",
+        size=40,
+        sha256=request.sha256,
+        content_type=request.content_type,
+        schema=None,
+        storage_region="local",
+        storage_key="k",
+        receipt=AuthorizationReceipt(principal="alice", scopes=(), decided_at=NOW),
+        expires_at=NOW + timedelta(hours=1),
+        created_at=NOW,
+    )
+    prepared = stream.prepare_object(intent, NOW, None)
+    assert stored_bytes(stream, prepared) == 40
+    for event in prepared:
+        stream.apply(event)
+    for event in stream.mark_uploaded("o1", NOW):
+        stream.apply(event)
+    record = NewRecord(RecordKind.OBJECT, request.content_type, b"{}", 40)
+    committed = stream.commit_object("o1", 40, request.sha256, record, NOW)
+    assert stored_bytes(stream, committed) == 0
+    assert stored_bytes(stream, stream.abort_object("o1", NOW)) == -40
+    assert stored_bytes(stream, _stream().append([_record(7)], NOW)) == 7

@@ -388,12 +388,13 @@ class MemoryStreams:
         return sum(1 for key in self._rows if key.tenant == tenant)
 
     async def tenant_bytes(self, tenant: str) -> int:
-        return sum(
-            record.size
-            for key, row in self._rows.items()
-            if key.tenant == tenant
-            for record in row.records.values()
-        )
+        held = 0
+        for key, row in self._rows.items():
+            if key.tenant == tenant:
+                held += sum(record.size for record in row.records.values())
+                # open intents pledge their sizes (committed ones are records already)
+                held += sum(i.size for i in decode_state(row.state).objects.values())
+        return held
 
     async def list_runs(
         self, tenant: str, after: str | None, limit: int, prefix: str = ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from adapters.postgres.connections import Connection
-from adapters.postgres.intents import TAKE_OVER
+from adapters.postgres.intents import OPEN, TAKE_OVER
 from adapters.postgres.tenant_counts import COUNT_BYTES
 from application.deletions import ERASED_STREAM
 from domain.stream import StreamKey
@@ -42,6 +42,13 @@ ERASED_TABLES: tuple[str, ...] = (
 )
 
 _OF_THEM = "tenant = $1 AND run_id = $2 AND stream_id = ANY($3::text[])"
+# The tables whose erased rows count in their tenants' bytes: what each returns, and which of
+# those count.
+_RETURNING = {
+    "stream_records": " RETURNING tenant, size",
+    "object_intents": " RETURNING tenant, size, state",
+}
+_COUNTED = {"stream_records": "", "object_intents": f" WHERE state IN {OPEN}"}
 # Streams of any tenants and runs: their keys as three arrays, one element a stream.
 _OF_KEYS = (
     "(tenant, run_id, stream_id) IN (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))"
@@ -52,14 +59,19 @@ def erase_statement(tables: Sequence[str] = ERASED_TABLES, of_them: str = _OF_TH
     """Data-modifying CTEs all read the statement's snapshot, so the outbox is filled from the
     intents the same statement deletes."""
     deletes = ",\n".join(
-        f"erased_{table} AS (DELETE FROM {table} WHERE {of_them}"
-        + (" RETURNING tenant, size" if table == "stream_records" else "")
-        + ")"
+        f"erased_{table} AS (DELETE FROM {table} WHERE {of_them}{_RETURNING.get(table, '')})"
         for table in tables
     )
-    if "stream_records" in tables:
-        # The records' bytes, taken from their tenants' counts (tenant_counts.py).
-        records = "SELECT tenant, size FROM erased_stream_records"
+    # The records' bytes and the open intents' pledges, taken from their tenants' counts
+    # (tenant_counts.py) in one part of the statement: two parts that changed the same count
+    # row would leave one of the changes.
+    counted = [
+        f"SELECT tenant, size FROM erased_{table}{_COUNTED[table]}"
+        for table in tables
+        if table in _COUNTED
+    ]
+    if counted:
+        records = " UNION ALL ".join(counted)
         deletes += f",\nuncounted AS ({COUNT_BYTES.format(sign='-', records=records)})"
     return f"""
 WITH bodies AS (

@@ -8,6 +8,7 @@ import asyncpg
 import msgspec
 
 from adapters.postgres.connections import Connection
+from adapters.postgres.tenant_counts import COUNT_BYTES
 from application.deletions import UPLOADING
 from domain.events import (
     Event,
@@ -22,18 +23,36 @@ from domain.objects import AuthorizationReceipt, ObjectIntent
 from domain.stream import StreamKey
 
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
+OPEN = "('prepared', 'uploaded')"  # the states of an intent whose size is pledged
 _encode = msgspec.json.Encoder().encode
 _receipt = msgspec.json.Decoder(AuthorizationReceipt)
 
-_INSERT = """
-INSERT INTO object_intents
-    (tenant, run_id, stream_id, object_id, idempotency_key, state, size, sha256, content_type,
-     schema, storage_region, storage_key, receipt, expires_at, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, 'prepared', $6, $7, $8, $9, $10, $11, $12, $13, $14, $14)
+# An open intent's size counts in its tenant's bytes (tenant_counts.py) from its prepare until
+# it is committed (its record counts it then), aborted, expired or erased.
+_INSERT = f"""
+WITH made AS (
+    INSERT INTO object_intents
+        (tenant, run_id, stream_id, object_id, idempotency_key, state, size, sha256, content_type,
+         schema, storage_region, storage_key, receipt, expires_at, created_at, updated_at)
+    VALUES ($1, $2, $3, $4, $5, 'prepared', $6, $7, $8, $9, $10, $11, $12, $13, $14, $14)
+    RETURNING tenant, size
+)
+{COUNT_BYTES.format(sign="", records="SELECT tenant, size FROM made")}
 """
 _STATE = f"""
 UPDATE object_intents SET state = $5, sequence = coalesce($6, sequence), updated_at = $7
 WHERE {_KEY} AND object_id = $4
+"""
+# A state that ends the intent's pledge, taken from its tenant's bytes if it was open.
+_ENDED_STATE = f"""
+WITH ended AS (
+    UPDATE object_intents i
+    SET state = $5, sequence = coalesce($6, i.sequence), updated_at = $7
+    FROM (SELECT state FROM object_intents WHERE {_KEY} AND object_id = $4) AS before
+    WHERE i.tenant = $1 AND i.run_id = $2 AND i.stream_id = $3 AND i.object_id = $4
+    RETURNING i.tenant, i.size, before.state AS was
+)
+{COUNT_BYTES.format(sign="-", records=f"SELECT tenant, size FROM ended WHERE was IN {OPEN}")}
 """
 # A body is queued once (a unique key). A deletion an upload armed (`UPLOADING`) is taken over
 # by the one queued now, done or not: due at once, and, while a put that armed it may still land,
@@ -147,10 +166,10 @@ async def project_objects(conn: Connection, key: StreamKey, events: list[Event])
                 await conn.execute(_STATE, *key, oid, "uploaded", None, event.at)
                 await conn.execute(_DISARM, *key, oid)
             case ObjectCommitted(object_id=oid, sequence=sequence):
-                await conn.execute(_STATE, *key, oid, "committed", sequence, event.at)
+                await conn.execute(_ENDED_STATE, *key, oid, "committed", sequence, event.at)
             case ObjectAborted(object_id=oid) | ObjectExpired(object_id=oid):
                 state = "aborted" if isinstance(event, ObjectAborted) else "expired"
-                await conn.execute(_STATE, *key, oid, state, None, event.at)
+                await conn.execute(_ENDED_STATE, *key, oid, state, None, event.at)
                 await conn.execute(_QUEUE_ONE, *key, oid, state)
             case RecordsPruned(through_sequence=through):
                 await conn.execute(_QUEUE_PRUNED, *key, through)
