@@ -22,6 +22,9 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
+from application import tracing
+from application.access import Caller
+from application.errors import Forbidden
 from application.ports import TenantCounts
 from domain.errors import QuotaExhausted
 
@@ -150,3 +153,35 @@ class ByteLimit:
         """This process stored `size` more bytes of the tenant's records."""
         if size:
             self._tally.add(tenant, size)
+
+
+class UsageView(msgspec.Struct, frozen=True):
+    """What a tenant holds against its limits (`GET /usage`)."""
+
+    streams: int  # the streams it holds (one deleted while forks read it, until it is erased)
+    max_streams: int | None  # DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT (null: no limit)
+    bytes: int  # its records' sizes and its open object intents' pledges
+    max_bytes: int | None  # DUCTOR_STREAMS_MAX_BYTES_PER_TENANT (null: no limit)
+
+
+class TenantUsage:
+    """The caller's tenant's counts, read now (not the second-old view the limits decide by),
+    against its limits. Tenant-wide: an administrator's, not one restricted to runs (the
+    others' streams and bytes are not its to see)."""
+
+    def __init__(self, counts: TenantCounts, streams: StreamLimit, bytes_: ByteLimit) -> None:
+        self._counts = counts
+        self._streams = streams
+        self._bytes = bytes_
+
+    @tracing.use_case("tenant usage")
+    async def __call__(self, caller: Caller) -> UsageView:
+        caller.require("streams:admin")
+        if caller.runs is not None:
+            raise Forbidden("a token restricted to runs cannot see its tenant's usage")
+        return UsageView(
+            streams=await self._counts.tenant_streams(caller.tenant),
+            max_streams=self._streams.limit or None,
+            bytes=await self._counts.tenant_bytes(caller.tenant),
+            max_bytes=self._bytes.limit or None,
+        )

@@ -281,6 +281,13 @@ class StreamsClient:
         """Revoke a token by its id: refused everywhere within 2 seconds."""
         await self._run(core.revoke_token(token_id))
 
+    # -- usage ------------------------------------------------------------------------------------
+
+    async def usage(self) -> models.Usage:
+        """What the tenant holds against its limits (needs `streams:admin`, and a token not
+        restricted to runs). Past a limit, a creation or an append is `QuotaExhausted`."""
+        return await self._run(core.usage())
+
     # -- subscriptions ----------------------------------------------------------------------------
 
     async def put_subscription(

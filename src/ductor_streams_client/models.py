@@ -248,6 +248,17 @@ class RunsPage(_Answer, frozen=True):
     next_after: str | None
 
 
+class Usage(_Answer, frozen=True):
+    """What the tenant holds against its limits, counted when asked (`StreamsClient.usage`):
+    its streams, and its records' bytes with what its open object intents pledge. A limit of
+    None is no limit."""
+
+    streams: int
+    max_streams: int | None
+    bytes: int
+    max_bytes: int | None
+
+
 # -- tokens ----------------------------------------------------------------------------------------
 
 

@@ -242,6 +242,12 @@ class SyncStreamsClient:
         """Revoke a token by its id: refused everywhere within 2 seconds."""
         self._run(core.revoke_token(token_id))
 
+    # -- usage ------------------------------------------------------------------------------------
+
+    def usage(self) -> models.Usage:
+        """What the tenant holds against its limits; see `StreamsClient.usage`."""
+        return self._run(core.usage())
+
     # -- subscriptions ----------------------------------------------------------------------------
 
     def put_subscription(

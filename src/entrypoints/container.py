@@ -85,7 +85,7 @@ from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe
 from application.subscriptions import DeliverWakes, Subscriptions, WakeScheduler, WakeTokens
-from application.tenant_limits import ByteLimit, StreamLimit
+from application.tenant_limits import ByteLimit, StreamLimit, TenantUsage
 from application.throughput import Throughput
 from application.tokens import Authenticate, IssueToken, MintToken, TenantTokens, TokenCache
 from application.wake import WakeRegistry
@@ -397,6 +397,7 @@ class Container(containers.DeclarativeContainer):
     delete_stream = providers.Singleton(DeleteStream, definitions, commits, clock)
     delete_run = providers.Singleton(DeleteRun, streams, definitions, clock)
     list_runs = providers.Singleton(ListRuns, streams, access_log)
+    tenant_usage = providers.Singleton(TenantUsage, streams, stream_limit, byte_limit)
     object_stores = providers.Resource(open_object_stores, settings)
     objects = providers.Singleton(
         Objects,
@@ -635,6 +636,7 @@ class Services:
     delete_stream: DeleteStream
     delete_run: DeleteRun
     list_runs: ListRuns
+    tenant_usage: TenantUsage
     subscribe: Subscribe
     objects: Objects
     list_objects: ListOpenObjects
@@ -690,6 +692,7 @@ async def start(container: Container) -> Services:
         delete_stream=await provided(c.delete_stream),
         delete_run=await provided(c.delete_run),
         list_runs=await provided(c.list_runs),
+        tenant_usage=await provided(c.tenant_usage),
         subscribe=await provided(c.subscribe),
         objects=await provided(c.objects),
         list_objects=await provided(c.list_objects),

@@ -51,6 +51,7 @@ SHARED: dict[str, type[msgspec.Struct]] = {
     "WakeView": models.SubscriptionWake,
     "ClaimAnswer": models.WakeClaim,
     "WakeAnswer": models.WakeAnswer,
+    "UsageView": models.Usage,
 }
 # Fields the server's schema leaves open (any JSON) that the client reads as a documented shape.
 NARROWED = {

@@ -18,6 +18,7 @@ import pytest
 
 from adapters.postgres.migrations import migrate
 from adapters.postgres.tenant_counts import fold_tenant_counts, tenant_bytes
+from ductor_streams_client import StreamsClient, Usage
 from tests.conftest import SERVER_ENV, Tokens
 from tests.support.postgres import database_before
 from tests.support.server import ServerProcess, WorkerProcess
@@ -441,3 +442,48 @@ async def test_migration_0509_counts_the_records_and_open_intents_already_there(
             assert await tenant_bytes(conn, "c") == 0
         finally:
             await conn.close()
+
+
+async def test_usage_shows_what_the_tenant_holds_against_its_limits(
+    limited: ServerProcess, server: ServerProcess, tokens: Tokens, pool: asyncpg.Pool
+) -> None:
+    tenant = "t-" + secrets.token_hex(5)
+    async with await client_of(limited, tokens, tenant) as api:
+        path = await create(api, "run", "s")
+        assert (await append(api, path, ["u" * 98] * 2)).status_code == 201
+        prepared = await api.post(f"{path}/objects", json=intent_of(b"i" * 50, "i"))
+        assert prepared.status_code == 201, prepared.text
+        usage = await api.get(f"{NATIVE}/usage")
+        assert usage.status_code == 200, usage.text
+        assert usage.json() == {
+            "streams": 1,
+            "max_streams": 1_000_000,
+            "bytes": 250,
+            "max_bytes": LIMIT,
+        }
+        # The typed client reads it too.
+        token = api.headers["Authorization"].removeprefix("Bearer ")
+        async with StreamsClient(limited.base_url, token) as client:
+            assert await client.usage() == Usage(
+                streams=1, max_streams=1_000_000, bytes=250, max_bytes=LIMIT
+            )
+        # Tenant-wide: not for a token restricted to runs, nor one without streams:admin.
+        minted = await api.post(
+            f"{NATIVE}/tokens",
+            json={"scopes": ["streams:admin"], "expires_in_seconds": 600, "runs": ["run"]},
+        )
+        assert minted.status_code == 201, minted.text
+        restricted = {"Authorization": f"Bearer {minted.json()['token']}"}
+        refused = await api.get(f"{NATIVE}/usage", headers=restricted)
+        assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
+        writer = await tokens.create(tenant=tenant, scopes=("streams:read", "streams:write"))
+        refused = await api.get(f"{NATIVE}/usage", headers={"Authorization": f"Bearer {writer}"})
+        assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
+    # A server on its defaults: a terabyte.
+    async with await client_of(server, tokens, "t-" + secrets.token_hex(5)) as other:
+        assert (await other.get(f"{NATIVE}/usage")).json() == {
+            "streams": 0,
+            "max_streams": 1_000_000,
+            "bytes": 0,
+            "max_bytes": 1 << 40,
+        }

@@ -18,8 +18,9 @@ from adapters.memory.streams import MemoryStreams
 from application.access import Caller
 from application.append_records import AppendCommand
 from application.deciding import decide_all, stored_bytes
+from application.errors import Forbidden
 from application.ports import Done, Failed, Idempotency, Replayed
-from application.tenant_limits import ByteLimit, StreamLimit, TenantRoom
+from application.tenant_limits import ByteLimit, StreamLimit, TenantRoom, UsageView
 from domain import errors
 from domain.definition import DefinitionRequest, resolve_definition
 from domain.objects import AuthorizationReceipt, ObjectIntent, ObjectRequest
@@ -284,3 +285,20 @@ def test_an_intent_pledges_its_size_until_its_commit_takes_it_up_or_it_ends() ->
     assert stored_bytes(stream, committed) == 0
     assert stored_bytes(stream, stream.abort_object("o1", NOW)) == -40
     assert stored_bytes(stream, _stream().append([_record(7)], NOW)) == 7
+
+
+async def test_usage_is_counted_now_and_says_no_limit_as_null() -> None:
+    container = memory_container(Settings(max_streams_per_tenant=0, max_bytes_per_tenant=0))
+    services = await start(container)
+    try:
+        await services.create_stream(ALICE, "r", request("s"))
+        await services.append_records(ALICE, "r", "s", records(12))
+        usage = await services.tenant_usage(ALICE)
+        assert usage == UsageView(streams=1, max_streams=None, bytes=12, max_bytes=None)
+        assert await services.tenant_usage(BOB) == UsageView(0, None, 0, None)
+        with pytest.raises(Forbidden):
+            await services.tenant_usage(Caller("acme", "w", frozenset({"streams:write"})))
+        with pytest.raises(Forbidden):
+            await services.tenant_usage(Caller("acme", "a", ALL, runs=frozenset({"r"})))
+    finally:
+        await stop(container)

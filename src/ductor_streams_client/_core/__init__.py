@@ -42,6 +42,7 @@ from ductor_streams_client._core.flows import (
     read,
     revoke_token,
     set_legal_hold,
+    usage,
 )
 from ductor_streams_client._core.follow import Follower
 from ductor_streams_client._core.objects import (
@@ -128,6 +129,7 @@ __all__ = [
     "stream_subscriptions",
     "undecodable",
     "unlink_subscription_stream",
+    "usage",
     "wake_ack",
     "webhook_jwks",
 ]

@@ -149,6 +149,10 @@ def list_tokens(after: str | None, limit: int) -> Flow[models.TokenList]:
     return one(Call("GET", f"{API_PREFIX}/tokens", models.TokenList, params=params))
 
 
+def usage() -> Flow[models.Usage]:
+    return one(Call("GET", f"{API_PREFIX}/usage", models.Usage))
+
+
 def revoke_token(token_id: str) -> Flow[None]:
     return one(Call("DELETE", f"{API_PREFIX}/tokens/{segment(token_id, 'token_id')}"))
 

@@ -46,6 +46,7 @@ from entrypoints.http.subscriptions import (
 )
 from entrypoints.http.tokens import TokensController
 from entrypoints.http.traced import traced_requests
+from entrypoints.http.usage import UsageController
 from entrypoints.lean_imports import without_optional_integrations
 from entrypoints.logs import configure_logging
 from entrypoints.openapi import SECURITY, Answer, WireDocument, documented
@@ -157,6 +158,7 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
                 RunsController,
                 ObjectsController,
                 TokensController,
+                UsageController,
                 SubscriptionsApiController,
                 StreamSubscriptionsController,
                 SubscriptionsController,  # its static `__ds` routes before the streams'
