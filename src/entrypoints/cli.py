@@ -18,6 +18,7 @@ from typing import TypeVar
 import asyncpg
 
 from adapters.postgres.migrations import migrate
+from adapters.postgres.tenant_counts import tenants_held
 from adapters.postgres.tokens import PostgresTokens
 from adapters.webhook_signing import RELOAD_SECONDS, PostgresKeyRows, WebhookKeys
 from application.access import SCOPES
@@ -31,6 +32,7 @@ from application.tokens import (
 )
 from domain.digits import bounded_integer
 from domain.errors import DomainError
+from domain.ids import check_id
 from entrypoints import client_cli, serving
 from entrypoints.bootstrap import CommandError, connect, create_pool, database_url, prepare
 from entrypoints.config import PREFIX, InvalidSetting, Settings
@@ -109,6 +111,11 @@ T = TypeVar("T")
 
 async def _on_tokens(url: str, use: Callable[[PostgresTokens], Awaitable[T]]) -> T:
     """Migrate the configured database, then run `use` on its tokens."""
+    return await _on_database(url, lambda pool: use(PostgresTokens(pool)))
+
+
+async def _on_database(url: str, use: Callable[[asyncpg.Pool], Awaitable[T]]) -> T:
+    """Migrate the configured database, then run `use` on a pool of it."""
     try:
         conn = await connect(url, timeout=10)
         try:
@@ -119,7 +126,7 @@ async def _on_tokens(url: str, use: Callable[[PostgresTokens], Awaitable[T]]) ->
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         raise CommandError(f"cannot reach the database: {error}", exit_code=1) from None
     try:
-        return await use(PostgresTokens(pool))
+        return await use(pool)
     finally:
         await pool.close()
 
@@ -174,6 +181,21 @@ def cmd_token_list(args: argparse.Namespace, settings: Settings) -> int:
     now = datetime.now(UTC)
     for record in records:
         print(_token_line(record, now))
+    return 0
+
+
+def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
+    if args.tenant is not None:
+        try:
+            check_id("tenant", args.tenant)
+        except DomainError as error:
+            raise CommandError(error.detail) from None
+    url = database_url(settings)
+    lines = asyncio.run(_on_database(url, lambda pool: tenants_held(pool, args.tenant)))
+    if args.tenant is not None and not lines:
+        lines = [(args.tenant, 0, 0)]
+    for tenant, streams, size in lines:
+        print(f"{tenant}\t{streams}\t{size}")
     return 0
 
 
@@ -419,6 +441,20 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("token", metavar="TOKEN_OR_ID", help="the token, or its id (tok_…)")
     _server_option(revoke)
     revoke.set_defaults(func=cmd_token_revoke)
+    tenants = sub.add_parser(
+        "tenants",
+        help="what each tenant holds",
+        description="Print one tab-separated line per tenant that holds anything, by tenant: "
+        "the tenant, its streams (one deleted while forks read it counts until it is erased), "
+        "and its bytes (its records' sizes, an object's record counting its object's size, "
+        "and what its open object intents pledge), as the limits "
+        "DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT and DUCTOR_STREAMS_MAX_BYTES_PER_TENANT count "
+        "them. Read from the database; no server needed.",
+    )
+    tenants.add_argument(
+        "--tenant", help="this tenant alone (printed with 0 0 if it holds nothing)"
+    )
+    tenants.set_defaults(func=cmd_tenants)
     keys = sub.add_parser("webhook-key", help="manage the webhook signing keys")
     keys_sub = keys.add_subparsers(dest="webhook_key_command", required=True)
     rotate = keys_sub.add_parser(
@@ -448,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_token_create,
         cmd_token_list,
         cmd_token_revoke,
+        cmd_tenants,
     }
     client_cli.register(sub)
     parser.set_defaults(server_commands=server_commands)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import secrets
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from tests.support.server import ServerProcess, WorkerProcess
 
 LIMIT = 1_000
 DS = "/api/durable-streams/v1/stream"
+CLI = str(Path(sys.executable).parent / "ductor-streams")
 NATIVE = "/api/workflow-streams"
 JSON = {"Content-Type": "application/json"}
 
@@ -487,3 +491,37 @@ async def test_usage_shows_what_the_tenant_holds_against_its_limits(
             "bytes": 0,
             "max_bytes": 1 << 40,
         }
+
+
+def tenants_cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUCTOR_STREAMS_")}
+    env["DUCTOR_STREAMS_DATABASE_URL"] = database_url
+    return subprocess.run(
+        [CLI, "tenants", *args], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+async def test_the_tenants_command_prints_what_each_tenant_holds(
+    server: ServerProcess, tokens: Tokens, database_url: str
+) -> None:
+    held = {}
+    for n in (1, 2):
+        tenant = f"t-{n}-" + secrets.token_hex(5)
+        async with await client_of(server, tokens, tenant) as api:
+            for i in range(n):
+                path = await create(api, "r", f"s{i}")
+                assert (await append(api, path, ["c" * (10 * n)])).status_code == 201
+        held[tenant] = (n, n * (10 * n + 2))
+    done = await asyncio.to_thread(tenants_cli, database_url)
+    assert done.returncode == 0, done.stderr
+    lines = [line.split("\t") for line in done.stdout.splitlines()]
+    assert [t for t, *_ in lines] == sorted(t for t, *_ in lines)  # by tenant
+    printed = {t: (int(s), int(b)) for t, s, b in lines}
+    for tenant, figures in held.items():
+        assert printed[tenant] == figures
+    one = await asyncio.to_thread(tenants_cli, database_url, "--tenant", tenant)
+    assert one.stdout == f"{tenant}\t{held[tenant][0]}\t{held[tenant][1]}\n"
+    nobody = await asyncio.to_thread(tenants_cli, database_url, "--tenant", "nobody-here")
+    assert nobody.stdout == "nobody-here\t0\t0\n"
+    bad = await asyncio.to_thread(tenants_cli, database_url, "--tenant", "no/slashes")
+    assert bad.returncode == 2 and "tenant" in bad.stderr and not bad.stdout

@@ -75,3 +75,21 @@ async def fold_tenant_counts(pool: Any) -> int:
         folded += await pool.fetchval(_FOLD.format(table=table, column=column))
         await pool.execute(_EMPTY.format(table=table, column=column))
     return folded
+
+
+_HELD = """
+SELECT coalesce(s.tenant, b.tenant) AS tenant, coalesce(s.streams, 0)::bigint AS streams,
+       coalesce(b.bytes, 0)::bigint AS bytes
+FROM (SELECT tenant, sum(streams) AS streams FROM tenant_stream_counts
+      WHERE $1::text IS NULL OR tenant = $1 GROUP BY tenant) s
+FULL JOIN (SELECT tenant, sum(bytes) AS bytes FROM tenant_byte_counts
+           WHERE $1::text IS NULL OR tenant = $1 GROUP BY tenant) b USING (tenant)
+WHERE coalesce(s.streams, 0) <> 0 OR coalesce(b.bytes, 0) <> 0
+ORDER BY 1
+"""
+
+
+async def tenants_held(pool: Any, tenant: str | None = None) -> list[tuple[str, int, int]]:
+    """(tenant, streams, bytes) of every tenant that holds any (or of `tenant` alone), by
+    tenant: what `ductor-streams tenants` prints."""
+    return [(r[0], r[1], r[2]) for r in await pool.fetch(_HELD, tenant)]
