@@ -79,6 +79,13 @@ class Tokens:
         caller = make_caller(tenant, principal, list(scopes))
         return await self._issue(caller, expires_in_seconds=expires_in_seconds)
 
+    async def client(self, server: ServerProcess, tenant: str) -> httpx.AsyncClient:
+        """An HTTP client of `server` (at its root), with a new token of `tenant`'s."""
+        token = await self.create(tenant=tenant)
+        return httpx.AsyncClient(
+            base_url=server.base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+
 
 @pytest.fixture(scope="session")
 def tokens(pool: asyncpg.Pool) -> Tokens:

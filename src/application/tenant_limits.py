@@ -75,7 +75,11 @@ class _Tally:
             self._known[tenant] = (known[0] + amount, known[1])
 
 
-class StreamLimit:
+class _TenantLimit:
+    """A limit on one of the tenants' counts (`count`: the `TenantCounts` method reading it)."""
+
+    count = ""
+
     def __init__(
         self,
         counts: TenantCounts,
@@ -86,7 +90,12 @@ class StreamLimit:
         max_tenants: int = MAX_TENANTS,
     ) -> None:
         self.limit = limit  # 0: no limit
-        self._tally = _Tally(counts.tenant_streams, fresh_seconds, clock, max_tenants)
+        read = getattr(counts, self.count)
+        self._tally = _Tally(read, fresh_seconds, clock, max_tenants)
+
+
+class StreamLimit(_TenantLimit):
+    count = "tenant_streams"
 
     async def reached(self, tenant: str) -> bool:
         """Whether the tenant holds its limit of streams, as last counted (within a second)
@@ -113,12 +122,12 @@ class TenantRoom(msgspec.Struct, frozen=True):
         transaction already added for it."""
         held = self.held + before
         if held >= self.limit:
-            detail = f"the tenant's records hold {held} bytes, its limit of {self.limit}"
+            detail = f"the tenant holds {held} bytes, its limit of {self.limit}"
         else:
             detail = (
-                f"{adding} bytes would pass the tenant's limit of {self.limit} bytes: its "
-                f"records hold {held}"
+                f"{adding} bytes would pass the tenant's limit of {self.limit}: it holds {held}"
             )
+        detail += " (its records, and what its open object intents pledge)"
         return QuotaExhausted(
             f"{detail}: nothing more is stored until some are deleted",
             tenant_bytes=held,
@@ -126,18 +135,8 @@ class TenantRoom(msgspec.Struct, frozen=True):
         )
 
 
-class ByteLimit:
-    def __init__(
-        self,
-        counts: TenantCounts,
-        limit: int,
-        *,
-        fresh_seconds: float = FRESH_SECONDS,
-        clock: Callable[[], float] = time.monotonic,
-        max_tenants: int = MAX_TENANTS,
-    ) -> None:
-        self.limit = limit  # 0: no limit
-        self._tally = _Tally(counts.tenant_bytes, fresh_seconds, clock, max_tenants)
+class ByteLimit(_TenantLimit):
+    count = "tenant_bytes"
 
     async def room(self, tenant: str) -> TenantRoom | None:
         """The tenant's bytes as last counted (within a second) with this process's additions

@@ -60,17 +60,10 @@ def pruner(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     process.stop()
 
 
-async def client_of(server: ServerProcess, tokens: Tokens, tenant: str) -> httpx.AsyncClient:
-    token = await tokens.create(tenant=tenant)
-    return httpx.AsyncClient(
-        base_url=server.base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30
-    )
-
-
 @pytest.fixture
 async def api(limited: ServerProcess, tokens: Tokens) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the limited server, for a tenant of its own."""
-    async with await client_of(limited, tokens, "t-" + secrets.token_hex(5)) as client:
+    async with await tokens.client(limited, "t-" + secrets.token_hex(5)) as client:
         yield client
 
 
@@ -118,7 +111,7 @@ async def test_every_way_of_writing_and_removing_records_is_counted(
     server: ServerProcess, pruner: WorkerProcess, tokens: Tokens, pool: asyncpg.Pool
 ) -> None:
     tenant = "t-" + secrets.token_hex(5)
-    async with await client_of(server, tokens, tenant) as api:
+    async with await tokens.client(server, tenant) as api:
         # Small appends (the write statement), together on many streams, and one large group
         # (COPY: 64 records and more).
         paths = [await create(api, "r1", f"s{i}") for i in range(5)]
@@ -193,21 +186,6 @@ async def test_every_way_of_writing_and_removing_records_is_counted(
         assert await counted(pool, tenant) == (0, 0)
 
 
-async def test_a_rolled_back_append_leaves_the_count_as_it_was(pool: asyncpg.Pool) -> None:
-    tenant = "t-" + secrets.token_hex(5)
-    async with pool.acquire() as conn:
-        transaction = conn.transaction()
-        await transaction.start()
-        await conn.execute(
-            "INSERT INTO tenant_byte_counts (tenant, backend, bytes) "
-            "VALUES ($1, pg_backend_pid(), 5)",
-            tenant,
-        )
-        assert await tenant_bytes(conn, tenant) == 5  # its own transaction sees it
-        await transaction.rollback()
-    assert await tenant_bytes(pool, tenant) == 0
-
-
 async def test_the_fold_sums_the_byte_rows_of_ended_backends(pool: asyncpg.Pool) -> None:
     tenant = "t-" + secrets.token_hex(5)
     await pool.execute(
@@ -278,7 +256,7 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
     await problem_of(await api.post(f"{path}/objects", json=intent_of(b"o" * 500, "o")))
 
     # Another tenant is not held by it.
-    async with await client_of(limited, tokens, "t-" + secrets.token_hex(5)) as other:
+    async with await tokens.client(limited, "t-" + secrets.token_hex(5)) as other:
         other_path = await create(other, "run", "s")
         assert (await append(other, other_path, ["z" * 300] * 3)).status_code == 201
 
@@ -301,8 +279,8 @@ async def test_two_replicas_appending_and_deleting_at_once_keep_the_count_exact(
     for another on the count, none fails, and the count stays exact."""
     tenant = "t-" + secrets.token_hex(5)
     async with (
-        await client_of(server, tokens, tenant) as a,
-        await client_of(server_b, tokens, tenant) as b,
+        await tokens.client(server, tenant) as a,
+        await tokens.client(server_b, tenant) as b,
     ):
         paths = [await create(a, "r", f"s{i}") for i in range(6)]
 
@@ -341,7 +319,7 @@ async def test_under_two_workers_the_limit_holds_for_writes_their_owners_commit(
     ).start()
     try:
         tenant = "t-" + secrets.token_hex(5)
-        async with await client_of(process, tokens, tenant) as api:
+        async with await tokens.client(process, tenant) as api:
             native = [await create(api, "r", f"s{i}") for i in range(6)]
             for i in range(6):
                 made = await api.put(f"{DS}/r/ds{i}", headers=JSON)
@@ -374,7 +352,7 @@ async def test_open_intents_pledge_their_sizes_and_a_commit_at_the_limit_goes_th
     its pledge into its record, so it is not refused at the limit; an abort gives the room
     back."""
     tenant = "t-" + secrets.token_hex(5)
-    async with await client_of(limited, tokens, tenant) as api:
+    async with await tokens.client(limited, tenant) as api:
         await pledges_at_the_limit(api, pool, tenant)
 
 
@@ -452,7 +430,7 @@ async def test_usage_shows_what_the_tenant_holds_against_its_limits(
     limited: ServerProcess, server: ServerProcess, tokens: Tokens, pool: asyncpg.Pool
 ) -> None:
     tenant = "t-" + secrets.token_hex(5)
-    async with await client_of(limited, tokens, tenant) as api:
+    async with await tokens.client(limited, tenant) as api:
         path = await create(api, "run", "s")
         assert (await append(api, path, ["u" * 98] * 2)).status_code == 201
         prepared = await api.post(f"{path}/objects", json=intent_of(b"i" * 50, "i"))
@@ -484,7 +462,7 @@ async def test_usage_shows_what_the_tenant_holds_against_its_limits(
         refused = await api.get(f"{NATIVE}/usage", headers={"Authorization": f"Bearer {writer}"})
         assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
     # A server on its defaults: a terabyte.
-    async with await client_of(server, tokens, "t-" + secrets.token_hex(5)) as other:
+    async with await tokens.client(server, "t-" + secrets.token_hex(5)) as other:
         assert (await other.get(f"{NATIVE}/usage")).json() == {
             "streams": 0,
             "max_streams": 1_000_000,
@@ -507,7 +485,7 @@ async def test_the_tenants_command_prints_what_each_tenant_holds(
     held = {}
     for n in (1, 2):
         tenant = f"t-{n}-" + secrets.token_hex(5)
-        async with await client_of(server, tokens, tenant) as api:
+        async with await tokens.client(server, tenant) as api:
             for i in range(n):
                 path = await create(api, "r", f"s{i}")
                 assert (await append(api, path, ["c" * (10 * n)])).status_code == 201

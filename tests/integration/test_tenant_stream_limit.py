@@ -32,17 +32,10 @@ def limited(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     process.stop()
 
 
-async def client_of(server: ServerProcess, tokens: Tokens, tenant: str) -> httpx.AsyncClient:
-    token = await tokens.create(tenant=tenant)
-    return httpx.AsyncClient(
-        base_url=server.base_url, headers={"Authorization": f"Bearer {token}"}, timeout=30
-    )
-
-
 @pytest.fixture
 async def api(limited: ServerProcess, tokens: Tokens) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the limited server, for a tenant of its own."""
-    async with await client_of(limited, tokens, "t-" + secrets.token_hex(5)) as client:
+    async with await tokens.client(limited, "t-" + secrets.token_hex(5)) as client:
         yield client
 
 
@@ -63,7 +56,7 @@ async def test_every_way_of_creating_and_erasing_streams_is_counted(
     server: ServerProcess, tokens: Tokens, pool: asyncpg.Pool
 ) -> None:
     tenant = "t-" + secrets.token_hex(5)
-    async with await client_of(server, tokens, tenant) as api:
+    async with await tokens.client(server, tenant) as api:
         # Creations together (many at once), one again (not created twice), one with records.
         made = await asyncio.gather(*(native_create(api, "r1", f"s{i}") for i in range(20)))
         assert [r.status_code for r in made] == [201] * 20
@@ -240,7 +233,7 @@ async def test_past_its_limit_a_tenant_creates_nothing_and_the_others_are_served
     # A stream already there is answered as before, limit or not.
     assert (await native_create(api, "run", "s0")).status_code == 200
     # Another tenant is not held by it.
-    async with await client_of(limited, tokens, "t-" + secrets.token_hex(5)) as other:
+    async with await tokens.client(limited, "t-" + secrets.token_hex(5)) as other:
         assert (await native_create(other, "run", "s0")).status_code == 201
     # Once one is deleted, the tenant may create one again (counted within a second).
     assert (await api.delete("/api/workflow-streams/runs/run/streams/s1")).status_code == 204
