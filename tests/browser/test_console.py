@@ -491,6 +491,32 @@ def test_a_streams_subscriptions_are_shown_with_their_acknowledged_sequence(
     expect(row.locator("td").nth(2)).to_have_text("explicit")
 
 
+def test_the_runs_view_shows_what_the_tenant_holds_to_a_token_that_may_see_it(
+    page: Page, console_server: ServerProcess, api: httpx.Client
+) -> None:
+    run = "usage-" + secrets.token_hex(4)
+    created(api.post(f"/runs/{run}/streams", json={"stream_id": "s", "direction": "output"}))
+    append(api, f"/runs/{run}/streams/s", {"data": "x" * 2046})  # 2 KiB with its quotes
+    usage = api.get("/usage").json()
+    open_console(page, console_server)
+    expect(page.locator('#usage [data-usage="streams"]')).to_have_text(
+        f"{usage['streams']} streams of 1000000", timeout=WAIT_MS
+    )
+    shown = page.locator('#usage [data-usage="bytes"]').text_content() or ""
+    assert shown.endswith(" of 1.0 TiB") and shown != "0 B of 1.0 TiB"
+    # A token restricted to a run sees its run, not the tenant's figures.
+    minted = created(
+        api.post(
+            "/tokens",
+            json={"scopes": ["streams:read"], "expires_in_seconds": 600, "runs": [run]},
+        )
+    )
+    other = page.context.new_page()  # a tab of its own: its own session storage
+    other.goto(f"{console_server.base_url}/console#token={minted['token']}")
+    expect(other.locator(f'tr[data-run="{run}"]')).to_be_visible(timeout=WAIT_MS)
+    expect(other.locator("#usage")).to_be_hidden()
+
+
 def test_problems_are_shown_and_401_asks_for_a_token(
     page: Page, console_server: ServerProcess, artefacts: Path
 ) -> None:

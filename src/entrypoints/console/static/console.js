@@ -171,9 +171,29 @@
 
   let runsAfter = null;
 
+  // What the tenant holds against its limits (GET /usage): shown to a token that may see it (an
+  // administrator's, not restricted to runs), left out for the others.
+  async function loadUsage() {
+    const line = $("usage");
+    try {
+      const u = await getJson("/usage");
+      const limit = (max, show) => (max === null ? "no limit" : show(max));
+      line.replaceChildren(
+        "The tenant holds ",
+        h("span", { "data-usage": "streams" },
+          `${u.streams} streams of ${limit(u.max_streams, String)}`),
+        " and ",
+        h("span", { "data-usage": "bytes" }, `${bytes(u.bytes)} of ${limit(u.max_bytes, bytes)}`),
+        ".");
+      line.hidden = false;
+    } catch {
+      line.hidden = true;
+    }
+  }
+
   async function loadRuns(more) {
     const rows = $("runs-table").tBodies[0];
-    if (!more) { rows.replaceChildren(); runsAfter = null; }
+    if (!more) { rows.replaceChildren(); runsAfter = null; loadUsage(); }
     const query = new URLSearchParams({ limit: String(RUNS_PAGE) });
     const prefix = $("runs-prefix").value.trim();
     if (prefix) query.set("prefix", prefix);
