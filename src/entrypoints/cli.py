@@ -18,7 +18,7 @@ from typing import TypeVar
 import asyncpg
 
 from adapters.postgres.migrations import migrate
-from adapters.postgres.tenant_counts import tenants_held
+from adapters.postgres.tenant_counts import recount_tenant_bytes, tenants_held
 from adapters.postgres.tokens import PostgresTokens
 from adapters.webhook_signing import RELOAD_SECONDS, PostgresKeyRows, WebhookKeys
 from application.access import SCOPES
@@ -191,7 +191,13 @@ def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
         except DomainError as error:
             raise CommandError(error.detail) from None
     url = database_url(settings)
-    lines = asyncio.run(_on_database(url, lambda pool: tenants_held(pool, args.tenant)))
+
+    async def held(pool: asyncpg.Pool) -> list[tuple[str, int, int]]:
+        if args.recount:
+            await recount_tenant_bytes(pool)
+        return await tenants_held(pool, args.tenant)
+
+    lines = asyncio.run(_on_database(url, held))
     if args.tenant is not None and not lines:
         lines = [(args.tenant, 0, 0)]
     for tenant, streams, size in lines:
@@ -453,6 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tenants.add_argument(
         "--tenant", help="this tenant alone (printed with 0 0 if it holds nothing)"
+    )
+    tenants.add_argument(
+        "--recount",
+        action="store_true",
+        help="count every tenant's bytes again from its records and open object intents "
+        "first (after a rolling upgrade from a version that did not count them: every write "
+        "waits for it, a pass over those tables)",
     )
     tenants.set_defaults(func=cmd_tenants)
     keys = sub.add_parser("webhook-key", help="manage the webhook signing keys")

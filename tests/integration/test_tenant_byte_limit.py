@@ -503,3 +503,26 @@ async def test_the_tenants_command_prints_what_each_tenant_holds(
     assert nobody.stdout == "nobody-here\t0\t0\n"
     bad = await asyncio.to_thread(tenants_cli, database_url, "--tenant", "no/slashes")
     assert bad.returncode == 2 and "tenant" in bad.stderr and not bad.stdout
+
+
+async def test_a_recount_counts_every_tenant_again_from_its_rows(own_database: str) -> None:
+    """`tenants --recount`: what a process of an earlier version wrote without counting it
+    (here, rows written by hand and a count row gone wrong) is counted again."""
+    conn = await asyncpg.connect(own_database)
+    try:
+        await conn.execute(
+            "INSERT INTO stream_records (tenant, run_id, stream_id, sequence, appended_at, kind,"
+            " content_type, size, end_offset, payload)"
+            " SELECT 'old', 'r', 's', n, now(), 1, 'text/plain', 100, 0, '\\x00'"
+            " FROM generate_series(1, 7) n"
+        )
+        await conn.execute(
+            "INSERT INTO tenant_byte_counts (tenant, backend, bytes) VALUES ('gone', 0, 55)"
+        )
+    finally:
+        await conn.close()
+    before = await asyncio.to_thread(tenants_cli, own_database)
+    assert before.stdout == "gone\t0\t55\n"
+    done = await asyncio.to_thread(tenants_cli, own_database, "--recount")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "old\t0\t700\n"

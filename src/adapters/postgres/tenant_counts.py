@@ -93,3 +93,27 @@ async def tenants_held(pool: Any, tenant: str | None = None) -> list[tuple[str, 
     """(tenant, streams, bytes) of every tenant that holds any (or of `tenant` alone), by
     tenant: what `ductor-streams tenants` prints."""
     return [(r[0], r[1], r[2]) for r in await pool.fetch(_HELD, tenant)]
+
+
+# Every tenant's bytes counted again from the rows, as migration 0509 first counted them, while no
+# record or intent is written (the locks, until the transaction commits): what a process of an
+# earlier version wrote during a rolling upgrade (it counted nothing) is counted then. Writes of
+# every tenant wait for it: a pass over both tables.
+_RECOUNT = """
+LOCK TABLE stream_records, object_intents IN SHARE MODE;
+DELETE FROM tenant_byte_counts;
+INSERT INTO tenant_byte_counts (tenant, backend, bytes)
+SELECT tenant, 0, sum(size) FROM (
+    SELECT tenant, size FROM stream_records
+    UNION ALL
+    SELECT tenant, size FROM object_intents WHERE state IN ('prepared', 'uploaded')
+) AS held
+GROUP BY tenant;
+"""
+
+
+async def recount_tenant_bytes(pool: Any) -> None:
+    """Count every tenant's bytes again from its records and open intents (`tenants
+    --recount`)."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(_RECOUNT)
