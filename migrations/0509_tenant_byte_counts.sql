@@ -1,6 +1,7 @@
--- How many bytes each tenant holds, for its limit (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT): the sum
--- of `stream_records.size` (an object's record counts its object's size) and of the sizes its
--- open object intents pledge (their bodies are being uploaded, or wait for a commit). Kept as
+-- How many bytes each tenant holds, for its limit (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT): what its
+-- records count (each its size and 128 bytes for its row; an object's record its object's size
+-- and its reference) and what its open object intents pledge (their bodies are being uploaded,
+-- or wait for a commit: what their records will count). Kept as
 -- 0505's stream counts are, one row per tenant and backend, so that two transactions never
 -- wait for each other here; but not by triggers: a statement-level trigger's transition table
 -- would hold a copy of every row written or deleted, payloads and all, and every append's write
@@ -16,13 +17,22 @@ CREATE TABLE tenant_byte_counts (
     PRIMARY KEY (tenant, backend)
 );
 
+-- What an open intent counts: its `pledge`, set as it is prepared (what its record will count
+-- once committed: its size, its reference and its row). Intents open before this migration
+-- pledge their size and a row (their reference is not known here: each counts that much less).
+ALTER TABLE object_intents ADD COLUMN pledge bigint;
+
 -- The records and open intents already there, counted while none is written: a write waits for
--- these locks until the migration commits, so none is counted twice or missed.
+-- these locks until the migration commits, so none is counted twice or missed. A record counts
+-- its size, its row (128 bytes) and, for an object's, its reference (domain/records.py,
+-- `held_bytes`).
 LOCK TABLE stream_records, object_intents IN SHARE MODE;
+UPDATE object_intents SET pledge = size + 128 WHERE state IN ('prepared', 'uploaded');
 INSERT INTO tenant_byte_counts (tenant, backend, bytes)
 SELECT tenant, 0, sum(size) FROM (
-    SELECT tenant, size FROM stream_records
+    SELECT tenant, size + CASE WHEN kind = 2 THEN octet_length(payload) ELSE 0 END + 128 AS size
+    FROM stream_records
     UNION ALL
-    SELECT tenant, size FROM object_intents WHERE state IN ('prepared', 'uploaded')
+    SELECT tenant, pledge AS size FROM object_intents WHERE state IN ('prepared', 'uploaded')
 ) AS held
 GROUP BY tenant;

@@ -102,6 +102,7 @@ class _Reply(msgspec.Struct, array_like=True):
     replayed: bytes | None = None
     error: bytes | None = None
     failed: bool = False
+    stored: int = 0  # what a `Done` added to its tenant's bytes (counted where it was received)
 
 
 def _wire(command: Command) -> _Append | _Produce:
@@ -152,7 +153,8 @@ def _outcome(reply: _Reply) -> Outcome:
         raise error
     if reply.replayed is not None:
         return Replayed(reply.replayed)
-    return Done([], reply.appended if reply.appended is not None else reply.produced)
+    answer = reply.appended if reply.appended is not None else reply.produced
+    return Done([], answer, stored=reply.stored)
 
 
 def _reply(number: int, done: asyncio.Future[Outcome]) -> _Reply:
@@ -167,8 +169,8 @@ def _reply(number: int, done: asyncio.Future[Outcome]) -> _Reply:
     assert type(outcome) is Done
     answer = outcome.answer  # (its events stay here: the sender needs the answer alone)
     if type(answer) is AppendAnswer:
-        return _Reply(number, appended=answer)
-    return _Reply(number, produced=answer)
+        return _Reply(number, appended=answer, stored=outcome.stored)
+    return _Reply(number, produced=answer, stored=outcome.stored)
 
 
 def _pickled(error: BaseException) -> bytes:

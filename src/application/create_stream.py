@@ -16,6 +16,7 @@ from application.access import Caller, require_reader, require_writer
 from application.append_records import ProduceCommand
 from application.errors import NotFound
 from application.expiry import AccessLog, ExpireCommand
+from application.group_commit import claimed_bytes
 from application.input_delivery import check_input_ids
 from application.placement import Deployment
 from application.ports import Clock, Command, StreamRepository
@@ -151,18 +152,23 @@ class CreateStream:
     ) -> tuple[Stream, bool]:
         commands = then(now)
         byte_limit = self._byte_limit
-        if byte_limit is not None and any(command.records for command in commands):
+        claimed = sum(claimed_bytes(command) for command in commands)
+        if byte_limit is None or claimed <= 0:
+            stream, created = await self._streams.create(key, definition, now, commands)
+        else:
             # The initial records count against the tenant's limit as an append's do: refused
             # there, the stream is not created either.
-            room = await byte_limit.room(key.tenant)
+            room = await byte_limit.reserve(key.tenant, claimed)
             for command in commands:
                 command.tenant_room = room  # type: ignore[attr-defined]
-        stream, created = await self._streams.create(key, definition, now, commands)
+            created = False
+            try:
+                stream, created = await self._streams.create(key, definition, now, commands)
+            finally:
+                byte_limit.release(key.tenant, claimed, claimed if created else 0)
         if created:
             if self._limit is not None:
                 self._limit.created(key.tenant)
-            if byte_limit is not None:
-                byte_limit.added(key.tenant, sum(r.size for c in commands for r in c.records))
             self._throughput.created(commands)
             context = tracing.current()
             if context is not None:

@@ -38,7 +38,8 @@ from domain.events import (
     StreamDeleted,
     StreamSnapshotted,
 )
-from domain.records import NewRecord
+from domain.objects import pledged_bytes
+from domain.records import NewRecord, held_bytes
 from domain.state import ConsumersNotLoaded
 from domain.stream import Stream
 
@@ -137,7 +138,7 @@ def decide_all(
             continue
         room: TenantRoom | None = getattr(command, "tenant_room", None)
         adding = 0
-        if room is not None and (adding := stored_bytes(stream, events)):
+        if room is not None and (adding := stored_bytes(stream, events, command.records)):
             # The tenant's limit (application/tenant_limits.py): decided here, after a retry of
             # what was stored is recognized above or by the decision (a duplicate stores
             # nothing), so that one is answered as before at the limit. What gives room back
@@ -174,17 +175,18 @@ def decide_all(
     return outcomes, changes
 
 
-def stored_bytes(stream: Stream, events: Sequence[Event]) -> int:
-    """What these events, not yet applied to `stream`, add to its tenant's bytes: records'
-    sizes, and the sizes open object intents pledge, less the pledges they end (a commit ends
-    its intent's pledge as its record takes it up: the two together add nothing)."""
+def stored_bytes(stream: Stream, events: Sequence[Event], records: Sequence[NewRecord]) -> int:
+    """What these events of a command appending `records`, not yet applied to `stream`, add to
+    its tenant's bytes (`held_bytes`): its records, and what open object intents pledge, less
+    the pledges they end (a commit ends its intent's pledge as its record takes it up: the two
+    together add nothing)."""
     size = 0
     for event in events:
         match event:
-            case RecordsAppended(bytes=appended):
-                size += appended
+            case RecordsAppended():
+                size += sum(held_bytes(r) for r in records)
             case ObjectPrepared(intent=intent):
-                size += intent.size
+                size += pledged_bytes(intent)
             case (
                 ObjectCommitted(object_id=ended)
                 | ObjectAborted(object_id=ended)
@@ -192,7 +194,7 @@ def stored_bytes(stream: Stream, events: Sequence[Event]) -> int:
             ):
                 pledged = stream.state.objects.get(ended)
                 if pledged is not None:
-                    size -= pledged.size
+                    size -= pledged_bytes(pledged)
     return size
 
 

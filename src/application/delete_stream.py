@@ -15,6 +15,7 @@ from application.definitions import Definitions
 from application.errors import NotFound
 from application.group_commit import GroupCommit, run_one
 from application.ports import Clock, Idempotency, StreamRepository
+from application.tenant_limits import ByteLimit
 from domain.events import Event
 from domain.stream import Stream
 
@@ -54,10 +55,17 @@ class DeleteRun:
     """All or nothing: every stream of the run is locked, and if any is held (or homed in
     another region) none is deleted."""
 
-    def __init__(self, streams: StreamRepository, definitions: Definitions, clock: Clock) -> None:
+    def __init__(
+        self,
+        streams: StreamRepository,
+        definitions: Definitions,
+        clock: Clock,
+        byte_limit: ByteLimit | None = None,
+    ) -> None:
         self._streams = streams
         self._definitions = definitions
         self._clock = clock
+        self._byte_limit = byte_limit
 
     @tracing.use_case("delete run")
     async def __call__(self, caller: Caller, run_id: str) -> None:
@@ -72,3 +80,5 @@ class DeleteRun:
             await self._streams.delete_run(caller.tenant, run_id, self._clock(), served_here)
         except NotFound:
             raise NotFound(f"no run {run_id!r}") from None
+        if self._byte_limit is not None:
+            self._byte_limit.forget(caller.tenant)  # the room it gave back, taken at once

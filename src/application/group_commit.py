@@ -50,6 +50,7 @@ from application.tenant_limits import ByteLimit
 from application.throughput import Throughput
 from application.waiting import Expired, Unanswered, expire, spending
 from domain.events import RecordsAppended
+from domain.records import held_bytes
 from domain.stream import StreamKey
 
 if TYPE_CHECKING:
@@ -83,12 +84,16 @@ ASIDE_BYTES = 4 * 1024 * 1024
 MAX_ASIDE = 2
 
 
-def _count_forwarded(limit: ByteLimit, key: StreamKey, command: Command, outcome: Outcome) -> None:
-    """What a write forwarded to its stream's owner stored, counted where it was received (its
-    events stay with the owner: a write that stored nothing, a producer's duplicate, says so in
-    its answer)."""
-    if type(outcome) is Done and not getattr(outcome.answer, "duplicate", False):
-        limit.added(key.tenant, sum(r.size for r in command.records))
+def claimed_bytes(command: Command) -> int:
+    """The most a command may add to its tenant's bytes: its records', and what an object's
+    intent pledges (`pledge`: a commit's is its record's size taken back, so it claims none)."""
+    return sum(held_bytes(r) for r in command.records) + getattr(command, "pledge", 0)
+
+
+def _frees(command: Command) -> bool:
+    """Whether the command may give its tenant's bytes back: an erasure, a prune, an object's
+    abort or expiry (`frees`)."""
+    return getattr(command, "erases", False) or getattr(command, "frees", False)
 
 
 def _fail(taken: list[_Pending], error: BaseException) -> None:
@@ -148,26 +153,35 @@ class GroupCommit:
         commits (`CommitPeers.owner`), by that one. While tracing, each process commits its
         own, so that an append's trace stays in one process.
 
-        With a limit on the tenants' bytes, the command carries its tenant's room
-        (`tenant_room`) to its decision, wherever it is committed. What it stored is counted
-        by the process that commits it (`_commit`), and, forwarded, by this one too: this
-        process's next requests of the tenant must not wait a second to see it."""
+        With a limit on the tenants' bytes, a command that may store some reserves them here
+        and carries its tenant's room (`tenant_room`) to its decision, wherever it is
+        committed; its outcome gives the reservation back with what it stored."""
         limit = self._byte_limit
-        if limit is not None and (command.records or getattr(command, "pledges", False)):
-            command.tenant_room = await limit.room(key.tenant)  # type: ignore[attr-defined]
+        if limit is None or (claimed := claimed_bytes(command)) <= 0:
+            outcome = await self._submit(key, command)
+            if limit is not None and type(outcome) is Done and outcome.events and _frees(command):
+                limit.forget(key.tenant)  # read again: what it gave back is there to take
+            return outcome
+        command.tenant_room = await limit.reserve(key.tenant, claimed)  # type: ignore[attr-defined]
+        stored = 0
+        try:
+            outcome = await self._submit(key, command)
+            if type(outcome) is Done:
+                stored = outcome.stored
+            return outcome
+        finally:
+            limit.release(key.tenant, claimed, stored)
+
+    async def _submit(self, key: StreamKey, command: Command) -> Outcome:
         peers = self._peers
         if peers is not None and getattr(command, "forwardable", False) and not tracing.on():
             owner = peers.owner(key)
             if owner is not None:
                 with spending() as seconds:
                     try:
-                        outcome = await peers.submit(owner, key, command, seconds)
+                        return await peers.submit(owner, key, command, seconds)
                     except PeerUnavailable:
                         pass  # nothing was sent: committed here
-                    else:
-                        if limit is not None:
-                            _count_forwarded(limit, key, command, outcome)
-                        return outcome
         return await self.submit_here(key, command)
 
     def enqueue(self, key: StreamKey, command: Command) -> asyncio.Future[Outcome]:
@@ -291,13 +305,11 @@ class GroupCommit:
             if not isinstance(error, Exception):
                 raise
             return
-        for (key, taken), result in zip(batch, results, strict=True):
+        for (_, taken), result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):  # that stream alone failed
                 _fail(taken, result)
                 continue
             self.throughput.committed([p[0] for p in taken], result)
-            if self._byte_limit is not None:
-                self._byte_limit.added(key.tenant, sum(o.stored for o in result if type(o) is Done))
             for pending, outcome in zip(taken, result, strict=True):
                 future = pending[1]
                 if not future.done():

@@ -38,8 +38,14 @@ from domain import errors
 from domain.definition import MAX_OBJECT_BYTES, StreamDefinition
 from domain.events import Event, ObjectCommitted
 from domain.ids import check_id
-from domain.objects import AuthorizationReceipt, ObjectIntent, ObjectReference, ObjectRequest
-from domain.records import NewRecord, RecordKind
+from domain.objects import (
+    AuthorizationReceipt,
+    ObjectIntent,
+    ObjectRequest,
+    object_record,
+    pledged_bytes,
+)
+from domain.records import NewRecord
 from domain.stream import Stream, StreamKey
 
 _encode = msgspec.json.Encoder().encode
@@ -156,12 +162,15 @@ class _ObjectCommand:
 
 
 class PrepareCommand(_ObjectCommand):
-    pledges = True  # its intent's bytes count against the tenant's limit (group_commit.py)
-
     def __init__(
         self, intent: ObjectIntent, caller: Caller, now: datetime, max_open: int | None = None
     ) -> None:
         self.intent, self.caller, self.now, self.max_open = intent, caller, now, max_open
+
+    @property
+    def pledge(self) -> int:
+        """Its intent counts in the tenant's bytes (group_commit.claimed_bytes)."""
+        return pledged_bytes(self.intent)
 
     def decide(self, stream: Stream, offset: int | None) -> list[Event]:
         require_writer(self.caller, stream.definition)
@@ -188,21 +197,12 @@ class CommitCommand(_ObjectCommand):
     ) -> None:
         self.intent, self.now = intent, now
         self.stored_size, self.stored_sha256 = stored_size, stored_sha256
-        reference = ObjectReference(
-            object_id=intent.object_id,
-            size=intent.size,
-            sha256=intent.sha256,
-            content_type=intent.content_type,
-            schema=intent.schema,
-        )
-        self.records = (
-            NewRecord(
-                kind=RecordKind.OBJECT,
-                content_type=intent.content_type,
-                payload=_encode(reference),
-                size=intent.size,
-            ),
-        )
+        self.records = (object_record(intent),)
+
+    @property
+    def pledge(self) -> int:
+        """Its record takes its intent's pledge up: it adds nothing to the tenant's bytes."""
+        return -pledged_bytes(self.intent)
 
     def decide(self, stream: Stream, offset: int | None) -> list[Event]:
         return stream.commit_object(
@@ -220,6 +220,8 @@ class CommitCommand(_ObjectCommand):
 
 
 class AbortCommand(_ObjectCommand):
+    frees = True  # its intent's pledge (group_commit.py)
+
     def __init__(self, object_id: str, now: datetime) -> None:
         self.object_id, self.now = object_id, now
 
@@ -228,6 +230,8 @@ class AbortCommand(_ObjectCommand):
 
 
 class ExpireCommand(_ObjectCommand):
+    frees = True
+
     def __init__(self, object_id: str, now: datetime) -> None:
         self.object_id, self.now = object_id, now
 

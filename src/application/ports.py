@@ -48,9 +48,10 @@ class Command(Protocol):
     # A command may also say `needs_consumers = True` (its decide or answer reads the stream's
     # consumers): an adapter that keeps them apart then reads them with the row lock, instead
     # of after a first ConsumersNotLoaded. One that may erase the stream says `erases = True`:
-    # an adapter may then erase a batch's deletions together. One that pledges bytes to an
-    # object's record says `pledges = True`. A command that stores or pledges bytes carries its
-    # tenant's `tenant_room` (application/tenant_limits.py) when the tenants' bytes are limited.
+    # an adapter may then erase a batch's deletions together. One whose bytes are not only its
+    # records' says how many more it may add (`pledge`: an object's intent). A command that may
+    # add bytes carries its tenant's `tenant_room` (application/tenant_limits.py) when the
+    # tenants' bytes are limited.
 
     def decide(self, stream: Stream, offset: int | None) -> list[Event]: ...
 
@@ -242,9 +243,10 @@ class TenantCounts(Protocol):
         its last fork goes), as of the last commit: whatever created or erased them."""
 
     async def tenant_bytes(self, tenant: str) -> int:
-        """How many bytes the tenant's records hold (the sum of their sizes: an object's
-        record counts its object's size), a soft-deleted stream's too, as of the last commit:
-        whatever appended, pruned or erased them."""
+        """How many bytes the tenant holds, as of the last commit, whatever appended, pruned,
+        erased or opened them: what its records count (`domain.records.held_bytes`: size, row
+        and an object's reference), a soft-deleted stream's too, and what its open object
+        intents pledge (`domain.objects.pledged_bytes`)."""
 
 
 class AccessRecord(msgspec.Struct, frozen=True):

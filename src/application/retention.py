@@ -45,6 +45,8 @@ class PruneCommand:
     (`ensure_claimed`) stops a partitioned worker early, and this check is what holds even when a
     statement sent in time arrives after the lease ran out."""
 
+    frees = True  # its records' bytes (group_commit.py)
+
     idempotency: Idempotency | None = None
     records = ()
     producer = None

@@ -1,6 +1,6 @@
 """A tenant's limits on what it holds, in the database every tenant shares: its streams
-(DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT) and its records' bytes
-(DUCTOR_STREAMS_MAX_BYTES_PER_TENANT).
+(DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT) and its bytes (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT: what
+its records count, `domain.records.held_bytes`, and its open object intents pledge).
 
 A valid token creating streams in a loop (2,000 a second and more), or appending to them, would
 otherwise fill the database's disk for everyone. Past its limit, a creation is refused (409
@@ -10,15 +10,18 @@ the stream's row lock, after an idempotent or a producer's retry is recognized: 
 was stored is answered as before, limit or not).
 
 Each count is read from the storage (`TenantCounts`), at most once a second per tenant and
-process, and this process's own additions since are added to it; a request past a count that old
-is refused without reading. So a limit may be passed by what the other processes and replicas
-added in the last second, and by requests in flight at once, never by more."""
+process, and this process's own additions since are added to it (for the bytes, what its
+requests in flight may add too: `ByteLimit`); a request past a count that old is refused without
+reading. So a limit may be passed by what the other processes and replicas added in the last
+second (and the streams' by creations in flight at once), never by more."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 
@@ -90,12 +93,16 @@ class _TenantLimit:
         max_tenants: int = MAX_TENANTS,
     ) -> None:
         self.limit = limit  # 0: no limit
-        read = getattr(counts, self.count)
-        self._tally = _Tally(read, fresh_seconds, clock, max_tenants)
+        self._read_count: Callable[[str], Awaitable[int]] = getattr(counts, self.count)
+        self._fresh, self._clock, self._max_tenants = fresh_seconds, clock, max_tenants
 
 
 class StreamLimit(_TenantLimit):
     count = "tenant_streams"
+
+    def __init__(self, counts: TenantCounts, limit: int, **options: Any) -> None:
+        super().__init__(counts, limit, **options)
+        self._tally = _Tally(self._read_count, self._fresh, self._clock, self._max_tenants)
 
     async def reached(self, tenant: str) -> bool:
         """Whether the tenant holds its limit of streams, as last counted (within a second)
@@ -135,23 +142,97 @@ class TenantRoom(msgspec.Struct, frozen=True):
         )
 
 
+class _Budget:
+    """A tenant's bytes as this process knows them: as last read, what it stored since (its
+    requests' outcomes), and what its requests in flight may store (`reserved`)."""
+
+    __slots__ = ("held", "read_at", "reading", "reserved", "stored")
+
+    def __init__(self, held: int, read_at: float) -> None:
+        self.held, self.read_at = held, read_at
+        self.stored = 0
+        self.reserved = 0
+        self.reading = False
+
+
 class ByteLimit(_TenantLimit):
+    """Each request that may store bytes reserves them as it comes (`reserve`) and gives the
+    reservation back with what it stored (`release`). Its room is the limit less the count as
+    last read, less what this process stored since and less what its requests in flight may
+    store: so requests at once in one process count against each other, a forwarded one too
+    (it is reserved where it was received). A request whose retry stores nothing holds its
+    reservation while in flight: near the limit, a request beside it may be refused that would
+    have fitted (it is answered 409, and fits once retried)."""
+
     count = "tenant_bytes"
 
-    async def room(self, tenant: str) -> TenantRoom | None:
-        """The tenant's bytes as last counted (within a second) with this process's additions
-        since, and its limit; None without a limit."""
+    def __init__(self, counts: TenantCounts, limit: int, **options: Any) -> None:
+        super().__init__(counts, limit, **options)
+        self._budgets: OrderedDict[str, _Budget] = OrderedDict()
+        # One read per tenant at a time, whoever waits for it (a tenant's appends in flight
+        # when its count goes stale would otherwise each read it).
+        self._reads: dict[str, asyncio.Task[_Budget]] = {}
+
+    async def reserve(self, tenant: str, size: int) -> TenantRoom | None:
+        """The room of a request that may store `size` bytes (None: no limit), its bytes
+        reserved until `release`."""
         if not self.limit:
             return None
-        held = self._tally.fresh(tenant)
-        if held is None:
-            held = await self._tally.count(tenant)
-        return TenantRoom(held, self.limit)
+        budget = self._budgets.get(tenant)
+        if budget is None or self._clock() - budget.read_at >= self._fresh:
+            budget = await self._read(tenant)
+        room = TenantRoom(budget.held + budget.stored + budget.reserved, self.limit)
+        budget.reserved += size
+        return room
 
-    def added(self, tenant: str, size: int) -> None:
-        """This process stored `size` more bytes of the tenant's records."""
-        if size:
-            self._tally.add(tenant, size)
+    def release(self, tenant: str, size: int, stored: int) -> None:
+        """A request that reserved `size` bytes has its outcome: it stored `stored` (0 when
+        refused, a duplicate, or not known)."""
+        budget = self._budgets.get(tenant)
+        if budget is None:
+            return  # forgotten meanwhile: the next read counts what it stored
+        budget.reserved = max(0, budget.reserved - size)
+        if not budget.reading:  # (while a read is under way, it may well count it)
+            budget.stored += stored
+
+    def forget(self, tenant: str) -> None:
+        """Read the tenant's count again at its next request: this process gave some of its
+        bytes back (a deletion, a prune, an abort), and a client that makes room expects it
+        there at once. What its requests in flight reserved stays reserved."""
+        budget = self._budgets.get(tenant)
+        if budget is not None:
+            budget.read_at = float("-inf")
+
+    async def _read(self, tenant: str) -> _Budget:
+        reading = self._reads.get(tenant)
+        if reading is None:
+            reading = asyncio.ensure_future(self._read_now(tenant))
+            self._reads[tenant] = reading
+        # Shielded: a request that gives up waiting does not cancel the others' read.
+        return await asyncio.shield(reading)
+
+    async def _read_now(self, tenant: str) -> _Budget:
+        budget = self._budgets.get(tenant)
+        if budget is not None:
+            budget.reading = True
+        try:
+            held = await self._read_count(tenant)
+        finally:
+            del self._reads[tenant]
+            if budget is not None:
+                budget.reading = False
+        budget = self._budgets.get(tenant) or budget  # (forgotten and made again meanwhile)
+        if budget is None:
+            budget = self._budgets[tenant] = _Budget(held, self._clock())
+            while len(self._budgets) > self._max_tenants:
+                self._budgets.popitem(last=False)
+        else:
+            # What this process stored before the read is in the count now; what its requests
+            # in flight may store is still reserved.
+            budget.held, budget.read_at, budget.stored = held, self._clock(), 0
+            self._budgets[tenant] = budget
+        self._budgets.move_to_end(tenant)
+        return budget
 
 
 class UsageView(msgspec.Struct, frozen=True):
@@ -159,7 +240,7 @@ class UsageView(msgspec.Struct, frozen=True):
 
     streams: int  # the streams it holds (one deleted while forks read it, until it is erased)
     max_streams: int | None  # DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT (null: no limit)
-    bytes: int  # its records' sizes and its open object intents' pledges
+    bytes: int  # what its records count (held_bytes) and its open object intents pledge
     max_bytes: int | None  # DUCTOR_STREAMS_MAX_BYTES_PER_TENANT (null: no limit)
 
 

@@ -14,6 +14,7 @@ import msgspec
 
 from domain.definition import MAX_OBJECT_BYTES
 from domain.errors import InvalidInput
+from domain.records import NewRecord, RecordKind, held_bytes
 from domain.text import (
     DOCUMENTED_JSON_TEXT,
     DOCUMENTED_MEDIA_TYPE,
@@ -110,3 +111,28 @@ class ObjectReference(msgspec.Struct, frozen=True):
     sha256: str
     content_type: str
     schema: Any
+
+
+_encode_reference = msgspec.json.Encoder().encode
+
+
+def object_record(intent: ObjectIntent) -> NewRecord:
+    """The record an intent's commit appends: its reference, in the object's place."""
+    reference = ObjectReference(
+        object_id=intent.object_id,
+        size=intent.size,
+        sha256=intent.sha256,
+        content_type=intent.content_type,
+        schema=intent.schema,
+    )
+    return NewRecord(
+        kind=RecordKind.OBJECT,
+        content_type=intent.content_type,
+        payload=_encode_reference(reference),
+        size=intent.size,
+    )
+
+
+def pledged_bytes(intent: ObjectIntent) -> int:
+    """What an open intent counts in its tenant's bytes: what its record will, once committed."""
+    return held_bytes(object_record(intent))

@@ -8,7 +8,7 @@ import hashlib
 import math
 from collections.abc import Iterable
 from enum import IntEnum
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -35,6 +35,29 @@ class NewRecord(msgspec.Struct, frozen=True):
     content_type: str
     payload: bytes
     size: int
+
+
+# What a record counts in its tenant's bytes beyond its own (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT):
+# its row's share of what storing it takes (a row, index entries, its part of the journal). A
+# record of no bytes takes them all, and counted at nothing, a tenant at its limit could still
+# append 13 MB a second of empty records.
+ROW_BYTES = 128
+
+
+class _Stored(Protocol):
+    @property
+    def kind(self) -> RecordKind: ...
+    @property
+    def payload(self) -> bytes: ...
+    @property
+    def size(self) -> int: ...
+
+
+def held_bytes(record: _Stored) -> int:
+    """What a record counts in its tenant's bytes: its size, its row (`ROW_BYTES`), and for an
+    object's record the reference stored in the object's place (its schema among it)."""
+    extra = len(record.payload) if record.kind == RecordKind.OBJECT else 0
+    return record.size + extra + ROW_BYTES
 
 
 class RecordInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -96,7 +96,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_streams_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 1_000_000
     # The bytes a tenant's records may hold (application/tenant_limits.py); past it, an append
     # or an object's intent is 409 `quota-exhausted`. 0: no limit.
-    max_bytes_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 1 << 40
+    max_bytes_per_tenant: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 1 << 40
     # Open (prepared or uploaded) object intents per stream; each lives in the stream's state,
     # which every commit of the stream rewrites: ~600 B each (docs/configuration.md says why 32).
     max_open_objects_per_stream: Count = 32

@@ -395,7 +395,7 @@ class Container(containers.DeclarativeContainer):
     close_stream = providers.Singleton(CloseStream, definitions, commits, clock)
     set_legal_hold = providers.Singleton(SetLegalHold, definitions, commits, clock)
     delete_stream = providers.Singleton(DeleteStream, definitions, commits, clock)
-    delete_run = providers.Singleton(DeleteRun, streams, definitions, clock)
+    delete_run = providers.Singleton(DeleteRun, streams, definitions, clock, byte_limit)
     list_runs = providers.Singleton(ListRuns, streams, access_log)
     tenant_usage = providers.Singleton(TenantUsage, streams, stream_limit, byte_limit)
     object_stores = providers.Resource(open_object_stores, settings)

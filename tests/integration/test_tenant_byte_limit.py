@@ -13,6 +13,7 @@ import secrets
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -20,13 +21,16 @@ import httpx
 import pytest
 
 from adapters.postgres.migrations import migrate
+from adapters.postgres.streams import PostgresStreams
 from adapters.postgres.tenant_counts import fold_tenant_counts, tenant_bytes
+from application.delete_stream import DeleteCommand
+from domain.stream import StreamKey
 from ductor_streams_client import StreamsClient, Usage
 from tests.conftest import SERVER_ENV, Tokens
 from tests.support.postgres import database_before
 from tests.support.server import ServerProcess, WorkerProcess
 
-LIMIT = 1_000
+LIMIT = 2_000
 DS = "/api/durable-streams/v1/stream"
 CLI = str(Path(sys.executable).parent / "ductor-streams")
 NATIVE = "/api/workflow-streams"
@@ -35,7 +39,7 @@ JSON = {"Content-Type": "application/json"}
 
 @pytest.fixture(scope="module")
 def limited(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A server whose tenants' records may hold 1,000 bytes each."""
+    """A server whose tenants may hold 2,000 bytes each."""
     process = ServerProcess(
         database_url=database_url,
         data_dir=tmp_path_factory.mktemp("bytes-limited"),
@@ -53,6 +57,7 @@ def pruner(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         env={
             "DUCTOR_STREAMS_WORKER_POLL_SECONDS": "0.1",
             "DUCTOR_STREAMS_PRUNE_INTERVAL_SECONDS": "0.2",
+            "DUCTOR_STREAMS_SWEEP_INTERVAL_SECONDS": "0.2",  # intents' expiry among them
             "DUCTOR_STREAMS_WORKER_LEASE_SECONDS": "2",
         },
     ).start()
@@ -69,11 +74,13 @@ async def api(limited: ServerProcess, tokens: Tokens) -> AsyncIterator[httpx.Asy
 
 async def counted(pool: asyncpg.Pool, tenant: str) -> tuple[int, int]:
     """The tenant's bytes as the write statements count them, and as its records and open
-    object intents hold them."""
+    object intents hold them: each record its size, its row (128 bytes) and an object's
+    reference; each open intent its pledge."""
     actual = await pool.fetchval(
         "SELECT coalesce(sum(size), 0) FROM ("
-        " SELECT size FROM stream_records WHERE tenant = $1"
-        " UNION ALL SELECT size FROM object_intents"
+        " SELECT size + 128 + CASE WHEN kind = 2 THEN octet_length(payload) ELSE 0 END AS size"
+        " FROM stream_records WHERE tenant = $1"
+        " UNION ALL SELECT pledge FROM object_intents"
         " WHERE tenant = $1 AND state IN ('prepared', 'uploaded')) AS held",
         tenant,
     )
@@ -140,15 +147,26 @@ async def test_every_way_of_writing_and_removing_records_is_counted(
         assert prepared.status_code == 201, prepared.text
         before = held
         held, actual = await counted(pool, tenant)
-        assert held == actual == before + len(body)
+        assert held == actual > before + len(body) + 128  # its size, its reference, its row
         object_path = f"{objects}/objects/{prepared.json()['object_id']}"
         assert (await api.put(f"{object_path}/body", content=body)).status_code == 200
         assert (await api.post(f"{object_path}/commit")).status_code == 201
         assert await counted(pool, tenant) == (held, actual)
         dropped = await api.post(f"{objects}/objects", json=intent_of(b"a" * 5_000, "a"))
-        assert (await counted(pool, tenant))[0] == held + 5_000
+        assert (await counted(pool, tenant))[0] > held + 5_000
         aborted = await api.post(f"{objects}/objects/{dropped.json()['object_id']}/abort")
         assert aborted.status_code == 200, aborted.text
+        assert await counted(pool, tenant) == (held, actual)
+        # An expired one's pledge ends (the workers' sweep).
+        expiring = await api.post(
+            f"{objects}/objects", json={**intent_of(b"e" * 4_000, "e"), "expires_in_seconds": 1}
+        )
+        assert expiring.status_code == 201, expiring.text
+        assert (await counted(pool, tenant))[0] > held + 4_000
+        expiring_path = f"{objects}/objects/{expiring.json()['object_id']}"
+        async with asyncio.timeout(20):
+            while (await api.get(expiring_path)).json()["state"] != "expired":
+                await asyncio.sleep(0.1)
         assert await counted(pool, tenant) == (held, actual)
         # One left open goes with its stream (below).
         left = await api.post(f"{objects}/objects", json=intent_of(b"l" * 3_000, "l"))
@@ -186,6 +204,32 @@ async def test_every_way_of_writing_and_removing_records_is_counted(
         assert await counted(pool, tenant) == (0, 0)
 
 
+async def test_a_batch_erased_together_gives_its_bytes_back(
+    server: ServerProcess, tokens: Tokens, pool: asyncpg.Pool
+) -> None:
+    """Deletions committed in one batch are erased in one statement (`_ERASE_KEYS`): their
+    records and open intents come off their tenants' counts as a lone erasure's do."""
+    tenants = ["t-" + secrets.token_hex(5) for _ in range(2)]
+    keys = []
+    for tenant in tenants:
+        async with await tokens.client(server, tenant) as api:
+            for stream in ("a", "b"):
+                path = await create(api, "r", stream)
+                assert (await append(api, path, ["x" * 50] * 70)).status_code == 201  # COPY
+                assert (await append(api, path, ["y" * 20] * 2)).status_code == 201
+                opened = await api.post(f"{path}/objects", json=intent_of(b"i" * 900, "i"))
+                assert opened.status_code == 201, opened.text
+                keys.append(StreamKey(tenant, "r", stream))
+    for tenant in tenants:
+        held, actual = await counted(pool, tenant)
+        assert held == actual > 2 * 900
+    now = datetime.now(UTC)
+    results = await PostgresStreams(pool).update_many([(k, [DeleteCommand(now)]) for k in keys])
+    assert all(not isinstance(r, BaseException) for r in results), results
+    for tenant in tenants:
+        assert await counted(pool, tenant) == (0, 0)
+
+
 async def test_the_fold_sums_the_byte_rows_of_ended_backends(pool: asyncpg.Pool) -> None:
     tenant = "t-" + secrets.token_hex(5)
     await pool.execute(
@@ -217,19 +261,20 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
     limited: ServerProcess, tokens: Tokens, api: httpx.AsyncClient, pool: asyncpg.Pool
 ) -> None:
     path = await create(api, "run", "s")
-    # 10 appends of 3 records of 30 bytes (32 with the JSON quotes): 960 bytes.
-    for n in range(10):
+    # Each record of 30 characters is 32 bytes of JSON and counts 160 with its row: 3 appends
+    # of 3 hold 1,440 bytes.
+    for n in range(3):
         first = await append(api, path, ["z" * 30] * 3, key=f"k{n}")
         assert first.status_code == 201, first.text
-    # 96 more would pass 1,000: refused, and nothing is appended.
-    problem = await problem_of(await append(api, path, ["z" * 30] * 3))
-    assert problem["tenant_bytes"] == 960
+    # 640 more would pass 2,000: refused, and nothing is appended.
+    problem = await problem_of(await append(api, path, ["z" * 30] * 4))
+    assert problem["tenant_bytes"] == 1_440
     head = (await api.get(path)).json()["state"]["head"]
-    assert head == 30
-    # A smaller one still fits.
+    assert head == 9
+    # A smaller one still fits, at once (the refused one's reservation is given back).
     assert (await append(api, path, ["z" * 30])).status_code == 201
     # The retry of an append that was stored is answered as before, at the limit.
-    again = await append(api, path, ["z" * 30] * 3, key="k9")
+    again = await append(api, path, ["z" * 30] * 3, key="k2")
     assert again.status_code == 200, again.text
     assert again.headers.get("idempotent-replayed") == "true"
     assert again.json() == first.json()
@@ -239,7 +284,7 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
     assert made.status_code == 201, made.text
     producer = {"Producer-Id": "p", "Producer-Epoch": "0", "Producer-Seq": "0"}
     small = await api.post(f"{DS}/run/ds", content=b'{"a":1}', headers={**JSON, **producer})
-    assert small.status_code in (200, 204), small.text
+    assert small.status_code in (200, 204), small.text  # 1,735 held
     large = b'{"a":"' + b"w" * 200 + b'"}'
     refused = await api.post(
         f"{DS}/run/ds", content=large, headers={**JSON, **producer, "Producer-Seq": "1"}
@@ -252,6 +297,10 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
     assert refused.status_code == 409, refused.text
     assert (await api.head(f"{DS}/run/ds2")).status_code == 404
 
+    # Empty records count their rows: at the limit, they are refused too (counted at nothing,
+    # a tenant at its limit appended 13 MB a second of them).
+    empty = await api.post(f"{path}/records", json={"records": [{"data_base64": ""}] * 3})
+    assert (await problem_of(empty))["tenant_bytes"] == 1_735
     # An object's intent whose size would pass the limit.
     await problem_of(await api.post(f"{path}/objects", json=intent_of(b"o" * 500, "o")))
 
@@ -260,15 +309,29 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
         other_path = await create(other, "run", "s")
         assert (await append(other, other_path, ["z" * 300] * 3)).status_code == 201
 
-    # Once a stream is deleted, the tenant may append again (counted within a second).
+    # Once a stream is deleted, the tenant may append again at once: the process that deleted
+    # it reads the count again.
     assert (await api.delete(path)).status_code == 204
     fresh = await create(api, "run", "fresh")
-    for _ in range(40):
-        answer = await append(api, fresh, ["z" * 30] * 3)
-        if answer.status_code != 409:
-            break
-        await asyncio.sleep(0.1)
+    answer = await append(api, fresh, ["z" * 30] * 3)
     assert answer.status_code == 201, answer.text
+
+
+async def test_appends_at_once_in_one_process_count_against_each_other(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, tokens: Tokens, limited: ServerProcess
+) -> None:
+    """A hundred appends at once, to a hundred streams: each request's room leaves out what
+    the others in flight may store, so together they stop at the limit (each checked against
+    the same count alone, they stored 5-45 times a small limit)."""
+    tenant = "t-" + secrets.token_hex(5)
+    async with await tokens.client(limited, tenant) as client:
+        paths = [await create(client, "many", f"s{i}") for i in range(100)]
+        answers = await asyncio.gather(*(append(client, p, ["x" * 98]) for p in paths))
+    statuses = sorted(a.status_code for a in answers)
+    assert set(statuses) <= {201, 409}, statuses
+    held, actual = await counted(pool, tenant)
+    assert held == actual == 228 * statuses.count(201)  # 100 bytes and a row each
+    assert LIMIT - 228 < actual <= LIMIT
 
 
 async def test_two_replicas_appending_and_deleting_at_once_keep_the_count_exact(
@@ -338,8 +401,9 @@ async def test_under_two_workers_the_limit_holds_for_writes_their_owners_commit(
                 else:
                     assert answer.status_code in (200, 201, 204), answer.text
             held, actual = await counted(pool, tenant)
-            assert held == actual == LIMIT
-            assert refused == 40 - LIMIT // 100
+            # 100 bytes and a row each (228): 8 fit under 2,000.
+            assert held == actual == 8 * 228
+            assert refused == 40 - 8
     finally:
         process.stop()
 
@@ -348,42 +412,39 @@ async def test_open_intents_pledge_their_sizes_and_a_commit_at_the_limit_goes_th
     limited: ServerProcess, tokens: Tokens, pool: asyncpg.Pool
 ) -> None:
     """Object bodies uploaded for intents never committed would otherwise be stored beyond the
-    limit (in the object store): an intent pledges its size from its prepare. A commit turns
-    its pledge into its record, so it is not refused at the limit; an abort gives the room
-    back."""
+    limit (in the object store): an intent pledges from its prepare what its record will count.
+    A commit turns its pledge into its record, so it is not refused at the limit; an abort
+    gives the room back."""
     tenant = "t-" + secrets.token_hex(5)
     async with await tokens.client(limited, tenant) as api:
         await pledges_at_the_limit(api, pool, tenant)
 
 
 async def pledges_at_the_limit(api: httpx.AsyncClient, pool: asyncpg.Pool, tenant: str) -> None:
-    paths = [await create(api, "run", f"o{i}") for i in range(4)]
-    body = b"p" * 300
+    paths = [await create(api, "run", f"o{i}") for i in range(12)]
+    body = b"p" * 100
     intents = []
-    for i, path in enumerate(paths[:3]):
+    for i, path in enumerate(paths):
         prepared = await api.post(f"{path}/objects", json=intent_of(body, f"k{i}"))
+        if prepared.status_code == 409:
+            break
         assert prepared.status_code == 201, prepared.text
         intents.append(f"{path}/objects/{prepared.json()['object_id']}")
-    # 900 pledged: a fourth intent, and an append of 200, would pass 1,000.
-    problem = await problem_of(await api.post(f"{paths[3]}/objects", json=intent_of(body, "k3")))
-    assert problem["tenant_bytes"] == 900
-    await problem_of(await append(api, paths[3], ["x" * 198]))
-    assert (await append(api, paths[3], ["x" * 98])).status_code == 201  # 1,000 now
-    # Each commit at the limit goes through.
-    for intent in intents[:2]:
-        assert (await api.put(f"{intent}/body", content=body)).status_code == 200
-        committed = await api.post(f"{intent}/commit")
-        assert committed.status_code == 201, committed.text
-    assert await counted(pool, tenant) == (1_000, 1_000)
-    # An abort gives its pledge back.
-    assert (await api.post(f"{intents[2]}/abort")).status_code == 200
-    assert await counted(pool, tenant) == (700, 700)
-    for _ in range(40):
-        answer = await append(api, paths[3], ["x" * 198])
-        if answer.status_code != 409:
-            break
-        await asyncio.sleep(0.1)
-    assert answer.status_code == 201, answer.text
+    # Each pledges what its record will count: its 100 bytes, its reference and its row.
+    pledge = (await counted(pool, tenant))[0] // len(intents)
+    assert pledge > 100 + 128
+    assert len(intents) == LIMIT // pledge >= 2
+    assert (await problem_of(prepared))["tenant_bytes"] == len(intents) * pledge
+    # A commit at the limit goes through: its record takes its intent's pledge up.
+    assert (await api.put(f"{intents[0]}/body", content=body)).status_code == 200
+    committed = await api.post(f"{intents[0]}/commit")
+    assert committed.status_code == 201, committed.text
+    assert await counted(pool, tenant) == (len(intents) * pledge, len(intents) * pledge)
+    # An abort gives its pledge back, at once.
+    assert (await api.post(f"{intents[1]}/abort")).status_code == 200
+    assert await counted(pool, tenant) == ((len(intents) - 1) * pledge,) * 2
+    again = await api.post(f"{paths[-1]}/objects", json=intent_of(body, "again"))
+    assert again.status_code == 201, again.text
 
 
 async def test_migration_0509_counts_the_records_and_open_intents_already_there(
@@ -419,8 +480,9 @@ async def test_migration_0509_counts_the_records_and_open_intents_already_there(
             ]:
                 await conn.execute(intent, object_id, state, size)
             assert "0509_tenant_byte_counts.sql" in await migrate(conn)
-            assert await tenant_bytes(conn, "a") == 335
-            assert await tenant_bytes(conn, "b") == 7
+            # Each record its size and a row (128); each open intent its size and a row.
+            assert await tenant_bytes(conn, "a") == 35 + 3 * 128 + 100 + 200 + 2 * 128
+            assert await tenant_bytes(conn, "b") == 7 + 128
             assert await tenant_bytes(conn, "c") == 0
         finally:
             await conn.close()
@@ -435,19 +497,21 @@ async def test_usage_shows_what_the_tenant_holds_against_its_limits(
         assert (await append(api, path, ["u" * 98] * 2)).status_code == 201
         prepared = await api.post(f"{path}/objects", json=intent_of(b"i" * 50, "i"))
         assert prepared.status_code == 201, prepared.text
+        held, _ = await counted(pool, tenant)
+        assert held > 2 * 228 + 50  # its two records and its intent's pledge
         usage = await api.get(f"{NATIVE}/usage")
         assert usage.status_code == 200, usage.text
         assert usage.json() == {
             "streams": 1,
             "max_streams": 1_000_000,
-            "bytes": 250,
+            "bytes": held,
             "max_bytes": LIMIT,
         }
         # The typed client reads it too.
         token = api.headers["Authorization"].removeprefix("Bearer ")
         async with StreamsClient(limited.base_url, token) as client:
             assert await client.usage() == Usage(
-                streams=1, max_streams=1_000_000, bytes=250, max_bytes=LIMIT
+                streams=1, max_streams=1_000_000, bytes=held, max_bytes=LIMIT
             )
         # Tenant-wide: not for a token restricted to runs, nor one without streams:admin.
         minted = await api.post(
@@ -489,7 +553,7 @@ async def test_the_tenants_command_prints_what_each_tenant_holds(
             for i in range(n):
                 path = await create(api, "r", f"s{i}")
                 assert (await append(api, path, ["c" * (10 * n)])).status_code == 201
-        held[tenant] = (n, n * (10 * n + 2))
+        held[tenant] = (n, n * (10 * n + 2 + 128))
     done = await asyncio.to_thread(tenants_cli, database_url)
     assert done.returncode == 0, done.stderr
     lines = [line.split("\t") for line in done.stdout.splitlines()]
@@ -525,4 +589,4 @@ async def test_a_recount_counts_every_tenant_again_from_its_rows(own_database: s
     assert before.stdout == "gone\t0\t55\n"
     done = await asyncio.to_thread(tenants_cli, own_database, "--recount")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "old\t0\t700\n"
+    assert done.stdout == f"old\t0\t{7 * (100 + 128)}\n"

@@ -125,10 +125,13 @@ async def test_a_forwarded_write_carries_its_tenant_room_to_its_decision(
     """The owner decides the tenant's limit with the room the receiving process saw: a write
     forwarded without it would pass the limit under `--workers N`."""
     seen: list[Command] = []
+    credit = Credit(unread_items=1, unread_bytes=2, max_unread_items=3, max_unread_bytes=4)
+    appended = AppendAnswer(first_sequence=1, last_sequence=1, head=1, credit=credit)
 
     def enqueue(key: StreamKey, command: Command) -> asyncio.Future[Outcome]:
         seen.append(command)
-        return answering(Done([], None))(key, command)
+        answer = appended if len(seen) == 1 else Produced(2, False, False, None, None)
+        return answering(Done([], answer, stored=131))(key, command)
 
     a, _ = await pair(tmp_path, started, enqueue)
     key = owned_by(a, "b")
@@ -137,9 +140,10 @@ async def test_a_forwarded_write_carries_its_tenant_room_to_its_decision(
     sent.tenant_room = room  # type: ignore[attr-defined]
     produce = ProduceCommand(WRITER, [record()], NOW)
     produce.tenant_room = room  # type: ignore[attr-defined]
-    for command in (sent, produce):
-        await a.submit("b", key, command, 2.0)
+    outcomes = [await a.submit("b", key, command, 2.0) for command in (sent, produce)]
     assert [getattr(c, "tenant_room", None) for c in seen] == [room, room]
+    # What it stored comes back, for the receiving process to count.
+    assert [o.stored for o in outcomes if isinstance(o, Done)] == [131, 131]
 
 
 async def test_a_refusal_and_a_replay_come_back_as_themselves(

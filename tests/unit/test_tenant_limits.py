@@ -6,6 +6,7 @@ commands, on every way records come in."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 from datetime import UTC, datetime, timedelta
@@ -23,9 +24,15 @@ from application.ports import Done, Failed, Idempotency, Replayed
 from application.tenant_limits import ByteLimit, StreamLimit, TenantRoom, UsageView
 from domain import errors
 from domain.definition import DefinitionRequest, resolve_definition
-from domain.objects import AuthorizationReceipt, ObjectIntent, ObjectRequest
+from domain.objects import (
+    AuthorizationReceipt,
+    ObjectIntent,
+    ObjectRequest,
+    object_record,
+    pledged_bytes,
+)
 from domain.producers import ProducerClaim
-from domain.records import NewRecord, RecordInput, RecordKind, fingerprint
+from domain.records import ROW_BYTES, NewRecord, RecordInput, RecordKind, fingerprint
 from domain.stream import Stream, StreamKey
 from entrypoints.config import Settings
 from entrypoints.container import memory_container, start, stop
@@ -135,20 +142,45 @@ async def test_past_the_limit_a_new_stream_is_refused_and_one_already_there_answ
     assert (await create(BOB, "r", request("s1")))[1]
 
 
-async def test_the_bytes_are_read_at_most_once_a_second_with_this_process_additions() -> None:
+async def test_requests_in_flight_count_against_each_other_and_outcomes_settle() -> None:
+    """Each request's room leaves out what the requests before it in this process may store
+    (reserved) and what they stored; the count is read at most once a second."""
     counts, ticks = Counts(), Ticks()
     limit = ByteLimit(counts, 100, clock=ticks)
     counts.count["a"] = 40
-    assert await limit.room("a") == TenantRoom(40, 100)
-    limit.added("a", 25)
-    assert await limit.room("a") == TenantRoom(65, 100)
+    first = await limit.reserve("a", 30)
+    second = await limit.reserve("a", 20)
+    assert (first, second) == (TenantRoom(40, 100), TenantRoom(70, 100))
+    limit.release("a", 30, 30)  # stored what it reserved
+    limit.release("a", 20, 0)  # refused, or a duplicate: stored nothing
+    assert await limit.reserve("a", 5) == TenantRoom(70, 100)
+    limit.release("a", 5, 5)
     assert counts.reads == 1
     counts.count["a"] = 10  # pruned or deleted meanwhile, by any process
     ticks.now += 1.0
-    assert await limit.room("a") == TenantRoom(10, 100)
+    assert await limit.reserve("a", 1) == TenantRoom(10, 100)
     assert counts.reads == 2
-    assert await ByteLimit(counts, 0).room("a") is None
+    assert await ByteLimit(counts, 0).reserve("a", 1) is None
     assert counts.reads == 2
+
+
+async def test_a_stale_count_is_read_once_for_every_request_waiting_for_it() -> None:
+    counts, gate = Counts(), asyncio.Event()
+    counts.count["a"] = 7
+    reads = counts.tenant_bytes
+
+    async def slow(tenant: str) -> int:
+        await gate.wait()
+        return await reads(tenant)
+
+    counts.tenant_bytes = slow  # type: ignore[method-assign]
+    limit = ByteLimit(counts, 100)
+    waiting = [asyncio.ensure_future(limit.reserve("a", 10)) for _ in range(50)]
+    await asyncio.sleep(0)
+    gate.set()
+    rooms = await asyncio.gather(*waiting)
+    assert counts.reads == 1
+    assert sorted(r.held for r in rooms) == [7 + 10 * n for n in range(50)]
 
 
 def _append(size: int, key: str | None = None) -> AppendCommand:
@@ -168,14 +200,16 @@ def _stream() -> Stream:
 def test_a_group_counts_what_its_earlier_commands_stored() -> None:
     """Each command carries the room its request saw; the decision adds what the group's
     earlier commands stored, so two that fit alone do not pass the limit together."""
+    # Each record counts its size and its row (ROW_BYTES, 128): 158, 158 and 138.
     commands = [_append(30), _append(30), _append(10)]
     for command in commands:
-        command.tenant_room = TenantRoom(50, 100)  # type: ignore[attr-defined]
+        command.tenant_room = TenantRoom(100, 400)  # type: ignore[attr-defined]
     outcomes, changes = decide_all(_stream(), commands, {}, {})
     assert isinstance(outcomes[0], Done) and isinstance(outcomes[2], Done)
+    assert [o.stored for o in outcomes if isinstance(o, Done)] == [158, 138]
     refused = outcomes[1]
     assert isinstance(refused, Failed) and isinstance(refused.error, errors.QuotaExhausted)
-    assert refused.error.extra == {"tenant_bytes": 80, "max_tenant_bytes": 100}
+    assert refused.error.extra == {"tenant_bytes": 258, "max_tenant_bytes": 400}
     assert [a.first_sequence for a in changes.appended] == [1, 2]
 
 
@@ -192,11 +226,10 @@ def test_a_retry_of_what_was_stored_is_replayed_at_the_limit() -> None:
 
 @pytest.fixture
 async def bytes_limited():
-    """A container whose tenants' records may hold 100 bytes, counted afresh at every request
-    (so that a deletion frees room at once)."""
-    container = memory_container(Settings(max_bytes_per_tenant=100))
+    """A container whose tenants may hold 1,000 bytes, counted afresh at every request."""
+    container = memory_container(Settings(max_bytes_per_tenant=1000))
     container.byte_limit.override(
-        providers.Singleton(ByteLimit, container.streams, 100, fresh_seconds=0)
+        providers.Singleton(ByteLimit, container.streams, 1000, fresh_seconds=0)
     )
     services = await start(container)
     yield container, services
@@ -211,33 +244,38 @@ async def test_every_way_records_come_in_is_held_to_the_tenant_bytes(bytes_limit
     container, services = bytes_limited
     for stream_id in ("s", "other"):
         await services.create_stream(ALICE, "r", request(stream_id))
-    answer, _ = await services.append_records(ALICE, "r", "s", records(60), "k")
-    # Past 100 on any of the tenant's streams: refused, and nothing is appended.
+    held = container.streams().tenant_bytes
+    # Each record counts its size and its row (ROW_BYTES, 128).
+    answer, _ = await services.append_records(ALICE, "r", "s", records(200), "k")
+    assert await held("acme") == 328
+    # Past 1,000 on any of the tenant's streams: refused, and nothing is appended.
     with pytest.raises(errors.QuotaExhausted) as refused:
-        await services.append_records(ALICE, "r", "other", records(30, 20))
-    assert refused.value.extra == {"tenant_bytes": 60, "max_tenant_bytes": 100}
+        await services.append_records(ALICE, "r", "other", records(300, 300))
+    assert refused.value.extra == {"tenant_bytes": 328, "max_tenant_bytes": 1000}
     # The retry of what was stored is replayed as it was.
-    assert await services.append_records(ALICE, "r", "s", records(60), "k") == (answer, True)
+    assert await services.append_records(ALICE, "r", "s", records(200), "k") == (answer, True)
     # A Durable Streams write, and the producer's retry of what was stored.
     claim = ProducerClaim("p", 0, 0)
     produce = services.append_records.produce
     written = await produce(ALICE, "r", "other", [_record(30)], producer=claim)
     with pytest.raises(errors.QuotaExhausted):
-        await produce(ALICE, "r", "other", [_record(30)], producer=ProducerClaim("p", 0, 1))
+        await produce(ALICE, "r", "other", [_record(400)], producer=ProducerClaim("p", 0, 1))
     again = await produce(ALICE, "r", "other", [_record(30)], producer=claim)
     assert again.duplicate and again.head == written.head == 1
-    # An object's intent pledges its size.
+    assert await held("acme") == 486
+    # An object's intent pledges what its record will count: its size, its reference, its row.
     with pytest.raises(errors.QuotaExhausted):
-        await services.objects.prepare(ALICE, "r", "s", object_request(20))
-    assert await container.streams().tenant_bytes("acme") == 90
+        await services.objects.prepare(ALICE, "r", "s", object_request(300))
+    assert await held("acme") == 486
     await services.objects.prepare(ALICE, "r", "s", object_request(10))
-    assert await container.streams().tenant_bytes("acme") == 100
+    assert 486 + 10 + ROW_BYTES < await held("acme") < 1000
     # Another tenant's room is its own.
     await services.create_stream(BOB, "r", request("s"))
-    await services.append_records(BOB, "r", "s", records(90))
-    # A deletion gives the room back.
+    await services.append_records(BOB, "r", "s", records(800))
+    # A deletion gives the room back (its record and its open intent).
     await services.delete_stream(ALICE, "r", "s")
-    await services.append_records(ALICE, "r", "other", records(30, 20))
+    assert await held("acme") == 158
+    await services.append_records(ALICE, "r", "other", records(300, 200))
 
 
 def _record(size: int) -> NewRecord:
@@ -275,16 +313,19 @@ def test_an_intent_pledges_its_size_until_its_commit_takes_it_up_or_it_ends() ->
         created_at=NOW,
     )
     prepared = stream.prepare_object(intent, NOW, None)
-    assert stored_bytes(stream, prepared) == 40
+    pledge = pledged_bytes(intent)
+    assert pledge > 40 + ROW_BYTES  # its reference too
+    assert stored_bytes(stream, prepared, ()) == pledge
     for event in prepared:
         stream.apply(event)
     for event in stream.mark_uploaded("o1", NOW):
         stream.apply(event)
-    record = NewRecord(RecordKind.OBJECT, request.content_type, b"{}", 40)
+    record = object_record(stream.state.objects["o1"])
     committed = stream.commit_object("o1", 40, request.sha256, record, NOW)
-    assert stored_bytes(stream, committed) == 0
-    assert stored_bytes(stream, stream.abort_object("o1", NOW)) == -40
-    assert stored_bytes(stream, _stream().append([_record(7)], NOW)) == 7
+    assert stored_bytes(stream, committed, [record]) == 0
+    assert stored_bytes(stream, stream.abort_object("o1", NOW), ()) == -pledge
+    appended = _stream().append([_record(7)], NOW)
+    assert stored_bytes(stream, appended, [_record(7)]) == 7 + ROW_BYTES
 
 
 async def test_usage_is_counted_now_and_says_no_limit_as_null() -> None:
@@ -294,7 +335,7 @@ async def test_usage_is_counted_now_and_says_no_limit_as_null() -> None:
         await services.create_stream(ALICE, "r", request("s"))
         await services.append_records(ALICE, "r", "s", records(12))
         usage = await services.tenant_usage(ALICE)
-        assert usage == UsageView(streams=1, max_streams=None, bytes=12, max_bytes=None)
+        assert usage == UsageView(streams=1, max_streams=None, bytes=140, max_bytes=None)
         assert await services.tenant_usage(BOB) == UsageView(0, None, 0, None)
         with pytest.raises(Forbidden):
             await services.tenant_usage(Caller("acme", "w", frozenset({"streams:write"})))

@@ -51,7 +51,8 @@ from domain.events import (
     decode_event,
     encode_event,
 )
-from domain.objects import ObjectIntent
+from domain.objects import ObjectIntent, pledged_bytes
+from domain.records import held_bytes
 from domain.stream import (
     Stream,
     StreamKey,
@@ -391,9 +392,9 @@ class MemoryStreams:
         held = 0
         for key, row in self._rows.items():
             if key.tenant == tenant:
-                held += sum(record.size for record in row.records.values())
-                # open intents pledge their sizes (committed ones are records already)
-                held += sum(i.size for i in decode_state(row.state).objects.values())
+                held += sum(held_bytes(r) for r in row.records.values())
+                # open intents pledge what their records will count (committed ones are records)
+                held += sum(pledged_bytes(i) for i in decode_state(row.state).objects.values())
         return held
 
     async def list_runs(

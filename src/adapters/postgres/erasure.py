@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from adapters.postgres.connections import Connection
 from adapters.postgres.intents import OPEN, TAKE_OVER
-from adapters.postgres.tenant_counts import COUNT_BYTES
+from adapters.postgres.tenant_counts import COUNT_BYTES, RECORD_BYTES
 from application.deletions import ERASED_STREAM
 from domain.stream import StreamKey
 
@@ -45,8 +45,8 @@ _OF_THEM = "tenant = $1 AND run_id = $2 AND stream_id = ANY($3::text[])"
 # The tables whose erased rows count in their tenants' bytes: what each returns, and which of
 # those count.
 _RETURNING = {
-    "stream_records": " RETURNING tenant, size",
-    "object_intents": " RETURNING tenant, size, state",
+    "stream_records": f" RETURNING tenant, {RECORD_BYTES} AS size",
+    "object_intents": " RETURNING tenant, pledge AS size, state",
 }
 _COUNTED = {"stream_records": "", "object_intents": f" WHERE state IN {OPEN}"}
 # Streams of any tenants and runs: their keys as three arrays, one element a stream.

@@ -19,7 +19,7 @@ from domain.events import (
     ObjectUploaded,
     RecordsPruned,
 )
-from domain.objects import AuthorizationReceipt, ObjectIntent
+from domain.objects import AuthorizationReceipt, ObjectIntent, pledged_bytes
 from domain.stream import StreamKey
 
 _KEY = "tenant = $1 AND run_id = $2 AND stream_id = $3"
@@ -27,15 +27,16 @@ OPEN = "('prepared', 'uploaded')"  # the states of an intent whose size is pledg
 _encode = msgspec.json.Encoder().encode
 _receipt = msgspec.json.Decoder(AuthorizationReceipt)
 
-# An open intent's size counts in its tenant's bytes (tenant_counts.py) from its prepare until
-# it is committed (its record counts it then), aborted, expired or erased.
+# An open intent counts in its tenant's bytes (tenant_counts.py) from its prepare until it is
+# committed (its record counts the same then), aborted, expired or erased: its `pledge`, what
+# its record will count (`domain.objects.pledged_bytes`).
 _INSERT = f"""
 WITH made AS (
     INSERT INTO object_intents
         (tenant, run_id, stream_id, object_id, idempotency_key, state, size, sha256, content_type,
-         schema, storage_region, storage_key, receipt, expires_at, created_at, updated_at)
-    VALUES ($1, $2, $3, $4, $5, 'prepared', $6, $7, $8, $9, $10, $11, $12, $13, $14, $14)
-    RETURNING tenant, size
+         schema, storage_region, storage_key, receipt, expires_at, created_at, updated_at, pledge)
+    VALUES ($1, $2, $3, $4, $5, 'prepared', $6, $7, $8, $9, $10, $11, $12, $13, $14, $14, $15)
+    RETURNING tenant, pledge AS size
 )
 {COUNT_BYTES.format(sign="", records="SELECT tenant, size FROM made")}
 """
@@ -50,7 +51,7 @@ WITH ended AS (
     SET state = $5, sequence = coalesce($6, i.sequence), updated_at = $7
     FROM (SELECT state FROM object_intents WHERE {_KEY} AND object_id = $4) AS before
     WHERE i.tenant = $1 AND i.run_id = $2 AND i.stream_id = $3 AND i.object_id = $4
-    RETURNING i.tenant, i.size, before.state AS was
+    RETURNING i.tenant, i.pledge AS size, before.state AS was
 )
 {COUNT_BYTES.format(sign="-", records=f"SELECT tenant, size FROM ended WHERE was IN {OPEN}")}
 """
@@ -161,6 +162,7 @@ async def project_objects(conn: Connection, key: StreamKey, events: list[Event])
                     _encode(i.receipt),
                     i.expires_at,
                     i.created_at,
+                    pledged_bytes(i),
                 )
             case ObjectUploaded(object_id=oid):
                 await conn.execute(_STATE, *key, oid, "uploaded", None, event.at)

@@ -26,7 +26,7 @@ from adapters.postgres.intents import PROJECTED, project_objects
 from adapters.postgres.journal import schedule_compaction
 from adapters.postgres.marks import MARK_WRITTEN
 from adapters.postgres.producers import write_producers
-from adapters.postgres.tenant_counts import COUNT_BYTES
+from adapters.postgres.tenant_counts import COUNT_BYTES, RECORD_BYTES
 from adapters.postgres.traces import TRACES_CHANNEL, trace_announcement
 from application import tracing
 from application.deciding import Changes
@@ -39,6 +39,7 @@ from domain.events import (
     encode_event,
     event_type,
 )
+from domain.records import held_bytes
 from domain.state import Producer, encode_consumers, encode_state_without_consumers
 from domain.stream import Stream, StreamKey
 
@@ -272,7 +273,7 @@ WITH new_records AS (
     SELECT r.tenant, r.run_id, r.stream_id, r.sequence, r.appended_at, r.kind, r.content_type,
            r.size, r.end_offset, decode(r.payload, 'base64')
     FROM {_RECORDS}
-    RETURNING tenant, size
+    RETURNING tenant, {RECORD_BYTES} AS size
 ), counted AS (
     -- their bytes, added to their tenant's count (tenant_counts.py)
     {COUNT_BYTES.format(sign="", records="SELECT tenant, size FROM new_records")}
@@ -325,7 +326,8 @@ FROM written w
 
 _DELETE_PRUNED = f"""
 WITH pruned AS (
-    DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4 RETURNING tenant, size
+    DELETE FROM stream_records WHERE {_KEY} AND sequence <= $4
+    RETURNING tenant, {RECORD_BYTES} AS size
 )
 {COUNT_BYTES.format(sign="-", records="SELECT tenant, size FROM pruned")}
 """
@@ -665,7 +667,7 @@ async def before_write(
             await conn.copy_records_to_table(
                 "stream_records", records=rows[start : start + COPY_PIECE], columns=_RECORD_COLUMNS
             )
-        copied = sum(r.size for appended in changes.appended for r in appended.records)
+        copied = sum(held_bytes(r) for appended in changes.appended for r in appended.records)
         await conn.execute(_COUNT_COPIED, key.tenant, copied)
         rows = []
     writes.add(stream, changes, [RecordRow(*row) for row in rows], inline)

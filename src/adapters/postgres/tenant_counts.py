@@ -12,11 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from domain.records import ROW_BYTES, RecordKind
+
 _COUNT = """
 SELECT coalesce(sum({column}), 0)::bigint FROM {table} WHERE tenant = $1
 """
 _STREAMS = ("tenant_stream_counts", "streams")
 _BYTES = ("tenant_byte_counts", "bytes")
+
+# What a row of `stream_records` counts in its tenant's bytes, as `domain.records.held_bytes`
+# counts the record: its size, its row, and an object's reference.
+RECORD_BYTES = (
+    f"size + CASE WHEN kind = {int(RecordKind.OBJECT)} THEN octet_length(payload) ELSE 0 END"
+    f" + {ROW_BYTES}"
+)
 
 # The bytes of the records in the row set `{records}` (tenant, size), added (`sign` '') or taken
 # away ('-') from their tenants' counts, as part of the statement that inserts or deletes them:
@@ -52,7 +61,13 @@ WITH gone AS (
 )
 SELECT count(*) FROM gone
 """
-_EMPTY = "DELETE FROM {table} WHERE backend = 0 AND {column} = 0"
+# In the key's order, passing over rows others hold: two replicas' sweeps, each emptying and
+# folding, would otherwise lock two tenants' rows in opposite orders.
+_EMPTY = """
+DELETE FROM {table} WHERE (tenant, backend) IN (
+    SELECT tenant, backend FROM {table} WHERE backend = 0 AND {column} = 0
+    ORDER BY tenant FOR UPDATE SKIP LOCKED)
+"""
 
 
 async def tenant_streams(pool: Any, tenant: str) -> int:
@@ -62,7 +77,8 @@ async def tenant_streams(pool: Any, tenant: str) -> int:
 
 
 async def tenant_bytes(pool: Any, tenant: str) -> int:
-    """The bytes `tenant`'s records hold (a soft-deleted stream's too, until it is erased)."""
+    """The bytes `tenant` holds: what its records count (a soft-deleted stream's too, until it is
+    erased) and what its open object intents pledge."""
     count: int = await pool.fetchval(_COUNT.format(table=_BYTES[0], column=_BYTES[1]), tenant)
     return count
 
@@ -99,14 +115,14 @@ async def tenants_held(pool: Any, tenant: str | None = None) -> list[tuple[str, 
 # record or intent is written (the locks, until the transaction commits): what a process of an
 # earlier version wrote during a rolling upgrade (it counted nothing) is counted then. Writes of
 # every tenant wait for it: a pass over both tables.
-_RECOUNT = """
+_RECOUNT = f"""
 LOCK TABLE stream_records, object_intents IN SHARE MODE;
 DELETE FROM tenant_byte_counts;
 INSERT INTO tenant_byte_counts (tenant, backend, bytes)
 SELECT tenant, 0, sum(size) FROM (
-    SELECT tenant, size FROM stream_records
+    SELECT tenant, {RECORD_BYTES} AS size FROM stream_records
     UNION ALL
-    SELECT tenant, size FROM object_intents WHERE state IN ('prepared', 'uploaded')
+    SELECT tenant, pledge AS size FROM object_intents WHERE state IN ('prepared', 'uploaded')
 ) AS held
 GROUP BY tenant;
 """
