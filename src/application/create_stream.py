@@ -20,7 +20,7 @@ from application.group_commit import claimed_bytes
 from application.input_delivery import check_input_ids
 from application.placement import Deployment
 from application.ports import Clock, Command, StreamRepository
-from application.tenant_limits import ByteLimit, StreamLimit
+from application.tenant_limits import ByteLimit, StreamLimit, TenantRoom
 from application.throughput import Throughput
 from application.views import StreamDocument, stream_document
 from domain.definition import DefinitionRequest, StreamDefinition, resolve_definition
@@ -114,6 +114,8 @@ class CreateStream:
             command = ExpireCommand(now, self._access.known(key), self._access.slack)
             with contextlib.suppress(NotFound):  # erased meanwhile
                 await self._streams.update(key, [command])
+            if self._byte_limit is not None:
+                self._byte_limit.forget(key.tenant)  # what it held, given back for its records
             now = self._clock()
             stream, created = await self._create_with(key, definition, now, then)
         if not created:
@@ -159,8 +161,11 @@ class CreateStream:
             # The initial records count against the tenant's limit as an append's do: refused
             # there, the stream is not created either.
             room = await byte_limit.reserve(key.tenant, claimed)
-            for command in commands:
-                command.tenant_room = room  # type: ignore[attr-defined]
+            before = 0
+            for command in commands:  # each after what the ones before it may store
+                if room is not None:
+                    command.tenant_room = TenantRoom(room.held + before, room.limit)  # type: ignore[attr-defined]
+                before += claimed_bytes(command)
             created = False
             try:
                 stream, created = await self._streams.create(key, definition, now, commands)

@@ -106,7 +106,6 @@ def decide_all(
     wanted = {
         c.offset_of for c in commands if c.offset_of is not None and c.offset_of not in offsets
     }
-    stored = 0  # bytes this group's commands stored or pledged so far (`tenant_room`)
     for command in commands:
         if stream.state.deleted:
             # Erased earlier in this group: a command after it finds no stream, as it would
@@ -136,17 +135,18 @@ def decide_all(
         except Exception as error:
             outcomes.append(Failed(error))
             continue
+        # The tenant's limit (application/tenant_limits.py): decided here, after a retry of
+        # what was stored is recognized above or by the decision (a duplicate stores nothing),
+        # so that one is answered as before at the limit. What gives room back (an abort; a
+        # commit turns its pledge into its record) is never refused. The room already leaves
+        # out what the earlier requests of its process may store, this group's among them
+        # (`ByteLimit.reserve`): counted again here, a busy stream's batches were refused at the
+        # limit less their own bytes.
         room: TenantRoom | None = getattr(command, "tenant_room", None)
-        adding = 0
-        if room is not None and (adding := stored_bytes(stream, events, command.records)):
-            # The tenant's limit (application/tenant_limits.py): decided here, after a retry of
-            # what was stored is recognized above or by the decision (a duplicate stores
-            # nothing), so that one is answered as before at the limit. What gives room back
-            # (an abort; a commit turns its pledge into its record) is never refused.
-            if adding > 0 and room.held + stored + adding > room.limit:
-                outcomes.append(Failed(room.refusal(adding, stored)))
-                continue
-            stored += adding
+        adding = 0 if room is None else stored_bytes(stream, events, command.records)
+        if room is not None and adding > 0 and room.held + adding > room.limit:
+            outcomes.append(Failed(room.refusal(adding)))
+            continue
         for event in events:
             stream.apply(event)
             if isinstance(event, RecordsAppended):

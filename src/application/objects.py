@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime, timedelta
@@ -48,6 +49,7 @@ from domain.objects import (
 from domain.records import NewRecord
 from domain.stream import Stream, StreamKey
 
+log = logging.getLogger("ductor_streams.objects")
 _encode = msgspec.json.Encoder().encode
 
 
@@ -515,9 +517,19 @@ class Objects:
         for _ in range(rounds):
             now = self._clock()
             due = await self._intents.expired_intents(now, limit)
+            failed: list[Exception] = []
             for key, object_id in due:
-                with contextlib.suppress(NotFound):  # erased meanwhile: nothing to expire
+                try:
                     await run_one(self._commits, key, ExpireCommand(object_id, now))
+                except NotFound:  # erased meanwhile: nothing to expire
+                    pass
+                except Exception as error:
+                    # One that cannot be expired does not hold up those due after it (each
+                    # sweep would otherwise stop at it, for every tenant).
+                    log.warning("intent %s of %s not expired: %s", object_id, key, error)
+                    failed.append(error)
+            if due and len(failed) == len(due):
+                raise failed[-1]  # none could be: the sweep failed (an outage, most likely)
             expired += len(due)
             if len(due) < limit:
                 break

@@ -124,10 +124,9 @@ class TenantRoom(msgspec.Struct, frozen=True):
     held: int
     limit: int
 
-    def refusal(self, adding: int, before: int) -> QuotaExhausted:
-        """The refusal of a request adding `adding` bytes after `before` bytes the same
-        transaction already added for it."""
-        held = self.held + before
+    def refusal(self, adding: int) -> QuotaExhausted:
+        """The refusal of a request adding `adding` bytes."""
+        held = self.held
         if held >= self.limit:
             detail = f"the tenant holds {held} bytes, its limit of {self.limit}"
         else:
@@ -146,13 +145,13 @@ class _Budget:
     """A tenant's bytes as this process knows them: as last read, what it stored since (its
     requests' outcomes), and what its requests in flight may store (`reserved`)."""
 
-    __slots__ = ("held", "read_at", "reading", "reserved", "stored")
+    __slots__ = ("forgotten", "held", "read_at", "reserved", "stored")
 
     def __init__(self, held: int, read_at: float) -> None:
         self.held, self.read_at = held, read_at
         self.stored = 0
         self.reserved = 0
-        self.reading = False
+        self.forgotten = 0  # how many times `forget` was called: a read older than that is old
 
 
 class ByteLimit(_TenantLimit):
@@ -190,10 +189,9 @@ class ByteLimit(_TenantLimit):
         refused, a duplicate, or not known)."""
         budget = self._budgets.get(tenant)
         if budget is None:
-            return  # forgotten meanwhile: the next read counts what it stored
+            return  # (only a budget with nothing reserved is forgotten)
         budget.reserved = max(0, budget.reserved - size)
-        if not budget.reading:  # (while a read is under way, it may well count it)
-            budget.stored += stored
+        budget.stored += stored
 
     def forget(self, tenant: str) -> None:
         """Read the tenant's count again at its next request: this process gave some of its
@@ -202,6 +200,7 @@ class ByteLimit(_TenantLimit):
         budget = self._budgets.get(tenant)
         if budget is not None:
             budget.read_at = float("-inf")
+            budget.forgotten += 1
 
     async def _read(self, tenant: str) -> _Budget:
         reading = self._reads.get(tenant)
@@ -213,25 +212,29 @@ class ByteLimit(_TenantLimit):
 
     async def _read_now(self, tenant: str) -> _Budget:
         budget = self._budgets.get(tenant)
-        if budget is not None:
-            budget.reading = True
+        if budget is None:
+            budget = _Budget(0, float("-inf"))
+        # What this process stored before the read starts is in the count it reads; what it
+        # stores while the read is under way may or may not be (it is kept: counted twice at
+        # worst, for a second, rather than missed).
+        stored_before, forgotten = budget.stored, budget.forgotten
         try:
             held = await self._read_count(tenant)
         finally:
             del self._reads[tenant]
-            if budget is not None:
-                budget.reading = False
-        budget = self._budgets.get(tenant) or budget  # (forgotten and made again meanwhile)
-        if budget is None:
-            budget = self._budgets[tenant] = _Budget(held, self._clock())
-            while len(self._budgets) > self._max_tenants:
-                self._budgets.popitem(last=False)
-        else:
-            # What this process stored before the read is in the count now; what its requests
-            # in flight may store is still reserved.
-            budget.held, budget.read_at, budget.stored = held, self._clock(), 0
-            self._budgets[tenant] = budget
+        budget.held = held
+        budget.stored -= stored_before
+        # A `forget` while it read (a deletion's commit it may not have seen): read again next.
+        budget.read_at = self._clock() if budget.forgotten == forgotten else float("-inf")
+        self._budgets[tenant] = budget
         self._budgets.move_to_end(tenant)
+        if len(self._budgets) > self._max_tenants:
+            # The one read longest ago with nothing reserved goes: a reservation in flight must
+            # find its budget to be given back (else another budget, made without it, would
+            # let the tenant store what it reserved twice).
+            idle = next((t for t, b in self._budgets.items() if not b.reserved), None)
+            if idle is not None and idle != tenant:
+                del self._budgets[idle]
         return budget
 
 

@@ -332,6 +332,14 @@ async def test_appends_at_once_in_one_process_count_against_each_other(
     held, actual = await counted(pool, tenant)
     assert held == actual == 228 * statuses.count(201)  # 100 bytes and a row each
     assert LIMIT - 228 < actual <= LIMIT
+    # On one stream, appends at once commit in one batch: each is decided by its own room,
+    # the others' bytes counted once (counted twice, 4 or 5 of the 8 that fit were stored).
+    tenant = "t-" + secrets.token_hex(5)
+    async with await tokens.client(limited, tenant) as client:
+        path = await create(client, "one", "s")
+        answers = await asyncio.gather(*(append(client, path, ["x" * 98]) for _ in range(20)))
+    assert sorted(a.status_code for a in answers) == [201] * 8 + [409] * 12
+    assert await counted(pool, tenant) == (8 * 228, 8 * 228)
 
 
 async def test_two_replicas_appending_and_deleting_at_once_keep_the_count_exact(
@@ -590,3 +598,51 @@ async def test_a_recount_counts_every_tenant_again_from_its_rows(own_database: s
     done = await asyncio.to_thread(tenants_cli, own_database, "--recount")
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"old\t0\t{7 * (100 + 128)}\n"
+
+
+async def test_intents_opened_by_an_earlier_version_end_and_erase_without_a_pledge(
+    server: ServerProcess, tokens: Tokens, pool: asyncpg.Pool, database_url: str
+) -> None:
+    """An intent a process of an earlier version opened during a rolling upgrade has no pledge
+    and was counted nowhere: its commit, abort and erasure take nothing away (each answered
+    500 when they tried), and a recount gives it its pledge."""
+    tenant = "t-" + secrets.token_hex(5)
+
+    async def as_if_opened_before(api: httpx.AsyncClient, path: str, body: bytes, key: str) -> str:
+        prepared = await api.post(f"{path}/objects", json=intent_of(body, key))
+        assert prepared.status_code == 201, prepared.text
+        object_id = prepared.json()["object_id"]
+        pledge = await pool.fetchval(
+            "WITH o AS (SELECT pledge FROM object_intents WHERE tenant = $1 AND object_id = $2)"
+            " UPDATE object_intents SET pledge = NULL WHERE tenant = $1 AND object_id = $2"
+            " RETURNING (SELECT pledge FROM o)",
+            tenant,
+            object_id,
+        )
+        await pool.execute(
+            "INSERT INTO tenant_byte_counts (tenant, backend, bytes) VALUES ($1, 0, -$2::int8)"
+            " ON CONFLICT (tenant, backend)"
+            " DO UPDATE SET bytes = tenant_byte_counts.bytes + excluded.bytes",
+            tenant,
+            pledge,
+        )
+        return f"{path}/objects/{object_id}"
+
+    async with await tokens.client(server, tenant) as api:
+        path = await create(api, "r", "s")
+        body = b"b" * 1_000
+        committing = await as_if_opened_before(api, path, body, "c")
+        aborting = await as_if_opened_before(api, path, body, "a")
+        assert await counted(pool, tenant) == (0, 0)
+        assert (await api.put(f"{committing}/body", content=body)).status_code == 200
+        assert (await api.post(f"{committing}/commit")).status_code == 201
+        assert (await api.post(f"{aborting}/abort")).status_code == 200
+        held, actual = await counted(pool, tenant)
+        assert held == actual > 1_000
+        await as_if_opened_before(api, path, body, "left")
+        done = await asyncio.to_thread(tenants_cli, database_url, "--recount", "--tenant", tenant)
+        assert done.returncode == 0, done.stderr
+        held, actual = await counted(pool, tenant)
+        assert held == actual > 2_000  # the one left open counted, with its pledge
+        assert (await api.delete(path)).status_code == 204
+        assert await counted(pool, tenant) == (0, 0)

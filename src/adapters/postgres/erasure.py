@@ -46,7 +46,7 @@ _OF_THEM = "tenant = $1 AND run_id = $2 AND stream_id = ANY($3::text[])"
 # those count.
 _RETURNING = {
     "stream_records": f" RETURNING tenant, {RECORD_BYTES} AS size",
-    "object_intents": " RETURNING tenant, pledge AS size, state",
+    "object_intents": " RETURNING tenant, coalesce(pledge, 0) AS size, state",
 }
 _COUNTED = {"stream_records": "", "object_intents": f" WHERE state IN {OPEN}"}
 # Streams of any tenants and runs: their keys as three arrays, one element a stream.

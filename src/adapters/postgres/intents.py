@@ -29,7 +29,8 @@ _receipt = msgspec.json.Decoder(AuthorizationReceipt)
 
 # An open intent counts in its tenant's bytes (tenant_counts.py) from its prepare until it is
 # committed (its record counts the same then), aborted, expired or erased: its `pledge`, what
-# its record will count (`domain.objects.pledged_bytes`).
+# its record will count (`domain.objects.pledged_bytes`). One opened by a process of an earlier
+# version has none (it counted nothing): it takes nothing away.
 _INSERT = f"""
 WITH made AS (
     INSERT INTO object_intents
@@ -51,7 +52,7 @@ WITH ended AS (
     SET state = $5, sequence = coalesce($6, i.sequence), updated_at = $7
     FROM (SELECT state FROM object_intents WHERE {_KEY} AND object_id = $4) AS before
     WHERE i.tenant = $1 AND i.run_id = $2 AND i.stream_id = $3 AND i.object_id = $4
-    RETURNING i.tenant, i.pledge AS size, before.state AS was
+    RETURNING i.tenant, coalesce(i.pledge, 0) AS size, before.state AS was
 )
 {COUNT_BYTES.format(sign="-", records=f"SELECT tenant, size FROM ended WHERE was IN {OPEN}")}
 """

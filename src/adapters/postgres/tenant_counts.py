@@ -27,6 +27,10 @@ RECORD_BYTES = (
     f" + {ROW_BYTES}"
 )
 
+# The pledge of an intent opened by a process of an earlier version (its reference not known
+# here): its size and a row, as migration 0509 set it for the intents it found.
+RECORD_PLEDGE = f"size + {ROW_BYTES}"
+
 # The bytes of the records in the row set `{records}` (tenant, size), added (`sign` '') or taken
 # away ('-') from their tenants' counts, as part of the statement that inserts or deletes them:
 # a CTE of its own (`WITH ... counted AS (COUNT_BYTES)`). Each tenant's row of this backend, in
@@ -112,11 +116,15 @@ async def tenants_held(pool: Any, tenant: str | None = None) -> list[tuple[str, 
 
 
 # Every tenant's bytes counted again from the rows, as migration 0509 first counted them, while no
-# record or intent is written (the locks, until the transaction commits): what a process of an
-# earlier version wrote during a rolling upgrade (it counted nothing) is counted then. Writes of
-# every tenant wait for it: a pass over both tables.
+# record or intent is written and no sweep folds the counts (the locks, until the transaction
+# commits): what a process of an earlier version wrote during a rolling upgrade (it counted
+# nothing) is counted then, its open intents given the pledge the migration gave those it found.
+# Writes of every tenant wait for it: a pass over both tables.
 _RECOUNT = f"""
 LOCK TABLE stream_records, object_intents IN SHARE MODE;
+LOCK TABLE tenant_byte_counts IN EXCLUSIVE MODE;
+UPDATE object_intents SET pledge = {RECORD_PLEDGE}
+WHERE pledge IS NULL AND state IN ('prepared', 'uploaded');
 DELETE FROM tenant_byte_counts;
 INSERT INTO tenant_byte_counts (tenant, backend, bytes)
 SELECT tenant, 0, sum(size) FROM (
