@@ -156,7 +156,7 @@ class GroupCommit:
         With a limit on the tenants' bytes, a command that may store some reserves them here
         and carries its tenant's room (`tenant_room`) to its decision, wherever it is
         committed; its outcome gives the reservation back with what it stored."""
-        limit = self._byte_limit
+        limit = self._byte_limit if self._byte_limit and self._byte_limit.limit else None
         if limit is None or (claimed := claimed_bytes(command)) <= 0:
             outcome = await self._submit(key, command)
             if limit is not None and type(outcome) is Done and outcome.events and _frees(command):

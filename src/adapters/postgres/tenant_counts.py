@@ -1,5 +1,6 @@
 """What each tenant holds, for its limits: its streams (migration 0505, counted by triggers) and
-its records' bytes (migration 0509, counted by the statements that write and delete records).
+its bytes (migration 0509: what its records count and its open object intents pledge, counted by
+the statements that write and delete records and that open and end intents).
 
 Every statement that inserts or deletes streams or records adds its change to the row of its own
 backend (`pg_backend_pid()`) in `tenant_stream_counts` or `tenant_byte_counts`, in its own
