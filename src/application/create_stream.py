@@ -11,6 +11,8 @@ import contextlib
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+import msgspec
+
 from application import tracing
 from application.access import Caller, require_reader, require_writer
 from application.append_records import ProduceCommand
@@ -20,7 +22,7 @@ from application.group_commit import claimed_bytes
 from application.input_delivery import check_input_ids
 from application.placement import Deployment
 from application.ports import Clock, Command, StreamRepository
-from application.tenant_limits import ByteLimit, StreamLimit, TenantRoom
+from application.tenant_limits import ByteLimit, StreamLimit
 from application.throughput import Throughput
 from application.views import StreamDocument, stream_document
 from domain.definition import DefinitionRequest, StreamDefinition, resolve_definition
@@ -160,11 +162,14 @@ class CreateStream:
         else:
             # The initial records count against the tenant's limit as an append's do: refused
             # there, the stream is not created either.
-            room = await byte_limit.reserve(key.tenant, claimed)
+            callers = [getattr(command, "caller", None) for command in commands]
+            shown = all(c is None or c.runs is None for c in callers)
+            room = await byte_limit.reserve(key.tenant, claimed, shown=shown)
             before = 0
             for command in commands:  # each after what the ones before it may store
                 if room is not None:
-                    command.tenant_room = TenantRoom(room.held + before, room.limit)  # type: ignore[attr-defined]
+                    after = msgspec.structs.replace(room, held=room.held + before)
+                    command.tenant_room = after  # type: ignore[attr-defined]
                 before += claimed_bytes(command)
             created = False
             try:

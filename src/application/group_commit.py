@@ -162,7 +162,10 @@ class GroupCommit:
             if limit is not None and type(outcome) is Done and outcome.events and _frees(command):
                 limit.forget(key.tenant)  # read again: what it gave back is there to take
             return outcome
-        command.tenant_room = await limit.reserve(key.tenant, claimed)  # type: ignore[attr-defined]
+        caller = getattr(command, "caller", None)
+        shown = caller is None or caller.runs is None
+        room = await limit.reserve(key.tenant, claimed, shown=shown)
+        command.tenant_room = room  # type: ignore[attr-defined]
         stored = 0
         try:
             outcome = await self._submit(key, command)

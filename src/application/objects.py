@@ -241,6 +241,14 @@ class ExpireCommand(_ObjectCommand):
         return stream.expire_object(self.object_id, self.now)
 
 
+# Uploads of one intent a process takes at once: a client's retry while its first upload still
+# dribbles in goes through, and no more. Each is written to its own temporary file or part until
+# its end: 200 at once of one 32 MiB intent once held 3.2 GB of the object store (the local disk
+# on the embedded defaults), 81 times their tenant's limit, each of them for as long as the
+# minimum reading rate let it drip.
+MAX_UPLOADS_PER_OBJECT = 2
+
+
 class Objects:
     """Every object use case; they share the lookups and the checks of who may do what."""
 
@@ -268,6 +276,8 @@ class Objects:
         self._commits = commits
         self._stores = stores
         self._clock = clock
+        # Uploads of each intent under way in this process (`MAX_UPLOADS_PER_OBJECT`).
+        self._uploading: dict[tuple[StreamKey, str], int] = {}
 
     async def _intent(self, key: StreamKey, object_id: str) -> ObjectIntent:
         check_id("objectID", object_id)
@@ -356,6 +366,28 @@ class Objects:
         key, intent, _ = await self._own(caller, run_id, stream_id, object_id)
         if intent.state != "prepared":
             raise errors.ObjectStateConflict(f"object {object_id!r} is {intent.state}")
+        under_way = (key, object_id)
+        if self._uploading.get(under_way, 0) >= MAX_UPLOADS_PER_OBJECT:
+            raise errors.ObjectStateConflict(
+                f"object {object_id!r} has {MAX_UPLOADS_PER_OBJECT} uploads under way: wait "
+                "for one to end"
+            )
+        self._uploading[under_way] = self._uploading.get(under_way, 0) + 1
+        try:
+            return await self._upload(key, intent, object_id, chunks, announced)
+        finally:
+            left = self._uploading.pop(under_way) - 1
+            if left:
+                self._uploading[under_way] = left
+
+    async def _upload(
+        self,
+        key: StreamKey,
+        intent: ObjectIntent,
+        object_id: str,
+        chunks: AsyncIterator[bytes],
+        announced: int | None,
+    ) -> ObjectView:
         if intent.expires_at <= self._clock():
             raise errors.ObjectStateConflict(f"object {object_id!r} expired")
         if announced is not None and announced > intent.size:

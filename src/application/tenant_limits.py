@@ -123,9 +123,18 @@ class TenantRoom(msgspec.Struct, frozen=True):
 
     held: int
     limit: int
+    # Whether the refusal may say what the tenant holds: not to a caller restricted to runs
+    # (the others' bytes are not its to see, as `GET /usage` is not).
+    shown: bool = True
 
     def refusal(self, adding: int) -> QuotaExhausted:
         """The refusal of a request adding `adding` bytes."""
+        if not self.shown:
+            return QuotaExhausted(
+                f"{adding} more bytes would pass the tenant's limit of {self.limit}: nothing "
+                "more is stored until some are deleted",
+                max_tenant_bytes=self.limit,
+            )
         held = self.held
         if held >= self.limit:
             detail = f"the tenant holds {held} bytes, its limit of {self.limit}"
@@ -172,15 +181,15 @@ class ByteLimit(_TenantLimit):
         # when its count goes stale would otherwise each read it).
         self._reads: dict[str, asyncio.Task[_Budget]] = {}
 
-    async def reserve(self, tenant: str, size: int) -> TenantRoom | None:
+    async def reserve(self, tenant: str, size: int, *, shown: bool = True) -> TenantRoom | None:
         """The room of a request that may store `size` bytes (None: no limit), its bytes
-        reserved until `release`."""
+        reserved until `release`; `shown`: its refusal may say what the tenant holds."""
         if not self.limit:
             return None
         budget = self._budgets.get(tenant)
         if budget is None or self._clock() - budget.read_at >= self._fresh:
             budget = await self._read(tenant)
-        room = TenantRoom(budget.held + budget.stored + budget.reserved, self.limit)
+        room = TenantRoom(budget.held + budget.stored + budget.reserved, self.limit, shown)
         budget.reserved += size
         return room
 

@@ -173,6 +173,30 @@ async def test_a_bad_upload_racing_a_good_one_never_touches_the_committed_body(
     assert len(stored_files(server, run_id)) == 1
 
 
+async def test_a_third_upload_of_one_intent_at_once_is_refused(
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """Two uploads of one intent at once go through (a retry while the first still drips in);
+    a third is refused before any of its body is stored: 200 at once held 81 times their
+    tenant's limit on disk."""
+    path = await new_stream(api, run_id)
+    intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
+    body_path = f"{path}/objects/{intent['object_id']}"
+    uploads = [await upload_paused(api, body_path, BODY) for _ in range(2)]
+    third = await api.put(f"{body_path}/body", content=BODY)
+    assert third.status_code == 409 and third.json()["code"] == "object-state-conflict"
+    assert "uploads under way" in third.json()["detail"]
+    answers = []
+    for upload, go_on in uploads:
+        go_on.set()
+        answers.append((await upload).status_code)
+    assert answers[0] == 200 and answers[1] in (200, 409)  # (the twin finds it uploaded)
+    assert (await api.get(body_path)).json()["state"] == "uploaded"
+    # With none under way any more, an upload is taken again (and finds it uploaded).
+    again = await api.put(f"{body_path}/body", content=BODY)
+    assert again.status_code == 409 and "uploads under way" not in again.json()["detail"]
+
+
 async def test_an_upload_racing_its_abort_leaves_no_body_behind(
     api: httpx.AsyncClient, server: ServerProcess, run_id: str
 ) -> None:

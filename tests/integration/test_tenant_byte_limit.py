@@ -303,6 +303,19 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
     assert (await problem_of(empty))["tenant_bytes"] == 1_735
     # An object's intent whose size would pass the limit.
     await problem_of(await api.post(f"{path}/objects", json=intent_of(b"o" * 500, "o")))
+    # A token restricted to a run is refused so too, without being told what the tenant's
+    # other runs hold (as `GET /usage` does not tell it).
+    minted = await api.post(
+        f"{NATIVE}/tokens",
+        json={"scopes": ["streams:write"], "expires_in_seconds": 600, "runs": ["run"]},
+    )
+    assert minted.status_code == 201, minted.text
+    restricted = {"Authorization": f"Bearer {minted.json()['token']}"}
+    refused = await api.post(
+        f"{path}/records", json={"records": [{"data": "z" * 300}]}, headers=restricted
+    )
+    problem = await problem_of(refused)
+    assert "tenant_bytes" not in problem and "1735" not in problem["detail"]
 
     # Another tenant is not held by it.
     async with await tokens.client(limited, "t-" + secrets.token_hex(5)) as other:
