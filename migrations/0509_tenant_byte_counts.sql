@@ -1,5 +1,5 @@
 -- How many bytes each tenant holds, for its limit (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT): what its
--- records count (each its size and 128 bytes for its row; an object's record its object's size
+-- streams' definitions count, what its records count (each its size and 128 bytes for its row; an object's record its object's size
 -- and its reference) and what its open object intents pledge (their bodies are being uploaded,
 -- or wait for a commit: what their records will count). Kept as
 -- 0505's stream counts are, one row per tenant and backend, so that two transactions never
@@ -22,11 +22,45 @@ CREATE TABLE tenant_byte_counts (
 -- pledge their size and a row (their reference is not known here: each counts that much less).
 ALTER TABLE object_intents ADD COLUMN pledge bigint;
 
--- The records and open intents already there, counted while none is written: a write waits for
--- these locks until the migration commits, so none is counted twice or missed. A record counts
--- its size, its row (128 bytes) and, for an object's, its reference (domain/records.py,
--- `held_bytes`).
-LOCK TABLE stream_records, object_intents IN SHARE MODE;
+-- A stream counts its definition (its schema among it: up to 64 KiB each, and a million streams
+-- a tenant) and a row, added and taken away by the triggers that count the streams (0505),
+-- whatever path creates or erases them: their transition tables hold the rows already.
+CREATE OR REPLACE FUNCTION count_streams_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO tenant_stream_counts (tenant, backend, streams)
+    SELECT tenant, pg_backend_pid(), count(*) FROM inserted GROUP BY tenant ORDER BY tenant
+    ON CONFLICT (tenant, backend)
+    DO UPDATE SET streams = tenant_stream_counts.streams + excluded.streams;
+    INSERT INTO tenant_byte_counts (tenant, backend, bytes)
+    SELECT tenant, pg_backend_pid(), sum(octet_length(definition) + 128) FROM inserted
+    GROUP BY tenant ORDER BY tenant
+    ON CONFLICT (tenant, backend)
+    DO UPDATE SET bytes = tenant_byte_counts.bytes + excluded.bytes;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION count_streams_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO tenant_stream_counts (tenant, backend, streams)
+    SELECT tenant, pg_backend_pid(), -count(*) FROM deleted GROUP BY tenant ORDER BY tenant
+    ON CONFLICT (tenant, backend)
+    DO UPDATE SET streams = tenant_stream_counts.streams + excluded.streams;
+    INSERT INTO tenant_byte_counts (tenant, backend, bytes)
+    SELECT tenant, pg_backend_pid(), -sum(octet_length(definition) + 128) FROM deleted
+    GROUP BY tenant ORDER BY tenant
+    ON CONFLICT (tenant, backend)
+    DO UPDATE SET bytes = tenant_byte_counts.bytes + excluded.bytes;
+    RETURN NULL;
+END
+$$;
+
+-- The streams, records and open intents already there, counted while none is written: a write
+-- waits for these locks until the migration commits, so none is counted twice or missed. A
+-- record counts its size, its row (128 bytes) and, for an object's, its reference
+-- (domain/records.py, `held_bytes`); a stream its definition and a row (domain/stream.py,
+-- `definition_bytes`).
+LOCK TABLE streams, stream_records, object_intents IN SHARE MODE;
 UPDATE object_intents SET pledge = size + 128 WHERE state IN ('prepared', 'uploaded');
 INSERT INTO tenant_byte_counts (tenant, backend, bytes)
 SELECT tenant, 0, sum(size) FROM (
@@ -34,5 +68,7 @@ SELECT tenant, 0, sum(size) FROM (
     FROM stream_records
     UNION ALL
     SELECT tenant, pledge AS size FROM object_intents WHERE state IN ('prepared', 'uploaded')
+    UNION ALL
+    SELECT tenant, octet_length(definition) + 128 AS size FROM streams
 ) AS held
 GROUP BY tenant;

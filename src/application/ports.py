@@ -244,9 +244,10 @@ class TenantCounts(Protocol):
 
     async def tenant_bytes(self, tenant: str) -> int:
         """How many bytes the tenant holds, as of the last commit, whatever appended, pruned,
-        erased or opened them: what its records count (`domain.records.held_bytes`: size, row
-        and an object's reference), a soft-deleted stream's too, and what its open object
-        intents pledge (`domain.objects.pledged_bytes`)."""
+        erased or opened them: what its streams count (`domain.stream.definition_bytes`), what
+        its records count (`domain.records.held_bytes`: size, row and an object's reference), a
+        soft-deleted stream's too, and what its open object intents pledge
+        (`domain.objects.pledged_bytes`)."""
 
 
 class AccessRecord(msgspec.Struct, frozen=True):

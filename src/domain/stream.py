@@ -20,7 +20,7 @@ from domain import events as ev
 from domain.definition import MAX_COMMAND_RECORDS, StreamDefinition
 from domain.objects import ObjectIntent
 from domain.producers import MAX_PRODUCERS, ProducerClaim, check_claim, check_writer_seq
-from domain.records import NewRecord
+from domain.records import ROW_BYTES, NewRecord
 from domain.state import (
     Consumer,
     ConsumersNotLoaded,
@@ -772,6 +772,12 @@ _definition_decoder = msgspec.json.Decoder(StreamDefinition)
 
 def encode_definition(definition: StreamDefinition) -> bytes:
     return _definition_encoder.encode(definition)
+
+
+def definition_bytes(definition: StreamDefinition) -> int:
+    """What a stream counts in its tenant's bytes (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT): its
+    definition as stored (its schema among it) and its row (`ROW_BYTES`)."""
+    return len(encode_definition(definition)) + ROW_BYTES
 
 
 def decode_definition(payload: bytes) -> StreamDefinition:

@@ -250,9 +250,9 @@ class RunsPage(_Answer, frozen=True):
 
 class Usage(_Answer, frozen=True):
     """What the tenant holds against its limits, counted when asked (`StreamsClient.usage`):
-    its streams, and its bytes (each record its size and 128 bytes for its row, an object's
-    record its reference too, and what its open object intents pledge). A limit of None is no
-    limit."""
+    its streams, and its bytes (each stream its definition and each record its size, each with
+    128 bytes for its row, an object's record its reference too, and what its open object
+    intents pledge). A limit of None is no limit."""
 
     streams: int
     max_streams: int | None

@@ -452,8 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="what each tenant holds",
         description="Print one tab-separated line per tenant that holds anything, by tenant: "
         "the tenant, its streams (one deleted while forks read it counts until it is erased), "
-        "and its bytes (each record its size and 128 bytes for its row, an object's record its "
-        "object's size and reference, and what its open object intents pledge), as the limits "
+        "and its bytes (each stream its definition and each record its size, each with 128 "
+        "bytes for its row, an object's record its reference too, and what its open object "
+        "intents pledge), as the limits "
         "DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT and DUCTOR_STREAMS_MAX_BYTES_PER_TENANT count "
         "them. Read from the database; no server needed.",
     )

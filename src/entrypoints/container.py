@@ -362,7 +362,7 @@ class Container(containers.DeclarativeContainer):
     definitions = providers.Singleton(Definitions, streams, deployment, access_log)
     # Records and appends, counted where they commit (every surface, every way in).
     throughput = providers.Singleton(Throughput)
-    # A tenant's limit on its records' bytes, decided with each append (tenant_limits.py).
+    # A tenant's limit on its bytes, decided with each append and creation (tenant_limits.py).
     byte_limit = providers.Singleton(ByteLimit, streams, settings.provided.max_bytes_per_tenant)
     commits = providers.Singleton(
         GroupCommit, streams, throughput=throughput, byte_limit=byte_limit

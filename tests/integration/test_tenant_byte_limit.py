@@ -30,7 +30,7 @@ from tests.conftest import SERVER_ENV, Tokens
 from tests.support.postgres import database_before
 from tests.support.server import ServerProcess, WorkerProcess
 
-LIMIT = 2_000
+LIMIT = 20_000
 DS = "/api/durable-streams/v1/stream"
 CLI = str(Path(sys.executable).parent / "ductor-streams")
 NATIVE = "/api/workflow-streams"
@@ -39,7 +39,8 @@ JSON = {"Content-Type": "application/json"}
 
 @pytest.fixture(scope="module")
 def limited(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A server whose tenants may hold 2,000 bytes each."""
+    """A server whose tenants may hold 20,000 bytes each (a stream's definition counts about
+    750)."""
     process = ServerProcess(
         database_url=database_url,
         data_dir=tmp_path_factory.mktemp("bytes-limited"),
@@ -75,13 +76,14 @@ async def api(limited: ServerProcess, tokens: Tokens) -> AsyncIterator[httpx.Asy
 async def counted(pool: asyncpg.Pool, tenant: str) -> tuple[int, int]:
     """The tenant's bytes as the write statements count them, and as its records and open
     object intents hold them: each record its size, its row (128 bytes) and an object's
-    reference; each open intent its pledge."""
+    reference; each open intent its pledge; each stream its definition and its row."""
     actual = await pool.fetchval(
         "SELECT coalesce(sum(size), 0) FROM ("
         " SELECT size + 128 + CASE WHEN kind = 2 THEN octet_length(payload) ELSE 0 END AS size"
         " FROM stream_records WHERE tenant = $1"
         " UNION ALL SELECT pledge FROM object_intents"
-        " WHERE tenant = $1 AND state IN ('prepared', 'uploaded')) AS held",
+        " WHERE tenant = $1 AND state IN ('prepared', 'uploaded')"
+        " UNION ALL SELECT octet_length(definition) + 128 FROM streams WHERE tenant = $1) AS held",
         tenant,
     )
     return await tenant_bytes(pool, tenant), actual
@@ -189,8 +191,10 @@ async def test_every_way_of_writing_and_removing_records_is_counted(
             f"{DS}/r2/fork", headers={"Stream-Forked-From": "/v1/stream/r2/ds", **JSON}
         )
         assert fork.status_code == 201, fork.text
+        with_fork, actual = await counted(pool, tenant)
+        assert with_fork == actual > held  # the fork's definition and row
         assert (await api.delete(f"{DS}/r2/ds")).status_code == 204
-        assert await counted(pool, tenant) == (held, actual)
+        assert await counted(pool, tenant) == (with_fork, actual)
         assert (await api.delete(f"{DS}/r2/fork")).status_code == 204
         held, actual = await counted(pool, tenant)
         assert held == actual
@@ -257,34 +261,46 @@ async def problem_of(answer: httpx.Response) -> dict:
     return problem
 
 
+async def held_now(api: httpx.AsyncClient) -> int:
+    """What the caller's tenant holds, as `GET /usage` counts it."""
+    usage = await api.get(f"{NATIVE}/usage")
+    assert usage.status_code == 200, usage.text
+    held: int = usage.json()["bytes"]
+    return held
+
+
 async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_served(
     limited: ServerProcess, tokens: Tokens, api: httpx.AsyncClient, pool: asyncpg.Pool
 ) -> None:
     path = await create(api, "run", "s")
-    # Each record of 30 characters is 32 bytes of JSON and counts 160 with its row: 3 appends
-    # of 3 hold 1,440 bytes.
-    for n in range(3):
+    made = await api.put(f"{DS}/run/ds", headers=JSON)
+    assert made.status_code == 201, made.text
+    producer = {"Producer-Id": "p", "Producer-Epoch": "0", "Producer-Seq": "0"}
+    small = await api.post(f"{DS}/run/ds", content=b'{"a":1}', headers={**JSON, **producer})
+    assert small.status_code in (200, 204), small.text
+    # Two streams' definitions and rows, and a record of 7 bytes and its row.
+    held = await held_now(api)
+    # Each record of 30 characters is 32 bytes of JSON and counts 160 with its row: appends of
+    # 3 while they fit, then one record that fills the limit to the byte.
+    n = 0
+    while held + 480 + 131 <= LIMIT:
         first = await append(api, path, ["z" * 30] * 3, key=f"k{n}")
         assert first.status_code == 201, first.text
-    # 640 more would pass 2,000: refused, and nothing is appended.
-    problem = await problem_of(await append(api, path, ["z" * 30] * 4))
-    assert problem["tenant_bytes"] == 1_440
-    head = (await api.get(path)).json()["state"]["head"]
-    assert head == 9
-    # A smaller one still fits, at once (the refused one's reservation is given back).
-    assert (await append(api, path, ["z" * 30])).status_code == 201
+        held, n = held + 480, n + 1
+    filler = await append(api, path, ["f" * (LIMIT - held - 130)])  # its quotes and its row
+    assert filler.status_code == 201, filler.text
+    assert await held_now(api) == LIMIT
+    # More is refused, and nothing is appended.
+    problem = await problem_of(await append(api, path, ["z"]))
+    assert problem["tenant_bytes"] == LIMIT
+    assert (await api.get(path)).json()["state"]["head"] == 3 * n + 1
     # The retry of an append that was stored is answered as before, at the limit.
-    again = await append(api, path, ["z" * 30] * 3, key="k2")
+    again = await append(api, path, ["z" * 30] * 3, key=f"k{n - 1}")
     assert again.status_code == 200, again.text
     assert again.headers.get("idempotent-replayed") == "true"
     assert again.json() == first.json()
 
     # The Durable Streams surface: an append past the limit, a creation with records.
-    made = await api.put(f"{DS}/run/ds", headers=JSON)
-    assert made.status_code == 201, made.text
-    producer = {"Producer-Id": "p", "Producer-Epoch": "0", "Producer-Seq": "0"}
-    small = await api.post(f"{DS}/run/ds", content=b'{"a":1}', headers={**JSON, **producer})
-    assert small.status_code in (200, 204), small.text  # 1,735 held
     large = b'{"a":"' + b"w" * 200 + b'"}'
     refused = await api.post(
         f"{DS}/run/ds", content=large, headers={**JSON, **producer, "Producer-Seq": "1"}
@@ -296,11 +312,17 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
     refused = await api.put(f"{DS}/run/ds2", content=b"[" + large + b"]", headers=JSON)
     assert refused.status_code == 409, refused.text
     assert (await api.head(f"{DS}/run/ds2")).status_code == 404
-
+    # So is a new stream at all: its definition and row count.
+    await problem_of(
+        await api.post(
+            f"{NATIVE}/runs/run/streams", json={"stream_id": "more", "direction": "output"}
+        )
+    )
+    assert (await api.get(f"{NATIVE}/runs/run/streams/more")).status_code == 404
     # Empty records count their rows: at the limit, they are refused too (counted at nothing,
     # a tenant at its limit appended 13 MB a second of them).
     empty = await api.post(f"{path}/records", json={"records": [{"data_base64": ""}] * 3})
-    assert (await problem_of(empty))["tenant_bytes"] == 1_735
+    assert (await problem_of(empty))["tenant_bytes"] == LIMIT
     # An object's intent whose size would pass the limit.
     await problem_of(await api.post(f"{path}/objects", json=intent_of(b"o" * 500, "o")))
     # A token restricted to a run is refused so too, without being told what the tenant's
@@ -315,15 +337,15 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
         f"{path}/records", json={"records": [{"data": "z" * 300}]}, headers=restricted
     )
     problem = await problem_of(refused)
-    assert "tenant_bytes" not in problem and "1735" not in problem["detail"]
+    assert "tenant_bytes" not in problem and str(LIMIT) not in problem["detail"].split(":")[-1]
 
     # Another tenant is not held by it.
     async with await tokens.client(limited, "t-" + secrets.token_hex(5)) as other:
         other_path = await create(other, "run", "s")
         assert (await append(other, other_path, ["z" * 300] * 3)).status_code == 201
 
-    # Once a stream is deleted, the tenant may append again at once: the process that deleted
-    # it reads the count again.
+    # Once a stream is deleted, the tenant may create and append again at once: the process
+    # that deleted it reads the count again.
     assert (await api.delete(path)).status_code == 204
     fresh = await create(api, "run", "fresh")
     answer = await append(api, fresh, ["z" * 30] * 3)
@@ -333,26 +355,30 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
 async def test_appends_at_once_in_one_process_count_against_each_other(
     api: httpx.AsyncClient, pool: asyncpg.Pool, tokens: Tokens, limited: ServerProcess
 ) -> None:
-    """A hundred appends at once, to a hundred streams: each request's room leaves out what
-    the others in flight may store, so together they stop at the limit (each checked against
-    the same count alone, they stored 5-45 times a small limit)."""
+    """A hundred appends at once, over ten streams: each request's room leaves out what the
+    others in flight may store, so together they stop at the limit (each checked against the
+    same count alone, they stored 5-45 times a small limit)."""
     tenant = "t-" + secrets.token_hex(5)
     async with await tokens.client(limited, tenant) as client:
-        paths = [await create(client, "many", f"s{i}") for i in range(100)]
-        answers = await asyncio.gather(*(append(client, p, ["x" * 98]) for p in paths))
+        paths = [await create(client, "many", f"s{i}") for i in range(10)]
+        base, _ = await counted(pool, tenant)  # their definitions and rows
+        fit = (LIMIT - base) // 228  # 100 bytes and a row each
+        answers = await asyncio.gather(
+            *(append(client, paths[i % 10], ["x" * 98]) for i in range(fit + 30))
+        )
     statuses = sorted(a.status_code for a in answers)
-    assert set(statuses) <= {201, 409}, statuses
-    held, actual = await counted(pool, tenant)
-    assert held == actual == 228 * statuses.count(201)  # 100 bytes and a row each
-    assert LIMIT - 228 < actual <= LIMIT
+    assert statuses == [201] * fit + [409] * 30
+    assert await counted(pool, tenant) == (base + 228 * fit,) * 2
     # On one stream, appends at once commit in one batch: each is decided by its own room,
-    # the others' bytes counted once (counted twice, 4 or 5 of the 8 that fit were stored).
+    # the others' bytes counted once (counted twice, 4 or 5 of 8 that fitted were stored).
     tenant = "t-" + secrets.token_hex(5)
     async with await tokens.client(limited, tenant) as client:
         path = await create(client, "one", "s")
-        answers = await asyncio.gather(*(append(client, path, ["x" * 98]) for _ in range(20)))
-    assert sorted(a.status_code for a in answers) == [201] * 8 + [409] * 12
-    assert await counted(pool, tenant) == (8 * 228, 8 * 228)
+        base, _ = await counted(pool, tenant)
+        fit = (LIMIT - base) // 228
+        answers = await asyncio.gather(*(append(client, path, ["x" * 98]) for _ in range(fit + 5)))
+    assert sorted(a.status_code for a in answers) == [201] * fit + [409] * 5
+    assert await counted(pool, tenant) == (base + 228 * fit,) * 2
 
 
 async def test_two_replicas_appending_and_deleting_at_once_keep_the_count_exact(
@@ -408,23 +434,24 @@ async def test_under_two_workers_the_limit_holds_for_writes_their_owners_commit(
             for i in range(6):
                 made = await api.put(f"{DS}/r/ds{i}", headers=JSON)
                 assert made.status_code == 201, made.text
-            # Records of 100 bytes: the limit is reached within the second a count is kept.
+            base, _ = await counted(pool, tenant)  # the streams' definitions and rows
+            # Records of 998 bytes and a row (1,126): the limit is reached within the second a
+            # count is kept.
+            fit = (LIMIT - base) // 1_126
             refused = 0
-            for n in range(40):
+            for n in range(fit + 20):
                 if n % 2:
-                    answer = await append(api, native[n % 6], ["q" * 98])
+                    answer = await append(api, native[n % 6], ["q" * 996])
                 else:
                     answer = await api.post(
-                        f"{DS}/r/ds{n % 6}", content=b'"' + b"q" * 98 + b'"', headers=JSON
+                        f"{DS}/r/ds{n % 6}", content=b'"' + b"q" * 996 + b'"', headers=JSON
                     )
                 if answer.status_code == 409:
                     refused += 1
                 else:
                     assert answer.status_code in (200, 201, 204), answer.text
-            held, actual = await counted(pool, tenant)
-            # 100 bytes and a row each (228): 8 fit under 2,000.
-            assert held == actual == 8 * 228
-            assert refused == 40 - 8
+            assert await counted(pool, tenant) == (base + fit * 1_126,) * 2
+            assert refused == 20
     finally:
         process.stop()
 
@@ -443,7 +470,8 @@ async def test_open_intents_pledge_their_sizes_and_a_commit_at_the_limit_goes_th
 
 async def pledges_at_the_limit(api: httpx.AsyncClient, pool: asyncpg.Pool, tenant: str) -> None:
     paths = [await create(api, "run", f"o{i}") for i in range(12)]
-    body = b"p" * 100
+    base, _ = await counted(pool, tenant)  # the streams' definitions and rows
+    body = b"p" * 1_000
     intents = []
     for i, path in enumerate(paths):
         prepared = await api.post(f"{path}/objects", json=intent_of(body, f"k{i}"))
@@ -451,19 +479,19 @@ async def pledges_at_the_limit(api: httpx.AsyncClient, pool: asyncpg.Pool, tenan
             break
         assert prepared.status_code == 201, prepared.text
         intents.append(f"{path}/objects/{prepared.json()['object_id']}")
-    # Each pledges what its record will count: its 100 bytes, its reference and its row.
-    pledge = (await counted(pool, tenant))[0] // len(intents)
-    assert pledge > 100 + 128
-    assert len(intents) == LIMIT // pledge >= 2
-    assert (await problem_of(prepared))["tenant_bytes"] == len(intents) * pledge
+    # Each pledges what its record will count: its 1,000 bytes, its reference and its row.
+    pledge = ((await counted(pool, tenant))[0] - base) // len(intents)
+    assert pledge > 1_000 + 128
+    assert len(intents) == (LIMIT - base) // pledge >= 2
+    assert (await problem_of(prepared))["tenant_bytes"] == base + len(intents) * pledge
     # A commit at the limit goes through: its record takes its intent's pledge up.
     assert (await api.put(f"{intents[0]}/body", content=body)).status_code == 200
     committed = await api.post(f"{intents[0]}/commit")
     assert committed.status_code == 201, committed.text
-    assert await counted(pool, tenant) == (len(intents) * pledge, len(intents) * pledge)
+    assert await counted(pool, tenant) == (base + len(intents) * pledge,) * 2
     # An abort gives its pledge back, at once.
     assert (await api.post(f"{intents[1]}/abort")).status_code == 200
-    assert await counted(pool, tenant) == ((len(intents) - 1) * pledge,) * 2
+    assert await counted(pool, tenant) == (base + (len(intents) - 1) * pledge,) * 2
     again = await api.post(f"{paths[-1]}/objects", json=intent_of(body, "again"))
     assert again.status_code == 201, again.text
 
@@ -565,7 +593,7 @@ def tenants_cli(database_url: str, *args: str) -> subprocess.CompletedProcess[st
 
 
 async def test_the_tenants_command_prints_what_each_tenant_holds(
-    server: ServerProcess, tokens: Tokens, database_url: str
+    server: ServerProcess, tokens: Tokens, database_url: str, pool: asyncpg.Pool
 ) -> None:
     held = {}
     for n in (1, 2):
@@ -574,7 +602,7 @@ async def test_the_tenants_command_prints_what_each_tenant_holds(
             for i in range(n):
                 path = await create(api, "r", f"s{i}")
                 assert (await append(api, path, ["c" * (10 * n)])).status_code == 201
-        held[tenant] = (n, n * (10 * n + 2 + 128))
+        held[tenant] = (n, (await counted(pool, tenant))[0])
     done = await asyncio.to_thread(tenants_cli, database_url)
     assert done.returncode == 0, done.stderr
     lines = [line.split("\t") for line in done.stdout.splitlines()]
@@ -643,19 +671,20 @@ async def test_intents_opened_by_an_earlier_version_end_and_erase_without_a_pled
 
     async with await tokens.client(server, tenant) as api:
         path = await create(api, "r", "s")
+        base, _ = await counted(pool, tenant)  # its definition and row
         body = b"b" * 1_000
         committing = await as_if_opened_before(api, path, body, "c")
         aborting = await as_if_opened_before(api, path, body, "a")
-        assert await counted(pool, tenant) == (0, 0)
+        assert await counted(pool, tenant) == (base, base)
         assert (await api.put(f"{committing}/body", content=body)).status_code == 200
         assert (await api.post(f"{committing}/commit")).status_code == 201
         assert (await api.post(f"{aborting}/abort")).status_code == 200
         held, actual = await counted(pool, tenant)
-        assert held == actual > 1_000
+        assert held == actual > base + 1_000
         await as_if_opened_before(api, path, body, "left")
         done = await asyncio.to_thread(tenants_cli, database_url, "--recount", "--tenant", tenant)
         assert done.returncode == 0, done.stderr
         held, actual = await counted(pool, tenant)
-        assert held == actual > 2_000  # the one left open counted, with its pledge
+        assert held == actual > base + 2_000  # the one left open counted, with its pledge
         assert (await api.delete(path)).status_code == 204
         assert await counted(pool, tenant) == (0, 0)

@@ -269,10 +269,11 @@ def test_a_retry_of_what_was_stored_is_replayed_at_the_limit() -> None:
 
 @pytest.fixture
 async def bytes_limited():
-    """A container whose tenants may hold 1,000 bytes, counted afresh at every request."""
-    container = memory_container(Settings(max_bytes_per_tenant=1000))
+    """A container whose tenants may hold 10,000 bytes (a test sets its own limit once its
+    streams are made), counted afresh at every request."""
+    container = memory_container(Settings(max_bytes_per_tenant=10_000))
     container.byte_limit.override(
-        providers.Singleton(ByteLimit, container.streams, 1000, fresh_seconds=0)
+        providers.Singleton(ByteLimit, container.streams, 10_000, fresh_seconds=0)
     )
     services = await start(container)
     yield container, services
@@ -288,13 +289,16 @@ async def test_every_way_records_come_in_is_held_to_the_tenant_bytes(bytes_limit
     for stream_id in ("s", "other"):
         await services.create_stream(ALICE, "r", request(stream_id))
     held = container.streams().tenant_bytes
+    base = await held("acme")  # each stream counts its definition and its row
+    assert base > 2 * ROW_BYTES
+    container.byte_limit().limit = base + 1000  # 1,000 bytes of room from here
     # Each record counts its size and its row (ROW_BYTES, 128).
     answer, _ = await services.append_records(ALICE, "r", "s", records(200), "k")
-    assert await held("acme") == 328
-    # Past 1,000 on any of the tenant's streams: refused, and nothing is appended.
+    assert await held("acme") == base + 328
+    # Past the limit on any of the tenant's streams: refused, and nothing is appended.
     with pytest.raises(errors.QuotaExhausted) as refused:
         await services.append_records(ALICE, "r", "other", records(300, 300))
-    assert refused.value.extra == {"tenant_bytes": 328, "max_tenant_bytes": 1000}
+    assert refused.value.extra == {"tenant_bytes": base + 328, "max_tenant_bytes": base + 1000}
     # The retry of what was stored is replayed as it was.
     assert await services.append_records(ALICE, "r", "s", records(200), "k") == (answer, True)
     # A Durable Streams write, and the producer's retry of what was stored.
@@ -305,19 +309,25 @@ async def test_every_way_records_come_in_is_held_to_the_tenant_bytes(bytes_limit
         await produce(ALICE, "r", "other", [_record(400)], producer=ProducerClaim("p", 0, 1))
     again = await produce(ALICE, "r", "other", [_record(30)], producer=claim)
     assert again.duplicate and again.head == written.head == 1
-    assert await held("acme") == 486
+    assert await held("acme") == base + 486
     # An object's intent pledges what its record will count: its size, its reference, its row.
     with pytest.raises(errors.QuotaExhausted):
         await services.objects.prepare(ALICE, "r", "s", object_request(300))
-    assert await held("acme") == 486
+    assert await held("acme") == base + 486
     await services.objects.prepare(ALICE, "r", "s", object_request(10))
-    assert 486 + 10 + ROW_BYTES < await held("acme") < 1000
+    assert base + 486 + 10 + ROW_BYTES < await held("acme") < base + 1000
+    # A new stream counts its definition: at the limit, none is created.
+    filler = base + 1000 - await held("acme") - ROW_BYTES
+    await services.append_records(ALICE, "r", "other", records(filler))
+    assert await held("acme") == base + 1000
+    with pytest.raises(errors.QuotaExhausted):
+        await services.create_stream(ALICE, "r", request("third"))
     # Another tenant's room is its own.
     await services.create_stream(BOB, "r", request("s"))
     await services.append_records(BOB, "r", "s", records(800))
-    # A deletion gives the room back (its record and its open intent).
+    # A deletion gives the room back (its definition, its record and its open intent).
     await services.delete_stream(ALICE, "r", "s")
-    assert await held("acme") == 158
+    assert await held("acme") < base
     await services.append_records(ALICE, "r", "other", records(300, 200))
 
 
@@ -378,7 +388,9 @@ async def test_usage_is_counted_now_and_says_no_limit_as_null() -> None:
         await services.create_stream(ALICE, "r", request("s"))
         await services.append_records(ALICE, "r", "s", records(12))
         usage = await services.tenant_usage(ALICE)
-        assert usage == UsageView(streams=1, max_streams=None, bytes=140, max_bytes=None)
+        held = await container.streams().tenant_bytes("acme")
+        assert held > 140  # its record and row (140), its stream's definition and row
+        assert usage == UsageView(streams=1, max_streams=None, bytes=held, max_bytes=None)
         assert await services.tenant_usage(BOB) == UsageView(0, None, 0, None)
         with pytest.raises(Forbidden):
             await services.tenant_usage(Caller("acme", "w", frozenset({"streams:write"})))

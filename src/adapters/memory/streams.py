@@ -52,7 +52,7 @@ from domain.events import (
     encode_event,
 )
 from domain.objects import ObjectIntent, pledged_bytes
-from domain.records import held_bytes
+from domain.records import ROW_BYTES, held_bytes
 from domain.stream import (
     Stream,
     StreamKey,
@@ -392,6 +392,7 @@ class MemoryStreams:
         held = 0
         for key, row in self._rows.items():
             if key.tenant == tenant:
+                held += len(row.definition) + ROW_BYTES  # (`definition_bytes`)
                 held += sum(held_bytes(r) for r in row.records.values())
                 # open intents pledge what their records will count (committed ones are records)
                 held += sum(pledged_bytes(i) for i in decode_state(row.state).objects.values())

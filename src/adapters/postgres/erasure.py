@@ -64,7 +64,8 @@ def erase_statement(tables: Sequence[str] = ERASED_TABLES, of_them: str = _OF_TH
     )
     # The records' bytes and the open intents' pledges, taken from their tenants' counts
     # (tenant_counts.py) in one part of the statement: two parts that changed the same count
-    # row would leave one of the changes.
+    # row would leave one of the changes. (The streams' own bytes are their trigger's, a
+    # statement of its own once this one is done.)
     counted = [
         f"SELECT tenant, size FROM erased_{table}{_COUNTED[table]}"
         for table in tables

@@ -28,6 +28,10 @@ RECORD_BYTES = (
     f" + {ROW_BYTES}"
 )
 
+# What a row of `streams` counts, as `domain.stream.definition_bytes` counts the stream: its
+# definition and its row (added and taken away by migration 0509's triggers on `streams`).
+DEFINITION_BYTES = f"octet_length(definition) + {ROW_BYTES}"
+
 # The pledge of an intent opened by a process of an earlier version (its reference not known
 # here): its size and a row, as migration 0509 set it for the intents it found.
 RECORD_PLEDGE = f"size + {ROW_BYTES}"
@@ -122,7 +126,7 @@ async def tenants_held(pool: Any, tenant: str | None = None) -> list[tuple[str, 
 # nothing) is counted then, its open intents given the pledge the migration gave those it found.
 # Writes of every tenant wait for it: a pass over both tables.
 _RECOUNT = f"""
-LOCK TABLE stream_records, object_intents IN SHARE MODE;
+LOCK TABLE streams, stream_records, object_intents IN SHARE MODE;
 LOCK TABLE tenant_byte_counts IN EXCLUSIVE MODE;
 UPDATE object_intents SET pledge = {RECORD_PLEDGE}
 WHERE pledge IS NULL AND state IN ('prepared', 'uploaded');
@@ -132,6 +136,8 @@ SELECT tenant, 0, sum(size) FROM (
     SELECT tenant, {RECORD_BYTES} AS size FROM stream_records
     UNION ALL
     SELECT tenant, pledge AS size FROM object_intents WHERE state IN ('prepared', 'uploaded')
+    UNION ALL
+    SELECT tenant, {DEFINITION_BYTES} AS size FROM streams
 ) AS held
 GROUP BY tenant;
 """
