@@ -117,9 +117,10 @@ class StreamLimit(_TenantLimit):
 
 
 class TenantRoom(msgspec.Struct, frozen=True):
-    """What a tenant's records held, as counted when a request came, and its limit: carried by
-    the request's command (`tenant_room`) to its decision under the row lock
-    (`deciding.decide_all`), in whichever process of the host commits it."""
+    """What a tenant held as its request came (as its process knew it, the process's requests
+    in flight before it included), and its limit: carried by the request's command
+    (`tenant_room`) to its decision under the row lock (`deciding.decide_all`), in whichever
+    process of the host commits it."""
 
     held: int
     limit: int
@@ -142,7 +143,7 @@ class TenantRoom(msgspec.Struct, frozen=True):
             detail = (
                 f"{adding} bytes would pass the tenant's limit of {self.limit}: it holds {held}"
             )
-        detail += " (its records, and what its open object intents pledge)"
+        detail += " (its streams and records, and what its open object intents pledge)"
         return QuotaExhausted(
             f"{detail}: nothing more is stored until some are deleted",
             tenant_bytes=held,
