@@ -55,12 +55,15 @@ BEGIN
 END
 $$;
 
--- The streams, records and open intents already there, counted while none is written: a write
--- waits for these locks until the migration commits, so none is counted twice or missed. A
--- record counts its size, its row (128 bytes) and, for an object's, its reference
--- (domain/records.py, `held_bytes`); a stream its definition and a row (domain/stream.py,
--- `definition_bytes`).
-LOCK TABLE streams, stream_records, object_intents IN SHARE MODE;
+-- The streams, records and open intents already there. Records and intents are counted while
+-- none is written: a write waits for these locks until the migration commits, so none is
+-- counted twice or missed. Streams are not locked (an append holds its stream's row, writes its
+-- records, then its row: holding `streams` while waiting for `stream_records` would deadlock
+-- with it); a stream that a process of an earlier version creates meanwhile is not counted
+-- (as nothing such a process writes is), until `ductor-streams tenants --recount`. A record
+-- counts its size, its row (128 bytes) and, for an object's, its reference (domain/records.py,
+-- `held_bytes`); a stream its definition and a row (domain/stream.py, `definition_bytes`).
+LOCK TABLE stream_records, object_intents IN SHARE MODE;
 UPDATE object_intents SET pledge = size + 128 WHERE state IN ('prepared', 'uploaded');
 INSERT INTO tenant_byte_counts (tenant, backend, bytes)
 SELECT tenant, 0, sum(size) FROM (

@@ -106,7 +106,8 @@ class CreateStream:
                 field="expiry.expires_at",
             )
         await self._within_limit(key)
-        stream, created = await self._create_with(key, definition, now, then)
+        shown = caller.runs is None  # (a refusal says what the tenant holds: `TenantRoom`)
+        stream, created = await self._create_with(key, definition, now, then, shown)
         if created and definition.expiry.enabled:
             # Its creation is its first access, recorded with it.
             self._access.remember(key, now, recorded=True)
@@ -119,7 +120,7 @@ class CreateStream:
             if self._byte_limit is not None:
                 self._byte_limit.forget(key.tenant)  # what it held, given back for its records
             now = self._clock()
-            stream, created = await self._create_with(key, definition, now, then)
+            stream, created = await self._create_with(key, definition, now, then, shown)
         if not created:
             # Its creation repeated answers the stream as it is: only to a caller its pinned
             # authorization lets write it and read it (the answer is its document).
@@ -152,14 +153,21 @@ class CreateStream:
         )
 
     async def _create_with(
-        self, key: StreamKey, definition: StreamDefinition, now: datetime, then: _Then
+        self,
+        key: StreamKey,
+        definition: StreamDefinition,
+        now: datetime,
+        then: _Then,
+        shown: bool = True,
     ) -> tuple[Stream, bool]:
         commands = then(now)
         byte_limit = self._byte_limit
         if byte_limit is None or not byte_limit.limit:
             stream, created = await self._streams.create(key, definition, now, commands)
         else:
-            stream, created = await self._create_within(byte_limit, key, definition, now, commands)
+            stream, created = await self._create_within(
+                byte_limit, key, definition, now, commands, shown
+            )
         if created:
             if self._limit is not None:
                 self._limit.created(key.tenant)
@@ -178,6 +186,7 @@ class CreateStream:
         definition: StreamDefinition,
         now: datetime,
         commands: Sequence[Command],
+        shown: bool,
     ) -> tuple[Stream, bool]:
         """The creation within the tenant's bytes: a new stream counts its definition and its
         row (`definition_bytes`: its schema may be 64 KiB, and 500 of them at once grew the
@@ -186,8 +195,6 @@ class CreateStream:
         before."""
         own = definition_bytes(definition)
         claimed = own + sum(claimed_bytes(command) for command in commands)
-        callers = [getattr(command, "caller", None) for command in commands]
-        shown = all(c is None or c.runs is None for c in callers)
         room = await byte_limit.reserve(key.tenant, claimed, shown=shown)
         created = False
         try:

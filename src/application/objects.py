@@ -34,6 +34,7 @@ from application.ports import (
     StreamRepository,
 )
 from application.views import ObjectList, open_intents, open_object_view
+from application.waiting import TooManyAtWork
 from application.wake import WakeRegistry
 from domain import errors
 from domain.definition import MAX_OBJECT_BYTES, StreamDefinition
@@ -368,9 +369,12 @@ class Objects:
             raise errors.ObjectStateConflict(f"object {object_id!r} is {intent.state}")
         under_way = (key, object_id)
         if self._uploading.get(under_way, 0) >= MAX_UPLOADS_PER_OBJECT:
-            raise errors.ObjectStateConflict(
-                f"object {object_id!r} has {MAX_UPLOADS_PER_OBJECT} uploads under way: wait "
-                "for one to end"
+            # 429 with Retry-After, not a state conflict: the intent is still prepared, and a
+            # retry once one of them ends goes through (the client's retries wait so).
+            raise TooManyAtWork(
+                f"object {object_id!r} has {MAX_UPLOADS_PER_OBJECT} uploads under way on this "
+                "server process: retry once one of them ends",
+                retry_after=1,
             )
         self._uploading[under_way] = self._uploading.get(under_way, 0) + 1
         try:

@@ -253,7 +253,7 @@ class UsageView(msgspec.Struct, frozen=True):
 
     streams: int  # the streams it holds (one deleted while forks read it, until it is erased)
     max_streams: int | None  # DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT (null: no limit)
-    bytes: int  # what its records count (held_bytes) and its open object intents pledge
+    bytes: int  # what its streams and records count and its open object intents pledge
     max_bytes: int | None  # DUCTOR_STREAMS_MAX_BYTES_PER_TENANT (null: no limit)
 
 

@@ -194,7 +194,12 @@ def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
 
     async def held(pool: asyncpg.Pool) -> list[tuple[str, int, int]]:
         if args.recount:
-            await recount_tenant_bytes(pool)
+            try:
+                await recount_tenant_bytes(pool)
+            except asyncpg.LockNotAvailableError:
+                raise CommandError(
+                    "the tables stayed too busy to lock for the recount: try again", exit_code=1
+                ) from None
         return await tenants_held(pool, args.tenant)
 
     lines = asyncio.run(_on_database(url, held))

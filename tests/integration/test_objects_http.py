@@ -177,15 +177,16 @@ async def test_a_third_upload_of_one_intent_at_once_is_refused(
     api: httpx.AsyncClient, server: ServerProcess, run_id: str
 ) -> None:
     """Two uploads of one intent at once go through (a retry while the first still drips in);
-    a third is refused before any of its body is stored: 200 at once held 81 times their
+    a third is refused, 429, before any of its body is stored: 200 at once held 81 times their
     tenant's limit on disk."""
     path = await new_stream(api, run_id)
     intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
     body_path = f"{path}/objects/{intent['object_id']}"
     uploads = [await upload_paused(api, body_path, BODY) for _ in range(2)]
     third = await api.put(f"{body_path}/body", content=BODY)
-    assert third.status_code == 409 and third.json()["code"] == "object-state-conflict"
-    assert "uploads under way" in third.json()["detail"]
+    # 429 with Retry-After (the intent is still prepared: a retry after one ends goes through)
+    assert third.status_code == 429 and third.json()["code"] == "too-many-requests"
+    assert third.headers["retry-after"] == "1" and "uploads under way" in third.json()["detail"]
     answers = []
     for upload, go_on in uploads:
         go_on.set()

@@ -22,7 +22,11 @@ import pytest
 
 from adapters.postgres.migrations import migrate
 from adapters.postgres.streams import PostgresStreams
-from adapters.postgres.tenant_counts import fold_tenant_counts, tenant_bytes
+from adapters.postgres.tenant_counts import (
+    fold_tenant_counts,
+    recount_tenant_bytes,
+    tenant_bytes,
+)
 from application.delete_stream import DeleteCommand
 from domain.stream import StreamKey
 from ductor_streams_client import StreamsClient, Usage
@@ -688,3 +692,39 @@ async def test_intents_opened_by_an_earlier_version_end_and_erase_without_a_pled
         assert held == actual > base + 2_000  # the one left open counted, with its pledge
         assert (await api.delete(path)).status_code == 204
         assert await counted(pool, tenant) == (0, 0)
+
+
+async def test_a_recount_gives_way_to_a_large_append_rather_than_deadlock(
+    own_database: str,
+) -> None:
+    """A large append holds its stream's row, writes its records, then its row; a recount holds
+    `streams` while it waits for `stream_records`. Each would wait for the other: the recount
+    gives up its locks (a lock timeout, before PostgreSQL's deadlock check, or the deadlock's
+    error) and tries again, and the append goes through."""
+    tenant = "t-" + secrets.token_hex(5)
+    append = await asyncpg.connect(own_database)
+    pool = await asyncpg.create_pool(own_database, min_size=1, max_size=2)
+    try:
+        await append.execute(
+            "INSERT INTO streams (tenant, run_id, stream_id, definition, created_at, version,"
+            " state) VALUES ($1, 'r', 's', '\\x00', now(), 1, '\\x00')",
+            tenant,
+        )
+        transaction = append.transaction()
+        await transaction.start()
+        await append.execute("SELECT 1 FROM streams WHERE tenant = $1 FOR NO KEY UPDATE", tenant)
+        await append.execute(
+            "INSERT INTO stream_records (tenant, run_id, stream_id, sequence, appended_at, kind,"
+            " content_type, size, end_offset, payload)"
+            " VALUES ($1, 'r', 's', 1, now(), 1, 'text/plain', 1, 1, '\\x00')",
+            tenant,
+        )
+        recount = asyncio.ensure_future(recount_tenant_bytes(pool))
+        await asyncio.sleep(0.2)  # it holds `streams`, and waits for `stream_records`
+        await append.execute("UPDATE streams SET version = 2 WHERE tenant = $1", tenant)
+        await transaction.commit()
+        await asyncio.wait_for(recount, 30)
+        assert await tenant_bytes(pool, tenant) == 1 + 128 + 1 + 128  # definition, record
+    finally:
+        await append.close()
+        await pool.close()

@@ -11,7 +11,10 @@ backend still running keeps its row (its transaction may hold it)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import asyncpg
 
 from domain.records import ROW_BYTES, RecordKind
 
@@ -86,8 +89,8 @@ async def tenant_streams(pool: Any, tenant: str) -> int:
 
 
 async def tenant_bytes(pool: Any, tenant: str) -> int:
-    """The bytes `tenant` holds: what its records count (a soft-deleted stream's too, until it is
-    erased) and what its open object intents pledge."""
+    """The bytes `tenant` holds: what its streams and records count (a soft-deleted stream's
+    too, until it is erased) and what its open object intents pledge."""
     count: int = await pool.fetchval(_COUNT.format(table=_BYTES[0], column=_BYTES[1]), tenant)
     return count
 
@@ -143,8 +146,25 @@ GROUP BY tenant;
 """
 
 
-async def recount_tenant_bytes(pool: Any) -> None:
-    """Count every tenant's bytes again from its records and open intents (`tenants
-    --recount`)."""
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(_RECOUNT)
+# The recount gives up waiting for its locks before PostgreSQL would look for a deadlock (1 s):
+# a large append holds its stream's row, COPYs its records, then writes the row, so a recount
+# holding `streams` and waiting for `stream_records` and that append wait for each other. The
+# recount is the one to give up (and try again), never the append.
+_RECOUNT_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '500ms'"
+RECOUNT_ATTEMPTS = 20
+
+
+async def recount_tenant_bytes(pool: Any, attempts: int = RECOUNT_ATTEMPTS) -> None:
+    """Count every tenant's bytes again from its streams, records and open intents (`tenants
+    --recount`), trying again while the tables are too busy to lock; raises
+    `asyncpg.LockNotAvailableError` if they stay so."""
+    for attempt in range(attempts):
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                await conn.execute(_RECOUNT_LOCK_TIMEOUT)
+                await conn.execute(_RECOUNT)
+            return
+        except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError):
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.2 + 0.1 * attempt)
