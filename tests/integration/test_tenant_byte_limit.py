@@ -342,6 +342,12 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
     )
     problem = await problem_of(refused)
     assert "tenant_bytes" not in problem and str(LIMIT) not in problem["detail"].split(":")[-1]
+    created = await api.post(
+        f"{NATIVE}/runs/run/streams",
+        json={"stream_id": "theirs", "direction": "output"},
+        headers=restricted,
+    )
+    assert "tenant_bytes" not in await problem_of(created)
 
     # Another tenant is not held by it.
     async with await tokens.client(limited, "t-" + secrets.token_hex(5)) as other:
