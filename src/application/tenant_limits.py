@@ -21,7 +21,6 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import msgspec
 
@@ -36,50 +35,23 @@ FRESH_SECONDS = 1.0
 MAX_TENANTS = 10_000
 
 
-class _Tally:
-    """A count per tenant, read through `read` at most every `fresh` seconds, with this
-    process's own changes since added."""
+class _Budget:
+    """A tenant's count as this process knows it: as last read, what this process added since
+    (`stored`: its requests' outcomes), and what its requests in flight may add (`reserved`)."""
 
-    def __init__(
-        self,
-        read: Callable[[str], Awaitable[int]],
-        fresh_seconds: float,
-        clock: Callable[[], float],
-        max_tenants: int,
-    ) -> None:
-        self._read = read
-        self._fresh = fresh_seconds
-        self._clock = clock
-        self._max_tenants = max_tenants
-        self._known: OrderedDict[str, tuple[int, float]] = OrderedDict()
+    __slots__ = ("forgotten", "held", "read_at", "reserved", "stored")
 
-    def fresh(self, tenant: str) -> int | None:
-        """The count, if it was read within `fresh` seconds (no await on the append path)."""
-        known = self._known.get(tenant)
-        if known is None or self._clock() - known[1] >= self._fresh:
-            return None
-        return known[0]
-
-    async def count(self, tenant: str) -> int:
-        now = self._clock()
-        known = self._known.get(tenant)
-        if known is None or now - known[1] >= self._fresh:
-            known = (await self._read(tenant), now)
-            self._known[tenant] = known
-            self._known.move_to_end(tenant)
-            while len(self._known) > self._max_tenants:
-                self._known.popitem(last=False)
-        return known[0]
-
-    def add(self, tenant: str, amount: int) -> None:
-        """Counted until the next read (a tenant not known is read then anyway)."""
-        known = self._known.get(tenant)
-        if known is not None:
-            self._known[tenant] = (known[0] + amount, known[1])
+    def __init__(self, held: int, read_at: float) -> None:
+        self.held, self.read_at = held, read_at
+        self.stored = 0
+        self.reserved = 0
+        self.forgotten = 0  # how many times `forget` was called: a read older than that is old
 
 
 class _TenantLimit:
-    """A limit on one of the tenants' counts (`count`: the `TenantCounts` method reading it)."""
+    """A limit on one of the tenants' counts (`count`: the `TenantCounts` method reading it),
+    each tenant's read at most every `fresh_seconds`, one read at a time, with what this
+    process changed since (`_Budget`)."""
 
     count = ""
 
@@ -95,118 +67,22 @@ class _TenantLimit:
         self.limit = limit  # 0: no limit
         self._read_count: Callable[[str], Awaitable[int]] = getattr(counts, self.count)
         self._fresh, self._clock, self._max_tenants = fresh_seconds, clock, max_tenants
-
-
-class StreamLimit(_TenantLimit):
-    count = "tenant_streams"
-
-    def __init__(self, counts: TenantCounts, limit: int, **options: Any) -> None:
-        super().__init__(counts, limit, **options)
-        self._tally = _Tally(self._read_count, self._fresh, self._clock, self._max_tenants)
-
-    async def reached(self, tenant: str) -> bool:
-        """Whether the tenant holds its limit of streams, as last counted (within a second)
-        with this process's creations since."""
-        if not self.limit:
-            return False
-        return await self._tally.count(tenant) >= self.limit
-
-    def created(self, tenant: str) -> None:
-        """This process created one of the tenant's streams: counted until the next read."""
-        self._tally.add(tenant, 1)
-
-
-class TenantRoom(msgspec.Struct, frozen=True):
-    """What a tenant held as its request came (as its process knew it, the process's requests
-    in flight before it included), and its limit: carried by the request's command
-    (`tenant_room`) to its decision under the row lock (`deciding.decide_all`), in whichever
-    process of the host commits it."""
-
-    held: int
-    limit: int
-    # Whether the refusal may say what the tenant holds: not to a caller restricted to runs
-    # (the others' bytes are not its to see, as `GET /usage` is not).
-    shown: bool = True
-
-    def refusal(self, adding: int) -> QuotaExhausted:
-        """The refusal of a request adding `adding` bytes."""
-        if not self.shown:
-            return QuotaExhausted(
-                f"{adding} more bytes would pass the tenant's limit of {self.limit}: nothing "
-                "more is stored until some are deleted",
-                max_tenant_bytes=self.limit,
-            )
-        held = self.held
-        if held >= self.limit:
-            detail = f"the tenant holds {held} bytes, its limit of {self.limit}"
-        else:
-            detail = (
-                f"{adding} bytes would pass the tenant's limit of {self.limit}: it holds {held}"
-            )
-        detail += " (its streams and records, and what its open object intents pledge)"
-        return QuotaExhausted(
-            f"{detail}: nothing more is stored until some are deleted",
-            tenant_bytes=held,
-            max_tenant_bytes=self.limit,
-        )
-
-
-class _Budget:
-    """A tenant's bytes as this process knows them: as last read, what it stored since (its
-    requests' outcomes), and what its requests in flight may store (`reserved`)."""
-
-    __slots__ = ("forgotten", "held", "read_at", "reserved", "stored")
-
-    def __init__(self, held: int, read_at: float) -> None:
-        self.held, self.read_at = held, read_at
-        self.stored = 0
-        self.reserved = 0
-        self.forgotten = 0  # how many times `forget` was called: a read older than that is old
-
-
-class ByteLimit(_TenantLimit):
-    """Each request that may store bytes reserves them as it comes (`reserve`) and gives the
-    reservation back with what it stored (`release`). Its room is the limit less the count as
-    last read, less what this process stored since and less what its requests in flight may
-    store: so requests at once in one process count against each other, a forwarded one too
-    (it is reserved where it was received). A request whose retry stores nothing holds its
-    reservation while in flight: near the limit, a request beside it may be refused that would
-    have fitted (it is answered 409, and fits once retried)."""
-
-    count = "tenant_bytes"
-
-    def __init__(self, counts: TenantCounts, limit: int, **options: Any) -> None:
-        super().__init__(counts, limit, **options)
         self._budgets: OrderedDict[str, _Budget] = OrderedDict()
         # One read per tenant at a time, whoever waits for it (a tenant's appends in flight
         # when its count goes stale would otherwise each read it).
         self._reads: dict[str, asyncio.Task[_Budget]] = {}
 
-    async def reserve(self, tenant: str, size: int, *, shown: bool = True) -> TenantRoom | None:
-        """The room of a request that may store `size` bytes (None: no limit), its bytes
-        reserved until `release`; `shown`: its refusal may say what the tenant holds."""
-        if not self.limit:
-            return None
+    async def _known(self, tenant: str) -> _Budget:
+        """The tenant's budget, read again if it is older than `fresh_seconds`."""
         budget = self._budgets.get(tenant)
         if budget is None or self._clock() - budget.read_at >= self._fresh:
             budget = await self._read(tenant)
-        room = TenantRoom(budget.held + budget.stored + budget.reserved, self.limit, shown)
-        budget.reserved += size
-        return room
-
-    def release(self, tenant: str, size: int, stored: int) -> None:
-        """A request that reserved `size` bytes has its outcome: it stored `stored` (0 when
-        refused, a duplicate, or not known)."""
-        budget = self._budgets.get(tenant)
-        if budget is None:
-            return  # (only a budget with nothing reserved is forgotten)
-        budget.reserved = max(0, budget.reserved - size)
-        budget.stored += stored
+        return budget
 
     def forget(self, tenant: str) -> None:
-        """Read the tenant's count again at its next request: this process gave some of its
-        bytes back (a deletion, a prune, an abort), and a client that makes room expects it
-        there at once. What its requests in flight reserved stays reserved."""
+        """Read the tenant's count again at its next request: this process gave some of it back
+        (a deletion, a prune, an abort), and a client that makes room expects it there at once.
+        What its requests in flight reserved stays reserved."""
         budget = self._budgets.get(tenant)
         if budget is not None:
             budget.read_at = float("-inf")
@@ -246,6 +122,90 @@ class ByteLimit(_TenantLimit):
             if idle is not None and idle != tenant:
                 del self._budgets[idle]
         return budget
+
+
+class StreamLimit(_TenantLimit):
+    count = "tenant_streams"
+
+    async def reached(self, tenant: str) -> bool:
+        """Whether the tenant holds its limit of streams, as last counted (within a second)
+        with this process's creations since."""
+        if not self.limit:
+            return False
+        budget = await self._known(tenant)
+        return budget.held + budget.stored >= self.limit
+
+    def created(self, tenant: str) -> None:
+        """This process created one of the tenant's streams: counted until the next read."""
+        budget = self._budgets.get(tenant)
+        if budget is not None:
+            budget.stored += 1
+
+
+class TenantRoom(msgspec.Struct, frozen=True):
+    """What a tenant held as its request came (as its process knew it, the process's requests
+    in flight before it included), and its limit: carried by the request's command
+    (`tenant_room`) to its decision under the row lock (`deciding.decide_all`), in whichever
+    process of the host commits it."""
+
+    held: int
+    limit: int
+    # Whether the refusal may say what the tenant holds: not to a caller restricted to runs
+    # (the others' bytes are not its to see, as `GET /usage` is not).
+    shown: bool = True
+
+    def refusal(self, adding: int) -> QuotaExhausted:
+        """The refusal of a request adding `adding` bytes."""
+        if not self.shown:
+            return QuotaExhausted(
+                f"{adding} more bytes would pass the tenant's limit of {self.limit}: nothing "
+                "more is stored until some are deleted",
+                max_tenant_bytes=self.limit,
+            )
+        held = self.held
+        if held >= self.limit:
+            detail = f"the tenant holds {held} bytes, its limit of {self.limit}"
+        else:
+            detail = (
+                f"{adding} bytes would pass the tenant's limit of {self.limit}: it holds {held}"
+            )
+        detail += " (its streams and records, and what its open object intents pledge)"
+        return QuotaExhausted(
+            f"{detail}: nothing more is stored until some are deleted",
+            tenant_bytes=held,
+            max_tenant_bytes=self.limit,
+        )
+
+
+class ByteLimit(_TenantLimit):
+    """Each request that may store bytes reserves them as it comes (`reserve`) and gives the
+    reservation back with what it stored (`release`). Its room is the limit less the count as
+    last read, less what this process stored since and less what its requests in flight may
+    store: so requests at once in one process count against each other, a forwarded one too
+    (it is reserved where it was received). A request whose retry stores nothing holds its
+    reservation while in flight: near the limit, a request beside it may be refused that would
+    have fitted (it is answered 409, and fits once retried)."""
+
+    count = "tenant_bytes"
+
+    async def reserve(self, tenant: str, size: int, *, shown: bool = True) -> TenantRoom | None:
+        """The room of a request that may store `size` bytes (None: no limit), its bytes
+        reserved until `release`; `shown`: its refusal may say what the tenant holds."""
+        if not self.limit:
+            return None
+        budget = await self._known(tenant)
+        room = TenantRoom(budget.held + budget.stored + budget.reserved, self.limit, shown)
+        budget.reserved += size
+        return room
+
+    def release(self, tenant: str, size: int, stored: int) -> None:
+        """A request that reserved `size` bytes has its outcome: it stored `stored` (0 when
+        refused, a duplicate, or not known)."""
+        budget = self._budgets.get(tenant)
+        if budget is None:
+            return  # (only a budget with nothing reserved is forgotten)
+        budget.reserved = max(0, budget.reserved - size)
+        budget.stored += stored
 
 
 class UsageView(msgspec.Struct, frozen=True):
