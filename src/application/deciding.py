@@ -39,7 +39,7 @@ from domain.events import (
     StreamSnapshotted,
 )
 from domain.objects import pledged_bytes
-from domain.records import NewRecord, held_bytes
+from domain.records import NewRecord, held_bytes, receipt_bytes
 from domain.state import ConsumersNotLoaded
 from domain.stream import Stream
 
@@ -143,7 +143,11 @@ def decide_all(
         # (`ByteLimit.reserve`): counted again here, a busy stream's batches were refused at the
         # limit less their own bytes.
         room: TenantRoom | None = getattr(command, "tenant_room", None)
-        adding = 0 if room is None else stored_bytes(stream, events, command.records)
+        adding = 0
+        if room is not None:
+            adding = stored_bytes(stream, events, command.records)
+            if idem is not None:  # its receipt, kept a day
+                adding += receipt_bytes(idem.key)
         if room is not None and adding > 0 and room.held + adding > room.limit:
             outcomes.append(Failed(room.refusal(adding)))
             continue

@@ -50,7 +50,7 @@ from application.tenant_limits import ByteLimit
 from application.throughput import Throughput
 from application.waiting import Expired, Unanswered, expire, spending
 from domain.events import RecordsAppended
-from domain.records import held_bytes
+from domain.records import held_bytes, receipt_bytes
 from domain.stream import StreamKey
 
 if TYPE_CHECKING:
@@ -85,9 +85,13 @@ MAX_ASIDE = 2
 
 
 def claimed_bytes(command: Command) -> int:
-    """The most a command may add to its tenant's bytes: its records', and what an object's
-    intent pledges (`pledge`: a commit's is its record's size taken back, so it claims none)."""
-    return sum(held_bytes(r) for r in command.records) + getattr(command, "pledge", 0)
+    """The most a command may add to its tenant's bytes: its records', its receipt's (an
+    idempotent append's), and what an object's intent pledges (`pledge`: a commit's is its
+    record's size taken back, so it claims none)."""
+    claimed = sum(held_bytes(r) for r in command.records) + getattr(command, "pledge", 0)
+    if (idem := command.idempotency) is not None:
+        claimed += receipt_bytes(idem.key)
+    return claimed
 
 
 def _frees(command: Command) -> bool:

@@ -53,6 +53,19 @@ class _Stored(Protocol):
     def size(self) -> int: ...
 
 
+# What an idempotent append's receipt counts in its tenant's bytes beyond its key, for the day it
+# is kept: its row (`ROW_BYTES`), its fingerprint (a SHA-256) and its answer (an append's: six
+# numbers, at most about 250 bytes). Counted at nothing, a tenant at its limit could append to a
+# stream that keeps nothing (or append empty records and prune them) under a new key each time,
+# and hold its append rate times a day of receipts.
+RECEIPT_BYTES = ROW_BYTES + 32 + 256
+
+
+def receipt_bytes(key: str) -> int:
+    """What the receipt of an append under idempotency key `key` counts in its tenant's bytes."""
+    return len(key.encode()) + RECEIPT_BYTES
+
+
 def held_bytes(record: _Stored) -> int:
     """What a record counts in its tenant's bytes: its size, its row (`ROW_BYTES`), and for an
     object's record the reference stored in the object's place (its schema among it)."""

@@ -78,15 +78,18 @@ async def api(limited: ServerProcess, tokens: Tokens) -> AsyncIterator[httpx.Asy
 
 
 async def counted(pool: asyncpg.Pool, tenant: str) -> tuple[int, int]:
-    """The tenant's bytes as the write statements count them, and as its records and open
-    object intents hold them: each record its size, its row (128 bytes) and an object's
-    reference; each open intent its pledge; each stream its definition and its row."""
+    """The tenant's bytes as the write statements count them, and as its records, open
+    object intents and receipts hold them: each record its size, its row (128 bytes) and an
+    object's reference; each open intent its pledge; each receipt its key and 416 bytes; each
+    stream its definition and its row."""
     actual = await pool.fetchval(
         "SELECT coalesce(sum(size), 0) FROM ("
         " SELECT size + 128 + CASE WHEN kind = 2 THEN octet_length(payload) ELSE 0 END AS size"
         " FROM stream_records WHERE tenant = $1"
         " UNION ALL SELECT pledge FROM object_intents"
         " WHERE tenant = $1 AND state IN ('prepared', 'uploaded')"
+        " UNION ALL SELECT octet_length(idempotency_key) + 416 FROM append_receipts"
+        " WHERE tenant = $1"
         " UNION ALL SELECT octet_length(definition) + 128 FROM streams WHERE tenant = $1) AS held",
         tenant,
     )
@@ -135,6 +138,24 @@ async def test_every_way_of_writing_and_removing_records_is_counted(
         assert (await append(api, paths[0], list(range(500)))).status_code == 201
         held, actual = await counted(pool, tenant)
         assert held == actual > 0
+        # Idempotent appends keep a receipt each, a large group's too; a replay adds nothing. A
+        # key's bytes count as stored (a byte past ASCII arrives as Latin-1 and is stored as
+        # two).
+        for key, data in (("k1", ["z"]), ("k3", list(range(100)))):
+            assert (await append(api, paths[1], data, key=key)).status_code == 201
+        accented = await api.post(
+            f"{paths[1]}/records",
+            json={"records": [{"data": "z"}, {"data": "zz"}]},
+            headers={"Idempotency-Key": "k-é".encode("latin-1")},
+        )
+        assert accented.status_code == 201, accented.text
+        receipts = 2 + 2 + len("k-é".encode()) + 3 * 416
+        with_receipts, actual = await counted(pool, tenant)
+        assert with_receipts == actual > held + receipts
+        replayed = await append(api, paths[1], ["z"], key="k1")
+        assert replayed.headers.get("idempotent-replayed") == "true"
+        held, actual = await counted(pool, tenant)
+        assert held == actual == with_receipts
 
         # A Durable Streams creation with its first records, and its appends.
         made = await api.put(f"{DS}/r2/ds", content=b'[{"a":1},{"b":22}]', headers=JSON)
@@ -216,7 +237,7 @@ async def test_a_batch_erased_together_gives_its_bytes_back(
     server: ServerProcess, tokens: Tokens, pool: asyncpg.Pool
 ) -> None:
     """Deletions committed in one batch are erased in one statement (`_ERASE_KEYS`): their
-    records and open intents come off their tenants' counts as a lone erasure's do."""
+    records, open intents and receipts come off their tenants' counts as a lone erasure's do."""
     tenants = ["t-" + secrets.token_hex(5) for _ in range(2)]
     keys = []
     for tenant in tenants:
@@ -224,13 +245,13 @@ async def test_a_batch_erased_together_gives_its_bytes_back(
             for stream in ("a", "b"):
                 path = await create(api, "r", stream)
                 assert (await append(api, path, ["x" * 50] * 70)).status_code == 201  # COPY
-                assert (await append(api, path, ["y" * 20] * 2)).status_code == 201
+                assert (await append(api, path, ["y" * 20] * 2, key="k")).status_code == 201
                 opened = await api.post(f"{path}/objects", json=intent_of(b"i" * 900, "i"))
                 assert opened.status_code == 201, opened.text
                 keys.append(StreamKey(tenant, "r", stream))
     for tenant in tenants:
         held, actual = await counted(pool, tenant)
-        assert held == actual > 2 * 900
+        assert held == actual > 2 * (900 + 417)
     now = datetime.now(UTC)
     results = await PostgresStreams(pool).update_many([(k, [DeleteCommand(now)]) for k in keys])
     assert all(not isinstance(r, BaseException) for r in results), results
@@ -284,13 +305,14 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
     assert small.status_code in (200, 204), small.text
     # Two streams' definitions and rows, and a record of 7 bytes and its row.
     held = await held_now(api)
-    # Each record of 30 characters is 32 bytes of JSON and counts 160 with its row: appends of
-    # 3 while they fit, then one record that fills the limit to the byte.
+    # Each record of 30 characters is 32 bytes of JSON and counts 160 with its row, and each
+    # append's receipt its key and 416: appends of 3 while they fit, then one record that fills
+    # the limit to the byte.
     n = 0
-    while held + 480 + 131 <= LIMIT:
+    while held + 480 + 416 + len(f"k{n}") + 131 <= LIMIT:
         first = await append(api, path, ["z" * 30] * 3, key=f"k{n}")
         assert first.status_code == 201, first.text
-        held, n = held + 480, n + 1
+        held, n = held + 480 + 416 + len(f"k{n}"), n + 1
     filler = await append(api, path, ["f" * (LIMIT - held - 130)])  # its quotes and its row
     assert filler.status_code == 201, filler.text
     assert await held_now(api) == LIMIT
@@ -360,6 +382,61 @@ async def test_past_its_limit_a_tenant_stores_nothing_more_and_the_others_are_se
     fresh = await create(api, "run", "fresh")
     answer = await append(api, fresh, ["z" * 30] * 3)
     assert answer.status_code == 201, answer.text
+
+
+async def test_receipts_count_while_they_are_kept_and_their_bytes_come_back_when_forgotten(
+    limited: ServerProcess, tokens: Tokens, pool: asyncpg.Pool, database_url: str, tmp_path: Path
+) -> None:
+    """An idempotent append keeps a receipt for a day. Counted at nothing, a tenant at its limit
+    could append under a new key each time to a stream that keeps nothing (or append empty
+    records and prune them), and hold its append rate times a day of receipts."""
+    tenant = "t-" + secrets.token_hex(5)
+    async with await tokens.client(limited, tenant) as api:
+        path = await create(api, "run", "s")
+        base = await held_now(api)
+        # One-record appends under new keys until the limit: each counts its record and its
+        # receipt, so far fewer fit than their records alone would let in.
+        stored = 0
+        while True:
+            answer = await append(api, path, ["r"], key=f"key-{stored:04d}")
+            if answer.status_code == 409:
+                break
+            assert answer.status_code == 201, answer.text
+            stored += 1
+            assert stored < 200, "receipts are not counted"
+        await problem_of(answer)
+        record, receipt = 3 + 128, len("key-0000") + 416
+        assert stored == (LIMIT - base) // (record + receipt)
+        held, actual = await counted(pool, tenant)
+        assert held == actual == base + stored * (record + receipt) == await held_now(api)
+        # Without a key, a record's own bytes still fit in what is left.
+        assert (await append(api, path, ["r"])).status_code == 201
+
+        # The receipts' sweep forgets them after the window, and their bytes come back.
+        sweeper = WorkerProcess(
+            database_url=database_url,
+            data_dir=tmp_path / "receipts-sweeper",
+            env={
+                "DUCTOR_STREAMS_WORKER_POLL_SECONDS": "0.1",
+                "DUCTOR_STREAMS_SWEEP_INTERVAL_SECONDS": "0.2",
+                "DUCTOR_STREAMS_IDEMPOTENCY_WINDOW_SECONDS": "1",
+                "DUCTOR_STREAMS_WORKER_LEASE_SECONDS": "2",
+            },
+        ).start()
+        try:
+            async with asyncio.timeout(20):
+                while await pool.fetchval(
+                    "SELECT count(*) FROM append_receipts WHERE tenant = $1", tenant
+                ):
+                    await asyncio.sleep(0.1)
+        finally:
+            sweeper.stop()
+        held, actual = await counted(pool, tenant)
+        assert held == actual == base + (stored + 1) * record
+        # The process that refused reads the count again within a second: the room is back.
+        async with asyncio.timeout(10):
+            while (await append(api, path, ["r"], key="after")).status_code == 409:
+                await asyncio.sleep(0.2)
 
 
 async def test_appends_at_once_in_one_process_count_against_each_other(
@@ -547,6 +624,29 @@ async def test_migration_0509_counts_the_records_and_open_intents_already_there(
             await conn.close()
 
 
+async def test_migration_0510_counts_the_receipts_already_there(
+    postgres_admin_url: str, tmp_path: Path
+) -> None:
+    async with database_before(postgres_admin_url, 510, tmp_path) as url:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(
+                "INSERT INTO tenant_byte_counts (tenant, backend, bytes) VALUES ('a', 0, 1000)"
+            )
+            receipt = (
+                "INSERT INTO append_receipts (tenant, run_id, stream_id, idempotency_key,"
+                " fingerprint, answer) VALUES ($1, 'r', 's', $2, '\\x00', '\\x00')"
+            )
+            for tenant, key in [("a", "k1"), ("a", "key-2"), ("b", "é")]:
+                await conn.execute(receipt, tenant, key)
+            assert "0510_tenant_receipt_bytes.sql" in await migrate(conn)
+            # Each receipt its key's bytes and 416, added to what was counted.
+            assert await tenant_bytes(conn, "a") == 1000 + 2 + 5 + 2 * 416
+            assert await tenant_bytes(conn, "b") == 2 + 416
+        finally:
+            await conn.close()
+
+
 async def test_usage_shows_what_the_tenant_holds_against_its_limits(
     limited: ServerProcess, server: ServerProcess, tokens: Tokens, pool: asyncpg.Pool
 ) -> None:
@@ -640,6 +740,10 @@ async def test_a_recount_counts_every_tenant_again_from_its_rows(own_database: s
             " FROM generate_series(1, 7) n"
         )
         await conn.execute(
+            "INSERT INTO append_receipts (tenant, run_id, stream_id, idempotency_key,"
+            " fingerprint, answer) VALUES ('old', 'r', 's', 'key', '\\x00', '\\x00')"
+        )
+        await conn.execute(
             "INSERT INTO tenant_byte_counts (tenant, backend, bytes) VALUES ('gone', 0, 55)"
         )
     finally:
@@ -648,7 +752,7 @@ async def test_a_recount_counts_every_tenant_again_from_its_rows(own_database: s
     assert before.stdout == "gone\t0\t55\n"
     done = await asyncio.to_thread(tenants_cli, own_database, "--recount")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"old\t0\t{7 * (100 + 128)}\n"
+    assert done.stdout == f"old\t0\t{7 * (100 + 128) + 3 + 416}\n"
 
 
 async def test_intents_opened_by_an_earlier_version_end_and_erase_without_a_pledge(

@@ -20,6 +20,7 @@ from application.access import Caller
 from application.append_records import AppendCommand
 from application.deciding import decide_all, stored_bytes
 from application.errors import Forbidden
+from application.group_commit import claimed_bytes
 from application.ports import Done, Failed, Idempotency, Replayed
 from application.tenant_limits import ByteLimit, StreamLimit, TenantRoom, UsageView
 from domain import errors
@@ -32,7 +33,14 @@ from domain.objects import (
     pledged_bytes,
 )
 from domain.producers import ProducerClaim
-from domain.records import ROW_BYTES, NewRecord, RecordInput, RecordKind, fingerprint
+from domain.records import (
+    RECEIPT_BYTES,
+    ROW_BYTES,
+    NewRecord,
+    RecordInput,
+    RecordKind,
+    fingerprint,
+)
 from domain.stream import Stream, StreamKey
 from entrypoints.config import Settings
 from entrypoints.container import memory_container, start, stop
@@ -255,6 +263,22 @@ async def test_a_budget_with_reservations_in_flight_is_not_forgotten() -> None:
     assert await limit.reserve("a", 900) == TenantRoom(900, 1000)
 
 
+def test_an_idempotent_append_counts_its_receipt_in_what_it_claims_and_stores() -> None:
+    """Its records, and its receipt (kept for the idempotency window): its key's bytes and
+    RECEIPT_BYTES. Room for the records alone is not enough."""
+    claims = 428 + len("kéy".encode()) + RECEIPT_BYTES
+    fits = _append(300, key="kéy")
+    assert claimed_bytes(fits) == claims
+    fits.tenant_room = TenantRoom(1000 - claims, 1000)  # type: ignore[attr-defined]
+    [stored], changes = decide_all(_stream(), [fits], {}, {})
+    assert isinstance(stored, Done) and stored.stored == claims and changes.receipts
+    short = _append(300, key="kéy")
+    short.tenant_room = TenantRoom(1000 - claims + 1, 1000)  # type: ignore[attr-defined]
+    [refused], changes = decide_all(_stream(), [short], {}, {})
+    assert isinstance(refused, Failed) and isinstance(refused.error, errors.QuotaExhausted)
+    assert not changes.receipts and not changes.appended
+
+
 def test_a_retry_of_what_was_stored_is_replayed_at_the_limit() -> None:
     stream, receipts = _stream(), {}
     first = _append(30, key="k")
@@ -290,14 +314,15 @@ async def test_every_way_records_come_in_is_held_to_the_tenant_bytes(bytes_limit
     held = container.streams().tenant_bytes
     base = await held("acme")  # each stream counts its definition and its row
     assert base > 2 * ROW_BYTES
-    container.byte_limit().limit = base + 1000  # 1,000 bytes of room from here
-    # Each record counts its size and its row (ROW_BYTES, 128).
+    container.byte_limit().limit = base + 1500  # 1,500 bytes of room from here
+    # Each record counts its size and its row (ROW_BYTES, 128), and an idempotent append's
+    # receipt its key and RECEIPT_BYTES (416), while it is kept.
     answer, _ = await services.append_records(ALICE, "r", "s", records(200), "k")
-    assert await held("acme") == base + 328
+    assert await held("acme") == base + 328 + 1 + RECEIPT_BYTES == base + 745
     # Past the limit on any of the tenant's streams: refused, and nothing is appended.
     with pytest.raises(errors.QuotaExhausted) as refused:
         await services.append_records(ALICE, "r", "other", records(300, 300))
-    assert refused.value.extra == {"tenant_bytes": base + 328, "max_tenant_bytes": base + 1000}
+    assert refused.value.extra == {"tenant_bytes": base + 745, "max_tenant_bytes": base + 1500}
     # The retry of what was stored is replayed as it was.
     assert await services.append_records(ALICE, "r", "s", records(200), "k") == (answer, True)
     # A Durable Streams write, and the producer's retry of what was stored.
@@ -305,25 +330,28 @@ async def test_every_way_records_come_in_is_held_to_the_tenant_bytes(bytes_limit
     produce = services.append_records.produce
     written = await produce(ALICE, "r", "other", [_record(30)], producer=claim)
     with pytest.raises(errors.QuotaExhausted):
-        await produce(ALICE, "r", "other", [_record(400)], producer=ProducerClaim("p", 0, 1))
+        await produce(ALICE, "r", "other", [_record(700)], producer=ProducerClaim("p", 0, 1))
     again = await produce(ALICE, "r", "other", [_record(30)], producer=claim)
     assert again.duplicate and again.head == written.head == 1
-    assert await held("acme") == base + 486
+    assert await held("acme") == base + 903
     # An object's intent pledges what its record will count: its size, its reference, its row.
     with pytest.raises(errors.QuotaExhausted):
-        await services.objects.prepare(ALICE, "r", "s", object_request(300))
-    assert await held("acme") == base + 486
+        await services.objects.prepare(ALICE, "r", "s", object_request(600))
+    assert await held("acme") == base + 903
     await services.objects.prepare(ALICE, "r", "s", object_request(10))
-    assert base + 486 + 10 + ROW_BYTES < await held("acme") < base + 1000
+    assert base + 903 + 10 + ROW_BYTES < await held("acme") < base + 1500
     # A new stream counts its definition: at the limit, none is created.
-    filler = base + 1000 - await held("acme") - ROW_BYTES
+    filler = base + 1500 - await held("acme") - ROW_BYTES
     await services.append_records(ALICE, "r", "other", records(filler))
-    assert await held("acme") == base + 1000
+    assert await held("acme") == base + 1500
     with pytest.raises(errors.QuotaExhausted):
         await services.create_stream(ALICE, "r", request("third"))
     # Another tenant's room is its own.
     await services.create_stream(BOB, "r", request("s"))
     await services.append_records(BOB, "r", "s", records(800))
+    # Receipts forgotten after their window give their bytes back.
+    assert await container.streams().forget_receipts(timedelta(0)) == 1
+    assert await held("acme") == base + 1500 - 1 - RECEIPT_BYTES
     # A deletion gives the room back (its definition, its record and its open intent).
     await services.delete_stream(ALICE, "r", "s")
     assert await held("acme") < base

@@ -52,7 +52,7 @@ from domain.events import (
     encode_event,
 )
 from domain.objects import ObjectIntent, pledged_bytes
-from domain.records import ROW_BYTES, held_bytes
+from domain.records import ROW_BYTES, held_bytes, receipt_bytes
 from domain.stream import (
     Stream,
     StreamKey,
@@ -396,6 +396,7 @@ class MemoryStreams:
                 held += sum(held_bytes(r) for r in row.records.values())
                 # open intents pledge what their records will count (committed ones are records)
                 held += sum(pledged_bytes(i) for i in decode_state(row.state).objects.values())
+                held += sum(receipt_bytes(k) for k in row.receipts)  # kept for the window
         return held
 
     async def list_runs(

@@ -24,10 +24,13 @@ def _not_held(alias: str) -> str:
           AND s.stream_id = {alias}.stream_id AND s.legal_hold)"""
 
 
-def aged_rows(table: str, pick: str, age: str, also: str = "", where: str = "") -> str:
+def aged_rows(
+    table: str, pick: str, age: str, also: str = "", where: str = "", returning: str = ""
+) -> str:
     """The batch statement for `delete_in_batches`: rows of `table` whose `age` column is older
     than $1, not of a held stream (and, with `where`, of which that holds of `t`), oldest
-    first, picked by `pick` (ctid or id)."""
+    first, picked by `pick` (ctid or id); each row's `age` returned first (and `returning`'s
+    columns after it)."""
     return f"""
 DELETE FROM {table} WHERE {pick} = ANY(ARRAY(
     SELECT t.{pick} FROM {table} t
@@ -35,7 +38,7 @@ DELETE FROM {table} WHERE {pick} = ANY(ARRAY(
     ORDER BY t.{age}
     LIMIT $2
 )){also}
-RETURNING {age}
+RETURNING {age}{returning}
 """
 
 

@@ -26,7 +26,7 @@ from adapters.postgres.intents import PROJECTED, project_objects
 from adapters.postgres.journal import schedule_compaction
 from adapters.postgres.marks import MARK_WRITTEN
 from adapters.postgres.producers import write_producers
-from adapters.postgres.tenant_counts import COUNT_BYTES, RECORD_BYTES
+from adapters.postgres.tenant_counts import COUNT_BYTES, RECEIPT_COUNT, RECORD_BYTES
 from adapters.postgres.traces import TRACES_CHANNEL, trace_announcement
 from application import tracing
 from application.deciding import Changes
@@ -262,6 +262,8 @@ _STREAMS = _rows(
     "legal_hold boolean, state text, write_consumers boolean, consumers text",
 )
 
+_NEW_BYTES = "SELECT tenant, size FROM new_records UNION ALL SELECT tenant, size FROM new_receipts"
+
 # One round trip writes everything the transaction's streams' commands caused, their NOTIFYs
 # included. Data-modifying CTEs always run to completion, referenced or not; an empty array
 # inserts nothing.
@@ -274,18 +276,20 @@ WITH new_records AS (
            r.size, r.end_offset, decode(r.payload, 'base64')
     FROM {_RECORDS}
     RETURNING tenant, {RECORD_BYTES} AS size
-), counted AS (
-    -- their bytes, added to their tenant's count (tenant_counts.py)
-    {COUNT_BYTES.format(sign="", records="SELECT tenant, size FROM new_records")}
-), new_events AS (
-    INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
-    SELECT e.tenant, e.run_id, e.stream_id, e.version, e.type, decode(e.payload, 'base64')
-    FROM {_EVENTS}
 ), new_receipts AS (
     INSERT INTO append_receipts (tenant, run_id, stream_id, idempotency_key, fingerprint, answer)
     SELECT r.tenant, r.run_id, r.stream_id, r.idempotency_key, decode(r.fingerprint, 'base64'),
            decode(r.answer, 'base64')
     FROM {_RECEIPTS}
+    RETURNING tenant, {RECEIPT_COUNT} AS size
+), counted AS (
+    -- their bytes, added to their tenant's count (tenant_counts.py), in one part: two parts
+    -- that changed the same count row would leave one of the changes
+    {COUNT_BYTES.format(sign="", records=_NEW_BYTES)}
+), new_events AS (
+    INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
+    SELECT e.tenant, e.run_id, e.stream_id, e.version, e.type, decode(e.payload, 'base64')
+    FROM {_EVENTS}
 ), acked AS (
     INSERT INTO stream_consumers
         (tenant, run_id, stream_id, consumer_id, principal, acked_sequence, updated_at,

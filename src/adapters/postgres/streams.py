@@ -59,7 +59,12 @@ from adapters.postgres.stream_writes import (
     with_statements,
     write,
 )
-from adapters.postgres.tenant_counts import tenant_bytes, tenant_streams
+from adapters.postgres.tenant_counts import (
+    COUNT_BYTES,
+    RECEIPT_COUNT,
+    tenant_bytes,
+    tenant_streams,
+)
 from application import tracing
 from application.deciding import SNAPSHOT_EVERY, Changes, Receipt, decide_all
 from application.errors import NotFound
@@ -168,8 +173,17 @@ WHERE {_KEY} AND idempotency_key = ANY($4::text[])
 # By physical row, so each batch is one short statement however many receipts are due.
 # A held stream's receipts stay (a hold removes nothing); the hold is read with a plain SELECT,
 # so the sweep never waits for or takes a stream-row lock. Oldest first from $3, where the last
-# batch ended, so held receipts are passed over once per sweep (delete_in_batches).
-_FORGET_RECEIPTS = aged_rows("append_receipts", "ctid", "created_at")
+# batch ended, so held receipts are passed over once per sweep (delete_in_batches). What they
+# counted is taken from their tenants' bytes in the same statement.
+_COUNTED_AS = f", tenant, {RECEIPT_COUNT} AS size"
+_FORGET_RECEIPTS = f"""
+WITH forgotten AS (
+    {aged_rows("append_receipts", "ctid", "created_at", returning=_COUNTED_AS)}
+), uncounted AS (
+    {COUNT_BYTES.format(sign="-", records="SELECT tenant, size FROM forgotten")}
+)
+SELECT created_at FROM forgotten
+"""
 
 _OFFSETS = f"""
 SELECT sequence, end_offset FROM stream_records WHERE {_KEY} AND sequence = ANY($4::bigint[])
