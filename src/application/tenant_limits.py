@@ -169,7 +169,10 @@ class TenantRoom(msgspec.Struct, frozen=True):
             detail = (
                 f"{adding} bytes would pass the tenant's limit of {self.limit}: it holds {held}"
             )
-        detail += " (its streams and records, and what its open object intents pledge)"
+        detail += (
+            " (its streams and records, its append receipts while they are kept, and what its"
+            " open object intents pledge)"
+        )
         return QuotaExhausted(
             f"{detail}: nothing more is stored until some are deleted",
             tenant_bytes=held,
