@@ -114,7 +114,11 @@ def decide_all(
             outcomes.append(Failed(NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")))
             continue
         idem = command.idempotency
-        if idem is not None and (seen := receipts.get(idem.key)) is not None:
+        if (
+            idem is not None
+            and (seen := receipts.get(idem.key)) is not None
+            and not stream.state.soft_deleted  # gone: 410, as every write is (its decision)
+        ):
             if seen.fingerprint == idem.fingerprint:
                 outcomes.append(Replayed(answer_json=seen.answer_json))
             else:

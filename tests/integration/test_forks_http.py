@@ -81,6 +81,10 @@ async def test_a_fork_reads_stitched_and_its_deleted_source_answers_410(
     await append(api, run_id, "f", 30)
     await append(api, run_id, "src", 4)  # after the fork point: never in the fork
     base = f"/runs/{run_id}/streams"
+    keyed = await api.post(
+        f"{base}/src/records", json={"records": [{"data": 8}]}, headers={"Idempotency-Key": "k"}
+    )
+    assert keyed.status_code == 201, keyed.text
 
     page = (await api.get(f"{base}/f/records?cursor=0")).json()
     assert [r["data"] for r in page["records"]] == [1, 2, 30]
@@ -105,6 +109,12 @@ async def test_a_fork_reads_stitched_and_its_deleted_source_answers_410(
         await api.get(f"{base}/src"),
         await api.get(f"{base}/src/records?cursor=0"),
         await api.post(f"{base}/src/records", json={"records": [{"data": 9}]}),
+        # the retry of an append it stored too: its receipt is kept until it is erased
+        await api.post(
+            f"{base}/src/records",
+            json={"records": [{"data": 8}]},
+            headers={"Idempotency-Key": "k"},
+        ),
         await api.post(f"{base}/src/close"),
         await api.delete(f"{base}/src"),
     ):
