@@ -170,8 +170,8 @@ class TenantRoom(msgspec.Struct, frozen=True):
                 f"{adding} bytes would pass the tenant's limit of {self.limit}: it holds {held}"
             )
         detail += (
-            " (its streams and records, its append receipts while they are kept, and what its"
-            " open object intents pledge)"
+            " (its streams and records, its append receipts while they are kept, its input"
+            " records' wait events, and what its open object intents pledge)"
         )
         return QuotaExhausted(
             f"{detail}: nothing more is stored until some are deleted",

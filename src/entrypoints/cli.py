@@ -459,7 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
         "the tenant, its streams (one deleted while forks read it counts until it is erased), "
         "and its bytes (each stream its definition and each record its size, each with 128 "
         "bytes for its row, an object's record its reference too, each append receipt its "
-        "key and 416 bytes, and what its open object intents pledge), as the limits "
+        "key and 416 bytes, each wait event its payload and 128, and what its open object "
+        "intents pledge), as the limits "
         "DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT and DUCTOR_STREAMS_MAX_BYTES_PER_TENANT count "
         "them. Read from the database; no server needed.",
     )
@@ -469,8 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     tenants.add_argument(
         "--recount",
         action="store_true",
-        help="count every tenant's bytes again from its streams, records, receipts and open "
-        "object intents "
+        help="count every tenant's bytes again from its streams, records, receipts, wait "
+        "events and open object intents "
         "first (after a rolling upgrade from a version that did not count them: every write "
         "waits for it, a pass over those tables)",
     )

@@ -79,9 +79,9 @@ async def api(limited: ServerProcess, tokens: Tokens) -> AsyncIterator[httpx.Asy
 
 async def counted(pool: asyncpg.Pool, tenant: str) -> tuple[int, int]:
     """The tenant's bytes as the write statements count them, and as its records, open
-    object intents and receipts hold them: each record its size, its row (128 bytes) and an
-    object's reference; each open intent its pledge; each receipt its key and 416 bytes; each
-    stream its definition and its row."""
+    object intents, receipts and wait events hold them: each record its size, its row (128
+    bytes) and an object's reference; each open intent its pledge; each receipt its key and 416
+    bytes; each wait event its payload and its row; each stream its definition and its row."""
     actual = await pool.fetchval(
         "SELECT coalesce(sum(size), 0) FROM ("
         " SELECT size + 128 + CASE WHEN kind = 2 THEN octet_length(payload) ELSE 0 END AS size"
@@ -89,6 +89,8 @@ async def counted(pool: asyncpg.Pool, tenant: str) -> tuple[int, int]:
         " UNION ALL SELECT pledge FROM object_intents"
         " WHERE tenant = $1 AND state IN ('prepared', 'uploaded')"
         " UNION ALL SELECT octet_length(idempotency_key) + 416 FROM append_receipts"
+        " WHERE tenant = $1"
+        " UNION ALL SELECT octet_length(payload::text) + 128 FROM workflow_wait_events"
         " WHERE tenant = $1"
         " UNION ALL SELECT octet_length(definition) + 128 FROM streams WHERE tenant = $1) AS held",
         tenant,
@@ -439,6 +441,33 @@ async def test_receipts_count_while_they_are_kept_and_their_bytes_come_back_when
                 await asyncio.sleep(0.2)
 
 
+async def test_an_input_streams_wait_events_count_until_it_is_erased(
+    limited: ServerProcess, pruner: WorkerProcess, tokens: Tokens, pool: asyncpg.Pool
+) -> None:
+    """The default wait service keeps a copy of each input record (`workflow_wait_events`) as
+    long as its stream, whatever retention prunes: counted at nothing, an input stream that
+    keeps one record let a tenant at its limit append, and the copies grow, without bound."""
+    tenant = "t-" + secrets.token_hex(5)
+    async with await tokens.client(limited, tenant) as api:
+        path = await create(api, "run", "in", direction="input", retention={"max_records": 1})
+        assert (await append(api, path, ["x" * 298] * 20)).status_code == 201
+        async with asyncio.timeout(20):  # delivered, then pruned to its last record
+            while (await api.get(path)).json()["state"]["earliest"] != 20:
+                await asyncio.sleep(0.1)
+        events = await pool.fetchval(
+            "SELECT count(*) FROM workflow_wait_events WHERE tenant = $1", tenant
+        )
+        held, actual = await counted(pool, tenant)
+        assert events == 20 and held == actual > 20 * (300 + 128) + 428
+        # Its records alone (one kept) would let 20 more in; with their copies, they are not
+        # (once the server's view of the count, at most a second old, has seen them land).
+        await asyncio.sleep(1.2)
+        await problem_of(await append(api, path, ["x" * 298] * 20))
+        # An erasure takes them away with the rest.
+        assert (await api.delete(path)).status_code == 204
+        assert await counted(pool, tenant) == (0, 0)
+
+
 async def test_appends_at_once_in_one_process_count_against_each_other(
     api: httpx.AsyncClient, pool: asyncpg.Pool, tokens: Tokens, limited: ServerProcess
 ) -> None:
@@ -647,6 +676,34 @@ async def test_migration_0510_counts_the_receipts_already_there(
             await conn.close()
 
 
+async def test_migration_0511_counts_the_wait_events_already_there(
+    postgres_admin_url: str, tmp_path: Path
+) -> None:
+    async with database_before(postgres_admin_url, 511, tmp_path) as url:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(
+                "INSERT INTO tenant_byte_counts (tenant, backend, bytes) VALUES ('a', 0, 1000)"
+            )
+            event = (
+                "INSERT INTO workflow_wait_events (event_id, tenant, run_id, stream_id,"
+                " sequence, payload) VALUES ($1, $2, 'r', 's', 1, $3::text::jsonb)"
+            )
+            for event_id, tenant, payload in [
+                ("e1", "a", '{"x": 1}'),
+                ("e2", "a", '{"y":"é"}'),
+                ("e3", "b", "[]"),
+            ]:
+                await conn.execute(event, event_id, tenant, payload)
+            assert "0511_tenant_wait_event_bytes.sql" in await migrate(conn)
+            # Each event its payload as stored (jsonb's text) and 128 for its row.
+            expected_a = 1000 + len('{"x": 1}') + len('{"y": "é"}'.encode()) + 2 * 128
+            assert await tenant_bytes(conn, "a") == expected_a
+            assert await tenant_bytes(conn, "b") == 2 + 128
+        finally:
+            await conn.close()
+
+
 async def test_usage_shows_what_the_tenant_holds_against_its_limits(
     limited: ServerProcess, server: ServerProcess, tokens: Tokens, pool: asyncpg.Pool
 ) -> None:
@@ -744,6 +801,10 @@ async def test_a_recount_counts_every_tenant_again_from_its_rows(own_database: s
             " fingerprint, answer) VALUES ('old', 'r', 's', 'key', '\\x00', '\\x00')"
         )
         await conn.execute(
+            "INSERT INTO workflow_wait_events (event_id, tenant, run_id, stream_id, sequence,"
+            " payload) VALUES ('e', 'old', 'r', 's', 1, '[1]')"
+        )
+        await conn.execute(
             "INSERT INTO tenant_byte_counts (tenant, backend, bytes) VALUES ('gone', 0, 55)"
         )
     finally:
@@ -752,7 +813,7 @@ async def test_a_recount_counts_every_tenant_again_from_its_rows(own_database: s
     assert before.stdout == "gone\t0\t55\n"
     done = await asyncio.to_thread(tenants_cli, own_database, "--recount")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"old\t0\t{7 * (100 + 128) + 3 + 416}\n"
+    assert done.stdout == f"old\t0\t{7 * (100 + 128) + 3 + 416 + 3 + 128}\n"
 
 
 async def test_intents_opened_by_an_earlier_version_end_and_erase_without_a_pledge(

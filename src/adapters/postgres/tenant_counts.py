@@ -1,7 +1,8 @@
 """What each tenant holds, for its limits: its streams (migration 0505, counted by triggers) and
 its bytes (migration 0509: what its records count and its open object intents pledge, counted by
 the statements that write and delete records and that open and end intents; migration 0510: its
-append receipts, counted by the statements that write and forget them).
+append receipts, counted by the statements that write and forget them; migration 0511: the
+default wait service's copies of its input records, counted as they land and are erased).
 
 Every statement that inserts or deletes streams or records adds its change to the row of its own
 backend (`pg_backend_pid()`) in `tenant_stream_counts` or `tenant_byte_counts`, in its own
@@ -34,6 +35,10 @@ RECORD_BYTES = (
 
 # What a row of `append_receipts` counts, as `domain.records.receipt_bytes` counts the receipt.
 RECEIPT_COUNT = f"octet_length(idempotency_key) + {RECEIPT_BYTES}"
+
+# What a row of `workflow_wait_events` counts (the default wait service's copy of an input
+# stream's record, kept until its stream is erased): its event as stored and its row.
+WAIT_EVENT_COUNT = f"octet_length(payload::text) + {ROW_BYTES}"
 
 # What a row of `streams` counts, as `domain.stream.definition_bytes` counts the stream: its
 # definition and its row (added and taken away by migration 0509's triggers on `streams`).
@@ -127,13 +132,14 @@ async def tenants_held(pool: Any, tenant: str | None = None) -> list[tuple[str, 
     return [(r[0], r[1], r[2]) for r in await pool.fetch(_HELD, tenant)]
 
 
-# Every tenant's bytes counted again from the rows, as migrations 0509 and 0510 first counted
-# them, while no record, intent or receipt is written and no sweep folds the counts (the locks,
-# until the transaction commits): what a process of an earlier version wrote during a rolling
-# upgrade (it counted nothing) is counted then, its open intents given the pledge the migration
-# gave those it found. Writes of every tenant wait for it: a pass over the tables.
+# Every tenant's bytes counted again from the rows, as migrations 0509 to 0511 first counted
+# them, while no record, intent, receipt or wait event is written and no sweep folds the counts
+# (the locks, until the transaction commits): what a process of an earlier version wrote during
+# a rolling upgrade (it counted nothing) is counted then, its open intents given the pledge the
+# migration gave those it found. Writes of every tenant wait for it: a pass over the tables.
 _RECOUNT = f"""
-LOCK TABLE streams, stream_records, object_intents, append_receipts IN SHARE MODE;
+LOCK TABLE streams, stream_records, object_intents, append_receipts, workflow_wait_events
+IN SHARE MODE;
 LOCK TABLE tenant_byte_counts IN EXCLUSIVE MODE;
 UPDATE object_intents SET pledge = {RECORD_PLEDGE}
 WHERE pledge IS NULL AND state IN ('prepared', 'uploaded');
@@ -145,6 +151,8 @@ SELECT tenant, 0, sum(size) FROM (
     SELECT tenant, pledge AS size FROM object_intents WHERE state IN ('prepared', 'uploaded')
     UNION ALL
     SELECT tenant, {RECEIPT_COUNT} AS size FROM append_receipts
+    UNION ALL
+    SELECT tenant, {WAIT_EVENT_COUNT} AS size FROM workflow_wait_events
     UNION ALL
     SELECT tenant, {DEFINITION_BYTES} AS size FROM streams
 ) AS held
@@ -161,8 +169,8 @@ RECOUNT_ATTEMPTS = 20
 
 
 async def recount_tenant_bytes(pool: Any, attempts: int = RECOUNT_ATTEMPTS) -> None:
-    """Count every tenant's bytes again from its streams, records, receipts and open intents
-    (`tenants --recount`), trying again while the tables are too busy to lock; raises
+    """Count every tenant's bytes again from its streams, records, receipts, wait events and open
+    intents (`tenants --recount`), trying again while the tables are too busy to lock; raises
     `asyncpg.LockNotAvailableError` if they stay so."""
     for attempt in range(attempts):
         try:
