@@ -413,6 +413,10 @@ class TokenStore(Protocol):
         already; the listing shows them until then); answer how many. A revoked token that
         never expires is kept: its record keeps it revoked if its value is stored again."""
 
+    async def tenant_tokens(self, tenant: str) -> int:
+        """How many tokens of `tenant` are kept (revoked and expired ones too, until they are
+        forgotten): what DUCTOR_STREAMS_MAX_TOKENS_PER_TENANT counts."""
+
 
 class JwtVerifier(Protocol):
     async def verify(self, token: str) -> Mapping[str, Any]:

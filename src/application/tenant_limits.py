@@ -1,6 +1,7 @@
 """A tenant's limits on what it holds, in the database every tenant shares: its streams
-(DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT) and its bytes (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT: what
-its records count, `domain.records.held_bytes`, and its open object intents pledge).
+(DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT), its bytes (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT: what
+its records count, `domain.records.held_bytes`, and its open object intents pledge) and its
+tokens (DUCTOR_STREAMS_MAX_TOKENS_PER_TENANT).
 
 A valid token creating streams in a loop (2,000 a second and more), or appending to them, would
 otherwise fill the database's disk for everyone. Past its limit, a creation is refused (409
@@ -27,7 +28,7 @@ import msgspec
 from application import tracing
 from application.access import Caller
 from application.errors import Forbidden
-from application.ports import TenantCounts
+from application.ports import TenantCounts, TokenStore
 from domain.errors import QuotaExhausted
 
 FRESH_SECONDS = 1.0
@@ -57,7 +58,7 @@ class _TenantLimit:
 
     def __init__(
         self,
-        counts: TenantCounts,
+        counts: TenantCounts | TokenStore,  # whichever holds the `count` method
         limit: int,
         *,
         fresh_seconds: float = FRESH_SECONDS,
@@ -124,22 +125,36 @@ class _TenantLimit:
         return budget
 
 
-class StreamLimit(_TenantLimit):
-    count = "tenant_streams"
+class _CountLimit(_TenantLimit):
+    """A limit on how many of something a tenant holds, each made one at a time."""
 
     async def reached(self, tenant: str) -> bool:
-        """Whether the tenant holds its limit of streams, as last counted (within a second)
-        with this process's creations since."""
+        """Whether the tenant holds its limit, as last counted (within a second) with this
+        process's creations since."""
         if not self.limit:
             return False
         budget = await self._known(tenant)
         return budget.held + budget.stored >= self.limit
 
     def created(self, tenant: str) -> None:
-        """This process created one of the tenant's streams: counted until the next read."""
+        """This process made one more of the tenant's: counted until the next read."""
         budget = self._budgets.get(tenant)
         if budget is not None:
             budget.stored += 1
+
+
+class StreamLimit(_CountLimit):
+    count = "tenant_streams"
+
+
+class TokenLimit(_CountLimit):
+    """DUCTOR_STREAMS_MAX_TOKENS_PER_TENANT: the tokens a tenant's administrators may mint over
+    HTTP while it holds that many (`TokenStore.tenant_tokens`: revoked and expired ones too,
+    until the workers forget them). Each is a row, kept up to its life and then
+    `CLEANUP_AGE_SECONDS`: a valid token minting in a loop (thousands a second) would otherwise
+    fill the database's disk for everyone."""
+
+    count = "tenant_tokens"
 
 
 class TenantRoom(msgspec.Struct, frozen=True):

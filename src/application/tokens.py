@@ -39,9 +39,10 @@ from application.access import SCOPES, Caller, Scope
 from application.errors import Forbidden, NotFound, Unauthenticated
 from application.jwts import JWT_ID_PREFIX, JwtCallers
 from application.ports import FoundToken, TokenRecord, TokenStore
+from application.tenant_limits import TokenLimit
 from application.waiting import act_for, take_turn, within_allowance
 from domain.definition import Principal
-from domain.errors import InvalidInput
+from domain.errors import InvalidInput, QuotaExhausted
 from domain.ids import ID_PATTERN, check_id
 from domain.text import check_text
 
@@ -250,10 +251,12 @@ class MintToken:
         tokens: TokenStore,
         max_seconds: int = DEFAULT_MAX_TOKEN_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        limit: TokenLimit | None = None,
     ) -> None:
         self._tokens = tokens
         self._max = max_seconds
         self._clock = clock
+        self._limit = limit
 
     @tracing.use_case("mint token")
     async def __call__(self, caller: Caller, request: TokenRequest) -> MintedToken:
@@ -286,6 +289,17 @@ class MintToken:
             scopes=scopes,
             runs=runs,
         )
+        limit = self._limit
+        if limit is not None:
+            if await limit.reached(caller.tenant):
+                raise QuotaExhausted(
+                    f"the tenant holds its limit of {limit.limit} tokens (revoked and expired"
+                    " ones count until they are forgotten): none is minted until some are",
+                    max_tokens=limit.limit,
+                )
+            # Counted before it is stored, so that mints at once count against each other (one
+            # that then fails is counted until the next read, a second at most).
+            limit.created(caller.tenant)
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         digest = token_hash(token)
         expires_at = await self._tokens.put(digest, minted, seconds)

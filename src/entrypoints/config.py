@@ -94,6 +94,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The streams a tenant may hold (application/tenant_limits.py); past it, a creation is 409
     # `quota-exhausted`. 0: no limit.
     max_streams_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 1_000_000
+    # The tokens a tenant may hold while its administrators mint more over HTTP (revoked and
+    # expired ones count until they are forgotten: application/tenant_limits.py); past it, a
+    # mint is 409 `quota-exhausted`. 0: no limit.
+    max_tokens_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 1_000_000
     # The bytes a tenant's records may hold (application/tenant_limits.py); past it, an append
     # or an object's intent is 409 `quota-exhausted`. 0: no limit.
     max_bytes_per_tenant: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 1 << 40

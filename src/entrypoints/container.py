@@ -85,7 +85,7 @@ from application.retention import PruneRetention
 from application.set_legal_hold import SetLegalHold
 from application.subscribe import Subscribe
 from application.subscriptions import DeliverWakes, Subscriptions, WakeScheduler, WakeTokens
-from application.tenant_limits import ByteLimit, StreamLimit, TenantUsage
+from application.tenant_limits import ByteLimit, StreamLimit, TenantUsage, TokenLimit
 from application.throughput import Throughput
 from application.tokens import Authenticate, IssueToken, MintToken, TenantTokens, TokenCache
 from application.wake import WakeRegistry
@@ -372,7 +372,10 @@ class Container(containers.DeclarativeContainer):
 
     authenticate = providers.Singleton(Authenticate, tokens, token_cache, jwt_callers)
     issue_token = providers.Singleton(IssueToken, tokens)
-    mint_token = providers.Singleton(MintToken, tokens, settings.provided.max_token_seconds)
+    token_limit = providers.Singleton(TokenLimit, tokens, settings.provided.max_tokens_per_tenant)
+    mint_token = providers.Singleton(
+        MintToken, tokens, settings.provided.max_token_seconds, limit=token_limit
+    )
     tenant_tokens = providers.Singleton(TenantTokens, tokens, token_cache)
     stream_limit = providers.Singleton(
         StreamLimit, streams, settings.provided.max_streams_per_tenant

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from adapters.memory.tokens import MemoryTokens
@@ -14,8 +17,16 @@ from application.jwts import (
     caller_from_claims,
     is_jwt,
 )
-from application.tokens import Authenticate, MintToken, TenantTokens, TokenCache, TokenRequest
-from domain.errors import InvalidInput
+from application.tenant_limits import TokenLimit
+from application.tokens import (
+    Authenticate,
+    IssueToken,
+    MintToken,
+    TenantTokens,
+    TokenCache,
+    TokenRequest,
+)
+from domain.errors import InvalidInput, QuotaExhausted
 
 ADMIN = Caller(tenant="t", principal="admin", scopes=frozenset(SCOPES))
 
@@ -67,6 +78,33 @@ async def test_a_mint_never_widens_its_minter(minter: Caller, asked: dict, error
     with pytest.raises(error):
         await MintToken(store, clock=lambda: 0.0)(minter, request(**asked))
     assert await store.list() == []
+
+
+async def test_a_tenant_mints_no_more_tokens_than_its_limit_until_some_are_forgotten() -> None:
+    """DUCTOR_STREAMS_MAX_TOKENS_PER_TENANT: every token kept counts, revoked or expired, until
+    the workers forget it; mints at once count against each other; another tenant's are its
+    own. A token the operator issues (`token create`, the bootstrap token) is not refused."""
+    now = [datetime(2026, 12, 7, tzinfo=UTC)]
+    store = MemoryTokens(clock=lambda: now[0])
+    limit = TokenLimit(store, 3, fresh_seconds=0)
+    mint = MintToken(store, limit=limit)
+    first = await mint(ADMIN, request(expires_in_seconds=1))
+    await TenantTokens(store).revoke(ADMIN, first.id)
+    at_once = [mint(ADMIN, request()) for _ in range(4)]
+    outcomes = await asyncio.gather(*at_once, return_exceptions=True)
+    refused = [o for o in outcomes if isinstance(o, QuotaExhausted)]
+    assert len(refused) == 2 and refused[0].extra == {"max_tokens": 3}
+    assert await store.tenant_tokens("t") == 3
+    other = Caller(tenant="u", principal="admin", scopes=frozenset(SCOPES))
+    await mint(other, request())
+    # The first has expired; once forgotten, it no longer counts.
+    now[0] += timedelta(seconds=10)
+    assert await store.forget_ended(timedelta(seconds=5)) == 1
+    await mint(ADMIN, request())
+    with pytest.raises(QuotaExhausted):
+        await mint(ADMIN, request())
+    await IssueToken(store)(Caller(tenant="t", principal="operator", scopes=frozenset(SCOPES)))
+    assert await store.tenant_tokens("t") == 4
 
 
 async def test_a_run_scoped_caller_sees_and_revokes_only_tokens_within_its_runs() -> None:

@@ -66,6 +66,9 @@ class MemoryTokens:
     async def get(self, token_id: str) -> TokenRecord | None:
         return self._record(token_id) if token_id in self._ids else None
 
+    async def tenant_tokens(self, tenant: str) -> int:
+        return sum(1 for row in self._tokens.values() if row.caller.tenant == tenant)
+
     async def forget_ended(self, older_than: timedelta) -> int:
         cutoff = self._clock() - older_than
         ended = [

@@ -2,7 +2,8 @@
 its bytes (migration 0509: what its records count and its open object intents pledge, counted by
 the statements that write and delete records and that open and end intents; migration 0510: its
 append receipts, counted by the statements that write and forget them; migration 0511: the
-default wait service's copies of its input records, counted as they land and are erased).
+default wait service's copies of its input records, counted as they land and are erased) and
+its tokens (migration 0512, counted by triggers).
 
 Every statement that inserts or deletes streams or records adds its change to the row of its own
 backend (`pg_backend_pid()`) in `tenant_stream_counts` or `tenant_byte_counts`, in its own
@@ -25,6 +26,7 @@ SELECT coalesce(sum({column}), 0)::bigint FROM {table} WHERE tenant = $1
 """
 _STREAMS = ("tenant_stream_counts", "streams")
 _BYTES = ("tenant_byte_counts", "bytes")
+_TOKENS = ("tenant_token_counts", "tokens")
 
 # What a row of `stream_records` counts in its tenant's bytes, as `domain.records.held_bytes`
 # counts the record: its size, its row, and an object's reference.
@@ -104,11 +106,17 @@ async def tenant_bytes(pool: Any, tenant: str) -> int:
     return count
 
 
+async def tenant_tokens(pool: Any, tenant: str) -> int:
+    """The tokens `tenant` holds (revoked and expired ones too, until they are forgotten)."""
+    count: int = await pool.fetchval(_COUNT.format(table=_TOKENS[0], column=_TOKENS[1]), tenant)
+    return count
+
+
 async def fold_tenant_counts(pool: Any) -> int:
-    """Fold the rows of ended backends into each tenant's row of backend 0, streams and bytes;
-    answers how many rows it folded."""
+    """Fold the rows of ended backends into each tenant's row of backend 0, streams, bytes and
+    tokens; answers how many rows it folded."""
     folded = 0
-    for table, column in (_STREAMS, _BYTES):
+    for table, column in (_STREAMS, _BYTES, _TOKENS):
         folded += await pool.fetchval(_FOLD.format(table=table, column=column))
         await pool.execute(_EMPTY.format(table=table, column=column))
     return folded

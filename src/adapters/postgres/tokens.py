@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
+from adapters.postgres.tenant_counts import tenant_tokens
 from application.access import Caller
 from application.ports import FoundToken, TokenRecord
 from domain.errors import CursorUnknown
@@ -164,6 +165,9 @@ class PostgresTokens:
     async def get(self, token_id: str) -> TokenRecord | None:
         row = await self._pool.fetchrow(_GET, token_id)
         return None if row is None else _record(row)
+
+    async def tenant_tokens(self, tenant: str) -> int:
+        return await tenant_tokens(self._pool, tenant)  # kept by migration 0512's triggers
 
     async def forget_ended(self, older_than: timedelta, batch: int = 1000) -> int:
         removed = 0
