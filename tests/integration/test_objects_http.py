@@ -127,10 +127,13 @@ async def test_a_mismatched_upload_is_422_and_the_intent_stays_prepared(
     assert (await api.put(f"{body_path}/body", content=BODY)).status_code == 200
 
 
-async def paused(body: bytes, go_on: asyncio.Event):
-    """`body` as an upload's content: its first half, then the rest once `go_on` is set."""
+async def paused(body: bytes, go_on: asyncio.Event, sent: asyncio.Event | None = None):
+    """`body` as an upload's content: its first half, then the rest once `go_on` is set.
+    `sent` is set once the first half is written (the client asks for what follows)."""
     half = len(body) // 2
     yield body[:half]
+    if sent is not None:
+        sent.set()
     await go_on.wait()
     yield body[half:]
 
@@ -140,15 +143,19 @@ async def upload_paused(
 ) -> tuple[asyncio.Task[httpx.Response], asyncio.Event]:
     """An upload of `body` under way, its first half in (its intent found prepared), the rest
     sent once the event is set."""
-    go_on = asyncio.Event()
+    go_on, sent = asyncio.Event(), asyncio.Event()
     upload = asyncio.create_task(
         api.put(
             f"{body_path}/body",
-            content=paused(body, go_on),
+            content=paused(body, go_on, sent),
             headers={"Content-Length": str(len(body))},
         )
     )
-    await asyncio.sleep(0.5)
+    # Its first half written (under load that may take a while), then a moment for the server
+    # to take it in.
+    async with asyncio.timeout(20):
+        await sent.wait()
+    await asyncio.sleep(0.3)
     return upload, go_on
 
 
