@@ -184,6 +184,15 @@ class PrepareCommand(_ObjectCommand):
         return stream.state.objects.get(self.intent.object_id)
 
 
+class LiveCommand(_ObjectCommand):
+    """Nothing but the stream's being live, decided under its lock: a stream deleted while
+    forks read it answers 410 (StreamGone) to every direct write, a prepare's retry too."""
+
+    def decide(self, stream: Stream, offset: int | None) -> list[Event]:
+        stream.require_live()
+        return []
+
+
 class UploadedCommand(_ObjectCommand):
     def __init__(self, object_id: str, now: datetime) -> None:
         self.object_id, self.now = object_id, now
@@ -325,6 +334,7 @@ class Objects:
                 raise errors.IdempotencyKeyReused(
                     f"idempotency_key {request.idempotency_key!r} was used with other fields"
                 )
+            await run_one(self._commits, key, LiveCommand())  # 410 once deleted
             return object_view(existing), False
         now = self._clock()
         region = self._stores.pick(definition.placement.object_regions)

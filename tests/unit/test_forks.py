@@ -15,6 +15,7 @@ from application.forks import Forks
 from application.views import record_view
 from domain import errors
 from domain.definition import DefinitionRequest, Expiry
+from domain.objects import ObjectRequest
 from domain.records import RecordInput, RecordKind
 from domain.stream import StreamKey
 from entrypoints.container import memory_container, start, stop
@@ -138,6 +139,11 @@ async def test_a_soft_deleted_source_is_gone_for_every_direct_operation(app) -> 
     container, s, forks = app
     await s.create_stream(ALICE, "r", native("src"))
     await s.append_records(ALICE, "r", "src", data(1, 2), "key")
+    prepared = msgspec.convert(
+        {"idempotency_key": "o", "size": 1, "sha256": "0" * 64, "content_type": "text/plain"},
+        ObjectRequest,
+    )
+    await s.objects.prepare(ALICE, "r", "src", prepared)
     fork, _, _ = await forks.resolve(ALICE, "r", "src", 2, 0, None)
     await make(container, "f", fork=fork)
     await s.delete_stream(ALICE, "r", "src")
@@ -146,6 +152,8 @@ async def test_a_soft_deleted_source_is_gone_for_every_direct_operation(app) -> 
         # the retry of an append it stored too (its receipt is kept until it is erased)
         s.append_records(ALICE, "r", "src", data(1, 2), "key"),
         s.append_records(ALICE, "r", "src", data(9), "key"),
+        # and of an object's prepare
+        s.objects.prepare(ALICE, "r", "src", prepared),
         s.read_records(ALICE, "r", "src", wait=1),
         s.get_stream(ALICE, "r", "src"),
         s.append_records(ALICE, "r", "src", data(3)),
