@@ -126,7 +126,9 @@ class _TenantLimit:
 
 
 class _CountLimit(_TenantLimit):
-    """A limit on how many of something a tenant holds, each made one at a time."""
+    """A limit on how many of something a tenant holds, each made one at a time: checked with
+    `reached` and counted with `created` once made (the streams'), or taken before it is made
+    and settled after (`take` and `made`: the tokens')."""
 
     async def reached(self, tenant: str) -> bool:
         """Whether the tenant holds its limit, as last counted (within a second) with this
@@ -140,6 +142,29 @@ class _CountLimit(_TenantLimit):
         """This process made one more of the tenant's: counted until the next read."""
         budget = self._budgets.get(tenant)
         if budget is not None:
+            budget.stored += 1
+
+    async def take(self, tenant: str) -> bool:
+        """Whether the tenant may make one more, as last counted (within a second) with this
+        process's since and those it is making; if so, it is counted as being made until
+        `made`. A read of the count while it is being made leaves it counted: it is not in the
+        rows yet (a count of what was made before the read is taken off, since the read finds
+        it there)."""
+        if not self.limit:
+            return True
+        budget = await self._known(tenant)
+        if budget.held + budget.stored + budget.reserved >= self.limit:
+            return False
+        budget.reserved += 1
+        return True
+
+    def made(self, tenant: str, stored: bool) -> None:
+        """One that `take` allowed is made (`stored`) or not."""
+        budget = self._budgets.get(tenant)
+        if budget is None:
+            return  # (no limit; only a budget with nothing reserved is forgotten)
+        budget.reserved = max(0, budget.reserved - 1)
+        if stored:
             budget.stored += 1
 
 
@@ -186,7 +211,8 @@ class TenantRoom(msgspec.Struct, frozen=True):
             )
         detail += (
             " (its streams and records, its append receipts while they are kept, its input"
-            " records' wait events, and what its open object intents pledge)"
+            " records' events with the default wait service, and what its open object intents"
+            " pledge)"
         )
         return QuotaExhausted(
             f"{detail}: nothing more is stored until some are deleted",
@@ -231,8 +257,11 @@ class UsageView(msgspec.Struct, frozen=True):
 
     streams: int  # the streams it holds (one deleted while forks read it, until it is erased)
     max_streams: int | None  # DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT (null: no limit)
-    bytes: int  # what its streams and records count and its open object intents pledge
+    # what its streams, records, receipts and wait events count and its open intents pledge
+    bytes: int
     max_bytes: int | None  # DUCTOR_STREAMS_MAX_BYTES_PER_TENANT (null: no limit)
+    tokens: int  # the tokens it holds (revoked and expired ones too, until they are forgotten)
+    max_tokens: int | None  # DUCTOR_STREAMS_MAX_TOKENS_PER_TENANT (null: no limit)
 
 
 class TenantUsage:
@@ -240,10 +269,19 @@ class TenantUsage:
     against its limits. Tenant-wide: an administrator's, not one restricted to runs (the
     others' streams and bytes are not its to see)."""
 
-    def __init__(self, counts: TenantCounts, streams: StreamLimit, bytes_: ByteLimit) -> None:
+    def __init__(
+        self,
+        counts: TenantCounts,
+        streams: StreamLimit,
+        bytes_: ByteLimit,
+        tokens: TokenStore,
+        token_limit: TokenLimit,
+    ) -> None:
         self._counts = counts
         self._streams = streams
         self._bytes = bytes_
+        self._tokens = tokens
+        self._token_limit = token_limit
 
     @tracing.use_case("tenant usage")
     async def __call__(self, caller: Caller) -> UsageView:
@@ -255,4 +293,6 @@ class TenantUsage:
             max_streams=self._streams.limit or None,
             bytes=await self._counts.tenant_bytes(caller.tenant),
             max_bytes=self._bytes.limit or None,
+            tokens=await self._tokens.tenant_tokens(caller.tenant),
+            max_tokens=self._token_limit.limit or None,
         )

@@ -290,19 +290,22 @@ class MintToken:
             runs=runs,
         )
         limit = self._limit
-        if limit is not None:
-            if await limit.reached(caller.tenant):
-                raise QuotaExhausted(
-                    f"the tenant holds its limit of {limit.limit} tokens (revoked and expired"
-                    " ones count until they are forgotten): none is minted until some are",
-                    max_tokens=limit.limit,
-                )
-            # Counted before it is stored, so that mints at once count against each other (one
-            # that then fails is counted until the next read, a second at most).
-            limit.created(caller.tenant)
+        # Taken before it is stored, so that mints at once count against each other.
+        if limit is not None and not await limit.take(caller.tenant):
+            raise QuotaExhausted(
+                f"the tenant holds its limit of {limit.limit} tokens (revoked and expired"
+                " ones count until they are forgotten): none is minted until some are",
+                max_tokens=limit.limit,
+            )
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         digest = token_hash(token)
-        expires_at = await self._tokens.put(digest, minted, seconds)
+        stored = False
+        try:
+            expires_at = await self._tokens.put(digest, minted, seconds)
+            stored = True
+        finally:
+            if limit is not None:
+                limit.made(caller.tenant, stored)
         return MintedToken(
             token=token,
             id=token_id(digest),

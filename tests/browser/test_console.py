@@ -504,6 +504,9 @@ def test_the_runs_view_shows_what_the_tenant_holds_to_a_token_that_may_see_it(
     )
     shown = page.locator('#usage [data-usage="bytes"]').text_content() or ""
     assert shown.endswith(" of 1.0 TiB") and shown != "0 B of 1.0 TiB"
+    expect(page.locator('#usage [data-usage="tokens"]')).to_have_text(
+        f"{usage['tokens']} tokens of 1000000"
+    )
     # A token restricted to a run sees its run, not the tenant's figures.
     minted = created(
         api.post(

@@ -95,6 +95,7 @@ def test_the_document_describes_problems_auth_and_media_types(server: ServerProc
     assert (query["cursor"]["minimum"], query["cursor"]["maximum"]) == (0, 2**63 - 1)
     assert (query["limit"]["minimum"], query["limit"]["maximum"]) == (1, 1000)
     assert (query["wait"]["minimum"], query["wait"]["maximum"]) == (0, 60)
+    assert {"201", "403", "409"} <= set(ops["mintToken"]["responses"])  # past the token limit
     for deletion in ("deleteStream", "deleteRun"):
         assert {"204", "403", "404", "409"} <= set(ops[deletion]["responses"]), deletion
         assert "content" not in ops[deletion]["responses"]["204"]

@@ -150,5 +150,13 @@ async def test_the_count_folds_and_migration_0512_counts_the_tokens_already_ther
             )
             await conn.execute("DELETE FROM api_tokens WHERE tenant = 'b'")
             assert [await tenant_tokens(conn, t) for t in "ab"] == [2, 0]
+            # Stored again for another tenant: it moves; revoked, it stays.
+            await conn.execute(
+                token + " ON CONFLICT (token_hash) DO UPDATE SET tenant = excluded.tenant",
+                bytes([0]),
+                "c",
+            )
+            await conn.execute("UPDATE api_tokens SET revoked_at = now()")
+            assert [await tenant_tokens(conn, t) for t in "abc"] == [1, 0, 1]
         finally:
             await conn.close()

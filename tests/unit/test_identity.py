@@ -107,6 +107,31 @@ async def test_a_tenant_mints_no_more_tokens_than_its_limit_until_some_are_forgo
     assert await store.tenant_tokens("t") == 4
 
 
+async def test_mints_in_flight_count_when_the_count_is_read_again_meanwhile() -> None:
+    """A mint is counted from its check until it is stored: a read of the count while it is
+    in flight (the second-old view gone stale) does not find it in the rows yet, and must not
+    take it off (it did, and all of 5 mints against a limit of 3 were stored)."""
+    store = MemoryTokens()
+    stored, put = asyncio.Event(), store.put
+
+    async def slow_put(*args, **kwargs):
+        await stored.wait()
+        return await put(*args, **kwargs)
+
+    store.put = slow_put  # type: ignore[method-assign]
+    now = [0.0]
+    mint = MintToken(store, limit=TokenLimit(store, 3, clock=lambda: now[0]))
+    minting = [asyncio.ensure_future(mint(ADMIN, request())) for _ in range(2)]
+    await asyncio.sleep(0.01)  # both checked, both being stored
+    now[0] += 5  # the view is stale: the next mints read the count again
+    minting += [asyncio.ensure_future(mint(ADMIN, request())) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    stored.set()
+    outcomes = await asyncio.gather(*minting, return_exceptions=True)
+    assert sum(isinstance(o, QuotaExhausted) for o in outcomes) == 2
+    assert await store.tenant_tokens("t") == 3
+
+
 async def test_a_run_scoped_caller_sees_and_revokes_only_tokens_within_its_runs() -> None:
     store = MemoryTokens()
     mint = MintToken(store)

@@ -23,6 +23,7 @@ from application.errors import Forbidden
 from application.group_commit import claimed_bytes
 from application.ports import Done, Failed, Idempotency, Replayed
 from application.tenant_limits import ByteLimit, StreamLimit, TenantRoom, UsageView
+from application.tokens import TokenRequest
 from domain import errors
 from domain.definition import DefinitionRequest, resolve_definition
 from domain.objects import (
@@ -409,7 +410,9 @@ def test_an_intent_pledges_its_size_until_its_commit_takes_it_up_or_it_ends() ->
 
 
 async def test_usage_is_counted_now_and_says_no_limit_as_null() -> None:
-    container = memory_container(Settings(max_streams_per_tenant=0, max_bytes_per_tenant=0))
+    container = memory_container(
+        Settings(max_streams_per_tenant=0, max_bytes_per_tenant=0, max_tokens_per_tenant=5)
+    )
     services = await start(container)
     try:
         await services.create_stream(ALICE, "r", request("s"))
@@ -417,8 +420,14 @@ async def test_usage_is_counted_now_and_says_no_limit_as_null() -> None:
         usage = await services.tenant_usage(ALICE)
         held = await container.streams().tenant_bytes("acme")
         assert held > 140  # its record and row (140), its stream's definition and row
-        assert usage == UsageView(streams=1, max_streams=None, bytes=held, max_bytes=None)
-        assert await services.tenant_usage(BOB) == UsageView(0, None, 0, None)
+        assert usage == UsageView(
+            streams=1, max_streams=None, bytes=held, max_bytes=None, tokens=0, max_tokens=5
+        )
+        await services.mint_token(
+            ALICE, TokenRequest(scopes=["streams:read"], expires_in_seconds=9)
+        )
+        assert (await services.tenant_usage(ALICE)).tokens == 1
+        assert await services.tenant_usage(BOB) == UsageView(0, None, 0, None, 0, 5)
         with pytest.raises(Forbidden):
             await services.tenant_usage(Caller("acme", "w", frozenset({"streams:write"})))
         with pytest.raises(Forbidden):

@@ -36,7 +36,7 @@ class TokensController(Controller):
                 MintedToken,
                 links=(Link("revokeToken", {"token_id": "$response.body#/id"}),),
             ),
-            problems=(*EVERY_ROUTE, *WITH_A_BODY, "forbidden"),
+            problems=(*EVERY_ROUTE, *WITH_A_BODY, "forbidden", "quota-exhausted"),
             request_body=TokenRequest,
         ),
     )

@@ -182,8 +182,11 @@
         "The tenant holds ",
         h("span", { "data-usage": "streams" },
           `${u.streams} streams of ${limit(u.max_streams, String)}`),
-        " and ",
+        ", ",
         h("span", { "data-usage": "bytes" }, `${bytes(u.bytes)} of ${limit(u.max_bytes, bytes)}`),
+        " and ",
+        h("span", { "data-usage": "tokens" },
+          `${u.tokens} tokens of ${limit(u.max_tokens, String)}`),
         ".");
       line.hidden = false;
     } catch {
