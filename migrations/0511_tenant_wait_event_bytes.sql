@@ -1,16 +1,51 @@
 -- The default wait service's events (`workflow_wait_events`, DUCTOR_STREAMS_WAIT_SERVICE=postgres)
--- count in their tenant's bytes (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT): each its payload as stored
--- (jsonb's text: the input record and its key) and 128 for its row (adapters/postgres/
--- tenant_counts.py, `WAIT_EVENT_COUNT`). An event is kept as long as its stream, whatever
--- retention prunes of the records: uncounted, a tenant at its limit could append to an input
--- stream that keeps one record, and the copies would grow without bound. The wait service's
--- insert adds an event's bytes as it lands, and an erasure takes them away.
+-- count in their tenant's bytes (DUCTOR_STREAMS_MAX_BYTES_PER_TENANT): each its payload's size
+-- and 128 for its row. An event is kept until its stream is erased or its engine (or an
+-- operator) removes it, whatever retention prunes of the records: uncounted, a tenant at its
+-- limit could append to an input stream that keeps one record, and the copies would grow
+-- without bound.
 --
--- The events already there are counted here while none lands: an insert waits for this lock
--- until the migration commits, so none is counted twice or missed. A process of an earlier
--- version neither adds nor takes away an event's bytes, until `ductor-streams tenants
--- --recount` counts again.
-LOCK TABLE workflow_wait_events IN SHARE MODE;
+-- Counted by triggers, as the streams are (0505): events leave this table by erasure, and by
+-- whatever the engine or the operator deletes, and a trigger counts every way in and out, a
+-- process of an earlier version's too. A statement-level trigger's transition table copies the
+-- rows it passes, so an event keeps its size in a column of its own (`size`, the payload's text
+-- as the wait service was given it), and the triggers sum that rather than rendering each
+-- payload: an event of an earlier version has none, and counts its payload as stored
+-- (jsonb's text).
+ALTER TABLE workflow_wait_events ADD COLUMN size integer;
+
+CREATE FUNCTION count_wait_events_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO tenant_byte_counts (tenant, backend, bytes)
+    SELECT tenant, pg_backend_pid(), sum(coalesce(size, octet_length(payload::text)) + 128)
+    FROM inserted GROUP BY tenant ORDER BY tenant
+    ON CONFLICT (tenant, backend)
+    DO UPDATE SET bytes = tenant_byte_counts.bytes + excluded.bytes;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION count_wait_events_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO tenant_byte_counts (tenant, backend, bytes)
+    SELECT tenant, pg_backend_pid(), -sum(coalesce(size, octet_length(payload::text)) + 128)
+    FROM deleted GROUP BY tenant ORDER BY tenant
+    ON CONFLICT (tenant, backend)
+    DO UPDATE SET bytes = tenant_byte_counts.bytes + excluded.bytes;
+    RETURN NULL;
+END
+$$;
+
+-- The events already there are counted in the same transaction as the triggers are made
+-- (CREATE TRIGGER locks out every write to the table until it commits), so none is counted
+-- twice or missed.
+CREATE TRIGGER workflow_wait_events_counted_in AFTER INSERT ON workflow_wait_events
+    REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION count_wait_events_inserted();
+CREATE TRIGGER workflow_wait_events_counted_out AFTER DELETE ON workflow_wait_events
+    REFERENCING OLD TABLE AS deleted
+    FOR EACH STATEMENT EXECUTE FUNCTION count_wait_events_deleted();
+
 INSERT INTO tenant_byte_counts (tenant, backend, bytes)
 SELECT tenant, 0, sum(octet_length(payload::text) + 128) FROM workflow_wait_events
 GROUP BY tenant ORDER BY tenant

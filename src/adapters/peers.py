@@ -73,6 +73,7 @@ class _Append(msgspec.Struct, array_like=True, tag=1):
     idempotency: Idempotency | None
     now: datetime
     room: TenantRoom | None = None  # the command's `tenant_room`, decided where it commits
+    copies: int = 0  # the command's `copies`
 
 
 class _Produce(msgspec.Struct, array_like=True, tag=2):
@@ -84,6 +85,7 @@ class _Produce(msgspec.Struct, array_like=True, tag=2):
     close: bool
     content_conflict: str | None
     room: TenantRoom | None = None
+    copies: int = 0
 
 
 class _Request(msgspec.Struct, array_like=True):
@@ -109,7 +111,9 @@ def _wire(command: Command) -> _Append | _Produce:
     if type(command) is AppendCommand:
         records = list(command.records)
         room = getattr(command, "tenant_room", None)
-        return _Append(command.caller, records, command.idempotency, command.now, room)
+        return _Append(
+            command.caller, records, command.idempotency, command.now, room, command.copies
+        )
     if type(command) is ProduceCommand:
         return _Produce(
             command.caller,
@@ -120,6 +124,7 @@ def _wire(command: Command) -> _Append | _Produce:
             command.close,
             command.content_conflict,
             getattr(command, "tenant_room", None),
+            command.copies,
         )
     raise PeerUnavailable(f"a {type(command).__name__} is committed where it is received")
 
@@ -141,6 +146,7 @@ def _command(wire: _Append | _Produce) -> Command:
         )
     if wire.room is not None:
         command.tenant_room = wire.room  # type: ignore[union-attr]
+    command.copies = wire.copies
     return command
 
 

@@ -15,6 +15,7 @@ from application import tracing
 from application.access import Caller, require_writer
 from application.definitions import Definitions
 from application.group_commit import GroupCommit, run_one
+from application.input_delivery import event_bytes
 from application.live_slots import LiveSlots, Slot
 from application.ports import Clock, Done, Failed, Idempotency, Replayed
 from application.throughput import DURABLE_STREAMS
@@ -40,6 +41,9 @@ _T = TypeVar("_T")
 class AppendCommand:
     offset_of = None
     producer = None
+    # What the default wait service's events of its records will hold, when it appends to an
+    # input stream (`AppendRecords.copies_of`): counted in its tenant's bytes with its records.
+    copies = 0
     # Committed by its stream's owner among this host's processes (application/group_commit.py):
     # it crosses to that process whole (adapters/peers.py), and its decision needs nothing of
     # the process that received it.
@@ -104,6 +108,7 @@ class ProduceCommand:
     offset_of = None
     surface = DURABLE_STREAMS  # counted by application/throughput.py
     forwardable = True  # as AppendCommand's
+    copies = 0  # as AppendCommand's
 
     def __init__(
         self,
@@ -179,11 +184,15 @@ class AppendRecords:
         wake: WakeRegistry,
         clock: Clock,
         slots: LiveSlots | None = None,
+        copies_kept: bool = False,
     ) -> None:
         self._definitions = definitions
         self._commits = commits
         self._wake = wake
         self._clock = clock
+        # The wait service keeps a copy of each input record in the database (the default,
+        # `workflow_wait_events`), counted in its tenant's bytes once it lands.
+        self._copies_kept = copies_kept
         # An append that waits for credit (`block`) holds its connection open like a waiting
         # read: it takes one of its principal's live-connection slots while it waits.
         self._slots = slots or LiveSlots(1_000)
@@ -208,11 +217,15 @@ class AppendRecords:
         definition, records, idempotency = await self._prepared(
             caller, key, inputs, idempotency_key
         )
+        copies = self.copies_of(key, definition, records)
         if definition.limits.unread_policy == "block":
             return await self._blocking(
-                caller, key, definition, lambda: self._append(caller, key, records, idempotency)
+                caller,
+                key,
+                definition,
+                lambda: self._append(caller, key, records, idempotency, copies=copies),
             )
-        return await self._append(caller, key, records, idempotency)
+        return await self._append(caller, key, records, idempotency, copies=copies)
 
     def writing(self, caller: Caller, run_id: str, stream_id: str) -> StreamKey:
         """A Durable Streams write's first decision, before anything else is read: the caller
@@ -295,8 +308,10 @@ class AppendRecords:
                     limit=MAX_INLINE_RECORD_BYTES,
                 )
 
+        copies = self.copies_of(key, definition, records)
+
         def command() -> ProduceCommand:
-            return ProduceCommand(
+            made = ProduceCommand(
                 caller,
                 records,
                 self._clock(),
@@ -305,6 +320,8 @@ class AppendRecords:
                 close=close,
                 content_conflict=content_conflict,
             )
+            made.copies = copies
+            return made
 
         if records and definition.limits.unread_policy == "block":
             return await self._blocking(
@@ -325,8 +342,11 @@ class AppendRecords:
         `__call__` checks a caller's, never held back by the unread ceiling (so never waits)."""
         key = caller.key(run_id, stream_id)
         checked = check_idempotency_key(idempotency_key)
-        _, records, idempotency = await self._prepared(caller, key, inputs, checked)
-        return await self._append(caller, key, records, idempotency, NotificationCommand)
+        definition, records, idempotency = await self._prepared(caller, key, inputs, checked)
+        copies = self.copies_of(key, definition, records)
+        return await self._append(
+            caller, key, records, idempotency, NotificationCommand, copies=copies
+        )
 
     async def _prepared(
         self, caller: Caller, key: StreamKey, inputs: list[RecordInput], idempotency_key: str | None
@@ -362,8 +382,11 @@ class AppendRecords:
         records: list[NewRecord],
         idempotency: Idempotency | None,
         kind: type[AppendCommand] = AppendCommand,
+        *,
+        copies: int = 0,
     ) -> tuple[AppendAnswer, bool]:
         command = kind(caller, records, idempotency, self._clock())
+        command.copies = copies
         match await self._commits.submit(key, command):
             case Done(answer=answer):
                 return answer, False
@@ -372,6 +395,18 @@ class AppendRecords:
             case Failed(error=error):
                 raise error
         raise AssertionError("unreachable")
+
+    def copies_of(
+        self, key: StreamKey, definition: StreamDefinition, records: Sequence[NewRecord]
+    ) -> int:
+        """What the wait service's events of these records will count in the tenant's bytes,
+        at most (`input_delivery.event_bytes`), when it keeps them and the stream is an input:
+        charged with the records, since the events land after the decision (charged only as
+        they landed, a tenant's records with long IDs and content types and small payloads
+        made events 12 times their count, past its limit)."""
+        if not self._copies_kept or definition.direction != "input":
+            return 0
+        return sum(event_bytes(key, record) for record in records)
 
     async def _blocking(
         self,

@@ -149,7 +149,7 @@ def decide_all(
         room: TenantRoom | None = getattr(command, "tenant_room", None)
         adding = 0
         if room is not None:
-            adding = stored_bytes(stream, events, command.records)
+            adding = stored_bytes(stream, events, command.records, getattr(command, "copies", 0))
             if idem is not None:  # its receipt, kept a day
                 adding += receipt_bytes(idem.key)
         if room is not None and adding > 0 and room.held + adding > room.limit:
@@ -183,16 +183,19 @@ def decide_all(
     return outcomes, changes
 
 
-def stored_bytes(stream: Stream, events: Sequence[Event], records: Sequence[NewRecord]) -> int:
+def stored_bytes(
+    stream: Stream, events: Sequence[Event], records: Sequence[NewRecord], copies: int = 0
+) -> int:
     """What these events of a command appending `records`, not yet applied to `stream`, add to
-    its tenant's bytes (`held_bytes`): its records, and what open object intents pledge, less
-    the pledges they end (a commit ends its intent's pledge as its record takes it up: the two
-    together add nothing)."""
+    its tenant's bytes (`held_bytes`): its records (and `copies`, their wait events', once they
+    are appended: a producer's duplicate appends nothing), and what open object intents pledge,
+    less the pledges they end (a commit ends its intent's pledge as its record takes it up: the
+    two together add nothing)."""
     size = 0
     for event in events:
         match event:
             case RecordsAppended():
-                size += sum(held_bytes(r) for r in records)
+                size += sum(held_bytes(r) for r in records) + copies
             case ObjectPrepared(intent=intent):
                 size += pledged_bytes(intent)
             case (

@@ -85,10 +85,12 @@ MAX_ASIDE = 2
 
 
 def claimed_bytes(command: Command) -> int:
-    """The most a command may add to its tenant's bytes: its records', its receipt's (an
-    idempotent append's), and what an object's intent pledges (`pledge`: a commit's is its
-    record's size taken back, so it claims none)."""
+    """The most a command may add to its tenant's bytes: its records', their wait events'
+    (`copies`: an input stream's, with the default wait service), its receipt's (an idempotent
+    append's), and what an object's intent pledges (`pledge`: a commit's is its record's size
+    taken back, so it claims none)."""
     claimed = sum(held_bytes(r) for r in command.records) + getattr(command, "pledge", 0)
+    claimed += getattr(command, "copies", 0)
     if (idem := command.idempotency) is not None:
         claimed += receipt_bytes(idem.key)
     return claimed

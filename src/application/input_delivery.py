@@ -22,6 +22,7 @@ from application.ports import RecordReader, StreamRepository
 from application.views import InputDeliveryStatus, record_view
 from application.workers import Job, claim_renewed, ensure_claimed, retry_delay
 from domain.errors import InvalidInput
+from domain.records import ROW_BYTES, NewRecord, RecordKind
 from domain.stream import StreamKey
 
 log = logging.getLogger("ductor_streams.dispatcher")
@@ -92,6 +93,24 @@ class WaitEvent(msgspec.Struct, frozen=True):
 
 
 _encode = msgspec.json.Encoder().encode
+
+# What a `WaitEvent`'s JSON holds besides its IDs, content type and record's data, at most: its
+# keys, quotes and punctuation (about 190 bytes), its three numbers (the sequence twice, the
+# size) at 19 digits each, and the record's time (32).
+EVENT_FRAME_BYTES = 300
+
+
+def event_bytes(key: StreamKey, record: NewRecord) -> int:
+    """At most what the default wait service's event of `record` counts in its tenant's bytes
+    (its JSON, as `Dispatch` encodes it, and its row): each ID twice (in its fields and in the
+    event's id), the content type twice, and the record's data (an inline binary record's as
+    base64)."""
+    data = len(record.payload)
+    if record.kind == RecordKind.BINARY:
+        data = 4 * ((data + 2) // 3) + 2  # base64, in quotes
+    names = len(key.tenant.encode()) + len(key.run_id.encode()) + len(key.stream_id.encode())
+    content_type = len(_encode(record.content_type))  # as JSON: quoted, escaped
+    return EVENT_FRAME_BYTES + 2 * (names + content_type) + data + ROW_BYTES
 
 
 class Dispatch:

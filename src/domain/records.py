@@ -54,7 +54,7 @@ class _Stored(Protocol):
 
 
 # What an idempotent append's receipt counts in its tenant's bytes beyond its key, for the day it
-# is kept: its row (`ROW_BYTES`), its fingerprint (a SHA-256) and its answer (an append's: six
+# is kept: its row (`ROW_BYTES`), its fingerprint (a SHA-256) and its answer (an append's: seven
 # numbers, at most about 250 bytes). Counted at nothing, a tenant at its limit could append to a
 # stream that keeps nothing (or append empty records and prune them) under a new key each time,
 # and hold its append rate times a day of receipts.

@@ -384,8 +384,11 @@ class Container(containers.DeclarativeContainer):
         CreateStream, streams, clock, deployment, access_log, throughput, stream_limit, byte_limit
     )
     list_streams = providers.Singleton(ListStreams, streams, deployment, access_log, stream_access)
+    # The default wait service keeps each input record's event in the database, counted in
+    # its tenant's bytes (the memory adapters' apart from their streams: not counted).
+    copies_kept = providers.Callable(lambda settings: settings.wait_service == "postgres", settings)
     append_records = providers.Singleton(
-        AppendRecords, definitions, commits, wake, clock, live_slots
+        AppendRecords, definitions, commits, wake, clock, live_slots, copies_kept
     )
     read_records = providers.Singleton(
         ReadRecords, definitions, streams, wake, token_cache, live_slots, tails
@@ -400,7 +403,9 @@ class Container(containers.DeclarativeContainer):
     delete_stream = providers.Singleton(DeleteStream, definitions, commits, clock)
     delete_run = providers.Singleton(DeleteRun, streams, definitions, clock, byte_limit)
     list_runs = providers.Singleton(ListRuns, streams, access_log)
-    tenant_usage = providers.Singleton(TenantUsage, streams, stream_limit, byte_limit)
+    tenant_usage = providers.Singleton(
+        TenantUsage, streams, stream_limit, byte_limit, tokens, token_limit
+    )
     object_stores = providers.Resource(open_object_stores, settings)
     objects = providers.Singleton(
         Objects,
@@ -600,6 +605,7 @@ def memory_container(settings: Settings | None = None) -> Container:
     container.wake_bus.override(providers.Object(None))
     container.input_deliveries.override(providers.Object(MemoryInputDeliveries(streams)))
     container.wait_service.override(providers.Object(MemoryWaitService()))
+    container.copies_kept.override(providers.Object(False))
     container.object_stores.override(
         providers.Object(
             ObjectStores({r: MemoryObjectStore() for r in container.settings().object_regions})

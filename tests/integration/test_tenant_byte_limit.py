@@ -28,6 +28,8 @@ from adapters.postgres.tenant_counts import (
     tenant_bytes,
 )
 from application.delete_stream import DeleteCommand
+from application.input_delivery import event_bytes
+from domain.records import NewRecord, RecordKind, held_bytes
 from domain.stream import StreamKey
 from ductor_streams_client import StreamsClient, Usage
 from tests.conftest import SERVER_ENV, Tokens
@@ -90,7 +92,8 @@ async def counted(pool: asyncpg.Pool, tenant: str) -> tuple[int, int]:
         " WHERE tenant = $1 AND state IN ('prepared', 'uploaded')"
         " UNION ALL SELECT octet_length(idempotency_key) + 416 FROM append_receipts"
         " WHERE tenant = $1"
-        " UNION ALL SELECT octet_length(payload::text) + 128 FROM workflow_wait_events"
+        " UNION ALL SELECT coalesce(size, octet_length(payload::text)) + 128"
+        " FROM workflow_wait_events"
         " WHERE tenant = $1"
         " UNION ALL SELECT octet_length(definition) + 128 FROM streams WHERE tenant = $1) AS held",
         tenant,
@@ -441,31 +444,57 @@ async def test_receipts_count_while_they_are_kept_and_their_bytes_come_back_when
                 await asyncio.sleep(0.2)
 
 
-async def test_an_input_streams_wait_events_count_until_it_is_erased(
+async def test_an_input_streams_wait_events_count_while_they_are_kept(
     limited: ServerProcess, pruner: WorkerProcess, tokens: Tokens, pool: asyncpg.Pool
 ) -> None:
-    """The default wait service keeps a copy of each input record (`workflow_wait_events`) as
-    long as its stream, whatever retention prunes: counted at nothing, an input stream that
-    keeps one record let a tenant at its limit append, and the copies grow, without bound."""
+    """The default wait service keeps a copy of each input record (`workflow_wait_events`)
+    until its stream is erased or its engine removes it, whatever retention prunes: counted at
+    nothing, an input stream that keeps one record let a tenant at its limit append, and the
+    copies grow, without bound. An append is charged what its events will hold as it is
+    decided (they land later), and the events count once they land (migration 0511's
+    triggers)."""
     tenant = "t-" + secrets.token_hex(5)
     async with await tokens.client(limited, tenant) as api:
         path = await create(api, "run", "in", direction="input", retention={"max_records": 1})
-        assert (await append(api, path, ["x" * 298] * 20)).status_code == 201
+        base = await held_now(api)
+        assert (await append(api, path, ["x" * 298] * 10)).status_code == 201
+        record = NewRecord(RecordKind.JSON, "application/json", b'"' + b"x" * 298 + b'"', 300)
+        charged = 10 * (held_bytes(record) + event_bytes(StreamKey(tenant, "run", "in"), record))
         async with asyncio.timeout(20):  # delivered, then pruned to its last record
-            while (await api.get(path)).json()["state"]["earliest"] != 20:
+            while (await api.get(path)).json()["state"]["earliest"] != 10:
                 await asyncio.sleep(0.1)
         events = await pool.fetchval(
             "SELECT count(*) FROM workflow_wait_events WHERE tenant = $1", tenant
         )
         held, actual = await counted(pool, tenant)
-        assert events == 20 and held == actual > 20 * (300 + 128) + 428
-        # Its records alone (one kept) would let 20 more in; with their copies, they are not
-        # (once the server's view of the count, at most a second old, has seen them land).
-        await asyncio.sleep(1.2)
-        await problem_of(await append(api, path, ["x" * 298] * 20))
+        assert events == 10 and held == actual > base + 10 * (300 + 128) + 428
+        # The charge was the most its records and events hold, with up to 200 bytes an event
+        # to spare (its numbers counted at 19 digits; one record kept, nine pruned).
+        landed = held - base + 9 * held_bytes(record)
+        assert charged - 10 * 200 < landed <= charged
+        # Its records alone (one kept) would let 10 more in; with their copies, they are not.
+        await problem_of(await append(api, path, ["x" * 298] * 10))
+        # What the engine (or an operator) removes of them gives their bytes back.
+        removed = await pool.fetchval(
+            "WITH gone AS (DELETE FROM workflow_wait_events WHERE tenant = $1 AND sequence <= 5"
+            " RETURNING size) SELECT sum(size + 128) FROM gone",
+            tenant,
+        )
+        assert await counted(pool, tenant) == (held - removed, actual - removed)
         # An erasure takes them away with the rest.
         assert (await api.delete(path)).status_code == 204
         assert await counted(pool, tenant) == (0, 0)
+
+        # Small records of an input stream with long IDs and content type make events many
+        # times their size: the append is refused as it is decided, though its records alone
+        # would fit (charged only as the events landed, a tenant's stored 12 times its limit).
+        long_path = await create(api, "r" * 128, "i" * 128, direction="input")
+        small = await api.post(
+            f"{long_path}/records",
+            json={"records": [{"data_base64": "", "content_type": "x/" + "y" * 200}] * 20},
+        )
+        await problem_of(small)
+        assert await counted(pool, tenant) == (await held_now(api),) * 2
 
 
 async def test_appends_at_once_in_one_process_count_against_each_other(
@@ -700,6 +729,18 @@ async def test_migration_0511_counts_the_wait_events_already_there(
             expected_a = 1000 + len('{"x": 1}') + len('{"y": "é"}'.encode()) + 2 * 128
             assert await tenant_bytes(conn, "a") == expected_a
             assert await tenant_bytes(conn, "b") == 2 + 128
+            # From here its triggers count every way in and out: an event with its size (as
+            # the wait service lands it now), one without (an earlier version's), deletions.
+            await conn.execute(
+                "INSERT INTO workflow_wait_events (event_id, tenant, run_id, stream_id,"
+                " sequence, payload, size) VALUES ('e4', 'b', 'r', 's', 2, '[1,  2]', 7)"
+            )
+            await conn.execute(event, "e5", "b", "[3]")
+            assert await tenant_bytes(conn, "b") == 2 + 7 + 3 + 3 * 128
+            await conn.execute("DELETE FROM workflow_wait_events WHERE tenant = 'b'")
+            await conn.execute("DELETE FROM workflow_wait_events WHERE event_id = 'e1'")
+            assert await tenant_bytes(conn, "b") == 0
+            assert await tenant_bytes(conn, "a") == expected_a - len('{"x": 1}') - 128
         finally:
             await conn.close()
 
@@ -722,12 +763,19 @@ async def test_usage_shows_what_the_tenant_holds_against_its_limits(
             "max_streams": 1_000_000,
             "bytes": held,
             "max_bytes": LIMIT,
+            "tokens": 1,  # the client's own
+            "max_tokens": 1_000_000,
         }
         # The typed client reads it too.
         token = api.headers["Authorization"].removeprefix("Bearer ")
         async with StreamsClient(limited.base_url, token) as client:
             assert await client.usage() == Usage(
-                streams=1, max_streams=1_000_000, bytes=held, max_bytes=LIMIT
+                streams=1,
+                max_streams=1_000_000,
+                bytes=held,
+                max_bytes=LIMIT,
+                tokens=1,
+                max_tokens=1_000_000,
             )
         # Tenant-wide: not for a token restricted to runs, nor one without streams:admin.
         minted = await api.post(
@@ -748,6 +796,8 @@ async def test_usage_shows_what_the_tenant_holds_against_its_limits(
             "max_streams": 1_000_000,
             "bytes": 0,
             "max_bytes": 1 << 40,
+            "tokens": 1,
+            "max_tokens": 1_000_000,
         }
 
 
@@ -810,7 +860,7 @@ async def test_a_recount_counts_every_tenant_again_from_its_rows(own_database: s
     finally:
         await conn.close()
     before = await asyncio.to_thread(tenants_cli, own_database)
-    assert before.stdout == "gone\t0\t55\n"
+    assert before.stdout == "gone\t0\t55\nold\t0\t131\n"  # (its wait event's trigger)
     done = await asyncio.to_thread(tenants_cli, own_database, "--recount")
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"old\t0\t{7 * (100 + 128) + 3 + 416 + 3 + 128}\n"

@@ -119,7 +119,7 @@ async def test_an_append_and_a_durable_streams_write_come_back_with_their_answer
     assert getattr(got_append, "tenant_room", None) is None
 
 
-async def test_a_forwarded_write_carries_its_tenant_room_to_its_decision(
+async def test_a_forwarded_write_carries_its_tenant_room_and_charge_to_its_decision(
     tmp_path: Path, started: list[UnixPeers]
 ) -> None:
     """The owner decides the tenant's limit with the room the receiving process saw: a write
@@ -138,10 +138,13 @@ async def test_a_forwarded_write_carries_its_tenant_room_to_its_decision(
     room = TenantRoom(held=90, limit=100)
     sent = append([record(b'"x"')])
     sent.tenant_room = room  # type: ignore[attr-defined]
+    sent.copies = 700  # an input stream's: its wait events' charge
     produce = ProduceCommand(WRITER, [record()], NOW)
     produce.tenant_room = room  # type: ignore[attr-defined]
+    produce.copies = 800
     outcomes = [await a.submit("b", key, command, 2.0) for command in (sent, produce)]
     assert [getattr(c, "tenant_room", None) for c in seen] == [room, room]
+    assert [c.copies for c in seen] == [700, 800]
     # What it stored comes back, for the receiving process to count.
     assert [o.stored for o in outcomes if isinstance(o, Done)] == [131, 131]
 

@@ -13,12 +13,7 @@ from collections.abc import Sequence
 
 from adapters.postgres.connections import Connection
 from adapters.postgres.intents import OPEN, TAKE_OVER
-from adapters.postgres.tenant_counts import (
-    COUNT_BYTES,
-    RECEIPT_COUNT,
-    RECORD_BYTES,
-    WAIT_EVENT_COUNT,
-)
+from adapters.postgres.tenant_counts import COUNT_BYTES, RECEIPT_COUNT, RECORD_BYTES
 from application.deletions import ERASED_STREAM
 from domain.stream import StreamKey
 
@@ -53,13 +48,11 @@ _RETURNING = {
     "stream_records": f" RETURNING tenant, {RECORD_BYTES} AS size",
     "object_intents": " RETURNING tenant, coalesce(pledge, 0) AS size, state",
     "append_receipts": f" RETURNING tenant, {RECEIPT_COUNT} AS size",
-    "workflow_wait_events": f" RETURNING tenant, {WAIT_EVENT_COUNT} AS size",
 }
 _COUNTED = {
     "stream_records": "",
     "object_intents": f" WHERE state IN {OPEN}",
     "append_receipts": "",
-    "workflow_wait_events": "",
 }
 # Streams of any tenants and runs: their keys as three arrays, one element a stream.
 _OF_KEYS = (
@@ -74,10 +67,10 @@ def erase_statement(tables: Sequence[str] = ERASED_TABLES, of_them: str = _OF_TH
         f"erased_{table} AS (DELETE FROM {table} WHERE {of_them}{_RETURNING.get(table, '')})"
         for table in tables
     )
-    # The records', receipts' and wait events' bytes and the open intents' pledges, taken from
-    # their tenants' counts (tenant_counts.py) in one part of the statement: two parts that
-    # changed the same count row would leave one of the changes. (The streams' own bytes are
-    # their trigger's, a statement of its own once this one is done.)
+    # The records' and receipts' bytes and the open intents' pledges, taken from their
+    # tenants' counts (tenant_counts.py) in one part of the statement: two parts that changed
+    # the same count row would leave one of the changes. (The streams' and the wait events'
+    # own bytes are their triggers', statements of their own once this one is done.)
     counted = [
         f"SELECT tenant, size FROM erased_{table}{_COUNTED[table]}"
         for table in tables

@@ -2,8 +2,8 @@
 its bytes (migration 0509: what its records count and its open object intents pledge, counted by
 the statements that write and delete records and that open and end intents; migration 0510: its
 append receipts, counted by the statements that write and forget them; migration 0511: the
-default wait service's copies of its input records, counted as they land and are erased) and
-its tokens (migration 0512, counted by triggers).
+default wait service's copies of its input records, counted by triggers) and its tokens
+(migration 0512, counted by triggers).
 
 Every statement that inserts or deletes streams or records adds its change to the row of its own
 backend (`pg_backend_pid()`) in `tenant_stream_counts` or `tenant_byte_counts`, in its own
@@ -39,8 +39,9 @@ RECORD_BYTES = (
 RECEIPT_COUNT = f"octet_length(idempotency_key) + {RECEIPT_BYTES}"
 
 # What a row of `workflow_wait_events` counts (the default wait service's copy of an input
-# stream's record, kept until its stream is erased): its event as stored and its row.
-WAIT_EVENT_COUNT = f"octet_length(payload::text) + {ROW_BYTES}"
+# stream's record, kept until it is deleted), as migration 0511's triggers count it: its size
+# (its payload as given, or as stored for an event of an earlier version) and its row.
+WAIT_EVENT_COUNT = f"coalesce(size, octet_length(payload::text)) + {ROW_BYTES}"
 
 # What a row of `streams` counts, as `domain.stream.definition_bytes` counts the stream: its
 # definition and its row (added and taken away by migration 0509's triggers on `streams`).

@@ -7,7 +7,6 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from adapters.postgres.tenant_counts import COUNT_BYTES, WAIT_EVENT_COUNT
 from application.input_delivery import PublishFailed
 
 
@@ -26,23 +25,18 @@ _decode = msgspec.json.Decoder(_Fields).decode
 # The event lands only while its stream's incarnation is there and not deleted: the stream's row
 # is held (FOR KEY SHARE, which no commit's lock waits for) until this commits, so an erasure,
 # which takes FOR UPDATE first, either ends before (and this inserts nothing) or erases the
-# event with the rest. What it lands counts in its tenant's bytes until then (an event is kept
-# as long as its stream, whatever retention prunes of the records), and an erasure takes it
-# away (adapters/postgres/erasure.py).
-_INSERT = f"""
-WITH landed AS (
-    INSERT INTO workflow_wait_events (event_id, tenant, run_id, stream_id, sequence, payload)
-    SELECT $1, $2, $3, $4, $5, $6::text::jsonb
-    WHERE $7::timestamptz IS NULL OR EXISTS (
-        SELECT 1 FROM streams
-        WHERE tenant = $2 AND run_id = $3 AND stream_id = $4 AND created_at = $7
-          AND NOT soft_deleted
-        FOR KEY SHARE
-    )
-    ON CONFLICT (event_id) DO NOTHING
-    RETURNING tenant, {WAIT_EVENT_COUNT} AS size
+# event with the rest. It counts in its tenant's bytes until it is deleted (migration 0511's
+# triggers: its `size`, the payload as given, and its row).
+_INSERT = """
+INSERT INTO workflow_wait_events (event_id, tenant, run_id, stream_id, sequence, payload, size)
+SELECT $1, $2, $3, $4, $5, $6::text::jsonb, octet_length($6::text)
+WHERE $7::timestamptz IS NULL OR EXISTS (
+    SELECT 1 FROM streams
+    WHERE tenant = $2 AND run_id = $3 AND stream_id = $4 AND created_at = $7
+      AND NOT soft_deleted
+    FOR KEY SHARE
 )
-{COUNT_BYTES.format(sign="", records="SELECT tenant, size FROM landed")}
+ON CONFLICT (event_id) DO NOTHING
 """
 
 
