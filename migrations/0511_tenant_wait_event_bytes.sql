@@ -14,6 +14,16 @@
 -- (jsonb's text).
 ALTER TABLE workflow_wait_events ADD COLUMN size integer;
 
+-- The events land after their records' decision: an append to an input stream is charged, as it
+-- is decided, the most each of its records' events will hold (`application/input_delivery.py`,
+-- `event_bytes`), pledged on its delivery row until the record is delivered (its event then
+-- counts itself; the delivered row keeps the figure, counted no more) or the row goes with its
+-- stream. The write statement adds the pledges,
+-- delivery and deletion take them away (adapters/postgres/stream_writes.py, deliveries.py,
+-- erasure.py). Kept in the rows, not in a process: charged for a second only, a tenant whose
+-- events waited for a dispatcher stored 9.7 times its limit.
+ALTER TABLE input_deliveries ADD COLUMN pledge integer;
+
 CREATE FUNCTION count_wait_events_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO tenant_byte_counts (tenant, backend, bytes)

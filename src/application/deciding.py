@@ -60,6 +60,9 @@ class AppendedRecords(msgspec.Struct, frozen=True):
     first_offset: int
     at: datetime
     records: Sequence[NewRecord]
+    # Its records' wait events are charged to its tenant (`copies`: an input stream's, with
+    # the default wait service): each delivery row pledges its event's bytes until it lands.
+    charged: bool = False
 
     def numbered(self) -> Iterator[tuple[int, int, NewRecord]]:
         """(sequence, end offset, record) of each record."""
@@ -159,7 +162,11 @@ def decide_all(
             stream.apply(event)
             if isinstance(event, RecordsAppended):
                 appended = AppendedRecords(
-                    event.first_sequence, event.first_offset, event.at, command.records
+                    event.first_sequence,
+                    event.first_offset,
+                    event.at,
+                    command.records,
+                    getattr(command, "copies", 0) > 0,
                 )
                 changes.appended.append(appended)
                 if wanted and any(event.first_sequence <= s <= event.last_sequence for s in wanted):

@@ -24,6 +24,7 @@ from application.append_records import blocking
 from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
 from application.group_commit import GroupCommit, run_one
+from application.input_delivery import event_bytes
 from application.placement import Misdirected
 from application.ports import (
     Clock,
@@ -157,6 +158,7 @@ class CommitAnswer(msgspec.Struct, frozen=True):
 class _ObjectCommand:
     idempotency: Idempotency | None = None
     records: tuple[NewRecord, ...] = ()
+    copies = 0  # its record's wait event's bytes, charged (`AppendCommand.copies`)
     offset_of = None
     producer = None
 
@@ -272,7 +274,11 @@ class Objects:
         max_open_objects: int | None = None,
         wake: WakeRegistry | None = None,
         upload_grace_seconds: float = UPLOAD_GRACE_SECONDS,
+        copies_kept: bool = False,
     ) -> None:
+        # The wait service keeps each input record's event in the database: a commit to an
+        # input stream is charged its event's bytes, as an append is (`AppendRecords`).
+        self._copies_kept = copies_kept
         # How long past an intent's deadline its armed upload deletion waits: a store may still
         # finish a put its client stopped sending at the deadline.
         self._grace = timedelta(seconds=upload_grace_seconds)
@@ -500,6 +506,8 @@ class Objects:
             # Timed when tried: a commit that waited for credit is appended (and its deadline
             # judged) as of then, not as of the wait's start.
             command = CommitCommand(intent, evidence.size, evidence.sha256.hex(), self._clock())
+            if self._copies_kept and definition.direction == "input":
+                command.copies = event_bytes(key, command.records[0])
             return await run_one(self._commits, key, command)
 
         try:

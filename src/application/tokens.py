@@ -303,6 +303,9 @@ class MintToken:
         try:
             expires_at = await self._tokens.put(digest, minted, seconds)
             stored = True
+        except asyncio.CancelledError:
+            stored = True  # not known: counted until the next read, rather than missed
+            raise
         finally:
             if limit is not None:
                 limit.made(caller.tenant, stored)

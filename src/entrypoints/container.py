@@ -416,6 +416,7 @@ class Container(containers.DeclarativeContainer):
         clock,
         max_open_objects=settings.provided.max_open_objects_per_stream,
         wake=wake,
+        copies_kept=copies_kept,
     )
     list_objects = providers.Singleton(ListOpenObjects, definitions, streams, streams)
     delete_bodies = providers.Singleton(

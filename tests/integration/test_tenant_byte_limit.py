@@ -83,7 +83,8 @@ async def counted(pool: asyncpg.Pool, tenant: str) -> tuple[int, int]:
     """The tenant's bytes as the write statements count them, and as its records, open
     object intents, receipts and wait events hold them: each record its size, its row (128
     bytes) and an object's reference; each open intent its pledge; each receipt its key and 416
-    bytes; each wait event its payload and its row; each stream its definition and its row."""
+    bytes; each wait event its payload and its row, and each undelivered input record what its
+    event pledged; each stream its definition and its row."""
     actual = await pool.fetchval(
         "SELECT coalesce(sum(size), 0) FROM ("
         " SELECT size + 128 + CASE WHEN kind = 2 THEN octet_length(payload) ELSE 0 END AS size"
@@ -95,6 +96,8 @@ async def counted(pool: asyncpg.Pool, tenant: str) -> tuple[int, int]:
         " UNION ALL SELECT coalesce(size, octet_length(payload::text)) + 128"
         " FROM workflow_wait_events"
         " WHERE tenant = $1"
+        " UNION ALL SELECT pledge FROM input_deliveries"
+        " WHERE tenant = $1 AND pledge IS NOT NULL AND delivered_at IS NULL"
         " UNION ALL SELECT octet_length(definition) + 128 FROM streams WHERE tenant = $1) AS held",
         tenant,
     )
@@ -483,6 +486,73 @@ async def test_an_input_streams_wait_events_count_while_they_are_kept(
         )
         await problem_of(small)
         assert await counted(pool, tenant) == (await held_now(api),) * 2
+
+
+async def test_input_records_pledge_their_events_until_they_are_delivered(
+    own_database: str, tmp_path: Path, tokens: Tokens
+) -> None:
+    """No dispatcher runs: the events wait, and what they will hold is pledged on their
+    delivery rows as the records are appended, so it stays counted past the server's
+    second-old view of the count (charged in the process alone, a tenant whose events waited
+    stored 9.7 times its limit). Delivered, each event counts itself and its pledge goes."""
+    server = ServerProcess(
+        database_url=own_database,
+        data_dir=tmp_path / "server",
+        env={**SERVER_ENV, "DUCTOR_STREAMS_MAX_BYTES_PER_TENANT": str(LIMIT)},
+    ).start()
+    pool = await asyncpg.create_pool(own_database, min_size=1, max_size=2)
+    tenant = "t-" + secrets.token_hex(5)
+    try:
+        async with await Tokens(pool).client(server, tenant) as api:
+            path = await create(api, "r" * 128, "i" * 128, direction="input")
+            # An object committed to it pledges its event too, as an append does.
+            prepared = await api.post(f"{path}/objects", json=intent_of(b"o", "o"))
+            assert prepared.status_code == 201, prepared.text
+            object_path = f"{path}/objects/{prepared.json()['object_id']}"
+            assert (await api.put(f"{object_path}/body", content=b"o")).status_code == 200
+            assert (await api.post(f"{object_path}/commit")).status_code == 201
+            assert await pool.fetchval(
+                "SELECT pledge FROM input_deliveries WHERE tenant = $1 AND sequence = 1", tenant
+            ) > 2 * (128 + 128 + 12)
+            one = [{"data_base64": "", "content_type": "x/" + "y" * 200}]
+            stored = 1
+            for _ in range(100):
+                await asyncio.sleep(1.1)  # the server's view of the count read again each time
+                answer = await api.post(f"{path}/records", json={"records": one})
+                if answer.status_code == 409:
+                    break
+                assert answer.status_code == 201, answer.text
+                stored += 1
+            await problem_of(answer)
+            pending = await pool.fetchval(
+                "SELECT count(*) FROM input_deliveries WHERE tenant = $1 AND pledge > 0", tenant
+            )
+            held, actual = await counted(pool, tenant)
+            assert pending == stored and held == actual <= LIMIT
+            worker = WorkerProcess(
+                database_url=own_database,
+                data_dir=tmp_path / "worker",
+                env={"DUCTOR_STREAMS_WORKER_POLL_SECONDS": "0.1"},
+            ).start()
+            try:
+                async with asyncio.timeout(20):
+                    while (await api.get(path)).json()["state"]["input_delivery"]["pending"]:
+                        await asyncio.sleep(0.1)
+            finally:
+                worker.stop()
+            landed, actual = await counted(pool, tenant)
+            assert landed == actual <= held  # each event no more than it pledged
+            assert (
+                await pool.fetchval(
+                    "SELECT count(*) FROM workflow_wait_events WHERE tenant = $1", tenant
+                )
+                == stored
+            )
+            assert (await api.delete(path)).status_code == 204
+            assert await counted(pool, tenant) == (0, 0)
+    finally:
+        await pool.close()
+        server.stop()
 
 
 async def test_appends_at_once_in_one_process_count_against_each_other(

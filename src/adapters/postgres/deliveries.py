@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncpg
 
+from adapters.postgres.tenant_counts import COUNT_BYTES
 from application.views import InputDeliveryStatus
 from application.workers import Job
 from domain.stream import StreamKey
@@ -110,13 +111,20 @@ UNION ALL
 (SELECT tenant, run_id, stream_id, NULL, place, wrapped FROM heads ORDER BY place DESC LIMIT 1)
 """
 
-# Marks the claimed record delivered, for the statement after it to go on from `delivered`.
+_PLEDGES_DELIVERED = "SELECT tenant, pledge AS size FROM delivered WHERE pledge IS NOT NULL"
+
+# Marks the claimed record delivered, for the statement after it to go on from `delivered`; what
+# its event pledged to its tenant's bytes is given back (its event, landed, counts itself). The
+# pledge stays on the row, which is delivered now (and no longer claimed: this matches it once):
+# what takes undelivered rows' pledges back passes over it.
 _DELIVERED = f"""
 WITH delivered AS (
     UPDATE input_deliveries
     SET delivered_at = now(), claimed_by = NULL, lease_until = NULL, last_error = NULL
     WHERE {_KEY}
-    RETURNING sequence
+    RETURNING tenant, sequence, pledge
+), unpledged AS (
+    {COUNT_BYTES.format(sign="-", records=_PLEDGES_DELIVERED)}
 )
 """
 

@@ -48,11 +48,13 @@ _RETURNING = {
     "stream_records": f" RETURNING tenant, {RECORD_BYTES} AS size",
     "object_intents": " RETURNING tenant, coalesce(pledge, 0) AS size, state",
     "append_receipts": f" RETURNING tenant, {RECEIPT_COUNT} AS size",
+    "input_deliveries": " RETURNING tenant, coalesce(pledge, 0) AS size, delivered_at",
 }
 _COUNTED = {
     "stream_records": "",
     "object_intents": f" WHERE state IN {OPEN}",
     "append_receipts": "",
+    "input_deliveries": " WHERE size <> 0 AND delivered_at IS NULL",
 }
 # Streams of any tenants and runs: their keys as three arrays, one element a stream.
 _OF_KEYS = (
@@ -67,7 +69,8 @@ def erase_statement(tables: Sequence[str] = ERASED_TABLES, of_them: str = _OF_TH
         f"erased_{table} AS (DELETE FROM {table} WHERE {of_them}{_RETURNING.get(table, '')})"
         for table in tables
     )
-    # The records' and receipts' bytes and the open intents' pledges, taken from their
+    # The records' and receipts' bytes and the open intents' and undelivered input records'
+    # pledges, taken from their
     # tenants' counts (tenant_counts.py) in one part of the statement: two parts that changed
     # the same count row would leave one of the changes. (The streams' and the wait events'
     # own bytes are their triggers', statements of their own once this one is done.)

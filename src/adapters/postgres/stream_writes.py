@@ -30,6 +30,7 @@ from adapters.postgres.tenant_counts import COUNT_BYTES, RECEIPT_COUNT, RECORD_B
 from adapters.postgres.traces import TRACES_CHANNEL, trace_announcement
 from application import tracing
 from application.deciding import Changes
+from application.input_delivery import event_bytes
 from application.waiting import commit_refused, committing
 from domain.events import (
     ConsumerAcknowledged,
@@ -133,12 +134,14 @@ class ConsumerGone(msgspec.Struct, frozen=True):
 
 
 class DeliveryRow(msgspec.Struct, frozen=True):
-    """An input stream's record's delivery row (`input_deliveries`)."""
+    """An input stream's record's delivery row (`input_deliveries`), with what its wait event
+    will count (`pledge`: 0 when its append was not charged for it)."""
 
     tenant: str
     run_id: str
     stream_id: str
     sequence: int
+    pledge: int
 
 
 _encode = msgspec.json.Encoder().encode
@@ -200,11 +203,17 @@ class StreamWrites:
                     )
                 )
         if stream.definition.direction == "input":
-            self.deliveries += [
-                DeliveryRow(tenant, run_id, stream_id, sequence)
-                for appended in changes.appended
-                for sequence in appended.sequences
-            ]
+            for appended in changes.appended:
+                self.deliveries += [
+                    DeliveryRow(
+                        tenant,
+                        run_id,
+                        stream_id,
+                        sequence,
+                        event_bytes(stream.key, record) if appended.charged else 0,
+                    )
+                    for sequence, record in zip(appended.sequences, appended.records, strict=True)
+                ]
         self.streams.append(
             StreamRow(
                 tenant,
@@ -255,14 +264,17 @@ _CONSUMERS = _rows(
     "updated_at timestamptz, holds_credit boolean",
 )
 _GONE = _rows("gone", f"{_KEY_COLUMNS}, consumer_id text")
-_DELIVERIES = _rows("deliveries", f"{_KEY_COLUMNS}, sequence bigint")
+_DELIVERIES = _rows("deliveries", f"{_KEY_COLUMNS}, sequence bigint, pledge int4")
 _STREAMS = _rows(
     "streams",
     f"{_KEY_COLUMNS}, version bigint, head bigint, earliest bigint, closed boolean, "
     "legal_hold boolean, state text, write_consumers boolean, consumers text",
 )
 
-_NEW_BYTES = "SELECT tenant, size FROM new_records UNION ALL SELECT tenant, size FROM new_receipts"
+_NEW_BYTES = (
+    "SELECT tenant, size FROM new_records UNION ALL SELECT tenant, size FROM new_receipts"
+    " UNION ALL SELECT tenant, size FROM deliveries WHERE size <> 0"
+)
 
 # One round trip writes everything the transaction's streams' commands caused, their NOTIFYs
 # included. Data-modifying CTEs always run to completion, referenced or not; an empty array
@@ -282,10 +294,6 @@ WITH new_records AS (
            decode(r.answer, 'base64')
     FROM {_RECEIPTS}
     RETURNING tenant, {RECEIPT_COUNT} AS size
-), counted AS (
-    -- their bytes, added to their tenant's count (tenant_counts.py), in one part: two parts
-    -- that changed the same count row would leave one of the changes
-    {COUNT_BYTES.format(sign="", records=_NEW_BYTES)}
 ), new_events AS (
     INSERT INTO stream_events (tenant, run_id, stream_id, version, type, payload)
     SELECT e.tenant, e.run_id, e.stream_id, e.version, e.type, decode(e.payload, 'base64')
@@ -306,9 +314,15 @@ WITH new_records AS (
     WHERE c.tenant = g.tenant AND c.run_id = g.run_id AND c.stream_id = g.stream_id
       AND c.consumer_id = g.consumer_id
 ), deliveries AS (
-    INSERT INTO input_deliveries (tenant, run_id, stream_id, sequence)
-    SELECT d.tenant, d.run_id, d.stream_id, d.sequence
+    INSERT INTO input_deliveries (tenant, run_id, stream_id, sequence, pledge)
+    SELECT d.tenant, d.run_id, d.stream_id, d.sequence, nullif(d.pledge, 0)
     FROM {_DELIVERIES}
+    RETURNING tenant, coalesce(pledge, 0) AS size
+), counted AS (
+    -- the records', receipts' and wait events' pledged bytes, added to their tenant's count
+    -- (tenant_counts.py), in one part: two parts that changed the same count row would leave
+    -- one of the changes
+    {COUNT_BYTES.format(sign="", records=_NEW_BYTES)}
 ), written AS (
     UPDATE streams AS t
     SET version = s.version, head = s.head, earliest = s.earliest, closed = s.closed,
@@ -343,8 +357,11 @@ WITH unswept AS (
     DELETE FROM stream_access WHERE {_KEY}
 ), undelivered AS (
     -- a deleted input stream delivers nothing more to its workflow (its forks read its
-    -- records, they are not its input)
+    -- records, they are not its input), and what its events pledged is given back
     DELETE FROM input_deliveries WHERE {_KEY}
+    RETURNING tenant, CASE WHEN delivered_at IS NULL THEN coalesce(pledge, 0) ELSE 0 END AS size
+), unpledged AS (
+    {COUNT_BYTES.format(sign="-", records="SELECT tenant, size FROM undelivered WHERE size <> 0")}
 )
 UPDATE streams SET soft_deleted = true WHERE {_KEY}
 """

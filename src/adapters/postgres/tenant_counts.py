@@ -147,8 +147,8 @@ async def tenants_held(pool: Any, tenant: str | None = None) -> list[tuple[str, 
 # a rolling upgrade (it counted nothing) is counted then, its open intents given the pledge the
 # migration gave those it found. Writes of every tenant wait for it: a pass over the tables.
 _RECOUNT = f"""
-LOCK TABLE streams, stream_records, object_intents, append_receipts, workflow_wait_events
-IN SHARE MODE;
+LOCK TABLE streams, stream_records, object_intents, append_receipts, workflow_wait_events,
+    input_deliveries IN SHARE MODE;
 LOCK TABLE tenant_byte_counts IN EXCLUSIVE MODE;
 UPDATE object_intents SET pledge = {RECORD_PLEDGE}
 WHERE pledge IS NULL AND state IN ('prepared', 'uploaded');
@@ -162,6 +162,9 @@ SELECT tenant, 0, sum(size) FROM (
     SELECT tenant, {RECEIPT_COUNT} AS size FROM append_receipts
     UNION ALL
     SELECT tenant, {WAIT_EVENT_COUNT} AS size FROM workflow_wait_events
+    UNION ALL
+    SELECT tenant, pledge AS size FROM input_deliveries
+    WHERE pledge IS NOT NULL AND delivered_at IS NULL
     UNION ALL
     SELECT tenant, {DEFINITION_BYTES} AS size FROM streams
 ) AS held
