@@ -341,7 +341,8 @@ class Objects:
                     f"idempotency_key {request.idempotency_key!r} was used with other fields"
                 )
             await run_one(self._commits, key, LiveCommand())  # 410 once deleted
-            return object_view(existing), False
+            # As it stands now (uploaded or committed since it was read, before the lock).
+            return object_view(await self._intents.intent(key, object_id) or existing), False
         now = self._clock()
         region = self._stores.pick(definition.placement.object_regions)
         intent = ObjectIntent(
