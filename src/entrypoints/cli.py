@@ -192,7 +192,7 @@ def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
             raise CommandError(error.detail) from None
     url = database_url(settings)
 
-    async def held(pool: asyncpg.Pool) -> list[tuple[str, int, int]]:
+    async def held(pool: asyncpg.Pool) -> list[tuple[str, int, int, int]]:
         if args.recount:
             try:
                 await recount_tenant_bytes(pool)
@@ -204,9 +204,9 @@ def cmd_tenants(args: argparse.Namespace, settings: Settings) -> int:
 
     lines = asyncio.run(_on_database(url, held))
     if args.tenant is not None and not lines:
-        lines = [(args.tenant, 0, 0)]
-    for tenant, streams, size in lines:
-        print(f"{tenant}\t{streams}\t{size}")
+        lines = [(args.tenant, 0, 0, 0)]
+    for tenant, streams, size, tokens in lines:
+        print(f"{tenant}\t{streams}\t{size}\t{tokens}")
     return 0
 
 
@@ -457,15 +457,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="what each tenant holds",
         description="Print one tab-separated line per tenant that holds anything, by tenant: "
         "the tenant, its streams (one deleted while forks read it counts until it is erased), "
-        "and its bytes (each stream its definition and each record its size, each with 128 "
+        "its bytes (each stream its definition and each record its size, each with 128 "
         "bytes for its row, an object's record its reference too, each append receipt its "
         "key and 416 bytes, each wait event its payload and 128, and what its open object "
-        "intents pledge), as the limits "
-        "DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT and DUCTOR_STREAMS_MAX_BYTES_PER_TENANT count "
-        "them. Read from the database; no server needed.",
+        "intents and undelivered input records pledge) and its tokens (revoked and expired "
+        "ones too, until they are forgotten), as the limits "
+        "DUCTOR_STREAMS_MAX_STREAMS_PER_TENANT, DUCTOR_STREAMS_MAX_BYTES_PER_TENANT and "
+        "DUCTOR_STREAMS_MAX_TOKENS_PER_TENANT count them. Read from the database; no server "
+        "needed.",
     )
     tenants.add_argument(
-        "--tenant", help="this tenant alone (printed with 0 0 if it holds nothing)"
+        "--tenant", help="this tenant alone (printed with 0 0 0 if it holds nothing)"
     )
     tenants.add_argument(
         "--recount",

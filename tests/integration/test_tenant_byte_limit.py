@@ -877,18 +877,18 @@ async def test_the_tenants_command_prints_what_each_tenant_holds(
             for i in range(n):
                 path = await create(api, "r", f"s{i}")
                 assert (await append(api, path, ["c" * (10 * n)])).status_code == 201
-        held[tenant] = (n, (await counted(pool, tenant))[0])
+        held[tenant] = (n, (await counted(pool, tenant))[0], 1)  # the client's own token
     done = await asyncio.to_thread(tenants_cli, database_url)
     assert done.returncode == 0, done.stderr
     lines = [line.split("\t") for line in done.stdout.splitlines()]
     assert [t for t, *_ in lines] == sorted(t for t, *_ in lines)  # by tenant
-    printed = {t: (int(s), int(b)) for t, s, b in lines}
+    printed = {t: (int(s), int(b), int(k)) for t, s, b, k in lines}
     for tenant, figures in held.items():
         assert printed[tenant] == figures
     one = await asyncio.to_thread(tenants_cli, database_url, "--tenant", tenant)
-    assert one.stdout == f"{tenant}\t{held[tenant][0]}\t{held[tenant][1]}\n"
+    assert one.stdout == "\t".join(map(str, (tenant, *held[tenant]))) + "\n"
     nobody = await asyncio.to_thread(tenants_cli, database_url, "--tenant", "nobody-here")
-    assert nobody.stdout == "nobody-here\t0\t0\n"
+    assert nobody.stdout == "nobody-here\t0\t0\t0\n"
     bad = await asyncio.to_thread(tenants_cli, database_url, "--tenant", "no/slashes")
     assert bad.returncode == 2 and "tenant" in bad.stderr and not bad.stdout
 
@@ -918,10 +918,10 @@ async def test_a_recount_counts_every_tenant_again_from_its_rows(own_database: s
     finally:
         await conn.close()
     before = await asyncio.to_thread(tenants_cli, own_database)
-    assert before.stdout == "gone\t0\t55\nold\t0\t131\n"  # (its wait event's trigger)
+    assert before.stdout == "gone\t0\t55\t0\nold\t0\t131\t0\n"  # (its wait event's trigger)
     done = await asyncio.to_thread(tenants_cli, own_database, "--recount")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"old\t0\t{7 * (100 + 128) + 3 + 416 + 3 + 128}\n"
+    assert done.stdout == f"old\t0\t{7 * (100 + 128) + 3 + 416 + 3 + 128}\t0\n"
 
 
 async def test_intents_opened_by_an_earlier_version_end_and_erase_without_a_pledge(

@@ -124,21 +124,23 @@ async def fold_tenant_counts(pool: Any) -> int:
 
 
 _HELD = """
-SELECT coalesce(s.tenant, b.tenant) AS tenant, coalesce(s.streams, 0)::bigint AS streams,
-       coalesce(b.bytes, 0)::bigint AS bytes
+SELECT tenant, coalesce(s.streams, 0)::bigint AS streams, coalesce(b.bytes, 0)::bigint AS bytes,
+       coalesce(k.tokens, 0)::bigint AS tokens
 FROM (SELECT tenant, sum(streams) AS streams FROM tenant_stream_counts
       WHERE $1::text IS NULL OR tenant = $1 GROUP BY tenant) s
 FULL JOIN (SELECT tenant, sum(bytes) AS bytes FROM tenant_byte_counts
            WHERE $1::text IS NULL OR tenant = $1 GROUP BY tenant) b USING (tenant)
-WHERE coalesce(s.streams, 0) <> 0 OR coalesce(b.bytes, 0) <> 0
+FULL JOIN (SELECT tenant, sum(tokens) AS tokens FROM tenant_token_counts
+           WHERE $1::text IS NULL OR tenant = $1 GROUP BY tenant) k USING (tenant)
+WHERE coalesce(s.streams, 0) <> 0 OR coalesce(b.bytes, 0) <> 0 OR coalesce(k.tokens, 0) <> 0
 ORDER BY 1
 """
 
 
-async def tenants_held(pool: Any, tenant: str | None = None) -> list[tuple[str, int, int]]:
-    """(tenant, streams, bytes) of every tenant that holds any (or of `tenant` alone), by
-    tenant: what `ductor-streams tenants` prints."""
-    return [(r[0], r[1], r[2]) for r in await pool.fetch(_HELD, tenant)]
+async def tenants_held(pool: Any, tenant: str | None = None) -> list[tuple[str, int, int, int]]:
+    """(tenant, streams, bytes, tokens) of every tenant that holds any (or of `tenant` alone),
+    by tenant: what `ductor-streams tenants` prints."""
+    return [(r[0], r[1], r[2], r[3]) for r in await pool.fetch(_HELD, tenant)]
 
 
 # Every tenant's bytes counted again from the rows, as migrations 0509 to 0511 first counted
