@@ -70,10 +70,10 @@ def erase_statement(tables: Sequence[str] = ERASED_TABLES, of_them: str = _OF_TH
         for table in tables
     )
     # The records' and receipts' bytes and the open intents' and undelivered input records'
-    # pledges, taken from their
-    # tenants' counts (tenant_counts.py) in one part of the statement: two parts that changed
-    # the same count row would leave one of the changes. (The streams' and the wait events'
-    # own bytes are their triggers', statements of their own once this one is done.)
+    # pledges, taken from their tenants' counts (tenant_counts.py) in one part of the
+    # statement: two parts that changed the same count row would leave one of the changes.
+    # (The streams' and the wait events' own bytes are their triggers', statements of their
+    # own once this one is done.)
     counted = [
         f"SELECT tenant, size FROM erased_{table}{_COUNTED[table]}"
         for table in tables
