@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -22,13 +22,6 @@ from tests.support.server import ServerProcess, WorkerProcess
 
 LIMIT = 5
 TOKENS = "/api/workflow-streams/tokens"
-
-
-@pytest.fixture(scope="module")
-async def own_pool_of(own_database: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await asyncpg.create_pool(own_database, min_size=1, max_size=4)
-    yield pool
-    await pool.close()
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +52,9 @@ async def kept(pool: asyncpg.Pool, tenant: str) -> int:
 
 
 async def test_past_its_limit_a_tenant_mints_no_more_tokens_and_the_others_do(
-    limited: ServerProcess, own_pool_of: asyncpg.Pool
+    limited: ServerProcess, own_pool: asyncpg.Pool
 ) -> None:
-    tokens = Tokens(own_pool_of)
+    tokens = Tokens(own_pool)
     tenant = "t-" + secrets.token_hex(5)
     async with await tokens.client(limited, tenant) as api:  # its own token counts: 1
         # Ten at once: each counts against the others, so four are minted.
@@ -71,7 +64,7 @@ async def test_past_its_limit_a_tenant_mints_no_more_tokens_and_the_others_do(
         assert refused.headers["content-type"].startswith("application/problem+json")
         problem = refused.json()
         assert problem["code"] == "quota-exhausted" and problem["max_tokens"] == LIMIT
-        assert await kept(own_pool_of, tenant) == LIMIT
+        assert await kept(own_pool, tenant) == LIMIT
         # A revoked token still counts (its row keeps it revoked until it is forgotten).
         minted = next(a for a in answers if a.status_code == 201).json()
         assert (await api.delete(f"{TOKENS}/{minted['id']}")).status_code == 204
@@ -83,9 +76,9 @@ async def test_past_its_limit_a_tenant_mints_no_more_tokens_and_the_others_do(
 
 
 async def test_expired_tokens_count_until_the_workers_forget_them(
-    limited: ServerProcess, own_pool_of: asyncpg.Pool, own_database: str, tmp_path: Path
+    limited: ServerProcess, own_pool: asyncpg.Pool, own_database: str, tmp_path: Path
 ) -> None:
-    tokens = Tokens(own_pool_of)
+    tokens = Tokens(own_pool)
     tenant = "t-" + secrets.token_hex(5)
     async with await tokens.client(limited, tenant) as api:
         answers = [await mint(api, seconds=1) for _ in range(LIMIT)]
@@ -104,7 +97,7 @@ async def test_expired_tokens_count_until_the_workers_forget_them(
         ).start()
         try:
             async with asyncio.timeout(20):
-                while await kept(own_pool_of, tenant) > 1:
+                while await kept(own_pool, tenant) > 1:
                     await asyncio.sleep(0.1)
         finally:
             sweeper.stop()
@@ -116,22 +109,22 @@ async def test_expired_tokens_count_until_the_workers_forget_them(
 
 
 async def test_the_count_folds_and_migration_0512_counts_the_tokens_already_there(
-    own_pool_of: asyncpg.Pool, postgres_admin_url: str, tmp_path: Path
+    own_pool: asyncpg.Pool, postgres_admin_url: str, tmp_path: Path
 ) -> None:
     tenant = "t-" + secrets.token_hex(5)
-    await own_pool_of.execute(
+    await own_pool.execute(
         "INSERT INTO tenant_token_counts (tenant, backend, tokens) "
         "VALUES ($1, $2, 4), ($1, $3, -1), ($1, 0, 10)",
         tenant,
         2**31 - 5,  # no backend has these
         2**31 - 6,
     )
-    await fold_tenant_counts(own_pool_of)
-    rows = await own_pool_of.fetch(
+    await fold_tenant_counts(own_pool)
+    rows = await own_pool.fetch(
         "SELECT backend, tokens FROM tenant_token_counts WHERE tenant = $1", tenant
     )
     assert [tuple(r) for r in rows] == [(0, 13)]
-    await own_pool_of.execute("DELETE FROM tenant_token_counts WHERE tenant = $1", tenant)
+    await own_pool.execute("DELETE FROM tenant_token_counts WHERE tenant = $1", tenant)
 
     async with database_before(postgres_admin_url, 512, tmp_path) as url:
         conn = await asyncpg.connect(url)
