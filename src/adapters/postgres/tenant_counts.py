@@ -94,23 +94,27 @@ DELETE FROM {table} WHERE (tenant, backend) IN (
 """
 
 
+async def _held(pool: Any, counts: tuple[str, str], tenant: str) -> int:
+    """The sum of `tenant`'s rows in the count table `counts` (table, column)."""
+    held: int = await pool.fetchval(_COUNT.format(table=counts[0], column=counts[1]), tenant)
+    return held
+
+
 async def tenant_streams(pool: Any, tenant: str) -> int:
     """The streams `tenant` holds (a soft-deleted one too, until it is erased)."""
-    count: int = await pool.fetchval(_COUNT.format(table=_STREAMS[0], column=_STREAMS[1]), tenant)
-    return count
+    return await _held(pool, _STREAMS, tenant)
 
 
 async def tenant_bytes(pool: Any, tenant: str) -> int:
-    """The bytes `tenant` holds: what its streams and records count (a soft-deleted stream's
-    too, until it is erased) and what its open object intents pledge."""
-    count: int = await pool.fetchval(_COUNT.format(table=_BYTES[0], column=_BYTES[1]), tenant)
-    return count
+    """The bytes `tenant` holds: what its streams, records, receipts and wait events count (a
+    soft-deleted stream's too, until it is erased) and what its open object intents and
+    undelivered input records pledge."""
+    return await _held(pool, _BYTES, tenant)
 
 
 async def tenant_tokens(pool: Any, tenant: str) -> int:
     """The tokens `tenant` holds (revoked and expired ones too, until they are forgotten)."""
-    count: int = await pool.fetchval(_COUNT.format(table=_TOKENS[0], column=_TOKENS[1]), tenant)
-    return count
+    return await _held(pool, _TOKENS, tenant)
 
 
 async def fold_tenant_counts(pool: Any) -> int:
