@@ -26,6 +26,7 @@ class LoadResult:
     client_cpu: float  # % of one core used by the load generator
     tool: str
     detail: dict[str, int] = field(default_factory=dict)
+    commits: int | None = None  # transactions the database committed meanwhile, where counted
 
 
 def wrk_path() -> str | None:

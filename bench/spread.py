@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import asyncpg
 from tests.support.node import ReferenceServer
 from tests.support.server import free_port
 
@@ -52,6 +53,7 @@ class Row:
     p99_ms: float | None
     errors: int = 0
     note: str = ""
+    per_commit: float | None = None  # appends per transaction the database committed
 
 
 @dataclass
@@ -96,10 +98,12 @@ def wrk(
     content_type: str = "application/json",
     roots: dict[str, int] | None = None,
     profile_pid: int | None = None,
+    commits_url: str | None = None,
 ) -> load.LoadResult:
     """wrk for the window's duration (after its warm-up), each request to a random path; the
     CPU of the `roots` process trees meanwhile (% of one core) in the result's `detail`; with
-    `profile_pid`, py-spy's summary of that process during the window in `window.profile`."""
+    `profile_pid`, py-spy's summary of that process during the window in `window.profile`;
+    with `commits_url`, the transactions its database committed meanwhile in `commits`."""
     a = window.args
     paths_file = window.tmp / f"paths-{secrets.token_hex(3)}.txt"
     paths_file.write_text("\n".join(paths) + "\n")
@@ -135,12 +139,29 @@ def wrk(
         raw = window.tmp / "profile.txt"
         spy = profile.start(profile_pid, a.duration, raw)
     meter = CpuMeter(roots or {})
+    before = asyncio.run(committed(commits_url)) if commits_url else 0
     meter.start()
     result = go(a.duration)
     result.detail = {k: round(v) for k, v in meter.stop().items()}
+    if commits_url:
+        result.commits = asyncio.run(committed(commits_url)) - before
     if spy is not None and (summary := profile.finish(spy, raw)) is not None:
         window.profile = summary
     return result
+
+
+async def committed(url: str) -> int:
+    """The transactions the database of `url` has committed, as its statistics count them
+    (each backend reports its own within a second: over a window of seconds, the edges'
+    lag is small)."""
+    conn = await asyncpg.connect(url)
+    try:
+        count: int = await conn.fetchval(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return count
+    finally:
+        await conn.close()
 
 
 def _row(name: str, label: str, result: load.LoadResult) -> Row:
@@ -152,6 +173,7 @@ def _row(name: str, label: str, result: load.LoadResult) -> Row:
         result.p99_ms,
         result.errors,
         note=", ".join(f"{k} {v}%" for k, v in (result.detail or {}).items()),
+        per_commit=result.requests / result.commits if result.commits else None,
     )
 
 
@@ -199,7 +221,16 @@ def ours(window: Window, url: str, pg_pid: int, token: str, workers: int, names:
             roots = {"server": server.pid, "postgres": pg_pid}
             window_name = name if workers == 1 else f"{name}@w{workers}"
             spied = server.pid if a.profile == window_name else None
-            result = wrk(window, server.port, paths, body, token, roots=roots, profile_pid=spied)
+            result = wrk(
+                window,
+                server.port,
+                paths,
+                body,
+                token,
+                roots=roots,
+                profile_pid=spied,
+                commits_url=url,
+            )
             row = _row(name, label, result)
             suffix = "" if workers == 1 else f"@w{workers}"
             if suffix:
@@ -397,8 +428,8 @@ def _ratio(rows: dict[str, Row], a: str, b: str) -> float | None:
 def report(window: Window) -> str:
     rows = window.rows
     out = [
-        "| load | appends/s | p50 | p99 | errors | vs hot | CPU (% of a core) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| load | appends/s | p50 | p99 | errors | vs hot | per commit | CPU (% of a core) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows.values():
         hot = "hot" if "@w" not in row.name else f"hot@{row.name.split('@')[1]}"
@@ -409,7 +440,8 @@ def report(window: Window) -> str:
         vs = _ratio(rows, row.name, hot)
         out.append(
             f"| {row.label} | {row.per_s:,.0f} | {_ms(row.p50_ms)} | {_ms(row.p99_ms)} "
-            f"| {row.errors} | {'' if vs is None else f'{vs:.2f}x'} | {row.note} |"
+            f"| {row.errors} | {'' if vs is None else f'{vs:.2f}x'} "
+            f"| {'' if row.per_commit is None else f'{row.per_commit:.1f}'} | {row.note} |"
         )
     if window.rss:
         out.append("")
