@@ -3,7 +3,8 @@ its bytes (migration 0509: what its records count and its open object intents pl
 the statements that write and delete records and that open and end intents; migration 0510: its
 append receipts, counted by the statements that write and forget them; migration 0511: the
 default wait service's copies of its input records, counted by triggers) and its tokens
-(migration 0512, counted by triggers).
+(migration 0512, counted by triggers). A TRUNCATE of a counted table empties its count or has
+the bytes counted again (migration 0513).
 
 Every statement that inserts or deletes streams or records adds its change to the row of its own
 backend (`pg_backend_pid()`) in `tenant_stream_counts` or `tenant_byte_counts`, in its own
@@ -15,11 +16,14 @@ backend still running keeps its row (its transaction may hold it)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import asyncpg
 
 from domain.records import RECEIPT_BYTES, ROW_BYTES, RecordKind
+
+log = logging.getLogger("ductor_streams.cleanup")
 
 _COUNT = """
 SELECT coalesce(sum({column}), 0)::bigint FROM {table} WHERE tenant = $1
@@ -117,9 +121,20 @@ async def tenant_tokens(pool: Any, tenant: str) -> int:
     return await _held(pool, _TOKENS, tenant)
 
 
+# Marked by migration 0513's triggers when one of the bytes' sources was truncated (a TRUNCATE
+# fires none of the triggers that count them); the recount clears it.
+_RECOUNT_DUE = "SELECT truncated FROM tenant_recounts_due"
+FOLD_RECOUNT_ATTEMPTS = 3  # the fold's recount tries a few times, then waits for its next turn
+
+
 async def fold_tenant_counts(pool: Any) -> int:
     """Fold the rows of ended backends into each tenant's row of backend 0, streams, bytes and
-    tokens; answers how many rows it folded."""
+    tokens; answers how many rows it folded. First, if a TRUNCATE of a table the bytes count
+    marked their recount as due (migration 0513), it counts every tenant's bytes again; if the
+    tables stay too busy to lock, it raises, and the next fold tries again."""
+    if (truncated := await pool.fetchval(_RECOUNT_DUE)) is not None:
+        log.warning("%s was truncated: counting every tenant's bytes again", truncated)
+        await recount_tenant_bytes(pool, FOLD_RECOUNT_ATTEMPTS)
     folded = 0
     for table, column in (_STREAMS, _BYTES, _TOKENS):
         folded += await pool.fetchval(_FOLD.format(table=table, column=column))
@@ -151,7 +166,8 @@ async def tenants_held(pool: Any, tenant: str | None = None) -> list[tuple[str, 
 # them, while no record, intent, receipt or wait event is written and no sweep folds the counts
 # (the locks, until the transaction commits): what a process of an earlier version wrote during
 # a rolling upgrade (it counted nothing) is counted then, its open intents given the pledge the
-# migration gave those it found. Writes of every tenant wait for it: a pass over the tables.
+# migration gave those it found; and a TRUNCATE's mark (migration 0513) is cleared with it.
+# Writes of every tenant wait for it: a pass over the tables.
 _RECOUNT = f"""
 LOCK TABLE streams, stream_records, object_intents, append_receipts, workflow_wait_events,
     input_deliveries IN SHARE MODE;
@@ -175,6 +191,7 @@ SELECT tenant, 0, sum(size) FROM (
     SELECT tenant, {DEFINITION_BYTES} AS size FROM streams
 ) AS held
 GROUP BY tenant;
+DELETE FROM tenant_recounts_due;
 """
 
 
