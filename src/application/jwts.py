@@ -37,6 +37,7 @@ _ID = re.compile(ID_PATTERN)
 
 # Clock skew allowed on `exp`, `nbf` and `iat`, both ways.
 LEEWAY_SECONDS = 30
+LAST_EXP = 253_402_300_799  # 9999-12-31T23:59:59Z, the last expiry a JWT is taken to have
 # Beyond this many remembered JWTs, the memory starts over (a flood of distinct ones).
 MAX_REMEMBERED = 10_000
 # A remembered JWT is verified again after this long (its signature against the key set as
@@ -141,7 +142,9 @@ class JwtCallers:
         if not isinstance(exp, int | float) or isinstance(exp, bool):
             raise Unauthenticated("the JWT has no exp claim")
         caller = caller_from_claims(claims, self._tenant_claim)
-        left = exp + LEEWAY_SECONDS - self._wall_clock()
+        # An expiry past the year 9999 is taken as then: an integer of hundreds of digits
+        # overflowed the float arithmetic below (500 on every route).
+        left = min(exp, LAST_EXP) + LEEWAY_SECONDS - self._wall_clock()
         if left <= 0:
             raise Unauthenticated("the JWT has expired")
         caller = Caller(

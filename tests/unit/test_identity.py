@@ -11,6 +11,7 @@ from adapters.memory.tokens import MemoryTokens
 from application.access import SCOPES, Caller
 from application.errors import Forbidden, NotFound, Unauthenticated
 from application.jwts import (
+    LAST_EXP,
     LEEWAY_SECONDS,
     REVERIFY_SECONDS,
     JwtCallers,
@@ -183,6 +184,16 @@ async def test_a_verified_jwt_is_remembered_until_it_expires() -> None:
     with pytest.raises(Unauthenticated):
         await jwts("eyJ.a.b")
     assert verifier.calls == 2
+
+
+@pytest.mark.parametrize("exp", [10**309, 2**1024, 1.7e308])
+async def test_a_jwt_expiring_past_any_clock_is_taken_as_expiring_in_9999(exp: float) -> None:
+    """An `exp` of hundreds of digits overflowed the float arithmetic of its deadline (500)."""
+    now = [1000.0]
+    verifier = CountingVerifier({"sub": "s", "tenant": "t", "exp": exp})
+    jwts = JwtCallers(verifier, clock=lambda: now[0], wall_clock=lambda: now[0])
+    caller = await jwts("eyJ.a.b")
+    assert caller.token_deadline == LAST_EXP + LEEWAY_SECONDS
 
 
 async def test_a_remembered_jwt_is_verified_again_and_refused_once_its_key_is_gone() -> None:
