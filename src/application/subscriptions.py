@@ -103,6 +103,7 @@ class SubscriptionStore(Protocol):
         discover: str | None = None,
         extra: tuple[StreamPath, ...] = (),
         touching: Collection[StreamPath] = (),
+        named_runs: bool = False,
     ) -> _T:
         """Lock the subscription (absent: None), load the links a decision sees and the heads
         of their streams (and of the streams the glob `discover` matches, and of `extra`), call
@@ -112,11 +113,14 @@ class SubscriptionStore(Protocol):
         A decision sees the links with pending work, up to WAKE_STREAMS of them (those after
         the subscription's `woken_up_to` first, then from the first), and the links of the
         streams of `extra`, of `touching` and of the current wake's snapshot; with `extra`,
-        `named_elsewhere` counts the explicit links among the others. A link the change leaves
-        out that the decision saw is removed; those it did not see are left as they are."""
+        `named_elsewhere` counts the explicit links among the others; with `named_runs`, the
+        subscription's `named_runs` holds the runs of all its explicit links. A link the change
+        leaves out that the decision saw is removed; those it did not see are left as they
+        are."""
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
-        """The subscription with every link, and their streams' heads (what `GET` shows)."""
+        """The subscription with every link (and `named_runs`), and their streams' heads (what
+        `GET` shows)."""
 
     async def wake_id(self, tenant: str, subscription_id: str) -> str | None:
         """The ID of the subscription's wake in flight (None: no wake, or no subscription),
@@ -129,8 +133,11 @@ class SubscriptionStore(Protocol):
         or leased past the lease. With `streams`, only those pending on one of them (and the
         leased past their lease): the cost of the streams, not of every subscription."""
 
-    async def of_stream(self, key: StreamKey) -> list[tuple[Subscription, Heads]]:
-        """The subscriptions that link this stream (the console, the native API)."""
+    async def of_stream(
+        self, key: StreamKey, named_runs: bool = False
+    ) -> list[tuple[Subscription, Heads]]:
+        """The subscriptions that link this stream (the console, the native API), with their
+        `named_runs` if asked."""
 
     async def delivery(self, job: Job) -> Delivery | None: ...
 
@@ -222,6 +229,20 @@ def within_runs(caller: Caller, config: SubscriptionConfig) -> bool:
     return all(run in runs for run in named)
 
 
+def visible_to(caller: Caller, sub: Subscription) -> bool:
+    """Whether a stored subscription lies in the caller's runs: what it was configured with
+    (`within_runs`) and every stream it names (`named_runs`: `POST .../streams` by a caller
+    not restricted to runs may link another run's): a subscription over another run's stream
+    is not there for a run-scoped token, as another tenant's is not."""
+    if not within_runs(caller, sub.config):
+        return False
+    runs = caller.runs
+    if runs is None:
+        return True
+    named = sub.named_runs  # (None, not read: not shown, rather than shown past its runs)
+    return named is not None and all(run in runs for run in named)
+
+
 def _configured(caller: Caller, sub: Subscription) -> Subscription:
     """`sub`'s configuration as `caller` may see it: a webhook's URL whole for a caller with
     `streams:admin` (who may set it), its address alone for others (a reader, a share link's
@@ -247,7 +268,7 @@ def creator_caller(tenant: str, creator: str, runs: Runs, scope: Scope) -> Calle
 
 
 def _visible(caller: Caller, sub: Subscription | None, subscription_id: str) -> Subscription:
-    if sub is None or not within_runs(caller, sub.config):
+    if sub is None or not visible_to(caller, sub):
         raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
     return sub
 
@@ -312,7 +333,7 @@ class Subscriptions:
         def decide(
             sub: Subscription | None, heads: Heads
         ) -> tuple[Change | None, tuple[Subscription, bool]]:
-            if sub is not None and not within_runs(caller, sub.config):
+            if sub is not None and not visible_to(caller, sub):
                 raise SubscriptionConflict(f"subscription {subscription_id!r} exists")
             if sub is not None:
                 if sub.config.digest() != config.digest():
@@ -339,7 +360,12 @@ class Subscriptions:
             return Change(new), (new, True)
 
         sub, created = await self._store.update(
-            caller.tenant, subscription_id, decide, discover=config.pattern, extra=config.streams
+            caller.tenant,
+            subscription_id,
+            decide,
+            discover=config.pattern,
+            extra=config.streams,
+            named_runs=caller.runs is not None,
         )
         found = await self._store.get(caller.tenant, subscription_id)
         heads = found[1] if found else {}
@@ -390,6 +416,7 @@ class Subscriptions:
         subscription_id: str,
         decide: Callable[[Subscription | None, Heads], tuple[Change | None, _T]],
         touching: Collection[StreamPath] = (),
+        named_runs: bool = False,
     ) -> _T:
         """`store.update`, with every pending stream the subscription's creator may not read
         (its pinned readers leave the creator out, though a pattern linked it) acknowledged at
@@ -400,7 +427,11 @@ class Subscriptions:
         for _ in range(3):
             try:
                 return await self._store.update(
-                    tenant, subscription_id, self._seeing(decide), touching=touching
+                    tenant,
+                    subscription_id,
+                    self._seeing(decide),
+                    touching=touching,
+                    named_runs=named_runs,
                 )
             except _Unchecked as unchecked:
                 for path in unchecked.paths:
@@ -410,7 +441,11 @@ class Subscriptions:
         # Streams linked faster than they could be checked (three rounds): those known hidden
         # are acknowledged, the others decided as they are.
         return await self._store.update(
-            tenant, subscription_id, self._seeing(decide, check=False), touching=touching
+            tenant,
+            subscription_id,
+            self._seeing(decide, check=False),
+            touching=touching,
+            named_runs=named_runs,
         )
 
     async def _creator_may_read(
@@ -492,11 +527,13 @@ class Subscriptions:
         check_subscription_id(subscription_id)
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, bool]:
-            if sub is None or not within_runs(caller, sub.config):
+            if sub is None or not visible_to(caller, sub):
                 return None, False
             return Change(None), True
 
-        if not await self._store.update(caller.tenant, subscription_id, decide):
+        if not await self._store.update(
+            caller.tenant, subscription_id, decide, named_runs=caller.runs is not None
+        ):
             raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
 
     @tracing.use_case("add subscription streams")
@@ -520,7 +557,9 @@ class Subscriptions:
                 )
             return Change(linked), None
 
-        await self._store.update(caller.tenant, subscription_id, decide, extra=paths)
+        await self._store.update(
+            caller.tenant, subscription_id, decide, extra=paths, named_runs=caller.runs is not None
+        )
 
     @tracing.use_case("remove subscription stream")
     async def remove_stream(self, caller: Caller, subscription_id: str, path: StreamPath) -> None:
@@ -532,7 +571,13 @@ class Subscriptions:
             sub = _visible(caller, sub, subscription_id)
             return Change(sub.unlinked(path)), None
 
-        await self._store.update(caller.tenant, subscription_id, decide, touching=(path,))
+        await self._store.update(
+            caller.tenant,
+            subscription_id,
+            decide,
+            touching=(path,),
+            named_runs=caller.runs is not None,
+        )
 
     # -- delivery ---------------------------------------------------------------------------
 
@@ -737,7 +782,9 @@ class Subscriptions:
             token = self._tokens.issue(sub, now, caller.token_id)
             return Change(sub, deliveries), (sub, heads, token)
 
-        sub, heads, token = await self.decide_seeing(caller.tenant, subscription_id, decide)
+        sub, heads, token = await self.decide_seeing(
+            caller.tenant, subscription_id, decide, named_runs=caller.runs is not None
+        )
         # The wake's streams (its snapshot, as they are now), as the worker may see them, of
         # those its creator may read (the subscription's streams): a stream the creator may not
         # read is acknowledged as it grows, so a worker's ack of it would be refused as going
@@ -787,8 +834,8 @@ class Subscriptions:
                 ),
                 heads,
             )
-            for sub, heads in await self._store.of_stream(key)
-            if within_runs(caller, sub.config)
+            for sub, heads in await self._store.of_stream(key, named_runs=caller.runs is not None)
+            if visible_to(caller, sub)
         ]
 
 

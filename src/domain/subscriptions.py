@@ -352,6 +352,11 @@ class Subscription(msgspec.Struct, frozen=True):
     # the current wake's and those the decision names); this many streams it names explicitly
     # are among the others. What a decision leaves out of `links` it leaves as it is.
     named_elsewhere: int = 0
+    # The runs of the streams it names explicitly (sorted), where the store read them for a
+    # caller restricted to runs (`SubscriptionStore.update(named_runs=True)`, `get`,
+    # `of_stream(named_runs=True)`); None: not read. Links made since its configuration
+    # (`POST .../streams`) are among them, and a decision does not see all its links.
+    named_runs: tuple[str, ...] | None = None
 
     @property
     def status(self) -> str:

@@ -260,6 +260,19 @@ async def test_a_run_scoped_token_sees_and_makes_only_subscriptions_within_its_r
         )
         assert linked.status_code == 404, linked.text
         assert (await scoped.delete(f"/subscriptions/{mine}")).status_code == 204
+        # Made within its runs, then reaching past them: an admin over every run links another
+        # run's stream to it. It is not there for the token any more (it was read and deleted).
+        assert (await scoped.put(f"/subscriptions/{mine}", json=own)).status_code == 201
+        reaching = await api.post(
+            f"/subscriptions/{mine}/streams",
+            json={"streams": [{"run_id": other, "stream_id": "s"}]},
+        )
+        assert reaching.status_code == 204, reaching.text
+        for path in (f"/subscriptions/{mine}", f"{ds}/{mine}"):
+            assert (await scoped.get(path)).status_code == 404
+        assert (await scoped.delete(f"/subscriptions/{mine}")).status_code == 404
+        assert (await scoped.put(f"/subscriptions/{mine}", json=own)).status_code == 409
+    assert (await api.delete(f"/subscriptions/{mine}")).status_code == 204  # still there
     assert (await api.get(f"/subscriptions/{wide}")).status_code == 200  # untouched
     assert (await api.delete(f"/subscriptions/{wide}")).status_code == 204  # it matches all
 

@@ -59,6 +59,8 @@ class MemorySubscriptions:
                 sub = sub.linked(new, explicit=False)
                 self._rows[(tenant, subscription_id)] = msgspec.msgpack.encode(sub)
                 linked.update(new)
+        runs = tuple(sorted({link.path.run_id for link in sub.links if link.explicit}))
+        sub = msgspec.structs.replace(sub, named_runs=runs)
         return sub, {p: h for p, h in streams.items() if p in linked}
 
     def _deciding(
@@ -85,6 +87,7 @@ class MemorySubscriptions:
         discover: str | None = None,
         extra: tuple[StreamPath, ...] = (),
         touching: Collection[StreamPath] = (),
+        named_runs: bool = False,
     ) -> _T:
         async with self._locks[(tenant, subscription_id)]:
             found = self._load(tenant, subscription_id)
@@ -95,6 +98,8 @@ class MemorySubscriptions:
             if found is not None:
                 whole = found[0]
                 sub, heads = self._deciding(whole, found[1], {*extra, *touching}, bool(extra))
+                if named_runs:
+                    sub = msgspec.structs.replace(sub, named_runs=whole.named_runs)
             heads.update({p: streams[p] for p in extra if p in streams})
             if discover is not None and sub is None:
                 heads.update({p: h for p, h in streams.items() if matches(discover, p)})
@@ -119,7 +124,7 @@ class MemorySubscriptions:
             return answer
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
-        return self._load(tenant, subscription_id)
+        return self._load(tenant, subscription_id)  # every link, and `named_runs`
 
     async def wake_id(self, tenant: str, subscription_id: str) -> str | None:
         raw = self._rows.get((tenant, subscription_id))
@@ -144,7 +149,9 @@ class MemorySubscriptions:
                 out.append((tenant, sid))
         return out[:limit]
 
-    async def of_stream(self, key: StreamKey) -> list[tuple[Subscription, Heads]]:
+    async def of_stream(
+        self, key: StreamKey, named_runs: bool = False
+    ) -> list[tuple[Subscription, Heads]]:
         path = StreamPath(key.run_id, key.stream_id)
         found = [self._load(t, s) for t, s in list(self._rows) if t == key.tenant]
         return [f for f in found if f is not None and f[0].link(path) is not None]

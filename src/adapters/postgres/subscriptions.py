@@ -80,6 +80,12 @@ _NAMED_LINKS = """SELECT k.run_id, k.stream_id, l.explicit, l.glob, l.acked, t.h
                       OFFSET 0) l
                   LEFT JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
                                        = ($1, k.run_id, k.stream_id)"""
+# The runs of the streams each subscription names explicitly (at most MAX_EXPLICIT_STREAMS
+# links each: migration 0514's partial index, not a pass over a pattern's links).
+_NAMED_RUNS = """SELECT subscription_id, array_agg(DISTINCT run_id ORDER BY run_id)
+                 FROM ds_subscription_links
+                 WHERE tenant = $1 AND subscription_id = ANY($2::text[]) AND explicit
+                 GROUP BY subscription_id"""
 _NAMED_COUNT = """SELECT count(*) FROM ds_subscription_links
                   WHERE tenant = $1 AND subscription_id = $2 AND explicit"""
 # After a decision's writes: the marks of the links it read (or named) that are pending no more
@@ -289,7 +295,13 @@ def _state(sub: Subscription) -> bytes:
     """The state document: what the columns beside it keep is left out."""
     return _encode(
         msgspec.structs.replace(
-            sub, links=(), failing=False, last_error=None, creator_runs=None, named_elsewhere=0
+            sub,
+            links=(),
+            failing=False,
+            last_error=None,
+            creator_runs=None,
+            named_elsewhere=0,
+            named_runs=None,
         )
     )
 
@@ -307,6 +319,15 @@ def _row(row: Any) -> Subscription:
 def _columns(paths: Collection[StreamPath]) -> tuple[list[str], list[str]]:
     """`paths` as the two array parameters a statement takes them in: run IDs, stream IDs."""
     return [p.run_id for p in paths], [p.stream_id for p in paths]
+
+
+async def _with_named_runs(
+    conn: Connection, tenant: str, subs: list[Subscription]
+) -> list[Subscription]:
+    """`subs` with the runs of the streams each names explicitly (`named_runs`)."""
+    rows = await conn.fetch(_NAMED_RUNS, tenant, [sub.id for sub in subs])
+    runs = {r[0]: tuple(r[1]) for r in rows}
+    return [msgspec.structs.replace(sub, named_runs=runs.get(sub.id, ())) for sub in subs]
 
 
 def _linked(sub: Subscription, rows: list[Any]) -> tuple[Subscription, Heads]:
@@ -392,6 +413,7 @@ class PostgresSubscriptions:
         discover: str | None = None,
         extra: tuple[StreamPath, ...] = (),
         touching: Collection[StreamPath] = (),
+        named_runs: bool = False,
     ) -> _T:
         key = (tenant, subscription_id)
         lock = self._changing.get(key)
@@ -407,7 +429,9 @@ class PostgresSubscriptions:
                 try:
                     return await bounded_on(
                         self._pool,
-                        self._update(tenant, subscription_id, decide, discover, extra, touching),
+                        self._update(
+                            tenant, subscription_id, decide, discover, extra, touching, named_runs
+                        ),
                     )
                 except _Raced:
                     # Another transaction created it meanwhile (nothing was locked: there was
@@ -425,6 +449,7 @@ class PostgresSubscriptions:
         discover: str | None,
         extra: tuple[StreamPath, ...],
         touching: Collection[StreamPath],
+        named_runs: bool,
     ) -> _T:
         async with self._pool.acquire() as conn, conn.transaction():
             named: Heads = {}
@@ -449,6 +474,8 @@ class PostgresSubscriptions:
                 sub, heads = await self._deciding(
                     conn, row, tenant, subscription_id, {*extra, *touching}, bool(extra)
                 )
+                if named_runs:
+                    (sub,) = await _with_named_runs(conn, tenant, [sub])
             heads.update(named)
             if discover is not None and sub is None:
                 # Not while a stream is being created, nor one created until this commits
@@ -595,7 +622,9 @@ class PostgresSubscriptions:
             row = await conn.fetchrow(_GET, tenant, subscription_id)
             if row is None:
                 return None
-            return _linked(_row(row), await conn.fetch(_LINKS, tenant, subscription_id))
+            sub, heads = _linked(_row(row), await conn.fetch(_LINKS, tenant, subscription_id))
+            runs = sorted({link.path.run_id for link in sub.links if link.explicit})
+            return msgspec.structs.replace(sub, named_runs=tuple(runs)), heads
 
     async def wake_id(self, tenant: str, subscription_id: str) -> str | None:
         state = await self._pool.fetchval(_STATE, tenant, subscription_id)
@@ -628,15 +657,17 @@ class PostgresSubscriptions:
             rows = await self._pool.fetch(_DUE_OF, limit, *named)
         return [(r[0], r[1]) for r in rows]
 
-    async def of_stream(self, key: StreamKey) -> list[tuple[Subscription, Heads]]:
+    async def of_stream(
+        self, key: StreamKey, named_runs: bool = False
+    ) -> list[tuple[Subscription, Heads]]:
         path = StreamPath(key.run_id, key.stream_id)
-        return [
-            (
-                _row(r).with_links({path: Link(path, r[4], r[5], r[6])}),
-                {} if r[7] is None else {path: r[7]},
-            )
-            for r in await self._pool.fetch(_OF_STREAM, *key)
-        ]
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(_OF_STREAM, *key)
+            subs = [_row(r).with_links({path: Link(path, r[4], r[5], r[6])}) for r in rows]
+            if named_runs and subs:
+                subs = await _with_named_runs(conn, key.tenant, subs)
+        heads = [{} if r[7] is None else {path: r[7]} for r in rows]
+        return list(zip(subs, heads, strict=True))
 
     async def delivery(self, job: Job) -> Delivery | None:
         row = await self._pool.fetchrow(
