@@ -379,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser(
         "worker",
         help="run only the background workers (pruner, deletion, input dispatcher, journal "
-        "compactor, orphan and receipt sweepers) until SIGTERM",
+        "compactor, subscription wakes, and the sweeps: orphans, receipts, storage cleanup) "
+        "until SIGTERM",
         description="Migrate, then run the background workers until SIGTERM or Ctrl-C. Takes "
         "no options: see docs/configuration.md for the DUCTOR_STREAMS_* settings it reads.",
     )
@@ -484,9 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
         "rotate",
         help="sign webhooks with a new key",
         description="Make a new Ed25519 webhook signing key and print its key id. Every "
-        "process publishes it at once and signs with it from --publish-ahead seconds on (at "
-        "once by default); the old keys stay in the JWKS for ten minutes more, past a "
-        "receiver's five-minute replay window.",
+        "process hears of it on its wake bus and publishes it from its next use (within 30 s "
+        "at the latest), and signs with it from then, or from --publish-ahead seconds on; the "
+        "old keys stay in the JWKS for ten minutes more, past a receiver's five-minute replay "
+        "window.",
     )
     rotate.add_argument(
         "--publish-ahead",

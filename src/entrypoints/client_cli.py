@@ -188,10 +188,10 @@ def _run(args: argparse.Namespace, main: Any) -> int:
     try:
         asyncio.run(main(args))
     except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"ductor-streams: error: {error}", file=sys.stderr)
         return 2
     except StreamsError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"ductor-streams: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -387,7 +387,7 @@ def cmd_put_object(args: argparse.Namespace) -> int:
     elif not os.access(path, os.R_OK):
         problem = "permission denied"
     if problem:
-        print(f"error: cannot read {str(path)!r}: {problem}", file=sys.stderr)
+        print(f"ductor-streams: error: cannot read {str(path)!r}: {problem}", file=sys.stderr)
         return 2
     return _run(args, _put_object)
 

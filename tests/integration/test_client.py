@@ -382,8 +382,8 @@ def test_cli_append_from_arguments_and_stdin(server: ServerProcess, run_id: str,
     done = cli(server, "append", run_id, stream, "{not json")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == (
-        "error: argument 1 is not valid JSON: Expecting property name enclosed in double "
-        "quotes: line 1 column 2 (char 1)"
+        "ductor-streams: error: argument 1 is not valid JSON: Expecting property name enclosed "
+        "in double quotes: line 1 column 2 (char 1)"
     )
 
 
@@ -450,7 +450,10 @@ def test_cli_unknown_stream_exits_1_with_one_line(server: ServerProcess, run_id:
         done = cli(server, *args)
         assert done.returncode == 1, done
         assert done.stdout == ""
-        assert done.stderr == f"error: 404 not-found: no stream 'x' in run '{run_id}'\n"
+        assert (
+            done.stderr
+            == f"ductor-streams: error: 404 not-found: no stream 'x' in run '{run_id}'\n"
+        )
 
 
 def test_cli_usage_and_configuration_errors(
@@ -472,7 +475,7 @@ def test_cli_usage_and_configuration_errors(
         cwd=tmp_path,
     )
     assert done.returncode == 2
-    assert done.stderr.startswith("error: no token")
+    assert done.stderr.startswith("ductor-streams: error: no token")
     # ./.ductor-streams/dev-token is the fallback: with it the request reaches the server
     (tmp_path / ".ductor-streams").mkdir()
     (tmp_path / ".ductor-streams" / "dev-token").write_text(BOOTSTRAP_TOKEN + "\n")
@@ -484,7 +487,7 @@ def test_cli_usage_and_configuration_errors(
         timeout=30,
         cwd=tmp_path,
     )
-    assert done.returncode == 1 and done.stderr.startswith("error: 404 not-found")
+    assert done.returncode == 1 and done.stderr.startswith("ductor-streams: error: 404 not-found")
 
     done = subprocess.run([CLI, "--help"], capture_output=True, text=True, env=env, timeout=30)
     assert done.returncode == 0 and "tail" in done.stdout and "put-object" in done.stdout

@@ -18,7 +18,7 @@ def test_a_server_url_that_is_not_http_is_a_usage_error(
     monkeypatch.setenv("DUCTOR_STREAMS_TOKEN", "dst_unused")
     assert main(["append", "r1", "s1", "--url", url]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: --url must be an http:// or https:// URL, got {url!r}"]
+    assert err == [f"ductor-streams: error: --url must be an http:// or https:// URL, got {url!r}"]
 
 
 def test_the_url_from_the_environment_is_named_when_it_is_bad(
@@ -40,11 +40,11 @@ def test_a_number_json_cannot_carry_is_bad_json_not_sent_as_null(
     monkeypatch.setenv("DUCTOR_STREAMS_URL", "http://127.0.0.1:9")  # never reached
     assert main(["append", "r1", "s1", "--", "1", text]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("error: argument 2 is not valid JSON: ")
+    assert line.startswith("ductor-streams: error: argument 2 is not valid JSON: ")
     monkeypatch.setattr("sys.stdin", io.StringIO(f"1\n{text}\n"))
     assert main(["append", "r1", "s1"]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("error: stdin line 2 is not valid JSON: ")
+    assert line.startswith("ductor-streams: error: stdin line 2 is not valid JSON: ")
 
 
 def commands(tmp_path: Path) -> list[list[str]]:
@@ -94,8 +94,8 @@ def test_a_token_no_header_can_carry_is_a_usage_error_naming_where_it_came_from(
     for command in commands(tmp_path):
         line = one_usage_line(capsys, main([*command, *option]))
         assert line == (
-            f"error: the token of {named} holds a character no Bearer token has (a space, a "
-            "control character or non-ASCII)"
+            f"ductor-streams: error: the token of {named} holds a character no Bearer token has "
+            "(a space, a control character or non-ASCII)"
         ), command
 
 
@@ -130,12 +130,14 @@ def test_a_server_url_that_no_request_could_use_is_a_usage_error(
     monkeypatch.setenv("DUCTOR_STREAMS_TOKEN", "dst_unused")
     for command in commands(tmp_path):
         line = one_usage_line(capsys, main([*command, "--url", url]))
-        assert line.startswith(f"error: --url must be an http:// or https:// URL, got {url!r}: ")
+        assert line.startswith(
+            f"ductor-streams: error: --url must be an http:// or https:// URL, got {url!r}: "
+        )
         assert reason in line, line
     monkeypatch.setenv("DUCTOR_STREAMS_URL", url)
     line = one_usage_line(capsys, main(["tail", "r1", "s1"]))
     assert line.startswith(
-        f"error: DUCTOR_STREAMS_URL must be an http:// or https:// URL, got {url!r}"
+        f"ductor-streams: error: DUCTOR_STREAMS_URL must be an http:// or https:// URL, got {url!r}"
     )
 
 
@@ -147,7 +149,9 @@ def test_an_idempotency_key_no_header_can_carry_is_a_usage_error(
     monkeypatch.setenv("DUCTOR_STREAMS_TOKEN", "dst_unused")
     monkeypatch.setenv("DUCTOR_STREAMS_URL", "http://127.0.0.1:9")  # never reached
     line = one_usage_line(capsys, main(["append", "r1", "s1", "1", "--idempotency-key", key]))
-    assert line.startswith("error: --idempotency-key is 1 to 255 printable ASCII characters")
+    assert line.startswith(
+        "ductor-streams: error: --idempotency-key is 1 to 255 printable ASCII characters"
+    )
 
 
 @pytest.mark.parametrize(
