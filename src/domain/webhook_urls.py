@@ -10,6 +10,7 @@ rules: they are trusted by name."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from urllib.parse import urlsplit
 
 import msgspec
@@ -18,6 +19,8 @@ from domain.subscriptions import WebhookUrlRejected
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain"})
+# A host name's characters: labels of letters, digits, `-` (and `_`, which some names carry).
+_NAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\Z")
 METADATA = frozenset(
     {ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")}
 )
@@ -105,6 +108,17 @@ def check_url(url: str, allowed_hosts: frozenset[str] = frozenset()) -> WebhookT
         raise WebhookUrlRejected(
             "webhook URL must be ASCII: an internationalized host in its IDNA form (xn--…), "
             "other characters percent-encoded"
+        )
+    if ":" in host:  # an IPv6 literal, in brackets (urlsplit checks them)
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise WebhookUrlRejected(f"webhook URL's host is not an IPv6 address: {host}") from None
+    elif not _NAME.match(host):
+        # `https://example.com\SECRET` is no URL an HTTP request can be sent to, and its
+        # address, shown to readers as the URL's origin, would show what follows the host.
+        raise WebhookUrlRejected(
+            "webhook URL's host must be a name (letters, digits, '-', '.') or an IP address"
         )
     allowed = host in allowed_hosts
     loopback = is_loopback_host(host)

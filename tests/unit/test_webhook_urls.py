@@ -46,6 +46,11 @@ REFUSED_URLS = [
     "https://169.254.43518/hook",  # 169.254.169.254
     "https://0xa9.0xfe.0xa9.0xfe/hook",
     "http://0x08080808/hook",  # 8.8.8.8: public, but plain http off loopback
+    # A host of characters no name has: what follows it would be shown as its origin.
+    "https://example.com\\SECRET",
+    "https://example.com%2fSECRET/",
+    "https://exa%6dple.com/hook",
+    "https://example.com;x/hook",
 ]
 
 
