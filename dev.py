@@ -6,7 +6,9 @@ installs the project into it (again whenever `pyproject.toml` changes): `serve` 
 project alone, the other commands add its test tools (the `test` extra). Then it runs:
 
   serve [ARGS...]   `ductor-streams serve` on the embedded defaults (embedded PostgreSQL and a
-                    filesystem object store under ./.ductor-streams); extra ARGS are passed on.
+                    filesystem object store under ./.ductor-streams), webhooks allowed to this
+                    machine's own receivers (DUCTOR_STREAMS_WEBHOOK_LOOPBACK, unless set);
+                    extra ARGS are passed on.
   test [ARGS...]    ruff (lint and format check), the import-linter layer contract, mypy
                     (over src/, as [tool.mypy] in pyproject.toml says), then the whole pytest
                     suite, three test files at a time (pytest-xdist); extra ARGS go to
@@ -169,6 +171,8 @@ def main(args: list[str]) -> int:
     command, rest = args[0], args[1:]
     _ensure_environment(set() if command == "serve" else {"test"})
     if command == "serve":
+        # A developer's webhook receiver listens on this machine (docs/client.md's does).
+        os.environ.setdefault("DUCTOR_STREAMS_WEBHOOK_LOOPBACK", "true")
         return _become([_bin("ductor-streams"), "serve", *rest])
     if command == "test":
         for step in (

@@ -96,6 +96,8 @@ class Server:
             # The live benchmarks hold 1,000 subscriptions of one principal (default cap 1,000).
             DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_PRINCIPAL="100000",
             DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_TENANT="100000",
+            # The subscriptions bench's webhook receiver listens on loopback.
+            DUCTOR_STREAMS_WEBHOOK_LOOPBACK="true",
         )
         env.update(settings or {})
         self._spawn(

@@ -79,18 +79,20 @@ class HttpWebhookSender:
         timeout: float = 10.0,
         max_body: int = 64 * 1024,
         resolve: Resolve = system_resolve,
+        loopback: bool = False,
     ) -> None:
         self._allowed = allowed_hosts
+        self._loopback = loopback
         self._timeout = timeout
         self._max_body = max_body
         self._resolve = resolve
         self._ssl = ssl.create_default_context()
 
     def check(self, url: str) -> None:
-        check_url(url, self._allowed)
+        check_url(url, self._allowed, loopback=self._loopback)
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> WebhookAnswer:
-        target = check_url(url, self._allowed)
+        target = check_url(url, self._allowed, loopback=self._loopback)
         pool = httpcore.AsyncConnectionPool(
             ssl_context=self._ssl,
             max_keepalive_connections=0,

@@ -1,6 +1,7 @@
 """Which webhook URLs and addresses the service may connect to (PROTOCOL.md section 12.8).
 
-A URL is `https://`, or `http://` to a loopback host for development. Whatever a name resolves
+A URL is `https://`, or, where the deployment allows loopback (`WEBHOOK_LOOPBACK`, for
+development), `https://` or `http://` to a loopback host. Whatever a name resolves
 to, the address actually connected to must be public: private (RFC 1918, unique-local),
 link-local (metadata endpoints such as 169.254.169.254 among them), multicast, unspecified,
 reserved, shared (CGNAT) and loopback addresses are refused, loopback only allowed when the URL
@@ -84,9 +85,12 @@ def is_loopback_host(host: str) -> bool:
     return host in LOOPBACK_NAMES or host.endswith(".localhost")
 
 
-def check_url(url: str, allowed_hosts: frozenset[str] = frozenset()) -> WebhookTarget:
+def check_url(
+    url: str, allowed_hosts: frozenset[str] = frozenset(), *, loopback: bool = False
+) -> WebhookTarget:
     """The URL's target, or WebhookUrlRejected. Done before storing and again at every
-    delivery (with the addresses then, see `check_address`)."""
+    delivery (with the addresses then, see `check_address`). A loopback host only with
+    `loopback` (or in `allowed_hosts`)."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -121,17 +125,22 @@ def check_url(url: str, allowed_hosts: frozenset[str] = frozenset()) -> WebhookT
             "webhook URL's host must be a name (letters, digits, '-', '.') or an IP address"
         )
     allowed = host in allowed_hosts
-    loopback = is_loopback_host(host)
-    if parts.scheme == "http" and not loopback and not allowed:
+    names_loopback = is_loopback_host(host)
+    if names_loopback and not loopback and not allowed:
+        raise WebhookUrlRejected(
+            "webhook URL names a loopback host: this deployment delivers to none "
+            "(DUCTOR_STREAMS_WEBHOOK_LOOPBACK)"
+        )
+    if parts.scheme == "http" and not names_loopback and not allowed:
         raise WebhookUrlRejected("plain http:// is allowed only to loopback; use https://")
     address = _literal(host)
     if address is not None and not allowed:
-        check_address(address, loopback_allowed=loopback)
+        check_address(address, loopback_allowed=names_loopback)
     return WebhookTarget(
         scheme=parts.scheme,
         host=host,
         port=port or (443 if parts.scheme == "https" else 80),
-        loopback=loopback,
+        loopback=names_loopback,
         allowed_by_name=allowed,
     )
 

@@ -147,6 +147,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # how many deliveries run at once per process, and the public URL callbacks and the JWKS are
     # announced under.
     webhook_allowed_hosts: tuple[str, ...] = ()
+    # Whether a webhook URL may name a loopback host (http:// too): a development receiver on
+    # this machine. Off, a tenant's admin token cannot have the service POST to the host's own
+    # ports (`python3 dev.py serve` turns it on).
+    webhook_loopback: bool = False
     subscription_poll_seconds: Positive = 0.05
     subscription_sweep_seconds: Positive = 5.0
     webhook_timeout_seconds: Annotated[float, msgspec.Meta(gt=0, le=60)] = 10.0

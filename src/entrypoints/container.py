@@ -561,6 +561,7 @@ class Container(containers.DeclarativeContainer):
     webhook_sender = providers.Singleton(
         HttpWebhookSender,
         allowed_hosts=providers.Callable(lambda s: frozenset(s.webhook_allowed_hosts), settings),
+        loopback=settings.provided.webhook_loopback,
         timeout=settings.provided.webhook_timeout_seconds,
     )
     subscriptions = providers.Singleton(

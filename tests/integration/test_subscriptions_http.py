@@ -11,7 +11,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.conftest import BOOTSTRAP_TOKEN, Tokens, api_client
+from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, Tokens, api_client
 from tests.support.pull_wake import claimed_pull_wake
 from tests.support.server import ServerProcess
 
@@ -557,6 +557,39 @@ async def test_a_claim_shows_no_stream_its_worker_may_not_read(
         assert done.status_code == 200 and done.json() == {"ok": True, "next_wake": False}, (
             done.text
         )
+
+
+async def test_a_deployment_that_allows_no_loopback_refuses_webhooks_to_it(
+    database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Off by default (DUCTOR_STREAMS_WEBHOOK_LOOPBACK): a tenant's admin token would otherwise
+    have the service POST to the host's own ports. The session's server allows it (its
+    receivers listen here), this one does not."""
+    process = ServerProcess(
+        database_url=database_url,
+        data_dir=tmp_path_factory.mktemp("no-loopback"),
+        env={**SERVER_ENV, "DUCTOR_STREAMS_WEBHOOK_LOOPBACK": "false"},
+    ).start()
+    try:
+        async with api_client(process) as api:
+            for url in (
+                "http://127.0.0.1:9/hook",
+                "https://127.0.0.1:8443/admin",
+                "http://localhost:9/hook",
+                "http://[::1]:9/hook",
+                "http://127.1/hook",
+            ):
+                config = {
+                    "type": "webhook",
+                    "pattern": {"run_id": "r", "stream_id": "*"},
+                    "webhook": {"url": url},
+                }
+                answer = await api.put(f"/subscriptions/{sid()}", json=config)
+                assert answer.status_code == 400, (url, answer.text)
+                assert answer.json()["code"] == "webhook-url-rejected", answer.text
+                assert "loopback" in answer.json()["detail"], answer.text
+    finally:
+        process.stop()
 
 
 def _public_methods(cls: type) -> set[str]:

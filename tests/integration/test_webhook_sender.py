@@ -60,7 +60,7 @@ async def test_a_name_that_resolves_to_a_refused_address_is_never_connected_to(
     name: str, addresses: list[str], connects: list[tuple[str, int]]
 ) -> None:
     names = Names({name: addresses})
-    sender = HttpWebhookSender(resolve=names, timeout=2)
+    sender = HttpWebhookSender(resolve=names, timeout=2, loopback=True)
     sender.check(f"https://{name}/hook")  # the name alone passes when it is stored
     with pytest.raises(WebhookUrlRejected):
         await sender.post(f"https://{name}/hook", b"{}", {})
@@ -71,7 +71,7 @@ async def test_a_name_that_resolves_to_a_refused_address_is_never_connected_to(
 async def test_a_loopback_name_that_resolves_elsewhere_is_refused(
     connects: list[tuple[str, int]],
 ) -> None:
-    sender = HttpWebhookSender(resolve=Names({"localhost": ["10.0.0.1"]}), timeout=2)
+    sender = HttpWebhookSender(resolve=Names({"localhost": ["10.0.0.1"]}), timeout=2, loopback=True)
     with pytest.raises(WebhookUrlRejected):
         await sender.post("http://localhost:9/hook", b"{}", {})
     assert connects == []
@@ -118,7 +118,7 @@ async def test_a_large_answer_is_read_only_up_to_the_limit() -> None:
     server = await asyncio.start_server(receiver, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        sender = HttpWebhookSender(max_body=1024, timeout=2)
+        sender = HttpWebhookSender(max_body=1024, timeout=2, loopback=True)
         answer = await sender.post(f"http://127.0.0.1:{port}/x", b"{}", {})
         assert answer.status == 200 and len(answer.body) == 1024
     finally:
@@ -132,7 +132,7 @@ async def test_a_receiver_that_never_answers_times_out() -> None:
     server = await asyncio.start_server(receiver, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        sender = HttpWebhookSender(timeout=0.3)
+        sender = HttpWebhookSender(timeout=0.3, loopback=True)
         with pytest.raises(TimeoutError):
             await sender.post(f"http://127.0.0.1:{port}/x", b"{}", {})
     finally:

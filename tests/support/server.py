@@ -42,6 +42,8 @@ class _Process:
             **os.environ,
             "DUCTOR_STREAMS_DATABASE_URL": self.database_url,
             "DUCTOR_STREAMS_DATA_DIR": str(self.data_dir),
+            # The tests' webhook receivers listen on this machine, as a developer's do.
+            "DUCTOR_STREAMS_WEBHOOK_LOOPBACK": "true",
             **self.env,
         }
         self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -54,7 +54,7 @@ def webhook(pattern: str | None = None, streams: list[str] | None = None, ttl: i
             type="webhook",
             pattern=pattern,
             streams=streams,
-            webhook=WebhookConfig(url="http://127.0.0.1:9/hook"),
+            webhook=WebhookConfig(url="https://hooks.example/hook"),  # (never delivered)
             lease_ttl_ms=ttl,
         )
     )
