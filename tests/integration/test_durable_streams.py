@@ -317,6 +317,52 @@ async def test_sse_delivers_history_then_live_data_then_closure(
     assert controls[-1]["streamClosed"] is True and "streamCursor" not in controls[-1]
 
 
+async def _sse_text(ds: httpx.AsyncClient, url: str) -> str:
+    """The text of every data event up to the first up-to-date control event, parsed as the SSE
+    standard says (one space after `data:` stripped, an event's lines joined by LF)."""
+    texts: list[str] = []
+    lines: list[str] = []
+    kind = None
+    async with ds.stream("GET", url, params={"offset": "-1", "live": "sse"}) as answer:
+        assert "stream-sse-data-encoding" not in answer.headers
+        async for line in answer.aiter_lines():
+            if line.startswith("event:"):
+                kind, lines = line[6:].removeprefix(" "), []
+            elif line.startswith("data:"):
+                lines.append(line[5:].removeprefix(" "))
+            elif line == "" and kind is not None:
+                if kind == "data":
+                    texts.append("\n".join(lines))
+                elif json.loads("\n".join(lines)).get("upToDate"):
+                    break
+                kind = None
+    return "".join(texts)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "appends", "text"),
+    [
+        # A line that begins with a space kept it only in catch-up reads: `data:` + line lost
+        # one space to every SSE reader.
+        ("text/plain", [b" indented\n\tx", b"  two"], " indented\n\tx  two"),
+        # A declared charset: its text, as UTF-8 (it came as U+FFFD).
+        ("text/plain; charset=latin-1", [b"caf\xe9 \xff"], "caf\u00e9 \u00ff"),
+        ('text/csv; charset="windows-1252"', [b"\x80 5"], "\u20ac 5"),
+    ],
+)
+async def test_sse_text_is_the_text_appended(
+    ds: httpx.AsyncClient, run_id: str, content_type: str, appends: list[bytes], text: str
+) -> None:
+    url = f"/{run_id}/sse-text-{abs(hash(content_type)) % 10_000}"
+    assert (await ds.put(url, headers={"Content-Type": content_type})).status_code == 201
+    for body in appends:
+        posted = await ds.post(url, content=body, headers={"Content-Type": content_type})
+        assert posted.status_code == 204, posted.text
+    catch_up = await ds.get(url, params={"offset": "-1"})
+    assert catch_up.content == b"".join(appends)  # the bytes as stored
+    assert await _sse_text(ds, url) == text
+
+
 WORKER_ENV = {
     "DUCTOR_STREAMS_WORKER_POLL_SECONDS": "0.1",
     "DUCTOR_STREAMS_PRUNE_INTERVAL_SECONDS": "0.2",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import codecs
 import contextlib
 import functools
 import re
@@ -513,6 +514,19 @@ async def read(
 # -- SSE -----------------------------------------------------------------------------------------
 
 _LINES = re.compile(r"\r\n|\r|\n")
+_CHARSET = re.compile(r";\s*charset\s*=\s*\"?([A-Za-z0-9._:-]+)\"?", re.IGNORECASE)
+
+
+def text_charset(content_type: str) -> str:
+    """The charset a `text/*` stream's bytes are read in for an SSE data event (which carries
+    UTF-8 text): the content type's `charset` parameter when Python knows it, else UTF-8."""
+    found = _CHARSET.search(content_type)
+    if found is not None:
+        try:
+            return codecs.lookup(found.group(1)).name
+        except LookupError:
+            pass
+    return "utf-8"
 
 
 @functools.lru_cache(maxsize=256)  # content types are callers' strings: bounded
@@ -520,20 +534,26 @@ def data_encoder(content_type: str) -> Callable[[list[StoredRecord]], bytes]:
     """The data-event encoder of one content type, always the same function object, so that
     `RecordsDelivered.encoded_as` memoizes the event across the followers of a delivery."""
 
+    charset = text_charset(content_type)
+
     def encode(records: list[StoredRecord]) -> bytes:
-        return data_event(list(records), content_type)
+        return data_event(list(records), content_type, charset)
 
     return encode
 
 
-def data_event(records: list[StoredRecord], content_type: str) -> bytes:
+def data_event(records: list[StoredRecord], content_type: str, charset: str = "utf-8") -> bytes:
     if wire.is_json(content_type):
         return b"event: data\ndata:" + body_of(records, content_type) + b"\n\n"
     payload = b"".join(r.payload for r in records)
     if not wire.is_text(content_type):
         return b"event: data\ndata:" + base64.b64encode(payload) + b"\n\n"
-    text = payload.decode("utf-8", errors="replace")
-    lines = b"".join(b"data:" + line.encode() + b"\n" for line in _LINES.split(text))
+    # Text in the stream's charset, sent as UTF-8 (the protocol's SSE carries UTF-8 text); bytes
+    # that are not text in it (a UTF-8 character split across two appends, read in two events)
+    # become U+FFFD. Each line after `data: `: a reader strips one space after the colon, so a
+    # line that begins with a space keeps it (`data:` alone lost it).
+    text = payload.decode(charset, errors="replace")
+    lines = b"".join(b"data: " + line.encode() + b"\n" for line in _LINES.split(text))
     return b"event: data\n" + lines + b"\n"
 
 
@@ -587,7 +607,7 @@ def sse(
                 last = records[-1].sequence
                 up_to_date = last >= position.head
                 closed = position.closed and up_to_date
-                yield data_event(records, content_type) + control_event(
+                yield data_encoder(content_type)(records) + control_event(
                     last, up_to_date=up_to_date, closed=closed, client_cursor=client_cursor
                 )
                 if closed:
