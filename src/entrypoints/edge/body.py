@@ -234,9 +234,10 @@ def with_body_deadlines(
     not bounded (an event stream waits on it for the client to leave).
 
     `min_rate`: from RATE_GRACE_SECONDS after its first read, a body (an upload's too) must have
-    come at this many bytes a second on average, or it ends the same way: a body dripping a
-    byte every few seconds stays within the idle bound, and such requests held by the thousand
-    would take every connection the server accepts (its in-flight cap) for two minutes each.
+    come at this many bytes a second on average since that read, or it ends the same way: a
+    body dripping a byte every few seconds stays within the idle bound, and such requests held
+    by the thousand would take every connection the server accepts (its in-flight cap) for two
+    minutes each.
 
     `bodies`: a body is charged to the tenant its request authenticated as (`acting_for`,
     known by the time a handler reads it), counted while it arrives and its bytes while its
@@ -274,7 +275,7 @@ def with_body_deadlines(
                 return await receive()
             if first:
                 first = False
-                paced_from = loop.time() + RATE_GRACE_SECONDS
+                paced_from = loop.time()
                 if bodies is not None and (tenant := acting_for()) is not None:
                     bodies.admit(tenant)  # TooManyBodies: 429, nothing read
                     counted = True
@@ -283,7 +284,10 @@ def with_body_deadlines(
             now = loop.time()
             due = min(now + idle_seconds, deadline)
             if min_rate > 0:
-                due = min(due, max(now, paced_from + received / min_rate))
+                # The average since the first read, held to from RATE_GRACE_SECONDS on. (Counted
+                # from the grace's end, a body at 96% of the rate was never refused.)
+                paced = paced_from + max(RATE_GRACE_SECONDS, received / min_rate)
+                due = min(due, max(now, paced))
             watch.waiting[task] = due
             watch.arm(loop)
             try:
