@@ -144,25 +144,34 @@ class SubscriptionStore(Protocol):
 
 class WakeTokens:
     """Callback and claim tokens: HMAC-signed (tenant, subscription, generation, wake id,
-    expiry, and for a claim the id of the API token that claimed it), so a token of an earlier
-    wake still proves who it was for and is fenced (409), while a forged one is refused (401)."""
+    expiry, and for a claim the id of the API token that claimed it and, for a token restricted
+    to runs, those runs), so a token of an earlier wake still proves who it was for and is
+    fenced (409), while a forged one is refused (401)."""
 
     def __init__(self, secret: bytes) -> None:
         self._secret = secret
 
-    def issue(self, sub: Subscription, now: float, claimed_by: str | None = None) -> str:
+    def issue(
+        self,
+        sub: Subscription,
+        now: float,
+        claimed_by: str | None = None,
+        runs: Collection[str] | None = None,
+    ) -> str:
         assert sub.wake is not None
         wake, until = sub.wake, int(now + TOKEN_SECONDS)
-        fields = [sub.tenant, sub.id, wake.generation, wake.wake_id, until]
+        fields: list[Any] = [sub.tenant, sub.id, wake.generation, wake.wake_id, until]
         if claimed_by is not None:
             fields.append(claimed_by)
+            if runs is not None:
+                fields.append(sorted(runs))
         claims = msgspec.json.encode(fields)
         body = base64.urlsafe_b64encode(claims).rstrip(b"=")
         mac = hmac.new(self._secret, body, hashlib.sha256).digest()
         return (body + b"." + base64.urlsafe_b64encode(mac).rstrip(b"=")).decode()
 
     def verify(self, token: str, tenant: str | None, subscription_id: str, now: float) -> Any:
-        """The token's claims [tenant, id, generation, wake_id, exp(, claimed_by)], or
+        """The token's claims [tenant, id, generation, wake_id, exp(, claimed_by(, runs))], or
         WakeTokenInvalid."""
         try:
             body, _, mac = token.encode("ascii").partition(b".")
@@ -171,7 +180,7 @@ class WakeTokens:
                 raise ValueError("bad signature")
             claims = msgspec.json.decode(base64.urlsafe_b64decode(body + b"=" * (-len(body) % 4)))
             t, sid, _generation, _wake, exp = claims[:5]
-            if len(claims) > 6:
+            if len(claims) > 7:
                 raise ValueError("too many claims")
         except (ValueError, UnicodeError, msgspec.DecodeError, TypeError):
             raise WakeTokenInvalid("the wake token is not valid") from None
@@ -236,7 +245,11 @@ def visible_to(caller: Caller, sub: Subscription) -> bool:
     is not there for a run-scoped token, as another tenant's is not."""
     if not within_runs(caller, sub.config):
         return False
-    runs = caller.runs
+    return _names_within(caller.runs, sub)
+
+
+def _names_within(runs: Collection[str] | None, sub: Subscription) -> bool:
+    """Whether every stream `sub` names explicitly is in `runs` (None: any run)."""
     if runs is None:
         return True
     named = sub.named_runs  # (None, not read: not shown, rather than shown past its runs)
@@ -729,8 +742,13 @@ class Subscriptions:
         claims = self._tokens.verify(token, None, subscription_id, self._clock())
         tenant = claims[0]
         await self._claimer_valid(claims)
+        # A claim by a token restricted to runs: the subscription is not there for it once it
+        # names another run's stream (an admin linked one since the claim), as for its claim.
+        runs: list[str] | None = claims[6] if len(claims) > 6 else None
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, bool]:
+            if sub is not None and not _names_within(runs, sub):
+                raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
             sub = self._fenced_wake(sub, subscription_id, token, generation, wake_id)
             _of_type(sub, kind)
             sub = sub.acknowledged([(a.stream, a.sequence) for a in acks], heads)
@@ -742,7 +760,11 @@ class Subscriptions:
             return Change(sub), False
 
         return await self.decide_seeing(
-            tenant, subscription_id, decide, touching={a.stream for a in acks}
+            tenant,
+            subscription_id,
+            decide,
+            touching={a.stream for a in acks},
+            named_runs=runs is not None,
         )
 
     @tracing.use_case("claim wake")
@@ -779,7 +801,7 @@ class Subscriptions:
                 assert change.subscription is not None
                 sub, deliveries = change.subscription, change.deliveries
             sub = sub.leased(now + sub.config.lease_ttl_ms / 1000, holder=worker)
-            token = self._tokens.issue(sub, now, caller.token_id)
+            token = self._tokens.issue(sub, now, caller.token_id, caller.runs)
             return Change(sub, deliveries), (sub, heads, token)
 
         sub, heads, token = await self.decide_seeing(

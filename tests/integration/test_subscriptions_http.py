@@ -463,6 +463,63 @@ async def test_pull_wake_claim_ack_release_by_sequence(api: httpx.AsyncClient, r
     assert got["streams"][0]["acked_sequence"] == 1 and got["wake"] is None
 
 
+async def test_a_run_scoped_claim_acks_nothing_once_its_subscription_names_another_run(
+    server: ServerProcess, api: httpx.AsyncClient, run_id: str
+) -> None:
+    """Claimed by a token restricted to its run, then an admin links another run's stream: the
+    claim's token may no longer ack (the other run's stream least of all) nor extend the lease,
+    as the token may no longer see the subscription."""
+    other = run_id + "-other"
+    for run, stream in ((run_id, "pw-wake"), (run_id, "pw-e1"), (other, "s")):
+        made = await api.post(
+            f"/runs/{run}/streams", json={"stream_id": stream, "direction": "output"}
+        )
+        assert made.status_code == 201, made.text
+    name = sid()
+    put = await api.put(
+        f"/subscriptions/{name}",
+        json={
+            "type": "pull-wake",
+            "streams": [{"run_id": run_id, "stream_id": "pw-e1"}],
+            "wake_stream": {"run_id": run_id, "stream_id": "pw-wake"},
+        },
+    )
+    assert put.status_code == 201, put.text
+    await api.post(f"/runs/{run_id}/streams/pw-e1/records", json={"records": [{"data": 1}]})
+    minted = await api.post(
+        "/tokens",
+        json={
+            "scopes": ["streams:read", "streams:write"],
+            "expires_in_seconds": 600,
+            "runs": [run_id],
+        },
+    )
+    assert minted.status_code == 201, minted.text
+    async with api_client(server, minted.json()["token"]) as scoped:
+        claim = await scoped.post(f"/subscriptions/{name}/claim", json={"worker": "w1"})
+        assert claim.status_code == 200, claim.text
+    claimed = claim.json()
+    auth = {"authorization": f"Bearer {claimed['token']}"}
+    wake = {"wake_id": claimed["wake_id"], "generation": claimed["generation"]}
+    linked = await api.post(
+        f"/subscriptions/{name}/streams", json={"streams": [{"run_id": other, "stream_id": "s"}]}
+    )
+    assert linked.status_code == 204, linked.text
+    await api.post(f"/runs/{other}/streams/s/records", json={"records": [{"data": 1}, {"data": 2}]})
+    for acks in (
+        [{"run_id": other, "stream_id": "s", "sequence": 2}],
+        [{"run_id": run_id, "stream_id": "pw-e1", "sequence": 1}],
+    ):
+        answer = await api.post(
+            f"/subscriptions/{name}/ack", json={**wake, "acks": acks}, headers=auth
+        )
+        assert answer.status_code == 404, answer.text
+        assert answer.json()["code"] == "subscription-not-found", answer.text
+    got = (await api.get(f"/subscriptions/{name}")).json()
+    acked = {(s["run_id"], s["stream_id"]): s["acked_sequence"] for s in got["streams"]}
+    assert acked[(other, "s")] == 0 and acked[(run_id, "pw-e1")] == 0, got
+
+
 async def test_a_claim_ends_with_the_token_that_made_it(
     server: ServerProcess, api: httpx.AsyncClient, run_id: str
 ) -> None:
