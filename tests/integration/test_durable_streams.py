@@ -348,6 +348,11 @@ async def _sse_text(ds: httpx.AsyncClient, url: str) -> str:
         # A declared charset: its text, as UTF-8 (it came as U+FFFD).
         ("text/plain; charset=latin-1", [b"caf\xe9 \xff"], "caf\u00e9 \u00ff"),
         ('text/csv; charset="windows-1252"', [b"\x80 5"], "\u20ac 5"),
+        # Codecs that are no charset, or refuse what they are given: read as UTF-8 (the read
+        # was cut short by the error).
+        ("text/plain; charset=hex", [b"hello\n"], "hello\n"),
+        ("text/plain; charset=undefined", [b"caf\xc3\xa9"], "caf\u00e9"),
+        ("text/plain; charset=punycode", [b"\xff-\xff"], "\ufffd-\ufffd"),
     ],
 )
 async def test_sse_text_is_the_text_appended(

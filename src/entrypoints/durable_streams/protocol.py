@@ -35,6 +35,7 @@ from domain.definition import Expiry, Redaction, StreamDefinition
 from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordKind
 from domain.stream import StreamKey
+from domain.text import check_media_type, media_type_parts
 from entrypoints.container import Services
 from entrypoints.durable_streams import wire
 from entrypoints.durable_streams.answers import Answer, problem_answer
@@ -514,18 +515,23 @@ async def read(
 # -- SSE -----------------------------------------------------------------------------------------
 
 _LINES = re.compile(r"\r\n|\r|\n")
-_CHARSET = re.compile(r";\s*charset\s*=\s*\"?([A-Za-z0-9._:-]+)\"?", re.IGNORECASE)
 
 
 def text_charset(content_type: str) -> str:
     """The charset a `text/*` stream's bytes are read in for an SSE data event (which carries
-    UTF-8 text): the content type's `charset` parameter when Python knows it, else UTF-8."""
-    found = _CHARSET.search(content_type)
-    if found is not None:
-        try:
-            return codecs.lookup(found.group(1)).name
-        except LookupError:
-            pass
+    UTF-8 text): the content type's `charset` parameter when it names a text encoding Python
+    knows, else UTF-8 (`hex` or `zlib` are codecs, not charsets: `bytes.decode` refuses them)."""
+    try:
+        check_media_type("content type", content_type)  # (checked when its stream was made)
+    except errors.InvalidInput:
+        return "utf-8"
+    for name, value in media_type_parts(content_type)[1]:
+        if name.lower() == "charset":
+            try:
+                b"a".decode(value.strip('"'), "replace")
+                return codecs.lookup(value.strip('"')).name
+            except (LookupError, ValueError, UnicodeError):
+                return "utf-8"
     return "utf-8"
 
 
@@ -552,7 +558,10 @@ def data_event(records: list[StoredRecord], content_type: str, charset: str = "u
     # that are not text in it (a UTF-8 character split across two appends, read in two events)
     # become U+FFFD. Each line after `data: `: a reader strips one space after the colon, so a
     # line that begins with a space keeps it (`data:` alone lost it).
-    text = payload.decode(charset, errors="replace")
+    try:
+        text = payload.decode(charset, errors="replace")
+    except (LookupError, ValueError, UnicodeError):  # a codec that refuses even so (`idna`)
+        text = payload.decode("utf-8", errors="replace")
     lines = b"".join(b"data: " + line.encode() + b"\n" for line in _LINES.split(text))
     return b"event: data\n" + lines + b"\n"
 
