@@ -4,12 +4,14 @@ of its own, and the bytes are counted again by the storage cleanup's next fold."
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from adapters.postgres.tenant_counts import (
+    _FOLD,
     fold_tenant_counts,
     tenant_bytes,
     tenant_streams,
@@ -90,3 +92,29 @@ async def test_a_truncate_empties_the_counts_or_has_the_bytes_counted_again(
             assert await tenant_bytes(pool, "a") == 128
         finally:
             await pool.close()
+
+
+async def test_a_truncate_racing_the_fold_leaves_no_count_behind(
+    postgres_admin_url: str, tmp_path: Path
+) -> None:
+    """The fold moved an ended backend's row into a new row of backend 0 and committed while the
+    TRUNCATE's trigger emptied the count: its DELETE, which saw only the rows committed when it
+    began, left the new row, and a tenant with no stream counted one (migration 0515)."""
+    async with database_before(postgres_admin_url, 10_000, tmp_path) as url:
+        setup, folding, truncating = [await asyncpg.connect(url) for _ in range(3)]
+        try:
+            await setup.execute(_STREAM, "x", "s0", b"")
+            await setup.execute(
+                "UPDATE tenant_stream_counts SET backend = $1 WHERE tenant = 'x'", 2**31 - 7
+            )  # as if its backend had ended
+            fold = _FOLD.format(table="tenant_stream_counts", column="streams")
+            async with folding.transaction():
+                assert await folding.fetchval(fold) == 1  # moved into backend 0, uncommitted
+                truncate = asyncio.ensure_future(truncating.execute("TRUNCATE streams CASCADE"))
+                await asyncio.sleep(0.5)
+                assert not truncate.done()  # it waits for the fold
+            await asyncio.wait_for(truncate, 10)
+            assert await tenant_streams(setup, "x") == 0
+        finally:
+            for conn in (setup, folding, truncating):
+                await conn.close()
