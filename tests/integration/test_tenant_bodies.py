@@ -98,22 +98,31 @@ def wait_until_arriving(conns: list[socket.socket]) -> None:
     time.sleep(0.5)
 
 
-def test_a_body_that_drips_below_the_minimum_rate_is_408_long_before_the_total_bound(
-    server: ServerProcess, two_tenants: tuple[str, str]
-) -> None:
-    loud, _ = two_tenants
-    path = new_stream(server, loud)
+def dripped(
+    server: ServerProcess, tenant: str, path: str, length: int, piece: bytes
+) -> tuple[int, dict[str, str], dict, float]:
+    """A body of `length` bytes sent `piece` every half second until it is answered (or for a
+    minute): the answer's status, headers and body, and how long it took."""
     started = time.monotonic()
-    with open_body(server, loud, path, 1000) as conn:
+    with open_body(server, tenant, path, length) as conn:
         try:
             while time.monotonic() - started < 60:
-                conn.sendall(b" ")  # 2 bytes a second: within the 30 s idle bound
+                conn.sendall(piece)
                 time.sleep(0.5)
         except OSError:
             pass  # answered and closed
         conn.settimeout(5)
         status, headers, body = answer_of(conn)
-    took = time.monotonic() - started
+    return status, headers, body, time.monotonic() - started
+
+
+def test_a_body_that_drips_below_the_minimum_rate_is_408_long_before_the_total_bound(
+    server: ServerProcess, two_tenants: tuple[str, str]
+) -> None:
+    loud, _ = two_tenants
+    path = new_stream(server, loud)
+    # 2 bytes a second: within the 30 s idle bound
+    status, headers, body, took = dripped(server, loud, path, 1000, b" ")
     assert (status, body["code"]) == (408, "request-timeout")
     assert headers.get("connection") == "close"
     # The total bound is 120 s; the rate (100 B/s after 5 s) ends it at about 5 s.
@@ -129,17 +138,8 @@ def test_a_body_a_little_below_the_minimum_rate_is_408_too(
     was met until about 50 s (at 98%, never: only the total bound ended it)."""
     loud, _ = two_tenants
     path = new_stream(server, loud)
-    started = time.monotonic()
-    with open_body(server, loud, path, 100_000) as conn:
-        try:
-            while time.monotonic() - started < 60:
-                conn.sendall(b" " * 45)  # 90 bytes a second against 100
-                time.sleep(0.5)
-        except OSError:
-            pass  # answered and closed
-        conn.settimeout(5)
-        status, _, body = answer_of(conn)
-    took = time.monotonic() - started
+    # 90 bytes a second against 100
+    status, _, body, took = dripped(server, loud, path, 100_000, b" " * 45)
     assert (status, body["code"]) == (408, "request-timeout")
     assert took < 20, took
 
