@@ -30,6 +30,7 @@ from application import tracing
 from application.access import Caller, Scope, require_reader
 from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
+from application.jwts import JWT_ID_PREFIX
 from application.ports import TokenStore
 from application.wake import WakeRegistry
 from application.workers import OUTAGE_LOG_SECONDS, Job, Outage, backoff, ensure_claimed
@@ -702,6 +703,10 @@ class Subscriptions:
         if len(claims) < 6 or self._api_tokens is None:
             return
         token_id = claims[5]
+        if token_id.startswith(JWT_ID_PREFIX):
+            # A JWT is no row of the store (none was found: every ack was 401); it cannot be
+            # revoked here, and its claim holds until the wake ends, as its lease says.
+            return
         now = time.monotonic()
         if self._claimers.get(token_id, 0.0) > now:
             return

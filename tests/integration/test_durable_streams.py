@@ -353,6 +353,8 @@ async def _sse_text(ds: httpx.AsyncClient, url: str) -> str:
         ("text/plain; charset=hex", [b"hello\n"], "hello\n"),
         ("text/plain; charset=undefined", [b"caf\xc3\xa9"], "caf\u00e9"),
         ("text/plain; charset=punycode", [b"\xff-\xff"], "\ufffd-\ufffd"),
+        # A charset whose text may hold a lone surrogate, which no UTF-8 text can carry.
+        ("text/plain; charset=utf-7", [b"a+2AA-b"], "a\ufffdb"),
     ],
 )
 async def test_sse_text_is_the_text_appended(

@@ -184,6 +184,60 @@ async def test_a_jwt_with_runs_sees_only_those_runs(
     assert [r["run_id"] for r in listed] == [mine]
 
 
+async def test_a_pull_wake_claimed_with_a_jwt_is_acked_with_its_token(
+    anonymous: httpx.AsyncClient, keys: dict[str, Key]
+) -> None:
+    """A claim's token was checked against the API token store by the claimer's ID, where a
+    JWT has no row: every ack and heartbeat of a worker signed in by its identity provider was
+    401, and its wake could never end."""
+    key = keys["RS256"]
+    for restricted in (False, True):
+        run_id = "run-claim-" + str(time.time_ns())
+        scoped = [run_id] if restricted else None
+        worker = bearer(key.sign(claims(tenant="idp-claims", runs=scoped)))
+        for stream in ("wake", "jobs"):
+            made = await anonymous.post(
+                f"{API}/runs/{run_id}/streams",
+                json={"stream_id": stream, "direction": "output"},
+                headers=worker,
+            )
+            assert made.status_code in (200, 201), made.text
+        name = "sub-" + str(time.time_ns())
+        put = await anonymous.put(
+            f"{API}/subscriptions/{name}",
+            json={
+                "type": "pull-wake",
+                "streams": [{"run_id": run_id, "stream_id": "jobs"}],
+                "wake_stream": {"run_id": run_id, "stream_id": "wake"},
+            },
+            headers=worker,
+        )
+        assert put.status_code == 201, put.text
+        appended = await anonymous.post(
+            f"{API}/runs/{run_id}/streams/jobs/records",
+            json={"records": [{"data": 1}]},
+            headers=worker,
+        )
+        assert appended.status_code == 201, appended.text
+        claim = await anonymous.post(
+            f"{API}/subscriptions/{name}/claim", json={"worker": "w"}, headers=worker
+        )
+        assert claim.status_code == 200, claim.text
+        claimed = claim.json()
+        done = await anonymous.post(
+            f"{API}/subscriptions/{name}/ack",
+            json={
+                "wake_id": claimed["wake_id"],
+                "generation": claimed["generation"],
+                "acks": [{"run_id": run_id, "stream_id": "jobs", "sequence": 1}],
+                "done": True,
+            },
+            headers={"authorization": f"Bearer {claimed['token']}"},
+        )
+        assert done.status_code == 200, done.text
+        assert done.json() == {"ok": True, "next_wake": False}
+
+
 async def test_a_jwt_mints_tokens_no_wider_and_no_longer_lived_than_itself(
     anonymous: httpx.AsyncClient, keys: dict[str, Key]
 ) -> None:

@@ -515,6 +515,7 @@ async def read(
 # -- SSE -----------------------------------------------------------------------------------------
 
 _LINES = re.compile(r"\r\n|\r|\n")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def text_charset(content_type: str) -> str:
@@ -563,6 +564,10 @@ def data_event(records: list[StoredRecord], content_type: str, charset: str = "u
         text = payload.decode(charset, errors="replace")
     except (LookupError, ValueError, UnicodeError):  # a codec that refuses even so (`idna`)
         text = payload.decode("utf-8", errors="replace")
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate (utf-7 can make one): no UTF-8 text has it
+        text = _SURROGATE.sub("\ufffd", text)
     lines = b"".join(
         (b"data: " if line.startswith(" ") else b"data:") + line.encode() + b"\n"
         for line in _LINES.split(text)
