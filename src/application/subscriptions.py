@@ -145,7 +145,7 @@ class SubscriptionStore(Protocol):
 
 class WakeTokens:
     """Callback and claim tokens: HMAC-signed (tenant, subscription, generation, wake id,
-    expiry, and for a claim the id of the API token that claimed it and, for a token restricted
+    expiry, and for a claim the id of the API token that claimed it and, for a JWT restricted
     to runs, those runs), so a token of an earlier wake still proves who it was for and is
     fenced (409), while a forged one is refused (401)."""
 
@@ -322,7 +322,8 @@ class Subscriptions:
         self._tokens = tokens
         # The API tokens that claimed wakes: a claim's token holds no longer than they do.
         self._api_tokens = api_tokens
-        self._claimers: dict[str, float] = {}  # a claiming token's id -> valid until (monotonic)
+        # A claiming API token's id -> valid until (monotonic), and the runs it is restricted to.
+        self._claimers: dict[str, tuple[float, list[str] | None]] = {}
         self._check_url = check_url
         self._clock = clock
         self._definitions = definitions
@@ -696,32 +697,39 @@ class Subscriptions:
         sub.check_wake(generation, wake)
         return sub
 
-    async def _claimer_valid(self, claims: Any) -> None:
-        """A claim's token is refused (401) once the API token that claimed the wake is
-        revoked or has expired: its holder may no longer ack or extend the wake (the next
-        claim takes it over when its lease runs out). Looked up at most once a second."""
+    async def _claimer_runs(self, claims: Any) -> list[str] | None:
+        """The runs the token that claimed the wake is restricted to (None: not restricted, or
+        not a claim): a JWT's as the claim's token carries them, an API token's from its row.
+        A claim's token is refused (401) once the API token that claimed the wake is revoked or
+        has expired: its holder may no longer ack or extend the wake (the next claim takes it
+        over when its lease runs out). Looked up at most once a second."""
+        if len(claims) > 6:
+            return list(claims[6])  # a JWT's runs
         if len(claims) < 6 or self._api_tokens is None:
-            return
+            return None
         token_id = claims[5]
         if token_id.startswith(JWT_ID_PREFIX):
             # A JWT is no row of the store (none was found: every ack was 401); it cannot be
             # revoked here, and its claim holds until the wake ends, as its lease says.
-            return
+            return None
         now = time.monotonic()
-        if self._claimers.get(token_id, 0.0) > now:
-            return
+        known = self._claimers.get(token_id)
+        if known is not None and known[0] > now:
+            return known[1]
         record = await self._api_tokens.get(token_id)
         ended = record is None or record.revoked_at is not None
         if record is not None and record.expires_at is not None:
             ended = ended or record.expires_at <= datetime.now(UTC)
-        if ended:
+        if ended or record is None:
             self._claimers.pop(token_id, None)
             raise WakeTokenInvalid(
                 "the token that claimed this wake was revoked or has expired: claim again"
             )
         if len(self._claimers) > READABLE_KEPT:
             self._claimers.clear()
-        self._claimers[token_id] = now + CLAIMER_SECONDS
+        runs = record.caller.runs
+        self._claimers[token_id] = (now + CLAIMER_SECONDS, None if runs is None else sorted(runs))
+        return self._claimers[token_id][1]
 
     def wake_tenant(self, token: str, subscription_id: str) -> str:
         """The tenant a wake token of this subscription was signed for, checked before its
@@ -746,10 +754,9 @@ class Subscriptions:
         pending). Answers whether it woke again."""
         claims = self._tokens.verify(token, None, subscription_id, self._clock())
         tenant = claims[0]
-        await self._claimer_valid(claims)
         # A claim by a token restricted to runs: the subscription is not there for it once it
         # names another run's stream (an admin linked one since the claim), as for its claim.
-        runs: list[str] | None = claims[6] if len(claims) > 6 else None
+        runs = await self._claimer_runs(claims)
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, bool]:
             if sub is not None and not _names_within(runs, sub):
@@ -806,7 +813,10 @@ class Subscriptions:
                 assert change.subscription is not None
                 sub, deliveries = change.subscription, change.deliveries
             sub = sub.leased(now + sub.config.lease_ttl_ms / 1000, holder=worker)
-            token = self._tokens.issue(sub, now, caller.token_id, caller.runs)
+            # A JWT's runs go in the claim's token (a JWT has no row to read them from; they
+            # came in one of at most 8 KiB); an API token's are read from its row.
+            jwt = caller.token_id is not None and caller.token_id.startswith(JWT_ID_PREFIX)
+            token = self._tokens.issue(sub, now, caller.token_id, caller.runs if jwt else None)
             return Change(sub, deliveries), (sub, heads, token)
 
         sub, heads, token = await self.decide_seeing(
