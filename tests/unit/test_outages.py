@@ -11,6 +11,7 @@ import pytest
 from litestar import Litestar, get
 from litestar.testing import TestClient
 
+from adapters.postgres.bounded import bounded
 from application.waiting import CommitOutcomeUnknown, Unanswered
 from entrypoints.http import problems
 from entrypoints.http.outages import outage_handlers
@@ -133,6 +134,34 @@ def test_what_the_driver_raises_for_a_removed_unix_socket_is_an_outage(tmp_path)
     assert isinstance(error, OSError)  # FileNotFoundError: the same as a file of ours missing
     status, _, body = answer_for(error)
     assert status == 503, (type(error), body)
+
+
+async def _each_awaiter_of_one_failed_lookup(tmp: str) -> list[BaseException]:
+    """One lookup, through `bounded` as every statement goes, failing at a missing socket, and
+    awaited by several requests in turn, as one token's lookup is by the requests it came for."""
+
+    async def connect() -> None:
+        await asyncpg.connect(f"postgresql://x@/x?host={tmp}", timeout=5)
+
+    shared = asyncio.ensure_future(bounded(connect()))
+    errors: list[BaseException] = []
+    for _ in range(3):
+        try:
+            async with asyncio.timeout(5):
+                await asyncio.shield(shared)
+        except OSError as error:
+            errors.append(error)
+    return errors
+
+
+def test_a_driver_error_awaited_by_many_is_an_outage_to_each(tmp_path) -> None:
+    """Awaited again, a failed future hands a later awaiter a traceback without the driver's
+    frames: the third request answered 500 while PostgreSQL restarted under load."""
+    errors = asyncio.run(_each_awaiter_of_one_failed_lookup(str(tmp_path)))
+    assert len(errors) == 3
+    for error in errors:
+        status, _, body = answer_for(error)
+        assert status == 503, (type(error), body)
 
 
 def test_a_backing_service_that_did_not_answer_in_time_is_a_503_that_never_claims_a_failure() -> (

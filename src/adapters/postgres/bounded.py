@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import traceback
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -34,6 +35,25 @@ from application.waiting import (
 )
 
 T = TypeVar("T")
+
+# Marks an OSError the driver raised (while connecting: a refused TCP port, or the Unix socket
+# file a stopped server removed), for `raised_by_driver`.
+DRIVER_NOTE = "ductor-streams: raised by the PostgreSQL driver"
+
+
+def raised_by_driver(error: BaseException) -> bool:
+    """Whether the error was raised inside the PostgreSQL driver, not by code of ours: marked
+    so by `bounded`, or with the driver's frames in its traceback. The mark is what holds when
+    one lookup's failure is awaited by many requests: a failed future awaited again hands the
+    later ones a traceback without the frames it was raised in (a token's lookup shared by the
+    requests it came for answered them 500 while PostgreSQL restarted)."""
+    if DRIVER_NOTE in getattr(error, "__notes__", ()):
+        return True
+    return any(
+        frame.f_globals.get("__name__", "").startswith("asyncpg.")
+        for frame, _ in traceback.walk_tb(error.__traceback__)
+    )
+
 
 # A server's answer that the commit failed: then nothing was committed, and saying so is safe.
 _REFUSED = asyncpg.PostgresError
@@ -91,6 +111,9 @@ async def bounded(
         return task.result()
     if commit.sent and (not isinstance(error, _REFUSED) or isinstance(error, _LOST)):
         raise CommitOutcomeUnknown(f"the connection failed during COMMIT ({error})") from error
+    marked = DRIVER_NOTE in getattr(error, "__notes__", ())
+    if isinstance(error, OSError) and not marked and raised_by_driver(error):
+        error.add_note(DRIVER_NOTE)  # (kept however the error is awaited from here on)
     raise error
 
 

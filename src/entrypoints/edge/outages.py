@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import errno
 import socket
-import traceback
 
 import asyncpg
 import botocore.exceptions as s3_errors
 
+from adapters.postgres.bounded import raised_by_driver
 from application.waiting import CommitOutcomeUnknown, Unanswered
 
 RETRY_AFTER_SECONDS = 1
@@ -60,15 +60,6 @@ _AIOHTTP_CONNECTION_ERROR = "aiohttp.client_exceptions.ClientConnectionError"
 _S3_BUSY_CODES = frozenset({"SlowDown", "ServiceUnavailable", "RequestTimeout", "InternalError"})
 
 
-def _raised_by_driver(error: BaseException) -> bool:
-    """Whether the error was raised inside the PostgreSQL driver (while connecting: a refused
-    TCP port, or a Unix socket file a stopped server removed), not by code of ours."""
-    return any(
-        frame.f_globals.get("__name__", "").startswith("asyncpg.")
-        for frame, _ in traceback.walk_tb(error.__traceback__)
-    )
-
-
 def _is_aiohttp_connection_error(error: BaseException) -> bool:
     return any(
         f"{cls.__module__}.{cls.__qualname__}" == _AIOHTTP_CONNECTION_ERROR
@@ -101,7 +92,7 @@ def outage_of(error: BaseException) -> str | None:
         return None
     if not isinstance(error, OSError):
         return None
-    if _raised_by_driver(error):
+    if raised_by_driver(error):
         return "the database"
     if _is_aiohttp_connection_error(error):
         return "the object store"
