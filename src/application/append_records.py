@@ -20,8 +20,8 @@ from application.live_slots import LiveSlots, Slot
 from application.ports import Clock, Done, Failed, Idempotency, Replayed
 from application.throughput import DURABLE_STREAMS
 from application.views import AppendAnswer
-from application.waiting import back_to_work, give_turn, renew_budget
-from application.wake import WakeRegistry
+from application.waiting import back_to_work, give_turn, renew_budget, until_client_leaves
+from application.wake import Listener, WakeRegistry
 from domain import errors
 from domain.definition import (
     MAX_BATCH_RECORDS,
@@ -443,24 +443,35 @@ async def blocking(
     once, before the first wait (it may refuse it by raising)."""
     deadline = time.monotonic() + definition.limits.block_timeout_seconds
     with wake.listen(key) as listener:
-        while True:
-            try:
-                return await attempt()
-            except errors.Backpressure:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise
-                if before_waiting is not None:
-                    before_waiting()
-                    before_waiting = None
-                # Waits for an acknowledgement, a request of the same tenant: its turn at work
-                # goes back (application/waiting.py), or its acks could wait for it.
-                give_turn()
-                await listener.wait(remaining)
-                # Woken: a new attempt. Its waits on the database are bounded afresh (those
-                # of the attempts that found no credit are not an outage: 300 writers blocked
-                # on one stream answered 503 after 11 s of them), and it takes its turn at work
-                # again, so that an acknowledgement does not set every blocked writer of the
-                # tenant to work at once.
-                renew_budget()
-                await back_to_work()
+        try:
+            return await attempt()
+        except errors.Backpressure:
+            if deadline - time.monotonic() <= 0:
+                raise
+            if before_waiting is not None:
+                before_waiting()
+        # From its first wait on, a client that leaves ends it (where its entrypoint watches
+        # it, one watch for every wait): its append is not made for nobody once credit comes
+        # back, nor its live slot held. An attempt already under way when it leaves commits,
+        # as any request's does whose client leaves mid-commit.
+        return await until_client_leaves(_waiting(listener, deadline, attempt))
+
+
+async def _waiting(listener: Listener, deadline: float, attempt: Callable[[], Awaitable[_T]]) -> _T:
+    """`blocking`'s waits for a sign that the stream changed, each followed by an attempt."""
+    while True:
+        # Waits for an acknowledgement, a request of the same tenant: its turn at work goes
+        # back (application/waiting.py), or its acks could wait for it.
+        give_turn()
+        await listener.wait(max(0.0, deadline - time.monotonic()))
+        # Woken: a new attempt. Its waits on the database are bounded afresh (those of the
+        # attempts that found no credit are not an outage: 300 writers blocked on one stream
+        # answered 503 after 11 s of them), and it takes its turn at work again, so that an
+        # acknowledgement does not set every blocked writer of the tenant to work at once.
+        renew_budget()
+        await back_to_work()
+        try:
+            return await attempt()
+        except errors.Backpressure:
+            if deadline - time.monotonic() <= 0:
+                raise

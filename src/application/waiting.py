@@ -32,7 +32,7 @@ import collections
 import contextvars
 import time
 import weakref
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from domain.errors import Backpressure
@@ -113,6 +113,40 @@ class CommitWatch:
 
 _budget: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("budget", default=None)
 _commit: contextvars.ContextVar[CommitWatch | None] = contextvars.ContextVar("commit", default=None)
+# How the entrypoint ends a wait whose client leaves (`unless_client_leaves`), for a request
+# whose body is read: an append waiting for credit under `block` must not go on for nobody.
+_leaving: contextvars.ContextVar[Callable[[Awaitable[Any]], Awaitable[Any]] | None] = (
+    contextvars.ContextVar("leaving", default=None)
+)
+
+
+class client_watched:  # (named as a function: `with client_watched(...)`)
+    """While in it, `until_client_leaves` ends a wait with the entrypoint's error for a client
+    that left (the wait cancelled), where the client can be watched (its body read). A class,
+    not a generator's context manager: every append enters it."""
+
+    __slots__ = ("_leaving", "_token")
+
+    def __init__(self, unless_client_leaves: Callable[[Awaitable[Any]], Awaitable[Any]]) -> None:
+        self._leaving = unless_client_leaves
+
+    def __enter__(self) -> None:
+        self._token = _leaving.set(self._leaving)
+
+    def __exit__(self, *_: object) -> None:
+        _leaving.reset(self._token)
+
+
+async def until_client_leaves(awaitable: Awaitable[T]) -> T:
+    """`awaitable`, ended by the entrypoint if the request's client leaves meanwhile (where it
+    is watched: `client_watched`)."""
+    leaving = _leaving.get()
+    if leaving is None:
+        return await awaitable
+    result: T = await leaving(awaitable)
+    return result
+
+
 _bound = [DEFAULT_SECONDS]
 
 

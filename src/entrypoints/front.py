@@ -24,10 +24,12 @@ here rather than by wrapping `send` (docs/architecture.md)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from application.waiting import client_watched
 from entrypoints.container import Services
 from entrypoints.durable_streams import protocol
 from entrypoints.durable_streams.answers import Answer
@@ -36,6 +38,7 @@ from entrypoints.edge.browser import allowed_origin, answer_headers
 from entrypoints.edge.checks import check_scope
 from entrypoints.edge.exchange import Exchange
 from entrypoints.edge.head import RequestHead, RequestHeaders
+from entrypoints.edge.leaving import ClientLeft, answer_to_nobody, unless_client_leaves
 from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, NATIVE_PREFIX, STREAM_PATH
 from entrypoints.edge.problems import PROBLEM_JSON, problem_for
 from entrypoints.http import appends
@@ -95,18 +98,25 @@ def append_front(
                 extra = answer_headers(scope, cors)
                 extra.append((_RID, rid))
                 answer: Any
-                if route == NATIVE_ROUTE:
-                    run_id, stream_id = where
-                    content = await body.read(max_body)
-                    answer = await appends.append(
-                        running, caller, run_id, stream_id, content, head.idempotency_key, extra
-                    )
-                    exchange.status = answer.status
-                else:
-                    decided = protocol.append_head(running, caller, where, RequestHeaders(head.raw))
-                    answer = await protocol.append_body(decided, await body.read(max_body))
-                    answer.extra = extra
-                    exchange.status = answer.status
+                # An append waiting for credit (`block`) ends if its client leaves (read whole,
+                # its body is no longer what `receive` waits for by then).
+                with client_watched(functools.partial(unless_client_leaves, receive)):
+                    if route == NATIVE_ROUTE:
+                        run_id, stream_id = where
+                        content = await body.read(max_body)
+                        answer = await appends.append(
+                            running, caller, run_id, stream_id, content, head.idempotency_key, extra
+                        )
+                        exchange.status = answer.status
+                    else:
+                        headers = RequestHeaders(head.raw)
+                        decided = protocol.append_head(running, caller, where, headers)
+                        answer = await protocol.append_body(decided, await body.read(max_body))
+                        answer.extra = extra
+                        exchange.status = answer.status
+            except ClientLeft:
+                exchange.status = 499
+                answer = answer_to_nobody
             except Exception as error:
                 problem = problem_for(error, "POST", scope["path"])
                 exchange.status = problem.status

@@ -13,6 +13,8 @@ import asyncpg
 import httpx
 import pytest
 
+from tests.support.server import ServerProcess
+
 PROBLEM_JSON = "application/problem+json"
 CREDIT_FIELDS = {"unread_items", "unread_bytes", "max_unread_items", "max_unread_bytes"}
 
@@ -509,6 +511,41 @@ async def test_block_policy_appends_once_a_concurrent_ack_frees_credit(
     assert elapsed < 5, elapsed
     records = (await page(api, run_id, "unblocked"))["records"]
     assert [r["data"] for r in records] == [1, 2]
+
+
+@pytest.mark.parametrize("surface", ["native", "durable-streams"])
+async def test_a_blocked_append_whose_client_left_is_not_made(
+    server: ServerProcess, api: httpx.AsyncClient, run_id: str, surface: str
+) -> None:
+    """Its client gone (a timeout, then a retry without a key), an append waiting for credit
+    went on waiting, held its live slot, and appended its record once credit came back: the
+    retry's record then came twice."""
+    stream = "left-" + surface
+    await create(
+        api,
+        run_id,
+        stream,
+        limits={"max_unread_items": 1, "unread_policy": "block", "block_timeout_seconds": 20},
+    )
+    assert (await append(api, run_id, stream, "first")).status_code == 201
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up on it, and leaves
+        if surface == "native":
+            await append(api, run_id, stream, "abandoned", timeout=1.0)
+        else:
+            await api.post(
+                f"{server.base_url}/api/durable-streams/v1/stream/{run_id}/{stream}",
+                content=b'"abandoned"',
+                headers={"Content-Type": "application/json"},
+                timeout=1.0,
+            )
+    await asyncio.sleep(0.5)
+    assert (await ack(api, run_id, stream, "reader", 1)).status_code == 200
+    await asyncio.sleep(1.5)  # long enough for a waiter still there to append
+    records = (await page(api, run_id, stream))["records"]
+    assert [r["data"] for r in records] == ["first"]
+    metrics = (await api.get(f"{server.base_url}/metrics")).text
+    live = [line for line in metrics.splitlines() if line.startswith("ductor_streams_active_sub")]
+    assert all(line.endswith(" 0.0") for line in live), live
 
 
 # -- concurrency ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ function in `protocol` (or a module beside it) taking the same plain values."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -16,6 +17,7 @@ from litestar.openapi.spec import Operation
 from litestar.types import ASGIApp
 
 from application.access import Caller
+from application.waiting import client_watched
 from domain.definition import MAX_IDLE_SECONDS
 from domain.ids import ID_PATTERN
 from domain.producers import MAX_PRODUCER_ID_LENGTH, MAX_WRITER_SEQ_LENGTH
@@ -23,7 +25,12 @@ from entrypoints.container import Services
 from entrypoints.durable_streams import protocol, wire
 from entrypoints.edge.head import RequestHeaders
 from entrypoints.edge.head_method import is_head
-from entrypoints.edge.leaving import answered_unless_client_leaves
+from entrypoints.edge.leaving import (
+    ClientLeft,
+    answer_to_nobody,
+    answered_unless_client_leaves,
+    unless_client_leaves,
+)
 from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, STREAM_PATH
 from entrypoints.openapi import Answer, Header, Link, RequestBody, decimal_pattern, documented
 
@@ -270,7 +277,13 @@ async def _create(request: Request) -> ASGIApp:
 
 async def _append(request: Request) -> ASGIApp:
     services, caller, at, headers = await _plain(request)
-    return await protocol.append(services, caller, at, headers, request.body)
+    try:
+        # A write waiting for credit (`block`) ends if its client leaves (as entrypoints/
+        # front.py answers this route).
+        with client_watched(functools.partial(unless_client_leaves, request.receive)):
+            return await protocol.append(services, caller, at, headers, request.body)
+    except ClientLeft:
+        return answer_to_nobody
 
 
 async def _read(request: Request) -> ASGIApp:

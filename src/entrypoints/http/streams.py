@@ -6,6 +6,7 @@ request cost about 15% of an append's CPU when measured (bench: 4.0k -> 4.7k app
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 import msgspec
@@ -29,6 +30,7 @@ from application.views import (
     StreamDocument,
     StreamList,
 )
+from application.waiting import client_watched
 from domain.definition import MAX_BATCH_RECORDS, MAX_SEQUENCE, DefinitionRequest
 from domain.digits import bounded_integer
 from domain.errors import InvalidInput
@@ -36,7 +38,12 @@ from domain.ids import ID_PATTERN
 from entrypoints.container import Services
 from entrypoints.edge.head import RequestHead
 from entrypoints.edge.head_method import is_head
-from entrypoints.edge.leaving import answered_unless_client_leaves
+from entrypoints.edge.leaving import (
+    ClientLeft,
+    answer_to_nobody,
+    answered_unless_client_leaves,
+    unless_client_leaves,
+)
 from entrypoints.http import appends
 from entrypoints.http.answers import EncodedJsonAnswer, HeadersAnswer
 from entrypoints.http.body import decode_body
@@ -276,14 +283,20 @@ class StreamsController(Controller):
         head = RequestHead(request.scope["headers"])
         services: Services = request.app.state.services
         caller = await services.authenticate(head.authorization)
-        return await appends.append(
-            services,
-            caller,
-            params["run_id"],
-            params["stream_id"],
-            await request.body(),
-            head.idempotency_key,
-        )
+        try:
+            # An append waiting for credit (`block`) ends if its client leaves (entrypoints/
+            # front.py answers this route the same way).
+            with client_watched(functools.partial(unless_client_leaves, request.receive)):
+                return await appends.append(
+                    services,
+                    caller,
+                    params["run_id"],
+                    params["stream_id"],
+                    await request.body(),
+                    head.idempotency_key,
+                )
+        except ClientLeft:
+            return answer_to_nobody
 
     @get(
         STREAM + "/records",
