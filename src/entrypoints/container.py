@@ -417,6 +417,7 @@ class Container(containers.DeclarativeContainer):
         max_open_objects=settings.provided.max_open_objects_per_stream,
         wake=wake,
         copies_kept=copies_kept,
+        reader=streams,
     )
     list_objects = providers.Singleton(ListOpenObjects, definitions, streams, streams)
     delete_bodies = providers.Singleton(

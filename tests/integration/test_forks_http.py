@@ -6,6 +6,7 @@ reads on; the fork's deletion takes the source with it."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from datetime import UTC, datetime
 
@@ -129,6 +130,41 @@ async def test_a_fork_reads_stitched_and_its_deleted_source_answers_410(
     assert (await api.delete(f"{base}/f")).status_code == 204
     assert (await api.get(f"{base}/src")).status_code == 404  # released with its last fork
     await create(api, run_id, "src")
+
+
+async def test_a_deleted_sources_objects_are_not_served_to_anyone(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str
+) -> None:
+    """Deleted while a fork reads it, a stream answered 410 to its records but still served its
+    objects' metadata and bodies, a body committed after the fork point included, which no fork
+    inherits."""
+    await create(api, run_id, "osrc")
+    await append(api, run_id, "osrc", 1)
+    await fork(pool, run_id, "osrc", "ofork", 1)
+    body = b"committed after the fork point"
+    path = f"/runs/{run_id}/streams/osrc/objects"
+    prepared = await api.post(
+        path,
+        json={
+            "idempotency_key": "after-fork",
+            "size": len(body),
+            "sha256": hashlib.sha256(body).hexdigest(),
+            "content_type": "application/octet-stream",
+        },
+    )
+    assert prepared.status_code == 201, prepared.text
+    object_path = f"{path}/{prepared.json()['object_id']}"
+    assert (await api.put(f"{object_path}/body", content=body)).status_code == 200
+    assert (await api.post(f"{object_path}/commit")).status_code == 201
+    assert (await api.get(f"{object_path}/body")).content == body  # served while it lives
+    assert (await api.delete(f"/runs/{run_id}/streams/osrc")).status_code == 204
+    for response in (
+        await api.get(object_path),
+        await api.get(f"{object_path}/body"),
+        await api.head(f"{object_path}/body"),
+    ):
+        assert response.status_code == 410, (response.request.method, response.text)
+    assert (await api.get(object_path)).json()["code"] == "stream-gone"
 
 
 async def test_a_long_poll_on_a_source_deleted_while_it_waits_answers_410(
