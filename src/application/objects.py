@@ -552,7 +552,29 @@ class Objects:
         key = caller.key(run_id, stream_id)
         require_reader(caller, await self._definitions.get(key, runs=caller.runs))
         await self._live(key)
-        return object_view(await self._intent(key, object_id))
+        return object_view(await self._readable(key, object_id))
+
+    async def _readable(self, key: StreamKey, object_id: str) -> ObjectIntent:
+        """The object as a reader of `key` may see it: the stream's own, or, for a fork, one
+        whose committed record the fork inherits (at or before each link's point up its chain),
+        so that a fork's readers can fetch the bodies of the records they read (they were 404
+        on the fork's path, and the source's is 410 once it is deleted)."""
+        check_id("objectID", object_id)
+        intent = await self._intents.intent(key, object_id)
+        if intent is not None or self._reader is None:
+            if intent is None:
+                raise NotFound(f"no object {object_id!r} on stream {key.stream_id!r}")
+            return intent
+        through: int | None = None
+        for link in await self._reader.chain(key):
+            through = link.through if through is None else min(through, link.through)
+            inherited = await self._intents.intent(link.source, object_id)
+            if inherited is not None:
+                sequence = inherited.sequence
+                if inherited.state == "committed" and sequence is not None and sequence <= through:
+                    return inherited
+                break  # the source's, past the point the fork inherits through
+        raise NotFound(f"no object {object_id!r} on stream {key.stream_id!r}")
 
     async def _live(self, key: StreamKey) -> None:
         """410 for a stream deleted while forks read it: its objects' metadata and bodies are
@@ -572,7 +594,7 @@ class Objects:
             caller, await self._definitions.get(key, delivers_data=True, runs=caller.runs)
         )
         await self._live(key)
-        intent = await self._intent(key, object_id)
+        intent = await self._readable(key, object_id)
         if intent.state != "committed":
             raise errors.ObjectStateConflict(
                 f"object {object_id!r} is {intent.state}: only committed bodies are served"

@@ -132,21 +132,12 @@ async def test_a_fork_reads_stitched_and_its_deleted_source_answers_410(
     await create(api, run_id, "src")
 
 
-async def test_a_deleted_sources_objects_are_not_served_to_anyone(
-    api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str
-) -> None:
-    """Deleted while a fork reads it, a stream answered 410 to its records but still served its
-    objects' metadata and bodies, a body committed after the fork point included, which no fork
-    inherits."""
-    await create(api, run_id, "osrc")
-    await append(api, run_id, "osrc", 1)
-    await fork(pool, run_id, "osrc", "ofork", 1)
-    body = b"committed after the fork point"
-    path = f"/runs/{run_id}/streams/osrc/objects"
+async def _committed(api: httpx.AsyncClient, path: str, body: bytes) -> str:
+    """An object committed on the stream of `path` (.../objects): its path."""
     prepared = await api.post(
         path,
         json={
-            "idempotency_key": "after-fork",
+            "idempotency_key": hashlib.sha256(body).hexdigest()[:16],
             "size": len(body),
             "sha256": hashlib.sha256(body).hexdigest(),
             "content_type": "application/octet-stream",
@@ -156,15 +147,38 @@ async def test_a_deleted_sources_objects_are_not_served_to_anyone(
     object_path = f"{path}/{prepared.json()['object_id']}"
     assert (await api.put(f"{object_path}/body", content=body)).status_code == 200
     assert (await api.post(f"{object_path}/commit")).status_code == 201
-    assert (await api.get(f"{object_path}/body")).content == body  # served while it lives
-    assert (await api.delete(f"/runs/{run_id}/streams/osrc")).status_code == 204
+    return object_path
+
+
+async def test_a_forks_readers_fetch_the_objects_it_inherits_and_a_deleted_source_serves_none(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str
+) -> None:
+    """A fork's readers got 404 for the bodies of the object records they read (on the fork's
+    path), and the source, deleted while the fork read it, answered 410 to its records but still
+    served every object, one committed after the fork point included, which no fork inherits."""
+    await create(api, run_id, "osrc")
+    source = f"/runs/{run_id}/streams/osrc/objects"
+    inherited = await _committed(api, source, b"before the fork point")  # record 1
+    await fork(pool, run_id, "osrc", "ofork", 1)
+    after = await _committed(api, source, b"after the fork point")  # record 2
+    on_fork = f"/runs/{run_id}/streams/ofork/objects"
+    inherited_id, after_id = inherited.rsplit("/", 1)[1], after.rsplit("/", 1)[1]
+    for deleted in (False, True):
+        if deleted:
+            assert (await api.delete(f"/runs/{run_id}/streams/osrc")).status_code == 204
+        body = await api.get(f"{on_fork}/{inherited_id}/body")
+        assert body.status_code == 200 and body.content == b"before the fork point", body.text
+        assert (await api.get(f"{on_fork}/{inherited_id}")).json()["state"] == "committed"
+        for path in (f"{on_fork}/{after_id}", f"{on_fork}/{after_id}/body"):
+            assert (await api.get(path)).status_code == 404
     for response in (
-        await api.get(object_path),
-        await api.get(f"{object_path}/body"),
-        await api.head(f"{object_path}/body"),
+        await api.get(after),
+        await api.get(f"{after}/body"),
+        await api.head(f"{after}/body"),
+        await api.get(f"{inherited}/body"),
     ):
-        assert response.status_code == 410, (response.request.method, response.text)
-    assert (await api.get(object_path)).json()["code"] == "stream-gone"
+        assert response.status_code == 410, (response.request.url, response.text)
+    assert (await api.get(after)).json()["code"] == "stream-gone"
 
 
 async def test_a_long_poll_on_a_source_deleted_while_it_waits_answers_410(
