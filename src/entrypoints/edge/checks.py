@@ -13,7 +13,9 @@ and the append front), for both API surfaces:
 
 from __future__ import annotations
 
+from decimal import Decimal, InvalidOperation
 from typing import Any
+from urllib.parse import parse_qsl
 
 from application.errors import NotFound
 from domain.errors import DomainError, InvalidInput
@@ -51,6 +53,29 @@ class UnsupportedMediaType(DomainError):
     code = "unsupported-media-type"
 
 
+# The native API's integer query parameters. The framework reads `4.99999999999999999999` as
+# the float 5.0 and takes it for 5 (a cursor that skipped a record): a number is whole only if
+# its text is, and 2^53 at most, as the JSON bodies' integers (docs/http-api.md, "Conventions").
+_INTEGER_PARAMETERS = frozenset({"cursor", "limit"})
+_WHOLE_UP_TO = 2**53
+
+
+def _check_whole_numbers(query: bytes) -> None:
+    for name, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+        if name not in _INTEGER_PARAMETERS:
+            continue
+        try:
+            number = Decimal(value)
+        except InvalidOperation:
+            continue  # not a number: the framework says what it must be
+        if not number.is_finite() or not float(number).is_integer():
+            continue  # refused by the framework too, which says what it must be
+        if number != number.to_integral_value() or abs(number) > _WHOLE_UP_TO:
+            raise InvalidInput(
+                f"{name} must be a whole number (at most 2^53), not {value[:40]!r}", field=name
+            )
+
+
 def _codings(value: bytes) -> list[bytes]:
     return [c.strip().lower() for c in value.split(b",") if c.strip()]
 
@@ -67,6 +92,9 @@ def check_scope(scope: Any) -> bool:
         raise InvalidInput("an ID may not contain '/' (an encoded %2F in the path)", field="path")
     if raw.startswith(STREAMS) and raw.endswith(b"/"):
         raise NotFound(f"no stream at {raw[:200].decode('latin-1')!r}: the path ends in '/'")
+    query = scope.get("query_string")
+    if query and (b"." in query or b"e" in query or b"E" in query):
+        _check_whole_numbers(query)
     write = scope["method"] in WRITES
     seen: set[bytes] = set()
     for name, value in scope["headers"]:  # one pass: this runs for every request

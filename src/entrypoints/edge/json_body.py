@@ -6,6 +6,7 @@ stored value every reader fails to decode would make each page that holds it unr
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, TypeVar
 
 import msgspec
@@ -55,16 +56,18 @@ def decode_json(body: bytes, type_: type[T]) -> T:
         raise InvalidInput(f"the request body is not valid JSON: {error}") from None
 
 
-_any_json = msgspec.json.Decoder().decode
+# Numbers with a fraction or an exponent as their exact text (`Decimal`): as a float, 4.99…9
+# (twenty nines) is 5.0, and an acknowledgement of it acknowledged record 5.
+_any_json = msgspec.json.Decoder(float_hook=Decimal).decode
 _WHOLE_FLOATS_UP_TO = 2**53  # beyond it a float no longer spells one integer
 
 
 def _whole_numbers(value: Any) -> Any:
     """JSON has one number type: `2.0` is the integer 2, as JSON Schema (and so the OpenAPI
     document) says. msgspec refuses it where an int is expected; this spells it as an int."""
-    if isinstance(value, float):
-        whole = value.is_integer() and abs(value) <= _WHOLE_FLOATS_UP_TO
-        return int(value) if whole else value
+    if isinstance(value, Decimal):  # (JSON has no NaN nor infinity)
+        whole = value == value.to_integral_value() and abs(value) <= _WHOLE_FLOATS_UP_TO
+        return int(value) if whole else float(value)  # a float: an int field refuses it
     if isinstance(value, list):
         return [_whole_numbers(item) for item in value]
     if isinstance(value, dict):
