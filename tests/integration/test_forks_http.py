@@ -6,7 +6,6 @@ reads on; the fork's deletion takes the source with it."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from datetime import UTC, datetime
 
@@ -19,6 +18,7 @@ from adapters.postgres.streams import PostgresStreams
 from domain.definition import Fork
 from domain.stream import StreamKey
 from tests.conftest import BOOTSTRAP_TOKEN
+from tests.integration.test_http_head import committed_object
 from tests.support.server import ServerProcess
 
 
@@ -132,24 +132,6 @@ async def test_a_fork_reads_stitched_and_its_deleted_source_answers_410(
     await create(api, run_id, "src")
 
 
-async def _committed(api: httpx.AsyncClient, path: str, body: bytes) -> str:
-    """An object committed on the stream of `path` (.../objects): its path."""
-    prepared = await api.post(
-        path,
-        json={
-            "idempotency_key": hashlib.sha256(body).hexdigest()[:16],
-            "size": len(body),
-            "sha256": hashlib.sha256(body).hexdigest(),
-            "content_type": "application/octet-stream",
-        },
-    )
-    assert prepared.status_code == 201, prepared.text
-    object_path = f"{path}/{prepared.json()['object_id']}"
-    assert (await api.put(f"{object_path}/body", content=body)).status_code == 200
-    assert (await api.post(f"{object_path}/commit")).status_code == 201
-    return object_path
-
-
 async def test_a_forks_readers_fetch_the_objects_it_inherits_and_a_deleted_source_serves_none(
     api: httpx.AsyncClient, pool: asyncpg.Pool, run_id: str
 ) -> None:
@@ -157,10 +139,10 @@ async def test_a_forks_readers_fetch_the_objects_it_inherits_and_a_deleted_sourc
     path), and the source, deleted while the fork read it, answered 410 to its records but still
     served every object, one committed after the fork point included, which no fork inherits."""
     await create(api, run_id, "osrc")
-    source = f"/runs/{run_id}/streams/osrc/objects"
-    inherited = await _committed(api, source, b"before the fork point")  # record 1
+    source = f"/runs/{run_id}/streams/osrc"
+    inherited = await committed_object(api, source, b"before the fork point")  # record 1
     await fork(pool, run_id, "osrc", "ofork", 1)
-    after = await _committed(api, source, b"after the fork point")  # record 2
+    after = await committed_object(api, source, b"after the fork point", key="k2")  # record 2
     on_fork = f"/runs/{run_id}/streams/ofork/objects"
     inherited_id, after_id = inherited.rsplit("/", 1)[1], after.rsplit("/", 1)[1]
     for deleted in (False, True):

@@ -36,8 +36,11 @@ async def head_matches_get(
     return headed
 
 
-async def committed_object(api: httpx.AsyncClient, path: str, body: bytes) -> str:
-    prepared = await api.post(f"{path}/objects", json=prepare_body(body, content_type="text/plain"))
+async def committed_object(api: httpx.AsyncClient, path: str, body: bytes, key: str = "k1") -> str:
+    """An object committed on the stream of `path`: its path."""
+    prepared = await api.post(
+        f"{path}/objects", json=prepare_body(body, key=key, content_type="text/plain")
+    )
     assert prepared.status_code == 201, prepared.text
     object_path = f"{path}/objects/{prepared.json()['object_id']}"
     assert (await api.put(f"{object_path}/body", content=body)).status_code == 200
