@@ -74,3 +74,7 @@ def test_an_integer_query_parameter_is_whole_as_written(query: bytes, refused: b
         assert raised.value.extra["field"] in ("cursor", "limit")
     else:
         check_scope(scope)
+    # The Durable Streams surface's `cursor` is the protocol's: a decimal of any length.
+    protocol = {**scope, "raw_path": b"/api/durable-streams/v1/stream/r/s"}
+    protocol["path"] = protocol["raw_path"].decode()
+    check_scope({**protocol, "query_string": b"offset=now&live=long-poll&cursor=" + b"9" * 30})
