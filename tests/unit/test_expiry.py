@@ -18,6 +18,7 @@ from domain import errors
 from domain.definition import DefinitionRequest, Expiry, resolve_definition
 from domain.events import StreamDeleted
 from domain.records import RecordInput
+from domain.stream import StreamKey
 from entrypoints.config import Settings
 from entrypoints.container import memory_container, start, stop
 
@@ -160,6 +161,23 @@ async def test_reads_keep_an_idle_stream_alive_and_then_it_is_404_everywhere(app
     listed = await s.list_streams(ALICE, "r")
     assert [d.stream_id for d in listed.streams] == ["forever"]
     await s.get_stream(ALICE, "r", "forever")
+
+
+async def test_a_stream_its_reader_loaded_is_expired_still_once_the_sweep_erased_it(app) -> None:
+    """A read that loaded the stream before the sweep erased it asked for its access row, found
+    none, and answered the stream as alive (200 just after a 404: a CI flake)."""
+    container, s, clock = app
+    await s.create_stream(ALICE, "r", request(stream_id="gone", expiry={"idle_seconds": 10}))
+    await s.read_records(ALICE, "r", "gone")
+    key = StreamKey(ALICE.tenant, "r", "gone")
+    definition = await container.definitions().get(key, runs=None)  # loaded while it lives
+    clock.advance(10 + MARGIN)
+    access_log = container.access_log()
+    assert await access_log.expired(key, definition, clock())
+    clock.advance(GRACE.total_seconds() + 1)
+    assert await sweeper(container, clock)() == 1  # erased: its access row too
+    assert await container.stream_access().last_access(key) is None
+    assert await access_log.expired(key, definition, clock())
 
 
 async def test_a_write_is_an_access_too(app) -> None:
