@@ -559,12 +559,11 @@ class Objects:
         whose committed record the fork inherits (at or before each link's point up its chain),
         so that a fork's readers can fetch the bodies of the records they read (they were 404
         on the fork's path, and the source's is 410 once it is deleted)."""
-        check_id("objectID", object_id)
-        intent = await self._intents.intent(key, object_id)
-        if intent is not None or self._reader is None:
-            if intent is None:
-                raise NotFound(f"no object {object_id!r} on stream {key.stream_id!r}")
-            return intent
+        try:
+            return await self._intent(key, object_id)
+        except NotFound:
+            if self._reader is None:
+                raise
         through: int | None = None
         for link in await self._reader.chain(key):
             through = link.through if through is None else min(through, link.through)

@@ -22,6 +22,7 @@ from tests.support.identity_provider import (
     hs256_with_public_key,
     unsigned,
 )
+from tests.support.pull_wake import claimed_pull_wake
 from tests.support.server import ServerProcess
 
 FETCH_TIMEOUT = 1.0
@@ -195,41 +196,17 @@ async def test_a_pull_wake_claimed_with_a_jwt_is_acked_with_its_token(
         run_id = "run-claim-" + str(time.time_ns())
         scoped = [run_id] if restricted else None
         worker = bearer(key.sign(claims(tenant="idp-claims", runs=scoped)))
-        for stream in ("wake", "jobs"):
-            made = await anonymous.post(
-                f"{API}/runs/{run_id}/streams",
-                json={"stream_id": stream, "direction": "output"},
-                headers=worker,
-            )
-            assert made.status_code in (200, 201), made.text
         name = "sub-" + str(time.time_ns())
-        put = await anonymous.put(
-            f"{API}/subscriptions/{name}",
-            json={
-                "type": "pull-wake",
-                "streams": [{"run_id": run_id, "stream_id": "jobs"}],
-                "wake_stream": {"run_id": run_id, "stream_id": "wake"},
-            },
-            headers=worker,
-        )
-        assert put.status_code == 201, put.text
-        appended = await anonymous.post(
-            f"{API}/runs/{run_id}/streams/jobs/records",
-            json={"records": [{"data": 1}]},
-            headers=worker,
-        )
-        assert appended.status_code == 201, appended.text
-        claim = await anonymous.post(
-            f"{API}/subscriptions/{name}/claim", json={"worker": "w"}, headers=worker
-        )
-        assert claim.status_code == 200, claim.text
-        claimed = claim.json()
+        async with httpx.AsyncClient(
+            base_url=anonymous.base_url, headers=worker, timeout=30
+        ) as signed_in:
+            claimed = await claimed_pull_wake(signed_in, API, run_id, name)
         done = await anonymous.post(
             f"{API}/subscriptions/{name}/ack",
             json={
                 "wake_id": claimed["wake_id"],
                 "generation": claimed["generation"],
-                "acks": [{"run_id": run_id, "stream_id": "jobs", "sequence": 1}],
+                "acks": [{"run_id": run_id, "stream_id": "e1", "sequence": 1}],
                 "done": True,
             },
             headers={"authorization": f"Bearer {claimed['token']}"},

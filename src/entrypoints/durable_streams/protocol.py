@@ -565,14 +565,17 @@ def data_event(records: list[StoredRecord], content_type: str, charset: str = "u
     except (LookupError, ValueError, UnicodeError):  # a codec that refuses even so (`idna`)
         text = payload.decode("utf-8", errors="replace")
     try:
-        text.encode()
+        lines = _data_lines(text)
     except UnicodeEncodeError:  # a lone surrogate (utf-7 can make one): no UTF-8 text has it
-        text = _SURROGATE.sub("\ufffd", text)
-    lines = b"".join(
+        lines = _data_lines(_SURROGATE.sub("\ufffd", text))
+    return b"event: data\n" + lines + b"\n"
+
+
+def _data_lines(text: str) -> bytes:
+    return b"".join(
         (b"data: " if line.startswith(" ") else b"data:") + line.encode() + b"\n"
         for line in _LINES.split(text)
     )
-    return b"event: data\n" + lines + b"\n"
 
 
 def control_event(end: int, *, up_to_date: bool, closed: bool, client_cursor: str | None) -> bytes:
