@@ -97,6 +97,7 @@ class Produced(msgspec.Struct, frozen=True):
     duplicate: bool  # a retry of what was already applied: nothing was appended
     producer_epoch: int | None  # the claim's epoch, echoed
     producer_seq: int | None  # the highest sequence accepted for (stream, producer, epoch)
+    created_at: datetime | None = None  # the stream's incarnation (its offsets carry it)
 
 
 class ProduceCommand:
@@ -151,6 +152,7 @@ class ProduceCommand:
             duplicate=not events,
             producer_epoch=None if claim is None else claim.epoch,
             producer_seq=seq,
+            created_at=stream.state.created_at,
         )
 
 

@@ -32,6 +32,7 @@ from domain.definition import (
     resolve_definition,
     with_source_pins,
 )
+from domain.offsets import Offset
 from domain.records import NewRecord
 from domain.stream import Stream
 from domain.text import media_type_parts
@@ -47,11 +48,12 @@ RecordsOf = Callable[[str, Redaction], list[NewRecord]]
 
 
 class ForkOf(NamedTuple):
-    """A fork's source and where it diverges (`offset` None: at the source's head)."""
+    """A fork's source and where it diverges (`offset` None: at the source's head; an offset as
+    the client gave it, resolved against the source)."""
 
     run_id: str
     stream_id: str
-    offset: int | None
+    offset: Offset | int | None
     sub_offset: int
 
 

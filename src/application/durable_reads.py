@@ -27,18 +27,25 @@ from application.live import (
     StreamGone,
 )
 from application.live_slots import LiveSlots, Slot
+from application.offsets import minting_of
 from application.ports import Position, RecordReader, StoredRecord
 from application.read_records import check_cursor, gone, overtaken
 from application.tokens import Lease, TokenCache
 from application.waiting import back_to_work
 from domain import errors
 from domain.definition import StreamDefinition
+from domain.offsets import UNSTATED, Minting, Offset
 from domain.stream import StreamKey
 
 
 class Page(msgspec.Struct, frozen=True):
     position: Position
     records: list[StoredRecord]
+    # The sequence the page was read after (None: at the head, so none); the start of what
+    # retention kept when the read was from the start, or from another stream's offset.
+    start: int | None = None
+    # The offsets of this stream (of the incarnation the page was read from).
+    minting: Minting = msgspec.field(default_factory=Minting)
 
 
 class Waited(msgspec.Struct, frozen=True):
@@ -87,30 +94,56 @@ class DurableReads:
     async def page(
         self,
         key: StreamKey,
-        cursor: int | None,
+        cursor: Offset | int | None,
         limit: int,
         created_at: datetime | None = None,
         *,
         from_start: bool = False,
         max_bytes: int | None = None,
+        fork: bool = False,
     ) -> Page:
         """The records after `cursor` (None: the head, so none), at most `limit`, with the
         position read in the same snapshot; of the stream created at `created_at` when one is
         given (another, created again under its ID since, is not found). `from_start`: the
         cursor is the stream's start, so the earliest records retention kept are the answer
-        rather than 410. `max_bytes`: the page's payload budget (`RecordReader.page`)."""
+        rather than 410. `max_bytes`: the page's payload budget (`RecordReader.page`).
+
+        A cursor given as an offset is resolved against the stream that answers
+        (`Minting.resolve`): one another stream minted (one deleted since, whose ID this stream
+        now has) reads from this stream's start. `fork`: the stream is a fork (its inherited
+        offsets are its sources')."""
+        offset = Offset(UNSTATED, cursor) if isinstance(cursor, int) else cursor
         found = await self._reader.page(
-            key, cursor or 0, limit if cursor is not None else 1, max_bytes
+            key, offset.sequence if offset else 0, limit if offset is not None else 1, max_bytes
         )
         if found is None or (created_at is not None and found[0].created_at != created_at):
             raise NotFound(f"no stream {key.stream_id!r} in run {key.run_id!r}")
         position, records = found
         _gone_if_soft_deleted(position)
-        if cursor is None:
-            return Page(position, [])
-        if not from_start:
-            check_cursor(cursor, position.head, position.earliest)
-        return Page(position, records)
+        minting = await self.minting(key, position.created_at, fork=fork)
+        if offset is None:
+            return Page(position, [], None, minting)
+        if minting.resolve(offset) is None:  # another stream's: this stream's start
+            return await self.page(
+                key,
+                0,
+                limit,
+                position.created_at,
+                from_start=True,
+                max_bytes=max_bytes,
+                fork=fork,
+            )
+        if from_start:
+            return Page(position, records, max(0, position.earliest - 1), minting)
+        check_cursor(offset.sequence, position.head, position.earliest)
+        return Page(position, records, offset.sequence, minting)
+
+    async def minting(
+        self, key: StreamKey, created_at: datetime | None, *, fork: bool = False
+    ) -> Minting:
+        """The offsets of the stream created at `created_at`: a fork's inherited positions
+        carry its sources' incarnations (its chain, read once per fork incarnation)."""
+        return await minting_of(self._reader, key, created_at, fork=fork)
 
     async def wait(
         self,

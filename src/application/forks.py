@@ -19,6 +19,7 @@ from application.ports import RecordReader, StreamRepository
 from application.read_records import check_cursor
 from domain import errors
 from domain.definition import MAX_FORK_DEPTH, Expiry, Fork
+from domain.offsets import UNSTATED, Minting, Offset
 from domain.records import NewRecord, RecordKind
 from domain.stream import StreamKey
 
@@ -44,7 +45,7 @@ class Forks:
         caller: Caller,
         source_run_id: str,
         source_stream_id: str,
-        offset: int | None,
+        given_offset: Offset | int | None,
         sub_offset: int,
         content_type: str | None,
     ) -> tuple[Fork, list[NewRecord], str]:
@@ -69,7 +70,8 @@ class Forks:
                 f"stream {source_stream_id!r} was deleted (only its forks keep it): it cannot "
                 "be forked"
             )
-        depth = len(await self._reader.chain(key)) + 1
+        chain = await self._reader.chain(key)
+        depth = len(chain) + 1
         if depth > MAX_FORK_DEPTH:
             raise errors.InvalidInput(
                 f"stream {source_stream_id!r} is a fork {depth - 1} deep: a fork chain holds at "
@@ -83,6 +85,20 @@ class Forks:
                 f"the fork's content type {content_type!r} is not its source's ({source_type!r})"
             )
         head = source.state.head
+        offset = None
+        if isinstance(given_offset, int):  # a sequence, as the native surface names one
+            given_offset = Offset(UNSTATED, given_offset)
+        if given_offset is not None:
+            minting = Minting(
+                source.state.created_at, ((k.source_created_at, k.through) for k in chain)
+            )
+            offset = minting.resolve(given_offset)
+            if offset is None:
+                raise errors.InvalidInput(
+                    f"the fork offset was not issued by stream {source_stream_id!r}: it names a "
+                    "position of another stream (one deleted since, whose ID this one now has)",
+                    field="offset",
+                )
         if sub_offset < 0:
             raise errors.InvalidInput("a fork's sub-offset is 0 or more", field="sub_offset")
         if offset is None:

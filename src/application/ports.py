@@ -348,6 +348,9 @@ class RecordReader(Protocol):
         its `earliest` is where the ancestors' retention left the inherited prefix, unless its
         own went further."""
 
+    async def created_at(self, key: StreamKey) -> datetime | None:
+        """The creation time of the stream now under `key` (its incarnation); None: none is."""
+
     async def chain(self, key: StreamKey) -> list[ForkLink]:
         """The stream's fork links up its chain: its own link first (to its source), then its
         source's, up to the root (a stream that is no fork). Empty for a stream that is no

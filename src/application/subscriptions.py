@@ -31,10 +31,13 @@ from application.access import Caller, Scope, require_reader
 from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
 from application.jwts import JWT_ID_PREFIX
-from application.ports import TokenStore
+from application.offsets import minting_of
+from application.ports import RecordReader, TokenStore
 from application.wake import WakeRegistry
 from application.workers import OUTAGE_LOG_SECONDS, Job, Outage, backoff, ensure_claimed
 from domain import errors
+from domain.offsets import Minting
+from domain.offsets import parse as parse_offset
 from domain.records import RecordInput
 from domain.stream import StreamKey
 from domain.subscriptions import (
@@ -317,8 +320,12 @@ class Subscriptions:
         clock: Callable[[], float] = time.time,
         definitions: Definitions | None = None,
         api_tokens: TokenStore | None = None,
+        reader: RecordReader | None = None,
     ) -> None:
         self._store = store
+        # The streams' incarnations, for the offsets a wake and a claim show (without one, the
+        # offsets leave the incarnation unstated: domain/offsets.py).
+        self._reader = reader
         self._tokens = tokens
         # The API tokens that claimed wakes: a claim's token holds no longer than they do.
         self._api_tokens = api_tokens
@@ -421,9 +428,36 @@ class Subscriptions:
             for s in streams
             if await self._creator_may_read(tenant, creator, runs, parse_path(s["path"]))
         ]
-        if len(shown) == len(streams):
-            return delivery.payload
+        # Stored with the offsets' incarnation unstated (the decision that wrote the payload
+        # reads heads, not creation times); stated here, as a read of each stream states it.
+        mintings = await self.offsets(tenant, [parse_path(s["path"]) for s in shown])
+        for status in shown:
+            minting = mintings.get(parse_path(status["path"]))
+            if minting is not None:
+                for field in ("acked_offset", "tail_offset"):
+                    offset = parse_offset(status[field])
+                    if offset is not None:
+                        status[field] = minting.text(offset.sequence)
         return msgspec.json.encode({**body, "streams": shown})
+
+    async def offsets(
+        self, tenant: str, paths: Collection[StreamPath]
+    ) -> dict[StreamPath, Minting]:
+        """The offsets of each stream of `paths` there is (domain/offsets.py): what a wake, a
+        claim and a subscription's view show, and what an ack is resolved against."""
+        if self._reader is None or self._definitions is None:
+            return {}
+        found: dict[StreamPath, Minting] = {}
+        for path in paths:
+            key = StreamKey(tenant, path.run_id, path.stream_id)
+            try:
+                definition = await self._definitions.get(key, touch=False, runs=None)
+            except NotFound:
+                continue
+            created_at = await self._reader.created_at(key)
+            fork = definition.fork is not None
+            found[path] = await minting_of(self._reader, key, created_at, fork=fork)
+        return found
 
     async def decide_seeing(
         self,
@@ -968,19 +1002,20 @@ def _of_type(sub: Subscription, kind: str) -> None:
         raise WrongSubscriptionType(f"subscription {sub.id!r} is not {want}")
 
 
-def wire_status(status: StreamStatus) -> dict[str, Any]:
+def wire_status(status: StreamStatus, minting: Minting | None = None) -> dict[str, Any]:
+    """A stream's part of a wake or a claim; its offsets as `minting` mints them (None: the
+    incarnation unstated, as a stored webhook payload holds them until it is sent)."""
+    minting = minting or UNSTATED_MINTING
     return {
         "path": status.path.path,
         "link_type": status.link_type,
-        "acked_offset": offset_text(status.acked),
-        "tail_offset": offset_text(status.tail),
+        "acked_offset": minting.text(status.acked),
+        "tail_offset": minting.text(status.tail),
         "has_pending": status.pending,
     }
 
 
-def offset_text(sequence: int) -> str:
-    """The protocol offset after sequence N (docs/durable-streams.md, "Offsets")."""
-    return f"{0:016d}_{sequence:016d}"
+UNSTATED_MINTING = Minting()
 
 
 # -- the delivering worker -------------------------------------------------------------------

@@ -572,6 +572,7 @@ class Container(containers.DeclarativeContainer):
         webhook_sender.provided.check,
         definitions=definitions,
         api_tokens=tokens,
+        reader=streams,
     )
     wake_deliveries = providers.Singleton(
         PostgresWakeDeliveries,

@@ -14,12 +14,15 @@ import pytest
 
 from tests.conftest import BOOTSTRAP_TOKEN, Tokens
 from tests.integration.test_http_records import assert_problem
+from tests.support.offsets import At
 from tests.support.server import ServerProcess, WorkerProcess
 
 OFFSET_0 = "0000000000000000_0000000000000000"
 
 
 def offset(n: int) -> str:
+    """An offset as minted before offsets stated their stream's incarnation (still taken, as
+    the position it names in the stream that has the ID now)."""
     return f"{0:016d}_{n:016d}"
 
 
@@ -44,7 +47,7 @@ async def test_create_append_read_head_delete_round_trip(
     created = await ds.put(url, content=b"hello ", headers={"Content-Type": "text/plain"})
     assert created.status_code == 201, created.text
     assert created.headers["content-type"] == "text/plain"
-    assert created.headers["stream-next-offset"] == offset(1)
+    assert created.headers["stream-next-offset"] == At(1)
     assert created.headers["location"].endswith(f"/api/durable-streams/v1/stream{url}")
     assert created.headers["x-content-type-options"] == "nosniff"
     again = await ds.put(url, headers={"Content-Type": "TEXT/PLAIN"})
@@ -52,7 +55,7 @@ async def test_create_append_read_head_delete_round_trip(
     assert_problem(await ds.put(url, headers={"Content-Type": "text/html"}), 409, None)
     appended = await ds.post(url, content=b"world", headers={"Content-Type": "text/plain"})
     assert appended.status_code == 204, appended.text
-    assert appended.headers["stream-next-offset"] == offset(2)
+    assert appended.headers["stream-next-offset"] == At(2)
     read = await ds.get(url)
     assert (read.status_code, read.content) == (200, b"hello world")
     assert read.headers["stream-up-to-date"] == "true"
@@ -67,7 +70,7 @@ async def test_create_append_read_head_delete_round_trip(
     assert later.content == b"world"
     head = await ds.head(url)
     assert head.status_code == 200 and head.content == b""
-    assert head.headers["stream-next-offset"] == offset(2)
+    assert head.headers["stream-next-offset"] == At(2)
     assert head.headers["cache-control"] == "no-store"
     closed = await ds.post(url, headers={"Stream-Closed": "true"})
     assert closed.status_code == 204 and closed.headers["stream-closed"] == "true"
@@ -77,7 +80,7 @@ async def test_create_append_read_head_delete_round_trip(
     refused = await ds.post(url, content=b"more", headers={"Content-Type": "text/plain"})
     assert_problem(refused, 409, "stream-closed")
     assert refused.headers["stream-closed"] == "true"
-    assert refused.headers["stream-next-offset"] == offset(2)
+    assert refused.headers["stream-next-offset"] == At(2)
     assert (await ds.delete(url)).status_code == 204
     assert_problem(await ds.get(url), 404, "not-found")
     assert (await ds.put(url, headers={"Content-Type": "text/plain"})).status_code == 201
@@ -101,7 +104,7 @@ async def test_json_mode_flattens_one_level_and_reads_natively_as_records(
     assert (await ds.put(url, content=b"[]", headers=json_type)).status_code == 201
     assert (await ds.get(url)).json() == []
     ok = await ds.post(url, content=b'[{"a": 1}, [2, 3]]', headers=json_type)
-    assert ok.status_code == 204 and ok.headers["stream-next-offset"] == offset(2)
+    assert ok.status_code == 204 and ok.headers["stream-next-offset"] == At(2)
     assert (await ds.post(url, content=b'"three"', headers=json_type)).status_code == 204
     assert_problem(await ds.post(url, content=b"[]", headers=json_type), 400, "invalid-input")
     assert_problem(await ds.post(url, content=b"{nope", headers=json_type), 400, "invalid-input")
@@ -144,7 +147,7 @@ async def test_bytes_are_binary_records_natively_split_at_the_inline_limit(
     data = bytes(range(256)) * 300  # 76,800 bytes: two records
     assert (await ds.put(url, headers={"Content-Type": "application/x-thing"})).status_code == 201
     appended = await ds.post(url, content=data, headers={"Content-Type": "application/x-thing"})
-    assert appended.headers["stream-next-offset"] == offset(2)
+    assert appended.headers["stream-next-offset"] == At(2)
     native = (await api.get(f"/runs/{run_id}/streams/bytes/records")).json()
     records = native["records"]
     assert [r["size"] for r in records] == [65_536, len(data) - 65_536]
@@ -230,7 +233,7 @@ async def test_tenancy_and_scopes(server: ServerProcess, tokens: Tokens, run_id:
         ("GET", {}, b"", {"offset": "0,1"}),
         ("GET", {}, b"", {"offset": ""}),
         ("GET", {}, b"", {"offset": "../x"}),
-        ("GET", {}, b"", {"offset": "9999999999999999_0000000000000000"}),
+        ("GET", {}, b"", {"offset": "99999999999999999_0000000000000000"}),
         ("GET", {}, b"", {"live": "long-poll"}),
         ("GET", {}, b"", {"offset": "-1", "live": "forever"}),
     ],
@@ -274,12 +277,12 @@ async def test_long_poll_wakes_on_append_and_times_out_with_204(
     await ds.post(url, content=b"ping", headers={"Content-Type": "text/plain"})
     for answer in await asyncio.gather(*waiting):
         assert (answer.status_code, answer.content) == (200, b"ping")
-        assert answer.headers["stream-next-offset"] == offset(1)
+        assert answer.headers["stream-next-offset"] == At(1)
         assert answer.headers["stream-cursor"].isdigit()
     timed_out = await ds.get(url, params={"offset": offset(1), "live": "long-poll"})
     assert timed_out.status_code == 204
     assert timed_out.headers["stream-up-to-date"] == "true"
-    assert timed_out.headers["stream-next-offset"] == offset(1)
+    assert timed_out.headers["stream-next-offset"] == At(1)
     await ds.post(url, headers={"Stream-Closed": "true"})
     at_end = await ds.get(url, params={"offset": offset(1), "live": "long-poll"})
     assert (at_end.status_code, at_end.headers["stream-closed"]) == (204, "true")
@@ -313,7 +316,7 @@ async def test_sse_delivers_history_then_live_data_then_closure(
     data = b"".join(base64.b64decode(payload) for kind, payload in events if kind == "data")
     assert data == b"\x00\x01\x02"
     controls = [json.loads(payload) for kind, payload in events if kind == "control"]
-    assert controls[0] == {**controls[0], "streamNextOffset": offset(1), "upToDate": True}
+    assert controls[0] == {**controls[0], "streamNextOffset": At(1), "upToDate": True}
     assert controls[-1]["streamClosed"] is True and "streamCursor" not in controls[-1]
 
 
@@ -409,7 +412,7 @@ async def test_an_offset_before_retention_is_410_and_the_start_is_what_it_kept(
     for params in ({"offset": "-1"}, {}, {"offset": "-1", "live": "long-poll"}):
         start = await ds.get(f"/{run_id}/kept", params=params)
         assert start.status_code == 200 and start.json() == [3, 4], (params, start.text)
-        assert start.headers["Stream-Next-Offset"] == offset(5)
+        assert start.headers["Stream-Next-Offset"] == At(5)
     async with ds.stream(
         "GET", f"/{run_id}/kept", params={"offset": "-1", "live": "sse"}
     ) as events:
@@ -420,3 +423,109 @@ async def test_an_offset_before_retention_is_410_and_the_start_is_what_it_kept(
             if "event: control" in text:
                 break
     assert "event: data\ndata:[3,4]" in text.replace("\r\n", "\n"), text
+
+
+async def test_an_offset_of_a_stream_deleted_since_never_reads_the_new_one_from_its_middle(
+    ds: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """A client kept an offset (after three records) of a stream that was then deleted and
+    created again under the same path with four. Read as a position of the new stream, it
+    would answer only the fourth record, and the reader would never see the first three. It
+    is another stream's offset: the read starts at the new stream's start, on every read mode;
+    a fork at it, and a subscription's ack of it, are refused."""
+    text = {"Content-Type": "text/plain"}
+    url = f"/{run_id}/again"
+    assert (await ds.put(url, content=b"1", headers=text)).status_code == 201
+    for part in (b"2", b"3"):
+        assert (await ds.post(url, content=part, headers=text)).status_code == 204
+    kept = (await ds.head(url)).headers["stream-next-offset"]
+    assert kept == At(3)
+    assert (await ds.delete(url)).status_code == 204
+    created = await ds.put(url, content=b"a", headers=text)
+    assert created.status_code == 201
+    assert (
+        created.headers["stream-next-offset"] == At(1)
+        and created.headers["stream-next-offset"] > kept
+    )  # the new stream's offsets sort after the old one's
+    for part in (b"b", b"c", b"d"):
+        assert (await ds.post(url, content=part, headers=text)).status_code == 204
+    read = await ds.get(url, params={"offset": kept})
+    assert (read.status_code, read.content) == (200, b"abcd")
+    head = read.headers["stream-next-offset"]
+    assert head == At(4, of=created.headers["stream-next-offset"])
+    polled = await ds.get(url, params={"offset": kept, "live": "long-poll"})
+    assert (polled.status_code, polled.content) == (200, b"abcd")
+    async with ds.stream("GET", url, params={"offset": kept, "live": "sse"}) as events:
+        first_data = ""
+        async for line in events.aiter_lines():
+            if line.startswith("data:"):
+                first_data = line.removeprefix("data:")
+                break
+    assert first_data == "abcd"
+    # The new stream's own offsets are positions of it, as ever; the legacy form too.
+    after_one = await ds.get(url, params={"offset": created.headers["stream-next-offset"]})
+    assert after_one.content == b"bcd"
+    assert (await ds.get(url, params={"offset": offset(3)})).content == b"d"
+    fork = await ds.put(
+        f"/{run_id}/again-fork",
+        headers={"Stream-Forked-From": f"/v1/stream{url}", "Stream-Fork-Offset": kept},
+    )
+    assert_problem(fork, 400, "invalid-input")
+    assert_problem(await ds.get(f"/{run_id}/again-fork"), 404, "not-found")
+
+
+async def test_a_wake_states_its_streams_offsets_and_an_ack_of_a_deleted_streams_is_refused(
+    ds: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """A pull-wake claim shows each stream's offsets as a read of the stream does (the same
+    text: a worker compares them). Once the stream is deleted and created again, an ack of the
+    offset the claim showed names a position of the deleted stream: refused (409), and the new
+    stream's records stay pending, never acknowledged unseen."""
+    text = {"Content-Type": "text/plain"}
+    root = f"{server.base_url}/api/durable-streams/v1/stream/__ds/subscriptions"
+    name = "sub-" + run_id[-8:]
+    assert (await ds.put(f"/{run_id}/wake", headers=text)).status_code == 201
+    assert (await ds.put(f"/{run_id}/e1", content=b"x", headers=text)).status_code == 201
+    put = await ds.put(
+        f"{root}/{name}",
+        json={"type": "pull-wake", "pattern": f"{run_id}/e*", "wake_stream": f"{run_id}/wake"},
+    )
+    assert put.status_code == 201, put.text
+    for part in (b"y", b"z"):
+        assert (await ds.post(f"/{run_id}/e1", content=part, headers=text)).status_code == 204
+    claim = await ds.post(f"{root}/{name}/claim", json={"worker": "w1"})
+    assert claim.status_code == 200, claim.text
+    wake = claim.json()
+    [stream] = wake["streams"]
+    head = (await ds.head(f"/{run_id}/e1")).headers["stream-next-offset"]
+    assert stream["tail_offset"] == head == At(3)
+    # A read from the acked offset the claim showed (the head when the pattern linked it) is
+    # what is pending.
+    assert (await ds.get(f"/{run_id}/e1", params={"offset": stream["acked_offset"]})).content == (
+        b"yz"
+    )
+    assert (await ds.delete(f"/{run_id}/e1")).status_code == 204
+    created = await ds.put(f"/{run_id}/e1", content=b"new", headers=text)
+    assert created.status_code == 201
+    for part in (b"-2", b"-3", b"-4"):
+        assert (await ds.post(f"/{run_id}/e1", content=part, headers=text)).status_code == 204
+    auth = {"Authorization": f"Bearer {wake['token']}"}
+    ack = {"wake_id": wake["wake_id"], "generation": wake["generation"]}
+    refused = await ds.post(
+        f"{root}/{name}/ack",
+        json={**ack, "acks": [{"path": f"{run_id}/e1", "offset": head}]},
+        headers=auth,
+    )
+    assert refused.status_code == 409, refused.text  # the protocol's INVALID_OFFSET
+    assert refused.json()["error"]["code"] == "INVALID_OFFSET"
+    shown = (await ds.get(f"{root}/{name}")).json()
+    assert shown["streams"][0]["acked_offset"] == At(0, of=created.headers["stream-next-offset"])
+    new_head = (await ds.head(f"/{run_id}/e1")).headers["stream-next-offset"]
+    done = await ds.post(
+        f"{root}/{name}/ack",
+        json={**ack, "acks": [{"path": f"{run_id}/e1", "offset": new_head}], "done": True},
+        headers=auth,
+    )
+    assert done.status_code == 200, done.text
+    shown = (await ds.get(f"{root}/{name}")).json()
+    assert shown["streams"][0]["acked_offset"] == new_head

@@ -11,8 +11,9 @@ import asyncpg
 import httpx
 
 from domain.definition import MAX_COMMAND_RECORDS
-from tests.integration.test_durable_streams import ds, offset  # noqa: F401  (a fixture)
+from tests.integration.test_durable_streams import ds  # noqa: F401  (a fixture)
 from tests.integration.test_http_records import assert_problem
+from tests.support.offsets import At
 
 TEXT = {"Content-Type": "text/plain"}
 
@@ -123,15 +124,18 @@ async def test_a_fork_reads_its_source_prefix_and_a_deleted_source_is_gone(
     run_id: str,
 ) -> None:
     source = f"/{run_id}/source"
-    assert (await ds.put(source, content=b"abc", headers=TEXT)).status_code == 201
+    created = await ds.put(source, content=b"abc", headers=TEXT)
+    assert created.status_code == 201
+    source_offset = created.headers["stream-next-offset"]
     forked = await ds.put(
         f"/{run_id}/fork",
         headers={"Stream-Forked-From": f"/v1/stream{source}", "Stream-TTL": "3600"},
     )
     assert forked.status_code == 201, forked.text
     assert forked.headers["content-type"] == "text/plain"
-    assert forked.headers["stream-next-offset"] == offset(1)  # one record: "abc"
-    at_the_fork_point = await ds.get(f"/{run_id}/fork", params={"offset": offset(1)})
+    # The fork point is the source's offset, the same text (one record: "abc").
+    assert forked.headers["stream-next-offset"] == source_offset == At(1)
+    at_the_fork_point = await ds.get(f"/{run_id}/fork", params={"offset": source_offset})
     assert (at_the_fork_point.status_code, at_the_fork_point.content) == (200, b"")
     assert at_the_fork_point.headers["stream-up-to-date"] == "true"
     assert (await ds.post(source, content=b"-src", headers=TEXT)).status_code == 204
@@ -172,7 +176,7 @@ async def test_a_fork_names_a_source_path_on_this_server_and_an_offset_it_issued
         headers={"Stream-Forked-From": f"/v1/stream{source}", "Stream-Fork-Offset": "-1"},
     )
     assert start.status_code == 201, start.text
-    assert start.headers["stream-next-offset"] == offset(0)  # forked at the start: nothing
+    assert start.headers["stream-next-offset"] == At(0)  # forked at the start: nothing
     assert (await ds.get(f"/{run_id}/fk")).content == b""
 
 

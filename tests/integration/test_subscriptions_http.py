@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, Tokens, api_client
+from tests.support.offsets import At
 from tests.support.pull_wake import claimed_pull_wake
 from tests.support.server import ServerProcess
 
@@ -66,7 +67,7 @@ async def test_a_native_subscription_is_the_protocols_too(
         {
             "path": f"{run_id}/a",
             "link_type": "glob",
-            "acked_offset": "0000000000000000_0000000000000002",
+            "acked_offset": At(2),
         }
     ]
     listed = await api.get(f"/runs/{run_id}/streams/a/subscriptions")

@@ -1078,13 +1078,13 @@ class DurableStreamsContract:
         [first] = await repo.update(key, [produce([record(b"0")], claim(0))])
         assert isinstance(first, Done)
         assert first.answer == Produced(
-            head=1, closed=False, duplicate=False, producer_epoch=0, producer_seq=0
+            head=1, closed=False, duplicate=False, producer_epoch=0, created_at=NOW, producer_seq=0
         )
         await repo.update(key, [produce([record(b"1")], claim(1))])
         await repo.update(key, [produce([record(b"2")], claim(2))])
         [duplicate] = await repo.update(key, [produce([record(b"again")], claim(1))])
         assert duplicate.answer == Produced(
-            head=3, closed=False, duplicate=True, producer_epoch=0, producer_seq=2
+            head=3, closed=False, duplicate=True, producer_epoch=0, created_at=NOW, producer_seq=2
         )
         [gap] = await repo.update(key, [produce(producer=claim(4))])
         assert isinstance(gap.error, errors.ProducerSequenceGap)
@@ -1195,7 +1195,7 @@ class DurableStreamsContract:
         await repo.update(key, [produce([record(b"first")])])
         [closing] = await repo.update(key, [produce([record(b"final")], claim(0), close=True)])
         assert closing.answer == Produced(
-            head=2, closed=True, duplicate=False, producer_epoch=0, producer_seq=0
+            head=2, closed=True, duplicate=False, producer_epoch=0, created_at=NOW, producer_seq=0
         )
         position, _ = await repo.page(key, 0, 10)
         assert position.closed and position.head == 2
@@ -1221,10 +1221,20 @@ class DurableStreamsContract:
         await repo.update(key, [produce()])
         first, again = await repo.update(key, [produce(close=True), produce(close=True)])
         assert first.answer == Produced(
-            head=1, closed=True, duplicate=False, producer_epoch=None, producer_seq=None
+            head=1,
+            closed=True,
+            duplicate=False,
+            producer_epoch=None,
+            created_at=NOW,
+            producer_seq=None,
         )
         assert again.answer == Produced(
-            head=1, closed=True, duplicate=True, producer_epoch=None, producer_seq=None
+            head=1,
+            closed=True,
+            duplicate=True,
+            producer_epoch=None,
+            created_at=NOW,
+            producer_seq=None,
         )
         [later] = await repo.update(key, [produce(close=True)])
         assert later.answer.duplicate and (await repo.load(key)).state.version == 3

@@ -172,6 +172,11 @@ async def through_litestar() -> AsyncIterator[AsyncTestClient[Litestar]]:
 
 # Building the application in process reports Litestar's deprecation of inferred path
 # parameters for every route; not what this test is about.
+def _positions(answer: tuple[int, list[tuple[str, str]], bytes]) -> Any:
+    status, headers, body = answer
+    return status, [(n, v[17:] if n == "stream-next-offset" else v) for n, v in headers], body
+
+
 @pytest.mark.filterwarnings(
     "ignore::litestar.exceptions.base_exceptions.LitestarDeprecationWarning"
 )
@@ -199,6 +204,9 @@ async def test_every_append_is_answered_alike_by_the_front_and_by_litestar(
             front, litestar = (
                 (a.status_code, sorted(a.headers.multi_items()), a.content) for a in answers
             )
+        # Each app has its own stream, created at its own time: the offsets' incarnations
+        # (their first field) differ, their positions must not.
+        front, litestar = _positions(front), _positions(litestar)
         assert front == litestar, case.name
         assert case.status in (None, front[0]), (case.name, front)
         statuses.add(front[0])

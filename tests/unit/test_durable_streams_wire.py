@@ -10,24 +10,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from domain import offsets
 from domain.definition import Redaction
 from domain.errors import InvalidInput, RecordTooLarge
+from domain.offsets import Offset
 from domain.records import RecordInput, RecordKind, prepare_records
 from entrypoints.durable_streams import wire
 
 
-def test_offsets_are_fixed_width_and_sort_as_the_stream() -> None:
-    offsets = [wire.offset_of(n) for n in (0, 1, 9, 10, 99, 12345)]
-    assert offsets == sorted(offsets)
-    assert offsets[0] == "0000000000000000_0000000000000000"
-    assert [wire.parse_offset(o) for o in offsets] == [0, 1, 9, 10, 99, 12345]
-    assert wire.parse_offset("-1") == 0
+def test_an_offset_is_parsed_not_yet_resolved() -> None:
+    assert wire.parse_offset("0000000000000000_0000000000000007") == Offset(0, 7)
+    assert wire.parse_offset("1765000000000000_0000000000000007") == Offset(1765000000000000, 7)
+    assert wire.parse_offset("-1") == offsets.START
     assert wire.parse_offset("now") is None
 
 
 @pytest.mark.parametrize(
     "bad",
-    ["", " ", "0,1", "../x", "a/..", "1", "0000000000000001_0000000000000000", "x\n", "-2", "NOW"],
+    ["", " ", "0,1", "../x", "a/..", "1", "000000000000001_0000000000000000", "x\n", "-2", "NOW"],
 )
 def test_anything_else_is_not_an_offset(bad: str) -> None:
     with pytest.raises(InvalidInput):
@@ -177,9 +177,9 @@ def test_quoted_and_unquoted_parameters_are_one_content_type(a: str, b: str) -> 
 
 
 def test_a_fork_offset_is_one_the_server_issued_or_the_start() -> None:
-    assert wire.parse_fork_offset(wire.offset_of(7)) == 7
-    assert wire.parse_fork_offset("-1") == 0  # the start: the fork inherits nothing
-    for bad in ("now", "NOW", "", "7", "0000000000000001_0000000000000000"):
+    assert wire.parse_fork_offset("0000000000000009_0000000000000007") == Offset(9, 7)
+    assert wire.parse_fork_offset("-1") == offsets.START  # the start: the fork inherits nothing
+    for bad in ("now", "NOW", "", "7", "0000000000000001_000000000000000"):
         with pytest.raises(InvalidInput) as refused:
             wire.parse_fork_offset(bad)
         assert refused.value.extra["field"] == "Stream-Fork-Offset"

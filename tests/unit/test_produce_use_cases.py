@@ -81,11 +81,25 @@ async def test_produce_appends_and_answers_what_it_did(app) -> None:
     await created(s)
     p = ProducerClaim("writer-1", 0, 0)
     answer = await s.append_records.produce(ALICE, "r", "x", text(b"a", b"b"), producer=p)
+    created_at = answer.created_at  # the stream's incarnation, which its offsets state
+    assert created_at is not None
     assert answer == Produced(
-        head=2, closed=False, duplicate=False, producer_epoch=0, producer_seq=0
+        head=2,
+        closed=False,
+        duplicate=False,
+        producer_epoch=0,
+        producer_seq=0,
+        created_at=created_at,
     )
     again = await s.append_records.produce(ALICE, "r", "x", text(b"other"), producer=p)
-    assert again == Produced(head=2, closed=False, duplicate=True, producer_epoch=0, producer_seq=0)
+    assert again == Produced(
+        head=2,
+        closed=False,
+        duplicate=True,
+        producer_epoch=0,
+        producer_seq=0,
+        created_at=created_at,
+    )
     closing = await s.append_records.produce(
         ALICE, "r", "x", text(b"end"), writer_seq="1", close=True
     )

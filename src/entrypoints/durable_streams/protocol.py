@@ -17,6 +17,7 @@ import functools
 import re
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from datetime import datetime
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
@@ -32,6 +33,8 @@ from application.ports import StoredRecord
 from application.views import record_view
 from domain import errors
 from domain.definition import Expiry, Redaction, StreamDefinition
+from domain.offsets import START as FROM_START
+from domain.offsets import Minting, Offset, incarnation
 from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordKind
 from domain.stream import StreamKey
@@ -105,6 +108,22 @@ def location_of(origin: Origin, at: Where) -> str:
     return f"{stream_root_url(None, origin.server, origin.scheme)}/{stream}"
 
 
+async def offset_after(
+    services: Services,
+    key: StreamKey,
+    definition: StreamDefinition,
+    created_at: datetime | None,
+    sequence: int,
+) -> str:
+    """The offset after `sequence` in the stream created at `created_at`: its own, or, within a
+    fork's inherited prefix, the source's that minted it (its chain, read once per fork)."""
+    fork = definition.fork
+    if fork is None or sequence > fork.through:
+        return Minting(created_at).text(sequence)
+    minting = await services.durable_reads.minting(key, created_at, fork=True)
+    return minting.text(sequence)
+
+
 # -- PUT: create ---------------------------------------------------------------------------------
 
 
@@ -171,9 +190,16 @@ async def create(
         fork=fork,
         records_of=records_of,
     )
+    next_offset = await offset_after(
+        services,
+        caller.key(run_id, stream_id),
+        stream.definition,
+        stream.state.created_at,
+        stream.head,
+    )
     answer = {
         "Content-Type": stream.definition.content_type or wire.JSON,
-        "Stream-Next-Offset": wire.offset_of(stream.head),
+        "Stream-Next-Offset": next_offset,
     }
     if created:
         answer["Location"] = location_of(origin, at)
@@ -312,10 +338,8 @@ async def append_body(head: AppendHead, body: bytes) -> Answer:
             content_conflict=conflict,
         )
     except errors.StreamClosed as error:
-        stream_head = error.extra.get("head")
-        if stream_head is None:
-            stream_head = (await services.durable_reads.page(key, None, 1)).position.head
-        return closed_answer(error, stream_head)
+        page = await services.durable_reads.page(key, None, 1, fork=definition.fork is not None)
+        return closed_answer(error, page.minting.text(page.position.head))
     except errors.ProducerEpochStale as error:
         return problem_answer(error, {"Producer-Epoch": str(error.extra.get("current_epoch", ""))})
     except errors.ProducerSequenceGap as error:
@@ -326,7 +350,8 @@ async def append_body(head: AppendHead, body: bytes) -> Answer:
                 "Producer-Received-Seq": str(error.extra.get("received_seq", "")),
             },
         )
-    answer = {"Stream-Next-Offset": wire.offset_of(produced.head)}
+    next_offset = await offset_after(services, key, definition, produced.created_at, produced.head)
+    answer = {"Stream-Next-Offset": next_offset}
     if produced.closed:
         answer["Stream-Closed"] = TRUE
     status = 204
@@ -339,10 +364,8 @@ async def append_body(head: AppendHead, body: bytes) -> Answer:
     return Answer(status, answer)
 
 
-def closed_answer(error: errors.DomainError, head: int) -> Answer:
-    return problem_answer(
-        error, {"Stream-Closed": TRUE, "Stream-Next-Offset": wire.offset_of(head)}
-    )
+def closed_answer(error: errors.DomainError, head_offset: str) -> Answer:
+    return problem_answer(error, {"Stream-Closed": TRUE, "Stream-Next-Offset": head_offset})
 
 
 # -- DELETE --------------------------------------------------------------------------------------
@@ -356,7 +379,7 @@ async def erase(services: Services, caller: Caller, at: Where) -> None:
 
 
 class ReadQuery(msgspec.Struct, frozen=True):
-    cursor: int | None  # None: `now`
+    cursor: Offset | None  # None: `now`
     live: str | None
     client_cursor: str | None
     # `-1` or no offset: the start of the stream, whatever retention removed (the earliest
@@ -378,7 +401,7 @@ def read_query(query_string: bytes) -> ReadQuery:
         raise errors.InvalidInput("live is long-poll or sse", field="live")
     if live is not None and offset is None:
         raise errors.InvalidInput(f"live={live} needs an offset", field="offset")
-    cursor = 0 if offset is None else wire.parse_offset(offset)
+    cursor = FROM_START if offset is None else wire.parse_offset(offset)
     from_start = offset is None or offset == wire.START
     return ReadQuery(cursor, live, found.get("cursor", [None])[0], from_start)
 
@@ -405,9 +428,8 @@ def body_of(records: list[StoredRecord], content_type: str) -> bytes:
 
 
 def etag(page: Page, start: int, end: int, closed: bool) -> str:
-    created = page.position.created_at
-    incarnation = f"{int(created.timestamp() * 1_000_000):x}" if created is not None else "0"
-    return f'"{incarnation}:{start}:{end}{":c" if closed else ""}"'
+    minted_by = f"{incarnation(page.position.created_at):x}"
+    return f'"{minted_by}:{start}:{end}{":c" if closed else ""}"'
 
 
 def matches(if_none_match: str | None, tag: str) -> bool:
@@ -417,10 +439,10 @@ def matches(if_none_match: str | None, tag: str) -> bool:
     return tag in given or "*" in given
 
 
-def metadata(definition: StreamDefinition, head: int, closed: bool) -> dict[str, str]:
+def metadata(definition: StreamDefinition, head_offset: str, closed: bool) -> dict[str, str]:
     headers = {
         "Content-Type": stream_content_type(definition),
-        "Stream-Next-Offset": wire.offset_of(head),
+        "Stream-Next-Offset": head_offset,
         "Cache-Control": NO_STORE,
     }
     if definition.expiry.idle_seconds is not None:
@@ -447,17 +469,23 @@ async def read(
     reads = services.durable_reads
     if head_only:
         key, definition = await reads.open(caller, run_id, stream_id)
-        position = (await reads.page(key, None, 1)).position
-        return Answer(200, metadata(definition, position.head, position.closed))
+        page = await reads.page(key, None, 1, fork=definition.fork is not None)
+        position = page.position
+        return Answer(200, metadata(definition, page.minting.text(position.head), position.closed))
     query = read_query(query_string)
     key, definition = await reads.open(caller, run_id, stream_id)
     content_type = stream_content_type(definition)
     page = await reads.page(
-        key, query.cursor, PAGE_RECORDS, from_start=query.from_start, max_bytes=PAGE_BYTES
+        key,
+        query.cursor,
+        PAGE_RECORDS,
+        from_start=query.from_start,
+        max_bytes=PAGE_BYTES,
+        fork=definition.fork is not None,
     )
-    cursor = query.cursor
-    if query.from_start:  # the start is the earliest record retention kept
-        cursor = max(0, page.position.earliest - 1)
+    # The start is the earliest record retention kept for a read from the start (or from an
+    # offset another stream of this ID minted).
+    cursor, minting = page.start, page.minting
     if query.live == "sse":
         start = page.position.head if cursor is None else cursor
         # Refused (429) here, before the event stream starts, past the principal's cap.
@@ -481,7 +509,7 @@ async def read(
             )
             records, head, closed = trimmed(waited.records), max(waited.head, start), waited.closed
         if not records:
-            answer = {"Stream-Next-Offset": wire.offset_of(start), "Stream-Up-To-Date": TRUE}
+            answer = {"Stream-Next-Offset": minting.text(start), "Stream-Up-To-Date": TRUE}
             answer["Cache-Control"] = NO_STORE
             if closed and start >= head:
                 answer["Stream-Closed"] = TRUE
@@ -491,7 +519,7 @@ async def read(
     end = records[-1].sequence if records else start
     up_to_date = end >= head
     at_the_end = closed and end >= head
-    answer = {"Content-Type": content_type, "Stream-Next-Offset": wire.offset_of(end)}
+    answer = {"Content-Type": content_type, "Stream-Next-Offset": minting.text(end)}
     if up_to_date:
         answer["Stream-Up-To-Date"] = TRUE
     if at_the_end:
@@ -578,8 +606,10 @@ def _data_lines(text: str) -> bytes:
     )
 
 
-def control_event(end: int, *, up_to_date: bool, closed: bool, client_cursor: str | None) -> bytes:
-    control: dict[str, Any] = {"streamNextOffset": wire.offset_of(end)}
+def control_event(
+    end_offset: str, *, up_to_date: bool, closed: bool, client_cursor: str | None
+) -> bytes:
+    control: dict[str, Any] = {"streamNextOffset": end_offset}
     if closed:
         control["streamClosed"] = True
         control["upToDate"] = True
@@ -614,13 +644,16 @@ def sse(
     async def events() -> AsyncGenerator[bytes, None]:
         try:
             deadline = time.monotonic() + SSE_SECONDS
-            page, last = first, start
+            page, last, minting = first, start, first.minting
             while True:  # catch-up from the source, page by page
                 position, records = page.position, trimmed(page.records)
                 if not records:
                     closed = position.closed and last >= position.head
                     yield control_event(
-                        last, up_to_date=True, closed=closed, client_cursor=client_cursor
+                        minting.text(last),
+                        up_to_date=True,
+                        closed=closed,
+                        client_cursor=client_cursor,
                     )
                     if closed:
                         return
@@ -629,7 +662,10 @@ def sse(
                 up_to_date = last >= position.head
                 closed = position.closed and up_to_date
                 yield data_encoder(content_type)(records) + control_event(
-                    last, up_to_date=up_to_date, closed=closed, client_cursor=client_cursor
+                    minting.text(last),
+                    up_to_date=up_to_date,
+                    closed=closed,
+                    client_cursor=client_cursor,
                 )
                 if closed:
                     return
@@ -668,7 +704,7 @@ def sse(
                             # is encoded once for all of them (the encoder is one function object
                             # per content type), and only the small control event is per follower.
                             yield delivery.encoded_as(data_encoder(content_type)) + control_event(
-                                last,
+                                minting.text(last),
                                 up_to_date=last >= head,
                                 closed=closed,
                                 client_cursor=client_cursor,
@@ -679,7 +715,10 @@ def sse(
                             yield KEEP_ALIVE
                         case StreamEnded(head=head):
                             yield control_event(
-                                max(head, last), up_to_date=True, closed=True, client_cursor=None
+                                minting.text(max(head, last)),
+                                up_to_date=True,
+                                closed=True,
+                                client_cursor=None,
                             )
                             return
                         case _:  # overtaken by retention, or gone: the client reconnects

@@ -48,7 +48,7 @@ CREATE_BODY = RequestBody("*/*", content=((wire.JSON, ANY_JSON), ("*/*", STREAM_
 # An append needs a body (a close, Stream-Closed: true, may have none), in the stream's type.
 APPEND_BODY = RequestBody("*/*", content=((wire.JSON, NOT_EMPTY_JSON), ("*/*", SOME_BYTES)))
 ID_TEXT = ID_PATTERN.removeprefix("^").removesuffix("$")
-OFFSET_TEXT = "0{16}_[0-9]{16}"
+OFFSET_TEXT = "[0-9]{16}_[0-9]{16}"
 OFFSET = {"type": "string", "pattern": f"^{OFFSET_TEXT}$"}
 DECIMAL = {"type": "string", "pattern": decimal_pattern(wire.MAX_PRODUCER_INTEGER)}
 # What `isprintable` keeps of ASCII, with no space at either end (header values are trimmed).

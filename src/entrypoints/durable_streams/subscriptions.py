@@ -16,15 +16,16 @@ from litestar.types import ASGIApp
 
 from application.access import Caller
 from application.subscriptions import (
+    UNSTATED_MINTING,
     WAKE_EVENT,
     WEBHOOK,
     AckRequest,
     Heads,
-    offset_text,
     wire_status,
 )
 from application.waiting import at_work_for
 from domain import errors
+from domain.offsets import Offset
 from domain.subscriptions import (
     MAX_DESCRIPTION,
     MAX_EXPLICIT_STREAMS,
@@ -33,6 +34,7 @@ from domain.subscriptions import (
     MAX_WORKER,
     MIN_LEASE_TTL_MS,
     InvalidOffset,
+    StreamPath,
     Subscription,
     SubscriptionRequest,
     check_subscription_id,
@@ -242,6 +244,8 @@ def base_url(request: Request) -> str:
 
 async def view(services: Services, sub: Subscription, heads: Heads) -> dict[str, Any]:
     config = sub.config
+    statuses = sub.streams(heads)
+    mintings = await services.subscriptions.offsets(sub.tenant, [s.path for s in statuses])
     webhook = None
     if config.webhook_url is not None:
         webhook = {
@@ -258,8 +262,12 @@ async def view(services: Services, sub: Subscription, heads: Heads) -> dict[str,
         "type": config.type,
         "pattern": config.pattern,
         "streams": [
-            {"path": s.path.path, "link_type": s.link_type, "acked_offset": offset_text(s.acked)}
-            for s in sub.streams(heads)
+            {
+                "path": s.path.path,
+                "link_type": s.link_type,
+                "acked_offset": mintings.get(s.path, UNSTATED_MINTING).text(s.acked),
+            }
+            for s in statuses
         ],
         "webhook": webhook,
         "wake_stream": config.wake_stream.path if config.wake_stream else None,
@@ -273,8 +281,11 @@ async def view(services: Services, sub: Subscription, heads: Heads) -> dict[str,
     return shown
 
 
-def _acks(body: CallbackBody) -> list[AckRequest]:
-    out = []
+async def _acks(services: Services, tenant: str, body: CallbackBody) -> list[AckRequest]:
+    """The acks, each offset resolved against the stream it names (domain/offsets.py): one
+    another stream minted (one deleted since, whose path this stream now has) is refused,
+    never taken as a position of this one."""
+    given: list[tuple[StreamPath, Offset]] = []
     for ack in body.acks or ():
         name = ack.stream if ack.stream is not None else ack.path
         if name is None:
@@ -287,7 +298,18 @@ def _acks(body: CallbackBody) -> list[AckRequest]:
             raise _invalid_offset(error.detail) from None
         if sequence is None:
             raise _invalid_offset("an ack offset must not be `now`")
-        out.append(AckRequest(parse_path(name, "acks.stream"), sequence))
+        given.append((parse_path(name, "acks.stream"), sequence))
+    mintings = await services.subscriptions.offsets(tenant, {path for path, _ in given})
+    out = []
+    for path, offset in given:
+        minting = mintings.get(path)
+        resolved = offset.sequence if minting is None else minting.resolve(offset)
+        if resolved is None:
+            raise _invalid_offset(
+                f"the offset acked for {path.path!r} was not issued by that stream: it names a "
+                "position of another stream (one deleted since, whose path this one now has)"
+            )
+        out.append(AckRequest(path, resolved))
     return out
 
 
@@ -449,10 +471,12 @@ class SubscriptionsController(Controller):
     async def _ack(self, request: Request, subscription_id: str, kind: str) -> Answer:
         services: Services = request.app.state.services
         token = wake_token(request.headers.get("authorization"))
-        await at_work_for(services.subscriptions.wake_tenant(token, subscription_id))
+        tenant = services.subscriptions.wake_tenant(token, subscription_id)
+        await at_work_for(tenant)
         body = await _body(request, CallbackBody)
+        acks = await _acks(services, tenant, body)
         next_wake = await services.subscriptions.callback(
-            token, subscription_id, body.generation, body.wake_id, _acks(body), body.done, kind
+            token, subscription_id, body.generation, body.wake_id, acks, body.done, kind
         )
         return _json(200, {"ok": True, "next_wake": next_wake})
 
@@ -470,13 +494,15 @@ class SubscriptionsController(Controller):
                 caller, subscription_id, body.worker
             )
             assert sub.wake is not None
+            statuses = sub.streams(heads)
+            mintings = await services.subscriptions.offsets(sub.tenant, [s.path for s in statuses])
             return _json(
                 200,
                 {
                     "wake_id": sub.wake.wake_id,
                     "generation": sub.wake.generation,
                     "token": token,
-                    "streams": [wire_status(s) for s in sub.streams(heads)],
+                    "streams": [wire_status(s, mintings.get(s.path)) for s in statuses],
                     "lease_ttl_ms": sub.config.lease_ttl_ms,
                 },
             )

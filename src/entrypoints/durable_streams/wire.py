@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from domain import offsets
 from domain.definition import (
     MAX_COMMAND_RECORDS,
     MAX_IDLE_SECONDS,
@@ -22,6 +23,7 @@ from domain.definition import (
 from domain.digits import bounded_integer
 from domain.errors import InvalidInput, RecordTooLarge, RequestTooLarge
 from domain.ids import ID_PATTERN
+from domain.offsets import Offset
 from domain.records import (
     NewRecord,
     RecordInput,
@@ -33,36 +35,29 @@ from domain.text import check_media_type, media_type_parts
 from entrypoints.edge.json_depth import MAX_JSON_DEPTH, nests_deeper_than
 
 # -- offsets -------------------------------------------------------------------------------------
-# The offset of native sequence N (the position after record N) is 16 zeros, "_", N in 16
-# digits: fixed width, so byte-wise order is numeric order. "-1" is the start (N = 0), "now"
-# the head; neither is ever minted.
-_OFFSET = re.compile(r"0{16}_([0-9]{16})")
+# The offset format is the domain's (domain/offsets.py): the minting stream's incarnation, "_",
+# the sequence, 16 digits each. "-1" is the start, "now" the head; neither is ever minted.
 START = "-1"
 NOW = "now"
 
 
-def offset_of(sequence: int) -> str:
-    return f"0000000000000000_{sequence:016d}"  # one field formatted: half the time of two
-
-
-def parse_offset(value: str, *, field: str = "offset") -> int | None:
-    """The sequence an offset names (None for `now`)."""
+def parse_offset(value: str, *, field: str = "offset") -> Offset | None:
+    """The offset `value` spells (None for `now`; `-1` is `offsets.START`), not yet resolved
+    against a stream (`Minting.resolve`)."""
     if value == START:
-        return 0
+        return offsets.START
     if value == NOW:
         return None
-    match = _OFFSET.fullmatch(value)
-    if match is None:
+    offset = offsets.parse(value)
+    if offset is None:
         raise InvalidInput(
             f"{field} {value[:80]!r} is not an offset this server issued (or -1, or now)",
             field=field,
         )
-    sequence = bounded_integer(match.group(1), 10**16)
-    assert sequence is not None  # 16 digits
-    return sequence
+    return offset
 
 
-def parse_fork_offset(value: str) -> int:
+def parse_fork_offset(value: str) -> Offset:
     """`Stream-Fork-Offset`: an offset the server returned (PROTOCOL.md section 8: a fork
     offset is one previously returned), or `-1`, the start (a fork that inherits nothing). `now`
     names no fixed point: to fork at the head, leave the header out."""
