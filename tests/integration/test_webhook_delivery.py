@@ -187,6 +187,10 @@ def test_signatures_verify_against_the_public_jwks(deployment: Deployment) -> No
     body = body_of(entry)
     assert body["subscription_id"] == sub["id"]
     assert [s["path"] for s in body["streams"]] == [f"{run}/a"]
+    # Its offsets are the stream's, as a read states them (the incarnation too): a receiver
+    # compares them with what it reads.
+    assert body["streams"][0]["tail_offset"] == deployment.tail(f"{run}/a")
+    assert not body["streams"][0]["tail_offset"].startswith("0" * 16)
 
 
 def test_a_receiver_failing_five_times_then_succeeding_is_retried_with_backoff(
