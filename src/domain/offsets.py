@@ -19,6 +19,7 @@ taken, as the position they name in whatever stream now has the ID (what they al
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ _OFFSET = re.compile(r"([0-9]{16})_([0-9]{16})")
 UNSTATED = 0  # the incarnation of an offset minted before it was written in
 
 
+@functools.lru_cache(maxsize=4096)  # each append states its stream's: a hot few at a time
 def incarnation(created_at: datetime | None) -> int:
     """A stream's incarnation: its creation time in microseconds since the epoch (0 unknown)."""
     if created_at is None:
@@ -75,7 +77,9 @@ class Minting:
         # chain: (source's creation time, the fork point), from the stream's own link up to
         # the root's first fork; positions up to a link's fork point are its source's (or a
         # deeper source's, when they are within the next link's fork point too).
-        self._inherited = tuple((through, incarnation(at)) for at, through in chain)
+        self._inherited = (
+            tuple((through, incarnation(at)) for at, through in chain) if chain else ()
+        )
 
     def minter(self, sequence: int) -> int:
         """The incarnation that minted the position after `sequence`."""
@@ -98,6 +102,7 @@ class Minting:
         return None
 
 
-def legacy_text(sequence: int) -> str:
-    """An offset whose incarnation is not stated (where the stream's is not at hand)."""
-    return f"{UNSTATED:016d}_{sequence:016d}"
+def text(created_at: datetime | None, sequence: int) -> str:
+    """The offset after `sequence` that a stream created at `created_at` mints itself (one
+    that is no fork, or any stream past its fork point): `Minting(created_at).text(sequence)`."""
+    return f"{incarnation(created_at):016d}_{sequence:016d}"

@@ -31,10 +31,10 @@ from application.live import Idle, RecordsDelivered, StreamEnded
 from application.live_slots import Slot
 from application.ports import StoredRecord
 from application.views import record_view
-from domain import errors
+from domain import errors, offsets
 from domain.definition import Expiry, Redaction, StreamDefinition
 from domain.offsets import START as FROM_START
-from domain.offsets import Minting, Offset, incarnation
+from domain.offsets import Offset, incarnation
 from domain.producers import ProducerClaim
 from domain.records import NewRecord, RecordKind
 from domain.stream import StreamKey
@@ -119,7 +119,7 @@ async def offset_after(
     fork's inherited prefix, the source's that minted it (its chain, read once per fork)."""
     fork = definition.fork
     if fork is None or sequence > fork.through:
-        return Minting(created_at).text(sequence)
+        return offsets.text(created_at, sequence)
     minting = await services.durable_reads.minting(key, created_at, fork=True)
     return minting.text(sequence)
 
