@@ -37,7 +37,6 @@ from application.wake import WakeRegistry
 from application.workers import OUTAGE_LOG_SECONDS, Job, Outage, backoff, ensure_claimed
 from domain import errors
 from domain.offsets import Minting
-from domain.offsets import parse as parse_offset
 from domain.records import RecordInput
 from domain.stream import StreamKey
 from domain.subscriptions import (
@@ -203,6 +202,9 @@ class UrlCheck(Protocol):
 class AckRequest(msgspec.Struct, frozen=True):
     stream: StreamPath
     sequence: int
+    # The incarnation of the stream the ack's offset was issued by (domain/offsets.py), checked
+    # against the linked stream's in the decision; 0: not stated (a native ack, by sequence).
+    incarnation: int = 0
 
 
 class StreamView(msgspec.Struct, frozen=True):
@@ -428,16 +430,8 @@ class Subscriptions:
             for s in streams
             if await self._creator_may_read(tenant, creator, runs, parse_path(s["path"]))
         ]
-        # Stored with the offsets' incarnation unstated (the decision that wrote the payload
-        # reads heads, not creation times); stated here, as a read of each stream states it.
-        mintings = await self.offsets(tenant, [parse_path(s["path"]) for s in shown])
-        for status in shown:
-            minting = mintings.get(parse_path(status["path"]))
-            if minting is not None:
-                for field in ("acked_offset", "tail_offset"):
-                    offset = parse_offset(status[field])
-                    if offset is not None:
-                        status[field] = minting.text(offset.sequence)
+        if len(shown) == len(streams):
+            return delivery.payload
         return msgspec.json.encode({**body, "streams": shown})
 
     async def offsets(
@@ -452,7 +446,7 @@ class Subscriptions:
             key = StreamKey(tenant, path.run_id, path.stream_id)
             try:
                 definition = await self._definitions.get(key, touch=False, runs=None)
-            except NotFound:
+            except (NotFound, errors.DomainError):  # not there (yet), or served elsewhere
                 continue
             created_at = await self._reader.created_at(key)
             fork = definition.fork is not None
@@ -797,7 +791,11 @@ class Subscriptions:
                 raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
             sub = self._fenced_wake(sub, subscription_id, token, generation, wake_id)
             _of_type(sub, kind)
-            sub = sub.acknowledged([(a.stream, a.sequence) for a in acks], heads)
+            sub = sub.acknowledged(
+                [(a.stream, a.sequence) for a in acks],
+                heads,
+                {a.stream: a.incarnation for a in acks if a.incarnation},
+            )
             if not done:
                 return Change(sub.leased(self._clock() + sub.config.lease_ttl_ms / 1000)), False
             sub = sub.finished()
@@ -1003,19 +1001,26 @@ def _of_type(sub: Subscription, kind: str) -> None:
 
 
 def wire_status(status: StreamStatus, minting: Minting | None = None) -> dict[str, Any]:
-    """A stream's part of a wake or a claim; its offsets as `minting` mints them (None: the
-    incarnation unstated, as a stored webhook payload holds them until it is sent)."""
-    minting = minting or UNSTATED_MINTING
+    """A stream's part of a wake or a claim, its offsets stated (domain/offsets.py).
+
+    `minting`: the stream's, with its chain, where the caller read it (a claim), used when it
+    is of the stream the decision saw; otherwise the stream's own incarnation as the decision
+    read it with the link (a webhook's payload is written within the decision): a fork's
+    inherited positions then carry the fork's own incarnation, which a read of the fork takes
+    as readily as its source's."""
     return {
         "path": status.path.path,
         "link_type": status.link_type,
-        "acked_offset": minting.text(status.acked),
-        "tail_offset": minting.text(status.tail),
+        "acked_offset": offset_of(status, status.acked, minting),
+        "tail_offset": offset_of(status, status.tail, minting),
         "has_pending": status.pending,
     }
 
 
-UNSTATED_MINTING = Minting()
+def offset_of(status: StreamStatus, sequence: int, minting: Minting | None) -> str:
+    if minting is not None and (not status.incarnation or minting.own == status.incarnation):
+        return minting.text(sequence)
+    return f"{status.incarnation:016d}_{sequence:016d}"
 
 
 # -- the delivering worker -------------------------------------------------------------------
@@ -1132,7 +1137,7 @@ class DeliverWakes:
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
             if sub is None or sub.wake is None or sub.wake.wake_id != delivery.wake_id:
                 return None, None
-            tails = sub.wake.tails
+            wake = sub.wake
             sub = msgspec.structs.replace(sub, failing=False)
             if not done:  # the receiver calls back: its lease starts now
                 return Change(sub.leased(now + sub.config.lease_ttl_ms / 1000)), None
@@ -1141,9 +1146,12 @@ class DeliverWakes:
             # none of the new one's records, whose cursor stays.
             # (The links by path, once: a look-up of each in turn cost a wake of 10,000 streams
             # seconds of the process's CPU, every other request waiting.)
+            # A stream the wake named that was deleted and created again since is another, even
+            # when the new one has grown past the tail: its records were never shown.
             acked = {link.path: link.acked for link in sub.links}
+            same = wake.tails_of_the_same_streams(sub.links)
             sub = sub.acknowledged(
-                [(p, t) for p, t in tails if p in acked and acked[p] <= t <= heads.get(p, 0)],
+                [(p, t) for p, t in same if p in acked and acked[p] <= t <= heads.get(p, 0)],
                 heads,
             ).finished()
             return (

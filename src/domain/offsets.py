@@ -81,6 +81,11 @@ class Minting:
             tuple((through, incarnation(at)) for at, through in chain) if chain else ()
         )
 
+    @property
+    def own(self) -> int:
+        """The stream's own incarnation (UNSTATED: not known)."""
+        return self._own
+
     def minter(self, sequence: int) -> int:
         """The incarnation that minted the position after `sequence`."""
         minted_by = self._own
@@ -95,9 +100,15 @@ class Minting:
 
     def resolve(self, offset: Offset) -> int | None:
         """The sequence `offset` names in this stream; None when another stream minted it (one
-        deleted since, whose ID this stream now has, or another stream altogether)."""
+        deleted since, whose ID this stream now has, or another stream altogether).
+
+        The stream's own incarnation is taken for any of its positions, inherited ones too
+        (no other stream has it: a wake states a fork's positions so, where its chain is not
+        at hand); an offset that states none is taken as it always was; and a stream whose
+        own is not known takes every offset, as before incarnations were stated."""
         minted_by, sequence = offset
-        if minted_by == UNSTATED or minted_by == self.minter(sequence):
+        own = self._own
+        if own == UNSTATED or minted_by in (UNSTATED, own) or minted_by == self.minter(sequence):
             return sequence
         return None
 

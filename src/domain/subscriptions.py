@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections.abc import Iterable
 from typing import Literal, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -299,6 +300,9 @@ class Link(msgspec.Struct, frozen=True):
     explicit: bool
     glob: bool
     acked: int
+    # The linked stream's incarnation (domain/offsets.py), as the store read it with the link;
+    # 0: not known. Not stored: a link lives only as long as its stream.
+    incarnation: int = 0
 
     @property
     def link_type(self) -> LinkType:
@@ -310,6 +314,7 @@ class StreamStatus(msgspec.Struct, frozen=True):
     link_type: LinkType
     acked: int
     tail: int
+    incarnation: int = 0  # the stream's (Link.incarnation)
 
     @property
     def pending(self) -> bool:
@@ -325,6 +330,20 @@ class Wake(msgspec.Struct, frozen=True):
     tails: tuple[tuple[StreamPath, int], ...]
     holder: str | None = None
     lease_until: float | None = None  # Unix seconds; None: not leased yet (being delivered)
+    # The incarnations of the streams `tails` names, where known when it was issued: a stream
+    # deleted and created again since is another, which the wake's `done` does not acknowledge.
+    incarnations: tuple[tuple[StreamPath, int], ...] = ()
+
+    def tails_of_the_same_streams(self, links: Iterable[Link]) -> list[tuple[StreamPath, int]]:
+        """`tails` without the streams deleted and created again since it was issued (whose
+        link's incarnation is not the one the wake named)."""
+        then = dict(self.incarnations)
+        now = {link.path: link.incarnation for link in links}
+        return [
+            (path, tail)
+            for path, tail in self.tails
+            if not (then.get(path) and now.get(path) and then[path] != now[path])
+        ]
 
 
 class Subscription(msgspec.Struct, frozen=True):
@@ -370,7 +389,13 @@ class Subscription(msgspec.Struct, frozen=True):
 
     def streams(self, heads: dict[StreamPath, int]) -> list[StreamStatus]:
         return [
-            StreamStatus(link.path, link.link_type, link.acked, max(heads.get(link.path, 0), 0))
+            StreamStatus(
+                link.path,
+                link.link_type,
+                link.acked,
+                max(heads.get(link.path, 0), 0),
+                link.incarnation,
+            )
             for link in self.links
         ]
 
@@ -438,11 +463,12 @@ class Subscription(msgspec.Struct, frozen=True):
         after = self.woken_up_to
         named = in_turn([s for s in self.streams(heads) if s.pending], after)[:limit]
         tails = tuple(sorted((s.path, s.tail) for s in named))
+        born = tuple(sorted((s.path, s.incarnation) for s in named if s.incarnation))
         generation = self.generation + 1
         return msgspec.structs.replace(
             self,
             generation=generation,
-            wake=Wake(generation, new_wake_id(), tails),
+            wake=Wake(generation, new_wake_id(), tails, incarnations=born),
             woken_up_to=named[-1].path if named else after,
         )
 
@@ -454,15 +480,27 @@ class Subscription(msgspec.Struct, frozen=True):
         return wake
 
     def acknowledged(
-        self, acks: list[tuple[StreamPath, int]], heads: dict[StreamPath, int]
+        self,
+        acks: list[tuple[StreamPath, int]],
+        heads: dict[StreamPath, int],
+        incarnations: dict[StreamPath, int] | None = None,
     ) -> Subscription:
         """Cursors moved to `acks` (last processed, inclusive): never back, never past the
-        tail, only on linked streams; all or nothing."""
+        tail, only on linked streams, only of the stream linked (`incarnations`: the one each
+        ack's offset was issued by, where stated: a stream deleted and created again since is
+        another); all or nothing."""
         links = {link.path: link for link in self.links}
         for path, offset in acks:
             link = links.get(path)
             if link is None:
                 raise InvalidOffset(f"{path.path!r} is not a stream of this subscription")
+            issued_by = (incarnations or {}).get(path, 0)
+            if issued_by and link.incarnation and issued_by != link.incarnation:
+                raise InvalidOffset(
+                    f"the offset acked for {path.path!r} was not issued by that stream: it "
+                    "names a position of another stream (one deleted since, whose path this "
+                    "one now has)"
+                )
             if offset < link.acked:
                 raise InvalidOffset(f"ack of {path.path!r} regresses its cursor")
             if offset > heads.get(path, 0):

@@ -578,3 +578,33 @@ def test_a_run_scoped_creators_wakes_leave_out_a_fork_of_another_run(
     with deployment.client() as c:
         read = c.get(f"{deployment.root}/{mine}/hidden", params={"offset": "-1"})
     assert read.json() == [1, 2, {"n": 3}], read.text
+
+
+def test_a_wake_retried_after_its_stream_was_deleted_and_created_again_shows_the_old_one(
+    deployment: Deployment,
+) -> None:
+    """A wake names a stream's first three records; its delivery fails and is retried while
+    the stream is deleted and created again with seven. The retry still states the deleted
+    stream's offsets (its incarnation, as decided), not the new stream's: read as the new
+    stream's, they would skip its first records. Its `done` acknowledges nothing of the new
+    stream, whose records are named by the next wake from its start."""
+    run = "retried-" + secrets.token_hex(3)
+    sub = deployment.subscribe(deployment.receiver.url(run, fail=5, done=1), f"{run}/*")
+    deployment.write(f"{run}/a", [{"n": n} for n in range(3)])
+    first = body_of(wait_for(lambda: deployment.receiver.entries(run))[0])
+    old_tail = first["streams"][0]["tail_offset"]
+    assert old_tail.endswith("_0000000000000003")
+    with deployment.client() as c:
+        assert c.delete(f"{deployment.root}/{run}/a").status_code == 204
+    deployment.write(f"{run}/a", [{"n": n} for n in range(7)])
+    new_tail = deployment.tail(f"{run}/a")
+    assert new_tail[:16] != old_tail[:16]
+    wait_for(lambda: deployment.subscription(sub["id"])["streams"][0]["acked_offset"] == new_tail)
+    bodies = [body_of(e) for e in deployment.receiver.entries(run)]
+    retries = [b for b in bodies if b["wake_id"] == first["wake_id"]]
+    assert len(retries) == 6  # five refused, then delivered
+    assert {b["streams"][0]["tail_offset"] for b in retries} == {old_tail}
+    later = [b for b in bodies if b["generation"] > first["generation"]]
+    assert later, bodies
+    assert later[0]["streams"][0]["acked_offset"] == new_tail[:17] + "0" * 16
+    assert later[0]["streams"][0]["tail_offset"] == new_tail

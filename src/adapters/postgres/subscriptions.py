@@ -21,6 +21,7 @@ from adapters.postgres.marks import MARK
 from application.subscriptions import Change, Delivery, Heads
 from application.waiting import committing, within_allowance
 from application.workers import Job
+from domain.offsets import incarnation
 from domain.stream import StreamKey
 from domain.subscriptions import WAKE_STREAMS, Link, StreamPath, Subscription, pattern_regex
 
@@ -35,7 +36,7 @@ _STATE = "SELECT state FROM ds_subscriptions WHERE tenant = $1 AND subscription_
 _GET = """SELECT state, failing, last_error, creator_runs FROM ds_subscriptions
           WHERE tenant = $1 AND subscription_id = $2"""
 # Every link, with its stream's head (what `get` shows).
-_LINKS = """SELECT l.run_id, l.stream_id, l.explicit, l.glob, l.acked, t.head
+_LINKS = """SELECT l.run_id, l.stream_id, l.explicit, l.glob, l.acked, t.head, t.created_at
             FROM ds_subscription_links l
             LEFT JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
                                  = (l.tenant, l.run_id, l.stream_id)
@@ -47,7 +48,7 @@ _LINKS = """SELECT l.run_id, l.stream_id, l.explicit, l.glob, l.acked, t.head
 # subscription's every link instead, as it did on tables it had no statistics for yet: a pass
 # over 20,000 links for each mark.)
 _PENDING_LINK = """SELECT {part} AS part, p.run_id, p.stream_id, l.explicit, l.glob, l.acked,
-                          t.head
+                          t.head, t.created_at
                    FROM (SELECT * FROM ds_subscription_pending
                          WHERE tenant = $1 AND subscription_id = $2
                            AND (run_id COLLATE "C", stream_id COLLATE "C") {compare} ($3, $4)
@@ -64,14 +65,14 @@ _PENDING_LINK = """SELECT {part} AS part, p.run_id, p.stream_id, l.explicit, l.g
 # (Through the marks' order index, in the code points' order, as the domain orders streams
 # (migration 0508): the marks after the last stream named, then from the first. A mark its
 # link caught up with, which the sweep forgets, takes a place in the window meanwhile.)
-_PENDING_LINKS = f"""SELECT run_id, stream_id, explicit, glob, acked, head FROM (
+_PENDING_LINKS = f"""SELECT run_id, stream_id, explicit, glob, acked, head, created_at FROM (
                          ({_PENDING_LINK.format(part=0, compare=">")})
                          UNION ALL
                          ({_PENDING_LINK.format(part=1, compare="<=")})) AS pending
                      ORDER BY part, run_id COLLATE "C", stream_id COLLATE "C"
                      LIMIT $5"""
 # ... and those it names (what it acknowledges, links or unlinks, and the current wake's).
-_NAMED_LINKS = """SELECT k.run_id, k.stream_id, l.explicit, l.glob, l.acked, t.head
+_NAMED_LINKS = """SELECT k.run_id, k.stream_id, l.explicit, l.glob, l.acked, t.head, t.created_at
                   FROM unnest($3::text[], $4::text[]) AS k(run_id, stream_id)
                   CROSS JOIN LATERAL (
                       SELECT explicit, glob, acked FROM ds_subscription_links
@@ -331,8 +332,13 @@ async def _with_named_runs(
 
 
 def _linked(sub: Subscription, rows: list[Any]) -> tuple[Subscription, Heads]:
-    """`sub` with the links of `rows` (path, explicit, glob, acked, head), and their heads."""
-    links = {StreamPath(r[0], r[1]): Link(StreamPath(r[0], r[1]), r[2], r[3], r[4]) for r in rows}
+    """`sub` with the links of `rows` (path, explicit, glob, acked, head, the stream's creation
+    time), and their heads. A link's incarnation is its stream's, read with it: a link exists
+    only while its stream does (an erasure unlinks it), so it is the stream the cursor is of."""
+    links = {
+        StreamPath(r[0], r[1]): Link(StreamPath(r[0], r[1]), r[2], r[3], r[4], incarnation(r[6]))
+        for r in rows
+    }
     return sub.with_links(links), {StreamPath(r[0], r[1]): r[5] for r in rows if r[5] is not None}
 
 

@@ -16,11 +16,11 @@ from litestar.types import ASGIApp
 
 from application.access import Caller
 from application.subscriptions import (
-    UNSTATED_MINTING,
     WAKE_EVENT,
     WEBHOOK,
     AckRequest,
     Heads,
+    offset_of,
     wire_status,
 )
 from application.waiting import at_work_for
@@ -265,7 +265,7 @@ async def view(services: Services, sub: Subscription, heads: Heads) -> dict[str,
             {
                 "path": s.path.path,
                 "link_type": s.link_type,
-                "acked_offset": mintings.get(s.path, UNSTATED_MINTING).text(s.acked),
+                "acked_offset": offset_of(s, s.acked, mintings.get(s.path)),
             }
             for s in statuses
         ],
@@ -299,17 +299,21 @@ async def _acks(services: Services, tenant: str, body: CallbackBody) -> list[Ack
         if sequence is None:
             raise _invalid_offset("an ack offset must not be `now`")
         given.append((parse_path(name, "acks.stream"), sequence))
+    # Each offset is resolved against the stream now at its path (its chain: a fork's
+    # inherited positions are its sources' offsets), and the ack carries the incarnation it was
+    # resolved against, or the one it states when it was not (another stream's): the decision
+    # compares it with the linked stream's, read in its transaction, after the wake's fence
+    # and the link's checks. (Refused here, before them, it told a holder of any wake token
+    # which paths hold a stream, and raced a deletion that landed before the decision.)
     mintings = await services.subscriptions.offsets(tenant, {path for path, _ in given})
     out = []
     for path, offset in given:
         minting = mintings.get(path)
-        resolved = offset.sequence if minting is None else minting.resolve(offset)
-        if resolved is None:
-            raise _invalid_offset(
-                f"the offset acked for {path.path!r} was not issued by that stream: it names a "
-                "position of another stream (one deleted since, whose path this one now has)"
-            )
-        out.append(AckRequest(path, resolved))
+        resolved = None if minting is None else minting.resolve(offset)
+        if minting is not None and resolved is not None:
+            out.append(AckRequest(path, resolved, minting.own))
+        else:
+            out.append(AckRequest(path, offset.sequence, offset.minted_by))
     return out
 
 
