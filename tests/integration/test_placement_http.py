@@ -60,3 +60,44 @@ async def test_another_region_gets_misdirected_and_another_egress_is_denied(
         assert document.status_code == 200
     page = (await api.get(f"/runs/{run_id}/streams/shared/records")).json()
     assert [r["data"] for r in page["records"]] == [1]
+
+
+async def test_a_subscription_over_a_stream_served_elsewhere_is_shown_claimed_and_acked(
+    api: httpx.AsyncClient, elsewhere: ServerProcess, run_id: str
+) -> None:
+    """A pattern links a stream homed in this region; on the other region's servers, the
+    subscription's configuration, view, claim and ack answer as ever (its offsets state no
+    incarnation there: the stream's definition is not served there), never 421."""
+    for stream in ("e1", "wake"):
+        made = await api.post(
+            f"/runs/{run_id}/streams", json={"stream_id": stream, "direction": "output"}
+        )
+        assert made.status_code == 201
+    appended = await api.post(f"/runs/{run_id}/streams/e1/records", json={"records": [{"data": 1}]})
+    assert appended.status_code == 201
+    async with api_client(elsewhere) as mars:
+        root = f"{elsewhere.base_url}/api/durable-streams/v1/stream/__ds/subscriptions"
+        name = "sub-" + run_id[-8:]
+        put = await mars.put(
+            f"{root}/{name}",
+            json={"type": "pull-wake", "pattern": f"{run_id}/e*", "wake_stream": f"{run_id}/w"},
+        )
+        assert put.status_code == 201, put.text
+        assert (await mars.get(f"{root}/{name}")).status_code == 200
+        more = await api.post(f"/runs/{run_id}/streams/e1/records", json={"records": [{"data": 2}]})
+        assert more.status_code == 201
+        claim = await mars.post(f"{root}/{name}/claim", json={"worker": "w1"})
+        assert claim.status_code == 200, claim.text
+        wake = claim.json()
+        [stream] = wake["streams"]
+        acked = await mars.post(
+            f"{root}/{name}/ack",
+            json={
+                "wake_id": wake["wake_id"],
+                "generation": wake["generation"],
+                "acks": [{"path": f"{run_id}/e1", "offset": stream["tail_offset"]}],
+                "done": True,
+            },
+            headers={"Authorization": f"Bearer {wake['token']}"},
+        )
+        assert acked.status_code == 200, acked.text
