@@ -47,7 +47,10 @@ async def test_create_append_read_head_delete_round_trip(
     created = await ds.put(url, content=b"hello ", headers={"Content-Type": "text/plain"})
     assert created.status_code == 201, created.text
     assert created.headers["content-type"] == "text/plain"
-    assert created.headers["stream-next-offset"] == At(1)
+    # Every offset of the stream states the same incarnation: the creation's, an append's, a
+    # read's, a HEAD's and a refusal's.
+    minted = created.headers["stream-next-offset"]
+    assert minted == At(1)
     assert created.headers["location"].endswith(f"/api/durable-streams/v1/stream{url}")
     assert created.headers["x-content-type-options"] == "nosniff"
     again = await ds.put(url, headers={"Content-Type": "TEXT/PLAIN"})
@@ -55,8 +58,9 @@ async def test_create_append_read_head_delete_round_trip(
     assert_problem(await ds.put(url, headers={"Content-Type": "text/html"}), 409, None)
     appended = await ds.post(url, content=b"world", headers={"Content-Type": "text/plain"})
     assert appended.status_code == 204, appended.text
-    assert appended.headers["stream-next-offset"] == At(2)
+    assert appended.headers["stream-next-offset"] == At(2, of=minted)
     read = await ds.get(url)
+    assert read.headers["stream-next-offset"] == appended.headers["stream-next-offset"]
     assert (read.status_code, read.content) == (200, b"hello world")
     assert read.headers["stream-up-to-date"] == "true"
     assert "stream-closed" not in read.headers
@@ -68,9 +72,10 @@ async def test_create_append_read_head_delete_round_trip(
     assert (await ds.get(url, headers={"If-None-Match": tag})).status_code == 304
     later = await ds.get(url, params={"offset": offset(1)})
     assert later.content == b"world"
+    assert (await ds.get(url, params={"offset": minted})).content == b"world"
     head = await ds.head(url)
     assert head.status_code == 200 and head.content == b""
-    assert head.headers["stream-next-offset"] == At(2)
+    assert head.headers["stream-next-offset"] == appended.headers["stream-next-offset"]
     assert head.headers["cache-control"] == "no-store"
     closed = await ds.post(url, headers={"Stream-Closed": "true"})
     assert closed.status_code == 204 and closed.headers["stream-closed"] == "true"
@@ -80,7 +85,7 @@ async def test_create_append_read_head_delete_round_trip(
     refused = await ds.post(url, content=b"more", headers={"Content-Type": "text/plain"})
     assert_problem(refused, 409, "stream-closed")
     assert refused.headers["stream-closed"] == "true"
-    assert refused.headers["stream-next-offset"] == At(2)
+    assert refused.headers["stream-next-offset"] == appended.headers["stream-next-offset"]
     assert (await ds.delete(url)).status_code == 204
     assert_problem(await ds.get(url), 404, "not-found")
     assert (await ds.put(url, headers={"Content-Type": "text/plain"})).status_code == 201

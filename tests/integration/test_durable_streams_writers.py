@@ -330,3 +330,46 @@ async def test_json_with_a_byte_order_mark_is_taken_and_a_lone_surrogate_is_expl
     problem = assert_problem(big, 413, "record-too-large")
     assert "message 0" in problem["detail"] and "object" not in problem["detail"]
     assert (await ds.get(url)).json() == [{"a": 1}]
+
+
+async def test_a_fork_of_a_fork_states_each_position_s_minting_stream(
+    ds: httpx.AsyncClient,  # noqa: F811
+    run_id: str,
+) -> None:
+    """Root `r` (records 1-2), fork `a` of it at 2 (then its own 3-4), fork `b` of `a` at 3
+    (then its own 4). Each position of `b` carries the incarnation of the stream that minted
+    it, the same text a read of that stream gives, and every level's offsets read `b` from
+    where they say; its own are its own, after all the inherited ones."""
+    root, a, b = f"/{run_id}/r", f"/{run_id}/a", f"/{run_id}/b"
+    made = await ds.put(root, content=b"1", headers=TEXT)
+    assert (await ds.post(root, content=b"2", headers=TEXT)).status_code == 204
+    root_2 = (await ds.head(root)).headers["stream-next-offset"]
+    assert root_2 == At(2, of=made.headers["stream-next-offset"])
+    forked_a = await ds.put(a, headers={**TEXT, "Stream-Forked-From": f"/v1/stream{root}"})
+    assert forked_a.headers["stream-next-offset"] == root_2  # the fork point: the root's
+    a_3 = (await ds.post(a, content=b"3", headers=TEXT)).headers["stream-next-offset"]
+    a_4 = (await ds.post(a, content=b"4", headers=TEXT)).headers["stream-next-offset"]
+    assert a_4 == At(4, of=a_3) and a_3[:16] != root_2[:16] and a_3 > root_2
+    forked_b = await ds.put(
+        b, headers={**TEXT, "Stream-Forked-From": f"/v1/stream{a}", "Stream-Fork-Offset": a_3}
+    )
+    assert forked_b.status_code == 201, forked_b.text
+    assert forked_b.headers["stream-next-offset"] == a_3
+    b_4 = (await ds.post(b, content=b"x", headers=TEXT)).headers["stream-next-offset"]
+    assert b_4 == At(4) and len({b_4[:16], a_4[:16], root_2[:16]}) == 3 and b_4 > a_3
+    # Read from each level's offsets, b answers from the position they name.
+    assert (await ds.get(b)).content == b"123x"
+    assert (await ds.get(b, params={"offset": made.headers["stream-next-offset"]})).content == (
+        b"23x"
+    )
+    assert (await ds.get(b, params={"offset": root_2})).content == b"3x"
+    assert (await ds.get(b, params={"offset": a_3})).content == b"x"
+    # A HEAD of a fork with nothing of its own states the minting source's offset.
+    empty = await ds.put(
+        f"/{run_id}/c",
+        headers={**TEXT, "Stream-Forked-From": f"/v1/stream{a}", "Stream-Fork-Offset": a_3},
+    )
+    assert empty.status_code == 201
+    assert (await ds.head(f"/{run_id}/c")).headers["stream-next-offset"] == a_3
+    # The source's own record past the fork point is not b's: its offset reads b from the start.
+    assert (await ds.get(b, params={"offset": a_4})).content == b"123x"

@@ -170,13 +170,17 @@ async def through_litestar() -> AsyncIterator[AsyncTestClient[Litestar]]:
         yield client
 
 
-# Building the application in process reports Litestar's deprecation of inferred path
-# parameters for every route; not what this test is about.
 def _positions(answer: tuple[int, list[tuple[str, str]], bytes]) -> Any:
+    """The answer with each offset's position alone; each offset states an incarnation."""
     status, headers, body = answer
+    for name, value in headers:
+        if name == "stream-next-offset":
+            assert value[:16].isdigit() and int(value[:16]) > 0, value
     return status, [(n, v[17:] if n == "stream-next-offset" else v) for n, v in headers], body
 
 
+# Building the application in process reports Litestar's deprecation of inferred path
+# parameters for every route; not what this test is about.
 @pytest.mark.filterwarnings(
     "ignore::litestar.exceptions.base_exceptions.LitestarDeprecationWarning"
 )
