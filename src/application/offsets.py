@@ -19,5 +19,5 @@ async def minting_of(
         created_at = await reader.created_at(key)
     if not fork:
         return Minting(created_at)
-    chain = await reader.chain(key)
+    chain = await reader.chain(key, created_at)
     return Minting(created_at, ((link.source_created_at, link.through) for link in chain))

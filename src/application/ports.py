@@ -351,10 +351,11 @@ class RecordReader(Protocol):
     async def created_at(self, key: StreamKey) -> datetime | None:
         """The creation time of the stream now under `key` (its incarnation); None: none is."""
 
-    async def chain(self, key: StreamKey) -> list[ForkLink]:
+    async def chain(self, key: StreamKey, created_at: datetime | None = None) -> list[ForkLink]:
         """The stream's fork links up its chain: its own link first (to its source), then its
         source's, up to the root (a stream that is no fork). Empty for a stream that is no
-        fork, or that does not exist. The chain of a fork never changes while it exists."""
+        fork, or that does not exist. The chain of a fork never changes while it exists.
+        `created_at`: of the stream created then (the incarnation a caller read)."""
 
     async def expired_through(
         self, key: StreamKey, after: int, cutoff: datetime, limit: int

@@ -588,9 +588,13 @@ class MemoryStreams:
         ]
         return position, records
 
-    async def chain(self, key: StreamKey) -> list[ForkLink]:
+    async def chain(self, key: StreamKey, created_at: datetime | None = None) -> list[ForkLink]:
         row = self._rows.get(key)
-        return [] if row is None else self._chain(key, row)
+        if row is None or (
+            created_at is not None and decode_state(row.state).created_at != created_at
+        ):
+            return []
+        return self._chain(key, row)
 
     def _chain(self, key: StreamKey, row: _Row) -> list[ForkLink]:
         """Up the definitions, iteratively: each link, until a stream that is no fork (or one

@@ -243,8 +243,9 @@ class RecordReads:
             records.sort(key=lambda record: record.sequence)
         return records
 
-    async def chain(self, key: StreamKey) -> list[ForkLink]:
-        created_at = await self.created_at(key)
+    async def chain(self, key: StreamKey, created_at: datetime | None = None) -> list[ForkLink]:
+        if created_at is None:
+            created_at = await self.created_at(key)
         return [] if created_at is None else await self._chain(key, created_at)
 
     async def _chain(self, key: StreamKey, created_at: datetime) -> list[ForkLink]:
