@@ -245,7 +245,12 @@ def base_url(request: Request) -> str:
 async def view(services: Services, sub: Subscription, heads: Heads) -> dict[str, Any]:
     config = sub.config
     statuses = sub.streams(heads)
-    mintings = await services.subscriptions.offsets(sub.tenant, [s.path for s in statuses])
+    # Each link's offsets with its stream's incarnation as the store read it with the link; the
+    # stream's own look-up only where that is not known (a subscription may link 20,000
+    # streams: a look-up of each, each time it is shown, would crowd every stream's definition
+    # out of the process's cache).
+    unknown = [s.path for s in statuses if not s.incarnation]
+    mintings = await services.subscriptions.offsets(sub.tenant, unknown) if unknown else {}
     webhook = None
     if config.webhook_url is not None:
         webhook = {
@@ -282,9 +287,10 @@ async def view(services: Services, sub: Subscription, heads: Heads) -> dict[str,
 
 
 async def _acks(services: Services, tenant: str, body: CallbackBody) -> list[AckRequest]:
-    """The acks, each offset resolved against the stream it names (domain/offsets.py): one
-    another stream minted (one deleted since, whose path this stream now has) is refused,
-    never taken as a position of this one."""
+    """The acks, each with its offset's sequence and the incarnation of the stream that issued
+    it (domain/offsets.py), which the decision compares with the linked stream's: one another
+    stream issued (one deleted since, whose path this stream now has) is refused there, never
+    taken as a position of this one."""
     given: list[tuple[StreamPath, Offset]] = []
     for ack in body.acks or ():
         name = ack.stream if ack.stream is not None else ack.path
