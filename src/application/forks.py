@@ -151,8 +151,9 @@ class Forks:
     async def _split(
         self, key: StreamKey, anchor: int, sub_offset: int
     ) -> tuple[int, list[NewRecord]]:
-        """`sub_offset` bytes after record `anchor`: the last whole record inherited, and the
-        copied first bytes of the next one when the point falls inside it."""
+        """`sub_offset` bytes after record `anchor`, counted as a read of the stream answers
+        them: the last whole record inherited, and the copied first bytes of the next one when
+        the point falls inside it."""
         through, left, cursor = anchor, sub_offset, anchor
         while True:
             found = await self._reader.page(key, cursor, _SCAN_PAGE)
@@ -161,8 +162,11 @@ class Forks:
             position, page = found
             check_cursor(cursor, position.head, position.earliest)
             for record in page:
-                if record.size <= left:
-                    through, left = record.sequence, left - record.size
+                # The bytes a read of the stream answers for it: an object record's descriptor,
+                # not its body's size (which `size` counts).
+                answered = len(record.payload)
+                if answered <= left:
+                    through, left = record.sequence, left - answered
                     if left == 0:
                         return through, []
                     continue

@@ -373,3 +373,35 @@ async def test_a_fork_of_a_fork_states_each_position_s_minting_stream(
     assert (await ds.head(f"/{run_id}/c")).headers["stream-next-offset"] == a_3
     # The source's own record past the fork point is not b's: its offset reads b from the start.
     assert (await ds.get(b, params={"offset": a_4})).content == b"123x"
+
+
+async def test_a_sub_offset_counts_the_bytes_a_read_answers_for_an_object_record(
+    ds: httpx.AsyncClient,  # noqa: F811
+    api: httpx.AsyncClient,
+    run_id: str,
+) -> None:
+    """A text stream holds a record `ab`, an object (committed through the native API: a read
+    answers its descriptor, not its body) and a record `cd`. `Stream-Fork-Sub-Offset` counts
+    the bytes a read of the stream answers, the descriptor's included: a fork at the first
+    byte of `cd` inherits the object whole and nothing of `cd`."""
+    from tests.integration.test_http_head import committed_object
+
+    url = f"/{run_id}/mixed"
+    made = await ds.put(url, content=b"ab", headers=TEXT)
+    assert made.status_code == 201
+    await committed_object(api, f"/runs/{run_id}/streams/mixed", b"a body of 26 bytes, or so")
+    assert (await ds.post(url, content=b"cd", headers=TEXT)).status_code == 204
+    read = (await ds.get(url)).content
+    assert read.startswith(b"ab") and read.endswith(b"cd") and len(read) > 4
+    shown = len(read) - 2  # "ab" and the object as a read answers it
+    forked = await ds.put(
+        f"/{run_id}/mixed-fork",
+        headers={
+            **TEXT,
+            "Stream-Forked-From": f"/v1/stream{url}",
+            "Stream-Fork-Offset": "-1",
+            "Stream-Fork-Sub-Offset": str(shown + 1),
+        },
+    )
+    assert forked.status_code == 201, forked.text
+    assert (await ds.get(f"/{run_id}/mixed-fork")).content == read[: shown + 1]
