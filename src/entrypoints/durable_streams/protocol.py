@@ -338,8 +338,14 @@ async def append_body(head: AppendHead, body: bytes) -> Answer:
             content_conflict=conflict,
         )
     except errors.StreamClosed as error:
-        page = await services.durable_reads.page(key, None, 1, fork=definition.fork is not None)
-        return closed_answer(error, page.minting.text(page.position.head))
+        reads, fork = services.durable_reads, definition.fork is not None
+        stream_head = error.extra.get("head")
+        if stream_head is None:
+            page = await reads.page(key, None, 1, fork=fork)
+            return closed_answer(error, page.minting.text(page.position.head))
+        # The stream's incarnation as the process knows it (no round trip).
+        minting = await reads.minting(key, None, fork=fork)
+        return closed_answer(error, minting.text(stream_head))
     except errors.ProducerEpochStale as error:
         return problem_answer(error, {"Producer-Epoch": str(error.extra.get("current_epoch", ""))})
     except errors.ProducerSequenceGap as error:
