@@ -37,6 +37,7 @@ from application.wake import WakeRegistry
 from application.workers import OUTAGE_LOG_SECONDS, Job, Outage, backoff, ensure_claimed
 from domain import errors
 from domain.offsets import Minting
+from domain.offsets import parse as parse_offset
 from domain.records import RecordInput
 from domain.stream import StreamKey
 from domain.subscriptions import (
@@ -73,6 +74,9 @@ JOB_RUN = "__subscription__"
 WEBHOOK = "webhook"
 WAKE_EVENT = "wake-event"
 TOKEN_SECONDS = 86_400.0
+# In a stored webhook payload, the paths whose offsets are stated with their stream's chain
+# when it is sent (`as_its_creator_sees`); never sent.
+CHAIN_KEY = "_stated_when_sent"
 
 
 class Delivery(msgspec.Struct, frozen=True):
@@ -421,17 +425,35 @@ class Subscriptions:
     async def as_its_creator_sees(self, delivery: Delivery) -> bytes:
         """A webhook's payload without the streams its creator may not read (a pattern links
         every stream it matches, a stream's pinned readers included): a receiver is told of
-        no stream's offsets that whoever configured it could not read."""
+        no stream's offsets that whoever configured it could not read.
+
+        The decision that wrote it stated each stream's offsets with the stream's own
+        incarnation; those it marked (`CHAIN_KEY`: a fork's positions within its inherited
+        prefix) are stated here as a read of the stream states them, with its chain, where the
+        stream is still the one the wake named (one deleted and created again since keeps the
+        old stream's offsets, which no ack of the new one takes)."""
         body = msgspec.json.decode(delivery.payload)
         tenant, creator, runs = delivery.tenant, delivery.created_by, delivery.creator_runs
+        chained = set(body.pop(CHAIN_KEY, None) or ())
         streams = body.get("streams", [])
         shown = [
             s
             for s in streams
             if await self._creator_may_read(tenant, creator, runs, parse_path(s["path"]))
         ]
-        if len(shown) == len(streams):
+        if len(shown) == len(streams) and not chained:
             return delivery.payload
+        if chained:
+            marked = [s for s in shown if s["path"] in chained]
+            mintings = await self.offsets(tenant, [parse_path(s["path"]) for s in marked])
+            for status in marked:
+                minting = mintings.get(parse_path(status["path"]))
+                if minting is None:
+                    continue
+                for field in ("acked_offset", "tail_offset"):
+                    offset = parse_offset(status[field])
+                    if offset is not None and offset.minted_by == minting.own:  # the same stream
+                        status[field] = minting.text(offset.sequence)
         return msgspec.json.encode({**body, "streams": shown})
 
     async def offsets(
@@ -630,16 +652,18 @@ class Subscriptions:
         woken = sub.issue_wake(heads)
         assert woken.wake is not None
         if sub.config.type == WEBHOOK:
-            payload = msgspec.json.encode(
-                {
-                    "subscription_id": sub.id,
-                    "wake_id": woken.wake.wake_id,
-                    "generation": woken.wake.generation,
-                    "streams": [wire_status(s) for s in woken.wake_streams(heads)],
-                    "callback_url": f"{sub.base_url}/__ds/subscriptions/{sub.id}/callback",
-                    "callback_token": self._tokens.issue(woken, now),
-                }
-            )
+            statuses = woken.wake_streams(heads)
+            body: dict[str, Any] = {
+                "subscription_id": sub.id,
+                "wake_id": woken.wake.wake_id,
+                "generation": woken.wake.generation,
+                "streams": [wire_status(s) for s in statuses],
+                "callback_url": f"{sub.base_url}/__ds/subscriptions/{sub.id}/callback",
+                "callback_token": self._tokens.issue(woken, now),
+            }
+            if chained := [s.path.path for s in statuses if s.needs_chain]:
+                body[CHAIN_KEY] = chained  # stated with the chain when sent, then left out
+            payload = msgspec.json.encode(body)
             delivery = Delivery(
                 sub.tenant,
                 sub.id,
@@ -792,9 +816,7 @@ class Subscriptions:
             sub = self._fenced_wake(sub, subscription_id, token, generation, wake_id)
             _of_type(sub, kind)
             sub = sub.acknowledged(
-                [(a.stream, a.sequence) for a in acks],
-                heads,
-                {a.stream: a.incarnation for a in acks if a.incarnation},
+                [(a.stream, a.sequence) for a in acks], heads, [a.incarnation for a in acks]
             )
             if not done:
                 return Change(sub.leased(self._clock() + sub.config.lease_ttl_ms / 1000)), False

@@ -303,6 +303,9 @@ class Link(msgspec.Struct, frozen=True):
     # The linked stream's incarnation (domain/offsets.py), as the store read it with the link;
     # 0: not known. Not stored: a link lives only as long as its stream.
     incarnation: int = 0
+    # Where the stream is a fork, its fork point: its positions up to it are its sources' (their
+    # offsets state their incarnations, domain/offsets.py); -1: no fork (or not known).
+    inherited: int = -1
 
     @property
     def link_type(self) -> LinkType:
@@ -315,6 +318,13 @@ class StreamStatus(msgspec.Struct, frozen=True):
     acked: int
     tail: int
     incarnation: int = 0  # the stream's (Link.incarnation)
+    inherited: int = -1  # Link.inherited
+
+    @property
+    def needs_chain(self) -> bool:
+        """Whether its offsets need the stream's chain to be stated as a read states them: its
+        incarnation is not known, or a position it shows is inherited from a source."""
+        return not self.incarnation or min(self.acked, self.tail) <= self.inherited
 
     @property
     def pending(self) -> bool:
@@ -395,6 +405,7 @@ class Subscription(msgspec.Struct, frozen=True):
                 link.acked,
                 max(heads.get(link.path, 0), 0),
                 link.incarnation,
+                link.inherited,
             )
             for link in self.links
         ]
@@ -483,18 +494,18 @@ class Subscription(msgspec.Struct, frozen=True):
         self,
         acks: list[tuple[StreamPath, int]],
         heads: dict[StreamPath, int],
-        incarnations: dict[StreamPath, int] | None = None,
+        incarnations: list[int] | None = None,
     ) -> Subscription:
         """Cursors moved to `acks` (last processed, inclusive): never back, never past the
-        tail, only on linked streams, only of the stream linked (`incarnations`: the one each
-        ack's offset was issued by, where stated: a stream deleted and created again since is
-        another); all or nothing."""
+        tail, only on linked streams, only of the stream linked (`incarnations`, one per ack:
+        the one its offset was issued by, 0 where not stated: a stream deleted and created
+        again since is another); all or nothing."""
         links = {link.path: link for link in self.links}
-        for path, offset in acks:
+        for index, (path, offset) in enumerate(acks):
             link = links.get(path)
             if link is None:
                 raise InvalidOffset(f"{path.path!r} is not a stream of this subscription")
-            issued_by = (incarnations or {}).get(path, 0)
+            issued_by = incarnations[index] if incarnations else 0
             if issued_by and link.incarnation and issued_by != link.incarnation:
                 raise InvalidOffset(
                     f"the offset acked for {path.path!r} was not issued by that stream: it "

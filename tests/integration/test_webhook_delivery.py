@@ -608,3 +608,32 @@ def test_a_wake_retried_after_its_stream_was_deleted_and_created_again_shows_the
     assert later, bodies
     assert later[0]["streams"][0]["acked_offset"] == new_tail[:17] + "0" * 16
     assert later[0]["streams"][0]["tail_offset"] == new_tail
+
+
+def test_a_wake_states_a_forks_inherited_positions_as_a_read_of_the_fork_does(
+    deployment: Deployment,
+) -> None:
+    """A fork created where a pattern matches is linked from its start: its inherited records
+    are pending. The wake states their offsets as a read of the fork does (its source's
+    incarnation, the same text as the fork's HEAD), not with the fork's own: a receiver that
+    reads until the wake's tail compares equal texts, in one order."""
+    run = "fork-" + secrets.token_hex(3)
+    deployment.write(f"{run}-src/s", [{"n": n} for n in range(3)])
+    sub = deployment.subscribe(deployment.receiver.url(run, done=1), f"{run}/*")
+    with deployment.client() as c:
+        forked = c.put(
+            f"{deployment.root}/{run}/f",
+            headers={
+                "content-type": "application/json",
+                "Stream-Forked-From": f"/v1/stream/{run}-src/s",
+            },
+        )
+    assert forked.status_code == 201, forked.text
+    tail = deployment.tail(f"{run}/f")  # the fork point: the source's offset
+    assert tail == forked.headers["stream-next-offset"]
+    body = body_of(wait_for(lambda: deployment.receiver.entries(run))[0])
+    [stream] = body["streams"]
+    assert stream["tail_offset"] == tail
+    assert stream["acked_offset"][:16] == tail[:16] and stream["acked_offset"] < tail
+    assert "_stated_when_sent" not in body
+    wait_for(lambda: deployment.subscription(sub["id"])["streams"][0]["acked_offset"] == tail)

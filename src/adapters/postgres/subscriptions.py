@@ -36,10 +36,13 @@ _STATE = "SELECT state FROM ds_subscriptions WHERE tenant = $1 AND subscription_
 _GET = """SELECT state, failing, last_error, creator_runs FROM ds_subscriptions
           WHERE tenant = $1 AND subscription_id = $2"""
 # Every link, with its stream's head (what `get` shows).
-_LINKS = """SELECT l.run_id, l.stream_id, l.explicit, l.glob, l.acked, t.head, t.created_at
+_LINKS = """SELECT l.run_id, l.stream_id, l.explicit, l.glob, l.acked, t.head, t.created_at,
+                   f.through
             FROM ds_subscription_links l
             LEFT JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
                                  = (l.tenant, l.run_id, l.stream_id)
+            LEFT JOIN stream_forks f ON (f.tenant, f.run_id, f.stream_id)
+                                      = (l.tenant, l.run_id, l.stream_id)
             WHERE l.tenant = $1 AND l.subscription_id = $2"""
 # What a decision reads of the links: those marked pending (migration 0508), up to $5, after
 # the stream the last wake named up to first (the order a wake names them in,
@@ -48,7 +51,7 @@ _LINKS = """SELECT l.run_id, l.stream_id, l.explicit, l.glob, l.acked, t.head, t
 # subscription's every link instead, as it did on tables it had no statistics for yet: a pass
 # over 20,000 links for each mark.)
 _PENDING_LINK = """SELECT {part} AS part, p.run_id, p.stream_id, l.explicit, l.glob, l.acked,
-                          t.head, t.created_at
+                          t.head, t.created_at, f.through
                    FROM (SELECT * FROM ds_subscription_pending
                          WHERE tenant = $1 AND subscription_id = $2
                            AND (run_id COLLATE "C", stream_id COLLATE "C") {compare} ($3, $4)
@@ -61,18 +64,22 @@ _PENDING_LINK = """SELECT {part} AS part, p.run_id, p.stream_id, l.explicit, l.g
                        OFFSET 0) l
                    LEFT JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
                                         = (p.tenant, p.run_id, p.stream_id)
+                   LEFT JOIN stream_forks f ON (f.tenant, f.run_id, f.stream_id)
+                                             = (p.tenant, p.run_id, p.stream_id)
                    WHERE l.acked < p.head"""
 # (Through the marks' order index, in the code points' order, as the domain orders streams
 # (migration 0508): the marks after the last stream named, then from the first. A mark its
 # link caught up with, which the sweep forgets, takes a place in the window meanwhile.)
-_PENDING_LINKS = f"""SELECT run_id, stream_id, explicit, glob, acked, head, created_at FROM (
+_PENDING_LINKS = f"""SELECT run_id, stream_id, explicit, glob, acked, head, created_at, through
+                     FROM (
                          ({_PENDING_LINK.format(part=0, compare=">")})
                          UNION ALL
                          ({_PENDING_LINK.format(part=1, compare="<=")})) AS pending
                      ORDER BY part, run_id COLLATE "C", stream_id COLLATE "C"
                      LIMIT $5"""
 # ... and those it names (what it acknowledges, links or unlinks, and the current wake's).
-_NAMED_LINKS = """SELECT k.run_id, k.stream_id, l.explicit, l.glob, l.acked, t.head, t.created_at
+_NAMED_LINKS = """SELECT k.run_id, k.stream_id, l.explicit, l.glob, l.acked, t.head, t.created_at,
+                         f.through
                   FROM unnest($3::text[], $4::text[]) AS k(run_id, stream_id)
                   CROSS JOIN LATERAL (
                       SELECT explicit, glob, acked FROM ds_subscription_links
@@ -80,7 +87,9 @@ _NAMED_LINKS = """SELECT k.run_id, k.stream_id, l.explicit, l.glob, l.acked, t.h
                         AND run_id = k.run_id AND stream_id = k.stream_id
                       OFFSET 0) l
                   LEFT JOIN streams t ON (t.tenant, t.run_id, t.stream_id)
-                                       = ($1, k.run_id, k.stream_id)"""
+                                       = ($1, k.run_id, k.stream_id)
+                  LEFT JOIN stream_forks f ON (f.tenant, f.run_id, f.stream_id)
+                                            = ($1, k.run_id, k.stream_id)"""
 # The runs of the streams each subscription names explicitly (at most MAX_EXPLICIT_STREAMS
 # links each: migration 0514's partial index, not a pass over a pattern's links).
 _NAMED_RUNS = """SELECT subscription_id, array_agg(DISTINCT run_id ORDER BY run_id)
@@ -333,10 +342,18 @@ async def _with_named_runs(
 
 def _linked(sub: Subscription, rows: list[Any]) -> tuple[Subscription, Heads]:
     """`sub` with the links of `rows` (path, explicit, glob, acked, head, the stream's creation
-    time), and their heads. A link's incarnation is its stream's, read with it: a link exists
-    only while its stream does (an erasure unlinks it), so it is the stream the cursor is of."""
+    time, a fork's fork point), and their heads. A link's incarnation is its stream's, read with
+    it: a link exists only while its stream does (an erasure unlinks it), so it is the stream
+    the cursor is of."""
     links = {
-        StreamPath(r[0], r[1]): Link(StreamPath(r[0], r[1]), r[2], r[3], r[4], incarnation(r[6]))
+        StreamPath(r[0], r[1]): Link(
+            StreamPath(r[0], r[1]),
+            r[2],
+            r[3],
+            r[4],
+            incarnation(r[6]),
+            -1 if r[7] is None else r[7],
+        )
         for r in rows
     }
     return sub.with_links(links), {StreamPath(r[0], r[1]): r[5] for r in rows if r[5] is not None}

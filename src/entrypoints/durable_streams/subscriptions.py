@@ -246,11 +246,11 @@ async def view(services: Services, sub: Subscription, heads: Heads) -> dict[str,
     config = sub.config
     statuses = sub.streams(heads)
     # Each link's offsets with its stream's incarnation as the store read it with the link; the
-    # stream's own look-up only where that is not known (a subscription may link 20,000
-    # streams: a look-up of each, each time it is shown, would crowd every stream's definition
-    # out of the process's cache).
-    unknown = [s.path for s in statuses if not s.incarnation]
-    mintings = await services.subscriptions.offsets(sub.tenant, unknown) if unknown else {}
+    # stream's own look-up (its chain) only where that is not known or a position shown is a
+    # fork's inherited one (a subscription may link 20,000 streams: a look-up of each, each
+    # time it is shown, would crowd every stream's definition out of the process's cache).
+    chained = [s.path for s in statuses if s.needs_chain]
+    mintings = await services.subscriptions.offsets(sub.tenant, chained) if chained else {}
     webhook = None
     if config.webhook_url is not None:
         webhook = {
@@ -505,7 +505,8 @@ class SubscriptionsController(Controller):
             )
             assert sub.wake is not None
             statuses = sub.streams(heads)
-            mintings = await services.subscriptions.offsets(sub.tenant, [s.path for s in statuses])
+            chained = [s.path for s in statuses if s.needs_chain]
+            mintings = await services.subscriptions.offsets(sub.tenant, chained)
             return _json(
                 200,
                 {
