@@ -860,6 +860,11 @@ class Subscriptions:
             deliveries: tuple[Delivery, ...] = ()
             if held:  # its lease ran out: the claim is taken over with a new wake
                 sub = sub.finished()
+            elif wake is not None and not sub.of_wake().links:
+                # Every stream the unclaimed wake named was deleted since: nothing of it is
+                # left to claim (a claim of it answered no streams, and held up the next wake
+                # until a worker ended it).
+                sub = sub.finished()
             if sub.wake is None:
                 if not sub.has_pending(heads):
                     raise NoPendingWork("the subscription has no pending work")

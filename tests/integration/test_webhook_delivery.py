@@ -637,3 +637,40 @@ def test_a_wake_states_a_forks_inherited_positions_as_a_read_of_the_fork_does(
     assert stream["acked_offset"][:16] == tail[:16] and stream["acked_offset"] < tail
     assert "_stated_when_sent" not in body
     wait_for(lambda: deployment.subscription(sub["id"])["streams"][0]["acked_offset"] == tail)
+
+
+def test_an_unclaimed_wake_whose_streams_were_all_deleted_is_not_claimed(
+    deployment: Deployment,
+) -> None:
+    """A pull-wake named stream `a`, which was deleted before any worker claimed the wake. A
+    claim finds nothing of it to hand over: 409 NO_PENDING_WORK (it answered 200 naming no
+    stream, and the wake held up every later one until a worker ended it); the next records
+    are claimed with a new wake."""
+    run = "unclaimed-" + secrets.token_hex(3)
+    name = "sub-" + secrets.token_hex(4)
+    subs = f"{deployment.root}/__ds/subscriptions/{name}"
+    deployment.write(f"{run}/wake", [])
+    with deployment.client() as c:
+        put = c.put(
+            subs, json={"type": "pull-wake", "pattern": f"{run}/s*", "wake_stream": f"{run}/wake"}
+        )
+        assert put.status_code == 201, put.text
+    deployment.write(f"{run}/sa", [{"n": 1}])
+    native = f"{deployment.server.base_url}/api/workflow-streams/subscriptions/{name}"
+
+    def woken() -> bool:
+        with deployment.client() as c:
+            return c.get(native).json()["wake"] is not None
+
+    wait_for(woken)  # issued by the worker's scheduler, as it hears the append
+    with deployment.client() as c:
+        assert c.delete(f"{deployment.root}/{run}/sa").status_code == 204
+        none = c.post(f"{subs}/claim", json={"worker": "w1"})
+        assert none.status_code == 409, none.text
+        assert none.json()["error"]["code"] == "NO_PENDING_WORK"
+    deployment.write(f"{run}/sb", [{"n": 2}])
+    with deployment.client() as c:
+        claim = wait_for(
+            lambda: (r := c.post(f"{subs}/claim", json={"worker": "w1"})).status_code == 200 and r
+        )
+        assert [s["path"] for s in claim.json()["streams"]] == [f"{run}/sb"]
