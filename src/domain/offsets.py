@@ -10,7 +10,7 @@ starts at the new stream's start (the foreign offset sorts before every offset t
 mints, and the protocol promises nothing more for an offset a stream did not issue) instead of
 in the middle of the new stream, which would have skipped its first records without a word.
 
-A fork's positions up to its fork point are its source's (PROTOCOL.md section 8: "offsets
+A fork's positions up to its fork point are its source's (the protocol's offsets section: "offsets
 identical to the source up to the divergence point"): they carry the creation time of the
 stream in its chain that minted them, its own positions after the fork point its own.
 
