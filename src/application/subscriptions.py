@@ -846,7 +846,7 @@ class Subscriptions:
 
         def decide(
             sub: Subscription | None, heads: Heads
-        ) -> tuple[Change | None, tuple[Subscription, Heads, str]]:
+        ) -> tuple[Change | None, tuple[Subscription, Heads, str] | None]:
             sub = _visible(caller, sub, subscription_id)
             _of_type(sub, WAKE_EVENT)
             wake = sub.wake
@@ -858,15 +858,18 @@ class Subscriptions:
                     generation=sub.generation,
                 )
             deliveries: tuple[Delivery, ...] = ()
+            ended = False
             if held:  # its lease ran out: the claim is taken over with a new wake
                 sub = sub.finished()
             elif wake is not None and not sub.of_wake().links:
                 # Every stream the unclaimed wake named was deleted since: nothing of it is
                 # left to claim (a claim of it answered no streams, and held up the next wake
                 # until a worker ended it).
-                sub = sub.finished()
+                sub, ended = sub.finished(), True
             if sub.wake is None:
                 if not sub.has_pending(heads):
+                    if ended:  # stored, so that the next records wake anew; then 409
+                        return Change(sub), None
                     raise NoPendingWork("the subscription has no pending work")
                 change = self.wake_change(sub, heads)
                 assert change.subscription is not None
@@ -878,9 +881,12 @@ class Subscriptions:
             token = self._tokens.issue(sub, now, caller.token_id, caller.runs if jwt else None)
             return Change(sub, deliveries), (sub, heads, token)
 
-        sub, heads, token = await self.decide_seeing(
+        claimed = await self.decide_seeing(
             caller.tenant, subscription_id, decide, named_runs=caller.runs is not None
         )
+        if claimed is None:
+            raise NoPendingWork("the subscription has no pending work")
+        sub, heads, token = claimed
         # The wake's streams (its snapshot, as they are now), as the worker may see them, of
         # those its creator may read (the subscription's streams): a stream the creator may not
         # read is acknowledged as it grows, so a worker's ack of it would be refused as going

@@ -668,9 +668,12 @@ def test_an_unclaimed_wake_whose_streams_were_all_deleted_is_not_claimed(
         none = c.post(f"{subs}/claim", json={"worker": "w1"})
         assert none.status_code == 409, none.text
         assert none.json()["error"]["code"] == "NO_PENDING_WORK"
-    deployment.write(f"{run}/sb", [{"n": 2}])
     with deployment.client() as c:
-        claim = wait_for(
-            lambda: (r := c.post(f"{subs}/claim", json={"worker": "w1"})).status_code == 200 and r
-        )
+        assert c.get(native).json()["wake"] is None  # ended, and stored so
+    deployment.write(f"{run}/sb", [{"n": 2}])
+    wait_for(woken)  # the next records wake anew, with no claim to prompt it
+    with deployment.client() as c:
+        assert c.get(native).json()["wake"]["generation"] == 2
+        claim = c.post(f"{subs}/claim", json={"worker": "w1"})
+        assert claim.status_code == 200, claim.text
         assert [s["path"] for s in claim.json()["streams"]] == [f"{run}/sb"]
