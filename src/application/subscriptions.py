@@ -44,6 +44,7 @@ from domain.subscriptions import (
     DEFAULT_RUN,
     MAX_EXPLICIT_STREAMS,
     MAX_WORKER,
+    WAKE_STREAM_WATCHED,
     AlreadyClaimed,
     Fenced,
     NoPendingWork,
@@ -612,6 +613,8 @@ class Subscriptions:
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
             sub = _visible(caller, sub, subscription_id)
+            if sub.config.wake_stream is not None and sub.config.wake_stream in paths:
+                raise errors.InvalidInput(WAKE_STREAM_WATCHED, field="streams")
             linked = sub.linked({p: heads.get(p, 0) for p in paths}, explicit=True)
             if linked.named() > MAX_EXPLICIT_STREAMS and linked.named() > sub.named():
                 raise TooManyLinks(
@@ -745,7 +748,10 @@ class Subscriptions:
             raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
         claims = self._tokens.verify(token, sub.tenant, subscription_id, self._clock())
         if claims[2] != sub.generation or claims[3] != wake:
-            raise Fenced("wake generation is stale", generation=sub.generation)
+            raise Fenced(
+                "the wake named is not the current one (it ended, or a later one replaced it)",
+                generation=sub.generation,
+            )
         sub.check_wake(generation, wake)
         return sub
 

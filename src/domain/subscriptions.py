@@ -236,6 +236,12 @@ class SubscriptionRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=Fal
     description: str | None = None
 
 
+WAKE_STREAM_WATCHED = (
+    "the wake stream is one the subscription watches (its pattern or streams name it): each "
+    "wake event written to it would wake the subscription again; give it a path they leave out"
+)
+
+
 def configure(request: SubscriptionRequest, allow_no_streams: bool = False) -> SubscriptionConfig:
     """The normalized configuration, or InvalidInput. The protocol needs a pattern or streams;
     the native API lets a subscription start with neither (`allow_no_streams`)."""
@@ -270,6 +276,8 @@ def configure(request: SubscriptionRequest, allow_no_streams: bool = False) -> S
         if request.wake_stream is None:
             raise InvalidInput("a pull-wake subscription needs wake_stream", field="wake_stream")
         wake = parse_path(request.wake_stream, "wake_stream")
+        if wake in streams or (pattern is not None and matches(pattern, wake)):
+            raise InvalidInput(WAKE_STREAM_WATCHED, field="wake_stream")
     return SubscriptionConfig(
         type=request.type,  # type: ignore[arg-type]  # checked above
         pattern=pattern,
@@ -487,7 +495,10 @@ class Subscription(msgspec.Struct, frozen=True):
         """The wake a callback, ack or release names, or Fenced."""
         wake = self.wake
         if wake is None or wake.generation != generation or wake.wake_id != wake_id:
-            raise Fenced("wake generation is stale", generation=self.generation)
+            raise Fenced(
+                "the wake named is not the current one (it ended, or a later one replaced it)",
+                generation=self.generation,
+            )
         return wake
 
     def acknowledged(

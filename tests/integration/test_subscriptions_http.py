@@ -848,7 +848,7 @@ async def test_odd_requests_to_the_wake_routes_are_problems_never_500(
     name = sid()
     put = await api.put(
         f"{root}/{name}",
-        json={"type": "pull-wake", "pattern": "odd/*", "wake_stream": "odd/wake"},
+        json={"type": "pull-wake", "pattern": "odd/*", "wake_stream": "odd-wakes/wake"},
     )
     assert put.status_code == 201, put.text
     token = {"authorization": "Bearer " + "x" * 40}
@@ -891,3 +891,29 @@ async def test_odd_requests_to_the_wake_routes_are_problems_never_500(
         assert 400 <= answer.status_code < 500, (bad_id, answer.text)
     claim = await api.post(f"{root}/{name}/claim", json={"worker": "w"})
     assert claim.status_code == 409 and claim.json()["error"]["code"] == "NO_PENDING_WORK"
+
+
+async def test_a_pull_wake_may_not_watch_its_own_wake_stream(
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """Each wake event written to a watched wake stream would wake the subscription again: its
+    pattern, its streams, or a stream linked later naming the wake stream is 400, and nothing
+    is stored."""
+    root = f"{server.base_url}/api/durable-streams/v1/stream/__ds/subscriptions"
+    name = sid()
+    for body in (
+        {"type": "pull-wake", "pattern": f"{run_id}/*", "wake_stream": f"{run_id}/wakes"},
+        {"type": "pull-wake", "streams": [f"{run_id}/wakes"], "wake_stream": f"{run_id}/wakes"},
+    ):
+        refused = await api.put(f"{root}/{name}", json=body)
+        assert refused.status_code == 400, refused.text
+        assert (await api.get(f"{root}/{name}")).status_code == 404
+    made = await api.put(
+        f"{root}/{name}",
+        json={"type": "pull-wake", "streams": [f"{run_id}/a"], "wake_stream": f"{run_id}/wakes"},
+    )
+    assert made.status_code == 201, made.text
+    linked = await api.post(f"{root}/{name}/streams", json={"streams": [f"{run_id}/wakes"]})
+    assert linked.status_code == 400, linked.text
+    shown = (await api.get(f"{root}/{name}")).json()
+    assert [s["path"] for s in shown["streams"]] == [f"{run_id}/a"]  # the wake stream not linked

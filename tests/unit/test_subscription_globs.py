@@ -43,3 +43,23 @@ def test_a_glob_that_fails_against_a_long_id_fails_at_once() -> None:
         assert not matches("*/*d*e*f*a*u*l*t*x*", StreamPath(run_id, long_id))
         assert matches("*/*d*e*f*a*u*l*t*", StreamPath(run_id, long_id))
     assert matches("*d*e*f*a*u*l*t*", StreamPath("default", long_id))
+
+
+def test_a_pull_wake_never_watches_its_own_wake_stream() -> None:
+    """A wake stream its pattern or streams name would be woken by each wake event written to
+    it: every wake would cause another. Refused (400), by the pattern and by name."""
+    import pytest
+
+    from domain.errors import InvalidInput
+    from domain.subscriptions import SubscriptionRequest, configure
+
+    for request in (
+        SubscriptionRequest(type="pull-wake", pattern="ev/*", wake_stream="ev/wakes"),
+        SubscriptionRequest(type="pull-wake", streams=["ev/a", "ev/wakes"], wake_stream="ev/wakes"),
+        SubscriptionRequest(type="pull-wake", pattern="*", wake_stream="wakes"),
+    ):
+        with pytest.raises(InvalidInput) as refused:
+            configure(request)
+        assert refused.value.extra["field"] == "wake_stream"
+    kept = configure(SubscriptionRequest(type="pull-wake", pattern="ev/*", wake_stream="w/wakes"))
+    assert kept.wake_stream is not None

@@ -299,7 +299,7 @@ async def _acks(services: Services, tenant: str, body: CallbackBody) -> list[Ack
         if ack.offset == wire.START:
             raise _invalid_offset("an ack offset must not be -1")
         try:
-            sequence = wire.parse_offset(ack.offset, field="acks.offset")
+            sequence = wire.parse_offset(ack.offset, field="acks.offset", also="")
         except errors.InvalidInput as error:
             raise _invalid_offset(error.detail) from None
         if sequence is None:

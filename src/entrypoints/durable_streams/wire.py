@@ -41,9 +41,12 @@ START = "-1"
 NOW = "now"
 
 
-def parse_offset(value: str, *, field: str = "offset") -> Offset | None:
+def parse_offset(
+    value: str, *, field: str = "offset", also: str = " (or -1, or now)"
+) -> Offset | None:
     """The offset `value` spells (None for `now`; `-1` is `offsets.START`), not yet resolved
-    against a stream (`Minting.resolve`)."""
+    against a stream (`Minting.resolve`). `also`: the sentinels the caller takes, as its
+    refusal names them."""
     if value == START:
         return offsets.START
     if value == NOW:
@@ -51,7 +54,7 @@ def parse_offset(value: str, *, field: str = "offset") -> Offset | None:
     offset = offsets.parse(value)
     if offset is None:
         raise InvalidInput(
-            f"{field} {value[:80]!r} is not an offset this server issued (or -1, or now)",
+            f"{field} {value[:80]!r} is not an offset this server issued{also}",
             field=field,
         )
     return offset
@@ -68,7 +71,7 @@ def parse_fork_offset(value: str) -> Offset:
             "one; leave the header out to fork at the source's head",
             field=field,
         )
-    offset = parse_offset(value, field=field)
+    offset = parse_offset(value, field=field, also=" (or -1)")
     assert offset is not None
     return offset
 
