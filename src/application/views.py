@@ -105,6 +105,16 @@ class StreamStateView(msgspec.Struct, frozen=True, omit_defaults=True):
     input_delivery: InputDeliveryStatus | msgspec.UnsetType = msgspec.UNSET
 
 
+class ForkView(msgspec.Struct, frozen=True):
+    """What a fork (made through the Durable Streams surface) inherits: its source's records
+    1..`through`, read through the source; its `state` counts only its own, after `through`."""
+
+    run_id: str
+    stream_id: str
+    source_created_at: datetime
+    through: int
+
+
 class StreamDocument(msgspec.Struct, frozen=True):
     stream_id: str
     run_id: str
@@ -119,6 +129,9 @@ class StreamDocument(msgspec.Struct, frozen=True):
     expiry: Expiry
     created_at: datetime
     state: StreamStateView
+    # A stream made through the Durable Streams surface: its media type, and what it forks.
+    content_type: str | msgspec.UnsetType = msgspec.UNSET
+    fork: ForkView | msgspec.UnsetType = msgspec.UNSET
 
 
 def stream_document(
@@ -167,6 +180,10 @@ def stream_document(
             open_objects_bytes=sum(i.size for i in s.objects.values()),
             input_delivery=input_delivery,
         ),
+        content_type=msgspec.UNSET if d.content_type is None else d.content_type,
+        fork=msgspec.UNSET
+        if d.fork is None
+        else ForkView(d.fork.run_id, d.fork.stream_id, d.fork.source_created_at, d.fork.through),
     )
 
 

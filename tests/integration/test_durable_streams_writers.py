@@ -135,6 +135,17 @@ async def test_a_fork_reads_its_source_prefix_and_a_deleted_source_is_gone(
     assert forked.headers["content-type"] == "text/plain"
     # The fork point is the source's offset, the same text (one record: "abc").
     assert forked.headers["stream-next-offset"] == source_offset == At(1)
+    # Natively, the document says what the fork inherits; its state counts its own records.
+    document = (await api.get(f"/runs/{run_id}/streams/fork")).json()
+    assert document["content_type"] == "text/plain"
+    assert {k: document["fork"][k] for k in ("run_id", "stream_id", "through")} == {
+        "run_id": run_id,
+        "stream_id": "source",
+        "through": 1,
+    }
+    assert (document["state"]["head"], document["state"]["total_items"]) == (1, 0)
+    native = (await api.get(f"/runs/{run_id}/streams/source")).json()
+    assert "fork" not in native and native["content_type"] == "text/plain"
     at_the_fork_point = await ds.get(f"/{run_id}/fork", params={"offset": source_offset})
     assert (at_the_fork_point.status_code, at_the_fork_point.content) == (200, b"")
     assert at_the_fork_point.headers["stream-up-to-date"] == "true"

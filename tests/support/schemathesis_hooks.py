@@ -74,6 +74,7 @@ BETWEEN_PARAMETERS = (
     "Stream-Fork-Sub-Offset needs Stream-Fork-Offset",
     "Producer-Id, Producer-Epoch and Producer-Seq go together",
     "needs an offset",  # live=long-poll or live=sse without an offset
+    "the wake stream is one the subscription watches",  # a pattern or streams naming it
 )
 # One stream, two surfaces: a native stream `run/stream` is the Durable Streams stream
 # `{run_id}/{stream_id}`, and `{stream_id}` alone names it in the run `default`.
