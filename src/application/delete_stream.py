@@ -15,7 +15,7 @@ from application.definitions import Definitions
 from application.errors import NotFound
 from application.group_commit import GroupCommit, run_one
 from application.ports import Clock, Idempotency, StreamRepository
-from application.tenant_limits import ByteLimit
+from application.tenant_limits import ByteLimit, StreamLimit
 from domain.events import Event
 from domain.stream import Stream
 
@@ -38,10 +38,20 @@ class DeleteCommand:
 
 
 class DeleteStream:
-    def __init__(self, definitions: Definitions, commits: GroupCommit, clock: Clock) -> None:
+    def __init__(
+        self,
+        definitions: Definitions,
+        commits: GroupCommit,
+        clock: Clock,
+        stream_limit: StreamLimit | None = None,
+    ) -> None:
         self._definitions = definitions
         self._commits = commits
         self._clock = clock
+        # The tenant's count of streams, read again at its next creation: the room a deletion
+        # gives back is there to take at once (a process counted only its own creations until
+        # its next read, a second later, and refused creations past the limit meanwhile).
+        self._stream_limit = stream_limit
 
     @tracing.use_case("delete stream")
     async def __call__(self, caller: Caller, run_id: str, stream_id: str) -> None:
@@ -49,6 +59,8 @@ class DeleteStream:
         key = caller.key(run_id, stream_id)
         await self._definitions.get(key, runs=caller.runs)  # not found, or homed in another region
         await run_one(self._commits, key, DeleteCommand(self._clock()))
+        if self._stream_limit is not None:
+            self._stream_limit.forget(caller.tenant)
 
 
 class DeleteRun:
@@ -61,11 +73,13 @@ class DeleteRun:
         definitions: Definitions,
         clock: Clock,
         byte_limit: ByteLimit | None = None,
+        stream_limit: StreamLimit | None = None,
     ) -> None:
         self._streams = streams
         self._definitions = definitions
         self._clock = clock
         self._byte_limit = byte_limit
+        self._stream_limit = stream_limit
 
     @tracing.use_case("delete run")
     async def __call__(self, caller: Caller, run_id: str) -> None:
@@ -80,5 +94,6 @@ class DeleteRun:
             await self._streams.delete_run(caller.tenant, run_id, self._clock(), served_here)
         except NotFound:
             raise NotFound(f"no run {run_id!r}") from None
-        if self._byte_limit is not None:
-            self._byte_limit.forget(caller.tenant)  # the room it gave back, taken at once
+        for limit in (self._byte_limit, self._stream_limit):
+            if limit is not None:
+                limit.forget(caller.tenant)  # the room it gave back, taken at once

@@ -400,8 +400,10 @@ class Container(containers.DeclarativeContainer):
     list_consumers = providers.Singleton(ListConsumers, definitions, streams)
     close_stream = providers.Singleton(CloseStream, definitions, commits, clock)
     set_legal_hold = providers.Singleton(SetLegalHold, definitions, commits, clock)
-    delete_stream = providers.Singleton(DeleteStream, definitions, commits, clock)
-    delete_run = providers.Singleton(DeleteRun, streams, definitions, clock, byte_limit)
+    delete_stream = providers.Singleton(DeleteStream, definitions, commits, clock, stream_limit)
+    delete_run = providers.Singleton(
+        DeleteRun, streams, definitions, clock, byte_limit, stream_limit
+    )
     list_runs = providers.Singleton(ListRuns, streams, access_log)
     tenant_usage = providers.Singleton(
         TenantUsage, streams, stream_limit, byte_limit, tokens, token_limit

@@ -244,3 +244,24 @@ async def test_past_its_limit_a_tenant_creates_nothing_and_the_others_are_served
         await asyncio.sleep(0.1)
     assert again.status_code == 201, again.text
     assert (await native_create(api, "run", "and-another")).status_code == 409
+
+
+async def test_a_deletion_gives_its_room_back_at_once(api: httpx.AsyncClient) -> None:
+    """A tenant at its limit deletes a stream and creates another, many times in a row, on both
+    surfaces and by run: every creation is 201 (the process counted its own creations and not
+    the deletions until its next read of the count, a second later, and refused them)."""
+    for i in range(LIMIT):
+        assert (await native_create(api, "full", f"s{i}")).status_code == 201
+    assert (await native_create(api, "full", "over")).status_code == 409
+    for i in range(12):
+        deleted = await api.delete(f"/api/workflow-streams/runs/full/streams/s{i}")
+        assert deleted.status_code == 204, deleted.text
+        made = await native_create(api, "full", f"s{i + LIMIT}")
+        assert made.status_code == 201, (i, made.text)
+    for i in range(3):
+        assert (await api.delete(f"{DS}/full/s{i + 12}")).status_code == 204
+        made = await api.put(f"{DS}/full/p{i}", headers={"Content-Type": "text/plain"})
+        assert made.status_code == 201, (i, made.text)
+    assert (await api.delete("/api/workflow-streams/runs/full")).status_code == 204
+    for i in range(LIMIT):
+        assert (await native_create(api, "again", f"s{i}")).status_code == 201
