@@ -485,11 +485,14 @@ class Objects:
         except errors.ObjectStateConflict:
             # Aborted or expired while the body streamed in: the deletion queued for its key
             # may have run before the body landed, and nothing will ever reference it. (A
-            # twin upload, or its commit, keeps the body: it is the same one.)
-            with contextlib.suppress(NotFound):
-                again = await self._intent(key, object_id)
-                if again.state in ("aborted", "expired"):
-                    await store.delete(intent.storage_key)
+            # twin upload, or its commit, keeps the body: it is the same one.) Nor when the
+            # stream was deleted and created again meanwhile: the new one has no such intent.
+            try:
+                again: ObjectIntent | None = await self._intent(key, object_id)
+            except NotFound:
+                again = None
+            if again is None or again.state in ("aborted", "expired"):
+                await store.delete(intent.storage_key)
             await self._intents.upload_ended(*body)
             raise
         return object_view(await self._intent(key, object_id))

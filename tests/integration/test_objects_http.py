@@ -223,6 +223,24 @@ async def test_an_upload_racing_its_abort_leaves_no_body_behind(
     assert stored_files(server, run_id) == []
 
 
+async def test_an_upload_racing_its_streams_deletion_and_recreation_leaves_no_body_behind(
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """The stream is deleted and created again while the body streams in: the new stream has
+    no such intent (409), and nothing will ever reference what the upload wrote: it is removed,
+    as when the stream stays deleted (404), not left uncounted until the abandoned-upload sweep."""
+    path = await new_stream(api, run_id)
+    intent = (await api.post(f"{path}/objects", json=prepare_body())).json()
+    body_path = f"{path}/objects/{intent['object_id']}"
+    upload, go_on = await upload_paused(api, body_path, BODY)
+    assert (await api.delete(path)).status_code == 204
+    await new_stream(api, run_id)
+    go_on.set()
+    refused = await upload
+    assert refused.status_code in (404, 409), refused.text
+    assert stored_files(server, run_id) == []
+
+
 async def test_a_commit_under_the_block_policy_waits_for_credit_as_an_append_does(
     api: httpx.AsyncClient, run_id: str
 ) -> None:
