@@ -37,11 +37,22 @@ class Slot:
     __slots__ = ("__weakref__",)
 
 
+_Holder = tuple[str, str, frozenset[str] | None]
+
+
+def _holder(caller: Caller) -> _Holder:
+    """Whose cap a live connection counts under: its principal's, apart for each set of runs
+    its token is restricted to. A token restricted to runs may be minted for any principal
+    name by an administrator of those runs alone; under the principal's own cap it could take
+    the connections of that principal's tokens for every run (the tenant's administrator's)."""
+    return caller.tenant, caller.principal, caller.runs
+
+
 class LiveSlots:
     def __init__(self, max_per_principal: int, max_per_tenant: int | None = None) -> None:
         self._max = max_per_principal
         self._max_tenant = max_per_tenant
-        self._active: dict[tuple[str, str], weakref.WeakSet[Slot]] = {}
+        self._active: dict[_Holder, weakref.WeakSet[Slot]] = {}
         self._tenants: dict[str, weakref.WeakSet[Slot]] = {}
 
     def admit(self, caller: Caller) -> Slot:
@@ -50,7 +61,7 @@ class LiveSlots:
         self.check(caller)
         give_turn()
         slot = Slot()
-        self._active.setdefault((caller.tenant, caller.principal), weakref.WeakSet()).add(slot)
+        self._active.setdefault(_holder(caller), weakref.WeakSet()).add(slot)
         self._tenants.setdefault(caller.tenant, weakref.WeakSet()).add(slot)
         return slot
 
@@ -74,7 +85,7 @@ class LiveSlots:
         """Give `slot` back (None, or a slot given back already: nothing happens)."""
         if slot is None:
             return
-        who = (caller.tenant, caller.principal)
+        who = _holder(caller)
         active = self._active.get(who)
         if active is not None:
             active.discard(slot)
@@ -87,7 +98,7 @@ class LiveSlots:
                 del self._tenants[caller.tenant]
 
     def held_by(self, caller: Caller) -> int:
-        return len(self._active.get((caller.tenant, caller.principal), ()))
+        return len(self._active.get(_holder(caller), ()))
 
     def count(self) -> int:
         return sum(len(a) for a in self._active.values())
