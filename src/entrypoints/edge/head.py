@@ -54,7 +54,11 @@ class RequestHead:
                 self.has_body = True
                 self.lengths += 2  # chunked framing: the Content-Length (if any) does not count
             elif name == b"x-request-id":
-                self.request_id = value.decode("latin-1")[:MAX_REQUEST_ID]
+                # Printable ASCII only: other bytes (UTF-8 read as Latin-1) were echoed encoded
+                # twice, and logged as mojibake; such a request gets an ID of the server's.
+                text = value.decode("latin-1")[:MAX_REQUEST_ID]
+                if text.isascii() and text.isprintable():
+                    self.request_id = text
             elif name == b"connection" and value.lower() == b"close":
                 self.closing = True
 
