@@ -253,3 +253,15 @@ def test_runs_of_spaces_and_semicolons_are_decided_at_once(repeats: int) -> None
     with pytest.raises(errors.InvalidInput, match="media type"):
         check_media_type("content_type", value)
     assert check_media_type("content_type", "a/b" + "  ;" * 20) == "a/b" + "  ;" * 20
+
+
+@pytest.mark.parametrize("escape", [b"\\ud800", b"\\udc00x", b"\\ud800\\u0041"])
+def test_a_lone_surrogate_escape_is_refused_saying_so(escape: bytes) -> None:
+    """msgspec refuses it as "Input data was truncated", which says nothing of why; a pair,
+    and an escaped backslash before `ud800` (text), are taken."""
+    with pytest.raises(errors.InvalidInput, match="surrogate pair"):
+        decode_json(b'{"records":[{"data":"' + escape + b'"}]}', AppendBody)
+    pair = decode_json(b'{"records":[{"data":"\\ud83d\\ude00"}]}', AppendBody)
+    assert len(pair.records) == 1
+    text = decode_json(b'{"records":[{"data":"\\\\ud800"}]}', AppendBody)
+    assert len(text.records) == 1

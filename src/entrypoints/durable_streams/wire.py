@@ -32,6 +32,7 @@ from domain.records import (
     prepare_records,
 )
 from domain.text import check_media_type, media_type_parts
+from entrypoints.edge.json_body import LONE_SURROGATE, SURROGATE
 from entrypoints.edge.json_depth import MAX_JSON_DEPTH, nests_deeper_than
 
 # -- offsets -------------------------------------------------------------------------------------
@@ -229,14 +230,6 @@ _NO_REDACTION = Redaction()
 
 
 _BOM = b"\xef\xbb\xbf"
-# A high surrogate escape not followed by a low one, or a low one not preceded by a high one
-# (only to explain a refusal: msgspec refuses both, the first as "truncated").
-# An escape is a backslash not itself escaped, the last of an odd run of them (in the JSON text
-# `\\ud800`, the first backslash escapes the second, and `ud800` is text).
-_LONE_SURROGATE = re.compile(
-    rb"(?<!\\)(?:\\\\)*\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
-    rb"|(?<!\\)(?:\\\\)*(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
-)
 
 
 def json_messages(body: bytes, *, allow_empty_array: bool) -> list[RecordInput]:
@@ -268,10 +261,9 @@ def _json_values(body: bytes, allow_empty_array: bool) -> tuple[list[msgspec.Raw
         else:
             items = [_raw.decode(document)]
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
-        if _LONE_SURROGATE.search(stripped):
+        if LONE_SURROGATE.search(stripped):
             raise InvalidInput(
-                "the body is not valid JSON for this service: it holds a \\uD800-\\uDFFF "
-                "escape that is not half of a surrogate pair, which no UTF-8 text can carry"
+                f"the body is not valid JSON for this service: {SURROGATE}"
             ) from None
         raise InvalidInput(f"the body is not valid JSON: {error}") from None
     if not items and not allow_empty_array:

@@ -6,6 +6,7 @@ stored value every reader fails to decode would make each page that holds it unr
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -53,7 +54,26 @@ def decode_json(body: bytes, type_: type[T]) -> T:
                 pass
         raise InvalidInput(f"the request body is not valid: {error}") from None
     except msgspec.DecodeError as error:
+        if LONE_SURROGATE.search(body):
+            raise InvalidInput(
+                f"the request body is not valid JSON for this service: {SURROGATE}"
+            ) from None
         raise InvalidInput(f"the request body is not valid JSON: {error}") from None
+
+
+# A high surrogate escape not followed by a low one, or a low one not preceded by a high one:
+# msgspec refuses both, the first as "Input data was truncated", which says nothing of why.
+# Searched for only once a body is refused. An escape is a backslash not itself escaped, the
+# last of an odd run of them (in the JSON text `\\ud800`, the first backslash escapes the
+# second, and `ud800` is text).
+LONE_SURROGATE = re.compile(
+    rb"(?<!\\)(?:\\\\)*\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\)(?:\\\\)*(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+SURROGATE = (
+    "it holds a \\uD800-\\uDFFF escape that is not half of a surrogate pair, which no UTF-8 "
+    "text can carry"
+)
 
 
 # Numbers with a fraction or an exponent as their exact text (`Decimal`): as a float, 4.99…9
