@@ -174,24 +174,27 @@ def is_true(value: str | None) -> bool:
     return value is not None and value.strip().lower() == "true"
 
 
-def decimal(name: str, value: str, *, maximum: int) -> int:
-    """A non-negative decimal integer: no sign, leading zero, point or exponent."""
+def decimal(name: str, value: str, *, maximum: int, minimum: int = 0) -> int:
+    """A decimal integer from `minimum` to `maximum`: no sign, leading zero, point or
+    exponent."""
     text = value.strip()
     number = bounded_integer(text, maximum) if _DECIMAL.fullmatch(text) else None
-    if number is None:
+    if number is None or number < minimum:
+        least = (
+            "a non-negative decimal integer"
+            if minimum == 0
+            else f"a decimal integer from {minimum}"
+        )
         raise InvalidInput(
-            f"{name} must be a non-negative decimal integer up to {maximum} (no sign, leading "
-            f"zeros, decimal point or exponent), not {value[:40]!r}",
+            f"{name} must be {least} up to {maximum} (no sign, leading zeros, decimal point or "
+            f"exponent), not {value[:40]!r}",
             field=name,
         )
     return number
 
 
 def ttl_seconds(value: str) -> int:
-    seconds = decimal("Stream-TTL", value, maximum=MAX_IDLE_SECONDS)
-    if seconds < 1:
-        raise InvalidInput("Stream-TTL must be at least 1 second", field="Stream-TTL")
-    return seconds
+    return decimal("Stream-TTL", value, maximum=MAX_IDLE_SECONDS, minimum=1)  # seconds
 
 
 _datetime = msgspec.json.Decoder(datetime)
