@@ -262,6 +262,13 @@ def _decode(type_: type, value: Any) -> Any:
     raise NotImplementedError
 
 
+_READABLE = (
+    ("Expected `int`, got `str`", "expected a whole number"),
+    ("Expected `float`, got `str`", "expected a number"),
+    ("Expected `bool`, got `str`", "expected true or false"),
+)
+
+
 def _naming_the_variable(
     error: msgspec.ValidationError, given: Mapping[str, Any]
 ) -> InvalidSetting:
@@ -275,6 +282,9 @@ def _naming_the_variable(
     shown = ",".join(value) if isinstance(value, list) else value
     choices = get_args(get_type_hints(Settings)[name])
     reason = reason.replace("`array`", "a comma-separated list")
+    # msgspec names the types; a setting is text: say what text it takes.
+    for typed, text in _READABLE:
+        reason = reason.replace(typed, text)
     if reason.startswith("Invalid enum value") and choices:
         reason = "expected one of " + ", ".join(choices)
     return InvalidSetting(f"{PREFIX}{name.upper()}={shown!r}: {reason[:1].lower()}{reason[1:]}")

@@ -92,6 +92,21 @@ def test_a_bad_value_names_its_variable(name: str, value: str) -> None:
     assert str(refused.value).startswith(f"{PREFIX}{name}=")
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "reason"),
+    [
+        ("PORT", "abc", "expected a whole number"),
+        ("HEADER_READ_TIMEOUT_SECONDS", "soon", "expected a number"),
+        ("RUN_WORKERS", "maybe", "expected true or false"),
+    ],
+)
+def test_a_bad_value_says_what_text_it_takes(name: str, value: str, reason: str) -> None:
+    """Not the decoder's types ("Expected `int`, got `str`"): a setting is text."""
+    with pytest.raises(InvalidSetting) as refused:
+        from_env(**{name: value})
+    assert str(refused.value) == f"{PREFIX}{name}={value!r}: {reason}"
+
+
 def test_a_pool_smaller_than_its_minimum_is_refused() -> None:
     with pytest.raises(InvalidSetting, match="POOL_MIN_SIZE"):
         from_env(POOL_MIN_SIZE="30", POOL_MAX_SIZE="20")
