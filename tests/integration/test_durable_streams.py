@@ -476,7 +476,13 @@ async def test_an_offset_of_a_stream_deleted_since_never_reads_the_new_one_from_
         headers={"Stream-Forked-From": f"/v1/stream{url}", "Stream-Fork-Offset": kept},
     )
     assert_problem(fork, 400, "invalid-input")
+    assert fork.json()["field"] == "Stream-Fork-Offset"  # the header, not the native field
     assert_problem(await ds.get(f"/{run_id}/again-fork"), 404, "not-found")
+    past = await ds.put(
+        f"/{run_id}/past", headers={**text, "Stream-Expires-At": "2020-01-01T00:00:00Z"}
+    )
+    assert_problem(past, 400, "invalid-input")
+    assert past.json()["field"] == "Stream-Expires-At"
 
 
 async def test_a_wake_states_its_streams_offsets_and_an_ack_of_a_deleted_streams_is_refused(

@@ -126,6 +126,14 @@ async def offset_after(
 
 # -- PUT: create ---------------------------------------------------------------------------------
 
+# The native fields a creation's refusal may name, as the headers that set them.
+_HEADER_OF = {
+    "offset": "Stream-Fork-Offset",
+    "sub_offset": "Stream-Fork-Sub-Offset",
+    "expiry.expires_at": "Stream-Expires-At",
+    "expiry.idle_seconds": "Stream-TTL",
+}
+
 
 async def create(
     services: Services,
@@ -179,17 +187,24 @@ async def create(
     def records_of(content_type: str, redaction: Redaction) -> list[NewRecord]:
         return wire.records_for(body, content_type, creating=True, redaction=redaction)
 
-    stream, created = await create_stream(
-        caller,
-        run_id,
-        stream_id,
-        content_type=content_type,
-        default_content_type=wire.DEFAULT_CONTENT_TYPE,
-        expiry=expiry,
-        closed=closed,
-        fork=fork,
-        records_of=records_of,
-    )
+    try:
+        stream, created = await create_stream(
+            caller,
+            run_id,
+            stream_id,
+            content_type=content_type,
+            default_content_type=wire.DEFAULT_CONTENT_TYPE,
+            expiry=expiry,
+            closed=closed,
+            fork=fork,
+            records_of=records_of,
+        )
+    except errors.DomainError as error:
+        # A refusal names the header the client sent, not the native field it became.
+        named = _HEADER_OF.get(error.extra.get("field", ""))
+        if named is not None:
+            error.extra["field"] = named
+        raise
     next_offset = await offset_after(
         services,
         caller.key(run_id, stream_id),
