@@ -52,6 +52,8 @@ class CreateStream:
         self._streams = streams
         self._limit = limit
         self._byte_limit = byte_limit
+        # The creations under way with a reservation that made their stream (`_within_limit`).
+        self._made: dict[StreamKey, bool] = {}
         self._throughput = throughput or Throughput()
         self._clock = clock
         self._deployment = deployment
@@ -105,9 +107,25 @@ class CreateStream:
                 f"expiry.expires_at {expires_at.isoformat()} has already passed",
                 field="expiry.expires_at",
             )
-        await self._within_limit(key)
+        reserved = await self._within_limit(key)
+        try:
+            return await self._created(caller, key, definition, now, then, reserved)
+        finally:
+            if reserved:
+                assert self._limit is not None
+                self._limit.made(key.tenant, self._made.pop(key, False))
+
+    async def _created(
+        self,
+        caller: Caller,
+        key: StreamKey,
+        definition: StreamDefinition,
+        now: datetime,
+        then: _Then,
+        reserved: bool,
+    ) -> tuple[Stream, bool]:
         shown = caller.runs is None  # (a refusal says what the tenant holds: `TenantRoom`)
-        stream, created = await self._create_with(key, definition, now, then, shown)
+        stream, created = await self._create_with(key, definition, now, then, shown, reserved)
         if created and definition.expiry.enabled:
             # Its creation is its first access, recorded with it.
             self._access.remember(key, now, recorded=True)
@@ -120,7 +138,7 @@ class CreateStream:
             if self._byte_limit is not None:
                 self._byte_limit.forget(key.tenant)  # what it held, given back for its records
             now = self._clock()
-            stream, created = await self._create_with(key, definition, now, then, shown)
+            stream, created = await self._create_with(key, definition, now, then, shown, reserved)
         if not created:
             # Its creation repeated answers the stream as it is: only to a caller its pinned
             # authorization lets write it and read it (the answer is its document).
@@ -138,14 +156,19 @@ class CreateStream:
             )
         return stream, created
 
-    async def _within_limit(self, key: StreamKey) -> None:
+    async def _within_limit(self, key: StreamKey) -> bool:
         """Refuse a new stream to a tenant that holds its limit of them; a stream already
-        there is answered as before (its creation repeated, or a conflict)."""
+        there is answered as before (its creation repeated, or a conflict). True: one is
+        reserved for it until it is made (`StreamLimit.take`), so that creations in flight at
+        once pass the limit by no more than the room there was (checked, then counted once
+        made, fifty at once passed 30 by 38)."""
         limit = self._limit
-        if limit is None or not await limit.reached(key.tenant):
-            return
+        if limit is None or not limit.limit:
+            return False
+        if await limit.take(key.tenant):
+            return True
         if await self._streams.load(key) is not None:
-            return
+            return False
         raise QuotaExhausted(
             f"the tenant holds {limit.limit} streams, its limit: no stream is created until "
             "some are deleted",
@@ -159,6 +182,7 @@ class CreateStream:
         now: datetime,
         then: _Then,
         shown: bool = True,
+        reserved: bool = False,
     ) -> tuple[Stream, bool]:
         commands = then(now)
         byte_limit = self._byte_limit
@@ -169,7 +193,9 @@ class CreateStream:
                 byte_limit, key, definition, now, commands, shown
             )
         if created:
-            if self._limit is not None:
+            if reserved:
+                self._made[key] = True  # counted by `made` as the reservation ends
+            elif self._limit is not None:
                 self._limit.created(key.tenant)
             self._throughput.created(commands)
             context = tracing.current()
