@@ -206,8 +206,21 @@ class StreamState(_Answer, frozen=True):
     consumer_count: int | None = None  # every consumer (None: a service that did not say)
 
 
+class ForkOrigin(_Answer, frozen=True):
+    """What a fork (made through the Durable Streams surface) inherits: its source's records 1
+    to `through` (of the source created at `source_created_at`); its `state` counts only its
+    own, after `through`."""
+
+    run_id: str
+    stream_id: str
+    source_created_at: datetime
+    through: int
+
+
 class StreamDocument(_Answer, frozen=True):
-    """A stream: its definition as stored (defaults filled in), `run_id`, `created_at`, `state`."""
+    """A stream: its definition as stored (defaults filled in), `run_id`, `created_at`, `state`;
+    for a stream made through the Durable Streams surface its `content_type`, and for a fork
+    what it forks (`fork`)."""
 
     stream_id: str
     run_id: str
@@ -222,6 +235,8 @@ class StreamDocument(_Answer, frozen=True):
     expiry: Expiry
     created_at: datetime
     state: StreamState
+    content_type: str | None = None
+    fork: ForkOrigin | None = None
 
 
 class StreamList(_Answer, frozen=True):

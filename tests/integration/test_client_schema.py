@@ -16,6 +16,7 @@ from tests.support.server import ServerProcess
 # The server's component name -> the client's Struct.
 SHARED: dict[str, type[msgspec.Struct]] = {
     "StreamDocument": models.StreamDocument,
+    "ForkView": models.ForkOrigin,
     "StreamStateView": models.StreamState,
     "Credit": models.Credit,
     "ConsumerView": models.Consumer,
