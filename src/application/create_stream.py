@@ -52,8 +52,6 @@ class CreateStream:
         self._streams = streams
         self._limit = limit
         self._byte_limit = byte_limit
-        # The creations under way with a reservation that made their stream (`_within_limit`).
-        self._made: dict[StreamKey, bool] = {}
         self._throughput = throughput or Throughput()
         self._clock = clock
         self._deployment = deployment
@@ -108,12 +106,14 @@ class CreateStream:
                 field="expiry.expires_at",
             )
         reserved = await self._within_limit(key)
+        created = False
         try:
-            return await self._created(caller, key, definition, now, then, reserved)
+            stream, created = await self._created(caller, key, definition, now, then, reserved)
+            return stream, created
         finally:
             if reserved:
                 assert self._limit is not None
-                self._limit.made(key.tenant, self._made.pop(key, False))
+                self._limit.made(key.tenant, created)
 
     async def _created(
         self,
@@ -193,9 +193,7 @@ class CreateStream:
                 byte_limit, key, definition, now, commands, shown
             )
         if created:
-            if reserved:
-                self._made[key] = True  # counted by `made` as the reservation ends
-            elif self._limit is not None:
+            if not reserved and self._limit is not None:  # (a reservation's: counted by `made`)
                 self._limit.created(key.tenant)
             self._throughput.created(commands)
             context = tracing.current()

@@ -36,7 +36,7 @@ from application.ports import RecordReader, TokenStore
 from application.wake import WakeRegistry
 from application.workers import OUTAGE_LOG_SECONDS, Job, Outage, backoff, ensure_claimed
 from domain import errors
-from domain.offsets import Minting
+from domain.offsets import Minting, spelled
 from domain.offsets import parse as parse_offset
 from domain.records import RecordInput
 from domain.stream import StreamKey
@@ -1059,7 +1059,7 @@ def wire_status(status: StreamStatus, minting: Minting | None = None) -> dict[st
 def offset_of(status: StreamStatus, sequence: int, minting: Minting | None) -> str:
     if minting is not None and (not status.incarnation or minting.own == status.incarnation):
         return minting.text(sequence)
-    return f"{status.incarnation:016d}_{sequence:016d}"
+    return spelled(status.incarnation, sequence)
 
 
 # -- the delivering worker -------------------------------------------------------------------

@@ -96,7 +96,7 @@ class Minting:
         return minted_by
 
     def text(self, sequence: int) -> str:
-        return f"{self.minter(sequence):016d}_{sequence:016d}"
+        return spelled(self.minter(sequence), sequence)
 
     def resolve(self, offset: Offset) -> int | None:
         """The sequence `offset` names in this stream; None when another stream minted it (one
@@ -116,4 +116,10 @@ class Minting:
 def text(created_at: datetime | None, sequence: int) -> str:
     """The offset after `sequence` that a stream created at `created_at` mints itself (one
     that is no fork, or any stream past its fork point): `Minting(created_at).text(sequence)`."""
-    return f"{incarnation(created_at):016d}_{sequence:016d}"
+    return spelled(incarnation(created_at), sequence)
+
+
+def spelled(minted_by: int, sequence: int) -> str:
+    """The offset after `sequence` that the incarnation `minted_by` mints: the one place the
+    format is written (`parse` reads it)."""
+    return f"{minted_by:016d}_{sequence:016d}"
