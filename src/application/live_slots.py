@@ -6,7 +6,10 @@ principal while it is open, whichever surface and kind it is: a native subscript
 and a `live=long-poll` read. One more past the cap is refused (429, `Retry-After`) before
 anything streams or waits; everyone else is served as before. The slot counts for its tenant
 too: a tenant's administrator may mint tokens for any number of principals, and the tenant's
-cap keeps them all from taking the process's connections from other tenants.
+cap keeps them all from taking the process's connections from other tenants. A token restricted
+to runs counts under each of its runs too: an administrator of one run may mint tokens for any
+number of principals as well, and the run's cap keeps them from taking the tenant's connections
+from its other runs.
 
 The cap is per process: each replica bounds its own memory, so with N replicas behind a load
 balancer a principal may hold up to N times the cap in all (docs/configuration.md)."""
@@ -49,11 +52,19 @@ def _holder(caller: Caller) -> _Holder:
 
 
 class LiveSlots:
-    def __init__(self, max_per_principal: int, max_per_tenant: int | None = None) -> None:
+    def __init__(
+        self,
+        max_per_principal: int,
+        max_per_tenant: int | None = None,
+        max_per_run: int | None = None,
+    ) -> None:
         self._max = max_per_principal
         self._max_tenant = max_per_tenant
+        self._max_run = max_per_run
         self._active: dict[_Holder, weakref.WeakSet[Slot]] = {}
         self._tenants: dict[str, weakref.WeakSet[Slot]] = {}
+        # (tenant, run) -> the slots of tokens restricted to runs that include it.
+        self._runs: dict[tuple[str, str], weakref.WeakSet[Slot]] = {}
 
     def admit(self, caller: Caller) -> Slot:
         """A slot for the running request, which from now on waits for live events: it gives
@@ -63,6 +74,8 @@ class LiveSlots:
         slot = Slot()
         self._active.setdefault(_holder(caller), weakref.WeakSet()).add(slot)
         self._tenants.setdefault(caller.tenant, weakref.WeakSet()).add(slot)
+        for run in caller.runs or ():
+            self._runs.setdefault((caller.tenant, run), weakref.WeakSet()).add(slot)
         return slot
 
     def check(self, caller: Caller) -> None:
@@ -80,6 +93,15 @@ class LiveSlots:
                 "(subscriptions and waiting reads) on this server",
                 retry_after=RETRY_AFTER_SECONDS,
             )
+        limit = self._max_run
+        if limit is not None:
+            for run in sorted(caller.runs or ()):
+                if len(self._runs.get((caller.tenant, run), ())) >= limit:
+                    raise TooManySubscriptions(
+                        f"tokens restricted to run {run!r} already hold {limit} live "
+                        "connections (subscriptions and waiting reads) on this server",
+                        retry_after=RETRY_AFTER_SECONDS,
+                    )
 
     def release(self, caller: Caller, slot: Slot | None) -> None:
         """Give `slot` back (None, or a slot given back already: nothing happens)."""
@@ -96,6 +118,13 @@ class LiveSlots:
             tenant.discard(slot)
             if not tenant:
                 del self._tenants[caller.tenant]
+        for run in caller.runs or ():
+            key = (caller.tenant, run)
+            held = self._runs.get(key)
+            if held is not None:
+                held.discard(slot)
+                if not held:
+                    del self._runs[key]
 
     def held_by(self, caller: Caller) -> int:
         return len(self._active.get(_holder(caller), ()))

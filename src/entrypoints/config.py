@@ -91,6 +91,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_subscriptions_per_principal: Count = 1_000
     # Every principal of a tenant together: a tenant's administrator may mint any number.
     max_subscriptions_per_tenant: Count = 10_000
+    # Every token restricted to runs that include the run together: an administrator of one run
+    # may mint any number too.
+    max_subscriptions_per_run: Count = 1_000
     # The streams a tenant may hold (application/tenant_limits.py); past it, a creation is 409
     # `quota-exhausted`. 0: no limit.
     max_streams_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 1_000_000

@@ -346,6 +346,7 @@ class Container(containers.DeclarativeContainer):
         LiveSlots,
         settings.provided.max_subscriptions_per_principal,
         settings.provided.max_subscriptions_per_tenant,
+        settings.provided.max_subscriptions_per_run,
     )
 
     deployment = providers.Singleton(

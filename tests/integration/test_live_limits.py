@@ -22,11 +22,12 @@ import pytest
 
 from adapters.postgres.tokens import PostgresTokens
 from application.tokens import RevokeToken
-from tests.conftest import SERVER_ENV, api_client
+from tests.conftest import BOOTSTRAP_TOKEN, SERVER_ENV, api_client
 from tests.support.server import ServerProcess
 
 CAP = 6  # DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_PRINCIPAL of this module's server
 TENANT_CAP = 10  # DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_TENANT of this module's server
+RUN_CAP = 8  # DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_RUN of this module's server
 LONG_POLL_SECONDS = 8  # long enough to hold while the test looks, short enough to time out
 NATIVE = "/api/workflow-streams"
 PROTOCOL = "/api/durable-streams/v1/stream"
@@ -42,6 +43,7 @@ def capped(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
             **SERVER_ENV,
             "DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_PRINCIPAL": str(CAP),
             "DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_TENANT": str(TENANT_CAP),
+            "DUCTOR_STREAMS_MAX_SUBSCRIPTIONS_PER_RUN": str(RUN_CAP),
             "DUCTOR_STREAMS_LONG_POLL_SECONDS": str(LONG_POLL_SECONDS),
         },
     ).start()
@@ -281,6 +283,65 @@ async def test_a_tenants_principals_together_are_capped_and_other_tenants_are_se
         for live in [*held, theirs]:
             await live.disconnect()
         await until_held(capped, 0)
+
+
+async def test_an_administrator_of_one_run_holds_its_runs_share_and_other_runs_are_served(
+    capped: ServerProcess, admin: httpx.AsyncClient, run_id: str
+) -> None:
+    """An administrator of one run may mint tokens over HTTP for any number of principals: all
+    the tokens restricted to its run hold at most the run's cap, and the tenant's other runs
+    (and its other principals) are served meanwhile."""
+    other = run_id + "-other"
+    await create(admin, run_id)
+    await create(admin, other)
+    minted = await admin.post(
+        "/tokens",
+        json={
+            "principal": "run-admin-" + run_id,
+            "scopes": ["streams:read", "streams:admin"],
+            "expires_in_seconds": 600,
+            "runs": [run_id],
+        },
+    )
+    assert minted.status_code == 201, minted.text
+    async with client_of(capped, minted.json()["token"]) as run_admin:
+        names = [f"p{i}-{run_id}" for i in range(RUN_CAP // CAP + 2)]
+        tokens = []
+        for name in names:
+            answer = await run_admin.post(
+                f"{NATIVE}/tokens",
+                json={
+                    "principal": name,
+                    "scopes": ["streams:read"],
+                    "expires_in_seconds": 300,
+                    "runs": [run_id],
+                },
+            )
+            assert answer.status_code == 201, answer.text
+            tokens.append(answer.json()["token"])
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(client_of(capped, t)) for t in tokens]
+            held = [native_sse(clients[i // CAP], run_id) for i in range(RUN_CAP)]
+            for live in held:
+                assert await live.status_within() == 200, live.text
+            await until_held(capped, RUN_CAP)
+            # The last principal holds nothing yet; the run's share is taken, on both surfaces.
+            await assert_refused(native_sse(clients[-1], run_id))
+            await assert_refused(protocol_sse(clients[-1], run_id))
+            refused = await clients[-1].get(
+                f"{NATIVE}/runs/{run_id}/streams/s/subscribe", timeout=10
+            )
+            assert refused.status_code == 429 and "run" in refused.json()["detail"]
+            # Another run of the tenant is served: the tenant's cap is not reached.
+            tenants = await stack.enter_async_context(client_of(capped, BOOTSTRAP_TOKEN))
+            for _ in range(TENANT_CAP - RUN_CAP):
+                theirs = native_sse(tenants, other)
+                assert await theirs.status_within() == 200, theirs.text
+                held.append(theirs)
+            await until_held(capped, TENANT_CAP)
+            for live in held:
+                await live.disconnect()
+            await until_held(capped, 0)
 
 
 async def test_slots_come_back_when_clients_disconnect(

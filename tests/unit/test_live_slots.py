@@ -28,3 +28,27 @@ def test_a_token_restricted_to_runs_takes_no_slot_of_its_principals_other_tokens
     for slot in admitted:
         slots.release(ADMIN, slot)
     assert slots.count() == 0
+
+
+def test_tokens_restricted_to_a_run_hold_at_most_its_share_whatever_their_principals() -> None:
+    slots = LiveSlots(2, max_per_tenant=10, max_per_run=3)
+    minted = [
+        Caller(tenant="t", principal=f"p{i}", scopes=frozenset(), runs=frozenset({"r1"}))
+        for i in range(3)
+    ]
+    held = [(c, slots.admit(c)) for c in minted]
+    with pytest.raises(TooManySubscriptions, match="run 'r1'"):
+        slots.admit(minted[1])  # its principal holds one: the run's share is what is taken
+    both = Caller(tenant="t", principal="p9", scopes=frozenset(), runs=frozenset({"r1", "r2"}))
+    with pytest.raises(TooManySubscriptions):
+        slots.admit(both)  # counted under each of its runs
+    other = Caller(tenant="t", principal="p9", scopes=frozenset(), runs=frozenset({"r2"}))
+    mine = slots.admit(other)
+    unrestricted = slots.admit(ADMIN)
+    caller, slot = held.pop()
+    slots.release(caller, slot)
+    both_slot = slots.admit(both)  # a place came back under r1
+    for caller, slot in [*held, (other, mine), (ADMIN, unrestricted), (both, both_slot)]:
+        slots.release(caller, slot)
+    assert slots.count() == 0
+    assert slots.held_by(both) == 0
