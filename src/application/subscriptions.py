@@ -56,10 +56,12 @@ from domain.subscriptions import (
     SubscriptionNotFound,
     TooManyLinks,
     WakeTokenInvalid,
+    Watcher,
     WrongSubscriptionType,
     check_subscription_id,
     matches,
     parse_path,
+    refuse_wake_cycles,
     retry_seconds,
 )
 from domain.text import check_text
@@ -112,6 +114,7 @@ class SubscriptionStore(Protocol):
         extra: tuple[StreamPath, ...] = (),
         touching: Collection[StreamPath] = (),
         named_runs: bool = False,
+        watchers: Callable[[list[Watcher]], None] | None = None,
     ) -> _T:
         """Lock the subscription (absent: None), load the links a decision sees and the heads
         of their streams (and of the streams the glob `discover` matches, and of `extra`), call
@@ -124,7 +127,11 @@ class SubscriptionStore(Protocol):
         `named_elsewhere` counts the explicit links among the others; with `named_runs`, the
         subscription's `named_runs` holds the runs of all its explicit links. A link the change
         leaves out that the decision saw is removed; those it did not see are left as they
-        are."""
+        are.
+
+        With `watchers`, first the tenant's pull-wake subscriptions (all of them, each with what
+        it watches) are passed to it, under a lock of the tenant's that every such call takes
+        first, held until the change commits; it raises to refuse the change."""
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         """The subscription with every link (and `named_runs`), and their streams' heads (what
@@ -358,6 +365,7 @@ class Subscriptions:
         if config.webhook_url is not None:
             self._check_url(config.webhook_url)
         now = self._clock()
+        watchers: list[list[Watcher]] = []  # the tenant's pull-wake subscriptions, if one
 
         def decide(
             sub: Subscription | None, heads: Heads
@@ -379,6 +387,9 @@ class Subscriptions:
                 base_url=base_url,
                 creator_runs=None if caller.runs is None else tuple(sorted(caller.runs)),
             )
+            watcher = Watcher.of(subscription_id, config)
+            if watcher is not None:
+                refuse_wake_cycles(watchers[-1], watcher, named=caller.runs is None)
             # Existing streams are linked at their tail: creating one replays nothing. A stream
             # named and matched by the pattern is linked both ways, so that unlinking it by name
             # keeps its glob link while the pattern matches it.
@@ -395,6 +406,7 @@ class Subscriptions:
             discover=config.pattern,
             extra=config.streams,
             named_runs=caller.runs is not None,
+            watchers=watchers.append if config.wake_stream is not None else None,
         )
         found = await self._store.get(caller.tenant, subscription_id)
         heads = found[1] if found else {}
@@ -610,11 +622,19 @@ class Subscriptions:
         check_subscription_id(subscription_id)
         for path in paths:
             caller.run(path.run_id)  # another run's stream is not there for a run-scoped token
+        watchers: list[list[Watcher]] = []  # the tenant's pull-wake subscriptions
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
             sub = _visible(caller, sub, subscription_id)
             if sub.config.wake_stream is not None and sub.config.wake_stream in paths:
                 raise errors.InvalidInput(WAKE_STREAM_WATCHED, field="streams")
+            for watcher in watchers[-1]:
+                if watcher.id == subscription_id:  # (a webhook writes no wake event)
+                    more = watcher.streams | set(paths)
+                    changed = msgspec.structs.replace(watcher, streams=more)
+                    refuse_wake_cycles(
+                        watchers[-1], changed, named=caller.runs is None, field="streams"
+                    )
             linked = sub.linked({p: heads.get(p, 0) for p in paths}, explicit=True)
             if linked.named() > MAX_EXPLICIT_STREAMS and linked.named() > sub.named():
                 raise TooManyLinks(
@@ -626,7 +646,12 @@ class Subscriptions:
             return Change(linked), None
 
         await self._store.update(
-            caller.tenant, subscription_id, decide, extra=paths, named_runs=caller.runs is not None
+            caller.tenant,
+            subscription_id,
+            decide,
+            extra=paths,
+            named_runs=caller.runs is not None,
+            watchers=watchers.append,
         )
 
     @tracing.use_case("remove subscription stream")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Literal, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -240,6 +240,85 @@ WAKE_STREAM_WATCHED = (
     "the wake stream is one the subscription watches (its pattern or streams name it): each "
     "wake event written to it would wake the subscription again; give it a path they leave out"
 )
+
+
+class Watcher(msgspec.Struct, frozen=True):
+    """A pull-wake subscription as the others see it: the wake stream its wake events are
+    written to, and what it watches (its pattern, and the streams it names)."""
+
+    id: str
+    wake_stream: StreamPath
+    pattern: str | None
+    streams: frozenset[StreamPath]
+
+    @classmethod
+    def of(
+        cls, sub_id: str, config: SubscriptionConfig, named: Iterable[StreamPath] = ()
+    ) -> Watcher | None:
+        """`sub_id` with `config` as a watcher, naming its configured streams and `named` (the
+        streams linked by name since); None: not a pull-wake subscription."""
+        if config.wake_stream is None:
+            return None
+        return cls(sub_id, config.wake_stream, config.pattern, frozenset([*config.streams, *named]))
+
+    def watches(self, path: StreamPath) -> bool:
+        return path in self.streams or (self.pattern is not None and matches(self.pattern, path))
+
+
+def wake_cycle(watchers: Collection[Watcher], start: str) -> list[str] | None:
+    """The pull-wake subscriptions, `start` first, each of which watches the wake stream of the
+    one before it and `start` that of the last: a wake event of `start` wakes the next, whose
+    wake event wakes the one after, and round to `start` again, without end. None: no such
+    ring through `start`."""
+    by_id = {w.id: w for w in watchers}
+    if start not in by_id:
+        return None
+    # The ring, depth first; a subscription seen once is not gone through again (a ring
+    # through it would have been found the first time).
+    seen = {start}
+    path = [start]
+    nexts = [iter(sorted(watchers, key=lambda w: w.id))]
+    while nexts:
+        wakes = by_id[path[-1]].wake_stream
+        for watcher in nexts[-1]:
+            if not watcher.watches(wakes):
+                continue
+            if watcher.id == start:
+                return path
+            if watcher.id not in seen:
+                seen.add(watcher.id)
+                path.append(watcher.id)
+                nexts.append(iter(sorted(watchers, key=lambda w: w.id)))
+                break
+        else:
+            nexts.pop()
+            path.pop()
+    return None
+
+
+def refuse_wake_cycles(
+    watchers: Collection[Watcher], changed: Watcher, named: bool, field: str = "wake_stream"
+) -> None:
+    """InvalidInput (400) if `changed`, as it would be among the others, were in a ring of
+    pull-wake subscriptions waking each other (`wake_cycle`); `named`: the answer names the
+    others (not to a caller who may not see them all)."""
+    others = [w for w in watchers if w.id != changed.id]
+    ring = wake_cycle([*others, changed], changed.id)
+    if ring is None:
+        return
+    if named:
+        names = " → ".join(repr(i) for i in [*ring, changed.id])
+        which = f"each of {names} watches the wake stream of the one before it"
+    else:
+        which = (
+            f"it and {len(ring) - 1} other pull-wake subscription(s) of the tenant each watch "
+            "the wake stream of another"
+        )
+    raise InvalidInput(
+        f"pull-wake subscriptions would wake each other without end: {which}, so each wake "
+        "event written wakes the next; watch paths that leave their wake streams out",
+        field=field,
+    )
 
 
 def configure(request: SubscriptionRequest, allow_no_streams: bool = False) -> SubscriptionConfig:

@@ -917,3 +917,64 @@ async def test_a_pull_wake_may_not_watch_its_own_wake_stream(
     assert linked.status_code == 400, linked.text
     shown = (await api.get(f"{root}/{name}")).json()
     assert [s["path"] for s in shown["streams"]] == [f"{run_id}/a"]  # the wake stream not linked
+
+
+async def test_pull_wakes_may_not_wake_each_other_in_a_ring(
+    api: httpx.AsyncClient, server: ServerProcess, tokens: Tokens, run_id: str
+) -> None:
+    """A wake event of one wakes the next, whose wake event wakes the one after, and round
+    again without end: a PUT or a `POST .../streams` that would close such a ring is 400 and
+    stores nothing. A chain that does not come round is served; two PUTs at once that would
+    close a ring together are decided one after the other."""
+    root = f"{server.base_url}/api/durable-streams/v1/stream/__ds/subscriptions"
+
+    def pull(wakes: str, *streams: str, pattern: str | None = None) -> dict[str, object]:
+        body: dict[str, object] = {"type": "pull-wake", "wake_stream": f"{run_id}/{wakes}"}
+        if streams:
+            body["streams"] = [f"{run_id}/{s}" for s in streams]
+        if pattern is not None:
+            body["pattern"] = f"{run_id}/{pattern}"
+        return body
+
+    a, b, c = sid(), sid(), sid()
+    assert (await api.put(f"{root}/{a}", json=pull("wa", "wb"))).status_code == 201
+    refused = await api.put(f"{root}/{b}", json=pull("wb", pattern="wa*"))
+    assert refused.status_code == 400, refused.text
+    assert refused.headers["content-type"].startswith("application/problem+json")
+    assert a in refused.json()["detail"] and b in refused.json()["detail"]
+    assert (await api.get(f"{root}/{b}")).status_code == 404
+    # A chain: b watches c's wake stream, c watches a's; nothing watches b's.
+    assert (await api.put(f"{root}/{b}", json=pull("wb2", "wc"))).status_code == 201
+    assert (await api.put(f"{root}/{c}", json=pull("wc", "wa"))).status_code == 201
+    # a already watches `wb`; linking b's wake stream `wb2` to it closes a → c → b → a.
+    ring = await api.post(f"{root}/{a}/streams", json={"streams": [f"{run_id}/wb2"]})
+    assert ring.status_code == 400, ring.text
+    assert all(s in ring.json()["detail"] for s in (a, b, c))
+    shown = (await api.get(f"{root}/{a}")).json()
+    assert [s["path"] for s in shown["streams"]] == [f"{run_id}/wb"]
+    # A token restricted to the run is refused too, without the other subscriptions' names.
+    scoped = await api.post(
+        "/tokens",
+        json={
+            "principal": "scoped-" + run_id,
+            "scopes": ["streams:admin", "streams:read", "streams:write"],
+            "expires_in_seconds": 300,
+            "runs": [run_id],
+        },
+    )
+    assert scoped.status_code == 201, scoped.text
+    async with httpx.AsyncClient(
+        headers={"Authorization": f"Bearer {scoped.json()['token']}"}, timeout=30
+    ) as restricted:
+        d = sid()
+        hidden = await restricted.put(f"{root}/{d}", json=pull("wb", "wb2"))
+        assert hidden.status_code == 400, hidden.text
+        assert not any(s in hidden.json()["detail"] for s in (a, b, c))
+    # Two at once that would each close the ring with the other: one is made, one refused.
+    for _ in range(5):
+        x, y = sid(), sid()
+        wx, wy = "x-" + x, "y-" + y
+        answers = await asyncio.gather(
+            api.put(f"{root}/{x}", json=pull(wx, wy)), api.put(f"{root}/{y}", json=pull(wy, wx))
+        )
+        assert sorted(r.status_code for r in answers) == [201, 400], [r.text for r in answers]

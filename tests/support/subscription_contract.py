@@ -23,6 +23,7 @@ from application.subscriptions import (
 )
 from application.workers import Job
 from domain.definition import DefinitionRequest
+from domain.errors import InvalidInput
 from domain.records import RecordInput
 from domain.subscriptions import (
     AlreadyClaimed,
@@ -81,6 +82,32 @@ def delivery_job(tenant: str, subscription_id: str, generation: int) -> Job:
 
 
 class SubscriptionStoreContract:
+    async def test_pull_wakes_that_would_wake_each_other_in_a_ring_are_refused(
+        self, app: tuple[Any, SubscriptionStore]
+    ) -> None:
+        """The store hands the tenant's pull-wake subscriptions, with what each watches (its
+        pattern and the streams linked by name since), to the decision: a ring is refused."""
+        services, _ = app
+        run, a, b, web = uid("run"), uid("a"), uid("b"), uid("web")
+        await services.subscriptions.put(ADMIN, a, pull_wake(f"{run}/x*", f"{run}/wa"), BASE)
+        # A webhook watching `wa` writes nothing: no ring, and it is no watcher for b.
+        await services.subscriptions.put(ADMIN, web, webhook(f"{run}/w*"), BASE)
+        await services.subscriptions.put(ADMIN, b, pull_wake(f"{run}/wa", f"{run}/wb"), BASE)
+        # Another tenant's subscription naming acme's paths is no part of acme's ring.
+        await services.subscriptions.put(OTHER, a, pull_wake(f"{run}/w*", f"{run}/xo"), BASE)
+        with pytest.raises(InvalidInput, match="wake each other"):
+            await services.subscriptions.add_streams(ADMIN, a, (StreamPath(run, "wb"),))
+        await services.subscriptions.add_streams(ADMIN, a, (StreamPath(run, "other"),))
+        c = uid("c")
+        with pytest.raises(InvalidInput, match="wake each other"):
+            await services.subscriptions.put(ADMIN, c, pull_wake(f"{run}/wb", f"{run}/xc"), BASE)
+        await services.subscriptions.put(ADMIN, c, pull_wake(f"{run}/wb", f"{run}/yc"), BASE)
+        # Named by a: c's wake event would wake a, whose wake wakes b, whose wake wakes c.
+        with pytest.raises(InvalidInput, match="wake each other"):
+            await services.subscriptions.add_streams(ADMIN, a, (StreamPath(run, "yc"),))
+        sub, _ = await services.subscriptions.get(ADMIN, a)
+        assert StreamPath(run, "yc") not in {k.path for k in sub.links}
+
     async def test_a_put_creates_then_reconfirms_and_a_different_configuration_conflicts(
         self, app: tuple[Any, SubscriptionStore]
     ) -> None:

@@ -22,6 +22,7 @@ from domain.subscriptions import (
     Link,
     StreamPath,
     Subscription,
+    Watcher,
     in_turn,
     matches,
 )
@@ -44,6 +45,15 @@ class MemorySubscriptions:
         self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self.outbox: dict[tuple[str, str, int], tuple[Delivery, float]] = {}
         self.delivered: set[tuple[str, str, int]] = set()
+
+    def _watchers(self, tenant: str) -> list[Watcher]:
+        subs = [
+            msgspec.msgpack.decode(raw, type=Subscription)
+            for (t, _), raw in self._rows.items()
+            if t == tenant
+        ]
+        found = (Watcher.of(s.id, s.config, (k.path for k in s.links if k.explicit)) for s in subs)
+        return [w for w in found if w is not None]
 
     def _load(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         raw = self._rows.get((tenant, subscription_id))
@@ -88,8 +98,11 @@ class MemorySubscriptions:
         extra: tuple[StreamPath, ...] = (),
         touching: Collection[StreamPath] = (),
         named_runs: bool = False,
+        watchers: Callable[[list[Watcher]], None] | None = None,
     ) -> _T:
         async with self._locks[(tenant, subscription_id)]:
+            if watchers is not None:  # (nothing awaited from here to the change: one at a time)
+                watchers(self._watchers(tenant))
             found = self._load(tenant, subscription_id)
             streams = self._heads(tenant)
             whole: Subscription | None = None

@@ -23,7 +23,14 @@ from application.waiting import committing, within_allowance
 from application.workers import Job
 from domain.offsets import incarnation
 from domain.stream import StreamKey
-from domain.subscriptions import WAKE_STREAMS, Link, StreamPath, Subscription, pattern_regex
+from domain.subscriptions import (
+    WAKE_STREAMS,
+    Link,
+    StreamPath,
+    Subscription,
+    Watcher,
+    pattern_regex,
+)
 
 _T = TypeVar("_T")
 log = logging.getLogger("ductor_streams.subscriptions")
@@ -198,6 +205,15 @@ _MATCHING = """SELECT run_id, stream_id, head FROM streams
                             ELSE run_id || '/' || stream_id END) ~ $2
                       OR (run_id || '/' || stream_id) ~ $2)"""
 _LINKS_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('ds-links:' || $1, 0))"
+# A tenant's pull-wake subscriptions are changed one at a time where a change could make them
+# wake each other (`update(watchers=...)`): each sees what the one before it made.
+_WATCHERS_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('ds-watchers:' || $1, 0))"
+_WATCHERS = """SELECT subscription_id, state FROM ds_subscriptions
+               WHERE tenant = $1 AND kind = 'pull-wake'"""
+# The streams linked by name that are wake streams (the others make no ring).
+_WATCHED_WAKES = """SELECT subscription_id, run_id, stream_id FROM ds_subscription_links
+                    WHERE tenant = $1 AND explicit AND (run_id, stream_id) IN
+                          (SELECT * FROM unnest($2::text[], $3::text[]))"""
 _INSERT = """INSERT INTO ds_subscriptions
              (tenant, subscription_id, kind, pattern_regex, state, wake_active, lease_until,
               failing, creator_runs)
@@ -331,6 +347,18 @@ def _columns(paths: Collection[StreamPath]) -> tuple[list[str], list[str]]:
     return [p.run_id for p in paths], [p.stream_id for p in paths]
 
 
+async def _watchers(conn: Connection, tenant: str) -> list[Watcher]:
+    """The tenant's pull-wake subscriptions, each with what it watches."""
+    configs = {r[0]: _decode(r[1]).config for r in await conn.fetch(_WATCHERS, tenant)}
+    wakes = sorted({c.wake_stream for c in configs.values() if c.wake_stream is not None})
+    named: dict[str, list[StreamPath]] = {}
+    if wakes:
+        for r in await conn.fetch(_WATCHED_WAKES, tenant, *_columns(wakes)):
+            named.setdefault(r[0], []).append(StreamPath(r[1], r[2]))
+    found = (Watcher.of(i, c, named.get(i, ())) for i, c in configs.items())
+    return [w for w in found if w is not None]
+
+
 async def _with_named_runs(
     conn: Connection, tenant: str, subs: list[Subscription]
 ) -> list[Subscription]:
@@ -437,6 +465,7 @@ class PostgresSubscriptions:
         extra: tuple[StreamPath, ...] = (),
         touching: Collection[StreamPath] = (),
         named_runs: bool = False,
+        watchers: Callable[[list[Watcher]], None] | None = None,
     ) -> _T:
         key = (tenant, subscription_id)
         lock = self._changing.get(key)
@@ -453,7 +482,14 @@ class PostgresSubscriptions:
                     return await bounded_on(
                         self._pool,
                         self._update(
-                            tenant, subscription_id, decide, discover, extra, touching, named_runs
+                            tenant,
+                            subscription_id,
+                            decide,
+                            discover,
+                            extra,
+                            touching,
+                            named_runs,
+                            watchers,
                         ),
                     )
                 except _Raced:
@@ -473,8 +509,14 @@ class PostgresSubscriptions:
         extra: tuple[StreamPath, ...],
         touching: Collection[StreamPath],
         named_runs: bool,
+        watchers: Callable[[list[Watcher]], None] | None,
     ) -> _T:
         async with self._pool.acquire() as conn, conn.transaction():
+            if watchers is not None:
+                # First, before any stream or subscription is held: no other transaction takes
+                # this lock while holding one.
+                await conn.execute(_WATCHERS_LOCK, tenant)
+                watchers(await _watchers(conn, tenant))
             named: Heads = {}
             if extra:
                 # The streams it may link by name are held (FOR KEY SHARE, in the key's order,
