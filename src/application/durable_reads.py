@@ -56,6 +56,22 @@ class Waited(msgspec.Struct, frozen=True):
     closed: bool
 
 
+def told_in_offsets(gone: errors.CursorExpired, minting: Minting) -> errors.CursorExpired:
+    """`gone` as a reader of offsets needs it: the offset it read after, the offset to read
+    after for the earliest record retention kept, and the stream's tail, each as `minting`
+    states them, instead of sequences it never sees."""
+    asked = minting.text(gone.extra["requested"] - 1)
+    earliest = minting.text(gone.extra["earliest"] - 1)
+    return errors.CursorExpired(
+        f"the records after offset {asked} were removed by retention: the earliest kept "
+        f"follows offset {earliest} (read from it, or from -1, the stream's start)",
+        offset=asked,
+        earliest_offset=earliest,
+        next_offset=minting.text(gone.extra["latest"]),
+        reason=gone.extra["reason"],
+    )
+
+
 def _gone_if_soft_deleted(position: Position) -> None:
     if getattr(position, "soft_deleted", False):
         raise errors.StreamGone("the stream was deleted; forks still read what it held")
@@ -135,7 +151,10 @@ class DurableReads:
             )
         if from_start:
             return Page(position, records, max(0, position.earliest - 1), minting)
-        check_cursor(offset.sequence, position.head, position.earliest)
+        try:
+            check_cursor(offset.sequence, position.head, position.earliest)
+        except errors.CursorExpired as gone:
+            raise told_in_offsets(gone, minting) from None
         return Page(position, records, offset.sequence, minting)
 
     async def minting(
@@ -154,17 +173,23 @@ class DurableReads:
         caller: Caller,
         definition: StreamDefinition,
         created_at: datetime | None = None,
+        minting: Minting | None = None,
     ) -> Waited:
         """The first records after `cursor` appended within `timeout` seconds, on the shared
         tail; or none, at once when the stream is (or becomes) closed at `cursor`. Refused
         (401) as soon as `caller`'s token is revoked or expires meanwhile. Refused (429)
-        before it waits when the principal's live connections are at the cap."""
+        before it waits when the principal's live connections are at the cap. Overtaken by
+        retention meanwhile: 410, told in `minting`'s offsets when it is given."""
         slot = self._slots.admit(caller)
         lease = self._tokens.hold(caller)
         try:
             # A read waiting keeps an idle-expiring stream alive, as a subscription does.
             with self._definitions.access.kept_open(key, definition):
                 waited = await self._wait(key, cursor, timeout, lease, created_at)
+        except errors.CursorExpired as gone:
+            if minting is None:
+                raise
+            raise told_in_offsets(gone, minting) from None
         finally:
             self._tokens.release(lease)
             self._slots.release(caller, slot)

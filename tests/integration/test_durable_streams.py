@@ -410,9 +410,16 @@ async def test_an_offset_before_retention_is_410_and_the_start_is_what_it_kept(
     async with asyncio.timeout(15):
         while (await api.get(f"/runs/{run_id}/streams/kept")).json()["state"]["earliest"] != 4:
             await asyncio.sleep(0.1)
-    assert_problem(
-        await ds.get(f"/{run_id}/kept", params={"offset": offset(1)}), 410, "cursor-expired"
-    )
+    gone = await ds.get(f"/{run_id}/kept", params={"offset": offset(1)})
+    assert_problem(gone, 410, "cursor-expired")
+    # Told in offsets, as the client knows its positions: the one it asked, the one to read
+    # from for the earliest record kept, and the tail.
+    problem = gone.json()
+    assert (problem["offset"], problem["earliest_offset"]) == (At(1), At(3))
+    assert problem["next_offset"] == At(5) and problem["reason"] == "retention"
+    assert problem["earliest_offset"] in problem["detail"] and "earliest" not in problem
+    kept = await ds.get(f"/{run_id}/kept", params={"offset": problem["earliest_offset"]})
+    assert kept.json() == [3, 4]
     assert (await ds.get(f"/{run_id}/kept", params={"offset": offset(3)})).json() == [3, 4]
     for params in ({"offset": "-1"}, {}, {"offset": "-1", "live": "long-poll"}):
         start = await ds.get(f"/{run_id}/kept", params=params)

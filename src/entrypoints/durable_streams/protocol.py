@@ -527,6 +527,7 @@ async def read(
                 caller=caller,
                 definition=definition,
                 created_at=position.created_at,
+                minting=minting,
             )
             records, head, closed = trimmed(waited.records), max(waited.head, start), waited.closed
         if not records:
