@@ -8,7 +8,7 @@ anything streams or waits; everyone else is served as before. The slot counts fo
 too: a tenant's administrator may mint tokens for any number of principals, and the tenant's
 cap keeps them all from taking the process's connections from other tenants. A token restricted
 to runs counts under each of its runs too: an administrator of one run may mint tokens for any
-number of principals as well, and the run's cap keeps them from taking the tenant's connections
+number of principals (below its own) as well, and the run's cap keeps them from taking the tenant's connections
 from its other runs.
 
 The cap is per process: each replica bounds its own memory, so with N replicas behind a load
@@ -45,9 +45,9 @@ _Holder = tuple[str, str, frozenset[str] | None]
 
 def _holder(caller: Caller) -> _Holder:
     """Whose cap a live connection counts under: its principal's, apart for each set of runs
-    its token is restricted to. A token restricted to runs may be minted for any principal
-    name by an administrator of those runs alone; under the principal's own cap it could take
-    the connections of that principal's tokens for every run (the tenant's administrator's)."""
+    its token is restricted to. A token restricted to runs may carry any principal's name (a
+    tenant's administrator mints it, or a JWT names it); under the principal's own cap it could
+    take the connections of that principal's tokens for every run."""
     return caller.tenant, caller.principal, caller.runs
 
 

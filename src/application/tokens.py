@@ -242,6 +242,26 @@ def _within(caller: Caller, record: TokenRecord) -> bool:
     return record.caller.runs is not None and record.caller.runs <= caller.runs
 
 
+def below(caller: Caller, principal: str) -> str:
+    """The principal a token `caller` mints is given, asked for `principal`. An administrator of
+    some runs names it below its own principal (`{its own}/{principal}`; its own, or a name
+    already below it, as it is): under any name it liked it could act as that name, read the
+    streams whose pinned `authorization` lists it and ack its consumers. A tenant's
+    administrator (restricted to no run) names any principal of its tenant."""
+    if caller.runs is None or principal == caller.principal:
+        return principal
+    if principal.startswith(caller.principal + "/"):
+        return principal
+    named = f"{caller.principal}/{principal}"
+    if len(named) > 256:
+        raise InvalidInput(
+            f"a token restricted to runs names the tokens it mints below its own principal "
+            f"({caller.principal!r}/...), and that name would be longer than 256 characters",
+            field="principal",
+        )
+    return named
+
+
 class MintToken:
     """`POST /tokens` (streams:admin): a token never wider than its minter, in scope, runs or
     life. `clock` is the monotonic clock a caller's `token_deadline` is on."""
@@ -282,7 +302,7 @@ class MintToken:
                 raise Forbidden("a token cannot be given a run its minter is not restricted to")
         principal = caller.principal
         if request.principal is not None:
-            principal = check_text("principal", request.principal)
+            principal = below(caller, check_text("principal", request.principal))
         minted = Caller(
             tenant=caller.tenant,
             principal=principal,

@@ -180,6 +180,41 @@ async def test_a_run_scoped_minter_mints_only_within_its_runs(api: httpx.AsyncCl
     assert_problem(await api.delete(f"/tokens/{wide['id']}", headers=headers), 404, "not-found")
 
 
+async def test_a_run_scoped_minter_names_its_tokens_below_its_own_principal(
+    api: httpx.AsyncClient, run_id: str
+) -> None:
+    """An administrator of a run cannot mint a token acting as a principal a stream's pinned
+    `authorization` lists (nor as a consumer's owner): a name it asks for is given below its
+    own. A tenant's administrator names any principal."""
+    created = await api.post(
+        f"/runs/{run_id}/streams",
+        json={
+            "stream_id": "private",
+            "direction": "output",
+            "authorization": {"readers": ["alice"], "writers": ["alice"]},
+        },
+    )
+    assert created.status_code == 201, created.text
+    alice = await minted(api, principal="alice", runs=[run_id])  # the tenant's administrator
+    assert alice["principal"] == "alice"
+    path = f"/runs/{run_id}/streams/private/records"
+    written = await api.post(path, json={"records": [{"data": 1}]}, headers=bearer(alice["token"]))
+    assert written.status_code == 201, written.text
+    admin = await minted(api, principal="run-admin", runs=[run_id], expires_in_seconds=1200)
+    assert_problem(await api.get(path, headers=bearer(admin["token"])), 403, "forbidden")
+    named = await minted(api, bearer(admin["token"]), principal="alice", scopes=[READ])
+    assert named["principal"] == "run-admin/alice"
+    assert_problem(await api.get(path, headers=bearer(named["token"])), 403, "forbidden")
+    # Its own name, and names already below it, are kept as they are.
+    kept = [
+        (await minted(api, bearer(admin["token"]), principal=p, scopes=[READ]))["principal"]
+        for p in ("run-admin", "run-admin/agent-1")
+    ]
+    assert kept == ["run-admin", "run-admin/agent-1"]
+    too_long = await mint(api, bearer(admin["token"]), principal="x" * 250, scopes=[READ])
+    assert_problem(too_long, 400, "invalid-input")
+
+
 async def test_revocation_over_http_is_felt_within_2_seconds(
     api: httpx.AsyncClient, api_b: httpx.AsyncClient, run_id: str
 ) -> None:
