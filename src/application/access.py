@@ -31,6 +31,9 @@ class Caller(msgspec.Struct, frozen=True):
     token_deadline: float | None = None
     # The runs this caller may see, or None: every run of its tenant.
     runs: frozenset[str] | None = None
+    # The latest a token this caller mints may live until, on the same clock (None: its
+    # `token_deadline`): a JWT's own `exp`, where its `token_deadline` adds the clock leeway.
+    mint_deadline: float | None = None
 
     def require(self, scope: Scope) -> None:
         if scope not in self.scopes:

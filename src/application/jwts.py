@@ -154,6 +154,8 @@ class JwtCallers:
             runs=caller.runs,
             token_id=jwt_id(token),
             token_deadline=self._clock() + left,
+            # What it mints outlives neither the JWT nor the leeway's 30 s past it.
+            mint_deadline=self._clock() + left - LEEWAY_SECONDS,
         )
         if len(self._known) >= MAX_REMEMBERED:
             self._known.clear()

@@ -292,7 +292,8 @@ class MintToken:
             raise InvalidInput(
                 f"expires_in_seconds is 1 to {self._max}", field="expires_in_seconds"
             )
-        if caller.token_deadline is not None and seconds > caller.token_deadline - self._clock():
+        deadline = caller.token_deadline if caller.mint_deadline is None else caller.mint_deadline
+        if deadline is not None and seconds > deadline - self._clock():
             raise Forbidden("a token cannot outlive the token that mints it")
         runs = check_runs(request.runs)
         if caller.runs is not None:

@@ -186,6 +186,35 @@ async def test_a_verified_jwt_is_remembered_until_it_expires() -> None:
     assert verifier.calls == 2
 
 
+async def test_a_jwt_mints_no_token_outliving_its_exp_though_the_leeway_admits_it() -> None:
+    """The leeway forgives a clock behind the provider's; a token minted from the JWT is bound
+    by the JWT's own `exp`."""
+    now = [1000.0]
+    claims = {"sub": "s", "tenant": "t", "scope": " ".join(SCOPES), "exp": 1010}
+    jwts = JwtCallers(CountingVerifier(claims), clock=lambda: now[0], wall_clock=lambda: now[0])
+    mint = MintToken(MemoryTokens(), clock=lambda: now[0])
+    await mint(await jwts("eyJ.a.b"), request(expires_in_seconds=10))
+    with pytest.raises(Forbidden, match="outlive"):
+        await mint(await jwts("eyJ.a.b"), request(expires_in_seconds=11))
+    now[0] = 1015  # past its exp, within the leeway: it still authenticates, and mints nothing
+    caller = await jwts("eyJ.a.c")
+    with pytest.raises(Forbidden, match="outlive"):
+        await mint(caller, request(expires_in_seconds=1))
+
+
+async def test_a_minter_restricted_to_runs_names_its_tokens_below_its_own_principal() -> None:
+    minter = Caller(tenant="t", principal="ops", scopes=frozenset(SCOPES), runs=frozenset({"r1"}))
+    mint = MintToken(MemoryTokens())
+    named = [
+        (await mint(minter, request(principal=p))).principal
+        for p in ("alice", "ops", "ops/agent", "opsx")
+    ]
+    assert named == ["ops/alice", "ops", "ops/agent", "ops/opsx"]
+    assert (await mint(ADMIN, request(principal="alice"))).principal == "alice"
+    with pytest.raises(InvalidInput):
+        await mint(minter, request(principal="a" * 253))
+
+
 @pytest.mark.parametrize("exp", [10**309, 2**1024, 1.7e308])
 async def test_a_jwt_expiring_past_any_clock_is_taken_as_expiring_in_9999(exp: float) -> None:
     """An `exp` of hundreds of digits overflowed the float arithmetic of its deadline (500)."""
