@@ -8,8 +8,8 @@ anything streams or waits; everyone else is served as before. The slot counts fo
 too: a tenant's administrator may mint tokens for any number of principals, and the tenant's
 cap keeps them all from taking the process's connections from other tenants. A token restricted
 to runs counts under each of its runs too: an administrator of one run may mint tokens for any
-number of principals (below its own) as well, and the run's cap keeps them from taking the tenant's connections
-from its other runs.
+number of principals (below its own) as well, and the run's cap keeps them from taking the
+tenant's connections from its other runs.
 
 The cap is per process: each replica bounds its own memory, so with N replicas behind a load
 balancer a principal may hold up to N times the cap in all (docs/configuration.md)."""
