@@ -13,5 +13,10 @@ class Unauthenticated(DomainError):
     code = "unauthenticated"
 
 
+class MinterEnded(Unauthenticated):
+    """The token minting another was revoked (or expired) before the mint was stored: nothing
+    is stored (401, as any request with that token is from then on)."""
+
+
 class Forbidden(DomainError):
     code = "forbidden"

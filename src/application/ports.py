@@ -387,14 +387,21 @@ class TokenStore(Protocol):
         """The token with this hash, unless it is unknown, revoked or expired."""
 
     async def put(
-        self, token_hash: bytes, caller: Caller, expires_in_seconds: int | None = None
+        self,
+        token_hash: bytes,
+        caller: Caller,
+        expires_in_seconds: int | None = None,
+        minted_by: str | None = None,
     ) -> datetime | None:
         """Store (or replace) the token with this hash, for `caller` (its tenant, principal,
-        scopes and runs); answer when it expires. A revoked token stays revoked."""
+        scopes and runs); answer when it expires. A revoked token stays revoked. `minted_by`:
+        the id of the stored token minting it, which must work until this is stored (else
+        MinterEnded, and nothing is stored); revoking that token revokes this one."""
 
-    async def revoke(self, token_id: str) -> bool:
-        """Revoke the token with this id (again, if it already is) and tell every process that
-        caches tokens to forget it; False if there is no such token."""
+    async def revoke(self, token_id: str) -> list[str]:
+        """Revoke the token with this id (again, if it already is) and every token minted from
+        it, and theirs in turn, and tell every process that caches tokens to forget them; the
+        ids revoked (none if there is no such token)."""
 
     async def page(
         self, tenant: str, after: str | None, limit: int, within: frozenset[str] | None = None

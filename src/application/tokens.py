@@ -138,7 +138,8 @@ class IssueToken:
 
 
 class RevokeToken:
-    """Revoke a token named by itself or by its id; returns the id. Revoking twice is fine."""
+    """Revoke a token named by itself or by its id, and the tokens minted from it; returns its
+    id. Revoking twice is fine."""
 
     def __init__(self, tokens: TokenStore, cache: TokenCache | None = None) -> None:
         self._tokens = tokens
@@ -151,9 +152,11 @@ class RevokeToken:
         if TOKEN_ID.match(token_or_id):
             candidates.append(token_or_id)
         for candidate in candidates:
-            if await self._tokens.revoke(candidate):
+            revoked = await self._tokens.revoke(candidate)
+            if revoked:
                 if self._cache is not None:
-                    self._cache.forget(candidate)
+                    for each in revoked:
+                        self._cache.forget(each)
                 return candidate
         raise NotFound("no token is known by that value or id")
 
@@ -322,7 +325,10 @@ class MintToken:
         digest = token_hash(token)
         stored = False
         try:
-            expires_at = await self._tokens.put(digest, minted, seconds)
+            # A stored minter's revocation revokes what it minted (a JWT is never stored).
+            minter = caller.token_id
+            stored_minter = minter if minter is not None and TOKEN_ID.match(minter) else None
+            expires_at = await self._tokens.put(digest, minted, seconds, minted_by=stored_minter)
             stored = True
         except asyncio.CancelledError:
             stored = True  # not known: counted until the next read, rather than missed
@@ -375,9 +381,10 @@ class TenantTokens:
         record = await self._tokens.get(token_id) if TOKEN_ID.match(token_id) else None
         if record is None or not _within(caller, record):
             raise NotFound(f"no token {token_id[:40]!r}")
-        await self._tokens.revoke(token_id)
+        revoked = await self._tokens.revoke(token_id)
         if self._cache is not None:
-            self._cache.forget(token_id)
+            for each in revoked or [token_id]:
+                self._cache.forget(each)
 
 
 class Lease:

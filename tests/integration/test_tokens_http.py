@@ -234,6 +234,56 @@ async def test_revocation_over_http_is_felt_within_2_seconds(
     assert next(t for t in listed if t["id"] == token["id"])["revoked_at"] is not None
 
 
+async def test_revoking_a_token_revokes_what_it_minted_everywhere_within_2_seconds(
+    api: httpx.AsyncClient, api_b: httpx.AsyncClient, run_id: str
+) -> None:
+    """A leaked administrator's token could mint children that outlast its revocation: the
+    tokens it minted, and theirs, are revoked with it, on every replica. A token minted beside
+    it (by the same minter) is not."""
+    parent = await minted(api, expires_in_seconds=1200)
+    child = await minted(api, bearer(parent["token"]), expires_in_seconds=900)
+    grandchild = await minted(api, bearer(child["token"]), scopes=[READ], expires_in_seconds=600)
+    sibling = await minted(api, scopes=[READ])
+    held = [bearer(t["token"]) for t in (parent, child, grandchild, sibling)]
+    for client in (api, api_b):
+        for headers in held:
+            assert (await client.get("/runs", headers=headers)).status_code == 200
+    assert (await api.delete(f"/tokens/{parent['id']}")).status_code == 204
+    deadline = time.monotonic() + 2.0
+    for client in (api, api_b):
+        for headers in held[:3]:
+            while (await client.get("/runs", headers=headers)).status_code != 401:
+                assert time.monotonic() < deadline, "a minted token outlived its minter"
+                await asyncio.sleep(0.1)
+        assert (await client.get("/runs", headers=held[3])).status_code == 200
+    listed = {t["id"]: t for t in await listed_tokens(api)}
+    for token in (parent, child, grandchild):
+        assert listed[token["id"]]["revoked_at"] is not None
+    assert listed[sibling["id"]]["revoked_at"] is None
+
+
+async def test_a_mint_racing_its_minters_revocation_never_outlives_it(
+    api: httpx.AsyncClient,
+) -> None:
+    """Mints by a token at the moment it is revoked: each is refused (401), or stored and
+    revoked with it. None works afterwards."""
+    for _ in range(5):
+        parent = await minted(api, expires_in_seconds=1200)
+        headers = bearer(parent["token"])
+        assert (await api.get("/runs", headers=headers)).status_code == 200  # cached
+        mints = [mint(api, headers, scopes=[READ]) for _ in range(8)]
+        answers = await asyncio.gather(*mints, api.delete(f"/tokens/{parent['id']}"))
+        assert answers[-1].status_code == 204
+        for answer in answers[:-1]:
+            assert answer.status_code in (201, 401), answer.text
+            if answer.status_code == 201:
+                child = bearer(answer.json()["token"])
+                deadline = time.monotonic() + 2.0
+                while (await api.get("/runs", headers=child)).status_code != 401:
+                    assert time.monotonic() < deadline, "a child minted in the race works"
+                    await asyncio.sleep(0.1)
+
+
 async def test_a_minted_token_expires(api: httpx.AsyncClient, run_id: str) -> None:
     token = await minted(api, scopes=[READ], expires_in_seconds=1)
     headers = bearer(token["token"])

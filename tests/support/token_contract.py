@@ -8,7 +8,7 @@ import secrets
 import pytest
 
 from application.access import SCOPES, Caller
-from application.errors import NotFound
+from application.errors import MinterEnded, NotFound
 from application.tokens import IssueToken, RevokeToken, token_hash, token_id
 from domain.errors import CursorUnknown
 
@@ -46,11 +46,30 @@ class TokenStoreContract:
         who = caller(tenant())
         token, other = await IssueToken(store)(who), await IssueToken(store)(who)
         digest = token_hash(token)
-        assert await store.revoke(token_id(digest)) is True
+        assert await store.revoke(token_id(digest)) == [token_id(digest)]
         assert await store.find(digest) is None
-        assert await store.revoke(token_id(digest)) is True
+        assert await store.revoke(token_id(digest)) == [token_id(digest)]
         assert await store.find(token_hash(other)) is not None
-        assert await store.revoke("tok_0000000000000000") is False
+        assert await store.revoke("tok_0000000000000000") == []
+
+    async def test_revoking_a_token_revokes_what_it_minted_and_a_mint_by_an_ended_one_fails(
+        self, store
+    ) -> None:
+        who = caller(tenant())
+        parent = token_id(token_hash(await IssueToken(store)(who)))
+        child, grandchild, beside = (b"c" * 32, b"g" * 32, b"b" * 32)
+        await store.put(child, who, 600, minted_by=parent)
+        await store.put(grandchild, who, 600, minted_by=token_id(child))
+        await store.put(beside, who, 600)
+        revoked = await store.revoke(parent)
+        assert sorted(revoked) == sorted([parent, token_id(child), token_id(grandchild)])
+        assert await store.find(child) is None and await store.find(grandchild) is None
+        assert await store.find(beside) is not None
+        with pytest.raises(MinterEnded):
+            await store.put(b"n" * 32, who, 600, minted_by=parent)
+        with pytest.raises(MinterEnded):
+            await store.put(b"n" * 32, who, 600, minted_by="tok_0000000000000000")
+        assert await store.find(b"n" * 32) is None
 
     async def test_a_revoked_token_stays_revoked_when_stored_again(self, store) -> None:
         who = caller(tenant())

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from application.access import Caller
+from application.errors import MinterEnded
 from application.ports import FoundToken, TokenRecord
 from application.tokens import token_id
 from domain.errors import CursorUnknown
@@ -16,13 +17,23 @@ def _utc_now() -> datetime:
 
 
 class _Row:
-    __slots__ = ("caller", "created_at", "expires_at", "revoked_at")
+    __slots__ = ("caller", "created_at", "expires_at", "minted_by", "revoked_at")
 
-    def __init__(self, caller: Caller, created_at: datetime, expires_at: datetime | None) -> None:
+    def __init__(
+        self,
+        caller: Caller,
+        created_at: datetime,
+        expires_at: datetime | None,
+        minted_by: str | None = None,
+    ) -> None:
         self.caller = caller
         self.created_at = created_at
         self.expires_at = expires_at
+        self.minted_by = minted_by
         self.revoked_at: datetime | None = None
+
+    def works(self, now: datetime) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > now)
 
 
 class MemoryTokens:
@@ -41,27 +52,46 @@ class MemoryTokens:
         return FoundToken(caller=row.caller, expires_in_seconds=left) if left > 0 else None
 
     async def put(
-        self, token_hash: bytes, caller: Caller, expires_in_seconds: int | None = None
+        self,
+        token_hash: bytes,
+        caller: Caller,
+        expires_in_seconds: int | None = None,
+        minted_by: str | None = None,
     ) -> datetime | None:
         now = self._clock()
+        if minted_by is not None:
+            minter = self._ids.get(minted_by)
+            if minter is None or not self._tokens[minter].works(now):
+                raise MinterEnded("the token that mints it is revoked or expired")
         expires_at = None
         if expires_in_seconds is not None:
             expires_at = now + timedelta(seconds=expires_in_seconds)
         row = self._tokens.get(token_hash)
         if row is None:
-            self._tokens[token_hash] = _Row(caller, now, expires_at)
+            self._tokens[token_hash] = _Row(caller, now, expires_at, minted_by)
             self._ids[token_id(token_hash)] = token_hash
         else:  # replaced, but a revoked token stays revoked
             row.caller, row.expires_at = caller, expires_at
         return expires_at
 
-    async def revoke(self, token_id: str) -> bool:
+    async def revoke(self, token_id: str) -> list[str]:
         digest = self._ids.get(token_id)
         if digest is None:
-            return False
+            return []
         row = self._tokens[digest]
         row.revoked_at = row.revoked_at or self._clock()
-        return True
+        revoked, last = [token_id], {token_id}
+        while last:
+            minted = [
+                (i, self._tokens[d])
+                for i, d in self._ids.items()
+                if self._tokens[d].minted_by in last and self._tokens[d].revoked_at is None
+            ]
+            for _, child in minted:
+                child.revoked_at = self._clock()
+            last = {i for i, _ in minted}
+            revoked += sorted(last)
+        return revoked
 
     async def get(self, token_id: str) -> TokenRecord | None:
         return self._record(token_id) if token_id in self._ids else None

@@ -1,6 +1,7 @@
 """API tokens in PostgreSQL, by hash. Whether a token is expired or revoked is decided by the
 database's clock (now()), and a revocation notifies every process's wake bus on
-`TOKENS_CHANNEL` (with the token's id) in the transaction that revokes it."""
+`TOKENS_CHANNEL` (with each revoked token's id: the token and those minted from it) in the
+transaction that revokes it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncpg
 
 from adapters.postgres.tenant_counts import tenant_tokens
 from application.access import Caller
+from application.errors import MinterEnded
 from application.ports import FoundToken, TokenRecord
 from domain.errors import CursorUnknown
 
@@ -30,14 +32,39 @@ SET tenant = excluded.tenant, principal = excluded.principal, scopes = excluded.
 RETURNING expires_at
 """
 
-# One statement, so the notification is sent only if (and when) the revocation commits.
+# A token minted by the stored token `$7`, only while `$7` works: its row is held (FOR SHARE)
+# until this commits, so a revocation of it waits, and then finds this token among its minted.
+_MINT = """
+WITH minter AS (
+    SELECT 1 FROM api_tokens
+    WHERE token_id = $7 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+    FOR SHARE
+)
+INSERT INTO api_tokens (token_hash, tenant, principal, scopes, expires_at, runs, minted_by)
+SELECT $1, $2, $3, $4, now() + make_interval(secs => $5::bigint), $6, $7
+WHERE EXISTS (SELECT 1 FROM minter)
+RETURNING expires_at
+"""
+
+# The token, then (each a statement of its own, which sees what committed before it started)
+# the tokens minted from those it revoked, until none is left: a mint that held its minter
+# against the first statement committed before it, so a later statement sees it. Each
+# notification is sent only if (and when) the revocation commits.
 _REVOKE = f"""
 WITH revoked AS (
     UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now())
     WHERE token_id = $1
     RETURNING token_id
 )
-SELECT pg_notify('{TOKENS_CHANNEL}', token_id) FROM revoked
+SELECT token_id, pg_notify('{TOKENS_CHANNEL}', token_id) FROM revoked
+"""
+_REVOKE_MINTED = f"""
+WITH revoked AS (
+    UPDATE api_tokens SET revoked_at = now()
+    WHERE minted_by = ANY($1::text[]) AND revoked_at IS NULL
+    RETURNING token_id
+)
+SELECT token_id, pg_notify('{TOKENS_CHANNEL}', token_id) FROM revoked
 """
 
 # Of these token ids, the ones that still work (the wake bus asks on each (re)connection about
@@ -131,10 +158,13 @@ class PostgresTokens:
         return FoundToken(caller=caller, expires_in_seconds=row[3])
 
     async def put(
-        self, token_hash: bytes, caller: Caller, expires_in_seconds: int | None = None
+        self,
+        token_hash: bytes,
+        caller: Caller,
+        expires_in_seconds: int | None = None,
+        minted_by: str | None = None,
     ) -> datetime | None:
-        expires_at: datetime | None = await self._pool.fetchval(
-            _PUT,
+        arguments = (
             token_hash,
             caller.tenant,
             caller.principal,
@@ -142,10 +172,23 @@ class PostgresTokens:
             expires_in_seconds,
             None if caller.runs is None else sorted(caller.runs),
         )
-        return expires_at
+        if minted_by is None:
+            expires_at: datetime | None = await self._pool.fetchval(_PUT, *arguments)
+            return expires_at
+        row = await self._pool.fetchrow(_MINT, *arguments, minted_by)
+        if row is None:
+            raise MinterEnded("the token that mints it is revoked or expired")
+        minted: datetime | None = row[0]
+        return minted
 
-    async def revoke(self, token_id: str) -> bool:
-        return bool(await self._pool.fetch(_REVOKE, token_id))
+    async def revoke(self, token_id: str) -> list[str]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            found = [r[0] for r in await conn.fetch(_REVOKE, token_id)]
+            revoked, last = list(found), found
+            while last:
+                last = [r[0] for r in await conn.fetch(_REVOKE_MINTED, last)]
+                revoked += last
+        return revoked
 
     async def page(
         self, tenant: str, after: str | None, limit: int, within: frozenset[str] | None = None
