@@ -104,6 +104,15 @@ class Change(msgspec.Struct, frozen=True):
     deliveries: tuple[Delivery, ...] = ()
 
 
+class Census(msgspec.Struct, frozen=True):
+    """What a change sees of its tenant's subscriptions, under a lock of the tenant's held
+    until it commits: how many there are, and its pull-wake subscriptions with what each
+    watches (when asked; else empty)."""
+
+    count: int
+    watchers: list[Watcher]
+
+
 class SubscriptionStore(Protocol):
     async def update(
         self,
@@ -114,7 +123,8 @@ class SubscriptionStore(Protocol):
         extra: tuple[StreamPath, ...] = (),
         touching: Collection[StreamPath] = (),
         named_runs: bool = False,
-        watchers: Callable[[list[Watcher]], None] | None = None,
+        census: Callable[[Census], None] | None = None,
+        watchers: bool = False,
     ) -> _T:
         """Lock the subscription (absent: None), load the links a decision sees and the heads
         of their streams (and of the streams the glob `discover` matches, and of `extra`), call
@@ -129,9 +139,10 @@ class SubscriptionStore(Protocol):
         leaves out that the decision saw is removed; those it did not see are left as they
         are.
 
-        With `watchers`, first the tenant's pull-wake subscriptions (all of them, each with what
-        it watches) are passed to it, under a lock of the tenant's that every such call takes
-        first, held until the change commits; it raises to refuse the change."""
+        With `census`, first the tenant's `Census` is passed to it (with `watchers`, its
+        pull-wake subscriptions, all of them, each with what it watches), under a lock of the
+        tenant's that every such call takes first, held until the change commits; it raises
+        to refuse the change, or keeps it for `decide`."""
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         """The subscription with every link (and `named_runs`), and their streams' heads (what
@@ -140,6 +151,9 @@ class SubscriptionStore(Protocol):
     async def wake_id(self, tenant: str, subscription_id: str) -> str | None:
         """The ID of the subscription's wake in flight (None: no wake, or no subscription),
         without its links."""
+
+    async def count(self, tenant: str) -> int:
+        """The subscriptions the tenant holds."""
 
     async def due(
         self, limit: int, streams: Collection[StreamKey] | None = None
@@ -321,6 +335,7 @@ CLAIMER_SECONDS = 1.0
 # after this long), and how many such answers a process keeps.
 READABLE_SECONDS = 30.0
 READABLE_KEPT = 100_000
+DEFAULT_MAX_SUBSCRIPTIONS_PER_TENANT = 10_000
 
 
 class Subscriptions:
@@ -335,8 +350,12 @@ class Subscriptions:
         definitions: Definitions | None = None,
         api_tokens: TokenStore | None = None,
         reader: RecordReader | None = None,
+        max_per_tenant: int = DEFAULT_MAX_SUBSCRIPTIONS_PER_TENANT,
     ) -> None:
         self._store = store
+        # The subscriptions a tenant may hold (0: no limit): each costs every append to a
+        # stream it links, and its links are rows of the database every tenant shares.
+        self._max_per_tenant = max_per_tenant
         # The streams' incarnations, for the offsets a wake and a claim show (without one, the
         # offsets leave the incarnation unstated: domain/offsets.py).
         self._reader = reader
@@ -365,7 +384,7 @@ class Subscriptions:
         if config.webhook_url is not None:
             self._check_url(config.webhook_url)
         now = self._clock()
-        watchers: list[list[Watcher]] = []  # the tenant's pull-wake subscriptions, if one
+        census: list[Census] = []  # the tenant's subscriptions (its pull-wakes, if one)
 
         def decide(
             sub: Subscription | None, heads: Heads
@@ -387,9 +406,16 @@ class Subscriptions:
                 base_url=base_url,
                 creator_runs=None if caller.runs is None else tuple(sorted(caller.runs)),
             )
+            limit = self._max_per_tenant
+            if limit and census[-1].count >= limit:
+                raise errors.QuotaExhausted(
+                    f"the tenant holds its limit of {limit} subscriptions: delete some before "
+                    "making more",
+                    max_subscriptions=limit,
+                )
             watcher = Watcher.of(subscription_id, config)
             if watcher is not None:
-                refuse_wake_cycles(watchers[-1], watcher, named=caller.runs is None)
+                refuse_wake_cycles(census[-1].watchers, watcher, named=caller.runs is None)
             # Existing streams are linked at their tail: creating one replays nothing. A stream
             # named and matched by the pattern is linked both ways, so that unlinking it by name
             # keeps its glob link while the pattern matches it.
@@ -406,12 +432,17 @@ class Subscriptions:
             discover=config.pattern,
             extra=config.streams,
             named_runs=caller.runs is not None,
-            watchers=watchers.append if config.wake_stream is not None else None,
+            census=census.append,
+            watchers=config.wake_stream is not None,
         )
         found = await self._store.get(caller.tenant, subscription_id)
         heads = found[1] if found else {}
         # The answer shows what `get` shows: no stream the caller may not read.
         return await self._shown(caller, found[0] if found else sub), heads, created
+
+    async def held(self, tenant: str) -> tuple[int, int | None]:
+        """The subscriptions `tenant` holds, and the most it may (None: no limit)."""
+        return await self._store.count(tenant), self._max_per_tenant or None
 
     @tracing.use_case("get subscription")
     async def get(self, caller: Caller, subscription_id: str) -> tuple[Subscription, Heads]:
@@ -622,18 +653,19 @@ class Subscriptions:
         check_subscription_id(subscription_id)
         for path in paths:
             caller.run(path.run_id)  # another run's stream is not there for a run-scoped token
-        watchers: list[list[Watcher]] = []  # the tenant's pull-wake subscriptions
+        census: list[Census] = []  # the tenant's pull-wake subscriptions
 
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, None]:
             sub = _visible(caller, sub, subscription_id)
             if sub.config.wake_stream is not None and sub.config.wake_stream in paths:
                 raise errors.InvalidInput(WAKE_STREAM_WATCHED, field="streams")
-            for watcher in watchers[-1]:
+            watchers = census[-1].watchers
+            for watcher in watchers:
                 if watcher.id == subscription_id:  # (a webhook writes no wake event)
                     more = watcher.streams | set(paths)
                     changed = msgspec.structs.replace(watcher, streams=more)
                     refuse_wake_cycles(
-                        watchers[-1], changed, named=caller.runs is None, field="streams"
+                        watchers, changed, named=caller.runs is None, field="streams"
                     )
             linked = sub.linked({p: heads.get(p, 0) for p in paths}, explicit=True)
             if linked.named() > MAX_EXPLICIT_STREAMS and linked.named() > sub.named():
@@ -651,7 +683,8 @@ class Subscriptions:
             decide,
             extra=paths,
             named_runs=caller.runs is not None,
-            watchers=watchers.append,
+            census=census.append,
+            watchers=True,
         )
 
     @tracing.use_case("remove subscription stream")

@@ -262,6 +262,9 @@ class UsageView(msgspec.Struct, frozen=True):
     max_bytes: int | None  # DUCTOR_STREAMS_MAX_BYTES_PER_TENANT (null: no limit)
     tokens: int  # the tokens it holds (revoked and expired ones too, until they are forgotten)
     max_tokens: int | None  # DUCTOR_STREAMS_MAX_TOKENS_PER_TENANT (null: no limit)
+    subscriptions: int = 0  # the subscriptions (webhook, pull-wake) it holds
+    # DUCTOR_STREAMS_MAX_STORED_SUBSCRIPTIONS_PER_TENANT (null: no limit)
+    max_subscriptions: int | None = None
 
 
 class TenantUsage:
@@ -276,7 +279,10 @@ class TenantUsage:
         bytes_: ByteLimit,
         tokens: TokenStore,
         token_limit: TokenLimit,
+        subscriptions: Callable[[str], Awaitable[tuple[int, int | None]]] | None = None,
     ) -> None:
+        # (what a tenant holds of subscriptions, and its limit: application/subscriptions.py)
+        self._subscriptions = subscriptions
         self._counts = counts
         self._streams = streams
         self._bytes = bytes_
@@ -288,6 +294,9 @@ class TenantUsage:
         caller.require("streams:admin")
         if caller.runs is not None:
             raise Forbidden("a token restricted to runs cannot see its tenant's usage")
+        held, limit = (0, None)
+        if self._subscriptions is not None:
+            held, limit = await self._subscriptions(caller.tenant)
         return UsageView(
             streams=await self._counts.tenant_streams(caller.tenant),
             max_streams=self._streams.limit or None,
@@ -295,4 +304,6 @@ class TenantUsage:
             max_bytes=self._bytes.limit or None,
             tokens=await self._tokens.tenant_tokens(caller.tenant),
             max_tokens=self._token_limit.limit or None,
+            subscriptions=held,
+            max_subscriptions=limit,
         )

@@ -267,9 +267,9 @@ class Usage(_Answer, frozen=True):
     """What the tenant holds against its limits, counted when asked (`StreamsClient.usage`):
     its streams, its bytes (each stream its definition and each record its size, each with 128
     bytes for its row, an object's record its reference too, its append receipts and input
-    records' wait events while they are kept, and what its open object intents pledge) and its
-    tokens (revoked and expired ones too, until they are forgotten). A limit of None is no
-    limit."""
+    records' wait events while they are kept, and what its open object intents pledge), its
+    tokens (revoked and expired ones too, until they are forgotten) and its subscriptions. A
+    limit of None is no limit."""
 
     streams: int
     max_streams: int | None
@@ -277,6 +277,8 @@ class Usage(_Answer, frozen=True):
     max_bytes: int | None
     tokens: int = 0  # (a server of an earlier version does not say)
     max_tokens: int | None = None
+    subscriptions: int = 0  # webhook and pull-wake (a server of an earlier version does not say)
+    max_subscriptions: int | None = None
 
 
 # -- tokens ----------------------------------------------------------------------------------------

@@ -94,6 +94,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Every token restricted to runs that include the run together: an administrator of one run
     # may mint any number too.
     max_subscriptions_per_run: Count = 1_000
+    # The stored subscriptions (webhook, pull-wake) a tenant may hold; 0: no limit.
+    max_stored_subscriptions_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 10_000
     # The streams a tenant may hold (application/tenant_limits.py); past it, a creation is 409
     # `quota-exhausted`. 0: no limit.
     max_streams_per_tenant: Annotated[int, msgspec.Meta(ge=0)] = 1_000_000

@@ -406,9 +406,6 @@ class Container(containers.DeclarativeContainer):
         DeleteRun, streams, definitions, clock, byte_limit, stream_limit
     )
     list_runs = providers.Singleton(ListRuns, streams, access_log)
-    tenant_usage = providers.Singleton(
-        TenantUsage, streams, stream_limit, byte_limit, tokens, token_limit
-    )
     object_stores = providers.Resource(open_object_stores, settings)
     objects = providers.Singleton(
         Objects,
@@ -576,6 +573,16 @@ class Container(containers.DeclarativeContainer):
         definitions=definitions,
         api_tokens=tokens,
         reader=streams,
+        max_per_tenant=settings.provided.max_stored_subscriptions_per_tenant,
+    )
+    tenant_usage = providers.Singleton(
+        TenantUsage,
+        streams,
+        stream_limit,
+        byte_limit,
+        tokens,
+        token_limit,
+        subscriptions.provided.held,
     )
     wake_deliveries = providers.Singleton(
         PostgresWakeDeliveries,

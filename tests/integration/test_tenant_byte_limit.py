@@ -823,6 +823,8 @@ async def test_usage_shows_what_the_tenant_holds_against_its_limits(
             "max_bytes": LIMIT,
             "tokens": 1,  # the client's own
             "max_tokens": 1_000_000,
+            "subscriptions": 0,
+            "max_subscriptions": 10_000,
         }
         # The typed client reads it too.
         token = api.headers["Authorization"].removeprefix("Bearer ")
@@ -834,6 +836,7 @@ async def test_usage_shows_what_the_tenant_holds_against_its_limits(
                 max_bytes=LIMIT,
                 tokens=1,
                 max_tokens=1_000_000,
+                max_subscriptions=10_000,
             )
         # Tenant-wide: not for a token restricted to runs, nor one without streams:admin.
         minted = await api.post(
@@ -856,6 +859,8 @@ async def test_usage_shows_what_the_tenant_holds_against_its_limits(
             "max_bytes": 1 << 40,
             "tokens": 1,
             "max_tokens": 1_000_000,
+            "subscriptions": 0,
+            "max_subscriptions": 10_000,
         }
 
 

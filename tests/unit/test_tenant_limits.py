@@ -411,7 +411,12 @@ def test_an_intent_pledges_its_size_until_its_commit_takes_it_up_or_it_ends() ->
 
 async def test_usage_is_counted_now_and_says_no_limit_as_null() -> None:
     container = memory_container(
-        Settings(max_streams_per_tenant=0, max_bytes_per_tenant=0, max_tokens_per_tenant=5)
+        Settings(
+            max_streams_per_tenant=0,
+            max_bytes_per_tenant=0,
+            max_tokens_per_tenant=5,
+            max_stored_subscriptions_per_tenant=0,
+        )
     )
     services = await start(container)
     try:

@@ -14,7 +14,7 @@ from typing import TypeVar
 import msgspec
 
 from adapters.memory.streams import MemoryStreams
-from application.subscriptions import Change, Delivery, Heads
+from application.subscriptions import Census, Change, Delivery, Heads
 from application.workers import Job
 from domain.stream import StreamKey, decode_state
 from domain.subscriptions import (
@@ -98,11 +98,13 @@ class MemorySubscriptions:
         extra: tuple[StreamPath, ...] = (),
         touching: Collection[StreamPath] = (),
         named_runs: bool = False,
-        watchers: Callable[[list[Watcher]], None] | None = None,
+        census: Callable[[Census], None] | None = None,
+        watchers: bool = False,
     ) -> _T:
         async with self._locks[(tenant, subscription_id)]:
-            if watchers is not None:  # (nothing awaited from here to the change: one at a time)
-                watchers(self._watchers(tenant))
+            if census is not None:  # (nothing awaited from here to the change: one at a time)
+                count = sum(1 for t, _ in self._rows if t == tenant)
+                census(Census(count, self._watchers(tenant) if watchers else []))
             found = self._load(tenant, subscription_id)
             streams = self._heads(tenant)
             whole: Subscription | None = None
@@ -138,6 +140,9 @@ class MemorySubscriptions:
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         return self._load(tenant, subscription_id)  # every link, and `named_runs`
+
+    async def count(self, tenant: str) -> int:
+        return sum(1 for t, _ in self._rows if t == tenant)
 
     async def wake_id(self, tenant: str, subscription_id: str) -> str | None:
         raw = self._rows.get((tenant, subscription_id))

@@ -18,7 +18,7 @@ import msgspec
 from adapters.postgres.bounded import bounded_on
 from adapters.postgres.connections import Connection
 from adapters.postgres.marks import MARK
-from application.subscriptions import Change, Delivery, Heads
+from application.subscriptions import Census, Change, Delivery, Heads
 from application.waiting import committing, within_allowance
 from application.workers import Job
 from domain.offsets import incarnation
@@ -205,9 +205,10 @@ _MATCHING = """SELECT run_id, stream_id, head FROM streams
                             ELSE run_id || '/' || stream_id END) ~ $2
                       OR (run_id || '/' || stream_id) ~ $2)"""
 _LINKS_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('ds-links:' || $1, 0))"
-# A tenant's pull-wake subscriptions are changed one at a time where a change could make them
-# wake each other (`update(watchers=...)`): each sees what the one before it made.
-_WATCHERS_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('ds-watchers:' || $1, 0))"
+# A tenant's subscriptions are made, and its pull-wakes changed where they could wake each
+# other, one at a time (`update(census=...)`): each sees what the one before it made.
+_CENSUS_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('ds-census:' || $1, 0))"
+_COUNT = "SELECT count(*) FROM ds_subscriptions WHERE tenant = $1"
 _WATCHERS = """SELECT subscription_id, state FROM ds_subscriptions
                WHERE tenant = $1 AND kind = 'pull-wake'"""
 # The streams linked by name that are wake streams (the others make no ring).
@@ -465,7 +466,8 @@ class PostgresSubscriptions:
         extra: tuple[StreamPath, ...] = (),
         touching: Collection[StreamPath] = (),
         named_runs: bool = False,
-        watchers: Callable[[list[Watcher]], None] | None = None,
+        census: Callable[[Census], None] | None = None,
+        watchers: bool = False,
     ) -> _T:
         key = (tenant, subscription_id)
         lock = self._changing.get(key)
@@ -489,6 +491,7 @@ class PostgresSubscriptions:
                             extra,
                             touching,
                             named_runs,
+                            census,
                             watchers,
                         ),
                     )
@@ -509,14 +512,16 @@ class PostgresSubscriptions:
         extra: tuple[StreamPath, ...],
         touching: Collection[StreamPath],
         named_runs: bool,
-        watchers: Callable[[list[Watcher]], None] | None,
+        census: Callable[[Census], None] | None,
+        watchers: bool,
     ) -> _T:
         async with self._pool.acquire() as conn, conn.transaction():
-            if watchers is not None:
+            if census is not None:
                 # First, before any stream or subscription is held: no other transaction takes
                 # this lock while holding one.
-                await conn.execute(_WATCHERS_LOCK, tenant)
-                watchers(await _watchers(conn, tenant))
+                await conn.execute(_CENSUS_LOCK, tenant)
+                count = await conn.fetchval(_COUNT, tenant)
+                census(Census(count, await _watchers(conn, tenant) if watchers else []))
             named: Heads = {}
             if extra:
                 # The streams it may link by name are held (FOR KEY SHARE, in the key's order,
@@ -690,6 +695,10 @@ class PostgresSubscriptions:
             sub, heads = _linked(_row(row), await conn.fetch(_LINKS, tenant, subscription_id))
             runs = sorted({link.path.run_id for link in sub.links if link.explicit})
             return msgspec.structs.replace(sub, named_runs=tuple(runs)), heads
+
+    async def count(self, tenant: str) -> int:
+        count: int = await self._pool.fetchval(_COUNT, tenant)
+        return count
 
     async def wake_id(self, tenant: str, subscription_id: str) -> str | None:
         state = await self._pool.fetchval(_STATE, tenant, subscription_id)

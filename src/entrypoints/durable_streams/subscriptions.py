@@ -338,7 +338,7 @@ async def _guarded(coro: Any) -> ASGIApp:
 _PUT = documented(
     Documented(201, "Created"),
     Documented(200, "Re-confirmed: the same configuration"),
-    problems=(*ON_SUBSCRIPTION, "subscription-conflict", "webhook-url-rejected"),
+    problems=(*ON_SUBSCRIPTION, "subscription-conflict", "webhook-url-rejected", "quota-exhausted"),
     request_body=SUBSCRIPTION_BODY,
 )
 _GET = documented(Documented(200, "The subscription"), problems=ON_SUBSCRIPTION)

@@ -256,7 +256,13 @@ class SubscriptionsApiController(Controller):
         operation_class=documented(
             Answer(201, "Created", SubscriptionView),
             Answer(200, "Re-confirmed: the same configuration", SubscriptionView),
-            problems=(*PROBLEMS, *WITH_A_BODY, "subscription-conflict", "webhook-url-rejected"),
+            problems=(
+                *PROBLEMS,
+                *WITH_A_BODY,
+                "subscription-conflict",
+                "webhook-url-rejected",
+                "quota-exhausted",
+            ),
             request_body=RequestBody("application/json", NativeSubscriptionRequest),
         ),
     )
