@@ -140,9 +140,10 @@ class SubscriptionStore(Protocol):
         are.
 
         With `census`, first the tenant's `Census` is passed to it (with `watchers`, its
-        pull-wake subscriptions, all of them, each with what it watches), under a lock of the
-        tenant's that every such call takes first, held until the change commits; it raises
-        to refuse the change, or keeps it for `decide`."""
+        pull-wake subscriptions, all of them, each with what it watches; none if this one is
+        there and is no pull-wake), under a lock of the tenant's that every such call takes
+        first, held until the change commits; it raises to refuse the change, or keeps it for
+        `decide`."""
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         """The subscription with every link (and `named_runs`), and their streams' heads (what

@@ -104,7 +104,9 @@ class MemorySubscriptions:
         async with self._locks[(tenant, subscription_id)]:
             if census is not None:  # (nothing awaited from here to the change: one at a time)
                 count = sum(1 for t, _ in self._rows if t == tenant)
-                census(Census(count, self._watchers(tenant) if watchers else []))
+                found = self._load(tenant, subscription_id)
+                wanted = watchers and (found is None or found[0].config.wake_stream is not None)
+                census(Census(count, self._watchers(tenant) if wanted else []))
             found = self._load(tenant, subscription_id)
             streams = self._heads(tenant)
             whole: Subscription | None = None

@@ -209,6 +209,7 @@ _LINKS_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('ds-links:' || $1, 
 # other, one at a time (`update(census=...)`): each sees what the one before it made.
 _CENSUS_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('ds-census:' || $1, 0))"
 _COUNT = "SELECT count(*) FROM ds_subscriptions WHERE tenant = $1"
+_KIND = "SELECT kind FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2"
 _WATCHERS = """SELECT subscription_id, state FROM ds_subscriptions
                WHERE tenant = $1 AND kind = 'pull-wake'"""
 # The streams linked by name that are wake streams (the others make no ring).
@@ -521,7 +522,11 @@ class PostgresSubscriptions:
                 # this lock while holding one.
                 await conn.execute(_CENSUS_LOCK, tenant)
                 count = await conn.fetchval(_COUNT, tenant)
-                census(Census(count, await _watchers(conn, tenant) if watchers else []))
+                # (Its kind is settled under the lock: only a creation, which takes it, makes
+                # one. A webhook is in no ring: it writes no wake event.)
+                kind = await conn.fetchval(_KIND, tenant, subscription_id)
+                wanted = watchers and kind in (None, "pull-wake")
+                census(Census(count, await _watchers(conn, tenant) if wanted else []))
             named: Heads = {}
             if extra:
                 # The streams it may link by name are held (FOR KEY SHARE, in the key's order,
