@@ -878,8 +878,11 @@ class Subscriptions:
         def decide(sub: Subscription | None, heads: Heads) -> tuple[Change | None, bool]:
             if sub is not None and not _names_within(runs, sub):
                 raise SubscriptionNotFound(f"no subscription {subscription_id!r}")
+            if sub is not None:
+                # Before the fence: a webhook's callback token sent to the pull-wake ack (or a
+                # claim's to the callback) is told so, not that its wake is not the current one.
+                _of_type(sub, kind)
             sub = self._fenced_wake(sub, subscription_id, token, generation, wake_id)
-            _of_type(sub, kind)
             sub = sub.acknowledged(
                 [(a.stream, a.sequence) for a in acks], heads, [a.incarnation for a in acks]
             )

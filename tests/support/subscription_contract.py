@@ -35,6 +35,7 @@ from domain.subscriptions import (
     SubscriptionRequest,
     WakeTokenInvalid,
     WebhookConfig,
+    WrongSubscriptionType,
     configure,
 )
 
@@ -163,6 +164,11 @@ class SubscriptionStoreContract:
         assert body["streams"][0]["tail_offset"].endswith("2")
         token = body["callback_token"]
         acks = [AckRequest(StreamPath(run, "s"), 2)]
+        # The callback token sent to the pull-wake ack is told the subscription's type.
+        with pytest.raises(WrongSubscriptionType):
+            await services.subscriptions.callback(
+                token, sid, 1, sub.wake.wake_id, acks, True, WAKE_EVENT
+            )
         woke = await services.subscriptions.callback(
             token, sid, 1, sub.wake.wake_id, acks, True, WEBHOOK
         )
@@ -172,6 +178,10 @@ class SubscriptionStoreContract:
         with pytest.raises(Fenced):  # the same callback again: its wake is over
             await services.subscriptions.callback(
                 token, sid, 1, body["wake_id"], acks, True, WEBHOOK
+            )
+        with pytest.raises(WrongSubscriptionType):  # sent to the pull-wake ack: not fenced
+            await services.subscriptions.callback(
+                token, sid, 1, body["wake_id"], acks, True, WAKE_EVENT
             )
         with pytest.raises(WakeTokenInvalid):
             await services.subscriptions.callback(
