@@ -639,3 +639,71 @@ def test_a_page_following_100_records_a_second_stays_bounded(
     # be more than 2 MiB. The elements are those of 500 records and the page around them.
     assert heap[-1] <= heap[0] + 0.5, heap
     assert dom_nodes < 10 * 500 + 300, dom_nodes
+
+
+def test_a_follow_where_retention_removed_records_goes_on_from_the_earliest_kept(
+    page: Page, console_server: ServerProcess, api: httpx.Client
+) -> None:
+    """A stream whose first records retention removed: its Follow starts at the earliest kept,
+    and a view asked from before it goes on from there, saying what was skipped, rather than
+    stopping at 'cursor expired'. Nothing is shown that was not there; the card says 'no
+    ceiling' for a ceiling that is none, and a problem an action met outlasts the refresh."""
+    run = "pruned-" + secrets.token_hex(3)
+    created(
+        api.post(
+            f"/runs/{run}/streams",
+            json={"stream_id": "s", "direction": "output", "retention": {"max_records": 2}},
+        )
+    )
+    append(api, f"/runs/{run}/streams/s", *({"data": n} for n in range(5)))
+    deadline = time.monotonic() + 15
+    while api.get(f"/runs/{run}/streams/s").json()["state"]["earliest"] != 4:
+        assert time.monotonic() < deadline, "retention did not prune"
+        time.sleep(0.1)
+    open_console(page, console_server)
+    page.goto(f"{console_server.base_url}/console#run={run}")
+    expect(stream_field(page, "s", "earliest")).to_have_text("4", timeout=WAIT_MS)
+    expect(stream_field(page, "s", "totals")).to_have_text("5 records, 5 B")
+    page.get_by_role("button", name="Follow stream s").click()
+    expect(page.locator("#records li")).to_have_count(2, timeout=WAIT_MS)
+    assert page.evaluate(SHOWN_SEQUENCES) == [4, 5]
+    expect(page.locator("#follow-skipped")).to_have_text("")
+    # From before what retention kept: on from the earliest, the skip said, and counted a gap.
+    page.goto(f"{console_server.base_url}/console#run={run}&stream=s&from=0")
+    expect(page.locator("#records li")).to_have_count(2, timeout=WAIT_MS)
+    assert page.evaluate(SHOWN_SEQUENCES) == [4, 5]
+    expect(page.locator("#follow-skipped")).to_have_text(
+        "Retention removed records 1 to 3 before they were shown."
+    )
+    expect(page.locator("#follow-status")).to_contain_text("Last sequence shown: 5")
+    expect(page.locator("#follow-status")).to_contain_text("Gaps: 1")
+    # A cursor ahead of the head stops, and says nothing was shown.
+    page.goto(f"{console_server.base_url}/console#run={run}&stream=s&from=99")
+    expect(page.locator("#follow-status")).to_contain_text("Stopped", timeout=WAIT_MS)
+    expect(page.locator("#follow-status")).to_contain_text("Last sequence shown: none yet")
+    # A problem an action met stays past the run's refresh (every 2 s), until the next action.
+    expect(page.locator("#problem")).to_contain_text("ahead", timeout=WAIT_MS)
+    refreshed = page.locator("#run-refreshed").inner_text()
+    expect(page.locator("#run-refreshed")).not_to_have_text(refreshed, timeout=WAIT_MS)
+    expect(page.locator("#problem")).to_be_visible()
+    expect(page.locator("#problem")).to_contain_text("ahead")
+
+
+def test_a_stream_without_a_ceiling_says_so(
+    page: Page, console_server: ServerProcess, api: httpx.Client
+) -> None:
+    """A Durable Streams stream has no unread ceiling (2^53 - 1 in its document): the card says
+    'no ceiling' rather than a sixteen-digit number and an empty bar."""
+    run = "ds-" + secrets.token_hex(3)
+    made = httpx.put(
+        f"{console_server.base_url}/api/durable-streams/v1/stream/{run}/chat",
+        headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}", "Content-Type": "text/plain"},
+        content=b"hello",
+    )
+    assert made.status_code == 201, made.text
+    open_console(page, console_server)
+    page.goto(f"{console_server.base_url}/console#run={run}")
+    expect(stream_field(page, "chat", "items")).to_have_text("1 (no ceiling)", timeout=WAIT_MS)
+    expect(stream_field(page, "chat", "bytes")).to_contain_text("(no ceiling)")
+    expect(page.locator('[data-stream="chat"] meter')).to_have_count(0)
+    expect(stream_field(page, "chat", "totals")).to_have_text("1 record, 5 B")

@@ -96,6 +96,10 @@ def test_a_minted_link_opens_one_run_read_only_for_someone_else(
         page.goto(f"{server.base_url}/console#run={shared}")
         page.click("#share-mint")
         expect(page.locator("#problem")).to_contain_text("streams:admin", timeout=WAIT_MS)
+        # Said beside the button too, and not cleared by the run's refresh (every 2 s).
+        expect(page.locator("#share-status")).to_have_text("No link made: Forbidden.")
+        page.wait_for_timeout(2500)
+        expect(page.locator("#problem")).to_contain_text("streams:admin")
         with httpx.Client(base_url=server.base_url + API) as client:
             refused = client.post(
                 f"/runs/{shared}/streams/out/records",

@@ -13,6 +13,7 @@ _STATIC = resources.files(__package__) / "static"
 _MEDIA_TYPES = {
     "console.js": "text/javascript",
     "console.css": "text/css",
+    "icon.svg": "image/svg+xml",  # (else the browser asks for /favicon.ico: a 404 logged)
 }
 # Only this origin: the page's own script and style, and fetches to the API beside it. Object
 # bodies are downloaded by the script (with the token) and handed to the browser as a blob.

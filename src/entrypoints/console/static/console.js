@@ -55,12 +55,18 @@
     return `${i === 0 ? v : v.toFixed(v < 10 ? 1 : 0)} ${units[i]}`;
   }
 
-  const DATE = new Intl.DateTimeFormat(undefined, { dateStyle: "short", timeStyle: "medium" });
+  // Local time, year first (a short locale date such as 12/7/26 reads differently by country).
+  const TIME = new Intl.DateTimeFormat(undefined, { timeStyle: "medium" });
+  const pad = (n) => String(n).padStart(2, "0");
 
   function when(iso) {
     if (!iso) return "—";
-    return h("time", { datetime: iso, title: iso }, DATE.format(new Date(iso)));
+    const t = new Date(iso);
+    const day = `${t.getFullYear()}-${pad(t.getMonth() + 1)}-${pad(t.getDate())}`;
+    return h("time", { datetime: iso, title: iso }, `${day} ${TIME.format(t)}`);
   }
+
+  const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
 
   function seconds(s) {
     if (s === null || s === undefined) return null;
@@ -154,17 +160,25 @@
 
   const getJson = async (path) => (await api(path)).json();
 
-  function showProblem(problem) {
+  // Who showed the problem: a background refresh clears only its own, so that a problem an
+  // action met (a link not made, a follow refused) stays until the next action.
+  let problemFrom = null;
+
+  function showProblem(problem, from = "action") {
     const box = $("problem");
     box.replaceChildren(
       h("strong", {}, problem.title || "Error"),
       h("bdi", {}, problem.detail || String(problem.message || problem)),
     );
     box.hidden = false;
+    problemFrom = from;
   }
 
-  function clearProblem() {
+  // No argument: any problem shown (the reader acted); else only one `from` showed.
+  function clearProblem(from) {
+    if (from !== undefined && problemFrom !== from) return;
     $("problem").hidden = true;
+    problemFrom = null;
   }
 
   // -- runs ----------------------------------------------------------------------------------
@@ -173,8 +187,11 @@
 
   // What the tenant holds against its limits (GET /usage): shown to a token that may see it (an
   // administrator's, not restricted to runs), left out for the others.
+  let usageRefusedFor = null; // the token GET /usage refused: not asked again with it
+
   async function loadUsage() {
     const line = $("usage");
+    if (usageRefusedFor === token()) { line.hidden = true; return; }
     try {
       const u = await getJson("/usage");
       const limit = (max, show) => (max === null ? "no limit" : show(max));
@@ -187,9 +204,13 @@
         " and ",
         h("span", { "data-usage": "tokens" },
           `${u.tokens} tokens of ${limit(u.max_tokens, String)}`),
+        " and ",
+        h("span", { "data-usage": "subscriptions" },
+          `${u.subscriptions ?? 0} subscriptions of ${limit(u.max_subscriptions ?? null, String)}`),
         ".");
       line.hidden = false;
-    } catch {
+    } catch (problem) {
+      if (problem instanceof Problem && problem.status === 403) usageRefusedFor = token();
       line.hidden = true;
     }
   }
@@ -199,11 +220,17 @@
     if (!more) { rows.replaceChildren(); runsAfter = null; loadUsage(); }
     const query = new URLSearchParams({ limit: String(RUNS_PAGE) });
     const prefix = $("runs-prefix").value.trim();
+    if (prefix && !ID.test(prefix)) {
+      showProblem(new Problem(400, "Not a run ID prefix",
+        "a run ID starts with a letter or a digit and holds letters, digits and . _ : - (at most 128)"));
+      $("runs-empty").hidden = false;
+      return;
+    }
     if (prefix) query.set("prefix", prefix);
     if (runsAfter) query.set("after", runsAfter);
     try {
       const page = await getJson(`/runs?${query}`);
-      clearProblem();
+      clearProblem("runs");
       for (const run of page.runs) {
         rows.append(h("tr", { "data-run": run.run_id },
           h("td", {}, h("a", { href: `#run=${enc(run.run_id)}` }, run.run_id)),
@@ -214,7 +241,7 @@
       $("runs-more").hidden = !runsAfter;
       $("runs-empty").hidden = rows.children.length > 0;
     } catch (problem) {
-      showProblem(problem);
+      showProblem(problem, "runs");
     }
   }
 
@@ -231,6 +258,7 @@
     streamPages = 1;
     clearInterval(refreshTimer);
     $("run-title").textContent = `Run ${run}`;
+    $("run-title").focus(); // where a keyboard or a screen reader goes on: the run opened
     $("streams").replaceChildren();
     $("streams-more").hidden = true;
     refreshRun();
@@ -274,12 +302,12 @@
         }
       }));
       if (run !== shownRun) return;
-      clearProblem();
+      clearProblem("refresh");
       renderStreams(run, streams);
       $("streams-more").hidden = !after;
       $("run-refreshed").textContent = `Last: ${new Date().toLocaleTimeString()}.`;
     } catch (problem) {
-      if (run === shownRun) showProblem(problem);
+      if (run === shownRun) showProblem(problem, "refresh");
     } finally {
       if (refreshing === run) refreshing = null;
       if (refreshAgain && run === shownRun) refreshRun();
@@ -293,20 +321,24 @@
       let card = cards.get(stream.stream_id);
       cards.delete(stream.stream_id);
       if (!card) {
-        // The heading and its button stay put across refreshes: keyboard focus is kept.
-        const title = h("h3", {}, h("span", {}, stream.stream_id),
+        // The heading and its button stay put across refreshes: keyboard focus is kept. The
+        // button is beside the heading, not in it (a heading reads as the stream's ID alone).
+        const title = h("div", { class: "stream-head" }, h("h3", {}, stream.stream_id),
           h("button", {
             type: "button",
             "aria-label": `Follow stream ${stream.stream_id}`,
             onclick: () => {
+              // The last 100 records, or from the earliest retention kept if fewer are left.
               const head = Number(card.dataset.head);
-              location.hash = `run=${enc(run)}&stream=${enc(stream.stream_id)}&from=${Math.max(0, head - 100)}`;
+              const from = Math.max(0, head - 100, Number(card.dataset.earliest) - 1);
+              location.hash = `run=${enc(run)}&stream=${enc(stream.stream_id)}&from=${from}`;
             },
           }, "Follow"));
         card = h("article", { class: "stream", "data-stream": stream.stream_id }, title, h("div"));
         box.append(card);
       }
       card.dataset.head = stream.state.head;
+      card.dataset.earliest = stream.state.earliest;
       card.lastChild.replaceWith(streamDetails(stream));
     }
     for (const gone of cards.values()) gone.remove();
@@ -317,8 +349,13 @@
     return [h("dt", {}, label), h("dd", { "data-field": name }, ...value)];
   }
 
+  // A ceiling this high is none (a Durable Streams stream's: 2^53 - 1, the API says so).
+  const NO_CEILING = Number.MAX_SAFE_INTEGER;
+
   function creditBar(name, unread, max, show) {
-    return field(name, name === "items" ? "Unread items" : "Unread bytes",
+    const label = name === "items" ? "Unread items" : "Unread bytes";
+    if (max >= NO_CEILING) return field(name, label, `${show(unread)} (no ceiling)`);
+    return field(name, label,
       h("meter", { min: 0, max, value: unread, "aria-label": `${name} unread of ceiling` }),
       ` ${show(unread)} of ${show(max)}`);
   }
@@ -345,7 +382,8 @@
       field("legal-hold", "Legal hold", hold.enabled
         ? ["on: ", h("bdi", {}, hold.reason || "(no reason)"), ", since ", when(hold.updated_at)]
         : "off"),
-      field("totals", "Total", `${state.total_items} records, ${bytes(state.total_bytes)}`),
+      field("totals", "Appended in all",
+        `${plural(state.total_items, "record", "records")}, ${bytes(state.total_bytes)}`),
       creditBar("items", state.credit.unread_items, state.credit.max_unread_items, String),
       creditBar("bytes", state.credit.unread_bytes, state.credit.max_unread_bytes, bytes),
       field("policy", "When full", limits.unread_policy === "block"
@@ -410,10 +448,13 @@
 
   // -- follow: the live view of one stream ---------------------------------------------------
 
+  const RESUME = Symbol("resume"); // a live read ended by retention: read on from the earliest
+
   const follow = {
     run: null,
     stream: null,
-    last: 0, // the last sequence shown: every (re)connection asks for what follows it
+    last: 0, // the cursor: every (re)connection asks for what follows it
+    shown: null, // the last sequence shown (null: none yet)
     generation: 0, // bumped by start and stop: a superseded loop ends at its next step
     controller: null,
     active: false,
@@ -423,12 +464,15 @@
 
     start(run, stream, cursor) {
       this.stop();
-      Object.assign(this, { run, stream, from: cursor, last: cursor, reconnects: 0, gaps: 0 });
+      Object.assign(this, {
+        run, stream, from: cursor, last: cursor, shown: null, reconnects: 0, gaps: 0,
+      });
       this.active = true;
       $("follow-title").textContent = `Live: ${stream}`;
       $("follow-close").href = `#run=${enc(run)}`;
       $("follow-from").value = String(cursor);
       $("records").replaceChildren();
+      $("follow-skipped").textContent = "";
       this.loop(this.generation);
     },
 
@@ -441,8 +485,20 @@
 
     status(text, live) {
       const line = $("follow-status");
-      line.textContent = `${text} Last sequence shown: ${this.last}. Reconnects: ${this.reconnects}. Gaps: ${this.gaps}.`;
+      const shown = this.shown === null ? "none yet" : this.shown;
+      line.textContent = `${text} Last sequence shown: ${shown}. Reconnects: ${this.reconnects}. Gaps: ${this.gaps}.`;
       line.className = live ? "live" : "down";
+    },
+
+    // Retention removed records after the cursor before they were shown: the view goes on from
+    // the earliest kept, and says what it skipped (a gap), rather than stopping for good.
+    skip(earliest) {
+      const first = this.last + 1;
+      this.last = earliest - 1;
+      this.gaps += 1;
+      $("follow-skipped").textContent = first === earliest - 1
+        ? `Retention removed record ${first} before it was shown.`
+        : `Retention removed records ${first} to ${earliest - 1} before they were shown.`;
     },
 
     async loop(generation) {
@@ -460,8 +516,16 @@
           ended = await this.read(answer.body, generation);
         } catch (error) {
           if (generation !== this.generation) return;
-          // A refusal that retrying cannot mend (no token, no such stream, cursor expired):
-          // say so and stop. Anything else (a restart, a dropped connection, 503) is retried.
+          // Records removed by retention before the cursor: on from the earliest kept.
+          const earliest = error instanceof Problem ? error.body.earliest : undefined;
+          if (error.status === 410 && error.body.code === "cursor-expired"
+              && Number.isInteger(earliest) && earliest - 1 > this.last) {
+            this.skip(earliest);
+            continue;
+          }
+          // A refusal that retrying cannot mend (no token, no such stream, cursor ahead of the
+          // head): say so and stop. Anything else (a restart, a dropped connection, 503) is
+          // retried.
           if (error instanceof Problem && error.status >= 400 && error.status < 500
               && error.status !== 429) {
             showProblem(error);
@@ -471,6 +535,10 @@
           }
         }
         if (generation !== this.generation) return;
+        if (ended === RESUME) {
+          delay = 250;
+          continue; // overtaken by retention: `skip` moved the cursor on
+        }
         if (ended) {
           this.active = false;
           this.status(ended, false);
@@ -531,6 +599,7 @@
         if (!(sequence > this.last)) return null; // already shown: never twice
         if (sequence !== this.last + 1) this.gaps += 1;
         this.last = sequence;
+        this.shown = sequence;
         batch.push(JSON.parse(event.data));
         if (batch.length > KEEP) batch.shift(); // would leave the view at once
         return null;
@@ -539,8 +608,9 @@
       if (event.event === "deleted") return "The stream was deleted.";
       if (event.event === "gone") {
         const gone = JSON.parse(event.data);
-        showProblem({ title: "Retention overtook this view", detail: `the earliest record now is ${gone.earliest}; follow again from ${gone.earliest - 1}` });
-        return "Stopped: retention removed records not yet shown.";
+        if (!Number.isInteger(gone.earliest)) return "Stopped: retention removed records not yet shown.";
+        this.skip(gone.earliest);
+        return RESUME;
       }
       return null;
     },
@@ -642,7 +712,8 @@
         `, and nothing else (token ${minted.id}; a browser that opens it keeps it in its history).`);
       clearProblem();
     } catch (problem) {
-      $("share-status").textContent = "";
+      // Said beside the button too: the reader looks there for what the click did.
+      $("share-status").textContent = `No link made: ${problem.title}.`;
       showProblem(problem);
     }
   }
@@ -764,6 +835,8 @@
       showWho();
       clearProblem();
       restart();
+      // On to the content (the closing dialog would give focus back to its opener).
+      setTimeout(() => ($("runs-view").hidden ? $("run-title") : $("runs-title")).focus(), 0);
     });
     $("change-token").addEventListener("click", () => askToken(""));
     $("forget-token").addEventListener("click", forgetToken);
@@ -782,7 +855,8 @@
     $("share-copy").addEventListener("click", copyLink);
     $("share-revoke").addEventListener("click", revokeLink);
     $("follow-stop").addEventListener("click", () => { follow.stop(); follow.status("Stopped.", false); });
-    window.addEventListener("hashchange", route);
+    // Going elsewhere is the reader's next action: what the last one met is cleared.
+    window.addEventListener("hashchange", () => { clearProblem(); route(); });
     showWho();
     route();
   });
