@@ -16,6 +16,7 @@ from application.errors import NotFound
 from application.group_commit import GroupCommit, run_one
 from application.ports import Clock, Idempotency, StreamRepository
 from application.tenant_limits import ByteLimit, StreamLimit
+from domain import errors
 from domain.events import Event
 from domain.stream import Stream
 
@@ -94,6 +95,14 @@ class DeleteRun:
             await self._streams.delete_run(caller.tenant, run_id, self._clock(), served_here)
         except NotFound:
             raise NotFound(f"no run {run_id!r}") from None
+        except errors.LegalHoldActive as held:
+            # Which stream holds the run back: the stream's own answer names none.
+            stream_id = held.extra.get("stream_id")
+            raise errors.LegalHoldActive(
+                f"stream {stream_id!r} of run {run_id!r} is under a legal hold: the run cannot "
+                "be deleted until it is lifted (nothing was deleted)",
+                stream_id=stream_id,
+            ) from None
         for limit in (self._byte_limit, self._stream_limit):
             if limit is not None:
                 limit.forget(caller.tenant)  # the room it gave back, taken at once

@@ -473,7 +473,8 @@ class Stream:
         self.require_live()
         if self.state.legal_hold.enabled:
             raise errors.LegalHoldActive(
-                "a legal hold is on: the stream cannot be deleted until it is lifted"
+                "a legal hold is on: the stream cannot be deleted until it is lifted",
+                stream_id=self.key.stream_id,
             )
         if self.state.deleted:
             return []

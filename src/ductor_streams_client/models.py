@@ -508,7 +508,7 @@ class Subscription(_Answer, frozen=True):
     webhook: SubscriptionWebhook | None
     wake_stream: SubscriptionStream | None
     lease_ttl_ms: int
-    created_at: str
+    created_at: datetime
     status: str
     description: str | None
     generation: int

@@ -142,8 +142,8 @@ def _token(args: argparse.Namespace) -> str:
     token, source = (given.strip(), "--token") if given else (None, "")
     if not token and (token := os.environ.get(TOKEN_ENV, "").strip()):
         source = TOKEN_ENV
+    candidates = [Path(".ductor-streams") / "dev-token"]
     if not token:
-        candidates = [Path(".ductor-streams") / "dev-token"]
         if data_dir := os.environ.get("DUCTOR_STREAMS_DATA_DIR"):
             candidates.insert(0, Path(data_dir) / "dev-token")
         for candidate in candidates:
@@ -152,7 +152,11 @@ def _token(args: argparse.Namespace) -> str:
                     source = str(candidate)
                     break
     if not token:
-        raise UsageError(f"no token: set {TOKEN_ENV} or pass --token")
+        looked = " nor ".join(str(c) for c in candidates)
+        raise UsageError(
+            f"no token: set {TOKEN_ENV} or pass --token (no dev token in {looked}; `serve` writes "
+            "one in its data directory, DUCTOR_STREAMS_DATA_DIR)"
+        )
     if not all(" " < char <= "~" for char in token):  # what an Authorization header can carry
         raise UsageError(
             f"the token of {source} holds a character no Bearer token has (a space, a control "

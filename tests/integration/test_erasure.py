@@ -199,7 +199,10 @@ async def test_a_legal_hold_blocks_deleting_the_stream_and_its_run_until_lifted(
     hold = await api.put(path(run_id, "held", "/legal-hold"), json={"enabled": True, "reason": "x"})
     assert hold.status_code == 200
     assert_problem(await api.delete(path(run_id, "held")), 409, "legal-hold-active")
-    assert_problem(await api.delete(f"/runs/{run_id}"), 409, "legal-hold-active")
+    held = await api.delete(f"/runs/{run_id}")
+    assert_problem(held, 409, "legal-hold-active")
+    # The run's refusal names the stream that holds it back.
+    assert held.json()["stream_id"] == "held" and "'held'" in held.json()["detail"]
     for stream_id in ("held", "free"):  # nothing changed
         records = await api.get(path(run_id, stream_id, "/records"))
         assert [r["data"] for r in records.json()["records"]] == [1, 2]
