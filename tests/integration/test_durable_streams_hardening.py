@@ -182,6 +182,11 @@ async def test_an_encoded_slash_is_no_separator_and_a_trailing_slash_names_no_st
     trailing = await ds.put(f"/{run_id}t/", headers={"Content-Type": "text/plain"})
     assert_problem(trailing, 404, "not-found")
     assert (await ds.head(f"/{run_id}t")).status_code == 404
+    # A path of more segments than run and stream says what a stream's path is.
+    for method in ("GET", "PUT"):
+        deep = await ds.request(method, f"/{run_id}/a/b", headers={"Content-Type": "text/plain"})
+        assert_problem(deep, 404, "not-found")
+        assert "{runID}/{streamID}" in deep.json()["detail"], deep.text
 
 
 async def test_a_coded_body_is_415_on_both_surfaces(

@@ -98,8 +98,17 @@ def check_scope(scope: Any) -> bool:
     # and all: the one place an encoded slash is meant.
     if b"%2f" in raw.lower() and not raw.startswith(SUBSCRIPTION_PATHS):
         raise InvalidInput("an ID may not contain '/' (an encoded %2F in the path)", field="path")
-    if raw.startswith(STREAMS) and raw.endswith(b"/"):
-        raise NotFound(f"no stream at {raw[:200].decode('latin-1')!r}: the path ends in '/'")
+    if raw.startswith(STREAMS):
+        if raw.endswith(b"/"):
+            raise NotFound(f"no stream at {raw[:200].decode('latin-1')!r}: the path ends in '/'")
+        rest = raw[len(STREAMS) :]
+        if rest.count(b"/") > 1 and not rest.startswith(b"__ds/"):
+            # (The framework's own 404 said only "Not Found".)
+            raise NotFound(
+                f"no stream at {raw[:200].decode('latin-1')!r}: a stream's path is "
+                f"{STREAMS.decode()}{{runID}}/{{streamID}}, or {STREAMS.decode()}{{streamID}} "
+                "for run 'default'"
+            )
     query = scope.get("query_string")
     if query and raw.startswith(NATIVE) and _may_not_be_whole(query):
         _check_whole_numbers(query)
