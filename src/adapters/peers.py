@@ -18,6 +18,10 @@ requests.
   created private by the supervisor). Pickling the command cost 35 µs of CPU a request; this
   costs about 3. What one loop turn sends on a connection goes in one write, so a group's
   answers leave together.
+- **Deadline**: a request carries the moment its sender stops waiting. What the owner has not
+  taken into a batch by then is dropped, never to commit: a sender that answered its client 503
+  does not see the append land later (a stalled owner's queue, read after a pause, once
+  committed appends the client had given up on after the ones it made next).
 - **Failure**: ownership is only a matter of speed. Every decision is made under the stream's
   row lock, whichever process makes it, so a process that cannot reach the owner (no listener,
   a refused or failed connection) commits the append itself. Once a command is sent, a lost
@@ -92,6 +96,9 @@ class _Request(msgspec.Struct, array_like=True):
     number: int
     key: tuple[str, str, str]
     command: _Append | _Produce
+    # When the sender stops waiting (`time.monotonic()`, one clock for the host's processes):
+    # not taken up by then, the command never commits (`GroupCommit.enqueue_until`).
+    deadline: float
 
 
 class _Reply(msgspec.Struct, array_like=True):
@@ -196,7 +203,7 @@ _requests = msgspec.msgpack.Decoder(_Request)
 _replies = msgspec.msgpack.Decoder(_Reply)
 
 # Queues a command another process sent for this one's next batch (GroupCommit.enqueue).
-Enqueue = Callable[[StreamKey, Command], "asyncio.Future[Outcome]"]
+Enqueue = Callable[[StreamKey, Command, float], "asyncio.Future[Outcome]"]
 
 _WHAT = "the process that commits this stream"
 _HEADER = struct.Struct(">I")
@@ -366,7 +373,9 @@ class UnixPeers:
     async def submit(self, owner: Any, key: StreamKey, command: Command, seconds: float) -> Outcome:
         wire = _wire(command)
         link = await self._link(owner)
-        payload = _encode(_Request(link.sent, (key.tenant, key.run_id, key.stream_id), wire))
+        deadline = time.monotonic() + seconds
+        request = _Request(link.sent, (key.tenant, key.run_id, key.stream_id), wire, deadline)
+        payload = _encode(request)
         if link.channel.closed:
             raise PeerUnavailable(f"the connection to process {owner} was lost")
         loop = asyncio.get_running_loop()
@@ -449,7 +458,7 @@ class UnixPeers:
     def _command(self, channel: _Channel, frame: bytes) -> None:
         request = _requests.decode(frame)
         self.received += 1
-        future = self._enqueue(StreamKey(*request.key), _command(request.command))
+        future = self._enqueue(StreamKey(*request.key), _command(request.command), request.deadline)
         self._answering.add(future)
         number = request.number
         future.add_done_callback(lambda done: self._answer(channel, number, done))

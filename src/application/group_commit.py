@@ -31,6 +31,7 @@ the batch's transaction.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Hashable
 from itertools import islice
 from typing import TYPE_CHECKING, TypeVar
@@ -223,6 +224,32 @@ class GroupCommit:
                 self._leaders.add(leader)
                 leader.add_done_callback(self._leaders.discard)
         return future
+
+    def enqueue_until(
+        self, key: StreamKey, command: Command, deadline: float
+    ) -> asyncio.Future[Outcome]:
+        """`enqueue`, bounded as `submit_here` bounds a request of this process: at `deadline`
+        (`time.monotonic()`: one clock for every process of the host) a command no leader took
+        yet is removed, never to commit, and its future fails. Its sender answered its client
+        503 then; committed after that, it would land after what the client wrote next."""
+        future = self.enqueue(key, command)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(max(0.0, deadline - time.monotonic()), self._drop, key, future)
+        future.add_done_callback(lambda _: timer.cancel())
+        return future
+
+    def _drop(self, key: StreamKey, future: asyncio.Future[Outcome]) -> None:
+        """`future`'s command out of its stream's queue, if no leader took it yet."""
+        queued = self._queues.get(key)
+        if queued is None or future.done():
+            return
+        for i, pending in enumerate(queued):
+            if pending[1] is future:
+                del queued[i]
+                if i == 0 and self._aside:
+                    self._aside_done.set()  # (as in `submit_here`)
+                future.set_exception(Unanswered("the process that commits this stream", 0.0))
+                return
 
     async def submit_here(self, key: StreamKey, command: Command) -> Outcome:
         """`command`'s outcome, committed by this process's leader for its stream's group."""

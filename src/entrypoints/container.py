@@ -164,7 +164,7 @@ async def open_peers(settings: Settings, commits: GroupCommit) -> AsyncIterator[
     if settings.peers_dir is None:
         yield None
         return
-    peers = UnixPeers(settings.peers_dir, commits.enqueue)
+    peers = UnixPeers(settings.peers_dir, commits.enqueue_until)
     await peers.start()
     commits.forward_to(peers)
     try:

@@ -24,13 +24,13 @@ from domain.producers import ProducerClaim
 from domain.stream import StreamKey
 from tests.support.builders import NOW, WRITER, append, definition, new_key, record
 
-Enqueue = Callable[[StreamKey, Command], "asyncio.Future[Outcome]"]
+Enqueue = Callable[[StreamKey, Command, float], "asyncio.Future[Outcome]"]
 
 
 def answering(outcome: Outcome | BaseException | None) -> Enqueue:
     """An owner that answers every command so (None: never)."""
 
-    def enqueue(key: StreamKey, command: Command) -> asyncio.Future[Outcome]:
+    def enqueue(key: StreamKey, command: Command, deadline: float) -> asyncio.Future[Outcome]:
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         if isinstance(outcome, BaseException):
             future.set_exception(outcome)
@@ -93,7 +93,7 @@ async def test_an_append_and_a_durable_streams_write_come_back_with_their_answer
     appended = AppendAnswer(first_sequence=3, last_sequence=3, head=3, credit=credit)
     seen: list[Command] = []
 
-    def enqueue(key: StreamKey, command: Command) -> asyncio.Future[Outcome]:
+    def enqueue(key: StreamKey, command: Command, deadline: float) -> asyncio.Future[Outcome]:
         seen.append(command)
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         answer = appended if len(seen) == 1 else Produced(4, True, False, 1, 7)
@@ -129,10 +129,10 @@ async def test_a_forwarded_write_carries_its_tenant_room_and_charge_to_its_decis
     credit = Credit(unread_items=1, unread_bytes=2, max_unread_items=3, max_unread_bytes=4)
     appended = AppendAnswer(first_sequence=1, last_sequence=1, head=1, credit=credit)
 
-    def enqueue(key: StreamKey, command: Command) -> asyncio.Future[Outcome]:
+    def enqueue(key: StreamKey, command: Command, deadline: float) -> asyncio.Future[Outcome]:
         seen.append(command)
         answer = appended if len(seen) == 1 else Produced(2, False, False, None, None)
-        return answering(Done([], answer, stored=131))(key, command)
+        return answering(Done([], answer, stored=131))(key, command, deadline)
 
     a, _ = await pair(tmp_path, started, enqueue)
     key = owned_by(a, "b")
@@ -248,7 +248,7 @@ async def test_appends_taken_by_two_processes_are_committed_by_each_streams_owne
     streams = MemoryStreams()
     commits = {name: GroupCommit(streams) for name in ("a", "b")}
     for name, group in commits.items():
-        peers = UnixPeers(tmp_path, group.enqueue, name=name)
+        peers = UnixPeers(tmp_path, group.enqueue_until, name=name)
         await peers.start()
         started.append(peers)
         group.forward_to(peers)
@@ -297,3 +297,44 @@ async def test_an_owner_out_of_reach_leaves_the_append_to_the_process_that_took_
     outcome = await here.submit(key, append())
     assert type(outcome) is Done and outcome.answer.first_sequence == 1
     assert sum(count for count, _ in here.throughput.counts.values()) == 1
+
+
+async def test_a_command_its_sender_stopped_waiting_for_never_commits_at_its_owner(
+    tmp_path: Path, started: list[UnixPeers]
+) -> None:
+    """An owner that takes a forwarded append up only after its sender's budget (a stalled
+    process, its socket read after the pause) drops it: the sender answered 503, and the
+    append must not land after what its client wrote next. One taken up in time commits."""
+    streams = MemoryStreams()
+    owner = GroupCommit(streams)
+    stalled = asyncio.Event()
+    received: list[asyncio.Future[Outcome]] = []
+
+    def enqueue(key: StreamKey, command: Command, deadline: float) -> asyncio.Future[Outcome]:
+        future = owner.enqueue_until(key, command, deadline)
+        received.append(future)
+        return future
+
+    a, _ = await pair(tmp_path, started, enqueue)
+    key = owned_by(a, "b")
+    await streams.create(key, definition(), NOW)
+    # The owner's leader is held up (a commit that does not end) while the sender waits 0.2 s.
+    real_update = streams.update
+
+    async def held(*args, **kwargs):  # type: ignore[no-untyped-def]
+        await stalled.wait()
+        return await real_update(*args, **kwargs)
+
+    streams.update = held  # type: ignore[method-assign]
+    first = asyncio.ensure_future(a.submit("b", key, append([record(b'"first"')]), 5.0))
+    await asyncio.sleep(0.2)  # the leader took `first` and waits in its commit
+    with pytest.raises(Unanswered) as late:
+        await a.submit("b", key, append([record(b'"late"')]), 0.2)
+    assert late.value.outcome_unknown  # to the sender, as any answer it did not get
+    stalled.set()
+    assert type(await first) is Done
+    # `late` waited in the queue behind the held commit past its sender's deadline: dropped.
+    with pytest.raises(Unanswered):
+        await received[1]
+    found = await streams.page(key, 0, 10)
+    assert found is not None and [r.sequence for r in found[1]] == [1]  # `first` alone
