@@ -147,6 +147,39 @@ def test_supervised_server_processes_share_the_port_and_refuse_a_second_server(
         server.stop()
 
 
+def test_server_processes_whose_supervisor_was_killed_stop_and_free_the_port(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A supervisor killed outright cannot stop its processes: they notice it gone within
+    about a second and stop as SIGTERM stops them, so the port is free for a new `serve`."""
+    server = ServerProcess(
+        database_url=database_url,
+        data_dir=tmp_path / "orphans",
+        env=SERVER_ENV,
+        args=["--workers", "2"],
+    ).start()
+    try:
+        assert server.process is not None
+        supervisor = psutil.Process(server.process.pid)
+        children = supervisor.children(recursive=True)
+        assert len(children) >= 2, children
+        supervisor.kill()
+        gone, alive = psutil.wait_procs(children, timeout=20)
+        assert not alive, f"server processes still running without their supervisor: {alive}"
+        deadline = time.monotonic() + 10
+        while True:
+            with socket.socket() as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(("127.0.0.1", server.port))
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "the port is still held"
+                    time.sleep(0.2)
+    finally:
+        server.stop(signal.SIGKILL)
+
+
 def test_stopping_dev_py_serve_stops_the_server_and_its_postgresql(
     embedded_dir: Path, tmp_path: Path
 ) -> None:

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
+import signal
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -57,6 +59,8 @@ log = logging.getLogger("ductor_streams")
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 # /readyz answers within about this, even when PostgreSQL accepts connections but never replies.
 READY_TIMEOUT_SECONDS = 2.0
+# How often a process of `serve --workers N` checks that its supervisor is still there.
+ORPHAN_CHECK_SECONDS = 1.0
 
 
 class Health(msgspec.Struct, frozen=True):
@@ -140,10 +144,15 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
         background = None
         if container.settings().run_workers:
             background = asyncio.create_task(run_workers(await workers(container), stopping))
+        orphaned = None
+        if container.settings().peers_dir is not None:  # one of `serve --workers N`'s
+            orphaned = asyncio.create_task(_stop_when_orphaned(os.getppid(), stopping))
         try:
             yield
         finally:
             stopping.set()
+            if orphaned is not None:
+                orphaned.cancel()
             if background is not None:
                 await background
             await stop(container)
@@ -262,6 +271,18 @@ def begin_stopping(app: Litestar) -> None:
     # so is a large answer whose client does not read it (entrypoints/edge/writing.py).
     event_streams.stop_all(app.state)
     writing.stop_all()
+
+
+async def _stop_when_orphaned(parent: int, stopping: asyncio.Event) -> None:
+    """A process of `serve --workers N` whose supervisor is gone (killed outright: it could not
+    stop its processes) stops as SIGTERM stops it, draining what it serves. Left running, it
+    held the port unsupervised (a new `serve` was refused it) and nothing started it again."""
+    while not stopping.is_set():
+        await asyncio.sleep(ORPHAN_CHECK_SECONDS)
+        if os.getppid() != parent:
+            log.error("the supervising process %d is gone: this server process stops", parent)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
 
 
 def app_from_env() -> Litestar:
