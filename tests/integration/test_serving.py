@@ -164,7 +164,7 @@ def test_server_processes_whose_supervisor_was_killed_stop_and_free_the_port(
         children = supervisor.children(recursive=True)
         assert len(children) >= 2, children
         supervisor.kill()
-        gone, alive = psutil.wait_procs(children, timeout=20)
+        _, alive = psutil.wait_procs(children, timeout=20)
         assert not alive, f"server processes still running without their supervisor: {alive}"
         deadline = time.monotonic() + 10
         while True:
