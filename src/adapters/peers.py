@@ -19,9 +19,10 @@ requests.
   costs about 3. What one loop turn sends on a connection goes in one write, so a group's
   answers leave together.
 - **Deadline**: a request carries the moment its sender stops waiting. What the owner has not
-  taken into a batch by then is dropped, never to commit: a sender that answered its client 503
-  does not see the append land later (a stalled owner's queue, read after a pause, once
-  committed appends the client had given up on after the ones it made next).
+  taken into a batch by then is dropped, never to commit (a stalled owner's queue, read after a
+  pause, once committed appends the client had given up on after the ones it made next). One
+  taken into a batch just before may still commit after its sender answered: that answer says
+  the outcome is unknown, as it does for a COMMIT without an answer.
 - **Failure**: ownership is only a matter of speed. Every decision is made under the stream's
   row lock, whichever process makes it, so a process that cannot reach the owner (no listener,
   a refused or failed connection) commits the append itself. Once a command is sent, a lost
@@ -36,6 +37,7 @@ import contextlib
 import contextvars
 import hashlib
 import logging
+import math
 import os
 import pickle
 import struct
@@ -97,8 +99,9 @@ class _Request(msgspec.Struct, array_like=True):
     key: tuple[str, str, str]
     command: _Append | _Produce
     # When the sender stops waiting (`time.monotonic()`, one clock for the host's processes):
-    # not taken up by then, the command never commits (`GroupCommit.enqueue_until`).
-    deadline: float
+    # not taken up by then, the command never commits (`GroupCommit.enqueue_until`). (None
+    # from a process of an earlier version, started before this one: no bound.)
+    deadline: float | None = None
 
 
 class _Reply(msgspec.Struct, array_like=True):
@@ -458,7 +461,8 @@ class UnixPeers:
     def _command(self, channel: _Channel, frame: bytes) -> None:
         request = _requests.decode(frame)
         self.received += 1
-        future = self._enqueue(StreamKey(*request.key), _command(request.command), request.deadline)
+        deadline = math.inf if request.deadline is None else request.deadline
+        future = self._enqueue(StreamKey(*request.key), _command(request.command), deadline)
         self._answering.add(future)
         number = request.number
         future.add_done_callback(lambda done: self._answer(channel, number, done))

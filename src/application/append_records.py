@@ -14,11 +14,13 @@ import msgspec
 from application import tracing
 from application.access import Caller, require_writer
 from application.definitions import Definitions
+from application.errors import Unauthenticated
 from application.group_commit import GroupCommit, run_one
 from application.input_delivery import event_bytes
 from application.live_slots import LiveSlots, Slot
 from application.ports import Clock, Done, Failed, Idempotency, Replayed
 from application.throughput import DURABLE_STREAMS
+from application.tokens import Lease, TokenCache
 from application.views import AppendAnswer
 from application.waiting import back_to_work, give_turn, renew_budget, until_client_leaves
 from application.wake import Listener, WakeRegistry
@@ -187,11 +189,15 @@ class AppendRecords:
         clock: Clock,
         slots: LiveSlots | None = None,
         copies_kept: bool = False,
+        tokens: TokenCache | None = None,
     ) -> None:
         self._definitions = definitions
         self._commits = commits
         self._wake = wake
         self._clock = clock
+        # A write waiting for credit holds its token as an open connection does: revoked or
+        # expired meanwhile, it ends (401) and appends nothing.
+        self._tokens = tokens
         # The wait service keeps a copy of each input record in the database (the default,
         # `workflow_wait_events`), counted in its tenant's bytes once it lands.
         self._copies_kept = copies_kept
@@ -417,19 +423,41 @@ class AppendRecords:
         definition: StreamDefinition,
         attempt: Callable[[], Awaitable[_T]],
     ) -> _T:
-        """`blocking`, holding one of the caller's live-connection slots while it waits: past
-        the principal's or the tenant's cap, 429 `too-many-subscriptions` instead of waiting
-        (16,600 appends blocked for credit once held every connection granian accepts)."""
-        slot: Slot | None = None
+        """`blocking` for `caller` (`waiting_for_credit`)."""
+        return await waiting_for_credit(
+            caller, self._slots, self._tokens, self._wake, key, definition, attempt
+        )
 
-        def admit() -> None:
-            nonlocal slot
-            slot = self._slots.admit(caller)
 
-        try:
-            return await blocking(self._wake, key, definition, attempt, admit)
-        finally:
-            self._slots.release(caller, slot)
+async def waiting_for_credit(
+    caller: Caller,
+    slots: LiveSlots,
+    tokens: TokenCache | None,
+    wake: WakeRegistry,
+    key: StreamKey,
+    definition: StreamDefinition,
+    attempt: Callable[[], Awaitable[_T]],
+) -> _T:
+    """`blocking`, holding one of the caller's live-connection slots while it waits (past the
+    principal's, the tenant's or a run's cap, 429 `too-many-subscriptions` instead of waiting:
+    16,600 appends blocked for credit once held every connection granian accepts), and its
+    token: revoked or expired meanwhile, the wait ends with 401 and nothing is written."""
+    slot: Slot | None = None
+    lease: Lease | None = None
+
+    def admit() -> Lease | None:
+        nonlocal slot, lease
+        slot = slots.admit(caller)
+        if tokens is not None:
+            lease = tokens.hold(caller)
+        return lease
+
+    try:
+        return await blocking(wake, key, definition, attempt, admit)
+    finally:
+        slots.release(caller, slot)
+        if lease is not None and tokens is not None:
+            tokens.release(lease)
 
 
 async def blocking(
@@ -437,13 +465,15 @@ async def blocking(
     key: StreamKey,
     definition: StreamDefinition,
     attempt: Callable[[], Awaitable[_T]],
-    before_waiting: Callable[[], None] | None = None,
+    before_waiting: Callable[[], Lease | None] | None = None,
 ) -> _T:
     """`attempt()` under `unread_policy: block` (an append's, or an object commit's record).
     Credit returns only through acknowledgements: on backpressure, wait for a sign that the
     stream changed and try again, until the pinned block timeout. `before_waiting` is called
-    once, before the first wait (it may refuse it by raising)."""
+    once, before the first wait (it may refuse it by raising); the lease it answers, once
+    ended (its token revoked or expired), ends the wait with 401 before another attempt."""
     deadline = time.monotonic() + definition.limits.block_timeout_seconds
+    lease: Lease | None = None
     with wake.listen(key) as listener:
         try:
             return await attempt()
@@ -451,21 +481,27 @@ async def blocking(
             if deadline - time.monotonic() <= 0:
                 raise
             if before_waiting is not None:
-                before_waiting()
+                lease = before_waiting()
+        if lease is not None:
+            lease.on_end(listener.wake)
         # From its first wait on, a client that leaves ends it (where its entrypoint watches
         # it, one watch for every wait): its append is not made for nobody once credit comes
         # back, nor its live slot held. An attempt already under way when it leaves commits,
         # as any request's does whose client leaves mid-commit.
-        return await until_client_leaves(_waiting(listener, deadline, attempt))
+        return await until_client_leaves(_waiting(listener, deadline, attempt, lease))
 
 
-async def _waiting(listener: Listener, deadline: float, attempt: Callable[[], Awaitable[_T]]) -> _T:
+async def _waiting(
+    listener: Listener, deadline: float, attempt: Callable[[], Awaitable[_T]], lease: Lease | None
+) -> _T:
     """`blocking`'s waits for a sign that the stream changed, each followed by an attempt."""
     while True:
         # Waits for an acknowledgement, a request of the same tenant: its turn at work goes
         # back (application/waiting.py), or its acks could wait for it.
         give_turn()
         await listener.wait(max(0.0, deadline - time.monotonic()))
+        if lease is not None and lease.ended:
+            raise Unauthenticated("unknown, revoked or expired token")
         # Woken: a new attempt. Its waits on the database are bounded afresh (those of the
         # attempts that found no credit are not an outage: 300 writers blocked on one stream
         # answered 503 after 11 s of them), and it takes its turn at work again, so that an

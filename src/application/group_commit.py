@@ -31,6 +31,7 @@ the batch's transaction.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Hashable
 from itertools import islice
@@ -103,6 +104,12 @@ def _frees(command: Command) -> bool:
     return getattr(command, "erases", False) or getattr(command, "frees", False)
 
 
+def _late() -> Unanswered:
+    """What a request another process sent gets once its sender stopped waiting for it: it
+    never commits."""
+    return Unanswered("the process that commits this stream", 0.0)
+
+
 def _fail(taken: list[_Pending], error: BaseException) -> None:
     """Each of these requests, not answered yet, answered with `error`."""
     for pending in taken:
@@ -135,6 +142,8 @@ class GroupCommit:
         # Per stream, what waits for the next batch; a stream is here exactly while it has a
         # queue, and a queue is removed once it is taken whole (bounded by active streams).
         self._queues: dict[StreamKey, list[_Pending]] = {}
+        # The queued requests another process sent, by future: when their sender stops waiting.
+        self._deadlines: dict[asyncio.Future[Outcome], float] = {}
         # Per commit group, the streams with requests waiting, oldest first.
         self._ready: dict[Hashable, dict[StreamKey, None]] = {}
         self._leaders: set[asyncio.Task[None]] = set()
@@ -232,24 +241,52 @@ class GroupCommit:
         (`time.monotonic()`: one clock for every process of the host) a command no leader took
         yet is removed, never to commit, and its future fails. Its sender answered its client
         503 then; committed after that, it would land after what the client wrote next."""
+        if deadline == math.inf:
+            return self.enqueue(key, command)
+        left = deadline - time.monotonic()
+        if left <= 0:  # late already (read after a stall): never queued
+            late: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+            late.set_exception(_late())
+            return late
         future = self.enqueue(key, command)
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(max(0.0, deadline - time.monotonic()), self._drop, key, future)
-        future.add_done_callback(lambda _: timer.cancel())
+        # Also looked at as a leader takes its stream (`_take_batches`): a leader that goes on
+        # after a stall runs before the timer, though its deadline has passed.
+        self._deadlines[future] = deadline
+        timer = asyncio.get_running_loop().call_later(left, self._drop, key, future)
+
+        def ended(_: asyncio.Future[Outcome]) -> None:
+            timer.cancel()
+            self._deadlines.pop(future, None)
+
+        future.add_done_callback(ended)
         return future
 
     def _drop(self, key: StreamKey, future: asyncio.Future[Outcome]) -> None:
         """`future`'s command out of its stream's queue, if no leader took it yet."""
         queued = self._queues.get(key)
-        if queued is None or future.done():
-            return
+        if queued is not None and not future.done() and self._unqueue(queued, future):
+            future.set_exception(_late())
+
+    def _unqueue(self, queued: list[_Pending], future: asyncio.Future[Outcome]) -> bool:
+        """`future`'s request out of its stream's queue; False if no longer there (a leader
+        took it)."""
         for i, pending in enumerate(queued):
             if pending[1] is future:
                 del queued[i]
                 if i == 0 and self._aside:
-                    self._aside_done.set()  # (as in `submit_here`)
-                future.set_exception(Unanswered("the process that commits this stream", 0.0))
-                return
+                    # A large head passed over while the aside slots are busy: what follows it
+                    # may be small, and its leader waiting.
+                    self._aside_done.set()
+                return True
+        return False
+
+    def _drop_late(self, queue: list[_Pending]) -> None:
+        """The requests of `queue` whose senders stopped waiting (`enqueue_until`), out."""
+        now = time.monotonic()
+        for pending in [p for p in queue if self._deadlines.get(p[1], now + 1) <= now]:
+            queue.remove(pending)
+            if not pending[1].done():
+                pending[1].set_exception(_late())
 
     async def submit_here(self, key: StreamKey, command: Command) -> Outcome:
         """`command`'s outcome, committed by this process's leader for its stream's group."""
@@ -266,15 +303,8 @@ class GroupCommit:
                 return await future
             except Expired:
                 queued = self._queues.get(key)
-                if queued is not None:
-                    for i, pending in enumerate(queued):
-                        if pending[1] is future:
-                            del queued[i]
-                            if i == 0 and self._aside:
-                                # A large head passed over while the aside slots are busy:
-                                # what follows it may be small, and its leader waiting.
-                                self._aside_done.set()
-                            raise Unanswered("the database", seconds) from None
+                if queued is not None and self._unqueue(queued, future):
+                    raise Unanswered("the database", seconds) from None
                 raise Unanswered("the database", seconds, outcome_unknown=True) from None
             finally:
                 timer.cancel()
@@ -389,6 +419,11 @@ class GroupCommit:
                             )
         return results
 
+    def _forget(self, key: StreamKey, ready: dict[StreamKey, None]) -> bool:
+        """A stream whose queue `_drop_late` emptied, out of the ready ones (always False)."""
+        del self._queues[key], ready[key]
+        return False
+
     def _large_head(self, queue: list[_Pending]) -> bool:
         """Whether this stream's next request is large by itself: it commits aside, its
         stream alone in its batch."""
@@ -427,6 +462,10 @@ class GroupCommit:
             else islice((k for k in ready if self._takeable(k, free)), self._max_streams)
         )
         window = list(candidates)
+        if self._deadlines:  # forwarded requests: those past their sender's wait are dropped
+            for key in window:
+                self._drop_late(queues[key])
+            window = [key for key in window if queues[key] or self._forget(key, ready)]
         takes_large = free > 0 and any(self._large_head(queues[key]) for key in window)
         bounds = (
             (self._max_records, self._max_bytes)

@@ -79,10 +79,10 @@ def _runs(claims: Mapping[str, Any]) -> frozenset[str] | None:
         return None
     if (
         not isinstance(runs, list)
-        or len(runs) > MAX_RUNS
+        or not 1 <= len(runs) <= MAX_RUNS  # ([] would be a token that sees no run at all)
         or not all(isinstance(r, str) and _ID.fullmatch(r) for r in runs)
     ):
-        raise Unauthenticated(f"the JWT's runs claim is not a list of at most {MAX_RUNS} run IDs")
+        raise Unauthenticated(f"the JWT's runs claim is not a list of 1 to {MAX_RUNS} run IDs")
     return frozenset(runs)
 
 

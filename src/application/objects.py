@@ -20,11 +20,12 @@ import msgspec
 
 from application import tracing
 from application.access import Caller, require_reader, require_writer
-from application.append_records import blocking
+from application.append_records import waiting_for_credit
 from application.definitions import Definitions
 from application.errors import Forbidden, NotFound
 from application.group_commit import GroupCommit, run_one
 from application.input_delivery import event_bytes
+from application.live_slots import LiveSlots
 from application.placement import Misdirected
 from application.ports import (
     Clock,
@@ -36,6 +37,7 @@ from application.ports import (
     StreamRepository,
 )
 from application.read_records import require_live
+from application.tokens import TokenCache
 from application.views import ObjectList, open_intents, open_object_view
 from application.waiting import TooManyAtWork
 from application.wake import WakeRegistry
@@ -278,7 +280,13 @@ class Objects:
         upload_grace_seconds: float = UPLOAD_GRACE_SECONDS,
         copies_kept: bool = False,
         reader: RecordReader | None = None,
+        slots: LiveSlots | None = None,
+        tokens: TokenCache | None = None,
     ) -> None:
+        # A commit waiting for credit holds a live-connection slot and its token, as an append
+        # that waits does (`waiting_for_credit`).
+        self._slots = slots or LiveSlots(1_000)
+        self._tokens = tokens
         # Where a read learns that its stream was deleted while forks read it (410), as the
         # record reads do (`require_live`). Without one (some unit tests) it is not checked.
         self._reader = reader
@@ -522,7 +530,10 @@ class Objects:
 
         try:
             if self._wake is not None and definition.limits.unread_policy == "block":
-                return await blocking(self._wake, key, definition, attempt), True
+                waited = await waiting_for_credit(
+                    caller, self._slots, self._tokens, self._wake, key, definition, attempt
+                )
+                return waited, True
             return await attempt(), True
         except errors.ObjectStateConflict:
             again = await self._intent(key, object_id)  # committed meanwhile by a twin request

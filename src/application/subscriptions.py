@@ -124,7 +124,7 @@ class SubscriptionStore(Protocol):
         touching: Collection[StreamPath] = (),
         named_runs: bool = False,
         census: Callable[[Census], None] | None = None,
-        watchers: bool = False,
+        watchers: Collection[StreamPath] | None = None,
     ) -> _T:
         """Lock the subscription (absent: None), load the links a decision sees and the heads
         of their streams (and of the streams the glob `discover` matches, and of `extra`), call
@@ -139,11 +139,12 @@ class SubscriptionStore(Protocol):
         leaves out that the decision saw is removed; those it did not see are left as they
         are.
 
-        With `census`, first the tenant's `Census` is passed to it (with `watchers`, its
-        pull-wake subscriptions, all of them, each with what it watches; none if this one is
-        there and is no pull-wake), under a lock of the tenant's that every such call takes
-        first, held until the change commits; it raises to refuse the change, or keeps it for
-        `decide`."""
+        With `census`, first the tenant's `Census` is passed to it, under a lock of the tenant's
+        that every such call takes first, held until the change commits; it raises to refuse
+        the change, or keeps it for `decide`. Its `count` is read only when the subscription is
+        not there (0 otherwise). With `watchers` (given when it is not there, or is a pull-wake;
+        else empty) its pull-wake subscriptions, all of them, each with its pattern and the
+        streams it links by name now, among the tenant's wake streams and `watchers`."""
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         """The subscription with every link (and `named_runs`), and their streams' heads (what
@@ -434,7 +435,7 @@ class Subscriptions:
             extra=config.streams,
             named_runs=caller.runs is not None,
             census=census.append,
-            watchers=config.wake_stream is not None,
+            watchers=() if config.wake_stream is None else (config.wake_stream,),
         )
         found = await self._store.get(caller.tenant, subscription_id)
         heads = found[1] if found else {}
@@ -685,7 +686,7 @@ class Subscriptions:
             extra=paths,
             named_runs=caller.runs is not None,
             census=census.append,
-            watchers=True,
+            watchers=(),
         )
 
     @tracing.use_case("remove subscription stream")

@@ -253,46 +253,80 @@ class Watcher(msgspec.Struct, frozen=True):
 
     @classmethod
     def of(
-        cls, sub_id: str, config: SubscriptionConfig, named: Iterable[StreamPath] = ()
+        cls, sub_id: str, config: SubscriptionConfig, named: Iterable[StreamPath] | None = None
     ) -> Watcher | None:
-        """`sub_id` with `config` as a watcher, naming its configured streams and `named` (the
-        streams linked by name since); None: not a pull-wake subscription."""
+        """`sub_id` with `config` as a watcher; None: not a pull-wake subscription. `named`: the
+        streams it links by name now (a stored subscription's: an unlink, or its stream's
+        erasure, takes one out of them, not out of its configuration); None: those `config`
+        names (one being made)."""
         if config.wake_stream is None:
             return None
-        return cls(sub_id, config.wake_stream, config.pattern, frozenset([*config.streams, *named]))
+        streams = frozenset(config.streams if named is None else named)
+        return cls(sub_id, config.wake_stream, config.pattern, streams)
 
     def watches(self, path: StreamPath) -> bool:
         return path in self.streams or (self.pattern is not None and matches(self.pattern, path))
+
+
+# The most pattern matches a ring search makes (about 10 µs each): a tenant's administrator
+# could make thousands of pull-wake subscriptions whose search would hold the event loop.
+RING_CHECKS = 20_000
 
 
 def wake_cycle(watchers: Collection[Watcher], start: str) -> list[str] | None:
     """The pull-wake subscriptions, `start` first, each of which watches the wake stream of the
     one before it and `start` that of the last: a wake event of `start` wakes the next, whose
     wake event wakes the one after, and round to `start` again, without end. None: no such
-    ring through `start`."""
+    ring through `start`. InvalidInput past RING_CHECKS pattern matches."""
     by_id = {w.id: w for w in watchers}
     if start not in by_id:
         return None
-    # The ring, depth first; a subscription seen once is not gone through again (a ring
-    # through it would have been found the first time).
+    ordered = sorted(watchers, key=lambda w: w.id)
+    naming: dict[StreamPath, dict[str, Watcher]] = {}
+    for watcher in ordered:
+        for named in watcher.streams:
+            naming.setdefault(named, {})[watcher.id] = watcher
+    globbing = [w for w in ordered if w.pattern is not None]
+    woken: dict[StreamPath, list[Watcher]] = {}  # by wake stream: who its events wake
+    budget = RING_CHECKS
+
+    def wakes(watcher: Watcher) -> list[Watcher]:
+        nonlocal budget
+        stream = watcher.wake_stream
+        found = woken.get(stream)
+        if found is None:
+            budget -= len(globbing)
+            if budget < 0:
+                raise InvalidInput(
+                    "the tenant's pull-wake subscriptions watch each other's wake streams in "
+                    "too many ways for this change to be checked against waking each other "
+                    "without end: watch fewer wake streams, or use fewer pull-wake subscriptions",
+                    field="wake_stream",
+                )
+            by = dict(naming.get(stream, {}))
+            for other in globbing:
+                if other.id not in by and other.pattern and matches(other.pattern, stream):
+                    by[other.id] = other
+            found = woken[stream] = [by[i] for i in sorted(by)]
+        return found
+
+    # Depth first; a subscription seen once is not gone through again (a ring through it
+    # would have been found the first time).
     seen = {start}
-    path = [start]
-    nexts = [iter(sorted(watchers, key=lambda w: w.id))]
+    ring = [start]
+    nexts = [iter(wakes(by_id[start]))]
     while nexts:
-        wakes = by_id[path[-1]].wake_stream
         for watcher in nexts[-1]:
-            if not watcher.watches(wakes):
-                continue
             if watcher.id == start:
-                return path
+                return ring
             if watcher.id not in seen:
                 seen.add(watcher.id)
-                path.append(watcher.id)
-                nexts.append(iter(sorted(watchers, key=lambda w: w.id)))
+                ring.append(watcher.id)
+                nexts.append(iter(wakes(watcher)))
                 break
         else:
             nexts.pop()
-            path.pop()
+            ring.pop()
     return None
 
 

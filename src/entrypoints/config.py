@@ -59,6 +59,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Set by `serve --workers N` for its processes: the private directory where each listens,
     # so that a stream's appends are committed by one of them (adapters/peers.py).
     peers_dir: Path | None = None
+    # Set with it: the supervisor's pid (its processes stop once it is gone).
+    supervisor_pid: int | None = None
     pool_min_size: Annotated[int, msgspec.Meta(ge=0)] = 2
     pool_max_size: Count = 20
     # The share of those connections one tenant's requests may use at once (adapters/postgres/

@@ -389,7 +389,7 @@ class Container(containers.DeclarativeContainer):
     # its tenant's bytes (the memory adapters' apart from their streams: not counted).
     copies_kept = providers.Callable(lambda settings: settings.wait_service == "postgres", settings)
     append_records = providers.Singleton(
-        AppendRecords, definitions, commits, wake, clock, live_slots, copies_kept
+        AppendRecords, definitions, commits, wake, clock, live_slots, copies_kept, token_cache
     )
     read_records = providers.Singleton(
         ReadRecords, definitions, streams, wake, token_cache, live_slots, tails
@@ -418,6 +418,8 @@ class Container(containers.DeclarativeContainer):
         wake=wake,
         copies_kept=copies_kept,
         reader=streams,
+        slots=live_slots,
+        tokens=token_cache,
     )
     list_objects = providers.Singleton(ListOpenObjects, definitions, streams, streams)
     delete_bodies = providers.Singleton(

@@ -140,6 +140,7 @@ def serve_supervised(listener: socket.socket, workers: int, settings: Settings) 
     # the streams it commits (adapters/peers.py); they find it in their environment.
     peers = tempfile.mkdtemp(prefix="ductor-streams-peers-")
     os.environ[PREFIX + "PEERS_DIR"] = peers
+    os.environ[PREFIX + "SUPERVISOR_PID"] = str(os.getpid())
     try:
         _granian(address, port, workers, settings)
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import time
 from typing import Any
@@ -546,6 +547,78 @@ async def test_a_blocked_append_whose_client_left_is_not_made(
     metrics = (await api.get(f"{server.base_url}/metrics")).text
     live = [line for line in metrics.splitlines() if line.startswith("ductor_streams_active_sub")]
     assert all(line.endswith(" 0.0") for line in live), live
+
+
+@pytest.mark.parametrize("surface", ["native", "durable-streams", "object-commit"])
+async def test_a_write_waiting_for_credit_ends_when_its_token_is_revoked(
+    server: ServerProcess, api: httpx.AsyncClient, run_id: str, surface: str
+) -> None:
+    """A write waiting for credit is an open connection on its token: revoked meanwhile (here
+    through the token that minted it), it answers 401 within about 2 s and writes nothing when
+    credit comes back. An object commit waiting so holds a live-connection slot too."""
+    stream = "revoked-" + surface
+    await create(
+        api,
+        run_id,
+        stream,
+        limits={"max_unread_items": 1, "unread_policy": "block", "block_timeout_seconds": 30},
+    )
+    assert (await append(api, run_id, stream, "first")).status_code == 201
+    parent = await api.post(
+        "/tokens",
+        json={
+            "scopes": ["streams:read", "streams:write", "streams:admin"],
+            "expires_in_seconds": 600,
+            "runs": [run_id],
+        },
+    )
+    assert parent.status_code == 201, parent.text
+    child = await api.post(
+        "/tokens",
+        json={"scopes": ["streams:read", "streams:write"], "expires_in_seconds": 300},
+        headers={"Authorization": f"Bearer {parent.json()['token']}"},
+    )
+    assert child.status_code == 201, child.text
+    writer = {"Authorization": f"Bearer {child.json()['token']}"}
+    path = f"/runs/{run_id}/streams/{stream}"
+    if surface == "native":
+        waiting = append(api, run_id, stream, "after", headers=writer)
+    elif surface == "durable-streams":
+        waiting = api.post(
+            f"{server.base_url}/api/durable-streams/v1/stream/{run_id}/{stream}",
+            content=b'"after"',
+            headers={"Content-Type": "application/json", **writer},
+        )
+    else:
+        body = b"a body"
+        intent = await api.post(
+            f"{path}/objects",
+            json={
+                "idempotency_key": "o",
+                "size": len(body),
+                "sha256": hashlib.sha256(body).hexdigest(),
+            },
+            headers=writer,
+        )
+        assert intent.status_code == 201, intent.text
+        object_id = intent.json()["object_id"]
+        put = await api.put(f"{path}/objects/{object_id}/body", content=body, headers=writer)
+        assert put.status_code == 200, put.text
+        waiting = api.post(f"{path}/objects/{object_id}/commit", headers=writer)
+    task = asyncio.ensure_future(waiting)
+    await asyncio.sleep(0.7)
+    assert not task.done()
+    metrics = (await api.get(f"{server.base_url}/metrics")).text
+    held = [line for line in metrics.splitlines() if line.startswith("ductor_streams_active_sub")]
+    assert any(not line.endswith(" 0.0") for line in held), held  # it holds a live slot
+    revoked_at = time.monotonic()
+    assert (await api.delete(f"/tokens/{parent.json()['id']}")).status_code == 204
+    answer = await asyncio.wait_for(task, 15)
+    assert_problem(answer, 401, "unauthenticated")
+    assert time.monotonic() - revoked_at < 4
+    assert (await ack(api, run_id, stream, "reader", 1)).status_code == 200
+    await asyncio.sleep(1.0)
+    assert (await state(api, run_id, stream))["head"] == 1  # nothing written after
 
 
 # -- concurrency ----------------------------------------------------------------------------------

@@ -109,6 +109,25 @@ class SubscriptionStoreContract:
         sub, _ = await services.subscriptions.get(ADMIN, a)
         assert StreamPath(run, "yc") not in {k.path for k in sub.links}
 
+    async def test_a_ring_through_a_stream_linked_before_it_was_a_wake_stream_is_refused(
+        self, app: tuple[Any, SubscriptionStore]
+    ) -> None:
+        """x links `wy` by name while no subscription writes there; y, made with `wy` as its
+        wake stream and watching x's, would close the ring. An unlinked stream is watched no
+        more: once x unlinks `wy`, y is served."""
+        services, _ = app
+        run, x, y = uid("run"), uid("x"), uid("y")
+        await services.subscriptions.put(ADMIN, x, pull_wake(f"{run}/s*", f"{run}/wx"), BASE)
+        await services.subscriptions.add_streams(ADMIN, x, (StreamPath(run, "wy"),))
+        closing = configure(
+            SubscriptionRequest(type="pull-wake", streams=[f"{run}/wx"], wake_stream=f"{run}/wy")
+        )
+        with pytest.raises(InvalidInput, match="wake each other"):
+            await services.subscriptions.put(ADMIN, y, closing, BASE)
+        await services.subscriptions.remove_stream(ADMIN, x, StreamPath(run, "wy"))
+        _, _, made = await services.subscriptions.put(ADMIN, y, closing, BASE)
+        assert made
+
     async def test_a_put_creates_then_reconfirms_and_a_different_configuration_conflicts(
         self, app: tuple[Any, SubscriptionStore]
     ) -> None:

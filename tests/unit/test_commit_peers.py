@@ -338,3 +338,40 @@ async def test_a_command_its_sender_stopped_waiting_for_never_commits_at_its_own
         await received[1]
     found = await streams.page(key, 0, 10)
     assert found is not None and [r.sequence for r in found[1]] == [1]  # `first` alone
+
+
+async def test_a_command_late_on_arrival_or_when_its_leader_goes_on_never_commits() -> None:
+    """Read from the socket after a stall, a command whose sender stopped waiting is never
+    queued; one queued in time, whose deadline passes while its leader is held, is dropped as
+    the leader goes on, even before its timer runs."""
+    import time as clock
+
+    streams = MemoryStreams()
+    owner = GroupCommit(streams)
+    key = new_key()
+    await streams.create(key, definition(), NOW)
+    past = clock.monotonic() - 5
+    late = [owner.enqueue_until(key, append([record()]), past) for _ in range(2)]
+    for future in late:
+        with pytest.raises(Unanswered):
+            await future
+    # A leader held in its commit while the next command's deadline passes.
+    held = asyncio.Event()
+    real_update_many = streams.update_many
+
+    async def slow(*args, **kwargs):  # type: ignore[no-untyped-def]
+        await held.wait()
+        return await real_update_many(*args, **kwargs)
+
+    streams.update_many = slow  # type: ignore[method-assign]
+    first = owner.enqueue_until(key, append([record()]), clock.monotonic() + 30)
+    await asyncio.sleep(0.05)  # the leader took `first`, and waits
+    owner._drop = lambda *_: None  # type: ignore[method-assign]  # its timer does nothing
+    second = owner.enqueue_until(key, append([record()]), clock.monotonic() + 0.1)
+    await asyncio.sleep(0.2)  # past `second`'s deadline; the leader still held
+    held.set()
+    assert type(await first) is Done
+    with pytest.raises(Unanswered):
+        await second
+    found = await streams.page(key, 0, 10)
+    assert found is not None and [r.sequence for r in found[1]] == [1]

@@ -270,6 +270,7 @@ async def test_authenticate_sends_jwts_to_the_verifier_and_the_rest_to_the_store
         {"sub": "s", "tenant": "t", "runs": "r1"},
         {"sub": "s", "tenant": "t", "runs": [1]},
         {"sub": "s", "tenant": "t", "runs": [f"r{i}" for i in range(101)]},
+        {"sub": "s", "tenant": "t", "runs": []},  # no run at all: a minted token never is so
         {"sub": "s", "tenant": "t", "scope": 3},
         {"sub": "s", "tenant": "t", "scp": [1]},
     ],

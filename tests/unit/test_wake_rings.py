@@ -63,3 +63,14 @@ def test_patterns_count_as_watching_and_the_answer_names_the_ring_or_not() -> No
         refuse_wake_cycles([a], b, named=False, field="streams")
     assert "w0" not in str(refused.value) and "1 other" in str(refused.value)
     refuse_wake_cycles([a], watcher(1, 1, {2}), named=True)  # a chain: served
+
+
+def test_a_search_past_its_budget_refuses_the_change_rather_than_hold_the_loop() -> None:
+    """Thousands of pattern pull-wakes each waking the next: the search stops at RING_CHECKS
+    pattern matches, with a 400, instead of holding the event loop for seconds."""
+    many = [
+        Watcher(f"w{i:05d}", StreamPath("r", f"wake{i}"), f"r/wake{i - 1}", frozenset())
+        for i in range(1, 400)
+    ]
+    with pytest.raises(InvalidInput, match="too many ways"):
+        wake_cycle(many, "w00001")

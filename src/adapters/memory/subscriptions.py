@@ -99,13 +99,14 @@ class MemorySubscriptions:
         touching: Collection[StreamPath] = (),
         named_runs: bool = False,
         census: Callable[[Census], None] | None = None,
-        watchers: bool = False,
+        watchers: Collection[StreamPath] | None = None,
     ) -> _T:
         async with self._locks[(tenant, subscription_id)]:
             if census is not None:  # (nothing awaited from here to the change: one at a time)
-                count = sum(1 for t, _ in self._rows if t == tenant)
                 found = self._load(tenant, subscription_id)
-                wanted = watchers and (found is None or found[0].config.wake_stream is not None)
+                count = sum(1 for t, _ in self._rows if t == tenant) if found is None else 0
+                pull = found is None or found[0].config.wake_stream is not None
+                wanted = watchers is not None and pull
                 census(Census(count, self._watchers(tenant) if wanted else []))
             found = self._load(tenant, subscription_id)
             streams = self._heads(tenant)

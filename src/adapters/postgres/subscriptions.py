@@ -349,10 +349,13 @@ def _columns(paths: Collection[StreamPath]) -> tuple[list[str], list[str]]:
     return [p.run_id for p in paths], [p.stream_id for p in paths]
 
 
-async def _watchers(conn: Connection, tenant: str) -> list[Watcher]:
-    """The tenant's pull-wake subscriptions, each with what it watches."""
+async def _watchers(
+    conn: Connection, tenant: str, also: Collection[StreamPath] = ()
+) -> list[Watcher]:
+    """The tenant's pull-wake subscriptions, each with its pattern and the streams it links by
+    name among the wake streams (theirs, and `also`: one being made)."""
     configs = {r[0]: _decode(r[1]).config for r in await conn.fetch(_WATCHERS, tenant)}
-    wakes = sorted({c.wake_stream for c in configs.values() if c.wake_stream is not None})
+    wakes = sorted({c.wake_stream for c in configs.values() if c.wake_stream is not None} | {*also})
     named: dict[str, list[StreamPath]] = {}
     if wakes:
         for r in await conn.fetch(_WATCHED_WAKES, tenant, *_columns(wakes)):
@@ -468,7 +471,7 @@ class PostgresSubscriptions:
         touching: Collection[StreamPath] = (),
         named_runs: bool = False,
         census: Callable[[Census], None] | None = None,
-        watchers: bool = False,
+        watchers: Collection[StreamPath] | None = None,
     ) -> _T:
         key = (tenant, subscription_id)
         lock = self._changing.get(key)
@@ -514,19 +517,20 @@ class PostgresSubscriptions:
         touching: Collection[StreamPath],
         named_runs: bool,
         census: Callable[[Census], None] | None,
-        watchers: bool,
+        watchers: Collection[StreamPath] | None,
     ) -> _T:
         async with self._pool.acquire() as conn, conn.transaction():
             if census is not None:
                 # First, before any stream or subscription is held: no other transaction takes
                 # this lock while holding one.
                 await conn.execute(_CENSUS_LOCK, tenant)
-                count = await conn.fetchval(_COUNT, tenant)
                 # (Its kind is settled under the lock: only a creation, which takes it, makes
                 # one. A webhook is in no ring: it writes no wake event.)
                 kind = await conn.fetchval(_KIND, tenant, subscription_id)
-                wanted = watchers and kind in (None, "pull-wake")
-                census(Census(count, await _watchers(conn, tenant) if wanted else []))
+                count = await conn.fetchval(_COUNT, tenant) if kind is None else 0
+                wanted = watchers is not None and kind in (None, "pull-wake")
+                found = await _watchers(conn, tenant, watchers or ()) if wanted else []
+                census(Census(count, found))
             named: Heads = {}
             if extra:
                 # The streams it may link by name are held (FOR KEY SHARE, in the key's order,

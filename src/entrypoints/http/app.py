@@ -145,8 +145,9 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
         if container.settings().run_workers:
             background = asyncio.create_task(run_workers(await workers(container), stopping))
         orphaned = None
-        if container.settings().peers_dir is not None:  # one of `serve --workers N`'s
-            orphaned = asyncio.create_task(_stop_when_orphaned(os.getppid(), stopping))
+        supervisor = container.settings().supervisor_pid
+        if supervisor is not None:  # one of `serve --workers N`'s
+            orphaned = asyncio.create_task(_stop_when_orphaned(supervisor, stopping))
         try:
             yield
         finally:
@@ -273,14 +274,14 @@ def begin_stopping(app: Litestar) -> None:
     writing.stop_all()
 
 
-async def _stop_when_orphaned(parent: int, stopping: asyncio.Event) -> None:
+async def _stop_when_orphaned(supervisor: int, stopping: asyncio.Event) -> None:
     """A process of `serve --workers N` whose supervisor is gone (killed outright: it could not
     stop its processes) stops as SIGTERM stops it, draining what it serves. Left running, it
     held the port unsupervised (a new `serve` was refused it) and nothing started it again."""
     while not stopping.is_set():
         await asyncio.sleep(ORPHAN_CHECK_SECONDS)
-        if os.getppid() != parent:
-            log.error("the supervising process %d is gone: this server process stops", parent)
+        if os.getppid() != supervisor:  # (gone even before this process started: found too)
+            log.error("the supervising process %d is gone: this server process stops", supervisor)
             os.kill(os.getpid(), signal.SIGTERM)
             return
 
