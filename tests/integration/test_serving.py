@@ -270,7 +270,7 @@ def test_an_embedded_postgresql_killed_outright_is_started_again(
         assert [r["data"] for r in read.json()["records"]] == [1]
         again = int((embedded_dir / "pg" / "postmaster.pid").read_text().split()[0])
         assert again != postmaster
-        assert "starting it again" in log.read_text()
+        assert "stopped: starting it" in log.read_text()
         server.send_signal(signal.SIGTERM)
         server.wait(30)
         deadline = time.monotonic() + 30

