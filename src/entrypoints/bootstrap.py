@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,8 @@ from application.tokens import IssueToken, make_caller, token_hash
 from entrypoints.config import PREFIX, Settings
 
 log = logging.getLogger("ductor_streams")
+# Starts of the embedded PostgreSQL tried before `serve` gives up.
+EMBEDDED_STARTS = 3
 
 
 class CommandError(Exception):
@@ -64,7 +67,19 @@ def database_url(settings: Settings) -> str:
     if settings.database_url:
         return settings.database_url
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    url = start_embedded(settings.data_dir / "pg")
+    pgdata = settings.data_dir / "pg"
+    for attempt in range(EMBEDDED_STARTS):
+        try:
+            url = start_embedded(pgdata)
+            break
+        except (subprocess.SubprocessError, OSError) as error:
+            # (A postmaster killed while it starts: pg_ctl fails; a second start recovers it.)
+            if attempt + 1 == EMBEDDED_STARTS:
+                raise CommandError(
+                    f"the embedded PostgreSQL could not be started ({error}): its log is "
+                    f"{pgdata / 'log'}"
+                ) from None
+            log.warning("the embedded PostgreSQL did not start (%s); trying again", error)
     os.environ[PREFIX + "DATABASE_URL"] = url  # the server's worker processes inherit it
     return url
 

@@ -46,8 +46,12 @@ def mint(api: httpx.AsyncClient, seconds: int = 600) -> asyncio.Future[httpx.Res
 async def kept(pool: asyncpg.Pool, tenant: str) -> int:
     """The tenant's tokens kept, as its rows hold them and as migration 0512's triggers count
     them (the same, or the test fails)."""
-    count: int = await pool.fetchval("SELECT count(*) FROM api_tokens WHERE tenant = $1", tenant)
-    assert await tenant_tokens(pool, tenant) == count
+    # One snapshot for both reads: the sweep may forget tokens between two statements.
+    async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+        count: int = await conn.fetchval(
+            "SELECT count(*) FROM api_tokens WHERE tenant = $1", tenant
+        )
+        assert await tenant_tokens(conn, tenant) == count
     return count
 
 
