@@ -54,6 +54,18 @@ async def append(
     )
 
 
+async def blocked(api: httpx.AsyncClient, run_id: str, stream_id: str, seconds: float) -> None:
+    """A stream of one unread record at most, whose appends wait `seconds` for credit, already
+    holding one: the next append waits."""
+    await create(
+        api,
+        run_id,
+        stream_id,
+        limits={"max_unread_items": 1, "unread_policy": "block", "block_timeout_seconds": seconds},
+    )
+    assert (await append(api, run_id, stream_id, "first")).status_code == 201
+
+
 async def read(
     api: httpx.AsyncClient, run_id: str, stream_id: str, **params: Any
 ) -> httpx.Response:
@@ -522,13 +534,7 @@ async def test_a_blocked_append_whose_client_left_is_not_made(
     went on waiting, held its live slot, and appended its record once credit came back: the
     retry's record then came twice."""
     stream = "left-" + surface
-    await create(
-        api,
-        run_id,
-        stream,
-        limits={"max_unread_items": 1, "unread_policy": "block", "block_timeout_seconds": 20},
-    )
-    assert (await append(api, run_id, stream, "first")).status_code == 201
+    await blocked(api, run_id, stream, 20)
     with pytest.raises(httpx.ReadTimeout):  # the client gives up on it, and leaves
         if surface == "native":
             await append(api, run_id, stream, "abandoned", timeout=1.0)
@@ -557,13 +563,7 @@ async def test_a_write_waiting_for_credit_ends_when_its_token_is_revoked(
     through the token that minted it), it answers 401 within about 2 s and writes nothing when
     credit comes back. An object commit waiting so holds a live-connection slot too."""
     stream = "revoked-" + surface
-    await create(
-        api,
-        run_id,
-        stream,
-        limits={"max_unread_items": 1, "unread_policy": "block", "block_timeout_seconds": 30},
-    )
-    assert (await append(api, run_id, stream, "first")).status_code == 201
+    await blocked(api, run_id, stream, 30)
     parent = await api.post(
         "/tokens",
         json={

@@ -195,19 +195,9 @@ def test_stopping_dev_py_serve_stops_the_server_and_its_postgresql(
             start_new_session=True,  # only for the clean-up below if the test fails
         )
     try:
-        deadline = time.monotonic() + 90
-        while not ready(port):
-            assert dev.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "dev.py serve did not become ready"
-            time.sleep(0.2)
+        until_ready(dev, port, log)
         assert any("postgres" in p.name() for p in processes_of(embedded_dir))
-
-        dev.send_signal(signal.SIGTERM)  # to that one process, as a terminal or systemd would
-        dev.wait(30)
-        deadline = time.monotonic() + 30
-        while (left := processes_of(embedded_dir, port)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not left, [p.info["cmdline"] for p in left]
+        until_stopped(dev, embedded_dir, port)
         assert not ready(port)
     finally:
         with_group_gone(dev, embedded_dir, port)
@@ -234,11 +224,7 @@ def test_an_embedded_postgresql_killed_outright_is_started_again(
     api = f"http://127.0.0.1:{port}{PREFIX}"
     auth = {"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
     try:
-        deadline = time.monotonic() + 90
-        while not ready(port):
-            assert server.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "serve did not become ready"
-            time.sleep(0.2)
+        until_ready(server, port, log)
         made = httpx.post(
             f"{api}/runs/r/streams",
             json={"stream_id": "s", "direction": "output"},
@@ -271,14 +257,29 @@ def test_an_embedded_postgresql_killed_outright_is_started_again(
         again = int((embedded_dir / "pg" / "postmaster.pid").read_text().split()[0])
         assert again != postmaster
         assert "stopped: starting it" in log.read_text()
-        server.send_signal(signal.SIGTERM)
-        server.wait(30)
-        deadline = time.monotonic() + 30
-        while (left := processes_of(embedded_dir, port)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not left, [p.info["cmdline"] for p in left]
+        until_stopped(server, embedded_dir, port)
     finally:
         with_group_gone(server, embedded_dir, port)
+
+
+def until_ready(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    """Wait (90 s at most) for the server on `port` to answer /readyz, while `process` runs."""
+    deadline = time.monotonic() + 90
+    while not ready(port):
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the server did not become ready:\n" + log.read_text()
+        time.sleep(0.2)
+
+
+def until_stopped(process: subprocess.Popen[bytes], data_dir: Path, port: int) -> None:
+    """SIGTERM to `process` alone (as a terminal or systemd sends it), then nothing it started
+    may be left within 30 s."""
+    process.send_signal(signal.SIGTERM)
+    process.wait(30)
+    deadline = time.monotonic() + 30
+    while (left := processes_of(data_dir, port)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, [p.info["cmdline"] for p in left]
 
 
 def ready(port: int) -> bool:
