@@ -508,6 +508,8 @@ async def _waiting(
         # acknowledgement does not set every blocked writer of the tenant to work at once.
         renew_budget()
         await back_to_work()
+        if lease is not None and lease.ended:  # (revoked while it waited for its turn)
+            raise Unauthenticated("unknown, revoked or expired token")
         try:
             return await attempt()
         except errors.Backpressure:

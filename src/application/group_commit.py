@@ -283,10 +283,13 @@ class GroupCommit:
     def _drop_late(self, queue: list[_Pending]) -> None:
         """The requests of `queue` whose senders stopped waiting (`enqueue_until`), out."""
         now = time.monotonic()
-        for pending in [p for p in queue if self._deadlines.get(p[1], now + 1) <= now]:
-            queue.remove(pending)
-            if not pending[1].done():
-                pending[1].set_exception(_late())
+        deadlines = self._deadlines
+        late = [p for p in queue if deadlines.get(p[1], now + 1) <= now]
+        if late:
+            queue[:] = [p for p in queue if deadlines.get(p[1], now + 1) > now]
+            for pending in late:
+                if not pending[1].done():
+                    pending[1].set_exception(_late())
 
     async def submit_here(self, key: StreamKey, command: Command) -> Outcome:
         """`command`'s outcome, committed by this process's leader for its stream's group."""

@@ -295,17 +295,19 @@ def wake_cycle(watchers: Collection[Watcher], start: str) -> list[str] | None:
         stream = watcher.wake_stream
         found = woken.get(stream)
         if found is None:
-            budget -= len(globbing)
+            by = dict(naming.get(stream, {}))
+            unnamed = [other for other in globbing if other.id not in by]
+            budget -= len(unnamed)  # the matches it makes
             if budget < 0:
                 raise InvalidInput(
                     "the tenant's pull-wake subscriptions watch each other's wake streams in "
                     "too many ways for this change to be checked against waking each other "
-                    "without end: watch fewer wake streams, or use fewer pull-wake subscriptions",
+                    "without end (they may not): watch fewer wake streams, or use fewer "
+                    "pull-wake subscriptions with patterns",
                     field="wake_stream",
                 )
-            by = dict(naming.get(stream, {}))
-            for other in globbing:
-                if other.id not in by and other.pattern and matches(other.pattern, stream):
+            for other in unnamed:
+                if other.pattern and matches(other.pattern, stream):
                     by[other.id] = other
             found = woken[stream] = [by[i] for i in sorted(by)]
         return found

@@ -31,13 +31,23 @@ def start_embedded(pgdata: Path, *, stop_at_exit: bool = True) -> str:
 
         with PostgresServer._lock:
             forget_dead_holders(pgdata)
-        server = get_server(pgdata, cleanup_mode="stop" if stop_at_exit else None)
+        try:
+            server = get_server(pgdata, cleanup_mode="stop" if stop_at_exit else None)
+        except BaseException:
+            # The wheel keeps a server whose start failed (and its exit handler): asked again,
+            # it would answer that one, never started. Forgotten, the next call starts anew.
+            failed = PostgresServer._instances.pop(pgdata, None)
+            if failed is not None:
+                atexit.unregister(failed._cleanup)
+            raise
     _servers[pgdata] = server
     return server.get_uri()
 
 
-# How often `keep_running` looks at the embedded server.
+# How often `keep_running` looks at the embedded server, and how long an exit waits for a start
+# it made.
 KEEP_SECONDS = 2.0
+STOP_WAIT_SECONDS = 30.0
 log = logging.getLogger("ductor_streams")
 
 
@@ -59,8 +69,12 @@ def keep_running(pgdata: Path, every: float = KEEP_SECONDS) -> threading.Event:
 
     def stop_keeping() -> None:
         done.set()
-        with _keeping:  # a start under way ends first
-            pass
+        # A start under way ends first (bounded: the wheel's wait for a started server to be
+        # ready has no bound of its own, and an exit must not hang on it).
+        if _keeping.acquire(timeout=STOP_WAIT_SECONDS):
+            _keeping.release()
+        else:
+            log.error("the embedded PostgreSQL's start did not end: exiting without waiting")
 
     atexit.register(stop_keeping)  # registered after the wheel's stop: run before it
 

@@ -520,12 +520,14 @@ class PostgresSubscriptions:
         watchers: Collection[StreamPath] | None,
     ) -> _T:
         async with self._pool.acquire() as conn, conn.transaction():
+            kind: str | None = None
             if census is not None:
                 # First, before any stream or subscription is held: no other transaction takes
                 # this lock while holding one.
                 await conn.execute(_CENSUS_LOCK, tenant)
-                # (Its kind is settled under the lock: only a creation, which takes it, makes
-                # one. A webhook is in no ring: it writes no wake event.)
+                # (Its kind is settled under the lock against creations, which take it; a
+                # deletion, which does not, is found below. A webhook is in no ring: it writes
+                # no wake event.)
                 kind = await conn.fetchval(_KIND, tenant, subscription_id)
                 count = await conn.fetchval(_COUNT, tenant) if kind is None else 0
                 wanted = watchers is not None and kind in (None, "pull-wake")
@@ -547,6 +549,10 @@ class PostgresSubscriptions:
                 )
                 named = {StreamPath(r[0], r[1]): r[2] for r in rows}
             row = await conn.fetchrow(_LOCK, tenant, subscription_id)
+            if row is None and kind is not None:
+                # Deleted since its kind was read (a deletion takes no census lock): what the
+                # census left out for that kind may matter now. Decided again, afresh.
+                raise _Raced
             sub: Subscription | None = None
             heads: Heads = {}
             if row is not None:
