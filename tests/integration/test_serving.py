@@ -456,12 +456,7 @@ def test_a_server_that_reuses_the_postgresql_a_killed_one_left_stops_it_on_sigte
         first.wait(10)
         assert any("postgres" in p.name() for p in processes_of(embedded_dir))  # it survived
         second = start_serving(env, port)
-        second.send_signal(signal.SIGTERM)
-        second.wait(30)
-        deadline = time.monotonic() + 30
-        while (left := processes_of(embedded_dir, port)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not left, [p.info["cmdline"] for p in left]
+        until_stopped(second, embedded_dir, port)
         assert not (embedded_dir / "pg" / "postmaster.pid").exists()
     finally:
         for process in (first, second):
