@@ -125,6 +125,7 @@ class SubscriptionStore(Protocol):
         named_runs: bool = False,
         census: Callable[[Census], None] | None = None,
         watchers: Collection[StreamPath] | None = None,
+        census_if_pull_wake: bool = False,
     ) -> _T:
         """Lock the subscription (absent: None), load the links a decision sees and the heads
         of their streams (and of the streams the glob `discover` matches, and of `extra`), call
@@ -144,7 +145,9 @@ class SubscriptionStore(Protocol):
         the change, or keeps it for `decide`. Its `count` is read only when the subscription is
         not there (0 otherwise). With `watchers` (given when it is not there, or is a pull-wake;
         else empty) its pull-wake subscriptions, all of them, each with its pattern and the
-        streams it links by name now, among the tenant's wake streams and `watchers`."""
+        streams it links by name now, among the tenant's wake streams and `watchers`. With
+        `census_if_pull_wake`, only a pull-wake subscription's change takes the lock and calls
+        `census` (a webhook writes no wake event: its changes do not wait on the tenant's)."""
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         """The subscription with every link (and `named_runs`), and their streams' heads (what
@@ -661,7 +664,7 @@ class Subscriptions:
             sub = _visible(caller, sub, subscription_id)
             if sub.config.wake_stream is not None and sub.config.wake_stream in paths:
                 raise errors.InvalidInput(WAKE_STREAM_WATCHED, field="streams")
-            watchers = census[-1].watchers
+            watchers = census[-1].watchers if census else []  # (none for a webhook)
             for watcher in watchers:
                 if watcher.id == subscription_id:  # (a webhook writes no wake event)
                     more = watcher.streams | set(paths)
@@ -687,6 +690,7 @@ class Subscriptions:
             named_runs=caller.runs is not None,
             census=census.append,
             watchers=(),
+            census_if_pull_wake=True,
         )
 
     @tracing.use_case("remove subscription stream")

@@ -958,3 +958,41 @@ async def test_the_marks_look_links_and_streams_up_through_their_indexes(
             plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + statement, *args))
             for table in ("ds_subscription_links", "streams"):
                 assert f"Seq Scan on {table}" not in plan, plan
+
+
+async def test_linking_streams_to_a_webhook_waits_on_no_other_change_of_its_tenant(
+    deployed: tuple[Any, Any], database_url: str
+) -> None:
+    """A webhook writes no wake event, so it is in no ring: its `POST .../streams` does not take
+    the tenant's census lock, which a pull-wake's change (and any creation) holds while it
+    looks at the tenant's subscriptions. A pull-wake's linking still waits for it."""
+    import asyncio
+
+    import asyncpg
+
+    from tests.support.subscription_contract import ADMIN, BASE, pull_wake, uid, webhook
+
+    _, services = deployed
+    run, hook, pull = uid("run"), uid("hook"), uid("pull")
+    await services.subscriptions.put(ADMIN, hook, webhook(f"{run}/s*"), BASE)
+    await services.subscriptions.put(ADMIN, pull, pull_wake(f"{run}/s*", f"{run}/w"), BASE)
+    holder = await asyncpg.connect(database_url)
+    try:
+        async with holder.transaction():
+            await holder.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended('ds-census:' || $1, 0))",
+                ADMIN.tenant,
+            )
+            await asyncio.wait_for(
+                services.subscriptions.add_streams(ADMIN, hook, (StreamPath(run, "x"),)), 5
+            )
+            waiting = asyncio.ensure_future(
+                services.subscriptions.add_streams(ADMIN, pull, (StreamPath(run, "y"),))
+            )
+            await asyncio.sleep(0.5)
+            assert not waiting.done()  # behind the census lock
+        await asyncio.wait_for(waiting, 5)
+    finally:
+        await holder.close()
+    linked = {k.path for k in (await services.subscriptions.get(ADMIN, pull))[0].links}
+    assert StreamPath(run, "y") in linked

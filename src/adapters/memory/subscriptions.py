@@ -100,10 +100,13 @@ class MemorySubscriptions:
         named_runs: bool = False,
         census: Callable[[Census], None] | None = None,
         watchers: Collection[StreamPath] | None = None,
+        census_if_pull_wake: bool = False,
     ) -> _T:
         async with self._locks[(tenant, subscription_id)]:
+            found = self._load(tenant, subscription_id) if census is not None else None
+            if census_if_pull_wake and (found is None or found[0].config.wake_stream is None):
+                census = None  # a webhook's change (or none at all): no census
             if census is not None:  # (nothing awaited from here to the change: one at a time)
-                found = self._load(tenant, subscription_id)
                 count = sum(1 for t, _ in self._rows if t == tenant) if found is None else 0
                 pull = found is None or found[0].config.wake_stream is not None
                 wanted = watchers is not None and pull

@@ -319,6 +319,10 @@ class _Raced(Exception):
     """The subscription was created by another transaction since this one found none."""
 
 
+class _NoCensus(Exception):
+    """The subscription is a pull-wake: its change needs the census, taken first."""
+
+
 def _state(sub: Subscription) -> bytes:
     """The state document: what the columns beside it keep is left out."""
     return _encode(
@@ -472,8 +476,11 @@ class PostgresSubscriptions:
         named_runs: bool = False,
         census: Callable[[Census], None] | None = None,
         watchers: Collection[StreamPath] | None = None,
+        census_if_pull_wake: bool = False,
     ) -> _T:
         key = (tenant, subscription_id)
+        # Taken at once, or only once the subscription's row shows a pull-wake (`_NoCensus`).
+        censused = census is not None and not census_if_pull_wake
         lock = self._changing.get(key)
         if lock is None:
             lock = self._changing[key] = asyncio.Lock()
@@ -495,10 +502,15 @@ class PostgresSubscriptions:
                             extra,
                             touching,
                             named_runs,
-                            census,
+                            census if censused else None,
                             watchers,
+                            census is not None and not censused,
                         ),
                     )
+                except _NoCensus:
+                    # A pull-wake: made again, the census lock taken first.
+                    censused = True
+                    continue
                 except _Raced:
                     # Another transaction created it meanwhile (nothing was locked: there was
                     # no row): decided again, from the row it made, under its lock (or, deleted
@@ -518,6 +530,7 @@ class PostgresSubscriptions:
         named_runs: bool,
         census: Callable[[Census], None] | None,
         watchers: Collection[StreamPath] | None,
+        census_later: bool = False,
     ) -> _T:
         async with self._pool.acquire() as conn, conn.transaction():
             kind: str | None = None
@@ -549,6 +562,8 @@ class PostgresSubscriptions:
                 )
                 named = {StreamPath(r[0], r[1]): r[2] for r in rows}
             row = await conn.fetchrow(_LOCK, tenant, subscription_id)
+            if census_later and row is not None and _decode(row[0]).config.wake_stream is not None:
+                raise _NoCensus  # (its row let go at once: the census lock is taken first)
             if row is None and kind is not None:
                 # Deleted since its kind was read (a deletion takes no census lock): what the
                 # census left out for that kind may matter now. Decided again, afresh.
