@@ -7,9 +7,12 @@ idempotency key is the event id, so a publish repeated after a lost answer (or b
 worker) inserts nothing: DBOS keeps consumed messages under their key. A workflow that calls
 `DBOS.recv(topic)` gets the stream's records once each, in sequence order.
 
-DBOS's client is synchronous (SQLAlchemy over psycopg): every call runs in a thread, never on
-the event loop. Its own retry-until-reconnected is off, so an unreachable system database is a
-PublishFailed that the dispatcher backs off from, with the delivery's `last_error` saying so.
+DBOS's client is synchronous (SQLAlchemy over psycopg): every send runs in a thread of the
+adapter's own (never on the event loop, nor in the loop's shared executor, which one silent
+database would fill), and is waited for `SEND_TIMEOUT_SECONDS` at most. Its own
+retry-until-reconnected is off, so an unreachable or silent system database is a PublishFailed
+that the dispatcher backs off from, with the delivery's `last_error` saying so. A send given
+up on that commits later is harmless: its retry carries the same idempotency key.
 
 DBOS delivers a topic's messages oldest first by the millisecond its insert transaction
 started. So that two sends of one stream never share that millisecond (and so an order), the
@@ -18,8 +21,10 @@ adapter leaves `SPACING_SECONDS` between the sends of one destination and topic.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +35,10 @@ from application.input_delivery import PublishFailed
 log = logging.getLogger("ductor_streams.dispatcher")
 
 SPACING_SECONDS = 0.002
+# How long a send may take (a system database that accepts connections and never answers held
+# every input stream's delivery, with no error said, for as long as it stayed silent).
+SEND_TIMEOUT_SECONDS = 10.0
+SENDERS = 8  # threads, as many as the client's pool has connections
 # A DBOS system database without DBOS's tables (no DBOS application has launched on it yet, or
 # the wrong database): retried this often, recorded as the last error meanwhile.
 MISCONFIGURED_RETRY_SECONDS = 60.0
@@ -58,7 +67,10 @@ class DbosWaitService:
         topic: str = "{stream_id}",
         *,
         client: Any = None,
+        send_timeout: float = SEND_TIMEOUT_SECONDS,
     ) -> None:
+        self._send_timeout = send_timeout
+        self._senders = ThreadPoolExecutor(SENDERS, thread_name_prefix="dbos-send")
         self._workflow_id = check_template("DBOS_WORKFLOW_ID", workflow_id)
         self._topic = check_template("DBOS_TOPIC", topic)
         if client is None:
@@ -69,7 +81,7 @@ class DbosWaitService:
                 system_database_url=system_database_url,
                 lazy=True,
                 retry_connection_errors=False,
-                system_database_pool_size=8,  # the streams one dispatcher sends to at a time
+                system_database_pool_size=SENDERS,  # the streams one dispatcher sends to at once
             )
         self._client = client
         self._last_send: dict[tuple[str, str], float] = {}
@@ -93,15 +105,21 @@ class DbosWaitService:
         destination = self._workflow_id.format(**names)
         topic = self._topic.format(**names)
         await self._space((destination, topic))
+        send = functools.partial(
+            self._client.send,
+            destination,
+            fields,
+            topic,
+            event_id,
+            serialization_type=WorkflowSerializationFormat.PORTABLE,
+        )
         try:
-            await asyncio.to_thread(
-                self._client.send,
-                destination,
-                fields,
-                topic,
-                event_id,
-                serialization_type=WorkflowSerializationFormat.PORTABLE,
-            )
+            sent = asyncio.get_running_loop().run_in_executor(self._senders, send)
+            await asyncio.wait_for(sent, self._send_timeout)
+        except TimeoutError:
+            raise PublishFailed(
+                f"DBOS system database did not answer within {self._send_timeout:g} s"
+            ) from None
         except DBOSNonExistentWorkflowError:
             # Not yet started, perhaps: retried with the usual backoff, never dropped.
             raise PublishFailed(f"DBOS has no workflow {destination!r} (yet)") from None
@@ -130,6 +148,7 @@ class DbosWaitService:
             self._last_send = {k: t for k, t in self._last_send.items() if t > cutoff}
 
     async def close(self) -> None:
+        self._senders.shutdown(wait=False, cancel_futures=True)  # (a silent send is left)
         await asyncio.to_thread(self._client.destroy)
 
 
