@@ -37,7 +37,7 @@ log = logging.getLogger("ductor_streams.subscriptions")
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Subscription).decode
 
-_LOCK = """SELECT state, failing, last_error, creator_runs FROM ds_subscriptions
+_LOCK = """SELECT state, failing, last_error, creator_runs, kind FROM ds_subscriptions
            WHERE tenant = $1 AND subscription_id = $2 FOR UPDATE"""
 _STATE = "SELECT state FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2"
 _GET = """SELECT state, failing, last_error, creator_runs FROM ds_subscriptions
@@ -562,7 +562,7 @@ class PostgresSubscriptions:
                 )
                 named = {StreamPath(r[0], r[1]): r[2] for r in rows}
             row = await conn.fetchrow(_LOCK, tenant, subscription_id)
-            if census_later and row is not None and _decode(row[0]).config.wake_stream is not None:
+            if census_later and row is not None and row[4] == "pull-wake":
                 raise _NoCensus  # (its row let go at once: the census lock is taken first)
             if row is None and kind is not None:
                 # Deleted since its kind was read (a deletion takes no census lock): what the
