@@ -125,7 +125,7 @@ class SubscriptionStore(Protocol):
         named_runs: bool = False,
         census: Callable[[Census], None] | None = None,
         watchers: Collection[StreamPath] | None = None,
-        census_if_pull_wake: bool = False,
+        census_if_wakes: bool = False,
     ) -> _T:
         """Lock the subscription (absent: None), load the links a decision sees and the heads
         of their streams (and of the streams the glob `discover` matches, and of `extra`), call
@@ -146,8 +146,10 @@ class SubscriptionStore(Protocol):
         not there (0 otherwise). With `watchers` (given when it is not there, or is a pull-wake;
         else empty) its pull-wake subscriptions, all of them, each with its pattern and the
         streams it links by name now, among the tenant's wake streams and `watchers`. With
-        `census_if_pull_wake`, only a pull-wake subscription's change takes the lock and calls
-        `census` (a webhook writes no wake event: its changes do not wait on the tenant's)."""
+        `census_if_wakes`, only a pull-wake subscription's change that links (in `extra`) a
+        stream that is a pull-wake's wake stream takes the lock and calls `census`: a webhook
+        writes no wake event, and a link to a stream no wake is written to makes no ring, so
+        neither waits on the tenant's other changes (the lock is shared among such links)."""
 
     async def get(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         """The subscription with every link (and `named_runs`), and their streams' heads (what
@@ -690,7 +692,7 @@ class Subscriptions:
             named_runs=caller.runs is not None,
             census=census.append,
             watchers=(),
-            census_if_pull_wake=True,
+            census_if_wakes=True,
         )
 
     @tracing.use_case("remove subscription stream")

@@ -960,12 +960,14 @@ async def test_the_marks_look_links_and_streams_up_through_their_indexes(
                 assert f"Seq Scan on {table}" not in plan, plan
 
 
-async def test_linking_streams_to_a_webhook_waits_on_no_other_change_of_its_tenant(
+async def test_linking_streams_waits_on_the_tenants_census_only_to_link_a_wake_stream(
     deployed: tuple[Any, Any], database_url: str
 ) -> None:
-    """A webhook writes no wake event, so it is in no ring: its `POST .../streams` does not take
-    the tenant's census lock, which a pull-wake's change (and any creation) holds while it
-    looks at the tenant's subscriptions. A pull-wake's linking still waits for it."""
+    """A webhook writes no wake event, and a stream no wake is written to makes no ring, so
+    linking such streams (`POST .../streams`) does not wait for the tenant's other changes: a
+    webhook's takes no census lock, a pull-wake's takes it shared. Linking a wake stream to a
+    pull-wake takes it alone (it looks at every pull-wake of the tenant for a ring), and so
+    does linking to a pull-wake while one made before its wake stream had columns is left."""
     import asyncio
 
     import asyncpg
@@ -973,26 +975,42 @@ async def test_linking_streams_to_a_webhook_waits_on_no_other_change_of_its_tena
     from tests.support.subscription_contract import ADMIN, BASE, pull_wake, uid, webhook
 
     _, services = deployed
-    run, hook, pull = uid("run"), uid("hook"), uid("pull")
+    run, hook, pull, other = uid("run"), uid("hook"), uid("pull"), uid("other")
     await services.subscriptions.put(ADMIN, hook, webhook(f"{run}/s*"), BASE)
     await services.subscriptions.put(ADMIN, pull, pull_wake(f"{run}/s*", f"{run}/w"), BASE)
+    await services.subscriptions.put(ADMIN, other, pull_wake(f"{run}/t*", f"{run}/w2"), BASE)
+    lock = "SELECT pg_advisory_xact_lock{}(hashtextextended('ds-census:' || $1, 0))"
+
+    async def linking(holder: asyncpg.Connection, shared: bool, sub: str, stream: str) -> bool:
+        """Whether linking `stream` to `sub` waits while `holder` holds the census lock."""
+        async with holder.transaction():
+            await holder.execute(lock.format("_shared" if shared else ""), ADMIN.tenant)
+            waiting = asyncio.ensure_future(
+                services.subscriptions.add_streams(ADMIN, sub, (StreamPath(run, stream),))
+            )
+            await asyncio.wait({waiting}, timeout=0.5)
+            waited = not waiting.done()
+        await asyncio.wait_for(waiting, 5)
+        return waited
+
     holder = await asyncpg.connect(database_url)
     try:
-        async with holder.transaction():
-            await holder.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended('ds-census:' || $1, 0))",
-                ADMIN.tenant,
-            )
-            await asyncio.wait_for(
-                services.subscriptions.add_streams(ADMIN, hook, (StreamPath(run, "x"),)), 5
-            )
-            waiting = asyncio.ensure_future(
-                services.subscriptions.add_streams(ADMIN, pull, (StreamPath(run, "y"),))
-            )
-            await asyncio.sleep(0.5)
-            assert not waiting.done()  # behind the census lock
-        await asyncio.wait_for(waiting, 5)
+        assert not await linking(holder, False, hook, "x")  # a webhook's: no lock
+        assert await linking(holder, False, pull, "y")  # a pull-wake's: behind a creation
+        assert not await linking(holder, True, pull, "z")  # but not behind its like
+        assert await linking(holder, True, pull, "w2")  # a wake stream: the lock alone
+        # One made before the columns (as a process of an earlier version makes one): every
+        # pull-wake link takes the lock alone until it is changed, which fills them in.
+        await holder.execute(
+            "UPDATE ds_subscriptions SET wake_run = NULL, wake_stream = NULL"
+            " WHERE tenant = $1 AND subscription_id = $2",
+            ADMIN.tenant,
+            other,
+        )
+        assert await linking(holder, True, pull, "v")
+        assert await linking(holder, True, other, "u")  # and its own change fills them in
+        assert not await linking(holder, True, pull, "q")
     finally:
         await holder.close()
     linked = {k.path for k in (await services.subscriptions.get(ADMIN, pull))[0].links}
-    assert StreamPath(run, "y") in linked
+    assert {StreamPath(run, s) for s in ("y", "z", "w2", "v", "q")} <= linked

@@ -978,3 +978,15 @@ async def test_pull_wakes_may_not_wake_each_other_in_a_ring(
             api.put(f"{root}/{x}", json=pull(wx, wy)), api.put(f"{root}/{y}", json=pull(wy, wx))
         )
         assert sorted(r.status_code for r in answers) == [201, 400], [r.text for r in answers]
+    # Two links at once, each of the other's wake stream, that would close a ring together:
+    # one is made, one refused (a link of a wake stream takes the tenant's census alone).
+    for _ in range(5):
+        x, y = sid(), sid()
+        wx, wy = "x-" + x, "y-" + y
+        assert (await api.put(f"{root}/{x}", json=pull(wx, "s-" + x))).status_code == 201
+        assert (await api.put(f"{root}/{y}", json=pull(wy, "s-" + y))).status_code == 201
+        answers = await asyncio.gather(
+            api.post(f"{root}/{x}/streams", json={"streams": [f"{run_id}/{wy}"]}),
+            api.post(f"{root}/{y}/streams", json={"streams": [f"{run_id}/{wx}"]}),
+        )
+        assert sorted(r.status_code for r in answers) == [204, 400], [r.text for r in answers]

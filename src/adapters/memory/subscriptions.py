@@ -55,6 +55,9 @@ class MemorySubscriptions:
         found = (Watcher.of(s.id, s.config, (k.path for k in s.links if k.explicit)) for s in subs)
         return [w for w in found if w is not None]
 
+    def _wakes_of(self, tenant: str) -> set[StreamPath]:
+        return {w.wake_stream for w in self._watchers(tenant)}
+
     def _load(self, tenant: str, subscription_id: str) -> tuple[Subscription, Heads] | None:
         raw = self._rows.get((tenant, subscription_id))
         if raw is None:
@@ -100,12 +103,16 @@ class MemorySubscriptions:
         named_runs: bool = False,
         census: Callable[[Census], None] | None = None,
         watchers: Collection[StreamPath] | None = None,
-        census_if_pull_wake: bool = False,
+        census_if_wakes: bool = False,
     ) -> _T:
         async with self._locks[(tenant, subscription_id)]:
             found = self._load(tenant, subscription_id) if census is not None else None
-            if census_if_pull_wake and (found is None or found[0].config.wake_stream is None):
-                census = None  # a webhook's change (or none at all): no census
+            if census_if_wakes and (
+                found is None
+                or found[0].config.wake_stream is None
+                or not self._wakes_of(tenant).intersection(extra)
+            ):
+                census = None  # a webhook's change, or one linking no wake stream: no census
             if census is not None:  # (nothing awaited from here to the change: one at a time)
                 count = sum(1 for t, _ in self._rows if t == tenant) if found is None else 0
                 pull = found is None or found[0].config.wake_stream is not None

@@ -10,7 +10,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable, Collection
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import asyncpg
 import msgspec
@@ -208,6 +208,17 @@ _LINKS_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('ds-links:' || $1, 
 # A tenant's subscriptions are made, and its pull-wakes changed where they could wake each
 # other, one at a time (`update(census=...)`): each sees what the one before it made.
 _CENSUS_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('ds-census:' || $1, 0))"
+# Shared, by a pull-wake's linking of streams none of which is a wake stream: such links make
+# no ring, so they do not wait for each other, only for what takes the census itself (a
+# creation, which may make a wake stream of one of them, or a link to a wake stream).
+_CENSUS_SHARED = "SELECT pg_advisory_xact_lock_shared(hashtextextended('ds-census:' || $1, 0))"
+# Whether any of the streams is a pull-wake's wake stream (or may be: one made before the
+# columns were, not yet changed since).
+_NAMES_WAKES = """SELECT EXISTS (
+                      SELECT 1 FROM ds_subscriptions
+                      WHERE tenant = $1 AND kind = 'pull-wake'
+                        AND (wake_stream IS NULL OR (wake_run, wake_stream) IN
+                             (SELECT * FROM unnest($2::text[], $3::text[]))))"""
 _COUNT = "SELECT count(*) FROM ds_subscriptions WHERE tenant = $1"
 _KIND = "SELECT kind FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2"
 _WATCHERS = """SELECT subscription_id, state FROM ds_subscriptions
@@ -218,12 +229,13 @@ _WATCHED_WAKES = """SELECT subscription_id, run_id, stream_id FROM ds_subscripti
                           (SELECT * FROM unnest($2::text[], $3::text[]))"""
 _INSERT = """INSERT INTO ds_subscriptions
              (tenant, subscription_id, kind, pattern_regex, state, wake_active, lease_until,
-              failing, creator_runs)
-             VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), $8, $9)
+              failing, creator_runs, wake_run, wake_stream)
+             VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7), $8, $9, $10, $11)
              ON CONFLICT (tenant, subscription_id) DO NOTHING"""
 _UPDATE = """UPDATE ds_subscriptions
              SET state = $3, wake_active = $4, lease_until = to_timestamp($5), failing = $6,
-                 last_error = CASE WHEN $6 THEN last_error END
+                 last_error = CASE WHEN $6 THEN last_error END,
+                 wake_run = coalesce(wake_run, $7), wake_stream = coalesce(wake_stream, $8)
              WHERE tenant = $1 AND subscription_id = $2"""
 _DELETE = "DELETE FROM ds_subscriptions WHERE tenant = $1 AND subscription_id = $2"
 _UPSERT_LINKS = """INSERT INTO ds_subscription_links
@@ -315,12 +327,19 @@ _GONE = 2**62  # a link removed: past any head its mark may have
 MARK_ALL_SECONDS = 30.0
 
 
+_Census = Literal["alone", "later", "shared"]
+
+
 class _Raced(Exception):
     """The subscription was created by another transaction since this one found none."""
 
 
 class _NoCensus(Exception):
-    """The subscription is a pull-wake: its change needs the census, taken first."""
+    """The subscription is a pull-wake: its change needs the census lock, taken first."""
+
+
+class _NamesWakes(Exception):
+    """The change links a wake stream: it needs the census, the lock taken alone."""
 
 
 def _state(sub: Subscription) -> bytes:
@@ -476,11 +495,13 @@ class PostgresSubscriptions:
         named_runs: bool = False,
         census: Callable[[Census], None] | None = None,
         watchers: Collection[StreamPath] | None = None,
-        census_if_pull_wake: bool = False,
+        census_if_wakes: bool = False,
     ) -> _T:
         key = (tenant, subscription_id)
-        # Taken at once, or only once the subscription's row shows a pull-wake (`_NoCensus`).
-        censused = census is not None and not census_if_pull_wake
+        # The census: taken at once ("alone"); or, with `census_if_wakes`, not until the
+        # subscription's row shows a pull-wake (`_NoCensus`), then the lock shared with its
+        # like, and alone only when the change links a wake stream (`_NamesWakes`).
+        mode: _Census = "alone" if not census_if_wakes else "later"
         lock = self._changing.get(key)
         if lock is None:
             lock = self._changing[key] = asyncio.Lock()
@@ -502,14 +523,17 @@ class PostgresSubscriptions:
                             extra,
                             touching,
                             named_runs,
-                            census if censused else None,
+                            census if mode == "alone" else None,
                             watchers,
-                            census is not None and not censused,
+                            None if census is None else mode,
                         ),
                     )
                 except _NoCensus:
                     # A pull-wake: made again, the census lock taken first.
-                    censused = True
+                    mode = "shared"
+                    continue
+                except _NamesWakes:
+                    mode = "alone"
                     continue
                 except _Raced:
                     # Another transaction created it meanwhile (nothing was locked: there was
@@ -530,10 +554,16 @@ class PostgresSubscriptions:
         named_runs: bool,
         census: Callable[[Census], None] | None,
         watchers: Collection[StreamPath] | None,
-        census_later: bool = False,
+        mode: _Census | None,
     ) -> _T:
         async with self._pool.acquire() as conn, conn.transaction():
             kind: str | None = None
+            if mode == "shared":
+                # First too. Held until the commit, it keeps every stream of `extra` what it is
+                # now: a stream becomes a wake stream only under the lock alone.
+                await conn.execute(_CENSUS_SHARED, tenant)
+                if await conn.fetchval(_NAMES_WAKES, tenant, *_columns(sorted(set(extra)))):
+                    raise _NamesWakes
             if census is not None:
                 # First, before any stream or subscription is held: no other transaction takes
                 # this lock while holding one.
@@ -562,7 +592,7 @@ class PostgresSubscriptions:
                 )
                 named = {StreamPath(r[0], r[1]): r[2] for r in rows}
             row = await conn.fetchrow(_LOCK, tenant, subscription_id)
-            if census_later and row is not None and row[4] == "pull-wake":
+            if mode == "later" and row is not None and row[4] == "pull-wake":
                 raise _NoCensus  # (its row let go at once: the census lock is taken first)
             if row is None and kind is not None:
                 # Deleted since its kind was read (a deletion takes no census lock): what the
@@ -651,6 +681,8 @@ class PostgresSubscriptions:
             return []
         wake = new.wake
         lease = None if wake is None else wake.lease_until
+        woken = new.config.wake_stream
+        wake_run, wake_stream = (None, None) if woken is None else (woken.run_id, woken.stream_id)
         if old is None:
             regex = pattern_regex(new.config.pattern) if new.config.pattern else None
             inserted = await conn.execute(
@@ -664,12 +696,22 @@ class PostgresSubscriptions:
                 lease,
                 new.failing,
                 None if new.creator_runs is None else list(new.creator_runs),
+                wake_run,
+                wake_stream,
             )
             if inserted == "INSERT 0 0":
                 raise _Raced
         else:
             await conn.execute(
-                _UPDATE, tenant, subscription_id, _state(new), wake is not None, lease, new.failing
+                _UPDATE,
+                tenant,
+                subscription_id,
+                _state(new),
+                wake is not None,
+                lease,
+                new.failing,
+                wake_run,
+                wake_stream,
             )
         before = {link.path: link for link in old.links} if old else {}
         after = {link.path: link for link in new.links}
