@@ -57,7 +57,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         print(f"  also in {settings.data_dir / 'dev-token'}", flush=True)
     if not args.no_workers:
         os.environ[PREFIX + "RUN_WORKERS"] = "1"  # the server processes run the workers too
-    print(f"ductor-streams listening on http://{serving.url_host(host)}:{port}", flush=True)
+    # Once it answers: a client that waits for this line is served (the port was bound first).
+    line = f"ductor-streams listening on http://{serving.url_host(host)}:{port}"
+    serving.announce_when_serving(host, port, line)
     if args.server == "uvicorn":
         serving.serve_uvicorn(listener, settings)
     elif args.workers == 1 and not args.supervised:

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import http.client
 import logging
 import os
 import shutil
 import signal
 import socket
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +51,37 @@ def listen(host: str, port: int) -> socket.socket:
 
 def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+# How often `announce_when_serving` asks, and how long it waits for one answer.
+ANNOUNCE_POLL_SECONDS = 0.05
+
+
+def announce_when_serving(host: str, port: int, line: str) -> threading.Thread:
+    """Prints `line` once the server answers `GET /healthz` on `host:port` (a thread of its own,
+    which ends when it has). The port is bound long before: while the database is prepared
+    (and then the application), and granian takes the address over from the listener (the
+    module says why). A connection made meanwhile is refused, or reset once its request is
+    sent: a client that waits for the line is served."""
+    target = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+    def ask() -> None:
+        while True:
+            connection = http.client.HTTPConnection(target, port, timeout=1)
+            try:
+                connection.request("GET", "/healthz")
+                if connection.getresponse().status == 200:
+                    print(line, flush=True)
+                    return
+            except OSError:
+                pass
+            finally:
+                connection.close()
+            time.sleep(ANNOUNCE_POLL_SECONDS)
+
+    thread = threading.Thread(target=ask, name="announce", daemon=True)
+    thread.start()
+    return thread
 
 
 BACKLOG = 2048

@@ -126,6 +126,40 @@ def test_the_port_can_come_from_the_environment(database_url: str, tmp_path: Pat
     assert_one_line_about_the_port(code, out, err, port)
 
 
+@pytest.mark.parametrize("args", [[], ["--workers", "2"], ["--server", "uvicorn"]])
+def test_the_listening_line_comes_once_the_server_answers(
+    database_url: str, tmp_path: Path, args: list[str]
+) -> None:
+    """A script that waits for `listening on` and then sends its requests is served: the line
+    is printed once the server answers, not when the port is bound (a connection made between
+    the two is refused, or reset once its request is sent)."""
+    import queue
+    import threading
+
+    port = free_port()
+    env = service_env(tmp_path, DATABASE_URL=database_url, BOOTSTRAP_TOKEN=BOOTSTRAP_TOKEN)
+    process = serve(env, "--port", str(port), "--no-workers", *args)
+    lines: queue.Queue[str] = queue.Queue()
+    assert process.stdout is not None
+    threading.Thread(target=lambda: [lines.put(x) for x in process.stdout], daemon=True).start()
+    try:
+        deadline = time.monotonic() + 60
+        while "listening on" not in (line := lines.get(timeout=deadline - time.monotonic())):
+            pass
+        assert line.strip() == f"ductor-streams listening on http://127.0.0.1:{port}"
+        for _ in range(3):  # at once, each on a connection of its own
+            answer = httpx.post(
+                f"http://127.0.0.1:{port}{PREFIX}/runs/listening/streams",
+                json={"stream_id": "s", "direction": "output"},
+                headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"},
+            )
+            assert answer.status_code in (200, 201), answer.text
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+    assert lines.empty() or "listening" not in "".join(lines.queue)  # printed once
+
+
 @pytest.mark.parametrize("args", [["--workers", "2"], ["--supervised"]])
 def test_supervised_server_processes_share_the_port_and_refuse_a_second_server(
     database_url: str, tmp_path: Path, args: list[str]
