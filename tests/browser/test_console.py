@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import secrets
 import statistics
 import time
@@ -500,13 +501,15 @@ def test_the_runs_view_shows_what_the_tenant_holds_to_a_token_that_may_see_it(
     usage = api.get("/usage").json()
     open_console(page, console_server)
     expect(page.locator('#usage [data-usage="streams"]')).to_have_text(
-        f"{usage['streams']} streams of 1000000", timeout=WAIT_MS
+        f"{usage['streams']:,} stream{'' if usage['streams'] == 1 else 's'} of 1,000,000",
+        timeout=WAIT_MS,
     )
     shown = page.locator('#usage [data-usage="bytes"]').text_content() or ""
     assert shown.endswith(" of 1.0 TiB") and shown != "0 B of 1.0 TiB"
     expect(page.locator('#usage [data-usage="tokens"]')).to_have_text(
-        f"{usage['tokens']} tokens of 1000000"
+        f"{usage['tokens']:,} token{'' if usage['tokens'] == 1 else 's'} of 1,000,000"
     )
+    expect(page.locator('#usage [data-usage="subscriptions"]')).to_contain_text(" of 10,000")
     # A token restricted to a run sees its run, not the tenant's figures.
     minted = created(
         api.post(
@@ -518,6 +521,69 @@ def test_the_runs_view_shows_what_the_tenant_holds_to_a_token_that_may_see_it(
     other.goto(f"{console_server.base_url}/console#token={minted['token']}")
     expect(other.locator(f'tr[data-run="{run}"]')).to_be_visible(timeout=WAIT_MS)
     expect(other.locator("#usage")).to_be_hidden()
+
+
+def test_a_phone_shows_a_runs_cards_within_its_width(
+    page: Page, console_server: ServerProcess, api: httpx.Client, artefacts: Path
+) -> None:
+    """At 375 px nothing of a run's page lies beyond the right edge: no sideways scrolling,
+    each card's Follow button and its values in sight."""
+    run, _ = demo_run(api)
+    page.set_viewport_size({"width": 375, "height": 740})
+    open_console(page, console_server)
+    page.goto(f"{console_server.base_url}/console#run={run}")
+    expect(stream_field(page, "tokens", "head")).not_to_have_text("", timeout=WAIT_MS)
+    page.screenshot(path=artefacts / "console-phone-run.png", full_page=True)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+    for button in page.get_by_role("button", name=re.compile("^Follow stream")).all():
+        box = button.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 375, box
+    for card in page.locator("#streams article").all():
+        box = card.bounding_box()
+        assert box is not None and box["x"] + box["width"] <= 375, box
+
+
+def test_the_keyboard_goes_to_the_live_view_and_back_to_its_button(
+    page: Page, console_server: ServerProcess, api: httpx.Client
+) -> None:
+    """Enter on a card's Follow button puts the focus on the live view (not on the next card's
+    button); closing the view gives it back to the button that opened it."""
+    run = "keys-" + secrets.token_hex(3)
+    for name in ("a", "b", "c"):
+        created(api.post(f"/runs/{run}/streams", json={"stream_id": name, "direction": "output"}))
+    append(api, f"/runs/{run}/streams/b", {"data": 1})
+    open_console(page, console_server)
+    page.goto(f"{console_server.base_url}/console#run={run}")
+    expect(stream_field(page, "b", "head")).to_have_text("1", timeout=WAIT_MS)
+    page.get_by_role("button", name="Follow stream b").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#records li")).to_have_count(1, timeout=WAIT_MS)
+    assert page.evaluate("document.activeElement.id") == "follow-title"
+    page.keyboard.press("Tab")  # on through the live view: its close link comes first
+    assert page.evaluate("document.activeElement.id") == "follow-close"
+    page.keyboard.press("Enter")
+    expect(page.locator("#follow-view")).to_be_hidden()
+    expect(page.get_by_role("button", name="Follow stream b")).to_be_focused()
+
+
+def test_a_follow_refused_stays_shown_until_the_next_follow_clears_it(
+    page: Page, console_server: ServerProcess, api: httpx.Client
+) -> None:
+    run = "again-" + secrets.token_hex(3)
+    created(api.post(f"/runs/{run}/streams", json={"stream_id": "s", "direction": "output"}))
+    append(api, f"/runs/{run}/streams/s", {"data": 1}, {"data": 2})
+    open_console(page, console_server)
+    page.goto(f"{console_server.base_url}/console#run={run}&stream=s&from=0")
+    expect(page.locator("#records li")).to_have_count(2, timeout=WAIT_MS)
+    page.fill("#follow-from", "99999")
+    page.click("#follow-start")
+    expect(page.locator("#problem")).to_contain_text("Cursor ahead of head", timeout=WAIT_MS)
+    page.wait_for_timeout(2500)  # the run's refresh (every 2 s) does not clear it
+    expect(page.locator("#problem")).to_be_visible()
+    page.fill("#follow-from", "1")
+    page.click("#follow-start")
+    expect(page.locator("#records li")).to_have_count(1, timeout=WAIT_MS)
+    expect(page.locator("#problem")).to_be_hidden()
 
 
 def test_problems_are_shown_and_401_asks_for_a_token(

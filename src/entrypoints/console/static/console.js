@@ -195,18 +195,19 @@
     try {
       const u = await getJson("/usage");
       const limit = (max, show) => (max === null ? "no limit" : show(max));
+      const count = (n) => Number(n).toLocaleString("en");
+      // "1 stream of 10,000", "3 tokens of no limit"
+      const held = (n, one, max) => `${count(n)} ${n === 1 ? one : `${one}s`} of ${limit(max, count)}`;
       line.replaceChildren(
         "The tenant holds ",
-        h("span", { "data-usage": "streams" },
-          `${u.streams} streams of ${limit(u.max_streams, String)}`),
+        h("span", { "data-usage": "streams" }, held(u.streams, "stream", u.max_streams)),
         ", ",
         h("span", { "data-usage": "bytes" }, `${bytes(u.bytes)} of ${limit(u.max_bytes, bytes)}`),
-        " and ",
-        h("span", { "data-usage": "tokens" },
-          `${u.tokens} tokens of ${limit(u.max_tokens, String)}`),
+        ", ",
+        h("span", { "data-usage": "tokens" }, held(u.tokens, "token", u.max_tokens)),
         " and ",
         h("span", { "data-usage": "subscriptions" },
-          `${u.subscriptions ?? 0} subscriptions of ${limit(u.max_subscriptions ?? null, String)}`),
+          held(u.subscriptions ?? 0, "subscription", u.max_subscriptions ?? null)),
         ".");
       line.hidden = false;
     } catch (problem) {
@@ -251,10 +252,31 @@
   let refreshTimer = null;
   let streamPages = 1; // how many pages of the run's streams are shown (and refreshed)
 
+  // Whether a token may make links (streams:admin): asked once per token, of `GET /tokens`,
+  // which needs the same scope, so that a read-only link's holder is not offered a form that
+  // can only answer 403.
+  const mayShare = new Map();
+
+  async function offerShare() {
+    const asked = token();
+    if (!mayShare.has(asked)) {
+      try {
+        await api("/tokens?limit=1");
+        mayShare.set(asked, true);
+      } catch (problem) {
+        if (!(problem instanceof Problem)) return; // unknown (the network): asked again later
+        mayShare.set(asked, problem.status !== 403);
+      }
+    }
+    if (asked === token()) $("share-form").hidden = !mayShare.get(asked);
+  }
+
   function showRun(run) {
     if (shownRun === run) return;
     shownRun = run;
     resetShare();
+    $("share-form").hidden = !mayShare.get(token()); // shown once the token is known to mint
+    offerShare();
     streamPages = 1;
     clearInterval(refreshTimer);
     $("run-title").textContent = `Run ${run}`;
@@ -714,6 +736,7 @@
     } catch (problem) {
       // Said beside the button too: the reader looks there for what the click did.
       $("share-status").textContent = `No link made: ${problem.title}.`;
+      if (problem instanceof Problem && problem.status === 403) mayShare.set(token(), false);
       showProblem(problem);
     }
   }
@@ -798,11 +821,21 @@
       return;
     }
     showRun(run);
-    if (!stream) { follow.stop(); return; }
+    if (!stream) {
+      // The live view closed: the keyboard goes back to the Follow button that opened it.
+      const closed = follow.stream;
+      follow.stop();
+      follow.stream = null;
+      const card = [...$("streams").children].find((c) => c.dataset.stream === closed);
+      if (closed && card) card.querySelector("button").focus();
+      return;
+    }
     const from = Math.max(0, Number.parseInt(params.get("from") || "0", 10) || 0);
     if (!follow.active || follow.run !== run || follow.stream !== stream || follow.from !== from) {
       follow.start(run, stream, from);
       showFollowed(stream);
+      // On to the live view, not through every other card's Follow button first.
+      $("follow-title").focus({ preventScroll: true });
     }
   }
 
@@ -845,6 +878,7 @@
     $("streams-more").addEventListener("click", () => { streamPages += 1; refreshRun(); });
     $("follow-form").addEventListener("submit", (e) => {
       e.preventDefault();
+      clearProblem(); // the reader acted: what the last follow met is no longer the news
       const from = Math.max(0, Number.parseInt($("follow-from").value, 10) || 0);
       follow.start(follow.run, follow.stream, from);
       const params = new URLSearchParams(location.hash.slice(1));
@@ -854,7 +888,11 @@
     $("share-form").addEventListener("submit", (e) => { e.preventDefault(); share(shownRun); });
     $("share-copy").addEventListener("click", copyLink);
     $("share-revoke").addEventListener("click", revokeLink);
-    $("follow-stop").addEventListener("click", () => { follow.stop(); follow.status("Stopped.", false); });
+    $("follow-stop").addEventListener("click", () => {
+      clearProblem();
+      follow.stop();
+      follow.status("Stopped.", false);
+    });
     // Going elsewhere is the reader's next action: what the last one met is cleared.
     window.addEventListener("hashchange", () => { clearProblem(); route(); });
     showWho();
