@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from entrypoints.bootstrap import CommandError
+from entrypoints.client_sockets import drop_silent_clients
 from entrypoints.config import PREFIX, Settings
 from entrypoints.logs import granian_logging
 
@@ -210,6 +211,8 @@ def _granian(address: str, port: int, workers: int, settings: Settings) -> None:
 def serve_uvicorn(listener: socket.socket, settings: Settings) -> None:
     import uvicorn
 
+    if settings.client_silence_seconds:  # (before it accepts anything)
+        drop_silent_clients(listener, settings.client_silence_seconds)
     config = uvicorn.Config(
         "entrypoints.http.app:app_from_env",
         factory=True,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -158,6 +159,69 @@ def test_the_listening_line_comes_once_the_server_answers(
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
     assert lines.empty() or "listening" not in "".join(lines.queue)  # printed once
+
+
+def _server_ends(server_pids: list[int], client: socket.socket, seconds: float) -> float | None:
+    """How long until no process of `server_pids` holds the connection `client` is the other
+    end of (None: still held after `seconds`)."""
+    mine = client.getsockname()
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        held = any(
+            c.raddr and tuple(c.raddr) == mine
+            for pid in server_pids
+            for c in psutil.Process(pid).net_connections(kind="tcp")
+        )
+        if not held:
+            return time.monotonic() - start
+        time.sleep(0.25)
+    return None
+
+
+@pytest.mark.parametrize("args", [[], ["--workers", "2"], ["--server", "uvicorn"]])
+def test_a_subscriber_that_stops_reading_loses_its_connection(
+    database_url: str, tmp_path: Path, args: list[str]
+) -> None:
+    """A client that keeps its window shut (it reads nothing, and acknowledges the kernel's
+    probes) is dropped after DUCTOR_STREAMS_CLIENT_SILENCE_SECONDS: before, the application
+    ended its subscription after 30 s, but the server held the connection (a descriptor and MBs
+    of send buffer, counted by no cap) for as long as the client liked."""
+    env = {**SERVER_ENV, "DUCTOR_STREAMS_CLIENT_SILENCE_SECONDS": "2"}
+    server = ServerProcess(database_url=database_url, data_dir=tmp_path, env=env, args=args).start()
+    headers = {"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}
+    run = "silent-" + secrets.token_hex(3)
+    try:
+        with httpx.Client(base_url=server.base_url + PREFIX, headers=headers) as api:
+            assert (
+                api.post(
+                    f"/runs/{run}/streams", json={"stream_id": "s", "direction": "output"}
+                ).status_code
+                == 201
+            )
+            big = {"records": [{"data": "x" * 60_000} for _ in range(16)]}
+            for _ in range(10):  # about 10 MB: more than the kernel's buffers hold
+                assert api.post(f"/runs/{run}/streams/s/records", json=big).status_code == 201
+        assert server.process is not None
+        pids = [server.process.pid] + [
+            c.pid for c in psutil.Process(server.process.pid).children(recursive=True)
+        ]
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", server.port))
+        target = f"{PREFIX}/runs/{run}/streams/s/subscribe?cursor=0"
+        client.sendall(
+            f"GET {target} HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {BOOTSTRAP_TOKEN}\r\n\r\n".encode()
+        )
+        with client:
+            head = client.recv(100)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            ended = _server_ends(pids, client, 30)
+        assert ended is not None, (
+            "the server still holds the connection of a client reading nothing"
+        )
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("args", [["--workers", "2"], ["--supervised"]])

@@ -23,6 +23,7 @@ from application import tracing, waiting
 from application.workers import run_workers
 from domain.errors import DomainError
 from entrypoints import tracing as exporting
+from entrypoints.client_sockets import drop_silent_clients_once_listening
 from entrypoints.config import Settings
 from entrypoints.console.route import ROUTES as CONSOLE_ROUTES
 from entrypoints.container import Container, Services, provided, start, stop, workers
@@ -130,9 +131,10 @@ metrics_route = get(
 )(metrics)
 
 
-def create_app(container: Container, *, front: bool = True) -> Litestar:
+def create_app(container: Container, *, front: bool = True, serving: bool = False) -> Litestar:
     """The application. `front=False` leaves the append routes to Litestar's router too (the
-    test that holds the two ways to one answer builds both)."""
+    test that holds the two ways to one answer builds both). `serving`: served by a server of
+    this process (`app_from_env`), whose listening sockets it tunes."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -144,6 +146,10 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
         background = None
         if container.settings().run_workers:
             background = asyncio.create_task(run_workers(await workers(container), stopping))
+        silence = container.settings().client_silence_seconds if serving else 0
+        sockets = None  # (ends by itself within seconds of start-up)
+        if silence:
+            sockets = asyncio.create_task(drop_silent_clients_once_listening(silence))
         orphaned = None
         supervisor = container.settings().supervisor_pid
         if supervisor is not None:  # one of `serve --workers N`'s
@@ -152,6 +158,8 @@ def create_app(container: Container, *, front: bool = True) -> Litestar:
             yield
         finally:
             stopping.set()
+            if sockets is not None:
+                sockets.cancel()
             if orphaned is not None:
                 orphaned.cancel()
             if background is not None:
@@ -291,7 +299,7 @@ def app_from_env() -> Litestar:
     settings = Settings.from_env()
     configure_logging(settings.log_level)
     exporting.configure()  # only if an OTLP endpoint is set
-    app = create_app(Container(settings=settings))
+    app = create_app(Container(settings=settings), serving=True)
     tune_collector()
     return app
 
