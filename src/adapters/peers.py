@@ -28,6 +28,11 @@ requests.
   a refused or failed connection) commits the append itself. Once a command is sent, a lost
   connection or an answer later than the request's budget is of unknown outcome (503, "may
   have been committed"), as a COMMIT without an answer is.
+- **Silence**: an owner that answers nothing within a request's budget (stopped, its event loop
+  stuck) is left out until it answers a probe again, so its streams are committed by the
+  others meanwhile. Before, every append to its streams waited for its budget and answered 503
+  for as long as the owner was silent (a hostile tester stopped one for 25 s: not one append of
+  its streams went through another process).
 """
 
 from __future__ import annotations
@@ -97,7 +102,7 @@ class _Produce(msgspec.Struct, array_like=True, tag=2):
 class _Request(msgspec.Struct, array_like=True):
     number: int
     key: tuple[str, str, str]
-    command: _Append | _Produce
+    command: _Append | _Produce | None  # None: a probe, answered at once (`_Reply(number)`)
     # When the sender stops waiting (`time.monotonic()`, one clock for the host's processes):
     # not taken up by then, the command never commits (`GroupCommit.enqueue_until`). (None
     # from a process of an earlier version, started before this one: no bound.)
@@ -216,6 +221,8 @@ _SUFFIX = ".sock"
 LIST_SECONDS = 1.0
 DOWN_SECONDS = 1.0
 CONNECT_SECONDS = 0.5
+# How often a silent process is probed, and how long its answer to a probe may take.
+PROBE_SECONDS = 0.5
 # Owners computed, kept until the processes change (bounded: cleared when full).
 MAX_OWNERS = 10_000
 
@@ -331,6 +338,7 @@ class UnixPeers:
         self._connecting: dict[str, asyncio.Future[_Link]] = {}
         self._served: set[_Channel] = set()
         self._answering: set[asyncio.Future[Outcome]] = set()
+        self._probing: dict[str, asyncio.Task[None]] = {}  # silent processes, each probed
         self.forwarded = 0  # commands sent to their owner
         self.received = 0  # commands committed here for another process
 
@@ -345,6 +353,8 @@ class UnixPeers:
             self._path.unlink()  # the others stop sending here at their next listing
         if self._server is not None:
             self._server.close()
+        for probe in self._probing.values():
+            probe.cancel()
         for link in list(self._links.values()):
             link.channel.close()
         self._links.clear()
@@ -391,10 +401,58 @@ class UnixPeers:
         timer = loop.call_later(seconds, expire, future)
         try:
             return await future
-        except (Expired, _Lost):
+        except Expired:
+            self._silent(owner)
+            raise Unanswered(_WHAT, seconds, outcome_unknown=True) from None
+        except _Lost:
             raise Unanswered(_WHAT, seconds, outcome_unknown=True) from None
         finally:
             timer.cancel()
+            link.pending.pop(number, None)
+
+    # -- silent processes ----------------------------------------------------------------------
+
+    def _silent(self, owner: str) -> None:
+        """`owner` answered nothing in time: left out (its streams go to the others) until it
+        answers a probe."""
+        if owner in self._probing:
+            return
+        self._down[owner] = math.inf
+        self._listed = float("-inf")
+        log.warning("server process %s answers nothing: its streams are committed elsewhere", owner)
+        self._probing[owner] = asyncio.get_running_loop().create_task(
+            self._probe(owner), context=contextvars.Context()
+        )
+
+    async def _probe(self, owner: str) -> None:
+        back = False
+        try:
+            while not back:
+                await asyncio.sleep(PROBE_SECONDS)
+                if not (self._dir / f"{owner}{_SUFFIX}").exists():
+                    return  # gone (its socket removed): the listing leaves it out
+                try:
+                    link = await self._link(owner)
+                    async with asyncio.timeout(PROBE_SECONDS):
+                        await self._ping(link)
+                    back = True
+                except (PeerUnavailable, TimeoutError, _Lost):
+                    continue
+            log.warning("server process %s answers again", owner)
+        finally:
+            self._down.pop(owner, None)
+            self._listed = float("-inf")
+            self._probing.pop(owner, None)
+
+    async def _ping(self, link: _Link) -> None:
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        number = link.sent
+        link.sent += 1
+        link.pending[number] = future
+        link.channel.send(_encode(_Request(number, ("", "", ""), None)))
+        try:
+            await future
+        finally:
             link.pending.pop(number, None)
 
     # -- the others ----------------------------------------------------------------------------
@@ -415,7 +473,7 @@ class UnixPeers:
     def _left_out(self, member: str, stale: bool) -> None:
         """`member` could not be reached: left out for a while (its socket removed if nothing
         listens on it: a process that is gone)."""
-        self._down[member] = time.monotonic() + DOWN_SECONDS
+        self._down[member] = max(self._down.get(member, 0.0), time.monotonic() + DOWN_SECONDS)
         self._listed = float("-inf")  # its streams go to the others from the next request on
         if stale:
             with contextlib.suppress(OSError):
@@ -460,6 +518,9 @@ class UnixPeers:
 
     def _command(self, channel: _Channel, frame: bytes) -> None:
         request = _requests.decode(frame)
+        if request.command is None:  # a probe: this process answers
+            channel.send(_encode(_Reply(request.number)))
+            return
         self.received += 1
         deadline = math.inf if request.deadline is None else request.deadline
         future = self._enqueue(StreamKey(*request.key), _command(request.command), deadline)

@@ -208,6 +208,38 @@ async def test_an_owner_gone_after_the_command_was_sent_is_of_unknown_outcome(
     assert raised.value.outcome_unknown
 
 
+async def test_a_silent_owner_is_left_out_until_it_answers_a_probe_again(
+    tmp_path: Path, started: list[UnixPeers], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An owner that answers nothing within a request's budget (a process stopped, or its loop
+    stuck) keeps its connection open: its streams go to the others from then on, not one
+    request's budget at a time for as long as it is silent, and come back once it answers."""
+    monkeypatch.setattr(peers_module, "PROBE_SECONDS", 0.05)
+    credit = Credit(unread_items=1, unread_bytes=2, max_unread_items=3, max_unread_bytes=4)
+    appended = AppendAnswer(first_sequence=1, last_sequence=1, head=1, credit=credit)
+    a, b = await pair(tmp_path, started, answering(Done([], appended)))
+    key = owned_by(a, "b")
+    assert (await a.submit("b", key, append(), 2.0)).answer == appended  # (connected)
+    for channel in b._served:  # b stops: it reads nothing more, and closes nothing
+        assert channel.transport is not None
+        channel.transport.pause_reading()
+    with pytest.raises(Unanswered) as raised:
+        await a.submit("b", key, append(), 0.2)
+    assert raised.value.outcome_unknown
+    assert a.owner(key) is None  # its streams are a's to commit meanwhile
+    await asyncio.sleep(0.3)
+    assert a.owner(key) is None  # (probed, and still silent)
+    for channel in b._served:
+        assert channel.transport is not None
+        channel.transport.resume_reading()
+    for _ in range(40):
+        await asyncio.sleep(0.05)
+        if a.owner(key) == "b":
+            break
+    assert a.owner(key) == "b"  # back, once it answered a probe
+    assert (await a.submit("b", key, append(), 2.0)).answer == appended
+
+
 async def test_a_process_that_is_gone_is_left_out_and_its_streams_go_to_the_others(
     tmp_path: Path, started: list[UnixPeers]
 ) -> None:
