@@ -59,6 +59,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     dbos_topic: str = "{stream_id}"
     restate_ingress_url: str | None = None
     restate_target: str | None = None
+    restate_key: str = "{run_id}"
     # Set by `serve --workers N` for its processes: the private directory where each listens,
     # so that a stream's appends are committed by one of them (adapters/peers.py).
     peers_dir: Path | None = None
@@ -242,15 +243,7 @@ def _check_wait_service(settings: Settings) -> None:
             )
         if not settings.dbos_system_database_url.startswith(("postgresql://", "postgres://")):
             raise InvalidSetting(f"{PREFIX}DBOS_SYSTEM_DATABASE_URL: expected a postgresql:// URL")
-        for name in ("dbos_workflow_id", "dbos_topic"):
-            template = getattr(settings, name)
-            try:
-                template.format(tenant="t", run_id="r", stream_id="s")
-            except (KeyError, IndexError, ValueError) as error:
-                raise InvalidSetting(
-                    f"{PREFIX}{name.upper()}={template!r}: a template may name only {{tenant}}, "
-                    f"{{run_id}} and {{stream_id}} ({type(error).__name__}: {error})"
-                ) from None
+        _check_templates(settings, "dbos_workflow_id", "dbos_topic")
     if settings.wait_service == "restate":
         if not settings.restate_ingress_url or not settings.restate_target:
             raise InvalidSetting(
@@ -259,11 +252,24 @@ def _check_wait_service(settings: Settings) -> None:
             )
         if not settings.restate_ingress_url.startswith(("http://", "https://")):
             raise InvalidSetting(f"{PREFIX}RESTATE_INGRESS_URL: expected an http(s) URL")
+        _check_templates(settings, "restate_key")
         if not re.fullmatch(RESTATE_TARGET, settings.restate_target):
             raise InvalidSetting(
                 f"{PREFIX}RESTATE_TARGET={settings.restate_target!r}: expected `Name/handler` "
                 "(a virtual object or workflow and its handler, e.g. `Inbox/on_record`)"
             )
+
+
+def _check_templates(settings: Settings, *names: str) -> None:
+    for name in names:
+        template = getattr(settings, name)
+        try:
+            template.format(tenant="t", run_id="r", stream_id="s")
+        except (KeyError, IndexError, ValueError) as error:
+            raise InvalidSetting(
+                f"{PREFIX}{name.upper()}={template!r}: a template may name only {{tenant}}, "
+                f"{{run_id}} and {{stream_id}} ({type(error).__name__}: {error})"
+            ) from None
 
 
 def _decode(type_: type, value: Any) -> Any:

@@ -309,7 +309,9 @@ def engine_wait_service(
         assert settings.restate_ingress_url is not None and settings.restate_target is not None
         from adapters.wait_service.restate import RestateWaitService
 
-        return RestateWaitService(settings.restate_ingress_url, settings.restate_target)
+        return RestateWaitService(
+            settings.restate_ingress_url, settings.restate_target, settings.restate_key
+        )
     if settings.wait_service != "http" or not settings.wait_service_url:
         raise ValueError("WAIT_SERVICE is postgres, or http with WAIT_SERVICE_URL")
     from adapters.wait_service.http import HttpWaitService

@@ -22,6 +22,7 @@ from adapters.wait_service.dbos import DbosWaitService
 from adapters.wait_service.http import HttpWaitService
 from adapters.wait_service.postgres import PostgresWaitService
 from adapters.wait_service.restate import RestateWaitService
+from adapters.wait_service.templates import Names
 from application.input_delivery import event_id
 from domain.stream import StreamKey
 from entrypoints.config import Settings
@@ -322,3 +323,36 @@ class TestRestateWaitService(WaitServiceContract):
         harness = RestateHarness(restate)
         yield harness
         await harness.close()
+
+
+async def test_restate_keyed_by_tenant_keeps_two_tenants_runs_of_one_id_apart(
+    restate: RestateServer,
+) -> None:
+    """Keyed by the run ID alone (the contract's default), another tenant's run of the same ID
+    is the same Restate object: its events reach that workflow. `RESTATE_KEY={tenant}/{run_id}`
+    sends each tenant's to its own."""
+    run_id = "run-" + secrets.token_hex(4)
+    service = RestateWaitService(restate.ingress_url, "Waiter/on_record", "{tenant}/{run_id}")
+    try:
+        for tenant in ("acme", "evil"):
+            fields = {"tenant": tenant, "run_id": run_id, "stream_id": "in", "sequence": 1}
+            event_id = f"wds:{tenant}:{run_id}:in:1"
+            event = json.dumps({"id": event_id, **fields, "record": {"data": tenant}}).encode()
+            await service.publish(event_id, event)
+    finally:
+        await service.close()
+    rows = await asyncio.to_thread(
+        restate.query,
+        "SELECT target_service_key, idempotency_key FROM sys_invocation "
+        f"WHERE target_service_name = 'Waiter' AND idempotency_key LIKE 'wds:%:{run_id}:in:1'",
+    )
+    keys = {r["idempotency_key"]: r["target_service_key"] for r in rows}
+    assert keys == {
+        f"wds:acme:{run_id}:in:1": f"acme/{run_id}",
+        f"wds:evil:{run_id}:in:1": f"evil/{run_id}",
+    }
+    assert (
+        RestateWaitService(restate.ingress_url, "Waiter/on_record")
+        .url(Names("acme", run_id, "in"))
+        .endswith(f"/Waiter/{run_id}/on_record/send")
+    )  # (the default: the run ID alone)

@@ -30,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from adapters.wait_service.templates import check_template, names_of
 from application.input_delivery import PublishFailed
 
 log = logging.getLogger("ductor_streams.dispatcher")
@@ -42,21 +43,8 @@ SENDERS = 8  # threads, as many as the client's pool has connections
 # A DBOS system database without DBOS's tables (no DBOS application has launched on it yet, or
 # the wrong database): retried this often, recorded as the last error meanwhile.
 MISCONFIGURED_RETRY_SECONDS = 60.0
-TEMPLATE_FIELDS = ("tenant", "run_id", "stream_id")
 
 _decode = msgspec.json.Decoder()
-
-
-def check_template(name: str, template: str) -> str:
-    """`template` if it names only the event's tenant, run_id and stream_id; else ValueError."""
-    try:
-        template.format(**dict.fromkeys(TEMPLATE_FIELDS, "x"))
-    except (KeyError, IndexError, ValueError) as error:
-        raise ValueError(
-            f"{name}={template!r} is not a template over {{tenant}}, {{run_id}} and "
-            f"{{stream_id}} ({type(error).__name__}: {error})"
-        ) from None
-    return template
 
 
 class DbosWaitService:
@@ -100,10 +88,10 @@ class DbosWaitService:
         from dbos import WorkflowSerializationFormat
         from dbos._error import DBOSNonExistentWorkflowError
 
-        fields = _decode.decode(event)
-        names = {name: fields[name] for name in TEMPLATE_FIELDS}
-        destination = self._workflow_id.format(**names)
-        topic = self._topic.format(**names)
+        fields = _decode.decode(event)  # (the message sent: the event object)
+        names = names_of(event)
+        destination = names.fill(self._workflow_id)
+        topic = names.fill(self._topic)
         await self._space((destination, topic))
         send = functools.partial(
             self._client.send,

@@ -1,8 +1,10 @@
 """The wait service is Restate: each event is a one-way call through Restate's ingress.
 
-`POST {ingress}/{Name}/{runID}/{handler}/send` with the event object as its JSON body and
+`POST {ingress}/{Name}/{key}/{handler}/send` with the event object as its JSON body and
 `idempotency-key: <event id>`: the call goes to the virtual object or workflow `Name` keyed by
-the run ID. Restate answers a repeated key with the invocation it already accepted, so a
+the run ID (`RESTATE_KEY`, a template over the event's tenant, run ID and stream ID: `{run_id}`
+by default, as the contract has it; `{tenant}/{run_id}` keeps tenants' runs of the same ID
+apart). Restate answers a repeated key with the invocation it already accepted, so a
 publish repeated after a lost answer (or by a second worker) starts nothing new. The
 dispatcher sends a stream's record n+1 only after Restate accepted n, and Restate runs a
 key's exclusive handlers in the order their calls arrived.
@@ -20,19 +22,12 @@ from datetime import datetime
 from urllib.parse import quote
 
 import httpx
-import msgspec
 
+from adapters.wait_service.templates import Names, check_template, names_of
 from application.input_delivery import PublishFailed
 
 SLOW_RETRY_SECONDS = 60.0
 TARGET = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)/([A-Za-z_][A-Za-z0-9_]*)$")
-
-
-class _RunOf(msgspec.Struct):
-    run_id: str
-
-
-_run_of = msgspec.json.Decoder(_RunOf)
 
 
 def parse_target(target: str) -> tuple[str, str]:
@@ -46,15 +41,18 @@ def parse_target(target: str) -> tuple[str, str]:
 
 
 class RestateWaitService:
-    def __init__(self, ingress_url: str, target: str, timeout: float = 10.0) -> None:
+    def __init__(
+        self, ingress_url: str, target: str, key: str = "{run_id}", timeout: float = 10.0
+    ) -> None:
         if not ingress_url.startswith(("http://", "https://")):
             raise ValueError(f"RESTATE_INGRESS_URL={ingress_url!r} is not an http(s) URL")
         self._ingress = ingress_url.rstrip("/")
         self._service, self._handler = parse_target(target)
+        self._key = check_template("RESTATE_KEY", key)
         self._client = httpx.AsyncClient(timeout=timeout)
 
-    def url(self, run_id: str) -> str:
-        key = quote(run_id, safe="")
+    def url(self, names: Names) -> str:
+        key = quote(names.fill(self._key), safe="")
         return f"{self._ingress}/{self._service}/{key}/{self._handler}/send"
 
     async def check(self) -> str | None:
@@ -68,10 +66,9 @@ class RestateWaitService:
     async def publish(
         self, event_id: str, event: bytes, *, stream_created_at: datetime | None = None
     ) -> None:
-        run_id = _run_of.decode(event).run_id
         try:
             answer = await self._client.post(
-                self.url(run_id),
+                self.url(names_of(event)),
                 content=event,
                 headers={"Content-Type": "application/json", "idempotency-key": event_id},
             )
