@@ -326,3 +326,37 @@ class TestS3ObjectStore(ObjectStoreContract):
             assert key not in [k async for k in store.keys("")]
         finally:
             await s3_client.delete_object(Bucket=bucket, Key=key)
+
+
+async def test_a_put_to_a_store_that_answers_nothing_gives_up_within_its_bound() -> None:
+    """A store that takes connections and answers nothing (stopped, or a partition past its
+    load balancer): a put gives up within its bound, as reads do, so that the upload answers
+    503. Before, a body of 1,000 bytes waited for as long as the store was silent."""
+    import asyncio
+
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # read nothing, answer nothing, close nothing
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    session = aioboto3.Session(aws_access_key_id="k", aws_secret_access_key="s")
+    store = S3ObjectStore(
+        "bucket",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        region_name="us-east-1",
+        session=session,
+        timeout_seconds=1.0,
+    )
+    try:
+        async with store:
+            started = time.monotonic()
+            with pytest.raises(Exception) as raised:  # (an outage, of any kind)
+                async with asyncio.timeout(30):
+                    await store.put(namespace() + "/o", chunks_of(b"x" * 1000), max_size=1000)
+            assert time.monotonic() - started < 10, raised.value
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()

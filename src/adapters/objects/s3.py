@@ -23,6 +23,7 @@ Evidence for `stat`, best first:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
@@ -64,6 +65,11 @@ _MISSING = {"404", "NoSuchKey", "NotFound"}
 # connection gets a quarter, and a request is tried twice (one retry: S3 stores answer a
 # transient 500 or SlowDown now and then), so a silent store costs two halves.
 TIMEOUT_SECONDS = 5.0
+# A write (a body, or a part of one) to a store that answers nothing escaped those bounds: a
+# hostile tester stopped the store (its connections open, nothing answered) and an upload of
+# 1,000 bytes had no answer in 100 s, while reads and commits answered 503 within 5 s. So each
+# write is bounded as a whole: TIMEOUT_SECONDS, plus its size at this rate.
+WRITE_MIN_BYTES_PER_SECOND = 256 * 1024
 
 
 class S3ObjectStore:
@@ -77,6 +83,7 @@ class S3ObjectStore:
         timeout_seconds: float = TIMEOUT_SECONDS,
     ) -> None:
         self._bucket = bucket
+        self._timeout = timeout_seconds
         self._config = AioConfig(
             connect_timeout=timeout_seconds / 4,
             read_timeout=timeout_seconds / 2,
@@ -145,7 +152,8 @@ class S3ObjectStore:
                 if len(part) >= PART_SIZE:
                     if upload is None:
                         upload = await _Multipart.create(s3, self._bucket)
-                    await upload.send(bytes(part))
+                    async with asyncio.timeout(self._write_bound(len(part))):
+                        await upload.send(bytes(part))
                     part.clear()
             stored = StoredObject(size=size, sha256=digest.digest())
             if expect is not None and stored != expect:
@@ -153,17 +161,19 @@ class S3ObjectStore:
                     await upload.discard()
                 return stored  # nothing written at `key`
             if upload is None:
-                await s3.put_object(
-                    Bucket=self._bucket,
-                    Key=key,
-                    Body=bytes(part),
-                    ChecksumAlgorithm="SHA256",
-                    ChecksumSHA256=_b64(digest.digest()),
-                    Metadata={_SHA256: digest.hexdigest()},
-                )
+                async with asyncio.timeout(self._write_bound(len(part))):
+                    await s3.put_object(
+                        Bucket=self._bucket,
+                        Key=key,
+                        Body=bytes(part),
+                        ChecksumAlgorithm="SHA256",
+                        ChecksumSHA256=_b64(digest.digest()),
+                        Metadata={_SHA256: digest.hexdigest()},
+                    )
                 return stored
             if part:
-                await upload.send(bytes(part))
+                async with asyncio.timeout(self._write_bound(len(part))):
+                    await upload.send(bytes(part))
             await upload.complete()
         except BaseException:
             if upload is not None:
@@ -174,6 +184,9 @@ class S3ObjectStore:
         finally:
             await upload.discard()
         return stored
+
+    def _write_bound(self, size: int) -> float:
+        return self._timeout + size / WRITE_MIN_BYTES_PER_SECOND
 
     async def _copy(self, source: str, key: str, sha256: bytes) -> None:
         answer = await self._client.copy_object(
