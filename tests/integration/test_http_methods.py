@@ -3,10 +3,13 @@ of the path, HEAD wherever GET (docs/http-api.md "Errors")."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
 from tests.integration.test_http_bad_input import assert_problem
+from tests.support.server import ServerProcess
 
 STREAM = "/runs/r-methods/streams/s"
 # Every API path and the methods it serves, OPTIONS included.
@@ -63,3 +66,36 @@ async def test_delete_on_records_is_405_and_changes_nothing(
     assert response.headers["allow"] == "GET, HEAD, OPTIONS, POST"
     page = (await api.get(f"/runs/{run_id}/streams/s/records")).json()
     assert [r["data"] for r in page["records"]] == [1]
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/nope", "/healthz", "/api/workflow-streams/runs", "/api/durable-streams/v1/stream/r/s"],
+)
+def test_a_websocket_handshake_is_the_404_problem_on_every_path(
+    server: ServerProcess, path: str
+) -> None:
+    """Live reads are Server-Sent Events: no path serves a WebSocket. A handshake is answered
+    with the 404 problem and the headers every answer carries (the framework gave a bare 403,
+    even on a path that does not exist)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+        conn.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            piece = conn.recv(65536)
+            if not piece:
+                break
+            answer += piece
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0].startswith("HTTP/1.1 404"), lines
+    fields = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    assert fields["content-type"] == "application/problem+json"
+    assert fields["x-content-type-options"] == "nosniff"
+    problem = json.loads(body)
+    assert problem["code"] == "not-found" and "Server-Sent Events" in problem["detail"]

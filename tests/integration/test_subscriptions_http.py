@@ -381,6 +381,26 @@ async def test_bad_input_is_a_problem_that_changes_nothing(
     assert forged.status_code == 401 and forged.json()["error"]["code"] == "WAKE_TOKEN_INVALID"
 
 
+async def test_an_unlink_names_its_stream_as_a_link_would(
+    api: httpx.AsyncClient, server: ServerProcess, run_id: str
+) -> None:
+    """`DELETE .../streams/{path}` takes the URL-encoded path as it was sent: `ul%2F%2Fs1`
+    (`ul//s1`, which a link's body refuses) is 400 and unlinks nothing; the router, which takes
+    `//` as `/`, once had it unlink `ul/s1`."""
+    root = f"{server.base_url}/api/durable-streams/v1/stream/__ds/subscriptions"
+    name = sid()
+    body = {"type": "webhook", "streams": [f"{run_id}/s1"], "webhook": {"url": HOOK}}
+    assert (await api.put(f"{root}/{name}", json=body)).status_code == 201
+    for odd in (f"{run_id}%2F%2Fs1", f"{run_id}%2F%2F%2F%2Fs1", f"{run_id}%2Fs1%2Fx"):
+        refused = await api.delete(f"{root}/{name}/streams/{odd}")
+        assert refused.status_code == 400, (odd, refused.text)
+        assert refused.headers["content-type"].startswith("application/problem+json")
+    shown = (await api.get(f"{root}/{name}")).json()
+    assert [s["path"] for s in shown["streams"]] == [f"{run_id}/s1"]  # still linked
+    assert (await api.delete(f"{root}/{name}/streams/{run_id}%2Fs1")).status_code == 204
+    assert (await api.get(f"{root}/{name}")).json()["streams"] == []
+
+
 async def test_a_subscription_names_at_most_1000_streams(
     api: httpx.AsyncClient, server: ServerProcess, run_id: str
 ) -> None:

@@ -57,6 +57,10 @@ def test_a_record_body_is_untouched_by_it() -> None:
         (b"cursor=4.0&limit=1e2", False),  # whole as written: the framework takes them
         (b"cursor=abc", False),  # no number: the framework says what it must be
         (b"prefix=r1.5", False),  # not an integer parameter
+        # Digits alone are read exactly: judged by their range, whatever else the query holds
+        # (a point or an `e` elsewhere once had them held to 2^53).
+        (b"cursor=9223372036854775806&wait=0.2", False),
+        (b"cursor=9223372036854775806&x=e", False),
     ],
 )
 def test_an_integer_query_parameter_is_whole_as_written(query: bytes, refused: bool) -> None:

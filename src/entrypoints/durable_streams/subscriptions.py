@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Annotated, Any
+from urllib.parse import unquote
 
 import msgspec
 from litestar import Controller, Request, delete, get, post, put
@@ -369,6 +370,18 @@ _STREAMS = documented(
 SUB = "/subscriptions/{subscription_id:str}"
 
 
+def _as_sent(request: Request, stream_path: str) -> str:
+    """The stream path of an unlink as its URL names it, decoded: the router's `stream_path`
+    has `//` taken as `/`, so `ul%2F%2Fs1` unlinked `ul/s1`, which a link's body refuses."""
+    raw = request.scope.get("raw_path") or b""
+    _, found, rest = raw.partition(b"/subscriptions/")
+    _, _, tail = rest.partition(b"/")  # (after the subscription's ID, which holds no `/`)
+    if not found or not tail.startswith(b"streams/"):
+        return stream_path
+    sent = tail.removeprefix(b"streams/").decode("latin-1")
+    return unquote(sent, encoding="utf-8", errors="replace")  # (refused by the path's pattern)
+
+
 class SubscriptionsController(Controller):
     path = DURABLE_STREAMS_PREFIX + STREAM_PATH + DS
     tags = ["durable-streams"]
@@ -454,7 +467,7 @@ class SubscriptionsController(Controller):
     ) -> ASGIApp:
         async def run() -> Answer:
             services, caller = await _authenticated(request)
-            path = parse_path(stream_path.lstrip("/"))
+            path = parse_path(_as_sent(request, stream_path))
             await services.subscriptions.remove_stream(caller, subscription_id, path)
             return Answer(204, {})
 

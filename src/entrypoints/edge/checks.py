@@ -57,7 +57,9 @@ class UnsupportedMediaType(DomainError):
 # The native API's integer query parameters (the Durable Streams `cursor` is a decimal of any
 # length, the protocol's, and not checked here). The framework reads `4.99999999999999999999` as
 # the float 5.0 and takes it for 5 (a cursor that skipped a record): a number is whole only if
-# its text is, and 2^53 at most, as the JSON bodies' integers (docs/http-api.md, "Conventions").
+# its text is, and 2^53 at most when it is written with a point or an exponent (read as a
+# float, such a number past 2^53 is not the one written), as the JSON bodies' integers
+# (docs/http-api.md, "Conventions"). Written in digits alone it is judged by its range.
 _INTEGER_PARAMETERS = frozenset({"cursor", "limit"})
 _WHOLE_UP_TO = 2**53
 
@@ -70,8 +72,8 @@ def _may_not_be_whole(query: bytes) -> bool:
 
 def _check_whole_numbers(query: bytes) -> None:
     for name, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
-        if name not in _INTEGER_PARAMETERS:
-            continue
+        if name not in _INTEGER_PARAMETERS or not any(c in value for c in ".eE"):
+            continue  # (digits alone are read exactly, however large: the framework judges them)
         try:
             number = Decimal(value)
         except InvalidOperation:

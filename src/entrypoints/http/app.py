@@ -31,10 +31,11 @@ from entrypoints.durable_streams.routes import DurableStreamsController
 from entrypoints.durable_streams.subscriptions import SubscriptionsController
 from entrypoints.edge import writing
 from entrypoints.edge.body import TenantBodies, body_coming, streamed_body, with_body_deadlines
-from entrypoints.edge.browser import browser_headers
+from entrypoints.edge.browser import allowed_origin, browser_headers
 from entrypoints.edge.head_method import serve_head
 from entrypoints.edge.outages import RETRY_AFTER_SECONDS
 from entrypoints.edge.turns import with_turns
+from entrypoints.edge.websockets import refuse_websockets
 from entrypoints.front import append_front
 from entrypoints.http import problems
 from entrypoints.http.methods import every_method_in_options
@@ -248,6 +249,7 @@ def create_app(container: Container, *, front: bool = True, serving: bool = Fals
         settings.body_min_bytes_per_second,
         TenantBodies(settings.max_arriving_bodies_per_tenant, settings.max_body_bytes_per_tenant),
     )
+    app.asgi_handler = refuse_websockets(app.asgi_handler, allowed_origin(origins))
     if tracing.on():  # the request's span around everything (entrypoints/tracing.py)
         app.asgi_handler = traced_requests(app.asgi_handler)
     return app
