@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, cast, get_args
 
@@ -325,7 +326,16 @@ def parse_pointer(pointer: str) -> tuple[str, ...]:
             f"redaction pointer {pointer!r} is not a JSON pointer (RFC 6901): it must start with /",
             field="redaction.json_pointers",
         )
+    if _BAD_ESCAPE.search(pointer):
+        raise InvalidInput(
+            f"redaction pointer {pointer!r} is not a JSON pointer (RFC 6901): '~' is written "
+            "'~0' and '/' inside a name '~1', so '~' is always followed by 0 or 1",
+            field="redaction.json_pointers",
+        )
     return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
+
+
+_BAD_ESCAPE = re.compile(r"~(?![01])")
 
 
 def with_source_pins(requested: StreamDefinition, source: StreamDefinition) -> StreamDefinition:

@@ -35,6 +35,8 @@ def test_raw_model_reasoning_is_refused_with_its_own_error() -> None:
         b'{"direction": "output", "content_class": "poetry"}',
         b'{"direction": "output", "stream_id": "-bad"}',
         b'{"direction": "output", "redaction": {"json_pointers": ["no-slash"]}}',
+        b'{"direction": "output", "redaction": {"json_pointers": ["/a~2b"]}}',
+        b'{"direction": "output", "redaction": {"json_pointers": ["/a~"]}}',
         b'{"direction": "output", "placement": {"object_regions": []}}',
     ],
 )

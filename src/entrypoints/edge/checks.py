@@ -86,6 +86,15 @@ def _check_whole_numbers(query: bytes) -> None:
             )
 
 
+def _a_link_named(raw: bytes) -> bool:
+    """Whether `%2F` stands where it is meant: in the stream path of a subscription's link
+    (`__ds/subscriptions/{id}/streams/{path}`), not in the subscription's ID."""
+    if not raw.startswith(SUBSCRIPTION_PATHS):
+        return False
+    _, _, after_id = raw[len(SUBSCRIPTION_PATHS) :].partition(b"/")
+    return b"%2f" not in raw[: len(raw) - len(after_id)].lower()
+
+
 def _codings(value: bytes) -> list[bytes]:
     return [c.strip().lower() for c in value.split(b",") if c.strip()]
 
@@ -98,7 +107,7 @@ def check_scope(scope: Any) -> bool:
         return False
     # A subscription's stream link is named by its URL-encoded path (PROTOCOL.md 6.4), slashes
     # and all: the one place an encoded slash is meant.
-    if b"%2f" in raw.lower() and not raw.startswith(SUBSCRIPTION_PATHS):
+    if b"%2f" in raw.lower() and not _a_link_named(raw):
         raise InvalidInput("an ID may not contain '/' (an encoded %2F in the path)", field="path")
     if raw.startswith(STREAMS):
         if raw.endswith(b"/"):
