@@ -28,11 +28,13 @@ requests.
   a refused or failed connection) commits the append itself. Once a command is sent, a lost
   connection or an answer later than the request's budget is of unknown outcome (503, "may
   have been committed"), as a COMMIT without an answer is.
-- **Silence**: an owner that answers nothing within a request's budget (stopped, its event loop
-  stuck) is left out until it answers a probe again, so its streams are committed by the
-  others meanwhile. Before, every append to its streams waited for its budget and answered 503
-  for as long as the owner was silent (a hostile tester stopped one for 25 s: not one append of
-  its streams went through another process).
+- **Silence**: an owner that answers nothing within a request's budget is left out until it
+  answers a probe (a message its event loop answers at once, without a commit), so its streams
+  are committed by the others meanwhile: a stopped process, or one whose loop is stuck, stays
+  out for as long as it is silent, one that was only slow (its commits waiting on PostgreSQL)
+  for the half second its probe takes. Before, every append to its streams waited for its
+  budget and answered 503 for as long as the owner was silent (a hostile tester stopped one for
+  25 s: not one append of its streams went through another process).
 """
 
 from __future__ import annotations
@@ -339,6 +341,7 @@ class UnixPeers:
         self._served: set[_Channel] = set()
         self._answering: set[asyncio.Future[Outcome]] = set()
         self._probing: dict[str, asyncio.Task[None]] = {}  # silent processes, each probed
+        self._closed = False
         self.forwarded = 0  # commands sent to their owner
         self.received = 0  # commands committed here for another process
 
@@ -353,8 +356,12 @@ class UnixPeers:
             self._path.unlink()  # the others stop sending here at their next listing
         if self._server is not None:
             self._server.close()
-        for probe in self._probing.values():
+        self._closed = True  # (no probe starts from here on)
+        probes = list(self._probing.values())
+        for probe in probes:
             probe.cancel()
+        if probes:
+            await asyncio.wait(probes)
         for link in list(self._links.values()):
             link.channel.close()
         self._links.clear()
@@ -414,31 +421,43 @@ class UnixPeers:
 
     def _silent(self, owner: str) -> None:
         """`owner` answered nothing in time: left out (its streams go to the others) until it
-        answers a probe."""
-        if owner in self._probing:
+        answers a probe. An owner that is only slow (its commits wait on PostgreSQL) answers
+        the first at once, so it is left out for that long, and nothing is logged."""
+        if self._closed or owner in self._probing:
             return
         self._down[owner] = math.inf
         self._listed = float("-inf")
-        log.warning("server process %s answers nothing: its streams are committed elsewhere", owner)
         self._probing[owner] = asyncio.get_running_loop().create_task(
             self._probe(owner), context=contextvars.Context()
         )
 
     async def _probe(self, owner: str) -> None:
-        back = False
+        said = False
         try:
-            while not back:
-                await asyncio.sleep(PROBE_SECONDS)
-                if not (self._dir / f"{owner}{_SUFFIX}").exists():
-                    return  # gone (its socket removed): the listing leaves it out
+            while True:
                 try:
                     link = await self._link(owner)
                     async with asyncio.timeout(PROBE_SECONDS):
                         await self._ping(link)
-                    back = True
-                except (PeerUnavailable, TimeoutError, _Lost):
-                    continue
-            log.warning("server process %s answers again", owner)
+                    break
+                except _Lost:
+                    # It read the probe and closed the connection: alive (a process of an
+                    # earlier version, which knows no probe, does so), or gone, which the next
+                    # connection attempt finds.
+                    break
+                except (PeerUnavailable, TimeoutError):
+                    if not (self._dir / f"{owner}{_SUFFIX}").exists():
+                        return  # gone (its socket removed): the listing leaves it out
+                    if not said:
+                        said = True
+                        log.warning(
+                            "server process %s answers nothing: its streams are committed by "
+                            "the others until it does",
+                            owner,
+                        )
+                    await asyncio.sleep(PROBE_SECONDS)
+            if said:
+                log.warning("server process %s answers again", owner)
         finally:
             self._down.pop(owner, None)
             self._listed = float("-inf")

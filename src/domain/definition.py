@@ -272,7 +272,7 @@ def resolve_definition(
     check_json_size("schema", request.schema, MAX_SCHEMA_BYTES)
     for pointer in request.redaction.json_pointers:
         check_text("redaction.json_pointers", pointer)
-        parse_pointer(pointer)
+        check_pointer(pointer)
     for principal in request.authorization.readers:
         check_text("authorization.readers", principal)
     for principal in request.authorization.writers:
@@ -317,6 +317,19 @@ def resolve_definition(
     )
 
 
+def check_pointer(pointer: str) -> tuple[str, ...]:
+    """`parse_pointer`, for a definition being made: a `~` followed by anything but 0 or 1 is
+    refused too. (Not when a stored definition's pointers are read for an append: one made
+    before this check would have stopped its stream's appends.)"""
+    if _BAD_ESCAPE.search(pointer):
+        raise InvalidInput(
+            f"redaction pointer {pointer!r} is not a JSON pointer (RFC 6901): '~' is written "
+            "'~0' and '/' inside a name '~1', so '~' is always followed by 0 or 1",
+            field="redaction.json_pointers",
+        )
+    return parse_pointer(pointer)
+
+
 def parse_pointer(pointer: str) -> tuple[str, ...]:
     """RFC 6901: "" is the whole document, otherwise "/"-separated, ~1 is "/" and ~0 is "~"."""
     if pointer == "":
@@ -324,12 +337,6 @@ def parse_pointer(pointer: str) -> tuple[str, ...]:
     if not pointer.startswith("/"):
         raise InvalidInput(
             f"redaction pointer {pointer!r} is not a JSON pointer (RFC 6901): it must start with /",
-            field="redaction.json_pointers",
-        )
-    if _BAD_ESCAPE.search(pointer):
-        raise InvalidInput(
-            f"redaction pointer {pointer!r} is not a JSON pointer (RFC 6901): '~' is written "
-            "'~0' and '/' inside a name '~1', so '~' is always followed by 0 or 1",
             field="redaction.json_pointers",
         )
     return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))

@@ -38,9 +38,14 @@ def listening_sockets() -> list[socket.socket]:
         try:
             if not os.readlink(entry).startswith("socket:"):
                 continue
-            sock = socket.socket(fileno=os.dup(int(entry.name)))
+            fd = os.dup(int(entry.name))
         except (OSError, ValueError):
-            continue  # closed meanwhile, or not a socket after all
+            continue  # closed meanwhile
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            os.close(fd)  # its number reused meanwhile, by something that is not a socket
+            continue
         try:
             if (
                 sock.family in (socket.AF_INET, socket.AF_INET6)
@@ -72,6 +77,14 @@ async def drop_silent_clients_once_listening(seconds: float) -> int:
     (looked for over LOOK_SECONDS); answers how many it found."""
     if not supported():
         return 0
+    try:
+        return await _drop_once_listening(seconds)
+    except Exception:  # (a setting the kernel refuses): said, and the kernel's defaults kept
+        log.exception("TCP_USER_TIMEOUT could not be set on the listening sockets")
+        return 0
+
+
+async def _drop_once_listening(seconds: float) -> int:
     loop = asyncio.get_running_loop()
     until = loop.time() + LOOK_SECONDS
     while True:

@@ -972,9 +972,12 @@ async def test_linking_streams_waits_on_the_tenants_census_only_to_link_a_wake_s
 
     import asyncpg
 
+    from application.access import Caller
     from tests.support.subscription_contract import ADMIN, BASE, pull_wake, uid, webhook
 
     _, services = deployed
+    # A tenant of its own: no other test takes its census lock meanwhile.
+    ADMIN = Caller(tenant=uid("census"), principal="alice", scopes=ADMIN.scopes)
     run, hook, pull, other = uid("run"), uid("hook"), uid("pull"), uid("other")
     await services.subscriptions.put(ADMIN, hook, webhook(f"{run}/s*"), BASE)
     await services.subscriptions.put(ADMIN, pull, pull_wake(f"{run}/s*", f"{run}/w"), BASE)

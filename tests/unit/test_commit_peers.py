@@ -240,6 +240,28 @@ async def test_a_silent_owner_is_left_out_until_it_answers_a_probe_again(
     assert (await a.submit("b", key, append(), 2.0)).answer == appended
 
 
+async def test_an_owner_only_slow_to_commit_answers_its_probe_and_keeps_its_streams(
+    tmp_path: Path,
+    started: list[UnixPeers],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An owner whose commits wait (on PostgreSQL, say) but whose event loop runs answers the
+    probe at once: its streams come back to it within the probe, and no process is said to be
+    silent (a slow database would otherwise flood the log, blaming the peers)."""
+    monkeypatch.setattr(peers_module, "PROBE_SECONDS", 0.05)
+    a, _ = await pair(tmp_path, started, answering(None))  # (commits that never end)
+    key = owned_by(a, "b")
+    with pytest.raises(Unanswered):
+        await a.submit("b", key, append(), 0.2)
+    for _ in range(20):
+        await asyncio.sleep(0.05)
+        if a.owner(key) == "b":
+            break
+    assert a.owner(key) == "b"
+    assert "answers nothing" not in caplog.text
+
+
 async def test_a_process_that_is_gone_is_left_out_and_its_streams_go_to_the_others(
     tmp_path: Path, started: list[UnixPeers]
 ) -> None:

@@ -79,3 +79,16 @@ def test_a_placement_list_names_at_most_64_regions(field: str) -> None:
         resolve(body)
     body = msgspec.json.encode({"direction": "output", "placement": {field: regions[:64]}})
     assert len(getattr(resolve(body).placement, field)) == 64
+
+
+def test_a_stored_pointer_made_before_the_escape_check_still_redacts_appends() -> None:
+    """A definition made before `~` had to be followed by 0 or 1 keeps taking appends: the
+    check refuses such a pointer in a definition being made, not in one stored."""
+    import msgspec
+
+    from domain.definition import Redaction
+    from domain.records import RecordInput, prepare_records
+
+    record = RecordInput(data=msgspec.Raw(b'{"a~2b": "secret", "c": 1}'))
+    [prepared] = prepare_records([record], Redaction(json_pointers=("/a~2b",)))
+    assert b"secret" not in prepared.payload and b"[REDACTED]" in prepared.payload
