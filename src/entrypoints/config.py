@@ -261,15 +261,13 @@ def _check_wait_service(settings: Settings) -> None:
 
 
 def _check_templates(settings: Settings, *names: str) -> None:
+    from adapters.wait_service.templates import check_template
+
     for name in names:
-        template = getattr(settings, name)
         try:
-            template.format(tenant="t", run_id="r", stream_id="s")
-        except (KeyError, IndexError, ValueError) as error:
-            raise InvalidSetting(
-                f"{PREFIX}{name.upper()}={template!r}: a template may name only {{tenant}}, "
-                f"{{run_id}} and {{stream_id}} ({type(error).__name__}: {error})"
-            ) from None
+            check_template(PREFIX + name.upper(), getattr(settings, name))
+        except ValueError as error:
+            raise InvalidSetting(str(error)) from None
 
 
 def _decode(type_: type, value: Any) -> Any:

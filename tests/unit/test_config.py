@@ -257,9 +257,10 @@ def test_the_workflow_engine_wait_services_take_their_mapping_from_the_environme
         RESTATE_INGRESS_URL="http://127.0.0.1:8080",
         RESTATE_TARGET="Inbox/on_record",
     )
-    assert (restate.restate_ingress_url, restate.restate_target) == (
+    assert (restate.restate_ingress_url, restate.restate_target, restate.restate_key) == (
         "http://127.0.0.1:8080",
         "Inbox/on_record",
+        "{run_id}",
     )
 
 
@@ -295,6 +296,31 @@ def test_the_workflow_engine_wait_services_take_their_mapping_from_the_environme
                 "RESTATE_TARGET": "A/b/send",
             },
             "expected `Name/handler`",
+        ),
+        (
+            {
+                "WAIT_SERVICE": "restate",
+                "RESTATE_INGRESS_URL": "http://127.0.0.1:8080",
+                "RESTATE_TARGET": "A/b",
+                "RESTATE_KEY": "{tenant.__class__}",
+            },
+            "DUCTOR_STREAMS_RESTATE_KEY='{tenant.__class__}'",
+        ),
+        (
+            {
+                "WAIT_SERVICE": "dbos",
+                "DBOS_SYSTEM_DATABASE_URL": "postgresql://db/x",
+                "DBOS_WORKFLOW_ID": "{run_id!r}",
+            },
+            "DUCTOR_STREAMS_DBOS_WORKFLOW_ID",
+        ),
+        (
+            {
+                "WAIT_SERVICE": "dbos",
+                "DBOS_SYSTEM_DATABASE_URL": "postgresql://db/x",
+                "DBOS_TOPIC": "{stream_id",
+            },
+            "DUCTOR_STREAMS_DBOS_TOPIC",
         ),
         ({"WAIT_SERVICE": "temporal"}, "expected one of postgres, http, dbos, restate"),
     ],

@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from adapters.wait_service.templates import check_template, names_of
+from adapters.wait_service.templates import Names, check_template
 from application.input_delivery import PublishFailed
 
 log = logging.getLogger("ductor_streams.dispatcher")
@@ -89,7 +89,7 @@ class DbosWaitService:
         from dbos._error import DBOSNonExistentWorkflowError
 
         fields = _decode.decode(event)  # (the message sent: the event object)
-        names = names_of(event)
+        names = Names(fields["tenant"], fields["run_id"], fields["stream_id"])
         destination = names.fill(self._workflow_id)
         topic = names.fill(self._topic)
         await self._space((destination, topic))
