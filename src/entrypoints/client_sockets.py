@@ -8,6 +8,8 @@ stays shut) keeps it for ever: a file descriptor and a few MB of send buffer eac
 counted by any live-connection cap. One that vanished (no FIN, no RST) was held until the
 kernel gave up retransmitting: about 15 minutes (`tcp_retries2`). With `TCP_USER_TIMEOUT`, data
 the peer has not acknowledged, or a window it has kept shut, for that long ends the connection.
+The kernel counts a window opened by less than a segment as shut, so a client reading a few KB
+a second with a small window is cut too: the default (300 s) leaves such readers five minutes.
 
 granian binds its sockets itself and takes no socket options, but a listening socket's options
 are inherited by the connections it accepts: so this process's listening TCP sockets are found

@@ -35,7 +35,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     header_read_timeout_seconds: Positive = 30.0
     # A client connection whose peer takes nothing this long (data unacknowledged, or its
     # window kept shut) is dropped by the kernel (entrypoints/client_sockets.py). 0: never.
-    client_silence_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 60.0
+    # (At 60 s, readers of 1-4 KB/s with small windows were cut: docs/architecture.md.)
+    client_silence_seconds: Annotated[float, msgspec.Meta(ge=0, le=86_400)] = 300.0
     # A request body's next piece is waited for this long, and a body (but an object upload's)
     # must be complete this long after its request arrived: 408 otherwise (edge/body.py).
     body_idle_seconds: Positive = 30.0

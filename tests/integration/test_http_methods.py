@@ -100,5 +100,6 @@ def test_a_websocket_handshake_is_the_404_problem_on_every_path(
     fields = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
     assert fields["content-type"] == "application/problem+json"
     assert fields["x-content-type-options"] == "nosniff"
+    assert fields["x-request-id"]
     problem = json.loads(body)
     assert problem["code"] == "not-found" and "Server-Sent Events" in problem["detail"]
