@@ -3,12 +3,11 @@ of the path, HEAD wherever GET (docs/http-api.md "Errors")."""
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 
 from tests.integration.test_http_bad_input import assert_problem
+from tests.integration.test_tenant_bodies import answer_of
 from tests.support.server import ServerProcess
 
 STREAM = "/runs/r-methods/streams/s"
@@ -88,18 +87,9 @@ def test_a_websocket_handshake_is_the_404_problem_on_every_path(
                 "Sec-WebSocket-Version: 13\r\n\r\n"
             ).encode()
         )
-        answer = b""
-        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
-            piece = conn.recv(65536)
-            if not piece:
-                break
-            answer += piece
-    head, _, body = answer.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    assert lines[0].startswith("HTTP/1.1 404"), lines
-    fields = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        status, fields, problem = answer_of(conn)
+    assert status == 404, (status, problem)
     assert fields["content-type"] == "application/problem+json"
     assert fields["x-content-type-options"] == "nosniff"
     assert fields["x-request-id"]
-    problem = json.loads(body)
     assert problem["code"] == "not-found" and "Server-Sent Events" in problem["detail"]
