@@ -541,6 +541,19 @@ def test_a_phone_shows_a_runs_cards_within_its_width(
     for card in page.locator("#streams article").all():
         box = card.bounding_box()
         assert box is not None and box["x"] + box["width"] <= 375, box
+    # The share link's field, once made, fits too.
+    page.click("#share-mint")
+    expect(page.locator("#share-link")).to_be_visible(timeout=WAIT_MS)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+    # And in the live view, an object record's link is in sight without scrolling sideways.
+    page.get_by_role("button", name="Follow stream tokens").click()
+    link = page.get_by_role("link", name="Download body").first
+    expect(link).to_be_visible(timeout=WAIT_MS)
+    box = link.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 375, box
+    assert page.evaluate("document.getElementById('records').scrollWidth") <= page.evaluate(
+        "document.getElementById('records').clientWidth"
+    )
 
 
 def test_the_keyboard_goes_to_the_live_view_and_back_to_its_button(
@@ -564,6 +577,10 @@ def test_the_keyboard_goes_to_the_live_view_and_back_to_its_button(
     page.keyboard.press("Enter")
     expect(page.locator("#follow-view")).to_be_hidden()
     expect(page.get_by_role("button", name="Follow stream b")).to_be_focused()
+    # Back to the runs by the link: the keyboard goes on at the runs' heading.
+    page.get_by_role("link", name="← All runs").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#runs-title")).to_be_focused(timeout=WAIT_MS)
 
 
 def test_a_follow_refused_stays_shown_until_the_next_follow_clears_it(

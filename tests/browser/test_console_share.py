@@ -231,6 +231,7 @@ def test_a_link_made_can_be_revoked_from_the_console(
             page.click("#share-revoke")
             expect(page.locator("#share-status")).to_contain_text("Link revoked", timeout=WAIT_MS)
             expect(page.locator("#share-link")).to_be_hidden()
+            expect(page.locator("#share-mint")).to_be_focused()  # (not lost with its button)
             # Revocation reaches every process within about 2 s.
             deadline = 40
             while deadline:

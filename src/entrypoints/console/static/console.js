@@ -552,7 +552,8 @@
               && error.status !== 429) {
             showProblem(error);
             this.active = false;
-            this.status(`Stopped: ${error.title}.`, false);
+            // The detail too: on a narrow screen the problem box is above, out of sight.
+            this.status(`Stopped: ${error.title}${error.detail ? ` (${error.detail})` : ""}.`, false);
             return;
           }
         }
@@ -748,6 +749,7 @@
       const id = sharedTokenId;
       resetShare();
       $("share-status").textContent = `Link revoked (token ${id}).`;
+      $("share-mint").focus(); // (the button pressed is hidden now: on to the one beside it)
       clearProblem();
     } catch (problem) {
       showProblem(problem);
@@ -815,9 +817,11 @@
     $("follow-view").hidden = !(run && stream);
     $("run-layout").classList.toggle("following", Boolean(run && stream));
     if (!run) {
+      const left = shownRun; // back from a run: the keyboard goes on at the runs' heading
       leaveRun();
       follow.stop();
       loadRuns(false);
+      if (left) $("runs-title").focus();
       return;
     }
     showRun(run);
