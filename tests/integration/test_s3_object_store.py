@@ -361,3 +361,52 @@ async def test_a_put_to_a_store_that_answers_nothing_gives_up_within_its_bound()
         for writer in held:
             writer.close()
         server.close()
+
+
+async def test_a_put_draining_steadily_to_a_slow_store_completes() -> None:
+    """A store that takes a body at 1 MiB/s (a slow link): a 3 MB put, bounded at 1 s plus its
+    size at 256 KiB/s, completes. Its answer was read with the reads' timeout, which starts once
+    the body is handed to the transport: it gave up half a bound later, while the body was
+    still draining (a 1.5 MB upload at 512 KiB/s answered 503)."""
+    import asyncio
+
+    rate = 1024 * 1024  # bytes a second the store reads
+    received: list[int] = []
+
+    async def slow_store(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        fields = dict(line.split(b":", 1) for line in head.split(b"\r\n")[1:] if b":" in line)
+        length = int({k.strip().lower(): v for k, v in fields.items()}[b"content-length"])
+        if b"100-continue" in head.lower():
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        got = 0
+        while got < length:
+            piece = await reader.read(min(64 * 1024, length - got))
+            if not piece:
+                return
+            got += len(piece)
+            await asyncio.sleep(len(piece) / rate)
+        received.append(got)
+        writer.write(b'HTTP/1.1 200 OK\r\nETag: "x"\r\nContent-Length: 0\r\n\r\n')
+        await writer.drain()
+
+    server = await asyncio.start_server(slow_store, "127.0.0.1", 0, limit=1 << 20)
+    port = server.sockets[0].getsockname()[1]
+    session = aioboto3.Session(aws_access_key_id="k", aws_secret_access_key="s")
+    store = S3ObjectStore(
+        "bucket",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        region_name="us-east-1",
+        session=session,
+        timeout_seconds=1.0,
+    )
+    body = os.urandom(3_000_000)
+    try:
+        async with store:
+            started = time.monotonic()
+            stored = await store.put(namespace() + "/o", chunks_of(body), max_size=len(body))
+            assert stored.size == len(body)
+            assert time.monotonic() - started > 2  # (it did drain slowly)
+        assert received == [len(body)]
+    finally:
+        server.close()

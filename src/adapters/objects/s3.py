@@ -68,7 +68,11 @@ TIMEOUT_SECONDS = 5.0
 # A write (a body, or a part of one) to a store that answers nothing escaped those bounds: a
 # hostile tester stopped the store (its connections open, nothing answered) and an upload of
 # 1,000 bytes had no answer in 100 s, while reads and commits answered 503 within 5 s. So each
-# write is bounded as a whole: TIMEOUT_SECONDS, plus its size at this rate.
+# write is bounded as a whole: TIMEOUT_SECONDS, plus its size at this rate. Its answer is read
+# by a client of its own, whose read timeout starts once the body is handed to the transport,
+# not once it is sent: with the reads' half of the bound, a body still draining at 512 KiB/s
+# was given up on after 2.5 s (a 1.5 MB upload answered 503). The writes' client waits for
+# the largest part at this rate too; the bound around each write is what ends it.
 WRITE_MIN_BYTES_PER_SECOND = 256 * 1024
 
 
@@ -89,29 +93,39 @@ class S3ObjectStore:
             read_timeout=timeout_seconds / 2,
             retries={"total_max_attempts": 2, "mode": "standard"},
         )
+        self._writes_config = AioConfig(
+            connect_timeout=timeout_seconds / 4,
+            read_timeout=timeout_seconds / 2 + PART_SIZE / WRITE_MIN_BYTES_PER_SECOND,
+            retries={"total_max_attempts": 2, "mode": "standard"},
+        )
         self._endpoint_url = endpoint_url
         self._region_name = region_name
         self._session = session or aioboto3.Session()
         self._stack: contextlib.AsyncExitStack | None = None
         self._s3: S3Client | None = None
+        self._s3_writes: S3Client | None = None
 
     async def start(self) -> None:
-        """Open the one client every call shares (its connection pool included)."""
+        """Open the clients every call shares (their connection pools included): one for the
+        bodies' writes, one for everything else."""
         if self._stack is not None:
             return
         stack = contextlib.AsyncExitStack()
-        self._s3 = await stack.enter_async_context(
-            self._session.client(
-                "s3",
-                endpoint_url=self._endpoint_url,
-                region_name=self._region_name,
-                config=self._config,
+        self._s3, self._s3_writes = [
+            await stack.enter_async_context(
+                self._session.client(
+                    "s3",
+                    endpoint_url=self._endpoint_url,
+                    region_name=self._region_name,
+                    config=config,
+                )
             )
-        )
+            for config in (self._config, self._writes_config)
+        ]
         self._stack = stack
 
     async def close(self) -> None:
-        stack, self._stack, self._s3 = self._stack, None, None
+        stack, self._stack, self._s3, self._s3_writes = self._stack, None, None, None
         if stack is not None:
             await stack.aclose()
 
@@ -138,6 +152,8 @@ class S3ObjectStore:
     ) -> StoredObject:
         key_segments(key)
         s3 = self._client
+        writes = self._s3_writes
+        assert writes is not None
         digest = hashlib.sha256()
         size = 0
         part = bytearray()
@@ -151,7 +167,7 @@ class S3ObjectStore:
                 part += chunk
                 if len(part) >= PART_SIZE:
                     if upload is None:
-                        upload = await _Multipart.create(s3, self._bucket)
+                        upload = await _Multipart.create(s3, writes, self._bucket)
                     async with asyncio.timeout(self._write_bound(len(part))):
                         await upload.send(bytes(part))
                     part.clear()
@@ -162,7 +178,7 @@ class S3ObjectStore:
                 return stored  # nothing written at `key`
             if upload is None:
                 async with asyncio.timeout(self._write_bound(len(part))):
-                    await s3.put_object(
+                    await writes.put_object(
                         Bucket=self._bucket,
                         Key=key,
                         Body=bytes(part),
@@ -327,8 +343,9 @@ class S3ObjectStore:
 class _Multipart:
     """One multipart upload to a temporary key, each part checked by S3 against its SHA-256."""
 
-    def __init__(self, s3: Any, bucket: str, key: str, upload_id: str) -> None:
+    def __init__(self, s3: Any, writes: Any, bucket: str, key: str, upload_id: str) -> None:
         self._s3 = s3
+        self._writes = writes  # (the parts' client)
         self._bucket = bucket
         self.key = key
         self._upload_id = upload_id
@@ -336,17 +353,17 @@ class _Multipart:
         self._completed = False
 
     @classmethod
-    async def create(cls, s3: Any, bucket: str) -> _Multipart:
+    async def create(cls, s3: Any, writes: Any, bucket: str) -> _Multipart:
         key = f"{UPLOADS}{int(time.time())}-{secrets.token_hex(12)}"
         answer = await s3.create_multipart_upload(
             Bucket=bucket, Key=key, ChecksumAlgorithm="SHA256"
         )
-        return cls(s3, bucket, key, answer["UploadId"])
+        return cls(s3, writes, bucket, key, answer["UploadId"])
 
     async def send(self, body: bytes) -> None:
         number = len(self._parts) + 1
         checksum = _b64(hashlib.sha256(body).digest())
-        answer = await self._s3.upload_part(
+        answer = await self._writes.upload_part(
             Bucket=self._bucket,
             Key=self.key,
             UploadId=self._upload_id,
