@@ -18,6 +18,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
+from typing import Any
 
 import aioboto3
 import pytest
@@ -329,6 +330,19 @@ class TestS3ObjectStore(ObjectStoreContract):
             await s3_client.delete_object(Bucket=bucket, Key=key)
 
 
+def _store_in_front_of(server: Any) -> S3ObjectStore:
+    """A store of this adapter's on the S3 endpoint `server` (an asyncio server of a test's
+    own, standing for a store that misbehaves), its bound 1 s."""
+    port = server.sockets[0].getsockname()[1]
+    return S3ObjectStore(
+        "bucket",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        region_name="us-east-1",
+        session=aioboto3.Session(aws_access_key_id="k", aws_secret_access_key="s"),
+        timeout_seconds=1.0,
+    )
+
+
 async def test_a_put_to_a_store_that_answers_nothing_gives_up_within_its_bound() -> None:
     """A store that takes connections and answers nothing (stopped, or a partition past its
     load balancer): a put gives up within its bound, as reads do, so that the upload answers
@@ -341,15 +355,7 @@ async def test_a_put_to_a_store_that_answers_nothing_gives_up_within_its_bound()
         held.append(writer)  # read nothing, answer nothing, close nothing
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    session = aioboto3.Session(aws_access_key_id="k", aws_secret_access_key="s")
-    store = S3ObjectStore(
-        "bucket",
-        endpoint_url=f"http://127.0.0.1:{port}",
-        region_name="us-east-1",
-        session=session,
-        timeout_seconds=1.0,
-    )
+    store = _store_in_front_of(server)
     try:
         async with store:
             started = time.monotonic()
@@ -391,15 +397,7 @@ async def test_a_put_draining_steadily_to_a_slow_store_completes() -> None:
         await writer.drain()
 
     server = await asyncio.start_server(slow_store, "127.0.0.1", 0, limit=1 << 20)
-    port = server.sockets[0].getsockname()[1]
-    session = aioboto3.Session(aws_access_key_id="k", aws_secret_access_key="s")
-    store = S3ObjectStore(
-        "bucket",
-        endpoint_url=f"http://127.0.0.1:{port}",
-        region_name="us-east-1",
-        session=session,
-        timeout_seconds=1.0,
-    )
+    store = _store_in_front_of(server)
     body = os.urandom(3_000_000)
     try:
         async with store:
