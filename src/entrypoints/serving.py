@@ -54,7 +54,7 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-# How often `announce_when_serving` asks, and how long it waits for one answer.
+# How often `announce_when_serving` asks (each answer waited for at most a second).
 ANNOUNCE_POLL_SECONDS = 0.05
 
 
@@ -74,8 +74,8 @@ def announce_when_serving(host: str, port: int, line: str) -> threading.Thread:
                 if connection.getresponse().status == 200:
                     print(line, flush=True)
                     return
-            except OSError:
-                pass
+            except (OSError, http.client.HTTPException):
+                pass  # not answering yet (refused, reset, cut short)
             finally:
                 connection.close()
             time.sleep(ANNOUNCE_POLL_SECONDS)
