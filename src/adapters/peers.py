@@ -305,6 +305,16 @@ class _Link:
         self.channel = _Channel(self._answered)
         self.channel.on_lost = self._lost
 
+    def ask(self, payload: bytes) -> tuple[int, asyncio.Future[Outcome]]:
+        """Sends `payload`, a request numbered `sent` (the next number), and answers its number
+        and the future its answer settles (the caller takes it out of `pending` when done)."""
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        number = self.sent
+        self.sent += 1
+        self.pending[number] = future
+        self.channel.send(payload)
+        return number, future
+
     def _answered(self, _: _Channel, frame: bytes) -> None:
         reply = _replies.decode(frame)
         future = self.pending.pop(reply.number, None)
@@ -398,14 +408,9 @@ class UnixPeers:
         payload = _encode(request)
         if link.channel.closed:
             raise PeerUnavailable(f"the connection to process {owner} was lost")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Outcome] = loop.create_future()
-        number = link.sent
-        link.sent += 1
-        link.pending[number] = future
-        link.channel.send(payload)
+        number, future = link.ask(payload)
         self.forwarded += 1
-        timer = loop.call_later(seconds, expire, future)
+        timer = asyncio.get_running_loop().call_later(seconds, expire, future)
         try:
             return await future
         except Expired:
@@ -464,11 +469,7 @@ class UnixPeers:
             self._probing.pop(owner, None)
 
     async def _ping(self, link: _Link) -> None:
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        number = link.sent
-        link.sent += 1
-        link.pending[number] = future
-        link.channel.send(_encode(_Request(number, ("", "", ""), None)))
+        number, future = link.ask(_encode(_Request(link.sent, ("", "", ""), None)))
         try:
             await future
         finally:

@@ -422,11 +422,6 @@ class GroupCommit:
                             )
         return results
 
-    def _forget(self, key: StreamKey, ready: dict[StreamKey, None]) -> bool:
-        """A stream whose queue `_drop_late` emptied, out of the ready ones (always False)."""
-        del self._queues[key], ready[key]
-        return False
-
     def _large_head(self, queue: list[_Pending]) -> bool:
         """Whether this stream's next request is large by itself: it commits aside, its
         stream alone in its batch."""
@@ -468,7 +463,9 @@ class GroupCommit:
         if self._deadlines:  # forwarded requests: those past their sender's wait are dropped
             for key in window:
                 self._drop_late(queues[key])
-            window = [key for key in window if queues[key] or self._forget(key, ready)]
+                if not queues[key]:  # (emptied: no longer a stream with requests waiting)
+                    del queues[key], ready[key]
+            window = [key for key in window if key in queues]
         takes_large = free > 0 and any(self._large_head(queues[key]) for key in window)
         bounds = (
             (self._max_records, self._max_bytes)

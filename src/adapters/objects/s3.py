@@ -88,16 +88,16 @@ class S3ObjectStore:
     ) -> None:
         self._bucket = bucket
         self._timeout = timeout_seconds
-        self._config = AioConfig(
-            connect_timeout=timeout_seconds / 4,
-            read_timeout=timeout_seconds / 2,
-            retries={"total_max_attempts": 2, "mode": "standard"},
-        )
-        self._writes_config = AioConfig(
-            connect_timeout=timeout_seconds / 4,
-            read_timeout=timeout_seconds / 2 + PART_SIZE / WRITE_MIN_BYTES_PER_SECOND,
-            retries={"total_max_attempts": 2, "mode": "standard"},
-        )
+
+        def config(read_timeout: float) -> AioConfig:
+            return AioConfig(
+                connect_timeout=timeout_seconds / 4,
+                read_timeout=read_timeout,
+                retries={"total_max_attempts": 2, "mode": "standard"},
+            )
+
+        self._config = config(timeout_seconds / 2)
+        self._writes_config = config(timeout_seconds / 2 + PART_SIZE / WRITE_MIN_BYTES_PER_SECOND)
         self._endpoint_url = endpoint_url
         self._region_name = region_name
         self._session = session or aioboto3.Session()

@@ -48,7 +48,7 @@ from entrypoints.durable_streams import wire
 from entrypoints.durable_streams.answers import Answer
 from entrypoints.edge import problems as edge_problems
 from entrypoints.edge.json_body import decode_json
-from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, STREAM_PATH
+from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, STREAM_PATH, subscription_parts
 from entrypoints.edge.problems import PROBLEM_JSON
 from entrypoints.edge.wake_links import DS, stream_root_url, wake_token
 from entrypoints.openapi import STREAM_PATH_PATTERN, RequestBody, documented
@@ -373,12 +373,10 @@ SUB = "/subscriptions/{subscription_id:str}"
 def _as_sent(request: Request, stream_path: str) -> str:
     """The stream path of an unlink as its URL names it, decoded: the router's `stream_path`
     has `//` taken as `/`, so `ul%2F%2Fs1` unlinked `ul/s1`, which a link's body refuses."""
-    raw = request.scope.get("raw_path") or b""
-    _, found, rest = raw.partition(b"/subscriptions/")
-    _, _, tail = rest.partition(b"/")  # (after the subscription's ID, which holds no `/`)
-    if not found or not tail.startswith(b"streams/"):
+    parts = subscription_parts(request.scope.get("raw_path") or b"")
+    if parts is None or not parts[1].startswith(b"streams/"):
         return stream_path
-    sent = tail.removeprefix(b"streams/").decode("latin-1")
+    sent = parts[1].removeprefix(b"streams/").decode("latin-1")
     return unquote(sent, encoding="utf-8", errors="replace")  # (refused by the path's pattern)
 
 

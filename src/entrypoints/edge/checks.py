@@ -19,12 +19,16 @@ from urllib.parse import parse_qsl
 
 from application.errors import NotFound
 from domain.errors import DomainError, InvalidInput
-from entrypoints.edge.paths import DURABLE_STREAMS_PREFIX, NATIVE_PREFIX, STREAM_PATH
+from entrypoints.edge.paths import (
+    DURABLE_STREAMS_PREFIX,
+    NATIVE_PREFIX,
+    STREAM_PATH,
+    subscription_parts,
+)
 
 API = b"/api/"
 NATIVE = (NATIVE_PREFIX + "/").encode()
 STREAMS = (DURABLE_STREAMS_PREFIX + STREAM_PATH + "/").encode()
-SUBSCRIPTION_PATHS = (DURABLE_STREAMS_PREFIX + STREAM_PATH + "/__ds/subscriptions/").encode()
 WRITES = frozenset({"POST", "PUT", "PATCH"})
 # Headers of one value each (RFC 9110 5.3: a sender sends no field twice that is not a list).
 SINGLE = frozenset(
@@ -89,10 +93,8 @@ def _check_whole_numbers(query: bytes) -> None:
 def _a_link_named(raw: bytes) -> bool:
     """Whether `%2F` stands where it is meant: in the stream path of a subscription's link
     (`__ds/subscriptions/{id}/streams/{path}`), not in the subscription's ID."""
-    if not raw.startswith(SUBSCRIPTION_PATHS):
-        return False
-    _, _, after_id = raw[len(SUBSCRIPTION_PATHS) :].partition(b"/")
-    return b"%2f" not in raw[: len(raw) - len(after_id)].lower()
+    parts = subscription_parts(raw)
+    return parts is not None and b"%2f" not in parts[0].lower()
 
 
 def _codings(value: bytes) -> list[bytes]:
