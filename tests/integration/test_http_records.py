@@ -14,6 +14,7 @@ import asyncpg
 import httpx
 import pytest
 
+from tests.integration.test_tokens_http import minted
 from tests.support.server import ServerProcess
 
 PROBLEM_JSON = "application/problem+json"
@@ -564,22 +565,14 @@ async def test_a_write_waiting_for_credit_ends_when_its_token_is_revoked(
     credit comes back. An object commit waiting so holds a live-connection slot too."""
     stream = "revoked-" + surface
     await blocked(api, run_id, stream, 30)
-    parent = await api.post(
-        "/tokens",
-        json={
-            "scopes": ["streams:read", "streams:write", "streams:admin"],
-            "expires_in_seconds": 600,
-            "runs": [run_id],
-        },
+    parent = await minted(api, runs=[run_id])  # (read, write and admin)
+    child = await minted(
+        api,
+        {"Authorization": f"Bearer {parent['token']}"},
+        scopes=["streams:read", "streams:write"],
+        expires_in_seconds=300,
     )
-    assert parent.status_code == 201, parent.text
-    child = await api.post(
-        "/tokens",
-        json={"scopes": ["streams:read", "streams:write"], "expires_in_seconds": 300},
-        headers={"Authorization": f"Bearer {parent.json()['token']}"},
-    )
-    assert child.status_code == 201, child.text
-    writer = {"Authorization": f"Bearer {child.json()['token']}"}
+    writer = {"Authorization": f"Bearer {child['token']}"}
     path = f"/runs/{run_id}/streams/{stream}"
     if surface == "native":
         waiting = append(api, run_id, stream, "after", headers=writer)
@@ -612,7 +605,7 @@ async def test_a_write_waiting_for_credit_ends_when_its_token_is_revoked(
     held = [line for line in metrics.splitlines() if line.startswith("ductor_streams_active_sub")]
     assert any(not line.endswith(" 0.0") for line in held), held  # it holds a live slot
     revoked_at = time.monotonic()
-    assert (await api.delete(f"/tokens/{parent.json()['id']}")).status_code == 204
+    assert (await api.delete(f"/tokens/{parent['id']}")).status_code == 204
     answer = await asyncio.wait_for(task, 15)
     assert_problem(answer, 401, "unauthenticated")
     assert time.monotonic() - revoked_at < 4
